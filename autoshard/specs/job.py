@@ -1,0 +1,85 @@
+"""The workload: what to train or serve. Built from model defaults and CLI flags by the loader."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["Precision", "Optimizer", "TrainJob", "ServeJob", "WeightDtype"]
+
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"  # BF16 compute, FP32 master weights and optimizer state
+    FP8 = "fp8"  # FP8 GEMMs (Transformer Engine), BF16 elsewhere; same optimizer state
+
+
+class Optimizer(StrEnum):
+    ADAM = "adam"  # Adam/AdamW: FP32 master weights, m and v (12 bytes/param)
+    SGD = "sgd"  # SGD with momentum: FP32 master weights and momentum (8 bytes/param)
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        return 12 if self is Optimizer.ADAM else 8
+
+
+class WeightDtype(StrEnum):
+    """Weight storage for serving."""
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def bytes_per_param(self) -> float:
+        return {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}[self.value]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrainJob(_Frozen):
+    seq_len: PosInt = 4096
+    global_batch_size: PosInt = 1024
+    """Sequences per optimizer step."""
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAM
+    tokens: float | None = Field(default=None, gt=0)
+    """Total training tokens, for time and cost estimates."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch_size
+
+
+class ServeJob(_Frozen):
+    input_len: PosInt = 1024
+    output_len: PosInt = 1024
+    max_model_len: PosInt | None = None
+    """Longest context a request may use; defaults to input_len + output_len."""
+    weight_dtype: WeightDtype = WeightDtype.BF16
+    kv_cache_dtype: WeightDtype = WeightDtype.BF16
+    ttft_target_s: float | None = Field(default=None, gt=0)
+    tpot_target_s: float | None = Field(default=None, gt=0)
+    request_rate: float | None = Field(default=None, gt=0)
+    """Requests per second to sustain (then the plan minimizes GPUs)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeJob:
+        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is shorter than input_len + output_len "
+                f"({self.input_len + self.output_len}): raise max_model_len or shorten the requests"
+            )
+        if self.kv_cache_dtype in (WeightDtype.INT4, WeightDtype.INT8):
+            raise ValueError("kv_cache_dtype must be bf16 or fp8 (vLLM's KV cache has no int8/int4 mode)")
+        return self
+
+    @property
+    def context_len(self) -> int:
+        return self.max_model_len or self.input_len + self.output_len

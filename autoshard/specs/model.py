@@ -1,0 +1,318 @@
+"""The model description: an ordered list of layer groups plus the architecture they share.
+
+Parameter counts are derived from the weight shapes (one function per term) so that the cost model,
+the catalog tests and the Hugging Face importer all agree on what a layer holds.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cached_property
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
+    "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
+]
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LayerKind(StrEnum):
+    """What one entry of `layers:` is. Embedding and output are layers in their own right: they own
+    parameters and memory and a pipeline stage must host them."""
+
+    EMBEDDING = "embedding"  # token (and learned position) embedding
+    DENSE = "dense"  # attention + dense MLP decoder layer
+    MOE = "moe"  # attention + mixture-of-experts MLP decoder layer
+    OUTPUT = "output"  # final norm + output projection (logits) + loss
+
+
+class MlpKind(StrEnum):
+    GELU = "gelu"  # two matrices h->f->h (GPT-2/3, BLOOM, OPT uses relu with the same shape)
+    RELU = "relu"  # two matrices, as gelu
+    SWIGLU = "swiglu"  # three matrices: gate, up (h->f) and down (f->h)
+    SQUARED_RELU = "squared_relu"  # two matrices (Nemotron-4)
+
+    @property
+    def num_matrices(self) -> int:
+        return 3 if self is MlpKind.SWIGLU else 2
+
+
+class NormKind(StrEnum):
+    LAYERNORM = "layernorm"  # weight + bias
+    RMSNORM = "rmsnorm"  # weight only
+
+
+class AttentionKind(StrEnum):
+    GQA = "gqa"  # multi-head, grouped-query or multi-query attention (num_kv_heads decides)
+    MLA = "mla"  # DeepSeek multi-head latent attention
+
+
+class PositionKind(StrEnum):
+    ROPE = "rope"
+    LEARNED = "learned"  # a max_position_embeddings x hidden table beside the token embedding
+    ALIBI = "alibi"
+
+
+class LayerGroup(_Frozen):
+    kind: LayerKind
+    count: PosInt = 1
+    """Number of consecutive identical layers in this group."""
+
+
+class MLAConfig(_Frozen):
+    """DeepSeek-V2/V3 multi-head latent attention dimensions (Hugging Face names)."""
+
+    q_lora_rank: PosInt | None = None
+    """Rank of the query down-projection; None means queries are projected directly (V2-Lite)."""
+    kv_lora_rank: PosInt
+    qk_nope_head_dim: PosInt
+    qk_rope_head_dim: PosInt
+    v_head_dim: PosInt
+
+
+class MoEConfig(_Frozen):
+    num_experts: PosInt
+    top_k: PosInt
+    expert_ffn_hidden_size: PosInt
+    """Intermediate size of one routed expert."""
+    num_shared_experts: NonNegInt = 0
+    shared_expert_ffn_hidden_size: NonNegInt = 0
+    """Total intermediate size of the shared experts (all of them together, as Megatron's
+    --moe-shared-expert-intermediate-size)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MoEConfig:
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"moe.top_k ({self.top_k}) is larger than moe.num_experts ({self.num_experts}); "
+                "a token cannot be routed to more experts than exist: lower top_k"
+            )
+        if (self.num_shared_experts == 0) != (self.shared_expert_ffn_hidden_size == 0):
+            raise ValueError(
+                "moe.num_shared_experts and moe.shared_expert_ffn_hidden_size must be both zero or both "
+                "positive: set the total shared-expert intermediate size, or remove the shared experts"
+            )
+        return self
+
+
+class TrainingDefaults(_Frozen):
+    """Job defaults stored with a model; CLI flags override them."""
+
+    seq_len: PosInt | None = None
+    global_batch_size: PosInt | None = None
+    precision: str | None = None
+    tokens: float | None = Field(default=None, gt=0)
+
+
+class ServingDefaults(_Frozen):
+    max_model_len: PosInt | None = None
+    input_len: PosInt | None = None
+    output_len: PosInt | None = None
+    precision: str | None = None
+
+
+class ModelSpec(_Frozen):
+    """A transformer LLM. All sizes are element counts (not bytes)."""
+
+    name: str = Field(min_length=1)
+    source: str | None = None
+    """Where the numbers come from (config URL or paper)."""
+
+    hidden_size: PosInt
+    ffn_hidden_size: PosInt
+    """Intermediate size of the dense MLP (used by `dense` layers)."""
+    num_attention_heads: PosInt
+    num_kv_heads: PosInt | None = None
+    """Key/value heads (GQA/MQA). Defaults to num_attention_heads (MHA)."""
+    head_dim: PosInt | None = None
+    """Defaults to hidden_size // num_attention_heads."""
+    vocab_size: PosInt
+    tied_embeddings: bool = False
+    mlp: MlpKind = MlpKind.SWIGLU
+    norm: NormKind = NormKind.RMSNORM
+    attention: AttentionKind = AttentionKind.GQA
+    position_embedding: PositionKind = PositionKind.ROPE
+    max_position_embeddings: PosInt
+    linear_bias: bool = False
+    """Every linear layer has a bias (GPT-2/3, BLOOM, OPT, GPT-NeoX)."""
+    qkv_bias: bool = False
+    """Only the Q/K/V projections have a bias (Qwen2)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3)."""
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
+    layers: list[LayerGroup] = Field(min_length=1)
+    training: TrainingDefaults | None = None
+    serving: ServingDefaults | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        kv = self.kv_heads
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) does not divide hidden_size "
+                f"({self.hidden_size}): set head_dim explicitly or fix the head count"
+            )
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_kv_heads ({kv}) must divide num_attention_heads ({self.num_attention_heads}) "
+                "for grouped-query attention"
+            )
+        if (self.attention is AttentionKind.MLA) != (self.mla is not None):
+            raise ValueError("attention: mla needs an `mla:` section, and an `mla:` section needs attention: mla")
+        kinds = [g.kind for g in self.layers]
+        if kinds[0] is not LayerKind.EMBEDDING or kinds.count(LayerKind.EMBEDDING) != 1:
+            raise ValueError("layers must start with one `- kind: embedding` entry (and have no other)")
+        if kinds[-1] is not LayerKind.OUTPUT or kinds.count(LayerKind.OUTPUT) != 1:
+            raise ValueError("layers must end with one `- kind: output` entry (and have no other)")
+        if any(g.kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT) and g.count != 1 for g in self.layers):
+            raise ValueError("embedding and output layer groups must have count 1")
+        if not any(k in (LayerKind.DENSE, LayerKind.MOE) for k in kinds):
+            raise ValueError("layers needs at least one `dense` or `moe` decoder group")
+        if LayerKind.MOE in kinds and self.moe is None:
+            raise ValueError("layers has `moe` layers but the model has no `moe:` section")
+        return self
+
+    # ----------------------------------------------------------------- derived shape facts
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers (dense + MoE), the count frameworks call num_layers."""
+        return sum(g.count for g in self.layers if g.kind in (LayerKind.DENSE, LayerKind.MOE))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(g.count for g in self.layers if g.kind is LayerKind.MOE)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_layers > 0
+
+    @cached_property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """Every layer in order, embedding and output included."""
+        return tuple(g.kind for g in self.layers for _ in range(g.count))
+
+    @cached_property
+    def layer_names(self) -> tuple[str, ...]:
+        """Stable names: `embedding`, `decoder.0` … `decoder.{L-1}`, `output`."""
+        names: list[str] = []
+        i = 0
+        for kind in self.layer_kinds:
+            if kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+                names.append(kind.value)
+            else:
+                names.append(f"decoder.{i}")
+                i += 1
+        return tuple(names)
+
+    # ----------------------------------------------------------------- parameter counts
+    def _norm_params(self, dim: int) -> int:
+        return 2 * dim if self.norm is NormKind.LAYERNORM else dim
+
+    def attention_params(self) -> int:
+        h, d = self.hidden_size, self.kv_channels
+        nh, nkv = self.num_attention_heads, self.kv_heads
+        if self.mla is not None:
+            m = self.mla
+            qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank:
+                q = h * m.q_lora_rank + self._norm_params(m.q_lora_rank) + m.q_lora_rank * nh * qk_dim
+            else:
+                q = h * nh * qk_dim
+            kv = (
+                h * (m.kv_lora_rank + m.qk_rope_head_dim)
+                + self._norm_params(m.kv_lora_rank)
+                + m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)
+            )
+            return q + kv + nh * m.v_head_dim * h
+        qkv = h * (nh + 2 * nkv) * d
+        out = nh * d * h
+        bias = 0
+        if self.linear_bias:
+            bias = (nh + 2 * nkv) * d + h
+        elif self.qkv_bias:
+            bias = (nh + 2 * nkv) * d
+        qk_norm = 2 * d if self.qk_norm else 0
+        return qkv + out + bias + qk_norm
+
+    def mlp_params(self, ffn: int) -> int:
+        h = self.hidden_size
+        weights = self.mlp.num_matrices * h * ffn
+        bias = (ffn * (self.mlp.num_matrices - 1) + h) if self.linear_bias else 0
+        return weights + bias
+
+    def dense_layer_params(self) -> int:
+        return self.attention_params() + self.mlp_params(self.ffn_hidden_size) + 2 * self._norm_params(self.hidden_size)
+
+    def router_params(self) -> int:
+        assert self.moe is not None
+        return self.hidden_size * self.moe.num_experts
+
+    def expert_params(self) -> int:
+        """One routed expert."""
+        assert self.moe is not None
+        return self.mlp_params(self.moe.expert_ffn_hidden_size)
+
+    def shared_expert_params(self) -> int:
+        assert self.moe is not None
+        if not self.moe.shared_expert_ffn_hidden_size:
+            return 0
+        return self.mlp_params(self.moe.shared_expert_ffn_hidden_size)
+
+    def moe_layer_params(self, *, active_only: bool = False) -> int:
+        assert self.moe is not None
+        experts = self.moe.top_k if active_only else self.moe.num_experts
+        return (
+            self.attention_params()
+            + 2 * self._norm_params(self.hidden_size)
+            + self.router_params()
+            + experts * self.expert_params()
+            + self.shared_expert_params()
+        )
+
+    def embedding_params(self) -> int:
+        pos = self.max_position_embeddings * self.hidden_size if self.position_embedding is PositionKind.LEARNED else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    def output_params(self) -> int:
+        """Final norm plus the output projection (zero extra weights when tied to the embedding)."""
+        proj = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        return self._norm_params(self.hidden_size) + proj
+
+    def layer_params(self, kind: LayerKind, *, active_only: bool = False) -> int:
+        match kind:
+            case LayerKind.EMBEDDING:
+                return self.embedding_params()
+            case LayerKind.OUTPUT:
+                return self.output_params()
+            case LayerKind.DENSE:
+                return self.dense_layer_params()
+            case LayerKind.MOE:
+                return self.moe_layer_params(active_only=active_only)
+
+    @cached_property
+    def num_params(self) -> int:
+        """Total parameters (tied embeddings counted once)."""
+        return sum(self.layer_params(g.kind) * g.count for g in self.layers)
+
+    @cached_property
+    def num_active_params(self) -> int:
+        """Parameters touched per token (top-k routed experts plus shared experts for MoE)."""
+        return sum(self.layer_params(g.kind, active_only=True) * g.count for g in self.layers)
