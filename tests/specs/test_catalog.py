@@ -1,0 +1,231 @@
+"""The bundled catalog: every model and cluster loads, model sizes match what their authors published,
+and the cluster entries carry the datasheet figures they cite.
+
+Parameter counts are derived from the weight shapes by autoshard.specs.model; a count that misses the
+published size by more than the tolerance means the YAML (or the formula) is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoshard.specs import (
+    AttentionKind,
+    EfficiencySpec,
+    LayerKind,
+    LinkKind,
+    MlpKind,
+    NormKind,
+    PositionKind,
+    bundled_clusters,
+    bundled_models,
+    load_cluster,
+    load_model,
+)
+
+B = 1e9
+
+# name: (published total, published active or None for dense, where the figures come from)
+PUBLISHED_SIZES: dict[str, tuple[float, float | None, str]] = {
+    "gpt3-175b": (175 * B, None, "https://arxiv.org/abs/2005.14165 Table 2.1"),
+    "llama-2-7b": (6.74 * B, None, "https://huggingface.co/meta-llama/Llama-2-7b-hf (6.74B params)"),
+    "llama-2-70b": (68.98 * B, None, "https://huggingface.co/meta-llama/Llama-2-70b-hf (68.98B params)"),
+    "llama-3.1-8b": (8.03 * B, None, "https://huggingface.co/meta-llama/Llama-3.1-8B (8.03B params)"),
+    "llama-3.1-70b": (70.6 * B, None, "https://huggingface.co/meta-llama/Llama-3.1-70B (70.6B params)"),
+    "llama-3.1-405b": (405.8 * B, None, "https://huggingface.co/meta-llama/Llama-3.1-405B (405.8B params)"),
+    "mixtral-8x7b": (46.7 * B, 12.9 * B, "https://mistral.ai/news/mixtral-of-experts"),
+    "mixtral-8x22b": (141 * B, 39 * B, "https://mistral.ai/news/mixtral-8x22b"),
+    "qwen3-30b-a3b": (30.5 * B, 3.3 * B, "https://huggingface.co/Qwen/Qwen3-30B-A3B model card"),
+    "qwen3-235b-a22b": (235 * B, 22 * B, "https://huggingface.co/Qwen/Qwen3-235B-A22B model card"),
+    # 671B / 37B exclude the 14B multi-token-prediction module (https://arxiv.org/abs/2412.19437).
+    "deepseek-v3": (671 * B, 37 * B, "https://arxiv.org/abs/2412.19437 Section 1"),
+    "nemotron-4-340b": (340 * B, None, "https://arxiv.org/abs/2406.11704 (title; 341B by shape count)"),
+}
+
+TOTAL_REL_TOL = 0.01
+# Published active counts have two significant digits and are truncated rather than rounded
+# (Qwen3-30B-A3B counts 3.353B and is published as "3.3B"; DeepSeek-V3 counts 37.55B, "37B").
+ACTIVE_REL_TOL = 0.02
+
+# Exact counts of the released checkpoints, where a public source counts them to the parameter.
+EXACT_COUNTS: dict[str, int] = {
+    # Keras-Hub presets, whose conversion test asserts equality with transformers' num_parameters()
+    # (keras_hub/src/models/qwen3_moe/qwen3_moe_presets.py).
+    "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,
+    # transformers LlamaForCausalLM("meta-llama/Llama-2-7b-hf").num_parameters().
+    "llama-2-7b": 6_738_415_616,
+}
+
+
+def test_every_published_model_is_bundled() -> None:
+    assert set(PUBLISHED_SIZES) <= set(bundled_models())
+
+
+@pytest.mark.parametrize("name", sorted(bundled_models()))
+def test_bundled_model_loads_and_cites_its_source(name: str) -> None:
+    model = load_model(name)
+    assert model.name == name
+    assert model.source and model.source.startswith("https://")
+    text = bundled_models()[name].read_text(encoding="utf-8")
+    assert text.startswith("#"), "a bundled model starts with a comment citing its numbers"
+    assert model.training is not None and model.training.seq_len and model.training.global_batch_size
+    assert model.serving is not None and model.serving.input_len and model.serving.output_len
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_SIZES))
+def test_total_parameters_match_published_size(name: str) -> None:
+    total, _, source = PUBLISHED_SIZES[name]
+    model = load_model(name)
+    assert model.num_params == pytest.approx(total, rel=TOTAL_REL_TOL), (
+        f"{name}: {model.num_params / B:.2f}B vs published {total / B:.2f}B ({source})"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, a, _) in PUBLISHED_SIZES.items() if a is not None))
+def test_active_parameters_match_published_size(name: str) -> None:
+    _, active, source = PUBLISHED_SIZES[name]
+    model = load_model(name)
+    assert model.is_moe
+    assert model.num_active_params == pytest.approx(active, rel=ACTIVE_REL_TOL), (
+        f"{name}: {model.num_active_params / B:.2f}B active vs published {active / B:.2f}B ({source})"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, a, _) in PUBLISHED_SIZES.items() if a is None))
+def test_dense_models_activate_everything(name: str) -> None:
+    model = load_model(name)
+    assert not model.is_moe
+    assert model.num_active_params == model.num_params
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_COUNTS))
+def test_exact_checkpoint_counts(name: str) -> None:
+    assert load_model(name).num_params == EXACT_COUNTS[name]
+
+
+def test_architecture_details() -> None:
+    gpt3 = load_model("gpt3-175b")
+    assert gpt3.mlp is MlpKind.GELU and gpt3.norm is NormKind.LAYERNORM
+    assert gpt3.position_embedding is PositionKind.LEARNED
+    assert gpt3.tied_embeddings and gpt3.linear_bias and gpt3.num_layers == 96 and gpt3.vocab_size == 50257
+
+    nemotron = load_model("nemotron-4-340b")
+    assert nemotron.mlp is MlpKind.SQUARED_RELU and nemotron.norm is NormKind.LAYERNORM
+    assert nemotron.kv_heads == 8 and nemotron.kv_channels == 192 and not nemotron.tied_embeddings
+
+    for name in ("qwen3-30b-a3b", "qwen3-235b-a22b"):
+        qwen = load_model(name)
+        assert qwen.qk_norm and qwen.kv_channels == 128 and qwen.kv_heads == 4
+        assert qwen.num_moe_layers == qwen.num_layers and qwen.moe.top_k == 8 and qwen.moe.num_experts == 128
+
+    for name, layers in (("mixtral-8x7b", 32), ("mixtral-8x22b", 56)):
+        mixtral = load_model(name)
+        assert mixtral.num_moe_layers == mixtral.num_layers == layers
+        assert (mixtral.moe.num_experts, mixtral.moe.top_k, mixtral.kv_heads) == (8, 2, 8)
+
+    v3 = load_model("deepseek-v3")
+    assert v3.attention is AttentionKind.MLA and v3.num_layers == 61 and v3.num_moe_layers == 58
+    assert v3.layer_kinds[1:4] == (LayerKind.DENSE,) * 3 and v3.layer_kinds[4] is LayerKind.MOE
+    assert (v3.moe.num_experts, v3.moe.top_k, v3.moe.num_shared_experts) == (256, 8, 1)
+
+    assert load_model("llama-3.1-405b").training.global_batch_size * 8192 == 16 * 2**20  # 16M tokens
+
+
+# name: (GPUs, GPUs per node, NVLink-domain size, link kind, dense BF16 TFLOP/s, dense FP8 TFLOP/s,
+#        HBM TB/s, HBM GiB, intra-node GB/s, inter-node GB/s) -- the datasheet figures each YAML cites.
+CLUSTERS: dict[str, tuple] = {
+    "dgx-h100": (1024, 8, 8, LinkKind.NVLINK, 989, 1979, 3.35, 79.6, 450, 50),
+    "dgx-a100-40gb": (512, 8, 8, LinkKind.NVLINK, 312, None, 1.555, 40.0, 300, 25),
+    "dgx-a100-80gb": (512, 8, 8, LinkKind.NVLINK, 312, None, 2.039, 80.0, 300, 25),
+    "dgx-h200": (1024, 8, 8, LinkKind.NVLINK, 989, 1979, 4.8, 140.4, 450, 50),
+    "dgx-b200": (1024, 8, 8, LinkKind.NVLINK, 2250, 4500, 8.0, 179.1, 900, 50),
+    "gb200-nvl72": (1152, 4, 72, LinkKind.NVLINK_SWITCH, 2500, 5000, 8.0, 185.0, 900, 50),
+    "h100-pcie": (128, 8, 8, LinkKind.PCIE, 756, 1513, 2.0, 79.6, 50, 25),
+    "l40s-pcie": (128, 8, 8, LinkKind.PCIE, 362.05, 733, 0.864, 45.0, 25, 12.5),
+    "mi300x": (512, 8, 8, LinkKind.INFINITY_FABRIC, 1307.4, 2614.9, 5.3, 191.7, 448, 50),
+}
+
+
+def test_every_expected_cluster_is_bundled() -> None:
+    assert set(CLUSTERS) | {"mixed-h100-a100"} <= set(bundled_clusters())
+
+
+@pytest.mark.parametrize("name", sorted(bundled_clusters()))
+def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
+    cluster = load_cluster(name)
+    assert cluster.name == name
+    assert cluster.source and cluster.source.startswith("https://")
+    assert bundled_clusters()[name].read_text(encoding="utf-8").startswith("#")
+    for pool in cluster.pools:
+        assert pool.price_per_gpu_hour is not None and 0.5 < pool.price_per_gpu_hour < 20
+        # Efficiency factors are fitted per GPU type by the cost model, not written in the catalog.
+        assert pool.gpu.efficiency == EfficiencySpec()
+        # FP8 peaks are twice the BF16 peaks on every GPU that has them (dense, no sparsity). 2 %:
+        # the L40S datasheet lists 362.05 TFLOP/s BF16 but 733 FP8 (2 x 366.4 at the 2520 MHz boost).
+        if pool.gpu.fp8_tflops is not None:
+            assert pool.gpu.fp8_tflops == pytest.approx(2 * pool.gpu.bf16_tflops, rel=0.02)
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_cluster_datasheet_figures(name: str) -> None:
+    gpus, per_node, domain, link, bf16, fp8, hbm_tbps, hbm_gib, intra, inter = CLUSTERS[name]
+    cluster = load_cluster(name)
+    assert not cluster.is_heterogeneous
+    pool = cluster.primary
+    assert cluster.num_gpus == gpus
+    node = pool.node
+    assert (node.gpus_per_node, node.domain_size, node.intra_node_link) == (per_node, domain, link)
+    assert pool.gpu.bf16_tflops == pytest.approx(bf16)
+    assert pool.gpu.fp8_tflops == (None if fp8 is None else pytest.approx(fp8))
+    assert pool.gpu.hbm_tbps == pytest.approx(hbm_tbps)
+    assert pool.gpu.hbm_gib == pytest.approx(hbm_gib)
+    assert node.intra_node_gbps == pytest.approx(intra)
+    assert node.inter_node_gbps == pytest.approx(inter)
+
+
+def test_hbm_is_what_the_driver_reports() -> None:
+    # hbm_gib is MiB (bytes for ROCm) from nvidia-smi / rocm-smi divided into GiB.
+    reported_mib = {
+        "dgx-a100-40gb": 40960, "dgx-a100-80gb": 81920, "dgx-h100": 81559, "dgx-h200": 143771,
+        "dgx-b200": 183359, "gb200-nvl72": 189471, "h100-pcie": 81559, "l40s-pcie": 46068,
+        "mi300x": 205822885888 / 2**20,
+    }
+    for name, mib in reported_mib.items():
+        assert load_cluster(name).primary.gpu.hbm_gib == pytest.approx(mib / 1024, abs=0.05), name
+
+
+def test_gb200_resizes_in_whole_racks() -> None:
+    gb200 = load_cluster("gb200-nvl72")
+    assert gb200.with_gpus(144).num_gpus == 144
+    assert gb200.with_gpus(144).primary.node.domain_size == 72
+    with pytest.raises(ValueError, match="NVLink domains"):
+        gb200.with_gpus(100)
+
+
+def test_heterogeneous_cluster() -> None:
+    mixed = load_cluster("mixed-h100-a100")
+    assert mixed.is_heterogeneous
+    assert {p.name: p.num_gpus for p in mixed.pools} == {"h100": 32, "a100": 64}
+    assert mixed.num_gpus == 96
+    assert mixed.pool_link_gbps == 25
+    h100 = load_cluster("dgx-h100").primary
+    a100 = load_cluster("dgx-a100-80gb").primary
+    pools = {p.name: p for p in mixed.pools}
+    # The pools repeat the homogeneous entries exactly.
+    assert (pools["h100"].gpu, pools["h100"].node) == (h100.gpu, h100.node)
+    assert (pools["a100"].gpu, pools["a100"].node) == (a100.gpu, a100.node)
+    assert pools["h100"].price_per_gpu_hour == h100.price_per_gpu_hour
+    assert pools["a100"].price_per_gpu_hour == a100.price_per_gpu_hour
+    with pytest.raises(ValueError, match="heterogeneous"):
+        mixed.with_gpus(64)
+
+
+def test_weights_fit_where_the_catalog_suggests() -> None:
+    # Sanity: a bf16 copy of Llama-3.1-405B does not fit one 8-GPU H100 node but fits one MI300X node.
+    weights_gib = load_model("llama-3.1-405b").num_params * 2 / 2**30
+    assert weights_gib > 8 * load_cluster("dgx-h100").primary.gpu.hbm_gib
+    assert weights_gib < 8 * load_cluster("mi300x").primary.gpu.hbm_gib
+    assert math.isclose(weights_gib, 756, rel_tol=0.01)
