@@ -59,6 +59,9 @@ class EfficiencySpec(_Frozen):
     """CUDA context, NCCL buffers and cuBLAS workspace, per GPU."""
     fragmentation: Annotated[float, Field(ge=0, lt=1)] = 0.07
     """Fraction of HBM lost to caching-allocator fragmentation (plan for ~90 % of HBM)."""
+    tp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.6
+    """Fraction of tensor-parallel traffic hidden behind GEMMs with Megatron's --tp-comm-overlap
+    (userbuffer AG/RS pipelined with the GEMM chunks; needs sequence parallelism)."""
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
@@ -132,7 +135,7 @@ class ClusterSpec(_Frozen):
 
     name: str = Field(min_length=1)
     source: str | None = None
-    pools: list[PoolSpec] = Field(min_length=1)
+    pools: tuple[PoolSpec, ...] = Field(min_length=1)
     inter_pool_gbps: PosFloat | None = None
     """Bandwidth per GPU per direction between pools (GB/s); defaults to the slower pool's network."""
 
@@ -192,4 +195,4 @@ class ClusterSpec(_Frozen):
             if domain > per_node and num_gpus % domain:
                 raise ValueError(f"{num_gpus} GPUs does not fill whole {domain}-GPU NVLink domains")
             new_pool = pool.model_copy(update={"num_nodes": num_gpus // per_node})
-        return self.model_copy(update={"pools": [new_pool]})
+        return self.model_copy(update={"pools": (new_pool,)})

@@ -150,7 +150,7 @@ class ModelSpec(_Frozen):
     """Per-head RMSNorm on queries and keys (Qwen3)."""
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
-    layers: list[LayerGroup] = Field(min_length=1)
+    layers: tuple[LayerGroup, ...] = Field(min_length=1)
     training: TrainingDefaults | None = None
     serving: ServingDefaults | None = None
 

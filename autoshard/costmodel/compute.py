@@ -1,0 +1,269 @@
+"""FLOPs from GEMM shapes, and the time a GPU needs for them.
+
+Conventions (the Megatron-LM paper's, so calibration rows compare like with like):
+- A GEMM of (m x k) @ (k x n) is 2*m*n*k FLOPs. Backward is twice forward (dgrad + wgrad).
+- *Model* FLOPs count attention scores over the full s x s square (no causal halving) and exclude
+  recomputation; *executed* work halves the causal attention core, as flash attention skips the
+  masked blocks, and includes recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoshard.parallel import ParallelDims, Recompute
+from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import Precision
+from autoshard.specs.model import LayerKind, ModelSpec
+
+__all__ = [
+    "Gemm", "LayerFlops", "layer_gemms", "layer_flops", "model_flops_per_step",
+    "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
+]
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One forward GEMM on one GPU: (m x k) @ (k x n), run `count` times."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+    fp8_capable: bool = True
+    """Linear-layer GEMMs run in FP8 under an FP8 recipe; router GEMMs stay in BF16."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class LayerFlops:
+    """Forward FLOPs of one layer for one micro-batch, whole layer (not per GPU)."""
+
+    linear: float
+    attention: float
+    """Score and value GEMMs over the full s x s square (model-FLOPs convention)."""
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attention
+
+
+def _attention_dims(model: ModelSpec) -> tuple[int, int]:
+    """(query-key dim, value dim) per head."""
+    if model.mla is not None:
+        return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
+    return model.kv_channels, model.kv_channels
+
+
+def _attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
+    h, nh = model.hidden_size, model.num_attention_heads
+    qk_dim, v_dim = _attention_dims(model)
+    heads = nh // tp if nh % tp == 0 else nh / tp
+    if model.mla is not None:
+        m = model.mla
+        gemms = []
+        if m.q_lora_rank:
+            gemms.append(Gemm(tokens, m.q_lora_rank, h))  # down-projection, replicated across TP
+            gemms.append(Gemm(tokens, int(heads * qk_dim), m.q_lora_rank))
+        else:
+            gemms.append(Gemm(tokens, int(heads * qk_dim), h))
+        gemms.append(Gemm(tokens, m.kv_lora_rank + m.qk_rope_head_dim, h))
+        gemms.append(Gemm(tokens, int(heads * (m.qk_nope_head_dim + v_dim)), m.kv_lora_rank))
+        gemms.append(Gemm(tokens, h, int(heads * v_dim)))
+        return gemms
+    kv = max(model.kv_heads // tp, 1)  # KV heads replicate when TP exceeds them
+    return [
+        Gemm(tokens, int((heads + 2 * kv) * qk_dim), h),
+        Gemm(tokens, h, int(heads * v_dim)),
+    ]
+
+
+def _mlp_gemms(model: ModelSpec, tokens: int, ffn: int, shards: int, count: int = 1) -> list[Gemm]:
+    h = model.hidden_size
+    f = max(ffn // shards, 1)
+    up = Gemm(tokens, f * (model.mlp.num_matrices - 1), h, count)
+    down = Gemm(tokens, h, f, count)
+    return [up, down]
+
+
+def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: ParallelDims) -> list[Gemm]:
+    """Forward GEMMs one GPU runs for one layer, `tokens` being the micro-batch tokens of its
+    context-parallel shard (b * s / cp). Expert GEMMs assume balanced routing."""
+    tp = dims.tp
+    match kind:
+        case LayerKind.EMBEDDING:
+            return []
+        case LayerKind.OUTPUT:
+            return [Gemm(tokens, -(-model.vocab_size // tp), model.hidden_size)]
+        case LayerKind.DENSE:
+            return _attention_gemms(model, tokens, tp) + _mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+        case LayerKind.MOE:
+            assert model.moe is not None
+            moe = model.moe
+            gemms = _attention_gemms(model, tokens, tp)
+            gemms.append(Gemm(tokens, moe.num_experts, model.hidden_size, fp8_capable=False))
+            if moe.shared_expert_ffn_hidden_size:
+                gemms += _mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
+            # Routed tokens per GPU: the tp*cp attention ranks' tokens, times top_k, spread over the
+            # etp*ep expert ranks; ETP splits the expert FFN dimension.
+            routed = max(1, round(tokens * tp * moe.top_k / dims.ep))
+            experts_local = max(moe.num_experts // dims.ep, 1)
+            per_expert = max(1, routed // experts_local)
+            gemms += _mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
+            return gemms
+    raise AssertionError(kind)
+
+
+def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int) -> LayerFlops:
+    """Forward model FLOPs of a whole layer (all ranks together) for `tokens` tokens of sequences
+    of length `seq_len` (attention is quadratic within a sequence)."""
+    single = ParallelDims()
+    linear = sum(g.flops for g in layer_gemms(model, kind, tokens=tokens, dims=single))
+    attention = 0.0
+    if kind in (LayerKind.DENSE, LayerKind.MOE):
+        qk_dim, v_dim = _attention_dims(model)
+        attention = 2.0 * tokens * seq_len * model.num_attention_heads * (qk_dim + v_dim)
+    return LayerFlops(linear=linear, attention=attention)
+
+
+def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
+    """Model FLOPs of one training step (forward + backward, no recomputation)."""
+    tokens = seq_len * global_batch_size
+    fwd = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).total for k in model.layer_kinds)
+    return 3.0 * fwd
+
+
+# --------------------------------------------------------------------------- time
+
+
+def _peak_flops(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[float, float]:
+    eff = gpu.efficiency
+    if precision is Precision.FP8 and fp8_capable and gpu.fp8_tflops:
+        return gpu.fp8_tflops * 1e12, eff.gemm_fp8
+    return gpu.bf16_tflops * 1e12, eff.gemm
+
+
+def gemm_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
+    """Roofline time of a forward GEMM: the slower of math at a shape-dependent efficiency and HBM
+    traffic (read A and B, write C), plus a per-kernel overhead."""
+    eff = gpu.efficiency
+    peak, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
+    smallest = min(gemm.m, gemm.n, gemm.k)
+    shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+    elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
+    traffic = (gemm.m * gemm.k + gemm.k * gemm.n) * elem + gemm.m * gemm.n * BF16_BYTES
+    math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
+    mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    return gemm.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
+
+
+def attention_time_s(
+    model: ModelSpec, *, tokens: int, seq_len: int, dims: ParallelDims, gpu: GpuSpec, flash: bool = True,
+    precision: Precision = Precision.BF16,
+) -> float:
+    """Forward attention core (scores, softmax, weighted values) on one GPU. With context
+    parallelism each rank owns `tokens` queries but attends to the whole sequence.
+
+    flash=True: one fused causal kernel, half the s x s square computed, at the attention efficiency.
+    flash=False (pre-2022 Megatron): two batched GEMMs over the full square with a head_dim-sized
+    inner dimension, plus memory-bound scale/mask/softmax/dropout passes over the stored scores."""
+    qk_dim, v_dim = _attention_dims(model)
+    heads = model.num_attention_heads / dims.tp
+    if flash:
+        flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
+        return flops / (gpu.bf16_tflops * 1e12 * gpu.efficiency.attention)
+    batch = max(1, round(heads * tokens / seq_len))
+    scores = Gemm(seq_len, seq_len, qk_dim, batch, fp8_capable=False)
+    values = Gemm(seq_len, v_dim, seq_len, batch, fp8_capable=False)
+    gemm_s = gemm_time_s(scores, gpu, precision) + gemm_time_s(values, gpu, precision)
+    # scores written (2 B), fused scale-mask-softmax read+write (4 B), dropout read+write+mask (5 B),
+    # probabilities read by the value GEMM (2 B)
+    elements = heads * tokens * seq_len
+    return gemm_s + 13.0 * elements / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+
+
+def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: ParallelDims, sequence_parallel: bool) -> float:
+    """HBM bytes that memory-bound forward kernels move per token on one GPU: two norms and two
+    residual adds on the hidden stream (split by TP only with sequence parallelism), rotary embedding
+    on Q/K, and the MLP activation function on the intermediate (always split by TP)."""
+    if kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+        # Embedding lookup writes h; output norm reads/writes h; loss reads the logits twice (fp32).
+        split = dims.tp if sequence_parallel else 1
+        if kind is LayerKind.EMBEDDING:
+            return 2 * BF16_BYTES * model.hidden_size / split
+        return 2 * BF16_BYTES * model.hidden_size / split + 3 * 4 * model.vocab_size / dims.tp
+    h = model.hidden_size
+    split = dims.tp if sequence_parallel else 1
+    stream = (2 * 2 * h + 2 * 3 * h) * BF16_BYTES / split  # norms (r+w), residual adds (2r+w)
+    qk_dim, _ = _attention_dims(model)
+    rope = 2 * (model.num_attention_heads + model.kv_heads) * qk_dim * BF16_BYTES / dims.tp
+    act_in = model.mlp.num_matrices - 1  # swiglu reads gate and up, others read one
+    if kind is LayerKind.DENSE:
+        ffn_local = model.ffn_hidden_size / dims.tp
+        act = (act_in + 1) * ffn_local * BF16_BYTES
+    else:
+        assert model.moe is not None
+        moe = model.moe
+        routed_local = moe.top_k * moe.expert_ffn_hidden_size * dims.tp / (dims.ep * dims.expert_tp)
+        shared_local = moe.shared_expert_ffn_hidden_size / dims.tp
+        # permute/unpermute copies of the routed hidden states, and the activation function
+        permute = 2 * 2 * moe.top_k * h * BF16_BYTES * dims.tp / dims.ep
+        act = (act_in + 1) * (routed_local + shared_local) * BF16_BYTES + permute
+    return stream + rope + act
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTime:
+    """Seconds one GPU spends computing one layer for one micro-batch."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def layer_compute_time(
+    model: ModelSpec,
+    kind: LayerKind,
+    *,
+    gpu: GpuSpec,
+    dims: ParallelDims,
+    micro_batch_size: int,
+    seq_len: int,
+    precision: Precision,
+    recompute: Recompute,
+    sequence_parallel: bool,
+    flash_attention: bool = True,
+) -> ComputeTime:
+    tokens = micro_batch_size * seq_len // dims.cp
+    attn_s = 0.0
+    if kind in (LayerKind.DENSE, LayerKind.MOE):
+        attn_s = attention_time_s(
+            model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, flash=flash_attention, precision=precision)
+    gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
+    ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
+    if precision is Precision.FP8 and gpu.fp8_tflops:
+        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8).
+        ew_bytes += sum(3.0 * g.m * g.k * g.count for g in gemms if g.fp8_capable)
+    ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+    gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
+    forward = gemm_s + attn_s + ew_s
+    # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
+    # element-wise backward reads saved inputs and gradients (2x).
+    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s
+    match recompute:
+        case Recompute.NONE:
+            re = 0.0
+        case Recompute.SELECTIVE:
+            re = attn_s
+        case Recompute.FULL:
+            re = forward if kind in (LayerKind.DENSE, LayerKind.MOE) else 0.0
+    return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)

@@ -1,0 +1,188 @@
+"""Per-GPU memory: weights, gradients, optimizer state, activations and fixed overheads.
+
+Model states follow Megatron-LM's `theoretical_memory_usage`: BF16 weights (2 B), FP32 gradient
+buffer (4 B), FP32 master weights + Adam m and v (12 B) = 18 B/param; the distributed optimizer
+(ZeRO-1) shards the 12 B of optimizer state over DP: 6 + 12/DP. ZeRO-2 also shards gradients and
+ZeRO-3/FSDP shards the weights, keeping a gathered copy of the layers in flight.
+
+Activations follow Korthikanti et al. 2022 (Table 2), derived tensor by tensor so that GQA, SwiGLU,
+MoE and CP fall out of the same count; `dropout=True` reproduces the paper's GPT numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoshard.parallel import ParallelDims, Recompute
+from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import Optimizer
+from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.units import GIB
+
+__all__ = [
+    "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
+    "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
+]
+
+BF16 = 2
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ParamShards:
+    """Parameters of one layer held by one GPU, split by which data-parallel group reduces them."""
+
+    dense: float
+    """Replicated over DP (attention, dense MLP, shared experts, router, norms, embeddings)."""
+    expert: float
+    """Routed-expert weights, replicated over expert-DP."""
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def layer_param_shards(model: ModelSpec, kind: LayerKind, dims: ParallelDims) -> ParamShards:
+    tp = dims.tp
+    match kind:
+        case LayerKind.EMBEDDING:
+            return ParamShards(model.embedding_params() / tp, 0.0)
+        case LayerKind.OUTPUT:
+            # With tied embeddings Megatron still keeps a copy of the word embedding on the last stage
+            # (synchronised with the first); a single-stage model shares it.
+            proj = model.vocab_size * model.hidden_size
+            extra = proj if model.tied_embeddings and dims.pp > 1 else 0
+            return ParamShards((model.output_params() + extra) / tp, 0.0)
+        case LayerKind.DENSE:
+            return ParamShards(model.dense_layer_params() / tp, 0.0)
+        case LayerKind.MOE:
+            assert model.moe is not None
+            moe = model.moe
+            routed = moe.num_experts * model.expert_params()
+            dense = model.moe_layer_params() - routed
+            return ParamShards(dense / tp, routed / (dims.ep * dims.expert_tp))
+    raise AssertionError(kind)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStateBytes:
+    weights: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def model_state_bytes(
+    shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM
+) -> ModelStateBytes:
+    """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards."""
+    state = optimizer.state_bytes_per_param
+    weights = grads = opt = 0.0
+    for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):
+        # Megatron's distributed optimizer shards over the DP x CP group (both replicate weights).
+        w, g, o = BF16 * params, FP32 * params, state * params
+        if zero_stage >= 1:
+            o /= dp
+        if zero_stage >= 2:
+            g /= dp
+        if zero_stage >= 3:
+            w /= dp
+        weights += w
+        grads += g
+        opt += o
+    return ModelStateBytes(weights=weights, grads=grads, optimizer=opt)
+
+
+def _attention_saved_per_token(model: ModelSpec, tp: int) -> float:
+    """Bytes per token the attention block saves inside the TP-split region (Q, K, V and the
+    attention output feeding the output projection), with flash attention (no s x s scores)."""
+    if model.mla is not None:
+        m = model.mla
+        heads = model.num_attention_heads / tp
+        q = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        kv_up = heads * (m.qk_nope_head_dim + m.v_head_dim)
+        latent = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim  # replicated inputs of the up-projections
+        return BF16 * (q + q + kv_up + heads * m.v_head_dim + latent)  # Q, K (nope+rope), K_nope/V, output
+    d = model.kv_channels
+    heads = model.num_attention_heads / tp
+    kv = max(model.kv_heads / tp, 1)
+    return BF16 * (heads * d + 2 * kv * d + heads * d)
+
+
+def _mlp_saved_per_token(model: ModelSpec, ffn_local: float) -> float:
+    # Inputs of the activation function (gate and up for SwiGLU) and its output (down-proj input).
+    return BF16 * model.mlp.num_matrices * ffn_local
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    kind: LayerKind,
+    *,
+    dims: ParallelDims,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: Recompute,
+    sequence_parallel: bool,
+    flash_attention: bool = True,
+    dropout: bool = False,
+) -> float:
+    """Bytes one micro-batch leaves saved for backward in one layer on one GPU.
+
+    Korthikanti's GPT layer (MHA, 4h GeLU MLP, dropout) gives sbh(34 + 5as/h) without parallelism;
+    this function reproduces that with `flash_attention=False, dropout=True`."""
+    tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
+    tokens = s * b
+    h = model.hidden_size
+    rep = tp if sequence_parallel else 1  # tensors outside the TP region are split only with SP
+    if kind is LayerKind.EMBEDDING:
+        return tokens * h * (1 if dropout else 0) / rep
+    if kind is LayerKind.OUTPUT:
+        # final norm input + output-layer input (2 B each), FP32 logits for the loss (4 B x vocab / tp)
+        return tokens * (2 * BF16 * h / rep + FP32 * model.vocab_size / tp)
+    if recompute is Recompute.FULL:
+        return tokens * BF16 * h / rep
+    # Outside the TP region: two norm inputs and the inputs of QKV and of the MLP (4 x 2 B x h),
+    # plus two 1-byte dropout masks.
+    outside = (4 * BF16 + (2 if dropout else 0)) * h / rep
+    inside = _attention_saved_per_token(model, tp)
+    if not flash_attention and recompute is Recompute.NONE:
+        heads = model.num_attention_heads / tp
+        scores = 2 + 2 if dropout else 2  # softmax output (+ dropout output); mask below
+        inside += heads * seq_len * (scores + (1 if dropout else 0))
+    if kind is LayerKind.DENSE:
+        inside += _mlp_saved_per_token(model, model.ffn_hidden_size / tp)
+    else:
+        assert model.moe is not None
+        moe = model.moe
+        inside += _mlp_saved_per_token(model, moe.shared_expert_ffn_hidden_size / tp)
+        inside += FP32 * moe.num_experts  # router logits / probabilities
+        # Routed tokens per GPU (see compute.layer_gemms): top_k x tp / ep of this rank's tokens, each
+        # saving its permuted input (h, replicated across ETP) and the expert MLP intermediates.
+        routed = moe.top_k * tp / dims.ep
+        inside += routed * (BF16 * h * dims.expert_tp / tp + _mlp_saved_per_token(model, moe.expert_ffn_hidden_size / dims.expert_tp))
+    return tokens * (outside + inside)
+
+
+def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
+    """Micro-batches (in units of a full rank's layers) whose activations pipeline rank `rank` holds
+    at its peak under 1F1B, or interleaved 1F1B with `vpp` chunks (Megatron's warm-up counts).
+
+    Rank 0 of a 1F1B pipeline holds p micro-batches; interleaving multiplies that by 1 + (p-1)/(p*v)
+    (Korthikanti sec. 4.2.3)."""
+    if vpp == 1:
+        return float(min(num_microbatches, pp - rank))
+    chunks = min(num_microbatches * vpp, (pp - rank - 1) * 2 + (vpp - 1) * pp + 1)
+    return chunks / vpp
+
+
+def overhead_bytes(gpu: GpuSpec, allocated_bytes: float) -> float:
+    """CUDA context, NCCL and cuBLAS workspaces, plus allocator fragmentation on what is allocated."""
+    eff = gpu.efficiency
+    return eff.reserved_memory_gib * GIB + eff.fragmentation * allocated_bytes
+
+
+def usable_bytes(gpu: GpuSpec) -> float:
+    return gpu.hbm_gib * GIB

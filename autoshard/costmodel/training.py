@@ -1,0 +1,465 @@
+"""Training step prediction for a full plan: per-layer costs, per-stage sums, the pipeline schedule,
+data-parallel traffic and the optimizer step, each with its breakdown.
+
+Layers are indexed as the model lists them, embedding first (0) and output last. A stage is a
+contiguous run of layers; stage i is model chunk i, hosted by pipeline rank i % pp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
+from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
+from autoshard.costmodel.memory import (
+    BF16,
+    layer_activation_bytes,
+    layer_param_shards,
+    model_state_bytes,
+    overhead_bytes,
+)
+from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.pipeline import schedule_time
+from autoshard.parallel import ParallelDims, Recompute
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
+from autoshard.specs.job import Optimizer, Precision
+from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.units import GIB
+
+__all__ = [
+    "TrainConfig", "Stage", "LayerCost", "layer_cost", "StageCost", "stage_cost",
+    "TimeBreakdown", "MemoryBreakdown", "TrainPrediction", "predict_train", "optimizer_bytes_per_param",
+]
+
+# Adam step traffic per locally-owned parameter: read FP32 param, grad, m, v (16 B); write FP32
+# param, m, v (12 B) and the BF16 copy (2 B).
+ADAM_STEP_BYTES = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """Everything about a training plan except the layer layout."""
+
+    dims: ParallelDims
+    micro_batch_size: int
+    global_batch_size: int
+    seq_len: int
+    precision: Precision = Precision.BF16
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = True
+    zero_stage: int = 1
+    optimizer: Optimizer = Optimizer.ADAM
+    overlap_grad_reduce: bool = True
+    """Overlap DP gradient reduction (and, with a sharded optimizer, the parameter all-gather) with
+    backward/forward compute (Megatron --overlap-grad-reduce / --overlap-param-gather)."""
+    tp_comm_overlap: bool = False
+    """Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap; needs sequence parallelism)."""
+    flash_attention: bool = True
+    """Fused attention kernels (every current framework); False models pre-2022 Megatron-LM, which
+    stored the s x s attention scores."""
+
+    def __post_init__(self) -> None:
+        per_step = self.micro_batch_size * self.dims.dp
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"global batch {self.global_batch_size} is not a multiple of micro-batch x DP = "
+                f"{self.micro_batch_size} x {self.dims.dp} = {per_step}"
+            )
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dims.dp)
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism is only real with TP > 1 (Megatron turns it off otherwise)."""
+        return self.sequence_parallel and self.dims.tp > 1
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """One layer on one GPU of `pool`, per micro-batch (times) and in total (memory)."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    fwd_bwd_compute_s: float
+    """Forward + backward compute, the window DP traffic can hide behind."""
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    """Saved for backward per in-flight micro-batch."""
+    full_activation_bytes: float
+    """What the layer would save without full recomputation (its working set during recompute)."""
+    dense_params: float
+    expert_params: float
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
+
+    @property
+    def state_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+@lru_cache(maxsize=65536)
+def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
+    only some of its layers)."""
+    dims, gpu = cfg.dims, pool.gpu
+    ct = layer_compute_time(
+        model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
+        precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
+    )
+    links = group_links(pool, dims)
+    tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
+    h = model.hidden_size
+    is_decoder = kind in (LayerKind.DENSE, LayerKind.MOE)
+    fwd_passes = 2 if recompute is Recompute.FULL and is_decoder else 1
+
+    # Tensor parallel: per block (attention, MLP) one all-reduce forward and one backward of the
+    # b*s*h activations; with SP an all-gather + reduce-scatter pair of the same total volume.
+    tp_s = 0.0
+    if dims.tp > 1:
+        act = tokens * h * BF16
+        if cfg.sp:
+            one = collective_time_s(Collective.ALL_GATHER, act, dims.tp, links.tp) + collective_time_s(
+                Collective.REDUCE_SCATTER, act, dims.tp, links.tp)
+        else:
+            one = collective_time_s(Collective.ALL_REDUCE, act, dims.tp, links.tp)
+        blocks = {LayerKind.DENSE: 2, LayerKind.MOE: 1, LayerKind.EMBEDDING: 1, LayerKind.OUTPUT: 1}[kind]
+        if kind is LayerKind.MOE and model.moe is not None and model.moe.shared_expert_ffn_hidden_size:
+            blocks += 1
+        tp_s = blocks * one * (fwd_passes + 1)
+        if cfg.tp_comm_overlap and cfg.sp:
+            tp_s *= 1 - gpu.efficiency.tp_overlap
+
+    # Context parallel: ring exchange of the K/V chunks (forward) and their gradients (backward, 2x),
+    # overlapped with the attention computation of the other chunks.
+    cp_s = 0.0
+    if dims.cp > 1 and is_decoder:
+        kv_bytes = 2 * tokens * model.kv_heads * model.kv_channels * BF16 / min(dims.tp, model.kv_heads)
+        if model.mla is not None:
+            kv_bytes = 2 * tokens * model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim) * BF16 / dims.tp
+        ring = (dims.cp - 1) * collective_time_s(Collective.P2P, kv_bytes, 2, links.cp)
+        attn_window = 0.25 * ct.forward_s  # the attention core is roughly a quarter of a layer at long context
+        cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - 2.5 * attn_window)
+
+    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward.
+    ep_s = 0.0
+    if kind is LayerKind.MOE and model.moe is not None:
+        local_tokens = tokens / dims.tp if cfg.sp else tokens
+        routed_bytes = local_tokens * model.moe.top_k * h * BF16
+        if dims.ep > 1:
+            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_TO_ALL, routed_bytes, dims.ep, links.ep)
+        if dims.expert_tp > 1:
+            gathered = routed_bytes * dims.expert_tp
+            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_GATHER, gathered, dims.expert_tp, links.etp)
+
+    shards = layer_param_shards(model, kind, dims)
+    states = model_state_bytes(shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer)
+    act_kwargs = dict(
+        dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
+        flash_attention=cfg.flash_attention,
+    )
+    act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
+    full_act = act
+    if recompute is Recompute.FULL:
+        full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
+    return LayerCost(
+        compute_s=ct.forward_s + ct.backward_s,
+        recompute_s=ct.recompute_s,
+        tp_comm_s=tp_s,
+        cp_comm_s=cp_s,
+        ep_comm_s=ep_s,
+        fwd_bwd_compute_s=ct.forward_s + ct.backward_s,
+        weights_bytes=states.weights,
+        grads_bytes=states.grads,
+        optimizer_bytes=states.optimizer,
+        activation_bytes=act,
+        full_activation_bytes=full_act,
+        dense_params=shards.dense,
+        expert_params=shards.expert,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One model chunk: layers [start, stop) of the model, on `pool`, with the first
+    `full_recompute_layers` decoder layers fully recomputed (Megatron's block method)."""
+
+    start: int
+    stop: int
+    pool: int = 0
+    full_recompute_layers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    time_s: float
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    fwd_bwd_compute_s: float
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    """Per in-flight micro-batch."""
+    working_bytes: float
+    """Transient: the largest layer's full activations while it is recomputed."""
+    dense_params: float
+    expert_params: float
+    largest_layer_params: float
+    """Per-GPU parameters of the stage's largest layer (what ZeRO-3 gathers at once)."""
+
+
+def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig) -> StageCost:
+    kinds = model.layer_kinds[stage.start:stage.stop]
+    costs: list[LayerCost] = []
+    left = stage.full_recompute_layers
+    for kind in kinds:
+        mode = cfg.recompute
+        if kind in (LayerKind.DENSE, LayerKind.MOE) and left > 0:
+            mode, left = Recompute.FULL, left - 1
+        costs.append(layer_cost(model, kind, pool, cfg, mode))
+    working = max((c.full_activation_bytes - c.activation_bytes for c in costs), default=0.0)
+
+    def total(attr: str) -> float:
+        return sum(getattr(c, attr) for c in costs)
+
+    return StageCost(
+        time_s=total("time_s"), compute_s=total("compute_s"), recompute_s=total("recompute_s"),
+        tp_comm_s=total("tp_comm_s"), cp_comm_s=total("cp_comm_s"), ep_comm_s=total("ep_comm_s"),
+        fwd_bwd_compute_s=total("fwd_bwd_compute_s"), weights_bytes=total("weights_bytes"),
+        grads_bytes=total("grads_bytes"), optimizer_bytes=total("optimizer_bytes"),
+        activation_bytes=total("activation_bytes"), working_bytes=working,
+        dense_params=total("dense_params"), expert_params=total("expert_params"),
+        largest_layer_params=max(c.dense_params + c.expert_params for c in costs),
+    )
+
+
+def optimizer_bytes_per_param(optimizer: Optimizer) -> float:
+    return ADAM_STEP_BYTES if optimizer is Optimizer.ADAM else ADAM_STEP_BYTES - 8
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    compute: float
+    tp_comm: float
+    cp_comm: float
+    ep_comm: float
+    pp_comm: float
+    dp_comm_exposed: float
+    bubble: float
+    optimizer: float
+    recompute: float = 0.0
+    """Part of `compute` spent recomputing activations (informational, already in compute)."""
+
+    @property
+    def total(self) -> float:
+        return (self.compute + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm
+                + self.dp_comm_exposed + self.bubble + self.optimizer)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes on the most loaded GPU."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    kv_cache: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.kv_cache + self.overhead
+
+
+@dataclass(frozen=True, slots=True)
+class TrainPrediction:
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    hw_tflops_per_gpu: float
+    mfu: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    peak_memory_bytes: float
+    capacity_bytes: float
+    rank_memory_bytes: tuple[float, ...]
+    rank_capacity_bytes: tuple[float, ...]
+    rank_time_s: tuple[float, ...]
+    num_gpus: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return all(m <= c for m, c in zip(self.rank_memory_bytes, self.rank_capacity_bytes, strict=True))
+
+
+def _p2p_s(model: ModelSpec, cfg: TrainConfig, a: PoolSpec, b: PoolSpec, cluster: ClusterSpec) -> float:
+    """One activation (or gradient) send across a stage boundary, per micro-batch."""
+    tokens = cfg.micro_batch_size * cfg.seq_len // cfg.dims.cp
+    size = tokens * model.hidden_size * BF16 / (cfg.dims.tp if cfg.sp else 1)
+    link = group_links(a, cfg.dims).pp if a is b else pool_link(a, b, cluster.pool_link_gbps)
+    return collective_time_s(Collective.P2P, size, 2, link)
+
+
+def _dp_time_s(cfg: TrainConfig, pool: PoolSpec, dense_params: float, expert_params: float) -> float:
+    """Data-parallel gradient reduction (+ parameter gather with a sharded optimizer) per step."""
+    dims = cfg.dims
+    links = group_links(pool, dims)
+    t = 0.0
+    for params, ranks, link in ((dense_params, dims.dp * dims.cp, links.dp), (expert_params, dims.expert_dp, links.edp)):
+        if ranks <= 1 or params <= 0:
+            continue
+        grads = params * 4  # FP32 gradient reduction (Megatron accumulates and reduces BF16 runs in FP32)
+        if cfg.zero_stage == 0:
+            t += collective_time_s(Collective.ALL_REDUCE, grads, ranks, link)
+        else:
+            t += collective_time_s(Collective.REDUCE_SCATTER, grads, ranks, link)
+            gathers = 1 if cfg.zero_stage < 3 else 2 * cfg.num_microbatches
+            t += gathers * collective_time_s(Collective.ALL_GATHER, params * BF16, ranks, link)
+    return t
+
+
+def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> float:
+    """Forward FLOPs re-executed per step: whole decoder layers under full recompute, the attention
+    core under selective recompute."""
+    tokens = cfg.global_batch_size * cfg.seq_len
+    total = 0.0
+    for st in stages:
+        left = st.full_recompute_layers
+        for kind in model.layer_kinds[st.start:st.stop]:
+            if kind not in (LayerKind.DENSE, LayerKind.MOE):
+                continue
+            f = layer_flops(model, kind, tokens=tokens, seq_len=cfg.seq_len)
+            if cfg.recompute is Recompute.FULL or left > 0:
+                total += f.total
+            elif cfg.recompute is Recompute.SELECTIVE:
+                total += f.attention
+            left -= 1
+    return total
+
+
+def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> TrainPrediction:
+    """Predict a training step. `stages` lists pp x vpp chunks in order."""
+    dims = cfg.dims
+    if len(stages) != dims.num_stages:
+        raise ValueError(f"{len(stages)} stages given for PP {dims.pp} x VPP {dims.vpp}")
+    pools = cluster.pools
+    costs = [stage_cost(model, st, pools[st.pool], cfg) for st in stages]
+    m = cfg.num_microbatches
+
+    # Per pipeline rank: sum its chunks, plus the p2p of each chunk boundary it sends across.
+    pp = dims.pp
+    rank_time = [0.0] * pp
+    rank_parts: list[dict[str, float]] = [dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "pp"), 0.0) for _ in range(pp)]
+    for i, (st, c) in enumerate(zip(stages, costs, strict=True)):
+        r = i % pp
+        p2p = 0.0  # this chunk sends its activations forward and its input gradients backward
+        if i + 1 < len(stages):
+            p2p += _p2p_s(model, cfg, pools[st.pool], pools[stages[i + 1].pool], cluster)
+        if i > 0:
+            p2p += _p2p_s(model, cfg, pools[stages[i - 1].pool], pools[st.pool], cluster)
+        rank_time[r] += c.time_s + p2p
+        parts = rank_parts[r]
+        parts["compute"] += c.compute_s + c.recompute_s
+        parts["recompute"] += c.recompute_s
+        parts["tp"] += c.tp_comm_s
+        parts["cp"] += c.cp_comm_s
+        parts["ep"] += c.ep_comm_s
+        parts["pp"] += p2p
+    sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp)
+
+    # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank.
+    tail = []
+    for r in range(pp):
+        mine = [(stages[i], costs[i]) for i in range(len(stages)) if i % pp == r]
+        pool = pools[mine[0][0].pool]
+        dense = sum(c.dense_params for _, c in mine)
+        expert = sum(c.expert_params for _, c in mine)
+        dp_s = _dp_time_s(cfg, pool, dense, expert)
+        window = sum(c.fwd_bwd_compute_s for _, c in mine) * (m if cfg.zero_stage == 3 else 1)
+        overlap = pool.gpu.efficiency.dp_overlap
+        exposed = max((1 - overlap) * dp_s, dp_s - window) if cfg.overlap_grad_reduce else dp_s
+        local = dense / (dims.dp * dims.cp if cfg.zero_stage >= 1 else 1) + expert / (
+            dims.expert_dp if cfg.zero_stage >= 1 else 1)
+        opt_s = local * optimizer_bytes_per_param(cfg.optimizer) / (pool.gpu.hbm_tbps * 1e12 * pool.gpu.efficiency.hbm)
+        tail.append((exposed + opt_s, exposed, opt_s))
+    _, dp_exposed, opt_s = max(tail)
+
+    b = sched.bottleneck_rank
+    parts = rank_parts[b]
+    time = TimeBreakdown(
+        compute=m * parts["compute"], tp_comm=m * parts["tp"], cp_comm=m * parts["cp"], ep_comm=m * parts["ep"],
+        pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed, bubble=sched.bubble_s, optimizer=opt_s,
+        recompute=m * parts["recompute"],
+    )
+    step = time.total
+
+    # Memory per rank: model states of its chunks, in-flight activations, transient working set.
+    rank_mem: list[float] = []
+    rank_cap: list[float] = []
+    rank_breakdowns: list[MemoryBreakdown] = []
+    for r in range(pp):
+        mine = [costs[i] for i in range(len(stages)) if i % pp == r]
+        gpu = pools[stages[r].pool].gpu
+        in_flight = _in_flight(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m)
+        act = in_flight * sum(c.activation_bytes for c in mine) / 1.0 + max(c.working_bytes for c in mine)
+        w = sum(c.weights_bytes for c in mine)
+        g = sum(c.grads_bytes for c in mine)
+        o = sum(c.optimizer_bytes for c in mine)
+        if cfg.zero_stage == 3:
+            # ZeRO-3/FSDP gathers each layer's weights just in time (the current layer and the
+            # prefetched next one) and holds that layer's full gradients until they are reduced.
+            largest = max(c.largest_layer_params for c in mine)
+            w += 2 * BF16 * largest
+            g += 4 * largest
+        allocated = w + g + o + act
+        over = overhead_bytes(gpu, allocated)
+        bd = MemoryBreakdown(weights=w, grads=g, optimizer=o, activations=act, kv_cache=0.0, overhead=over)
+        rank_breakdowns.append(bd)
+        rank_mem.append(bd.total)
+        rank_cap.append(gpu.hbm_gib * GIB)
+    worst = max(range(pp), key=lambda r: rank_mem[r] / rank_cap[r])
+
+    num_gpus = dims.world_size
+    tokens = cfg.global_batch_size * cfg.seq_len
+    model_flops = model_flops_per_step(model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size)
+    hw_flops = model_flops + _recompute_flops(model, cfg, stages)
+    tflops = model_flops / step / num_gpus / 1e12
+    peak_gpu = min((p.gpu for p in pools), key=lambda g: g.bf16_tflops)
+    peak = peak_gpu.bf16_tflops
+    if cfg.precision is Precision.FP8 and peak_gpu.fp8_tflops:
+        peak = peak_gpu.fp8_tflops
+    return TrainPrediction(
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / num_gpus,
+        tflops_per_gpu=tflops,
+        hw_tflops_per_gpu=hw_flops / step / num_gpus / 1e12,
+        mfu=tflops / peak,
+        time=time,
+        memory=rank_breakdowns[worst],
+        peak_memory_bytes=rank_mem[worst],
+        capacity_bytes=rank_cap[worst],
+        rank_memory_bytes=tuple(rank_mem),
+        rank_capacity_bytes=tuple(rank_cap),
+        rank_time_s=tuple(rank_time),
+        num_gpus=num_gpus,
+    )
