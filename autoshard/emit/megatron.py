@@ -1,0 +1,561 @@
+"""Plan -> Megatron-LM launch: one `torchrun ... pretrain_gpt.py` command (the JSON `launch.megatron`
+field) or a complete multi-node bash script.
+
+Pure functions of the Plan: every number comes from the plan, every flag name from Megatron-LM's
+parser as it is today (`megatron_flags`), and whatever Megatron-LM cannot express exactly is listed by
+`megatron_notes` (and written into the script as NOTE comments) instead of being silently changed.
+
+How plan facts map to flags (Megatron-LM at the commit in `megatron_flags.SOURCE_COMMIT`):
+
+- Layer layout: Megatron's default puts the embedding on the first model chunk, the loss on the last
+  and num_layers / (PP x VPP) decoder layers on every chunk. A plan with exactly that layout gets the
+  plain flags (`--num-virtual-stages-per-pipeline-rank` when interleaved); any other layout is written
+  as `--pipeline-model-parallel-layout` ("Et*3|t*4|t*4|t*3L": E embedding, t decoder layer, L loss,
+  chunks split by `|`), which also sets VPP = chunks / PP, so no other VPP flag goes with it.
+- Recompute: selective -> `--recompute-granularity selective`; full -> full/uniform/1 (every layer);
+  per-stage full recompute of the first N decoder layers (`Plan.recompute_num_layers`) -> full/block/N.
+  Megatron's CLI has one granularity, so selective + block-full cannot be combined: block-full wins
+  and a note says so.
+- ZeRO: 1 -> `--use-distributed-optimizer`; 2 and 3 -> Megatron-FSDP (`--use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads | optim_grads_params --ckpt-format fsdp_dtensor`);
+  `--overlap-param-gather` only with a sharded optimizer (it requires one).
+- CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron asserts it when TP > 1 or CP > 1 on GPUs older than
+  Blackwell (AMD GPUs included), and asserts it is *not* 1 under Megatron-FSDP.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import textwrap
+from collections.abc import Sequence
+
+from autoshard.costmodel.training import Stage
+from autoshard.emit import megatron_flags
+from autoshard.parallel import Recompute
+from autoshard.plan import Plan, layer_counts
+from autoshard.specs.job import Optimizer, Precision
+from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind
+
+__all__ = [
+    "ENTRY_POINT",
+    "MASTER_PORT",
+    "megatron_args",
+    "megatron_notes",
+    "megatron_command",
+    "megatron_script",
+    "pipeline_layout",
+    "moe_layer_pattern",
+    "needs_single_cuda_connection",
+    "launch_geometry",
+]
+
+ENTRY_POINT = "pretrain_gpt.py"
+MASTER_PORT = 6000
+# Reads the vocabulary from $TOKENIZER_MODEL; Megatron-LM ignores --vocab-size with it, so none is written.
+TOKENIZER_TYPE = "HuggingFaceTokenizer"
+
+# Training hyper-parameters the plan does not decide: sane placeholders the user edits.
+SCAFFOLDING: tuple[tuple[str, str | None], ...] = (
+    ("--train-iters", "100000"),
+    ("--lr", "3.0e-4"),
+    ("--min-lr", "3.0e-5"),
+    ("--lr-decay-style", "cosine"),
+    ("--lr-warmup-fraction", "0.01"),
+    ("--weight-decay", "0.1"),
+    ("--clip-grad", "1.0"),
+    ("--attention-dropout", "0.0"),
+    ("--hidden-dropout", "0.0"),
+)
+LOGGING: tuple[tuple[str, str | None], ...] = (
+    ("--data-path", "$DATA_PATH"),
+    ("--split", "99,1,0"),
+    ("--save", "$CKPT_DIR"),
+    ("--load", "$CKPT_DIR"),
+    ("--save-interval", "1000"),
+    ("--log-interval", "10"),
+    ("--log-throughput", None),
+    ("--eval-interval", "1000"),
+    ("--eval-iters", "10"),
+    ("--transformer-impl", "transformer_engine"),
+    ("--attention-backend", "auto"),
+)
+
+Arg = tuple[str, str | None]
+
+
+# ----------------------------------------------------------------------------- plan facts
+
+
+def pipeline_layout(model: ModelSpec, stages: Sequence[Stage]) -> str | None:
+    """`--pipeline-model-parallel-layout` for `stages`, or None when they are Megatron's default split
+    (embedding on the first chunk, loss on the last, the same number of decoder layers on every chunk)."""
+    counts = [layer_counts(model, s) for s in stages]
+    decoders = [c[0] for c in counts]
+    default = (
+        counts[0][1]
+        and counts[-1][2]
+        and not any(c[1] for c in counts[1:])
+        and not any(c[2] for c in counts[:-1])
+        and len(set(decoders)) == 1
+    )
+    if default:
+        return None
+    parts = []
+    for dec, emb, out in counts:
+        body = "t" if dec == 1 else f"t*{dec}" if dec else ""
+        parts.append(("E" if emb else "") + body + ("L" if out else ""))
+    return _compress_stages(parts)
+
+
+def _compress_stages(parts: list[str]) -> str:
+    """Join chunks with `|`, writing a run of 4 or more identical chunks as `(x|)*n,` (Megatron unrolls
+    parentheses first, then `x*n`; commas are cosmetic)."""
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        j = i
+        while j + 1 < len(parts) and parts[j + 1] == parts[i]:
+            j += 1
+        run = j - i + 1
+        # A run cannot end the layout: its trailing `|` would open an extra, empty chunk.
+        if run >= 4 and j + 1 < len(parts) and parts[i]:
+            out.append(f"({parts[i]}|)*{run},")
+            i = j + 1
+            continue
+        out.append(parts[i] + ("|" if i + 1 < len(parts) else ""))
+        i += 1
+    return "".join(out)
+
+
+def moe_layer_pattern(model: ModelSpec) -> str | None:
+    """`--moe-layer-freq` as a Python list expression ("([0]*3+[1]*58)"), or None when every decoder
+    layer is an MoE layer (Megatron's default, freq 1)."""
+    bits = [
+        1 if k is LayerKind.MOE else 0 for k in model.layer_kinds if k in (LayerKind.DENSE, LayerKind.MOE)
+    ]
+    if all(bits):
+        return None
+    runs: list[tuple[int, int]] = []
+    for b in bits:
+        if runs and runs[-1][0] == b:
+            runs[-1] = (b, runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
+
+
+def _is_blackwell_or_newer(gpu_name: str) -> bool:
+    name = gpu_name.upper()
+    return bool(re.match(r"^G?B[1-9]\d\d(?![0-9])", name)) or "BLACKWELL" in name or "RUBIN" in name
+
+
+def needs_single_cuda_connection(plan: Plan) -> bool:
+    """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP > 1 or CP > 1 on pre-Blackwell GPUs,
+    except under FSDP (which needs it unset or > 1)."""
+    dims = plan.config.dims
+    if dims.tp == 1 and dims.cp == 1 or plan.config.zero_stage >= 2:
+        return False
+    pools = {s.pool for s in plan.stages}
+    return any(not _is_blackwell_or_newer(plan.cluster.pools[p].gpu.name) for p in pools)
+
+
+def launch_geometry(plan: Plan) -> tuple[int, int]:
+    """(processes per node, nodes) for torchrun: whole nodes of the first stage's pool."""
+    world = plan.config.dims.world_size
+    per_node = plan.cluster.pools[plan.stages[0].pool].node.gpus_per_node
+    if world <= per_node:
+        return world, 1
+    nproc = math.gcd(world, per_node)
+    return nproc, world // nproc
+
+
+def _init_std(model: ModelSpec) -> str:
+    """Small-init standard deviation sqrt(2 / (5 h)) (Nguyen & Salazar 2019, used by GPT-NeoX)."""
+    return f"{math.sqrt(2 / (5 * model.hidden_size)):.4f}"
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def _model_args(model: ModelSpec, seq_len: int) -> list[Arg]:
+    h, heads = model.hidden_size, model.num_attention_heads
+    args: list[Arg] = [
+        ("--num-layers", str(model.num_layers)),
+        ("--hidden-size", str(h)),
+        ("--ffn-hidden-size", str(model.ffn_hidden_size)),
+        ("--num-attention-heads", str(heads)),
+    ]
+    if model.attention is AttentionKind.MLA and model.mla is not None:
+        mla = model.mla
+        args.append(("--multi-latent-attention", None))
+        if mla.q_lora_rank:
+            args.append(("--q-lora-rank", str(mla.q_lora_rank)))
+        args += [
+            ("--kv-lora-rank", str(mla.kv_lora_rank)),
+            ("--qk-head-dim", str(mla.qk_nope_head_dim)),
+            ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)),
+            ("--v-head-dim", str(mla.v_head_dim)),
+        ]
+        if h % heads:
+            args.append(("--kv-channels", str(model.kv_channels)))
+    else:
+        if model.kv_heads != heads:
+            args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
+        if h % heads or model.kv_channels != h // heads:
+            args.append(("--kv-channels", str(model.kv_channels)))
+    args += [
+        ("--seq-length", str(seq_len)),
+        ("--max-position-embeddings", str(max(model.max_position_embeddings, seq_len))),
+        (
+            "--position-embedding-type",
+            "learned_absolute" if model.position_embedding is PositionKind.LEARNED else "rope",
+        ),
+        ("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"),
+    ]
+    if model.mlp is MlpKind.SWIGLU:
+        args.append(("--swiglu", None))
+    elif model.mlp is MlpKind.SQUARED_RELU:
+        args.append(("--squared-relu", None))
+    if not model.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if not model.linear_bias:
+        args.append(("--disable-bias-linear", None))
+        if model.qkv_bias:
+            args.append(("--add-qkv-bias", None))
+    if model.qk_norm:
+        args.append(("--qk-layernorm", None))
+    return args
+
+
+def _moe_args(model: ModelSpec) -> list[Arg]:
+    moe = model.moe
+    if moe is None:
+        return []
+    args: list[Arg] = [
+        ("--num-experts", str(moe.num_experts)),
+        ("--moe-router-topk", str(moe.top_k)),
+        ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
+    ]
+    if moe.shared_expert_ffn_hidden_size:
+        args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
+    pattern = moe_layer_pattern(model)
+    if pattern is not None:
+        args.append(("--moe-layer-freq", pattern))
+    args += [
+        ("--moe-grouped-gemm", None),
+        ("--moe-token-dispatcher-type", "alltoall"),
+        ("--moe-router-load-balancing-type", "aux_loss"),
+        ("--moe-aux-loss-coeff", "1e-2"),
+    ]
+    return args
+
+
+def _parallel_args(plan: Plan) -> list[Arg]:
+    cfg, dims, model = plan.config, plan.config.dims, plan.model
+    args: list[Arg] = [
+        ("--tensor-model-parallel-size", str(dims.tp)),
+        ("--pipeline-model-parallel-size", str(dims.pp)),
+        ("--context-parallel-size", str(dims.cp)),
+    ]
+    if model.moe is not None:
+        args += [
+            ("--expert-model-parallel-size", str(dims.ep)),
+            ("--expert-tensor-parallel-size", str(dims.expert_tp)),
+        ]
+    if cfg.sp:
+        args.append(("--sequence-parallel", None))
+    layout = pipeline_layout(model, plan.stages) if len(plan.stages) > 1 else None
+    if layout is not None:
+        args.append(("--pipeline-model-parallel-layout", layout))
+    elif dims.vpp > 1:
+        args.append(("--num-virtual-stages-per-pipeline-rank", str(dims.vpp)))
+    args += [
+        ("--micro-batch-size", str(cfg.micro_batch_size)),
+        ("--global-batch-size", str(cfg.global_batch_size)),
+    ]
+    return args
+
+
+def _recompute_args(plan: Plan) -> list[Arg]:
+    block = plan.recompute_num_layers
+    if plan.config.recompute is Recompute.FULL:
+        return [
+            ("--recompute-granularity", "full"),
+            ("--recompute-method", "uniform"),
+            ("--recompute-num-layers", "1"),
+        ]
+    if block > 0:
+        return [
+            ("--recompute-granularity", "full"),
+            ("--recompute-method", "block"),
+            ("--recompute-num-layers", str(block)),
+        ]
+    if plan.config.recompute is Recompute.SELECTIVE:
+        return [("--recompute-granularity", "selective")]
+    return []
+
+
+def _distributed_args(plan: Plan) -> list[Arg]:
+    cfg = plan.config
+    args: list[Arg] = []
+    if cfg.zero_stage >= 1:
+        args.append(("--use-distributed-optimizer", None))
+    if cfg.zero_stage >= 2:
+        strategy = "optim_grads" if cfg.zero_stage == 2 else "optim_grads_params"
+        args += [
+            ("--use-megatron-fsdp", None),
+            ("--data-parallel-sharding-strategy", strategy),
+            ("--ckpt-format", "fsdp_dtensor"),
+        ]
+    if cfg.overlap_grad_reduce:
+        args.append(("--overlap-grad-reduce", None))
+        if cfg.zero_stage >= 1:
+            args.append(("--overlap-param-gather", None))
+    if cfg.tp_comm_overlap and cfg.sp:
+        args.append(("--tp-comm-overlap", None))
+    return args
+
+
+def _precision_args(plan: Plan) -> list[Arg]:
+    args: list[Arg] = [("--bf16", None)]
+    if plan.config.precision is Precision.FP8:
+        blackwell = all(_is_blackwell_or_newer(plan.cluster.pools[s.pool].gpu.name) for s in plan.stages)
+        if blackwell:
+            args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "mxfp8")]
+        else:
+            args += [
+                ("--fp8-format", "hybrid"),
+                ("--fp8-recipe", "delayed"),
+                ("--fp8-amax-history-len", "1024"),
+                ("--fp8-amax-compute-algo", "max"),
+            ]
+    return args
+
+
+def _optimizer_args(plan: Plan) -> list[Arg]:
+    if plan.config.optimizer is Optimizer.SGD:
+        return [("--optimizer", "sgd"), ("--sgd-momentum", "0.9")]
+    return [("--optimizer", "adam"), ("--adam-beta1", "0.9"), ("--adam-beta2", "0.95")]
+
+
+def megatron_args(plan: Plan) -> list[Arg]:
+    """Every `pretrain_gpt.py` flag of the plan, in launch order: (flag, value or None for a switch)."""
+    cfg = plan.config
+    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model)
+    args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
+    args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
+    args += _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
+    args += list(LOGGING)
+    unknown = [f for f, _ in args if f not in megatron_flags.KNOWN]
+    assert not unknown, f"emitter wrote flags Megatron-LM does not have: {unknown}"
+    return args
+
+
+def megatron_notes(plan: Plan) -> list[str]:
+    """What the Megatron-LM launch cannot say exactly as the plan does (empty for most plans)."""
+    model, cfg = plan.model, plan.config
+    notes: list[str] = []
+    if cfg.recompute is Recompute.SELECTIVE and plan.recompute_num_layers > 0:
+        notes.append(
+            "the plan combines selective recompute with full recompute of the first "
+            f"{plan.recompute_num_layers} decoder layer(s) of each stage; Megatron-LM takes one "
+            "--recompute-granularity, so the launch uses block full recompute only (the other layers "
+            "keep all activations: a little more memory than planned)"
+        )
+    per_stage = {s.full_recompute_layers for s in plan.stages}
+    if cfg.recompute is not Recompute.FULL and len(per_stage) > 1:
+        notes.append(
+            f"stages fully recompute different numbers of layers ({sorted(per_stage)}); Megatron-LM's "
+            "--recompute-num-layers is one number for every stage, so each recomputes "
+            f"{plan.recompute_num_layers}"
+        )
+    if model.position_embedding is PositionKind.ALIBI:
+        notes.append("Megatron-LM has no ALiBi; the launch uses rotary position embeddings (same cost)")
+    if model.mlp is MlpKind.RELU:
+        notes.append("Megatron-LM has no plain-ReLU MLP flag; the launch uses its default GeLU (same shapes)")
+    if cfg.seq_len > model.max_position_embeddings:
+        notes.append(
+            f"--max-position-embeddings raised from {model.max_position_embeddings} to the sequence length "
+            f"{cfg.seq_len} (Megatron-LM requires max positions >= sequence length)"
+        )
+    if model.moe is not None and cfg.dims.tp > 1 and not cfg.sp:
+        notes.append(
+            "Megatron-LM wants sequence parallelism for MoE with TP > 1 (it warns; its YAML config "
+            "path refuses): the plan does not use it"
+        )
+    if cfg.tp_comm_overlap and not cfg.sp:
+        notes.append("--tp-comm-overlap needs sequence parallelism, which the plan does not use: left out")
+    pools = sorted({s.pool for s in plan.stages})
+    per_node = {plan.cluster.pools[p].node.gpus_per_node for p in pools}
+    nproc, nnodes = launch_geometry(plan)
+    if len(per_node) > 1:
+        notes.append(
+            f"the pools have {sorted(per_node)} GPUs per node; torchrun starts {nproc} on every node"
+        )
+    elif nnodes > 1 and nproc != next(iter(per_node)):
+        notes.append(f"{cfg.dims.world_size} GPUs do not fill whole nodes: torchrun starts {nproc} per node")
+    if len(pools) > 1:
+        notes.append("heterogeneous cluster: " + _node_pools(plan))
+    return notes
+
+
+def _node_pools(plan: Plan) -> str:
+    """Which NODE_RANKs must run on which pool: pipeline rank is Megatron's outermost rank dimension."""
+    dims = plan.config.dims
+    nproc, nnodes = launch_geometry(plan)
+    per_rank = dims.world_size // dims.pp
+    groups: list[tuple[int, int, str]] = []
+    for n in range(nnodes):
+        pool = plan.cluster.pools[plan.stages[min(dims.pp - 1, n * nproc // per_rank)].pool].name
+        if groups and groups[-1][2] == pool:
+            groups[-1] = (groups[-1][0], n, pool)
+        else:
+            groups.append((n, n, pool))
+    spans = [
+        f"NODE_RANK {a}-{b} on pool {p}" if a != b else f"NODE_RANK {a} on pool {p}" for a, b, p in groups
+    ]
+    return "; ".join(spans)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+_SAFE = re.compile(r"^[\w@%+=:,./-]+$")
+
+
+def _quote(value: str) -> str:
+    if value.startswith("$"):
+        return f'"{value}"'
+    return value if _SAFE.match(value) else shlex.quote(value)
+
+
+def _flag_lines(plan: Plan) -> list[str]:
+    return [flag if value is None else f"{flag} {_quote(value)}" for flag, value in megatron_args(plan)]
+
+
+def _join(head: list[str], lines: list[str]) -> str:
+    return " \\\n    ".join([*head, *lines]) + "\n"
+
+
+def megatron_command(plan: Plan) -> str:
+    """One `torchrun ... pretrain_gpt.py ...` command line, `\\`-continued, run from a Megatron-LM
+    checkout on every node with NODE_RANK, MASTER_ADDR, DATA_PATH, TOKENIZER_MODEL and CKPT_DIR set."""
+    nproc, nnodes = launch_geometry(plan)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if needs_single_cuda_connection(plan) else ""
+    if nnodes == 1:
+        rank, addr = "0", "localhost"
+    else:
+        rank, addr = '"$NODE_RANK"', '"$MASTER_ADDR"'
+    head = [
+        f"{env}torchrun --nproc-per-node {nproc} --nnodes {nnodes} --node-rank {rank}",
+        f"--master-addr {addr} --master-port {MASTER_PORT}",
+        ENTRY_POINT,
+    ]
+    return _join(head, _flag_lines(plan))
+
+
+def _summary(plan: Plan) -> list[str]:
+    cfg, dims, model = plan.config, plan.config.dims, plan.model
+    nproc, nnodes = launch_geometry(plan)
+    gpus = list(dict.fromkeys(plan.cluster.pools[s.pool].gpu.name for s in plan.stages))
+    degrees = f"TP {dims.tp}, PP {dims.pp}, VPP {dims.vpp}, CP {dims.cp}, DP {dims.dp}"
+    if model.moe is not None:
+        degrees += f", EP {dims.ep}, ETP {dims.expert_tp}"
+    if cfg.sp:
+        degrees += ", sequence parallel"
+    recompute = cfg.recompute.value
+    n = plan.recompute_num_layers
+    if n and cfg.recompute is not Recompute.FULL:
+        block = f"full recompute of the first {n} decoder layer{'s' if n > 1 else ''} of each stage"
+        recompute = block if cfg.recompute is Recompute.NONE else f"{recompute} + {block}"
+    zero = {
+        0: "ZeRO-0 (plain data parallel)",
+        1: "ZeRO-1 (distributed optimizer)",
+        2: "ZeRO-2 (Megatron-FSDP optim_grads)",
+        3: "ZeRO-3 (Megatron-FSDP optim_grads_params)",
+    }
+    layout = pipeline_layout(model, plan.stages) if len(plan.stages) > 1 else None
+    lines = [
+        f"{dims.world_size} GPUs = {nnodes} node{'s' if nnodes > 1 else ''} x {nproc} GPUs "
+        f"({', '.join(gpus)})",
+        degrees,
+        f"micro-batch {cfg.micro_batch_size}, global batch {cfg.global_batch_size} "
+        f"({cfg.num_microbatches} micro-batches per step), sequence length {cfg.seq_len}",
+        f"recompute: {recompute}; {zero[cfg.zero_stage]}; {cfg.precision.value}",
+        f"layer layout: {layout or 'Megatron default (even split)'}",
+        f"vocabulary: {model.vocab_size} tokens, read from $TOKENIZER_MODEL",
+    ]
+    return lines
+
+
+def megatron_script(plan: Plan) -> str:
+    """A complete bash launch script: rendezvous and data variables (filled by the user), the
+    environment Megatron-LM requires, and the torchrun command. Run the same script on every node."""
+    nproc, nnodes = launch_geometry(plan)
+    world = plan.config.dims.world_size
+    multi = nnodes > 1
+    out = [
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM training launch for {plan.model.name} on {plan.cluster.name}, written by autoshard.",
+        "#",
+        *(f"#   {line}" for line in _summary(plan)),
+        "#",
+        "# Run it from a Megatron-LM checkout (or set MEGATRON_LM)" + (" on every node:" if multi else ":"),
+        ("#   MASTER_ADDR=<node 0> NODE_RANK=<0.." + str(nnodes - 1) + "> " if multi else "#   ")
+        + "DATA_PATH=<dataset prefix> TOKENIZER_MODEL=<tokenizer> bash <this script>",
+        "# The training hyper-parameters (--train-iters, --lr, ...) are placeholders: edit them.",
+    ]
+    for note in megatron_notes(plan):
+        out += textwrap.wrap(
+            note,
+            width=100,
+            initial_indent="# NOTE: ",
+            subsequent_indent="#       ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+    out += ["", "set -euo pipefail", "", "# Rendezvous (set on every node)."]
+    if multi:
+        out += [
+            "MASTER_ADDR=${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}",
+            f"NODE_RANK=${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{nnodes - 1}}}",
+        ]
+    else:
+        out += ["MASTER_ADDR=${MASTER_ADDR:-localhost}", "NODE_RANK=${NODE_RANK:-0}"]
+    out += [
+        f"MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}",
+        f"NNODES=${{NNODES:-{nnodes}}}",
+        f"GPUS_PER_NODE={nproc}",
+        f"if (( NNODES * GPUS_PER_NODE != {world} )); then",
+        f'  echo "this plan needs exactly {world} GPUs ({nnodes} x {nproc}); got NNODES=$NNODES" >&2',
+        "  exit 1",
+        "fi",
+        "",
+        "# Data, tokenizer and checkpoints.",
+        "DATA_PATH=${DATA_PATH:?set DATA_PATH to a Megatron-LM indexed dataset prefix "
+        "(path/to/corpus_text_document)}",
+        "TOKENIZER_MODEL=${TOKENIZER_MODEL:?set TOKENIZER_MODEL to a Hugging Face tokenizer name "
+        "or directory}",
+        f"CKPT_DIR=${{CKPT_DIR:-checkpoints/{plan.model.name}}}",
+        "MEGATRON_LM=${MEGATRON_LM:-$PWD}",
+        "",
+    ]
+    if needs_single_cuda_connection(plan):
+        out += [
+            "# Megatron-LM requires one CUDA hardware queue with TP or CP > 1 on pre-Blackwell GPUs.",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        ]
+    elif plan.config.zero_stage >= 2:
+        out += [
+            "# Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1.",
+            "unset CUDA_DEVICE_MAX_CONNECTIONS",
+        ]
+    if out[-1]:
+        out.append("")
+    head = [
+        'torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"',
+        '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"',
+        f'"$MEGATRON_LM/{ENTRY_POINT}"',
+    ]
+    return "\n".join(out) + "\n" + _join(head, _flag_lines(plan))

@@ -1,0 +1,278 @@
+"""Megatron-LM flags -> ModelSpec, with Megatron-LM's defaults for whatever the command leaves out
+(argparse defaults at the commit in `megatron_flags.SOURCE_COMMIT`)."""
+
+from __future__ import annotations
+
+import ast
+
+from autoshard.errors import SpecError
+from autoshard.specs.model import (
+    AttentionKind,
+    LayerGroup,
+    LayerKind,
+    MLAConfig,
+    MlpKind,
+    ModelSpec,
+    MoEConfig,
+    NormKind,
+    PositionKind,
+)
+
+__all__ = ["FlagReader", "build_model", "moe_pattern", "eval_moe_layer_freq"]
+
+# Tokenizers whose vocabulary is fixed by the tokenizer type itself.
+_FIXED_VOCAB = {"GPT2BPETokenizer": 50257}
+# Tokenizers that honour --vocab-size (the others read the vocabulary from their files).
+_VOCAB_SIZE_TOKENIZERS = {"NullTokenizer", "NullMultimodalTokenizer", "TikTokenizer"}
+
+
+class FlagReader:
+    """Typed access to parsed flags (primary spelling -> values; [] for a switch)."""
+
+    def __init__(self, flags: dict[str, list[str]], source: str, warnings: list[str]) -> None:
+        self.flags, self.source, self.warnings = flags, source, warnings
+
+    def on(self, name: str) -> bool:
+        return name in self.flags
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        values = self.flags.get(name)
+        return values[-1] if values else default
+
+    def int(self, name: str, default: int | None = None, *, required: str | None = None) -> int | None:
+        value = self.text(name)
+        if value is None:
+            if required is not None:
+                raise SpecError(f"the command has no {name}: add {name} <{required}>", source=self.source)
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            msg = f"{name} '{value}' is not a whole number"
+            if required is not None or value.startswith("$"):
+                raise SpecError(
+                    f"{msg}: write the number itself (autoshard does not run the shell)", source=self.source
+                ) from None
+            self.warnings.append(f"{msg}; read as {default}")
+            return default
+        if number < 0 or (number == 0 and required is not None):
+            raise SpecError(f"{name} must be positive, got {number}", source=self.source)
+        return number
+
+
+def eval_moe_layer_freq(text: str, num_layers: int) -> list[int]:
+    """`--moe-layer-freq`: an integer N (every N-th layer is MoE, starting with the first) or a
+    Python list expression such as "([0]*3+[1]*58)". Evaluated without eval(): only lists of 0/1,
+    `+` and `*` with integers."""
+    flag = "--moe-layer-freq"
+    text = text.strip()
+    if "[" not in text:
+        try:
+            n = int(text)
+        except ValueError:
+            raise SpecError(
+                f"{flag} '{text}' is neither an integer nor a list expression such as \"([0]*3+[1]*58)\""
+            ) from None
+        if n < 1:
+            raise SpecError(f"{flag} must be >= 1, got {n}")
+        return [1 if i % n == 0 else 0 for i in range(num_layers)]
+
+    def value(node: ast.AST) -> list[int] | int:
+        if isinstance(node, ast.List):
+            items = [value(e) for e in node.elts]
+            if not all(isinstance(x, int) for x in items):
+                raise ValueError("nested list")
+            return [int(x) for x in items]  # type: ignore[arg-type]
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int)
+            and not isinstance(node.value, bool)
+        ):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
+                times = right if isinstance(left, list) else left
+                seq = left if isinstance(left, list) else right
+                if isinstance(times, int) and isinstance(seq, list) and 0 <= times <= 100_000:
+                    return seq * times
+            if isinstance(left, int) and isinstance(right, int):
+                return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError(type(node).__name__)
+
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        raise SpecError(
+            f"{flag} '{text}' is not a list expression of 0s and 1s such as \"([0]*3+[1]*58)\""
+        ) from None
+    if not isinstance(pattern, list) or any(b not in (0, 1) for b in pattern):
+        raise SpecError(f"{flag} '{text}' must give a list of 0 (dense) and 1 (MoE) per layer")
+    if len(pattern) != num_layers:
+        raise SpecError(
+            f"{flag} '{text}' gives {len(pattern)} layers but --num-layers is {num_layers}: "
+            "write one 0/1 per decoder layer"
+        )
+    return pattern
+
+
+def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
+    """1 per MoE decoder layer, 0 per dense one, in order."""
+    return tuple(
+        1 if k is LayerKind.MOE else 0 for k in model.layer_kinds if k in (LayerKind.DENSE, LayerKind.MOE)
+    )
+
+
+def _groups(bits: list[int]) -> tuple[LayerGroup, ...]:
+    groups = [LayerGroup(kind=LayerKind.EMBEDDING)]
+    for b in bits:
+        kind = LayerKind.MOE if b else LayerKind.DENSE
+        if groups[-1].kind is kind:
+            groups[-1] = LayerGroup(kind=kind, count=groups[-1].count + 1)
+        else:
+            groups.append(LayerGroup(kind=kind))
+    groups.append(LayerGroup(kind=LayerKind.OUTPUT))
+    return tuple(groups)
+
+
+def _vocab(r: FlagReader, hint: int | None, default: int) -> tuple[int, bool]:
+    tokenizer = r.text("--tokenizer-type")
+    if tokenizer is None and r.on("--vocab-file") and r.on("--merge-file"):
+        tokenizer = "GPT2BPETokenizer"  # a GPT-2 vocab + merges pair: the GPT-2 BPE vocabulary
+    padded = r.int("--padded-vocab-size")
+    if padded:
+        return padded, True
+    given = r.int("--vocab-size")
+    if given and tokenizer in _VOCAB_SIZE_TOKENIZERS:
+        return given, True
+    if tokenizer in _FIXED_VOCAB:
+        return _FIXED_VOCAB[tokenizer], True
+    if given:
+        r.warnings.append(
+            f"--vocab-size {given}: Megatron-LM ignores it with --tokenizer-type {tokenizer} "
+            "(the tokenizer decides); read as the vocabulary size"
+        )
+        return given, True
+    if hint is not None:
+        return hint, False
+    source = "no --tokenizer-type"
+    if tokenizer:
+        source = f"--tokenizer-type {tokenizer} reads it from the tokenizer files"
+    r.warnings.append(
+        f"the vocabulary size is not in the command ({source}): assumed {default}; "
+        "give the model to use its real size"
+    )
+    return default, False
+
+
+def _position(r: FlagReader) -> PositionKind:
+    kind = r.text("--position-embedding-type")
+    if kind is None:
+        if r.on("--use-rotary-position-embeddings"):
+            return PositionKind.ROPE
+        if r.on("--no-position-embedding"):
+            r.warnings.append("--no-position-embedding: no position parameters, predicted like rope")
+            return PositionKind.ROPE
+        return PositionKind.LEARNED  # Megatron-LM's default: learned_absolute
+    if kind == "learned_absolute":
+        return PositionKind.LEARNED
+    if kind not in ("rope", "yarn", "mrope"):
+        r.warnings.append(f"--position-embedding-type {kind}: no position parameters, predicted like rope")
+    return PositionKind.ROPE
+
+
+def _mlp(r: FlagReader) -> MlpKind:
+    if r.on("--swiglu") and r.on("--squared-relu"):
+        r.warnings.append("--swiglu and --squared-relu both given; read --swiglu")
+    if r.on("--swiglu"):
+        return MlpKind.SWIGLU
+    return MlpKind.SQUARED_RELU if r.on("--squared-relu") else MlpKind.GELU
+
+
+def build_model(
+    r: FlagReader, *, num_layers: int, seq_len: int, vocab_size: int | None, default_vocab: int
+) -> tuple[ModelSpec, bool]:
+    """The model a pretrain_gpt.py command trains, and whether its vocabulary came from the command.
+    Raises pydantic's ValidationError for impossible shapes (the caller turns it into a SpecError)."""
+    h = r.int("--hidden-size", required="hidden size")
+    heads = r.int("--num-attention-heads", required="attention heads")
+    assert h is not None and heads is not None
+    mlp = _mlp(r)
+    default_ffn = int(4 * h * 2 / 3 / 64) * 64 if mlp is MlpKind.SWIGLU else 4 * h
+    ffn = r.int("--ffn-hidden-size") or default_ffn
+    if r.on("--hybrid-layer-pattern"):
+        r.warnings.append("--hybrid-layer-pattern (Mamba hybrid) is not modeled: read as a transformer")
+
+    kv_heads = heads
+    if r.on("--group-query-attention"):
+        kv_heads = r.int("--num-query-groups", 1) or 1
+    elif r.on("--num-query-groups"):
+        r.warnings.append("--num-query-groups has no effect without --group-query-attention")
+    kv_channels = r.int("--kv-channels")
+    head_dim = kv_channels if kv_channels and (h % heads or kv_channels != h // heads) else None
+
+    mla = None
+    if r.on("--multi-latent-attention"):
+        if r.on("--group-query-attention"):
+            r.warnings.append(
+                "--multi-latent-attention and --group-query-attention exclude each other; read MLA"
+            )
+            kv_heads = heads
+        mla = MLAConfig(
+            q_lora_rank=r.int("--q-lora-rank"),
+            kv_lora_rank=r.int("--kv-lora-rank", 32) or 32,
+            qk_nope_head_dim=r.int("--qk-head-dim", 128) or 128,
+            qk_rope_head_dim=r.int("--qk-pos-emb-head-dim", 64) or 64,
+            v_head_dim=r.int("--v-head-dim", 128) or 128,
+        )
+
+    moe = None
+    bits = [0] * num_layers
+    experts = r.int("--num-experts")
+    if experts:
+        shared = r.int("--moe-shared-expert-intermediate-size") or 0
+        moe = MoEConfig(
+            num_experts=experts,
+            top_k=r.int("--moe-router-topk", 2) or 2,
+            expert_ffn_hidden_size=r.int("--moe-ffn-hidden-size") or ffn,
+            num_shared_experts=1 if shared else 0,
+            shared_expert_ffn_hidden_size=shared,
+        )
+        bits = eval_moe_layer_freq(r.text("--moe-layer-freq", "1") or "1", num_layers)
+    elif r.on("--moe-layer-freq") or r.on("--moe-ffn-hidden-size"):
+        r.warnings.append("MoE flags without --num-experts have no effect; read as a dense model")
+
+    max_pos = r.int("--max-position-embeddings")
+    if max_pos is None:
+        r.warnings.append("no --max-position-embeddings (Megatron-LM requires it); read as --seq-length")
+        max_pos = seq_len
+    norm = r.text("--normalization", "LayerNorm")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        r.warnings.append(f"--normalization {norm} is not LayerNorm or RMSNorm; read as LayerNorm")
+    linear_bias = not r.on("--disable-bias-linear")
+    vocab, vocab_known = _vocab(r, vocab_size, default_vocab)
+    model = ModelSpec(
+        name="from-megatron",
+        source=r.source,
+        hidden_size=h,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads if kv_heads != heads else None,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        tied_embeddings=not r.on("--untie-embeddings-and-output-weights"),
+        mlp=mlp,
+        norm=NormKind.RMSNORM if norm == "RMSNorm" else NormKind.LAYERNORM,
+        attention=AttentionKind.MLA if mla is not None else AttentionKind.GQA,
+        position_embedding=_position(r),
+        max_position_embeddings=max_pos,
+        linear_bias=linear_bias,
+        qkv_bias=r.on("--add-qkv-bias") and not linear_bias,
+        qk_norm=r.on("--qk-layernorm"),
+        mla=mla,
+        moe=moe,
+        layers=_groups(bits),
+    )
+    return model, vocab_known

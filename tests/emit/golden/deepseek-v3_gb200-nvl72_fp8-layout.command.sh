@@ -1,0 +1,73 @@
+torchrun --nproc-per-node 4 --nnodes 144 --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 61 \
+    --hidden-size 7168 \
+    --ffn-hidden-size 18432 \
+    --num-attention-heads 128 \
+    --multi-latent-attention \
+    --q-lora-rank 1536 \
+    --kv-lora-rank 512 \
+    --qk-head-dim 128 \
+    --qk-pos-emb-head-dim 64 \
+    --v-head-dim 128 \
+    --seq-length 4096 \
+    --max-position-embeddings 163840 \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --disable-bias-linear \
+    --num-experts 256 \
+    --moe-router-topk 8 \
+    --moe-ffn-hidden-size 2048 \
+    --moe-shared-expert-intermediate-size 2048 \
+    --moe-layer-freq '([0]*3+[1]*58)' \
+    --moe-grouped-gemm \
+    --moe-token-dispatcher-type alltoall \
+    --moe-router-load-balancing-type aux_loss \
+    --moe-aux-loss-coeff 1e-2 \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 8 \
+    --context-parallel-size 1 \
+    --expert-model-parallel-size 8 \
+    --expert-tensor-parallel-size 1 \
+    --sequence-parallel \
+    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14,t*2L' \
+    --micro-batch-size 1 \
+    --global-batch-size 2304 \
+    --recompute-granularity full \
+    --recompute-method block \
+    --recompute-num-layers 1 \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --bf16 \
+    --fp8-format hybrid \
+    --fp8-recipe mxfp8 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0075 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto

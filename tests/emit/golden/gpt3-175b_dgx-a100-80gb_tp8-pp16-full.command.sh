@@ -1,0 +1,48 @@
+CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 64 --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 96 \
+    --hidden-size 12288 \
+    --ffn-hidden-size 49152 \
+    --num-attention-heads 96 \
+    --seq-length 2048 \
+    --max-position-embeddings 2048 \
+    --position-embedding-type learned_absolute \
+    --normalization LayerNorm \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 16 \
+    --context-parallel-size 1 \
+    --sequence-parallel \
+    --micro-batch-size 1 \
+    --global-batch-size 1536 \
+    --recompute-granularity full \
+    --recompute-method uniform \
+    --recompute-num-layers 1 \
+    --overlap-grad-reduce \
+    --bf16 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0057 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto

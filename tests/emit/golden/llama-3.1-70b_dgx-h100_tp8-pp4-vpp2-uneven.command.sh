@@ -1,0 +1,54 @@
+CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 8 --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 80 \
+    --hidden-size 8192 \
+    --ffn-hidden-size 28672 \
+    --num-attention-heads 64 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 8192 \
+    --max-position-embeddings 131072 \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --disable-bias-linear \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 4 \
+    --context-parallel-size 1 \
+    --sequence-parallel \
+    --pipeline-model-parallel-layout 'Et*9|t*10|t*10|t*11|t*11|t*10|t*10|t*9L' \
+    --micro-batch-size 1 \
+    --global-batch-size 512 \
+    --recompute-granularity selective \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --bf16 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0070 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto

@@ -1,0 +1,53 @@
+CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 1 --node-rank 0 \
+    --master-addr localhost --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 32 \
+    --hidden-size 4096 \
+    --ffn-hidden-size 14336 \
+    --num-attention-heads 32 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 8192 \
+    --max-position-embeddings 131072 \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --disable-bias-linear \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 1 \
+    --context-parallel-size 1 \
+    --sequence-parallel \
+    --micro-batch-size 1 \
+    --global-batch-size 512 \
+    --recompute-granularity selective \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --bf16 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0099 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto

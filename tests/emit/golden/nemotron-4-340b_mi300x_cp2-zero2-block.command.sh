@@ -1,0 +1,58 @@
+torchrun --nproc-per-node 8 --nnodes 32 --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 96 \
+    --hidden-size 18432 \
+    --ffn-hidden-size 73728 \
+    --num-attention-heads 96 \
+    --group-query-attention \
+    --num-query-groups 8 \
+    --seq-length 4096 \
+    --max-position-embeddings 4096 \
+    --position-embedding-type rope \
+    --normalization LayerNorm \
+    --squared-relu \
+    --untie-embeddings-and-output-weights \
+    --disable-bias-linear \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 4 \
+    --context-parallel-size 2 \
+    --sequence-parallel \
+    --micro-batch-size 1 \
+    --global-batch-size 2304 \
+    --recompute-granularity full \
+    --recompute-method block \
+    --recompute-num-layers 2 \
+    --use-distributed-optimizer \
+    --use-megatron-fsdp \
+    --data-parallel-sharding-strategy optim_grads \
+    --ckpt-format fsdp_dtensor \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --bf16 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0047 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto

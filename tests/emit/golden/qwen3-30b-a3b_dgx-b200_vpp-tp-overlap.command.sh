@@ -1,0 +1,66 @@
+torchrun --nproc-per-node 8 --nnodes 4 --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port 6000 \
+    pretrain_gpt.py \
+    --num-layers 48 \
+    --hidden-size 2048 \
+    --ffn-hidden-size 6144 \
+    --num-attention-heads 32 \
+    --group-query-attention \
+    --num-query-groups 4 \
+    --kv-channels 128 \
+    --seq-length 4096 \
+    --max-position-embeddings 40960 \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --swiglu \
+    --untie-embeddings-and-output-weights \
+    --disable-bias-linear \
+    --qk-layernorm \
+    --num-experts 128 \
+    --moe-router-topk 8 \
+    --moe-ffn-hidden-size 768 \
+    --moe-grouped-gemm \
+    --moe-token-dispatcher-type alltoall \
+    --moe-router-load-balancing-type aux_loss \
+    --moe-aux-loss-coeff 1e-2 \
+    --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$TOKENIZER_MODEL" \
+    --tensor-model-parallel-size 2 \
+    --pipeline-model-parallel-size 2 \
+    --context-parallel-size 1 \
+    --expert-model-parallel-size 8 \
+    --expert-tensor-parallel-size 2 \
+    --sequence-parallel \
+    --num-virtual-stages-per-pipeline-rank 2 \
+    --micro-batch-size 1 \
+    --global-batch-size 1024 \
+    --recompute-granularity selective \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --tp-comm-overlap \
+    --bf16 \
+    --optimizer adam \
+    --adam-beta1 0.9 \
+    --adam-beta2 0.95 \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-fraction 0.01 \
+    --weight-decay 0.1 \
+    --clip-grad 1.0 \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --init-method-std 0.0140 \
+    --data-path "$DATA_PATH" \
+    --split 99,1,0 \
+    --save "$CKPT_DIR" \
+    --load "$CKPT_DIR" \
+    --save-interval 1000 \
+    --log-interval 10 \
+    --log-throughput \
+    --eval-interval 1000 \
+    --eval-iters 10 \
+    --transformer-impl transformer_engine \
+    --attention-backend auto
