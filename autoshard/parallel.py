@@ -125,7 +125,7 @@ def check_dims(
             problems.append(f"TP {dims.tp} and the {kv} KV heads must divide one another")
     if dims.cp > 1 and seq_len % (2 * dims.cp):
         problems.append(f"CP {dims.cp} needs seq_len divisible by 2*CP = {2 * dims.cp}; seq_len is {seq_len}")
-    if dims.ep > 1 or (dims.etp is not None and dims.etp > 1):
+    if dims.ep > 1 or (dims.etp is not None and dims.etp != dims.tp):
         if model.moe is None:
             problems.append("expert parallelism (EP/ETP > 1) needs a mixture-of-experts model")
         elif model.moe.num_experts % dims.ep:

@@ -12,6 +12,7 @@ otherwise it is bound by the per-GPU network bandwidth.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -94,6 +95,7 @@ class GroupLinks:
     edp: Link
 
 
+@lru_cache(maxsize=8192)
 def group_links(pool: PoolSpec, dims: ParallelDims) -> GroupLinks:
     """Links of every process group under Megatron's default rank order (tp-cp-dp-pp; experts
     etp-ep-edp-pp) on one pool."""

@@ -7,6 +7,7 @@ contiguous run of layers; stage i is model chunk i, hosted by pipeline rank i % 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -110,10 +111,20 @@ class LayerCost:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
 
 
-@lru_cache(maxsize=65536)
 def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
-    only some of its layers)."""
+    only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
+    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key."""
+    dims = cfg.dims
+    if dims.vpp != 1 or dims.pp > 2:
+        norm = dataclasses.replace(dims, pp=min(dims.pp, 2), vpp=1)
+        per_step = cfg.micro_batch_size * dims.dp
+        cfg = dataclasses.replace(cfg, dims=norm, global_batch_size=per_step * cfg.num_microbatches)
+    return _layer_cost(model, kind, pool, cfg, recompute)
+
+
+@lru_cache(maxsize=65536)
+def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     dims, gpu = cfg.dims, pool.gpu
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,

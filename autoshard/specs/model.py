@@ -24,6 +24,19 @@ NonNegInt = Annotated[int, Field(ge=0)]
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @cached_property
+    def _hash(self) -> int:
+        return hash((type(self), tuple(self.__dict__[k] for k in type(self).model_fields)))
+
+    def __hash__(self) -> int:  # specs key the cost-model caches: hash once, not per lookup
+        return self._hash
+
+    def model_copy(self, *, update=None, deep: bool = False):  # type: ignore[override]
+        copied = super().model_copy(update=update, deep=deep)
+        for key in [k for k in copied.__dict__ if k not in type(self).model_fields]:
+            del copied.__dict__[key]  # cached properties describe the original, not the copy
+        return copied
+
 
 class LayerKind(StrEnum):
     """What one entry of `layers:` is. Embedding and output are layers in their own right: they own

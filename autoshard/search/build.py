@@ -1,0 +1,242 @@
+"""The CP-SAT model: one model per solve, choosing among the surviving candidates.
+
+Variables, per candidate c (all constraints of c hold only when its selector x_c is true):
+- chunk boundaries b_1 < … < b_{S-1} over the model's layers (contiguous, monotone layout; the
+  embedding and output count as the real layers they are, so stages may be uneven);
+- full-recompute layers r_k per chunk (on top of the candidate's base recompute mode);
+- the pool q_r of each pipeline rank (heterogeneous clusters).
+Stage quantities come from prefix tables looked up with `add_allowed_assignments` at each boundary
+and subtracted: no big-M and no products of variables. The objective is the pipeline step time
+m*t_max + (sum_r T_r - t_max)/v plus the slowest rank's exposed DP traffic and optimizer step,
+scaled to integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from autoshard.search.tables import CandidateTables, Layout
+
+__all__ = ["CandidateVars", "BuiltModel", "build_model"]
+
+# Column order of the boundary lookup tables.
+_COLS = ("time_us", "state_mib", "act_mib", "dp_full_us", "dp_min_us", "window_us", "opt_us")
+
+
+@dataclass(slots=True)
+class CandidateVars:
+    selected: cp_model.IntVar
+    bounds: list[cp_model.IntVar | int]
+    recompute: list[cp_model.IntVar | int]
+    rank_pools: list[cp_model.IntVar | int]
+    objective: cp_model.IntVar
+
+
+@dataclass(slots=True)
+class BuiltModel:
+    model: cp_model.CpModel
+    candidates: list[CandidateVars]
+    tables: list[CandidateTables]
+
+
+def _lookup(model: cp_model.CpModel, tab: CandidateTables, pool: cp_model.IntVar | int,
+            boundary: cp_model.IntVar | int, cache: dict, hi: int) -> dict[str, cp_model.IntVar | int]:
+    """Prefix-table values at `boundary` in `pool`'s tables."""
+    key = (id(pool) if not isinstance(pool, int) else pool, id(boundary) if not isinstance(boundary, int) else boundary)
+    if key in cache:
+        return cache[key]
+    if isinstance(pool, int) and not isinstance(boundary, int) and tab.uniform_decoders:
+        # interior boundaries lie in [1, n-1], where prefix(b) = prefix(1) + (b - 1) * per_layer
+        p = tab.pools[pool]
+        out = {}
+        for c in _COLS:
+            arr = getattr(p, c)
+            out[c] = int(arr[1]) + (boundary - 1) * int(arr[2] - arr[1])
+        out["decoders"] = boundary - 1
+        cache[key] = out
+        return out
+    if isinstance(pool, int) and isinstance(boundary, int):
+        p = tab.pools[pool]
+        out = {c: int(getattr(p, c)[boundary]) for c in _COLS}
+        out["decoders"] = int(tab.decoders[boundary])
+        cache[key] = out
+        return out
+    out = {c: model.new_int_var(0, hi, "") for c in _COLS}
+    out["decoders"] = model.new_int_var(0, tab.num_layers, "")
+    rows = []
+    pools = range(len(tab.pools)) if not isinstance(pool, int) else [pool]
+    bounds = range(tab.num_layers + 1) if not isinstance(boundary, int) else [boundary]
+    for q in pools:
+        p = tab.pools[q]
+        for b in bounds:
+            row = [int(getattr(p, c)[b]) for c in _COLS] + [int(tab.decoders[b])]
+            if not isinstance(pool, int):
+                row = [q, *row]
+            if not isinstance(boundary, int):
+                row = [b, *row]
+            rows.append(row)
+    vars_ = [out[c] for c in _COLS] + [out["decoders"]]
+    if not isinstance(pool, int):
+        vars_ = [pool, *vars_]
+    if not isinstance(boundary, int):
+        vars_ = [boundary, *vars_]
+    model.add_allowed_assignments(vars_, rows)
+    cache[key] = out
+    return out
+
+
+def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: list[int], uniform_recompute: bool,
+                   per_stage_recompute: bool, hint: Layout | None, hi: int, lower: int, tmax_lower: int) -> CandidateVars:
+    cfg = tab.config
+    dims = cfg.dims
+    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+    s = tab.num_chunks
+    n = tab.num_layers
+    x = model.new_bool_var("x")
+    hetero = len(tab.pools) > 1
+
+    bounds: list[cp_model.IntVar | int] = [0]
+    for k in range(1, s):
+        bounds.append(model.new_int_var(k, n - (s - k), f"b{k}"))
+    bounds.append(n)
+    for k in range(s):
+        if not (isinstance(bounds[k], int) and isinstance(bounds[k + 1], int)):
+            model.add(bounds[k + 1] >= bounds[k] + 1)
+
+    rank_pools: list[cp_model.IntVar | int] = []
+    if hetero:
+        stage_gpus = dims.tp * dims.cp * dims.dp
+        member = []
+        for r in range(pp):
+            q = model.new_int_var(0, len(tab.pools) - 1, f"q{r}")
+            lits = [model.new_bool_var("") for _ in tab.pools]
+            model.add_exactly_one(lits)
+            model.add(q == sum(i * lit for i, lit in enumerate(lits)))
+            rank_pools.append(q)
+            member.append(lits)
+        for i, gpus in enumerate(pool_gpus):
+            model.add(sum(member[r][i] for r in range(pp)) * stage_gpus <= gpus).only_enforce_if(x)
+    else:
+        rank_pools = [0] * pp
+
+    cache: dict = {}
+    # recompute bounds use the conservative values across pools (exact on homogeneous clusters)
+    extra = max(p.recompute_extra_us for p in tab.pools)
+    saving = min(p.recompute_saving_mib for p in tab.pools)
+    working = max(p.working_mib for p in tab.pools)
+    allow_rc = per_stage_recompute and not tab.base_full
+    uniform = model.new_int_var(0, n, "rc") if (allow_rc and uniform_recompute) else None
+
+    rank_time: list[list] = [[] for _ in range(pp)]
+    rank_terms: list[dict[str, list]] = [{c: [] for c in _COLS} for _ in range(pp)]
+    rank_rc: list[list] = [[] for _ in range(pp)]
+    recompute: list[cp_model.IntVar | int] = []
+    p2p_same = max(p.p2p_us for p in tab.pools)
+    for k in range(s):
+        r = k % pp
+        q = rank_pools[r]
+        lo = _lookup(model, tab, q, bounds[k], cache, hi)
+        up = _lookup(model, tab, q, bounds[k + 1], cache, hi)
+        if allow_rc:
+            rk = uniform if uniform is not None else model.new_int_var(0, n, f"r{k}")
+            model.add(rk <= up["decoders"] - lo["decoders"]).only_enforce_if(x)
+        else:
+            rk = 0
+        recompute.append(rk)
+        t = [up["time_us"] - lo["time_us"]]
+        if allow_rc:
+            t.append(extra * rk)
+            rank_rc[r].append(rk)
+        for nb in ([k + 1] if k + 1 < s else []) + ([k - 1] if k > 0 else []):
+            qn = rank_pools[nb % pp]
+            if not hetero:
+                t.append(p2p_same)
+            else:
+                cost = model.new_int_var(0, hi, "")
+                rows = [[a, b, tab.pools[a].p2p_us if a == b else tab.cross_p2p_us[(a, b)]]
+                        for a in range(len(tab.pools)) for b in range(len(tab.pools))]
+                model.add_allowed_assignments([q, qn, cost], rows)
+                t.append(cost)
+        rank_time[r].append(sum(t))
+        for c in _COLS:
+            if c == "time_us":
+                continue
+            rank_terms[r][c].append(up[c] - lo[c])
+        rank_terms[r]["act_mib"].append(-saving * rk if allow_rc else 0)
+
+    tmax = model.new_int_var(min(tmax_lower, hi), hi, "tmax")
+    tail = model.new_int_var(0, hi, "tail")
+    totals = []
+    for r in range(pp):
+        tr = model.new_int_var(0, hi, f"T{r}")
+        model.add(tr == sum(rank_time[r]))
+        model.add(tmax >= tr)
+        totals.append(tr)
+        terms = rank_terms[r]
+        exposed = model.new_int_var(0, hi, "")
+        model.add(exposed >= sum(terms["dp_min_us"]))
+        model.add(exposed >= sum(terms["dp_full_us"]) + tab.dp_latency_us - sum(terms["window_us"]))
+        model.add(tail >= exposed + sum(terms["opt_us"]))
+        # memory of rank r, scaled by vpp so in-flight chunk counts stay integral
+        if tab.base_full:
+            work = vpp * working
+        elif allow_rc:
+            z = model.new_bool_var("")
+            for rk in rank_rc[r]:
+                model.add(rk == 0).only_enforce_if(~z)
+            work = vpp * working * z
+        else:
+            work = 0
+        q = rank_pools[r]
+        if isinstance(q, int):
+            cap = tab.pools[q].capacity_mib
+        else:
+            cap = model.new_int_var(0, max(p.capacity_mib for p in tab.pools), "")
+            model.add_element(q, [p.capacity_mib for p in tab.pools], cap)
+        mem = vpp * (sum(terms["state_mib"]) + tab.zero3_extra_mib) + tab.in_flight_chunks[r] * sum(terms["act_mib"]) + work
+        model.add(mem <= vpp * cap).only_enforce_if(x)
+
+    scale = tab.scale
+    obj = model.new_int_var(0, scale * (m + 2) * hi * (tab.config.dims.pp + 1), "obj")
+    model.add(obj >= (scale // vpp) * ((m * vpp - 1) * tmax + sum(totals)) + scale * tail).only_enforce_if(x)
+    model.add(obj >= lower * x)  # the candidate's proven lower bound: keeps the LP relaxation tight
+
+    if hint is not None:
+        for k in range(1, s):
+            model.add_hint(bounds[k], hint.bounds[k])
+        for r in range(pp):
+            if not isinstance(rank_pools[r], int):
+                model.add_hint(rank_pools[r], hint.pools[r])
+    return CandidateVars(selected=x, bounds=bounds, recompute=recompute, rank_pools=rank_pools, objective=obj)
+
+
+def _upper(tab: CandidateTables) -> int:
+    """A safe upper bound for every time-like variable of a candidate (keeps CP-SAT's int64 sums safe)."""
+    worst = 0
+    for p in tab.pools:
+        worst = max(worst, int(p.time_us[-1]) + tab.num_layers * p.recompute_extra_us, int(p.dp_full_us[-1]),
+                    int(p.opt_us[-1]), int(p.state_mib[-1]), int(p.act_mib[-1]), int(p.window_us[-1]))
+    p2p = max([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    return worst + 2 * tab.num_chunks * p2p + tab.dp_latency_us + 1
+
+
+def build_model(tables: list[CandidateTables], *, pool_gpus: list[int], uniform_recompute: bool,
+                per_stage_recompute: bool, hint_index: int | None, hint: Layout | None,
+                lower_bounds: list[int], tmax_lower_bounds: list[int]) -> BuiltModel:
+    model = cp_model.CpModel()
+    cands = []
+    for i, tab in enumerate(tables):
+        hi = _upper(tab)
+        cands.append(_add_candidate(
+            model, tab, pool_gpus=pool_gpus, uniform_recompute=uniform_recompute,
+            per_stage_recompute=per_stage_recompute, hint=hint if i == hint_index else None, hi=hi,
+            lower=lower_bounds[i], tmax_lower=tmax_lower_bounds[i],
+        ))
+    model.add_exactly_one(c.selected for c in cands)
+    model.minimize(sum(c.objective for c in cands))
+    if hint_index is not None:
+        for i, c in enumerate(cands):
+            model.add_hint(c.selected, i == hint_index)
+    return BuiltModel(model=model, candidates=cands, tables=tables)

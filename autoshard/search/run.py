@@ -1,0 +1,408 @@
+"""Solve orchestration: enumerate, tabulate, prune by bounds, build one CP-SAT model, solve,
+decode, re-check in floats, and return the best plans with their certificate."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ortools.sat.python import cp_model
+
+from autoshard.costmodel.memory import layer_param_shards, model_state_bytes
+from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.errors import InfeasibleError, SolverError
+from autoshard.plan import Plan, SolverStats
+from autoshard.search.build import BuiltModel, build_model
+from autoshard.search.space import Pins, SpaceOptions, enumerate_train
+from autoshard.search.tables import (
+    CandidateTables,
+    Layout,
+    bounds,
+    build_tables,
+    even_layout,
+    int_objective,
+    layer_capacity,
+    quick_lower_bound,
+    rank_capacity_at,
+    uniform_capacity_at,
+    uniform_thresholds,
+)
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import TrainJob
+from autoshard.specs.model import ModelSpec
+from autoshard.units import GIB, MIB, US_PER_S
+
+__all__ = ["SolverOptions", "solve_train", "prepare", "Prepared"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolverOptions:
+    time_limit_s: float = 30.0
+    num_workers: int = 8
+    """CP-SAT portfolio workers. Results are deterministic for a fixed seed and worker count
+    whenever the solve proves optimality (the optimum is unique up to ties, broken by candidate order)."""
+    seed: int = 0
+    relative_gap: float = 0.0
+    top_k: int = 1
+    max_candidates_in_model: int = 40
+    log: bool = False
+    space: SpaceOptions = SpaceOptions()
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Everything before CP-SAT: candidates, their tables and bounds, and why others were dropped."""
+
+    tables: list[CandidateTables]
+    lower_bounds: list[int]
+    tmax_bounds: list[int]
+    incumbents: list[tuple[int, Layout] | None]
+    """Best even-split layout per candidate that fits, with its integer objective."""
+    pruned: Counter[str] = field(default_factory=Counter)
+    enumerated: int = 0
+    excluded_bound: int | None = None
+    """Smallest lower bound among candidates left out of the CP-SAT model (None if none were)."""
+    scale: int = 1
+    min_memory_gib: float | None = None
+    capacity_gib: float | None = None
+
+
+def _state_floor_mib(tab: CandidateTables) -> float:
+    """No layout can put less than the average share of model states on its fullest rank."""
+    pp = tab.config.dims.pp
+    return min(float(p.state_mib[-1]) / pp for p in tab.pools) + tab.zero3_extra_mib
+
+
+def _loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None) -> Layout | None:
+    """A layout giving each rank at most caps[r] decoder layers: start from the caps and shed the
+    surplus one layer at a time from the most loaded rank (the earlier rank on ties: it holds more
+    micro-batches in flight); each rank's layers are split evenly over its chunks, the later chunks
+    taking the remainder."""
+    pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
+    n_dec = int(tab.decoders[-1])
+    load = [int(c) for c in caps]
+    extra = sum(load) - n_dec
+    if extra < 0:
+        return None
+    least = [vpp] * pp
+    least[0] -= 1  # chunk 0 may hold only the embedding
+    least[pp - 1] -= 1  # the last chunk may hold only the output layer
+    while extra > 0:
+        r = max((i for i in range(pp) if load[i] > least[i]), key=lambda i: (load[i], -i), default=None)
+        if r is None:
+            break
+        load[r] -= 1
+        extra -= 1
+    if extra or any(x < lo for x, lo in zip(load, least, strict=True)):
+        return None
+    sizes = [0] * (pp * vpp)
+    for r in range(pp):
+        base, rem = divmod(load[r], vpp)
+        for c in range(vpp):
+            # the remainder goes to the later chunks, except on the last rank, whose final chunk
+            # carries the output layer and may be left without decoder layers
+            later = c >= vpp - rem if r < pp - 1 else c < rem
+            sizes[c * pp + r] = base + (1 if later else 0)
+    if any(size == 0 for k, size in enumerate(sizes) if 0 < k < pp * vpp - 1):
+        return None
+    bounds = [0]
+    acc = 1
+    for k, size in enumerate(sizes):
+        acc += size
+        bounds.append(acc if k < len(sizes) - 1 else tab.num_layers)
+    pools = tuple((pool_of_rank[k % pp] if pool_of_rank else 0) for k in range(pp * vpp))
+    return Layout(bounds=tuple(bounds), recompute=(0,) * (pp * vpp), pools=pools)
+
+
+def _fit(tab: CandidateTables, lay: Layout | None) -> tuple[int, Layout] | None:
+    """`lay` with the fewest uniformly recomputed layers per chunk that make it fit."""
+    if lay is None:
+        return None
+    smallest = min(int(tab.decoders[lay.bounds[k + 1]] - tab.decoders[lay.bounds[k]]) for k in range(tab.num_chunks))
+    max_rc = 0 if tab.base_full else smallest
+    for rc in range(max_rc + 1):
+        trial = Layout(bounds=lay.bounds, recompute=(rc,) * tab.num_chunks, pools=lay.pools)
+        obj, fits = int_objective(tab, trial)
+        if fits:
+            return obj, trial
+    return None
+
+
+def _incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: int,
+               uniform: bool) -> tuple[int, Layout] | None:
+    """Best of Megatron's even split and balanced splits built from the per-rank capacities at
+    slowest-rank times just above the proven lower bounds (per uniform recompute count k)."""
+    found = [_fit(tab, even_layout(tab, pool_of_rank))]
+    if tab.config.dims.pp > 1:
+        step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+        if uniform:
+            for t, k in uniform_thresholds(tab)[:3]:
+                for i in range(4):
+                    found.append(_fit(tab, _loads_layout(tab, uniform_capacity_at(tab, t + i * step, k), pool_of_rank)))
+        for i in range(4):
+            found.append(_fit(tab, _loads_layout(tab, rank_capacity_at(tab, tmax_lb + i * step), pool_of_rank)))
+        found.append(_fit(tab, _loads_layout(tab, layer_capacity(tab), pool_of_rank)))
+    found = [f for f in found if f]
+    return min(found, key=lambda f: f[0]) if found else None
+
+
+def _hetero_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None:
+    """A greedy pool per pipeline rank for the incumbent: fastest pools first, within capacity."""
+    dims = tab.config.dims
+    need = dims.tp * dims.cp * dims.dp
+    free = [p.num_gpus for p in cluster.pools]
+    order = sorted(range(len(cluster.pools)), key=lambda i: int(tab.pools[i].time_us[-1]))
+    ranks = []
+    for _ in range(dims.pp):
+        for i in order:
+            if free[i] >= need:
+                free[i] -= need
+                ranks.append(i)
+                break
+        else:
+            return None
+    return ranks
+
+
+_RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+def _simplicity(cfg: TrainConfig) -> tuple:
+    """Tie-break among equally fast candidates: fewer and smaller exotic knobs first."""
+    d = cfg.dims
+    return (d.cp, cfg.zero_stage, _RECOMPUTE_ORDER[cfg.recompute.value], d.vpp, d.etp is not None, d.ep, d.tp, d.pp,
+            cfg.micro_batch_size)
+
+
+def _quick_state_floor_bytes(model: ModelSpec, cfg: TrainConfig) -> float:
+    """Average model-state bytes per pipeline rank, from parameter shards alone (no timing)."""
+    total = 0.0
+    for group in model.layers:
+        shards = layer_param_shards(model, group.kind, cfg.dims)
+        states = model_state_bytes(shards, dims=cfg.dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer)
+        total += states.total * group.count
+    return total / cfg.dims.pp
+
+
+def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins, options: SolverOptions) -> Prepared:
+    """Enumerate, then best-first over cheap lower bounds: tighten the bound and build an
+    incumbent only for candidates that could still beat the best plan found so far."""
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
+    configs = space.candidates
+    prep = Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(space.pruned),
+                    enumerated=space.enumerated)
+    if not configs:
+        return prep
+    scale = math.lcm(*{c.dims.vpp for c in configs})
+    prep.scale = scale
+    best_floor = math.inf
+    prep.capacity_gib = max(p.gpu.hbm_gib for p in cluster.pools)
+    usable = max((p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB) / (1 + p.gpu.efficiency.fragmentation)
+                 for p in cluster.pools)
+    uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
+    staged: list[tuple[int, tuple, TrainConfig]] = []
+    for cfg in configs:
+        if pins.recompute_num_layers and cfg.recompute.value == "full":
+            prep.pruned["recompute-num-layers pinned with full recompute"] += 1
+            continue
+        floor = _quick_state_floor_bytes(model, cfg)
+        best_floor = min(best_floor, floor)
+        if floor > usable:
+            prep.pruned["model states alone exceed GPU memory"] += 1
+            continue
+        staged.append((quick_lower_bound(model, cluster, cfg, scale=scale), _simplicity(cfg), cfg))
+    if best_floor < math.inf:
+        prep.min_memory_gib = best_floor / GIB
+    staged.sort(key=lambda item: (item[0], item[1]))
+    seen: set[bytes] = set()
+    best_ub: int | None = None
+    kept: list[tuple[int, int, tuple[int, Layout] | None, CandidateTables]] = []
+    for n_done, (cheap_lb, _, cfg) in enumerate(staged):
+        if best_ub is not None and cheap_lb > best_ub:
+            prep.pruned["bound: cannot beat the best plan found"] += len(staged) - n_done
+            break
+        tab = build_tables(model, cluster, cfg, scale=scale)
+        signature = tab.signature()
+        if signature in seen:
+            prep.pruned["same costs as a simpler candidate (e.g. CP x2 with micro-batch x2)"] += 1
+            continue
+        seen.add(signature)
+        found = bounds(tab, uniform_recompute=uniform)
+        if found is None:
+            prep.pruned["states + in-flight activations exceed GPU memory in every layout"] += 1
+            continue
+        lb, tmax_lb = found
+        if best_ub is not None and lb > best_ub:
+            prep.pruned["bound: cannot beat the best plan found"] += 1
+            continue
+        pools = _hetero_pools(cluster, tab) if cluster.is_heterogeneous else None
+        if cluster.is_heterogeneous and pools is None:
+            prep.pruned["pipeline ranks do not fit the pools"] += 1
+            continue
+        inc = _incumbent(tab, pools, tmax_lb, uniform)
+        if tab.num_chunks == 1 and not cluster.is_heterogeneous:
+            # one stage: the only layout is the whole model; its recompute search was exhaustive
+            if inc is None:
+                prep.pruned["does not fit even with every layer recomputed"] += 1
+                continue
+            lb = inc[0]
+        if inc is not None and (best_ub is None or inc[0] < best_ub):
+            best_ub = inc[0]
+        kept.append((lb, tmax_lb, inc, tab))
+    for lb, tmax_lb, inc, tab in kept:
+        if best_ub is not None and lb > best_ub:
+            prep.pruned["bound: cannot beat the best plan found"] += 1
+            continue
+        prep.tables.append(tab)
+        prep.lower_bounds.append(lb)
+        prep.tmax_bounds.append(tmax_lb)
+        prep.incumbents.append(inc)
+    return prep
+
+
+def _select(prep: Prepared, options: SolverOptions) -> list[int]:
+    """Candidates for the CP-SAT model: those whose lower bound beats the best even split, lowest
+    bound first, at most max_candidates_in_model of them."""
+    ub = min((inc[0] for inc in prep.incumbents if inc is not None), default=None)
+    order = sorted(range(len(prep.tables)), key=lambda i: (prep.lower_bounds[i], i))
+    keep = []
+    for i in order:
+        if ub is not None and prep.lower_bounds[i] > ub and (prep.incumbents[i] is None or prep.incumbents[i][0] > ub):
+            prep.pruned["bound: cannot beat the best plan found"] += 1
+            continue
+        keep.append(i)
+    if len(keep) > options.max_candidates_in_model:
+        best = min((i for i in keep if prep.incumbents[i]), key=lambda i: prep.incumbents[i][0], default=None)
+        head = keep[: options.max_candidates_in_model]
+        if best is not None and best not in head:
+            head[-1] = best  # the incumbent always stays in the model
+        left = [i for i in keep if i not in head]
+        prep.excluded_bound = min(prep.lower_bounds[i] for i in left)
+        prep.pruned["model size cap (bound still certified)"] += len(left)
+        keep = head
+    return keep
+
+
+def _decode(built: BuiltModel, solver: cp_model.CpSolver, index: int) -> tuple[TrainConfig, tuple[Stage, ...]]:
+    cand = built.candidates[index]
+    tab = built.tables[index]
+    pp = tab.config.dims.pp
+
+    def val(v):
+        return v if isinstance(v, int) else solver.value(v)
+
+    bounds = [val(b) for b in cand.bounds]
+    rcs = [val(r) for r in cand.recompute]
+    pools = [val(q) for q in cand.rank_pools]
+    stages = tuple(
+        Stage(start=bounds[k], stop=bounds[k + 1], pool=pools[k % pp], full_recompute_layers=rcs[k])
+        for k in range(tab.num_chunks)
+    )
+    return tab.config, stages
+
+
+def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prepared, pins: Pins) -> InfeasibleError:
+    reasons = ", ".join(f"{n} x {r}" for r, n in prep.pruned.most_common(4))
+    if not prep.enumerated:
+        return InfeasibleError(f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs with pins "
+                               f"({pins.describe()}): {reasons or 'no candidate'}")
+    have = prep.capacity_gib or 0.0
+    need = prep.min_memory_gib
+    lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {cluster.num_gpus} x "
+             f"{cluster.primary.gpu.name} ({have:.0f} GiB each)."]
+    if need is not None:
+        lines.append(f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU "
+                     f"in the best layout; the GPU has {have:.1f} GiB before activations and overheads.")
+    fixes = []
+    total_state_gib = model.num_params * 18 / GIB
+    usable = have * 0.85
+    if usable > 0:
+        min_gpus = math.ceil(total_state_gib / usable)
+        per_node = cluster.primary.node.gpus_per_node
+        min_gpus = per_node * math.ceil(min_gpus / per_node)
+        if min_gpus > cluster.num_gpus:
+            fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
+                         f"~{min_gpus} GPUs (try --gpus {2 ** math.ceil(math.log2(min_gpus))})")
+    fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
+    fixes.append("--recompute full")
+    fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
+    if pins.describe() != "none":
+        fixes.append(f"fewer pinned knobs (pinned: {pins.describe()})")
+    lines.append("Nearest fixes: " + "; ".join(fixes) + ".")
+    if reasons:
+        lines.append(f"Candidates dropped: {reasons}.")
+    return InfeasibleError("\n".join(lines))
+
+
+def solve_train(
+    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
+) -> list[Plan]:
+    """The best `options.top_k` distinct training plans, best first."""
+    start = time.perf_counter()
+    prep = prepare(model, cluster, job, pins=pins, options=options)
+    if not prep.tables:
+        raise _infeasible(model, cluster, job, prep, pins)
+    keep = _select(prep, options)
+    tables = [prep.tables[i] for i in keep]
+    best_inc = min(((prep.incumbents[i][0], j) for j, i in enumerate(keep) if prep.incumbents[i]), default=None)
+    hint_index = best_inc[1] if best_inc else None
+    hint = prep.incumbents[keep[hint_index]][1] if best_inc else None
+    built = build_model(
+        tables, pool_gpus=[p.num_gpus for p in cluster.pools],
+        uniform_recompute=options.space.uniform_recompute or pins.recompute_num_layers is not None,
+        per_stage_recompute=options.space.per_stage_recompute, hint_index=hint_index, hint=hint,
+        lower_bounds=[prep.lower_bounds[i] for i in keep], tmax_lower_bounds=[prep.tmax_bounds[i] for i in keep],
+    )
+    if pins.recompute_num_layers is not None:
+        for cand in built.candidates:
+            for r in cand.recompute:
+                if not isinstance(r, int):
+                    built.model.add(r == pins.recompute_num_layers)
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.num_workers = max(1, options.num_workers)
+    params.random_seed = options.seed
+    params.relative_gap_limit = options.relative_gap
+    params.log_search_progress = options.log
+    scale_s = prep.scale * US_PER_S
+    plans: list[Plan] = []
+    for _ in range(max(1, options.top_k)):
+        remaining = options.time_limit_s - (time.perf_counter() - start)
+        params.max_time_in_seconds = max(0.5, remaining)
+        status = solver.solve(built.model)
+        if status == cp_model.INFEASIBLE:
+            if plans:
+                break
+            raise _infeasible(model, cluster, job, prep, pins)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if plans:
+                break
+            raise SolverError(f"CP-SAT found no plan within {options.time_limit_s:.0f} s (status "
+                              f"{solver.status_name(status)}); raise --time-limit or pin some knobs")
+        index = next(i for i, c in enumerate(built.candidates) if solver.value(c.selected))
+        cfg, stages = _decode(built, solver, index)
+        bound = solver.best_objective_bound
+        if prep.excluded_bound is not None:
+            bound = min(bound, prep.excluded_bound)
+        optimal = status == cp_model.OPTIMAL and bound >= solver.objective_value - 1e-6
+        stats = SolverStats(
+            status="OPTIMAL" if optimal else "FEASIBLE",
+            wall_s=time.perf_counter() - start,
+            objective=solver.objective_value / scale_s,
+            bound=bound / scale_s,
+            conflicts=solver.num_conflicts,
+            branches=solver.num_branches,
+            candidates=prep.enumerated,
+            candidates_in_model=len(tables),
+            pruned=dict(prep.pruned),
+        )
+        prediction = predict_train(model, cluster, cfg, stages)
+        plans.append(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats))
+        built.model.add(built.candidates[index].selected == 0)
+        if len(plans) >= len(tables):
+            break
+    return plans

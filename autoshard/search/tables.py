@@ -1,0 +1,506 @@
+"""Integer tables the solver chooses from, one set per candidate: prefix sums over the model's
+layers (per pool) of time, memory, parameters and data-parallel traffic, plus per-rank constants.
+
+Every quantity of a contiguous stage [a, b) is `prefix[b] - prefix[a]`, so the solver only picks
+boundaries. Times are microseconds and memory MiB (units.py). The same tables drive the brute-force
+checker in the tests and the integer objective reported by the solver.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
+from autoshard.costmodel.memory import BF16, in_flight_microbatches
+from autoshard.costmodel.training import (
+    TrainConfig,
+    _dp_time_s,
+    _p2p_s,
+    layer_cost,
+    optimizer_bytes_per_param,
+)
+from autoshard.parallel import Recompute
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.units import GIB, MIB, US_PER_S
+
+__all__ = [
+    "PoolTables", "CandidateTables", "build_tables", "Layout", "int_objective", "lower_bound", "bounds",
+    "even_layout", "layer_capacity", "rank_capacity_at", "tmax_lower_bound", "uniform_thresholds",
+    "uniform_capacity_at", "quick_lower_bound",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTables:
+    """Prefix sums (length n+1) over the layers for one pool."""
+
+    time_us: np.ndarray
+    state_mib: np.ndarray
+    act_mib: np.ndarray
+    dp_full_us: np.ndarray
+    dp_min_us: np.ndarray
+    window_us: np.ndarray
+    opt_us: np.ndarray
+    recompute_extra_us: int
+    """Extra time of fully recomputing one more decoder layer (largest over decoder kinds)."""
+    recompute_saving_mib: int
+    """Activation memory saved per fully recomputed decoder layer (smallest over kinds)."""
+    working_mib: int
+    """Transient working set while recomputing a layer (largest over kinds)."""
+    capacity_mib: int
+    """HBM left for allocations after the reserved overhead and fragmentation, minus a rounding margin."""
+    p2p_us: int
+    max_layer_us: int
+    decoder_unit: tuple[int, int, int]
+    """(time us, state MiB, activation MiB) of the cheapest decoder layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTables:
+    config: TrainConfig
+    pools: tuple[PoolTables, ...]
+    decoders: np.ndarray
+    """Prefix count of decoder layers."""
+    cross_p2p_us: dict[tuple[int, int], int]
+    """One send across a boundary between two different pools."""
+    in_flight_chunks: tuple[int, ...]
+    """Per pipeline rank: in-flight micro-batch chunks (in_flight x vpp, an integer)."""
+    dp_latency_us: int
+    zero3_extra_mib: int
+    base_full: bool
+    scale: int
+    uniform: bool = False
+    """Objective multiplier (lcm of the VPPs in the model) keeping every coefficient integral."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.decoders) - 1
+
+    def signature(self) -> bytes:
+        """Everything the solver sees of this candidate: equal signatures mean interchangeable plans."""
+        dims = self.config.dims
+        parts = [repr((dims.pp, dims.vpp, self.config.num_microbatches, self.in_flight_chunks, self.dp_latency_us,
+                       self.zero3_extra_mib, self.base_full, sorted(self.cross_p2p_us.items()))).encode()]
+        for p in self.pools:
+            parts.append(repr((p.recompute_extra_us, p.recompute_saving_mib, p.working_mib, p.capacity_mib,
+                               p.p2p_us)).encode())
+            for arr in (p.time_us, p.state_mib, p.act_mib, p.dp_full_us, p.dp_min_us, p.window_us, p.opt_us):
+                parts.append(arr.tobytes())
+        return b"|".join(parts)
+
+    @property
+    def uniform_decoders(self) -> bool:
+        """Embedding, then identical decoder layers, then output: every interior prefix value is
+        linear in the boundary, so the solver needs no lookup tables."""
+        return self.uniform
+
+    @property
+    def num_chunks(self) -> int:
+        return self.config.dims.pp * self.config.dims.vpp
+
+
+def _kind_index(model: ModelSpec) -> tuple[list[LayerKind], np.ndarray]:
+    uniq = sorted(set(model.layer_kinds), key=lambda k: k.value)
+    return uniq, np.array([uniq.index(k) for k in model.layer_kinds], dtype=np.int64)
+
+
+def _per_layer_prefix(per_kind: Sequence[float], idx: np.ndarray, scale: float) -> np.ndarray:
+    """Prefix sums over the layers of per-kind values, rounded per layer (identical layers give
+    identical integers, so the solver can treat a run of them linearly)."""
+    rounded = np.round(np.asarray(per_kind, dtype=np.float64) * scale).astype(np.int64)
+    out = np.zeros(len(idx) + 1, dtype=np.int64)
+    out[1:] = np.cumsum(rounded[idx])
+    return out
+
+
+def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int = 1) -> CandidateTables:
+    kinds = model.layer_kinds
+    uniq, idx = _kind_index(model)
+    decoder_kinds = [k for k in uniq if k in (LayerKind.DENSE, LayerKind.MOE)]
+    dims = cfg.dims
+    m = cfg.num_microbatches
+    base_full = cfg.recompute is Recompute.FULL
+    pools: list[PoolTables] = []
+    largest_params = 0.0
+    for pool in cluster.pools:
+        gpu = pool.gpu
+        eff = gpu.efficiency
+        base = [layer_cost(model, k, pool, cfg, cfg.recompute) for k in uniq]
+        dense = [c.dense_params for c in base]
+        expert = [c.expert_params for c in base]
+        largest_params = max(largest_params, max(d + e for d, e in zip(dense, expert, strict=True)))
+        win = [c.fwd_bwd_compute_s * (m if cfg.zero_stage == 3 else 1) for c in base]
+        # DP traffic is linear in parameters (latency aside): price each layer's share.
+        dp_full = _dp_linear(cfg, pool, dense, expert)
+        dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_full]
+        shard = dims.dp * dims.cp if cfg.zero_stage >= 1 else 1
+        eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
+        hbm = gpu.hbm_tbps * 1e12 * eff.hbm
+        opt = [(d / shard + e / eshard) * optimizer_bytes_per_param(cfg.optimizer) / hbm for d, e in zip(dense, expert, strict=True)]
+        extra_us, saving, working = 0, 0, 0
+        if base_full:
+            working = max(layer_cost(model, k, pool, cfg, Recompute.FULL).full_activation_bytes
+                          - layer_cost(model, k, pool, cfg, Recompute.FULL).activation_bytes for k in decoder_kinds)
+            working = math.ceil(working / MIB)
+        else:
+            extras, savings, works = [], [], []
+            for k in decoder_kinds:
+                full = layer_cost(model, k, pool, cfg, Recompute.FULL)
+                part = layer_cost(model, k, pool, cfg, cfg.recompute)
+                extras.append(full.time_s - part.time_s)
+                savings.append(part.activation_bytes - full.activation_bytes)
+                works.append(full.full_activation_bytes - full.activation_bytes)
+            extra_us = math.ceil(max(extras) * US_PER_S)
+            saving = max(0, math.floor(min(savings) / MIB))
+            working = math.ceil(max(works) / MIB)
+        usable = (gpu.hbm_gib * GIB - eff.reserved_memory_gib * GIB) / (1 + eff.fragmentation)
+        margin = len(kinds) + 8  # prefix rounding, at most 1 MiB per layer term
+        p2p = math.ceil(_p2p_s(model, cfg, pool, pool, cluster) * US_PER_S) if dims.pp > 1 else 0
+        dec = [uniq.index(k) for k in decoder_kinds]
+        state_mib = [c.state_bytes / MIB for c in base]
+        act_mib = [c.activation_bytes / MIB for c in base]
+        pools.append(PoolTables(
+            time_us=_per_layer_prefix([c.time_s for c in base], idx, US_PER_S),
+            state_mib=_per_layer_prefix(state_mib, idx, 1),
+            act_mib=_per_layer_prefix(act_mib, idx, 1),
+            dp_full_us=_per_layer_prefix(dp_full, idx, US_PER_S),
+            dp_min_us=_per_layer_prefix(dp_min, idx, US_PER_S),
+            window_us=_per_layer_prefix(win, idx, US_PER_S),
+            opt_us=_per_layer_prefix(opt, idx, US_PER_S),
+            recompute_extra_us=extra_us,
+            recompute_saving_mib=saving,
+            working_mib=working,
+            capacity_mib=max(0, math.floor(usable / MIB) - margin),
+            p2p_us=p2p,
+            max_layer_us=math.ceil(max(c.time_s for c in base) * US_PER_S),
+            decoder_unit=(
+                min(round(base[i].time_s * US_PER_S) for i in dec),
+                min(round(state_mib[i]) for i in dec),
+                min(round(act_mib[i]) for i in dec),
+            ),
+        ))
+    cross: dict[tuple[int, int], int] = {}
+    if dims.pp > 1 and cluster.is_heterogeneous:
+        for a, pa in enumerate(cluster.pools):
+            for b, pb in enumerate(cluster.pools):
+                if a != b:
+                    cross[(a, b)] = math.ceil(_p2p_s(model, cfg, pa, pb, cluster) * US_PER_S)
+    decoders = _per_layer_prefix([1.0 if k in decoder_kinds else 0.0 for k in uniq], idx, 1)
+    chunks = tuple(
+        round(in_flight_microbatches(rank=r, pp=dims.pp, vpp=dims.vpp, num_microbatches=m) * dims.vpp)
+        for r in range(dims.pp)
+    )
+    zero3 = math.ceil(6 * largest_params / MIB) if cfg.zero_stage == 3 else 0
+    return CandidateTables(
+        config=cfg, pools=tuple(pools), decoders=decoders, cross_p2p_us=cross, in_flight_chunks=chunks,
+        dp_latency_us=math.ceil(_dp_latency_s(cfg, cluster) * US_PER_S), zero3_extra_mib=zero3,
+        base_full=base_full, scale=scale,
+        uniform=len({k for k in kinds[1:-1]}) == 1 and kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.OUTPUT,
+    )
+
+
+def _dp_linear(cfg: TrainConfig, pool, dense: Sequence[float], expert: Sequence[float]) -> list[float]:
+    """Per-layer bandwidth part of the DP traffic (the latency part is a per-rank constant)."""
+    base = _dp_time_s(cfg, pool, 0.0, 0.0)
+    ref_d = max(sum(dense), 1.0)
+    ref_e = max(sum(expert), 1.0)
+    per_dense = (_dp_time_s(cfg, pool, ref_d, 0.0) - base - _dp_latency_one(cfg, pool, dense=True)) / ref_d
+    per_expert = (_dp_time_s(cfg, pool, 0.0, ref_e) - base - _dp_latency_one(cfg, pool, dense=False)) / ref_e
+    return [d * per_dense + e * per_expert for d, e in zip(dense, expert, strict=True)]
+
+
+def _dp_latency_one(cfg: TrainConfig, pool, *, dense: bool) -> float:
+    dims = cfg.dims
+    links = group_links(pool, dims)
+    ranks, link = (dims.dp * dims.cp, links.dp) if dense else (dims.expert_dp, links.edp)
+    if ranks <= 1:
+        return 0.0
+    if cfg.zero_stage == 0:
+        return collective_time_s(Collective.ALL_REDUCE, 1e-30, ranks, link)
+    gathers = 1 if cfg.zero_stage < 3 else 2 * cfg.num_microbatches
+    return (1 + gathers) * collective_time_s(Collective.ALL_GATHER, 1e-30, ranks, link)
+
+
+def _dp_latency_s(cfg: TrainConfig, cluster: ClusterSpec) -> float:
+    return max(_dp_latency_one(cfg, p, dense=True) + _dp_latency_one(cfg, p, dense=False) for p in cluster.pools)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Chunk boundaries (0 = b_0 < b_1 < … < b_S = n), full-recompute layers and pool per chunk."""
+
+    bounds: tuple[int, ...]
+    recompute: tuple[int, ...]
+    pools: tuple[int, ...]
+
+
+def int_objective(tab: CandidateTables, layout: Layout) -> tuple[int, bool]:
+    """(scaled integer step time, fits in memory) of a layout, exactly as the CP-SAT model counts it."""
+    cfg = tab.config
+    pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
+    s = tab.num_chunks
+    b, r, q = layout.bounds, layout.recompute, layout.pools
+    rank_time = [0] * pp
+    rank_dp_full = [tab.dp_latency_us] * pp
+    rank_dp_min = [0] * pp
+    rank_win = [0] * pp
+    rank_opt = [0] * pp
+    rank_state = [tab.zero3_extra_mib] * pp
+    rank_act = [0] * pp
+    rank_rc = [tab.base_full] * pp
+    for k in range(s):
+        p = tab.pools[q[k]]
+        lo, hi = b[k], b[k + 1]
+        rk = k % pp
+        t = int(p.time_us[hi] - p.time_us[lo]) + r[k] * p.recompute_extra_us
+        if k + 1 < s:
+            t += p.p2p_us if q[k] == q[k + 1] else tab.cross_p2p_us[(q[k], q[k + 1])]
+        if k > 0:
+            t += p.p2p_us if q[k - 1] == q[k] else tab.cross_p2p_us[(q[k - 1], q[k])]
+        rank_time[rk] += t
+        rank_dp_full[rk] += int(p.dp_full_us[hi] - p.dp_full_us[lo])
+        rank_dp_min[rk] += int(p.dp_min_us[hi] - p.dp_min_us[lo])
+        rank_win[rk] += int(p.window_us[hi] - p.window_us[lo])
+        rank_opt[rk] += int(p.opt_us[hi] - p.opt_us[lo])
+        rank_state[rk] += int(p.state_mib[hi] - p.state_mib[lo])
+        rank_act[rk] += int(p.act_mib[hi] - p.act_mib[lo]) - r[k] * p.recompute_saving_mib
+        rank_rc[rk] = rank_rc[rk] or r[k] > 0
+    fits = True
+    for rk in range(pp):
+        p = tab.pools[q[rk]]
+        mem = vpp * rank_state[rk] + tab.in_flight_chunks[rk] * rank_act[rk] + vpp * p.working_mib * rank_rc[rk]
+        fits = fits and mem <= vpp * p.capacity_mib
+    tmax = max(rank_time)
+    tail = max(max(rank_dp_min[i], rank_dp_full[i] - rank_win[i], 0) + rank_opt[i] for i in range(pp))
+    scale = tab.scale
+    obj = (scale // vpp) * ((m * vpp - 1) * tmax + sum(rank_time)) + scale * tail
+    return obj, fits
+
+
+def lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -> int | None:
+    """A valid lower bound on int_objective over every layout (None: no layout fits)."""
+    found = bounds(tab, uniform_recompute=uniform_recompute)
+    return None if found is None else found[0]
+
+
+def _rank_sends(tab: CandidateTables) -> list[int]:
+    """Point-to-point sends per micro-batch of each pipeline rank (fixed by the chunk count)."""
+    pp, s = tab.config.dims.pp, tab.num_chunks
+    sends = [0] * pp
+    for k in range(s):
+        sends[k % pp] += (k + 1 < s) + (k > 0)
+    return sends
+
+
+@dataclass(frozen=True, slots=True)
+class RankRoom:
+    """Per pipeline rank, in vpp-scaled MiB: memory left for decoder layers after the fixed layers,
+    what one decoder layer costs there, what recomputing it saves, and the recompute working set.
+    Optimistic across pools and layer kinds, so capacities derived from it are upper bounds."""
+
+    room: np.ndarray
+    per_layer: np.ndarray
+    saving: np.ndarray
+    working: int
+
+
+def rank_room(tab: CandidateTables) -> RankRoom:
+    vpp = tab.config.dims.vpp
+    pp = tab.config.dims.pp
+    n = tab.num_layers
+    chunks = np.asarray(tab.in_flight_chunks, dtype=np.float64)
+    cap = max(p.capacity_mib for p in tab.pools)
+    state = min(p.decoder_unit[1] for p in tab.pools)
+    act = min(p.decoder_unit[2] for p in tab.pools)
+    emb_state = min(int(p.state_mib[1] - p.state_mib[0]) for p in tab.pools)
+    emb_act = min(int(p.act_mib[1] - p.act_mib[0]) for p in tab.pools)
+    out_state = min(int(p.state_mib[n] - p.state_mib[n - 1]) for p in tab.pools)
+    out_act = min(int(p.act_mib[n] - p.act_mib[n - 1]) for p in tab.pools)
+    room = np.full(pp, float(vpp * (cap - tab.zero3_extra_mib)))
+    room[0] -= vpp * emb_state + chunks[0] * emb_act
+    room[pp - 1] -= vpp * out_state + chunks[pp - 1] * out_act
+    working = min(p.working_mib for p in tab.pools)
+    if tab.base_full:
+        room -= vpp * working
+        saving = np.zeros(pp)
+    else:
+        saving = chunks * max(p.recompute_saving_mib for p in tab.pools)
+    return RankRoom(room=room, per_layer=vpp * state + chunks * act, saving=saving, working=vpp * working)
+
+
+def _rank_capacity(rr: RankRoom, budget: np.ndarray, d: int, x: int, n_max: int) -> np.ndarray:
+    """Upper bound on the decoder layers each rank can hold within a time budget (us per
+    micro-batch) and its memory, letting it fully recompute any fraction of them (continuous)."""
+    budget = np.maximum(budget, 0)
+    mem_plain = np.where(rr.per_layer > 0, np.floor(np.maximum(rr.room, 0) / np.maximum(rr.per_layer, 1e-9)), n_max)
+    n1 = np.minimum(mem_plain, np.floor(budget / d))
+    n2 = n1
+    if x >= 0 and np.any(rr.saving > 0):
+        w = np.maximum(rr.saving, 1e-9)
+        over = rr.working - rr.room  # memory beyond the room once recompute starts
+        by_time = (budget - x * over / w) / (d + x * rr.per_layer / w)
+        by_mem = np.where(rr.per_layer > w, (rr.room - rr.working) / np.maximum(rr.per_layer - w, 1e-9), n_max)
+        n2 = np.where(rr.saving > 0, np.floor(np.minimum(by_time, by_mem) + 1e-9), n1)
+    return np.clip(np.maximum(n1, n2), 0, n_max)
+
+
+def layer_capacity(tab: CandidateTables) -> np.ndarray:
+    """Memory-only upper bound on the decoder layers each rank can hold."""
+    rr = rank_room(tab)
+    n_dec = int(tab.decoders[-1])
+    budget = np.full(len(rr.room), 1e30)
+    return _rank_capacity(rr, budget, 1, max(p.recompute_extra_us for p in tab.pools), n_dec)
+
+
+def _rank_work(tab: CandidateTables) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(cheapest decoder layer us, cheapest recompute extra us, fixed us per rank: embedding on
+    rank 0, output on the last rank, p2p sends; fewest decoder layers per rank), optimistic across pools."""
+    pp = tab.config.dims.pp
+    n = tab.num_layers
+    d = max(1, min(p.decoder_unit[0] for p in tab.pools))
+    x = min(p.recompute_extra_us for p in tab.pools)
+    emb = min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)
+    out = min(int(p.time_us[n] - p.time_us[n - 1]) for p in tab.pools)
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    fixed = np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    fixed[0] += emb
+    fixed[pp - 1] += out
+    # every chunk holds at least one layer: a rank's vpp chunks need vpp decoder layers, except
+    # that chunk 0 may hold only the embedding and the last chunk only the output layer
+    vpp = tab.config.dims.vpp
+    min_layers = np.full(pp, float(vpp))
+    min_layers[0] -= 1
+    min_layers[pp - 1] -= 1
+    return d, x, fixed, np.maximum(min_layers, 0)
+
+
+def _least(cap: np.ndarray, min_layers: np.ndarray) -> np.ndarray:
+    """Capacities, or all zeros when some rank cannot even hold its minimum (one layer per chunk)."""
+    return cap if np.all(cap >= min_layers) else np.zeros_like(cap)
+
+
+def rank_capacity_at(tab: CandidateTables, t: float) -> np.ndarray:
+    """Decoder layers each rank can take within slowest-rank time t (memory and recompute included)."""
+    d, x, fixed, least = _rank_work(tab)
+    return _least(_rank_capacity(rank_room(tab), t - fixed, d, x, int(tab.decoders[-1])), least)
+
+
+def _uniform_capacity(tab: CandidateTables, rr: RankRoom, fixed: np.ndarray, d: int, x: int, t: float, k: int) -> np.ndarray:
+    """Decoder layers per rank within time t when every chunk recomputes exactly k layers."""
+    n_dec = int(tab.decoders[-1])
+    recomputed = tab.config.dims.vpp * k
+    room = np.maximum(rr.room, 0) - (rr.working if k else 0) + rr.saving * recomputed
+    by_mem = np.where(rr.per_layer > 0, np.floor(np.maximum(room, 0) / np.maximum(rr.per_layer, 1e-9)), n_dec)
+    by_time = np.floor(np.maximum(t - fixed - recomputed * x, 0) / d)
+    cap = np.clip(np.minimum(by_mem, by_time), 0, n_dec)
+    return np.where(cap >= recomputed, cap, 0)  # each chunk must hold its k recomputed layers
+
+
+def _threshold(lo: int, hi: int, n_dec: int, capacity) -> int | None:
+    """Smallest t in [lo, hi] with capacity(t).sum() >= n_dec (None if even hi is too small)."""
+    if capacity(hi).sum() < n_dec:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if capacity(mid).sum() >= n_dec:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def uniform_thresholds(tab: CandidateTables) -> list[tuple[int, int]]:
+    """(smallest slowest-rank time, k) for each uniform per-chunk recompute count k that can fit."""
+    n_dec = int(tab.decoders[-1])
+    d, x, fixed, least = _rank_work(tab)
+    rr = rank_room(tab)
+    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec + 1
+    ks = [0] if tab.base_full or not np.any(rr.saving > 0) else range(n_dec // tab.num_chunks + 1)
+    out = []
+    for k in ks:
+        t = _threshold(lo, hi, n_dec, lambda t, k=k: _least(_uniform_capacity(tab, rr, fixed, d, x, t, k), least))
+        if t is not None:
+            out.append((t, k))
+    return sorted(out)
+
+
+def uniform_capacity_at(tab: CandidateTables, t: float, k: int) -> np.ndarray:
+    d, x, fixed, least = _rank_work(tab)
+    return _least(_uniform_capacity(tab, rank_room(tab), fixed, d, x, t, k), least)
+
+
+def tmax_lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -> int | None:
+    """Smallest slowest-rank time any layout can reach, or None when no layout fits in memory.
+
+    Rank r carries fixed work (embedding on rank 0, output on the last rank, its p2p sends) plus
+    whole decoder layers, as many as its memory allows with the recomputation that takes (each
+    recomputed layer costing extra time); binary search on the threshold T at which the ranks can
+    absorb every decoder layer. With `uniform_recompute` every chunk recomputes the same number k of
+    layers (Megatron's --recompute-num-layers) and the bound is the best over k."""
+    if uniform_recompute:
+        found = uniform_thresholds(tab)
+        return found[0][0] if found else None
+    n_dec = int(tab.decoders[-1])
+    d, x, fixed, least = _rank_work(tab)
+    rr = rank_room(tab)
+    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec + 1
+    return _threshold(lo, hi, n_dec, lambda t: _least(_rank_capacity(rr, t - fixed, d, x, n_dec), least))
+
+
+def bounds(tab: CandidateTables, *, uniform_recompute: bool = False) -> tuple[int, int] | None:
+    """(lower bound on the objective, lower bound on the slowest rank's time) over every layout;
+    None when no layout fits in memory."""
+    slowest = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
+    if slowest is None:
+        return None
+    cfg = tab.config
+    pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
+    fastest = min(tab.pools, key=lambda p: int(p.time_us[-1]))
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
+    tmax = max(-(-total // pp), slowest)
+    # the slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r - window_r) + opt_r
+    tail = min(
+        -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]), int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
+                                    - int(p.window_us[-1]))) // pp)
+        for p in tab.pools
+    )
+    scale = tab.scale
+    return (scale // vpp) * ((m * vpp - 1) * tmax + total) + scale * tail, tmax
+
+
+def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
+    """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
+    total work evenly and the exposed tail is zero."""
+    dims = cfg.dims
+    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+    counts: dict[LayerKind, int] = {}
+    for kind in model.layer_kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    total = min(
+        sum(round(layer_cost(model, k, pool, cfg, cfg.recompute).time_s * US_PER_S) * n for k, n in counts.items())
+        for pool in cluster.pools
+    )
+    if pp > 1 and not cluster.is_heterogeneous:
+        total += 2 * (pp * vpp - 1) * math.ceil(_p2p_s(model, cfg, cluster.primary, cluster.primary, cluster) * US_PER_S)
+    tmax = -(-total // pp)
+    return (scale // vpp) * ((m * vpp - 1) * tmax + total)
+
+
+def even_layout(tab: CandidateTables, pool_of_rank: Sequence[int] | None = None) -> Layout | None:
+    """Megatron's default split (decoder layers even, embedding with the first chunk, output with
+    the last); None when the decoder layers do not divide evenly."""
+    s = tab.num_chunks
+    n_dec = int(tab.decoders[-1])
+    if n_dec % s:
+        return None
+    per = n_dec // s
+    bounds = [0] + [1 + per * (k + 1) for k in range(s - 1)] + [tab.num_layers]
+    pp = tab.config.dims.pp
+    pools = tuple((pool_of_rank[k % pp] if pool_of_rank else 0) for k in range(s))
+    return Layout(bounds=tuple(bounds), recompute=(0,) * s, pools=pools)
