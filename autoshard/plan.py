@@ -69,7 +69,8 @@ def stage_devices(cluster: ClusterSpec, config: TrainConfig, stages: tuple[Stage
     for i, _ in enumerate(stages):
         pool, lo, hi = rank_range[i % pp]
         spec = cluster.pools[pool]
-        out.append(f"{spec.name}:gpu{lo}-{hi} ({spec.gpu.name}, pp rank {i % pp})")
+        where = f"{spec.name}:" if cluster.is_heterogeneous else ""
+        out.append(f"{where}gpu{lo}-{hi}" if hi > lo else f"{where}gpu{lo}")
     return out
 
 

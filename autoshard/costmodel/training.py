@@ -115,12 +115,17 @@ def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConf
     """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
     only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
     stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key."""
+    return _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+
+
+@lru_cache(maxsize=65536)
+def _layer_key(cfg: TrainConfig) -> TrainConfig:
     dims = cfg.dims
-    if dims.vpp != 1 or dims.pp > 2:
-        norm = dataclasses.replace(dims, pp=min(dims.pp, 2), vpp=1)
-        per_step = cfg.micro_batch_size * dims.dp
-        cfg = dataclasses.replace(cfg, dims=norm, global_batch_size=per_step * cfg.num_microbatches)
-    return _layer_cost(model, kind, pool, cfg, recompute)
+    if dims.vpp == 1 and dims.pp <= 2:
+        return cfg
+    norm = dataclasses.replace(dims, pp=min(dims.pp, 2), vpp=1)
+    per_step = cfg.micro_batch_size * dims.dp
+    return dataclasses.replace(cfg, dims=norm, global_batch_size=per_step * cfg.num_microbatches)
 
 
 @lru_cache(maxsize=65536)
@@ -454,10 +459,14 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     model_flops = model_flops_per_step(model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size)
     hw_flops = model_flops + _recompute_flops(model, cfg, stages)
     tflops = model_flops / step / num_gpus / 1e12
-    peak_gpu = min((p.gpu for p in pools), key=lambda g: g.bf16_tflops)
-    peak = peak_gpu.bf16_tflops
-    if cfg.precision is Precision.FP8 and peak_gpu.fp8_tflops:
-        peak = peak_gpu.fp8_tflops
+    # MFU against the dense peak of the GPUs the plan uses (each pipeline rank's pool), averaged
+    stage_gpus = dims.tp * dims.cp * dims.dp
+    peaks = []
+    for r in range(pp):
+        gpu = pools[stages[r].pool].gpu
+        fp8 = cfg.precision is Precision.FP8 and gpu.fp8_tflops
+        peaks.append((gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * stage_gpus)
+    peak = sum(peaks) / num_gpus
     return TrainPrediction(
         step_time_s=step,
         tokens_per_s=tokens / step,

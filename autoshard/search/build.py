@@ -87,6 +87,34 @@ def _lookup(model: cp_model.CpModel, tab: CandidateTables, pool: cp_model.IntVar
     return out
 
 
+def _chunk_linear(model: cp_model.CpModel, tab: CandidateTables, k: int, bounds: list, lits: list,
+                  x: cp_model.IntVar, n: int) -> tuple[dict, dict]:
+    """Chunk k's quantities on a heterogeneous cluster when the decoder layers are identical: its
+    decoder count D_k is channelled into one copy per pool (D_kq = D_k on the rank's pool, 0 on the
+    others, by half-reification), so every quantity is linear: slope_q * D_kq plus the embedding
+    (chunk 0) and output (last chunk) of the chosen pool. Returned as (0, value) pairs."""
+    s = tab.num_chunks
+    d_k = bounds[k + 1] - bounds[k] - (1 if k == 0 else 0) - (1 if k == s - 1 else 0)
+    parts = []
+    for q, lit in enumerate(lits):
+        dq = model.new_int_var(0, n, "")
+        model.add(dq == d_k).only_enforce_if(lit)
+        model.add(dq == 0).only_enforce_if(~lit)
+        parts.append(dq)
+    up: dict = {}
+    for c in _COLS:
+        terms = []
+        for q, (dq, lit) in enumerate(zip(parts, lits, strict=True)):
+            arr = getattr(tab.pools[q], c)
+            slope = int(arr[2] - arr[1])
+            fixed = (int(arr[1] - arr[0]) if k == 0 else 0) + (int(arr[n] - arr[n - 1]) if k == s - 1 else 0)
+            terms.append(slope * dq + fixed * lit)
+        up[c] = sum(terms)
+    up["decoders"] = d_k
+    zero = dict.fromkeys([*_COLS, "decoders"], 0)
+    return zero, up
+
+
 def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: list[int], uniform_recompute: bool,
                    per_stage_recompute: bool, hint: Layout | None, hi: int, lower: int, tmax_lower: int) -> CandidateVars:
     cfg = tab.config
@@ -106,9 +134,9 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
             model.add(bounds[k + 1] >= bounds[k] + 1)
 
     rank_pools: list[cp_model.IntVar | int] = []
+    member: list[list] = []
     if hetero:
         stage_gpus = dims.tp * dims.cp * dims.dp
-        member = []
         for r in range(pp):
             q = model.new_int_var(0, len(tab.pools) - 1, f"q{r}")
             lits = [model.new_bool_var("") for _ in tab.pools]
@@ -134,11 +162,15 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
     rank_rc: list[list] = [[] for _ in range(pp)]
     recompute: list[cp_model.IntVar | int] = []
     p2p_same = max(p.p2p_us for p in tab.pools)
+    linear_pools = hetero and tab.uniform_decoders
     for k in range(s):
         r = k % pp
         q = rank_pools[r]
-        lo = _lookup(model, tab, q, bounds[k], cache, hi)
-        up = _lookup(model, tab, q, bounds[k + 1], cache, hi)
+        if linear_pools:
+            lo, up = _chunk_linear(model, tab, k, bounds, member[r], x, n)
+        else:
+            lo = _lookup(model, tab, q, bounds[k], cache, hi)
+            up = _lookup(model, tab, q, bounds[k + 1], cache, hi)
         if allow_rc:
             rk = uniform if uniform is not None else model.new_int_var(0, n, f"r{k}")
             model.add(rk <= up["decoders"] - lo["decoders"]).only_enforce_if(x)

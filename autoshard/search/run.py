@@ -25,6 +25,7 @@ from autoshard.search.tables import (
     build_tables,
     even_layout,
     int_objective,
+    hetero_capacity_at,
     layer_capacity,
     quick_lower_bound,
     rank_capacity_at,
@@ -150,6 +151,31 @@ def _incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: in
     return min(found, key=lambda f: f[0]) if found else None
 
 
+def _hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -> tuple[int, Layout] | None:
+    """Layouts whose ranks take the pool and the load the bound's assignment gives them at times
+    just above the bound, plus the greedy fastest-pools-first assignment with Megatron's even split."""
+    found = []
+    greedy = _hetero_pools(cluster, tab)
+    if greedy is not None:
+        found.append(_fit(tab, even_layout(tab, greedy)))
+    if len(cluster.pools) == 2:
+        pool_gpus = [p.num_gpus for p in cluster.pools]
+        step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+        for i in range(8):
+            got = hetero_capacity_at(tab, tmax_lb + i * step, pool_gpus)
+            if got is None:
+                continue
+            _, pools = got
+            ranks = [int(q) for q in pools]
+            caps = np.zeros(len(ranks))
+            for q in (0, 1):
+                cap = rank_capacity_at(tab, tmax_lb + i * step, pool=q)
+                caps = np.where(np.asarray(ranks) == q, cap, caps)
+            found.append(_fit(tab, _loads_layout(tab, caps, ranks)))
+    found = [f for f in found if f]
+    return min(found, key=lambda f: f[0]) if found else None
+
+
 def _hetero_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None:
     """A greedy pool per pipeline rank for the incumbent: fastest pools first, within capacity."""
     dims = tab.config.dims
@@ -205,6 +231,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
                  for p in cluster.pools)
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
+    pool_gpus = [p.num_gpus for p in cluster.pools]
     for cfg in configs:
         if pins.recompute_num_layers and cfg.recompute.value == "full":
             prep.pruned["recompute-num-layers pinned with full recompute"] += 1
@@ -219,7 +246,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         prep.min_memory_gib = best_floor / GIB
     staged.sort(key=lambda item: (item[0], item[1]))
     seen: set[bytes] = set()
-    best_ub: int | None = None
+    best_ub: int | None = None  # the top_k-th best incumbent objective so far
+    incumbents: list[int] = []
     kept: list[tuple[int, int, tuple[int, Layout] | None, CandidateTables]] = []
     for n_done, (cheap_lb, _, cfg) in enumerate(staged):
         if best_ub is not None and cheap_lb > best_ub:
@@ -231,7 +259,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.pruned["same costs as a simpler candidate (e.g. CP x2 with micro-batch x2)"] += 1
             continue
         seen.add(signature)
-        found = bounds(tab, uniform_recompute=uniform)
+        found = bounds(tab, uniform_recompute=uniform, pool_gpus=pool_gpus if cluster.is_heterogeneous else None)
         if found is None:
             prep.pruned["states + in-flight activations exceed GPU memory in every layout"] += 1
             continue
@@ -239,19 +267,20 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if best_ub is not None and lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
-        pools = _hetero_pools(cluster, tab) if cluster.is_heterogeneous else None
-        if cluster.is_heterogeneous and pools is None:
-            prep.pruned["pipeline ranks do not fit the pools"] += 1
-            continue
-        inc = _incumbent(tab, pools, tmax_lb, uniform)
+        if cluster.is_heterogeneous:
+            inc = _hetero_incumbent(cluster, tab, tmax_lb)
+        else:
+            inc = _incumbent(tab, None, tmax_lb, uniform)
         if tab.num_chunks == 1 and not cluster.is_heterogeneous:
             # one stage: the only layout is the whole model; its recompute search was exhaustive
             if inc is None:
                 prep.pruned["does not fit even with every layer recomputed"] += 1
                 continue
             lb = inc[0]
-        if inc is not None and (best_ub is None or inc[0] < best_ub):
-            best_ub = inc[0]
+        if inc is not None:
+            incumbents = sorted([*incumbents, inc[0]])[: max(1, options.top_k)]
+            if len(incumbents) >= max(1, options.top_k):
+                best_ub = incumbents[-1]
         kept.append((lb, tmax_lb, inc, tab))
     for lb, tmax_lb, inc, tab in kept:
         if best_ub is not None and lb > best_ub:
@@ -265,9 +294,11 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
 
 
 def _select(prep: Prepared, options: SolverOptions) -> list[int]:
-    """Candidates for the CP-SAT model: those whose lower bound beats the best even split, lowest
-    bound first, at most max_candidates_in_model of them."""
-    ub = min((inc[0] for inc in prep.incumbents if inc is not None), default=None)
+    """Candidates for the CP-SAT model: those whose lower bound beats the top_k-th best incumbent,
+    lowest bound first, at most max_candidates_in_model of them."""
+    found = sorted(inc[0] for inc in prep.incumbents if inc is not None)
+    k = max(1, options.top_k)
+    ub = found[k - 1] if len(found) >= k else None
     order = sorted(range(len(prep.tables)), key=lambda i: (prep.lower_bounds[i], i))
     keep = []
     for i in order:

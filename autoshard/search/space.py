@@ -8,6 +8,7 @@ rules are Megatron-LM's (arguments.py validate_args, TransformerConfig, parallel
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -88,8 +89,10 @@ def _world_sizes(cluster: ClusterSpec) -> list[int]:
     that a pipeline can fill (checked per pool by the solver)."""
     if not cluster.is_heterogeneous:
         return [cluster.num_gpus]
-    step = min(p.node.gpus_per_node for p in cluster.pools)
-    return list(range(step, cluster.num_gpus + 1, step))
+    # whole pools: every non-empty subset of them (a plan leaves no pool partly idle)
+    sizes = {sum(p.num_gpus for p, used in zip(cluster.pools, mask, strict=True) if used)
+             for mask in itertools.product((0, 1), repeat=len(cluster.pools)) if any(mask)}
+    return sorted(sizes, reverse=True)
 
 
 def enumerate_train(

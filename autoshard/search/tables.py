@@ -31,7 +31,7 @@ from autoshard.units import GIB, MIB, US_PER_S
 __all__ = [
     "PoolTables", "CandidateTables", "build_tables", "Layout", "int_objective", "lower_bound", "bounds",
     "even_layout", "layer_capacity", "rank_capacity_at", "tmax_lower_bound", "uniform_thresholds",
-    "uniform_capacity_at", "quick_lower_bound",
+    "uniform_capacity_at", "quick_lower_bound", "hetero_capacity_at",
 ]
 
 
@@ -309,27 +309,29 @@ class RankRoom:
     working: int
 
 
-def rank_room(tab: CandidateTables) -> RankRoom:
+def rank_room(tab: CandidateTables, pool: int | None = None) -> RankRoom:
+    """Memory room per rank on `pool` (None: optimistic over every pool)."""
     vpp = tab.config.dims.vpp
     pp = tab.config.dims.pp
     n = tab.num_layers
+    pools = tab.pools if pool is None else (tab.pools[pool],)
     chunks = np.asarray(tab.in_flight_chunks, dtype=np.float64)
-    cap = max(p.capacity_mib for p in tab.pools)
-    state = min(p.decoder_unit[1] for p in tab.pools)
-    act = min(p.decoder_unit[2] for p in tab.pools)
-    emb_state = min(int(p.state_mib[1] - p.state_mib[0]) for p in tab.pools)
-    emb_act = min(int(p.act_mib[1] - p.act_mib[0]) for p in tab.pools)
-    out_state = min(int(p.state_mib[n] - p.state_mib[n - 1]) for p in tab.pools)
-    out_act = min(int(p.act_mib[n] - p.act_mib[n - 1]) for p in tab.pools)
+    cap = max(p.capacity_mib for p in pools)
+    state = min(p.decoder_unit[1] for p in pools)
+    act = min(p.decoder_unit[2] for p in pools)
+    emb_state = min(int(p.state_mib[1] - p.state_mib[0]) for p in pools)
+    emb_act = min(int(p.act_mib[1] - p.act_mib[0]) for p in pools)
+    out_state = min(int(p.state_mib[n] - p.state_mib[n - 1]) for p in pools)
+    out_act = min(int(p.act_mib[n] - p.act_mib[n - 1]) for p in pools)
     room = np.full(pp, float(vpp * (cap - tab.zero3_extra_mib)))
     room[0] -= vpp * emb_state + chunks[0] * emb_act
     room[pp - 1] -= vpp * out_state + chunks[pp - 1] * out_act
-    working = min(p.working_mib for p in tab.pools)
+    working = min(p.working_mib for p in pools)
     if tab.base_full:
         room -= vpp * working
         saving = np.zeros(pp)
     else:
-        saving = chunks * max(p.recompute_saving_mib for p in tab.pools)
+        saving = chunks * max(p.recompute_saving_mib for p in pools)
     return RankRoom(room=room, per_layer=vpp * state + chunks * act, saving=saving, working=vpp * working)
 
 
@@ -345,7 +347,10 @@ def _rank_capacity(rr: RankRoom, budget: np.ndarray, d: int, x: int, n_max: int)
         over = rr.working - rr.room  # memory beyond the room once recompute starts
         by_time = (budget - x * over / w) / (d + x * rr.per_layer / w)
         by_mem = np.where(rr.per_layer > w, (rr.room - rr.working) / np.maximum(rr.per_layer - w, 1e-9), n_max)
-        n2 = np.where(rr.saving > 0, np.floor(np.minimum(by_time, by_mem) + 1e-9), n1)
+        n2 = np.floor(np.minimum(by_time, by_mem) + 1e-9)
+        # the recompute branch only exists past the room: below it, r would be negative
+        threshold = (rr.room - rr.working) / np.maximum(rr.per_layer, 1e-9)
+        n2 = np.where((rr.saving > 0) & (n2 >= threshold), n2, n1)
     return np.clip(np.maximum(n1, n2), 0, n_max)
 
 
@@ -357,15 +362,17 @@ def layer_capacity(tab: CandidateTables) -> np.ndarray:
     return _rank_capacity(rr, budget, 1, max(p.recompute_extra_us for p in tab.pools), n_dec)
 
 
-def _rank_work(tab: CandidateTables) -> tuple[int, int, np.ndarray, np.ndarray]:
+def _rank_work(tab: CandidateTables, pool: int | None = None) -> tuple[int, int, np.ndarray, np.ndarray]:
     """(cheapest decoder layer us, cheapest recompute extra us, fixed us per rank: embedding on
-    rank 0, output on the last rank, p2p sends; fewest decoder layers per rank), optimistic across pools."""
+    rank 0, output on the last rank, p2p sends; fewest decoder layers per rank) on `pool`
+    (None: optimistic across pools)."""
     pp = tab.config.dims.pp
     n = tab.num_layers
-    d = max(1, min(p.decoder_unit[0] for p in tab.pools))
-    x = min(p.recompute_extra_us for p in tab.pools)
-    emb = min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)
-    out = min(int(p.time_us[n] - p.time_us[n - 1]) for p in tab.pools)
+    pools = tab.pools if pool is None else (tab.pools[pool],)
+    d = max(1, min(p.decoder_unit[0] for p in pools))
+    x = min(p.recompute_extra_us for p in pools)
+    emb = min(int(p.time_us[1] - p.time_us[0]) for p in pools)
+    out = min(int(p.time_us[n] - p.time_us[n - 1]) for p in pools)
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     fixed = np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
     fixed[0] += emb
@@ -384,10 +391,11 @@ def _least(cap: np.ndarray, min_layers: np.ndarray) -> np.ndarray:
     return cap if np.all(cap >= min_layers) else np.zeros_like(cap)
 
 
-def rank_capacity_at(tab: CandidateTables, t: float) -> np.ndarray:
-    """Decoder layers each rank can take within slowest-rank time t (memory and recompute included)."""
-    d, x, fixed, least = _rank_work(tab)
-    return _least(_rank_capacity(rank_room(tab), t - fixed, d, x, int(tab.decoders[-1])), least)
+def rank_capacity_at(tab: CandidateTables, t: float, pool: int | None = None) -> np.ndarray:
+    """Decoder layers each rank can take within slowest-rank time t (memory and recompute included)
+    on `pool` (None: optimistic over the pools)."""
+    d, x, fixed, least = _rank_work(tab, pool)
+    return _least(_rank_capacity(rank_room(tab, pool), t - fixed, d, x, int(tab.decoders[-1])), least)
 
 
 def _uniform_capacity(tab: CandidateTables, rr: RankRoom, fixed: np.ndarray, d: int, x: int, t: float, k: int) -> np.ndarray:
@@ -434,6 +442,65 @@ def uniform_capacity_at(tab: CandidateTables, t: float, k: int) -> np.ndarray:
     return _least(_uniform_capacity(tab, rank_room(tab), fixed, d, x, t, k), least)
 
 
+def pool_rank_limits(tab: CandidateTables, pool_gpus: Sequence[int]) -> list[int]:
+    """How many pipeline ranks each pool can host (a rank needs TP x CP x DP GPUs)."""
+    need = tab.config.dims.tp * tab.config.dims.cp * tab.config.dims.dp
+    return [g // need for g in pool_gpus]
+
+
+def two_pool_assignment(caps0: np.ndarray, caps1: np.ndarray, limits: Sequence[int]) -> tuple[float, np.ndarray] | None:
+    """Largest total capacity when ranks choose pool 0 or 1 within the pools' rank limits, and the
+    pool of each rank achieving it (greedy by marginal gain is exact for two pools)."""
+    pp = len(caps0)
+    gain = caps0 - caps1
+    order = np.argsort(-gain, kind="stable")
+    best = None
+    for k in range(max(0, pp - limits[1]), min(pp, limits[0]) + 1):
+        total = float(caps1.sum() + gain[order[:k]].sum())
+        if best is None or total > best[0]:
+            pools = np.ones(pp, dtype=np.int64)
+            pools[order[:k]] = 0
+            best = (total, pools)
+    return best
+
+
+class _HeteroCapacity:
+    """Per-pool rank work and memory room, computed once, for the two-pool capacity function."""
+
+    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int]) -> None:
+        self.n_dec = int(tab.decoders[-1])
+        self.parts = []
+        for q in range(2):
+            d, x, fixed, _ = _rank_work(tab, q)
+            self.parts.append((rank_room(tab, q), d, x, fixed))
+        self.limits = pool_rank_limits(tab, pool_gpus)
+
+    def at(self, t: float) -> tuple[float, np.ndarray] | None:
+        caps = [_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts]
+        return two_pool_assignment(caps[0], caps[1], self.limits)
+
+
+def hetero_capacity_at(tab: CandidateTables, t: float, pool_gpus: Sequence[int]) -> tuple[float, np.ndarray] | None:
+    """(total decoder layers the ranks can absorb within time t, pool per rank) for two pools."""
+    return _HeteroCapacity(tab, pool_gpus).at(t)
+
+
+def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int]) -> int | None:
+    """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes."""
+    n_dec = int(tab.decoders[-1])
+    _, _, fixed, _ = _rank_work(tab)
+    d = max(p.decoder_unit[0] for p in tab.pools)
+    x = max(p.recompute_extra_us for p in tab.pools)
+    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1
+    cap = _HeteroCapacity(tab, pool_gpus)
+
+    def capacity(t: float) -> np.ndarray:
+        found = cap.at(t)
+        return np.array([0.0 if found is None else found[0]])
+
+    return _threshold(lo, hi, n_dec, capacity)
+
+
 def tmax_lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -> int | None:
     """Smallest slowest-rank time any layout can reach, or None when no layout fits in memory.
 
@@ -452,10 +519,15 @@ def tmax_lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -
     return _threshold(lo, hi, n_dec, lambda t: _least(_rank_capacity(rr, t - fixed, d, x, n_dec), least))
 
 
-def bounds(tab: CandidateTables, *, uniform_recompute: bool = False) -> tuple[int, int] | None:
+def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
+           pool_gpus: Sequence[int] | None = None) -> tuple[int, int] | None:
     """(lower bound on the objective, lower bound on the slowest rank's time) over every layout;
-    None when no layout fits in memory."""
-    slowest = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
+    None when no layout fits in memory. With two pools and their GPU counts, the bound accounts for
+    how many ranks the faster pool can host."""
+    if len(tab.pools) == 2 and pool_gpus is not None:
+        slowest = hetero_tmax_lower_bound(tab, pool_gpus)
+    else:
+        slowest = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
     if slowest is None:
         return None
     cfg = tab.config
@@ -482,13 +554,26 @@ def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, 
     counts: dict[LayerKind, int] = {}
     for kind in model.layer_kinds:
         counts[kind] = counts.get(kind, 0) + 1
-    total = min(
+    per_pool = [
         sum(round(layer_cost(model, k, pool, cfg, cfg.recompute).time_s * US_PER_S) * n for k, n in counts.items())
         for pool in cluster.pools
-    )
+    ]
+    total = min(per_pool)
     if pp > 1 and not cluster.is_heterogeneous:
         total += 2 * (pp * vpp - 1) * math.ceil(_p2p_s(model, cfg, cluster.primary, cluster.primary, cluster) * US_PER_S)
     tmax = -(-total // pp)
+    if cluster.is_heterogeneous:
+        # ranks work in parallel at their pool's speed; the fastest pools host as many ranks as fit
+        need = dims.tp * dims.cp * dims.dp
+        slots = sorted(((t, p.num_gpus // need) for t, p in zip(per_pool, cluster.pools, strict=True)))
+        rate, left = 0.0, pp
+        for t, n in slots:
+            take = min(left, n)
+            rate += take / max(t, 1)
+            left -= take
+        if left > 0:
+            return 2**62  # the pools cannot host this many ranks
+        tmax = max(tmax, math.floor(1 / rate))
     return (scale // vpp) * ((m * vpp - 1) * tmax + total)
 
 

@@ -1,0 +1,144 @@
+"""The public Python API: build jobs, solve for the best plans, evaluate a given plan.
+
+    import autoshard
+    model = autoshard.load_model("llama-3.1-70b")
+    cluster = autoshard.load_cluster("dgx-h100").with_gpus(64)
+    plans = autoshard.solve(model, cluster, autoshard.train_job(model, seq_len=8192))
+    print(plans[0].to_json()["predicted"]["mfu"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autoshard.costmodel.pipeline import even_split
+from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.emit.megatron import megatron_command
+from autoshard.errors import SpecError
+from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.plan import Plan, SolverStats
+from autoshard.search.run import SolverOptions, solve_train
+from autoshard.search.space import Pins
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import Precision, TrainJob
+from autoshard.specs.model import ModelSpec
+from autoshard.specs.loader import validate
+
+__all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize"]
+
+
+def train_job(
+    model: ModelSpec,
+    *,
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    precision: str | Precision | None = None,
+    tokens: float | None = None,
+) -> TrainJob:
+    """A TrainJob from the model's `training:` defaults, overridden by the given values."""
+    defaults = model.training
+    data: dict = {}
+    if defaults is not None:
+        for key in ("seq_len", "global_batch_size", "precision", "tokens"):
+            value = getattr(defaults, key)
+            if value is not None:
+                data[key] = value
+    for key, value in (("seq_len", seq_len), ("global_batch_size", global_batch_size),
+                       ("precision", precision), ("tokens", tokens)):
+        if value is not None:
+            data[key] = value
+    return validate(TrainJob, data, source=f"training job for {model.name}")
+
+
+def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
+    if gpus is None:
+        return cluster
+    try:
+        return cluster.with_gpus(gpus)
+    except ValueError as exc:
+        raise SpecError(f"{exc}", source="--gpus", field=None) from None
+
+
+def with_launch(plan: Plan) -> Plan:
+    """The plan with its Megatron-LM launch command attached (training plans)."""
+    return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
+
+
+def solve(
+    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
+) -> list[Plan]:
+    """The best training plans (best first), each with its launch command."""
+    return [with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)]
+
+
+def even_stages(model: ModelSpec, *, pp: int, vpp: int = 1, recompute_num_layers: int = 0) -> tuple[Stage, ...]:
+    """Megatron-LM's default layout: decoder layers split evenly over pp*vpp chunks, the embedding
+    with the first chunk and the output layer with the last. SpecError when they do not divide."""
+    chunks = pp * vpp
+    if model.num_layers % chunks:
+        raise SpecError(
+            f"{model.num_layers} decoder layers do not split evenly over PP {pp} x VPP {vpp} = {chunks} chunks "
+            "(Megatron's default layout needs num_layers divisible by PP x VPP): pick a PP/VPP that divides "
+            "it, or let `autoshard solve` choose an uneven layout",
+            source="--pp",
+        )
+    sizes = even_split(model.num_layers, chunks)
+    stages, start = [], 1
+    for i, size in enumerate(sizes):
+        lo = 0 if i == 0 else start
+        hi = start + size + (1 if i == chunks - 1 else 0)
+        stages.append(Stage(lo, hi, full_recompute_layers=min(recompute_num_layers, size)))
+        start += size
+    return tuple(stages)
+
+
+def evaluate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: TrainJob,
+    *,
+    tp: int,
+    pp: int,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    vpp: int = 1,
+    dp: int | None = None,
+    micro_batch_size: int = 1,
+    recompute: Recompute = Recompute.NONE,
+    recompute_num_layers: int = 0,
+    sequence_parallel: bool = True,
+    zero_stage: int = 1,
+    stages: tuple[Stage, ...] | None = None,
+) -> Plan:
+    """Predict a plan the user already has (Megatron's even layout unless `stages` is given)."""
+    gpus = cluster.num_gpus
+    if gpus % (tp * cp * pp):
+        raise SpecError(f"TP x CP x PP = {tp * cp * pp} does not divide the {gpus} GPUs: change the degrees or --gpus",
+                        source="--tp/--cp/--pp")
+    world_dp = gpus // (tp * cp * pp)
+    if dp is not None and dp != world_dp:
+        raise SpecError(f"DP {dp} x TP {tp} x CP {cp} x PP {pp} = {dp * tp * cp * pp} but the cluster has {gpus} GPUs: "
+                        f"use --dp {world_dp} or --gpus {dp * tp * cp * pp}", source="--dp")
+    try:
+        dims = ParallelDims(tp=tp, pp=pp, dp=world_dp, cp=cp, ep=ep, etp=etp, vpp=vpp)
+    except ValueError as exc:
+        raise SpecError(str(exc), source="parallel degrees") from None
+    problems = check_dims(dims, model, seq_len=job.seq_len, precision=job.precision)
+    if problems:
+        raise SpecError("; ".join(problems), source="parallel degrees")
+    if zero_stage >= 2 and (pp > 1 or ep > 1):
+        raise SpecError("ZeRO-2/3 (Megatron FSDP) needs PP 1 and EP 1", source="--zero-stage")
+    try:
+        cfg = TrainConfig(
+            dims=dims, micro_batch_size=micro_batch_size, global_batch_size=job.global_batch_size, seq_len=job.seq_len,
+            precision=job.precision, recompute=recompute, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
+            optimizer=job.optimizer, tp_comm_overlap=sequence_parallel and tp > 1, overlap_grad_reduce=True,
+        )
+    except ValueError as exc:
+        raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None
+    if stages is None:
+        stages = even_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers)
+    prediction = predict_train(model, cluster, cfg, stages)
+    stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
+    return with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats))

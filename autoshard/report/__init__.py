@@ -1,0 +1,1 @@
+"""Rendering: terminal tables, pipeline Gantt charts, plan comparisons, cost-study reports."""

@@ -1,0 +1,62 @@
+"""Your plan next to the best one: gain, memory, and the launcher flags that change."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from autoshard.emit.megatron import megatron_args
+from autoshard.plan import Plan
+from autoshard.report.terminal import plan_summary
+from autoshard.units import GIB
+
+__all__ = ["compare_plans", "render_comparison"]
+
+# Flags that describe the plan (not the model or scaffolding): the ones worth listing as changes.
+_PLAN_FLAGS = (
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
+    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout", "--micro-batch-size",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--tp-comm-overlap",
+)
+
+
+def _flags(plan: Plan) -> dict[str, str]:
+    return {flag: ("on" if value is None else value) for flag, value in megatron_args(plan) if flag in _PLAN_FLAGS}
+
+
+def compare_plans(yours: Plan, best: Plan) -> dict:
+    a, b = yours.prediction, best.prediction
+    mine, theirs = _flags(yours), _flags(best)
+    changes = []
+    for flag in _PLAN_FLAGS:
+        old, new = mine.get(flag, "off"), theirs.get(flag, "off")
+        if old != new:
+            changes.append({"flag": flag, "yours": old, "best": new})
+    return {
+        "yours_tokens_per_s": a.tokens_per_s,
+        "best_tokens_per_s": b.tokens_per_s,
+        "gain": b.tokens_per_s / a.tokens_per_s - 1,
+        "yours_peak_gib": a.peak_memory_bytes / GIB,
+        "best_peak_gib": b.peak_memory_bytes / GIB,
+        "yours_fits": a.fits,
+        "changes": changes,
+    }
+
+
+def render_comparison(yours: Plan, best: Plan, comparison: dict, console: Console) -> None:
+    c = comparison
+    fit = "" if c["yours_fits"] else " (DOES NOT FIT)"
+    console.print(f"[bold]yours:[/bold] {plan_summary(yours)}: {c['yours_tokens_per_s']:,.0f} tokens/s, "
+                  f"{c['yours_peak_gib']:.1f} GiB peak{fit}")
+    console.print(f"[bold]best:[/bold]  {plan_summary(best)}: {c['best_tokens_per_s']:,.0f} tokens/s "
+                  f"({100 * c['gain']:+.1f} %), {c['best_peak_gib']:.1f} GiB peak "
+                  f"[{best.solver.status.lower()}, gap {100 * best.solver.gap:.2f}%]")
+    if c["changes"]:
+        console.print("change: " + ", ".join(f"{ch['flag']} {ch['yours']} -> {ch['best']}" for ch in c["changes"]),
+                      markup=False, highlight=False)
+    else:
+        console.print("your plan is already the best one found")
+    console.print("\n[bold]Megatron-LM launch of the best plan:[/bold]")
+    console.print(best.launch.get("megatron", ""), markup=False, highlight=False, soft_wrap=True)

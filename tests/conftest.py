@@ -1,0 +1,52 @@
+"""Shared fixtures: small synthetic models and clusters that keep solver tests fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.specs import ClusterSpec, ModelSpec
+
+
+def tiny_model(*, layers: int = 6, hidden: int = 1024, heads: int = 8, kv: int = 8, vocab: int = 32000,
+               moe: dict | None = None, tied: bool = False, dense_first: int = 0) -> ModelSpec:
+    groups: list[dict] = [{"kind": "embedding"}]
+    if moe:
+        if dense_first:
+            groups.append({"kind": "dense", "count": dense_first})
+        groups.append({"kind": "moe", "count": layers - dense_first})
+    else:
+        groups.append({"kind": "dense", "count": layers})
+    groups.append({"kind": "output"})
+    return ModelSpec.model_validate({
+        "name": "tiny", "hidden_size": hidden, "ffn_hidden_size": 4 * hidden, "num_attention_heads": heads,
+        "num_kv_heads": kv, "vocab_size": vocab, "tied_embeddings": tied, "max_position_embeddings": 8192,
+        "layers": groups, "moe": moe,
+    })
+
+
+def gpu(name: str = "H100", *, hbm: float = 80.0, tflops: float = 989.0) -> dict:
+    return {"name": name, "hbm_gib": hbm, "bf16_tflops": tflops, "fp8_tflops": 2 * tflops, "hbm_tbps": 3.35}
+
+
+def node(gpus: int = 8) -> dict:
+    return {"gpus_per_node": gpus, "intra_node_link": "nvlink", "intra_node_gbps": 450, "inter_node_gbps": 50}
+
+
+def tiny_cluster(*, gpus_per_node: int = 4, nodes: int = 2, hbm: float = 80.0) -> ClusterSpec:
+    return ClusterSpec.model_validate({"name": "tiny", "gpu": gpu(hbm=hbm), "node": node(gpus_per_node), "num_nodes": nodes})
+
+
+def hetero_cluster(*, hbm_a: float = 80.0, hbm_b: float = 40.0) -> ClusterSpec:
+    return ClusterSpec.model_validate({
+        "name": "mixed",
+        "pools": [
+            {"name": "fast", "gpu": gpu("H100", hbm=hbm_a), "node": node(4), "num_nodes": 1},
+            {"name": "slow", "gpu": gpu("A100", hbm=hbm_b, tflops=312.0), "node": node(4), "num_nodes": 1},
+        ],
+        "inter_pool_gbps": 25,
+    })
+
+
+@pytest.fixture
+def small_dense() -> ModelSpec:
+    return tiny_model()
