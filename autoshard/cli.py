@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from autoshard.errors import AutoshardError, SpecError
 
@@ -27,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console(soft_wrap=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Mode(StrEnum):
@@ -49,7 +50,7 @@ class RecomputeOpt(StrEnum):
 
 def _fail(exc: AutoshardError) -> None:
     kind = "bad input" if isinstance(exc, SpecError) else "no plan"
-    err.print(f"[bold red]error ({kind}):[/bold red] {exc}", markup=True, highlight=False)
+    err.print(f"[bold red]error ({kind}):[/bold red] {escape(str(exc))}", markup=True, highlight=False)
     raise typer.Exit(exc.exit_code)
 
 
@@ -192,6 +193,8 @@ def solve(
         return
     if target not in (None, Target.MEGATRON):
         raise SpecError(f"--target {target.value} is a serving launcher: add --mode serve", source="--target")
+    if emit not in (None, Target.MEGATRON):
+        raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     from autoshard.api import solve as api_solve
     from autoshard.api import train_job
     from autoshard.emit.megatron import megatron_notes
@@ -237,7 +240,7 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
         _print_json(obj)
         return
     for w in warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}")
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
     render_comparison(yours, best[0], comparison, out)
 
 
@@ -309,7 +312,7 @@ def evaluate(
     if from_megatron is not None:
         plan, warnings = _evaluate_megatron(from_megatron, model, cluster, gpus)
         for w in warnings:
-            err.print(f"[yellow]warning:[/yellow] {w}")
+            err.print(f"[yellow]warning:[/yellow] {escape(w)}")
         if json_out:
             obj = plan.to_json()
             obj["warnings"] = warnings
@@ -422,14 +425,14 @@ def study(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit per size.")] = 20.0,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Parallel solver processes (default: CPU count).")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", min=0, help="Parallel solver processes (0: one per CPU).")] = 0,
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain.")] = None,
 ) -> None:
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
-    from autoshard.study import run_study_cli
-
     sizes = _parse_sizes(gpus)
     prices = _parse_prices(price or [])
+    from autoshard.study import run_study_cli
+
     run_study_cli(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
                   budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,
                   global_batch_size=global_batch_size, precision=precision, out_dir=out_dir, json_out=json_out,

@@ -173,7 +173,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
 def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> None:
     table = Table(title="Bundled models", header_style="bold")
     for col in ("name", "params", "active", "layers", "hidden", "heads/kv", "vocab", "kind"):
-        table.add_column(col, justify="left" if col in ("name", "kind") else "right")
+        table.add_column(col, justify="left" if col in ("name", "kind") else "right", no_wrap=col == "name")
     for name, m in models:
         kind = "MoE" if m.is_moe else "dense"
         if m.mla is not None:
@@ -188,7 +188,7 @@ def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> 
 def render_clusters(clusters: Sequence[tuple[str, ClusterSpec]], console: Console) -> None:
     table = Table(title="Bundled clusters", header_style="bold")
     for col in ("name", "GPUs", "GPU", "HBM GiB", "BF16 TFLOP/s", "FP8", "NVLink domain", "intra GB/s", "net GB/s/GPU", "$/GPU-h"):
-        table.add_column(col, justify="left" if col in ("name", "GPU") else "right")
+        table.add_column(col, justify="left" if col in ("name", "GPU") else "right", no_wrap=col == "name")
     for name, c in clusters:
         for i, pool in enumerate(c.pools):
             g, n = pool.gpu, pool.node

@@ -17,7 +17,7 @@ from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.errors import InfeasibleError, SolverError
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.build import BuiltModel, build_model
-from autoshard.search.space import Pins, SpaceOptions, enumerate_train
+from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import (
     CandidateTables,
     Layout,
@@ -338,26 +338,27 @@ def _decode(built: BuiltModel, solver: cp_model.CpSolver, index: int) -> tuple[T
 
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prepared, pins: Pins) -> InfeasibleError:
     reasons = ", ".join(f"{n} x {r}" for r, n in prep.pruned.most_common(4))
-    if not prep.enumerated:
-        return InfeasibleError(f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs with pins "
-                               f"({pins.describe()}): {reasons or 'no candidate'}")
-    have = prep.capacity_gib or 0.0
+    gpu = cluster.primary.gpu
+    if not prep.enumerated or prep.min_memory_gib is None:
+        return InfeasibleError(
+            f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs (seq {job.seq_len}, global batch "
+            f"{job.global_batch_size}) with pins ({pins.describe()}): {reasons or 'no candidate'}. Nearest fixes: a "
+            f"global batch divisible by more micro-batch x DP sizes, fewer pinned knobs, or another --gpus."
+        )
+    have = prep.capacity_gib or gpu.hbm_gib
     need = prep.min_memory_gib
     lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {cluster.num_gpus} x "
-             f"{cluster.primary.gpu.name} ({have:.0f} GiB each)."]
-    if need is not None:
-        lines.append(f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU "
-                     f"in the best layout; the GPU has {have:.1f} GiB before activations and overheads.")
+             f"{gpu.name} ({have:.0f} GiB each)."]
+    lines.append(f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
+                 f"layout; the GPU has {have:.1f} GiB before activations and overheads.")
     fixes = []
     total_state_gib = model.num_params * 18 / GIB
     usable = have * 0.85
-    if usable > 0:
-        min_gpus = math.ceil(total_state_gib / usable)
-        per_node = cluster.primary.node.gpus_per_node
-        min_gpus = per_node * math.ceil(min_gpus / per_node)
-        if min_gpus > cluster.num_gpus:
-            fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
-                         f"~{min_gpus} GPUs (try --gpus {2 ** math.ceil(math.log2(min_gpus))})")
+    per_node = cluster.primary.node.gpus_per_node
+    min_gpus = per_node * math.ceil(math.ceil(total_state_gib / usable) / per_node)
+    if min_gpus > cluster.num_gpus:
+        fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
+                     f"~{min_gpus} GPUs (try --gpus {2 ** math.ceil(math.log2(min_gpus))})")
     fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
     fixes.append("--recompute full")
     fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
@@ -374,6 +375,7 @@ def solve_train(
 ) -> list[Plan]:
     """The best `options.top_k` distinct training plans, best first."""
     start = time.perf_counter()
+    check_pins(model, cluster, job, pins)
     prep = prepare(model, cluster, job, pins=pins, options=options)
     if not prep.tables:
         raise _infeasible(model, cluster, job, prep, pins)

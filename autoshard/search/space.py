@@ -95,6 +95,31 @@ def _world_sizes(cluster: ClusterSpec) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
+def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins) -> None:
+    """Reject pinned degrees that break a framework rule before searching, naming the flag (SpecError)."""
+    from autoshard.errors import SpecError
+
+    heads = model.num_attention_heads
+    if pins.tp and heads % pins.tp:
+        raise SpecError(f"TP {pins.tp} must divide the {heads} attention heads: use one of "
+                        f"{', '.join(str(d) for d in divisors(heads) if d <= 64)}", source="--tp")
+    if pins.tp and model.mla is None and model.kv_heads % pins.tp and pins.tp % model.kv_heads:
+        raise SpecError(f"TP {pins.tp} and the {model.kv_heads} KV heads must divide one another", source="--tp")
+    if pins.cp and pins.cp > 1 and job.seq_len % (2 * pins.cp):
+        raise SpecError(f"CP {pins.cp} needs the sequence length ({job.seq_len}) divisible by 2 x CP", source="--cp")
+    if pins.ep and pins.ep > 1:
+        if model.moe is None:
+            raise SpecError("expert parallelism needs a mixture-of-experts model", source="--ep")
+        if model.moe.num_experts % pins.ep:
+            raise SpecError(f"EP {pins.ep} must divide the {model.moe.num_experts} experts", source="--ep")
+    if pins.pp and pins.pp > model.num_layers + 2:
+        raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
+    product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
+    if not cluster.is_heterogeneous and cluster.num_gpus % product:
+        raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
+                        "change them or --gpus", source="--tp/--cp/--pp/--dp")
+
+
 def enumerate_train(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -190,8 +215,8 @@ def _add_batch_variants(
             continue
         for rc in recomputes:
             for zero in zeros:
-                if dims.dp * dims.cp == 1 and zero > 0:
-                    space.prune("ZeRO needs data parallelism")
+                if dims.dp * dims.cp == 1 and zero > 0 and pins.zero_stage is None:
+                    space.prune("ZeRO needs data parallelism")  # (a pinned ZeRO-1 at DP 1 is harmless)
                     continue
                 if zero >= 2 and (dims.pp > 1 or dims.ep > 1):
                     space.prune("ZeRO-2/3 (Megatron FSDP) supports neither PP nor EP here")

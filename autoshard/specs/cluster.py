@@ -201,16 +201,26 @@ class ClusterSpec(_Frozen):
             raise ValueError("--gpus cannot resize a heterogeneous cluster; edit the pool sizes in its YAML")
         pool = self.primary
         per_node = pool.node.gpus_per_node
+        domain = pool.node.domain_size
+        unit = max(per_node, domain) if num_gpus >= domain else per_node
+        lower, upper = max(unit, num_gpus // unit * unit), (num_gpus // unit + 1) * unit
+        hint = f"use --gpus {lower} or --gpus {upper}" if lower != upper else f"use --gpus {lower}"
         if num_gpus < per_node:
             if per_node % num_gpus:
-                raise ValueError(f"{num_gpus} GPUs is not a divisor of the {per_node} GPUs of one node")
+                divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+                below = max(d for d in divisors if d < num_gpus)
+                raise ValueError(f"{num_gpus} GPUs is not a divisor of the {per_node} GPUs of one node: use --gpus "
+                                 f"{below} or --gpus {per_node} (any of {', '.join(map(str, divisors))}, or whole nodes)")
             node = pool.node.model_copy(update={"gpus_per_node": num_gpus, "nvlink_domain_gpus": None})
             new_pool = pool.model_copy(update={"node": node, "num_nodes": 1})
         else:
             if num_gpus % per_node:
-                raise ValueError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes")
-            domain = pool.node.domain_size
-            if domain > per_node and num_gpus % domain:
-                raise ValueError(f"{num_gpus} GPUs does not fill whole {domain}-GPU NVLink domains")
+                raise ValueError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes: {hint}")
+            if domain > per_node and num_gpus > domain and num_gpus % domain:
+                raise ValueError(f"{num_gpus} GPUs does not fill whole {domain}-GPU NVLink domains: {hint}")
+            if domain > per_node and num_gpus < domain:
+                # part of one rack-scale domain (e.g. some GB200 trays): the domain is what is rented
+                node = pool.node.model_copy(update={"nvlink_domain_gpus": num_gpus})
+                return self.model_copy(update={"pools": (pool.model_copy(update={"node": node, "num_nodes": num_gpus // per_node}),)})
             new_pool = pool.model_copy(update={"num_nodes": num_gpus // per_node})
         return self.model_copy(update={"pools": (new_pool,)})

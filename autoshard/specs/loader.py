@@ -102,7 +102,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tuple[str, str]:
     """(field, message) for the first error, phrased with the fix."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # a misspelt required field shows up as "missing" plus "extra": report the misspelling
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     field = _loc(err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -138,6 +140,8 @@ def validate(model: type[T], data: dict[str, Any], *, source: str) -> T:
         return model.model_validate(data)
     except ValidationError as exc:
         field, msg = format_validation_error(exc, model)
+        if model is ClusterSpec and "pools" not in data and field.startswith("pools[0]."):
+            field = field[len("pools[0]."):]  # the file is written flat: name the field as written
         raise SpecError(msg, source=source, field=field) from None
 
 

@@ -12,6 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autoshard.specs.job import Precision, WeightDtype
+
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
     "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
@@ -122,7 +124,7 @@ class TrainingDefaults(_Frozen):
 
     seq_len: PosInt | None = None
     global_batch_size: PosInt | None = None
-    precision: str | None = None
+    precision: Precision | None = None
     tokens: float | None = Field(default=None, gt=0)
 
 
@@ -130,7 +132,8 @@ class ServingDefaults(_Frozen):
     max_model_len: PosInt | None = None
     input_len: PosInt | None = None
     output_len: PosInt | None = None
-    precision: str | None = None
+    precision: WeightDtype | None = None
+    """Weight storage for serving (bf16, fp8, int8, int4)."""
 
 
 class ModelSpec(_Frozen):

@@ -218,11 +218,6 @@ def test_catalog_table_lists_every_name_on_a_wide_terminal(command: str) -> None
         assert name in run.stdout, f"{name} missing from `autoshard {command}`\n{run}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/report/terminal.py render_models/render_clusters (~lines 169-186): at 80 columns rich "
-    "shrinks the `name` column to 'deepsee…', 'llama-3…', 'dgx-…', so the listing does not name the "
-    "bundled specs; give the name column no_wrap=True and min_width=len(longest name) (or "
-    "overflow='fold') and let the numeric columns shrink"))
 @pytest.mark.parametrize("command", ["models", "clusters"])
 def test_catalog_table_lists_every_name_at_80_columns(command: str) -> None:
     run = script(command, columns=80)
@@ -336,12 +331,6 @@ def test_evaluate_agrees_with_pinned_solve_identical_layout() -> None:
     _check_agreement(ev, so)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "evaluate and solve disagree on ZeRO at DP 1: api.evaluate defaults zero_stage=1 and predicts the plan, "
-    "but autoshard/search/space.py _add_batch_variants (~line 190) prunes every zero>0 candidate when "
-    "DP x CP == 1 ('ZeRO needs data parallelism') even when --zero-stage is pinned, so the pinned solve "
-    "of evaluate's own plan exits 1 with 'no plan fits ... (0 GiB each)'; either normalize evaluate to "
-    "zero_stage 0 at DP x CP == 1 or let a pinned ZeRO-1 through at DP 1"))
 def test_evaluate_agrees_with_pinned_solve_single_node_tp8() -> None:
     ev, so = _evaluate_and_pinned_solve("llama-3.1-8b", 8, 8, 1)
     _check_agreement(ev, so)

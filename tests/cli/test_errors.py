@@ -196,9 +196,6 @@ def test_bad_model_yaml(tmp_path: Path, base: str, mutate: Mutation, field: str,
     assert_bad_input(run, field, *fixes, path=path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/specs/loader.py format_validation_error reports only errors()[0]: a misspelt *required* "
-    "field yields 'field X: required field is missing' and never names the unknown key the user wrote"))
 @pytest.mark.parametrize(("kind", "base", "mutate", "typo", "right"), [
     pytest.param("model", MODELS / "llama-3.1-8b.yaml", _rename("vocab_size", "vocab_sise"), "vocab_sise",
                  "vocab_size", id="model-top-level"),
@@ -217,10 +214,6 @@ def test_misspelt_required_field_names_the_typo(tmp_path: Path, kind: str, base:
     assert_bad_input(run, typo, f"did you mean '{right}'", path=path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/specs/model.py TrainingDefaults.precision is a free `str`: a bad `training: precision:` "
-    "in the model YAML is only caught by api.train_job, whose message says 'training job for <name>' "
-    "instead of the file path and field training.precision"))
 def test_bad_training_precision_in_yaml_names_file_and_field(tmp_path: Path) -> None:
     data = _load_yaml(MODELS / "llama-3.1-8b.yaml")
     data["training"]["precision"] = "fp16"
@@ -308,11 +301,6 @@ def test_hf_config_missing_key(tmp_path: Path) -> None:
     assert_bad_input(run, "hidden_size", "missing", path=path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/cli.py _fail (line ~52) prints the message as rich markup: '[...]' in a user value or "
-    "file name is parsed as a tag, a closing tag like '[/b]' raises rich.errors.MarkupError (traceback, "
-    "exit 1) and '[v2]' silently disappears from the file name; escape the message "
-    "(rich.markup.escape) before printing"))
 @pytest.mark.parametrize("case", ["closing-tag-in-value", "brackets-in-file-name",
                                   "brackets-in-bundled-name"])
 def test_brackets_in_user_text_are_printed_verbatim(tmp_path: Path, case: str) -> None:
@@ -369,10 +357,6 @@ def test_bad_gpus(cluster: str, gpus: int, fixes: list[str]) -> None:
     assert_bad_input(run, "--gpus", *fixes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/specs/cluster.py ClusterSpec.with_gpus: the --gpus messages say what is wrong but give no "
-    "fix; name the nearest valid counts, e.g. 'use --gpus 8 or --gpus 16 (whole 8-GPU nodes), or a "
-    "divisor of 8'"))
 @pytest.mark.parametrize("gpus", [7, 12])
 def test_bad_gpus_suggests_a_valid_count(gpus: int) -> None:
     run = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", gpus, *FAST)
@@ -443,11 +427,6 @@ def test_evaluate_without_cluster() -> None:
     assert_bad_input(run, "CLUSTER")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/cli.py solve / autoshard/search: pins are not validated like `evaluate` does; "
-    "--tp 3 (does not divide 32 heads), --tp 4 --pp 4 and --pp 3 (do not divide 8 GPUs) end as "
-    "InfeasibleError exit 1 'no candidate' / 'no plan fits ... (0 GiB each)' instead of exit 2 naming the "
-    "flag and the rule; run check_dims / the GPU-count divisibility on the pinned degrees first"))
 @pytest.mark.parametrize(("degrees", "fixes"), [
     pytest.param(["--tp", "3"], ["--tp", "heads"], id="tp-not-dividing-heads"),
     pytest.param(["--tp", "4", "--pp", "4"], ["--tp", "8 GPUs"], id="product-exceeds-gpus"),
@@ -458,11 +437,6 @@ def test_solve_pins_are_validated_like_evaluate(degrees: list[str], fixes: list[
     assert_bad_input(run, *fixes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/cli.py study: --jobs defaults to 0 but is declared min=1, so every `study` without --jobs "
-    "fails with 'Invalid value for --jobs'; and `from autoshard.study import run_study_cli` runs before "
-    "_parse_sizes/_parse_prices while autoshard/study.py does not exist (ModuleNotFoundError traceback). "
-    "Fix: min=0 (or default None), parse --gpus/--price before the import, add autoshard/study.py"))
 @pytest.mark.parametrize(("extra", "fixes"), [
     pytest.param(["--gpus", "8,x"], ["--gpus", "comma-separated", "64,128"], id="gpus-not-numbers"),
     pytest.param(["--gpus", "0"], ["--gpus", "positive"], id="gpus-zero"),
@@ -503,11 +477,6 @@ def test_evaluate_plan_that_does_not_fit() -> None:
     assert_infeasible(run, "does not fit", "needs", "GiB", "--recompute full")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autoshard/search/run.py _infeasible: `have = prep.capacity_gib or 0.0` prints '(0 GiB each)' when "
-    "every candidate was pruned before the memory check, and the headline 'no plan fits' blames memory "
-    "although the blocker is batch divisibility; fall back to cluster.primary.gpu.hbm_gib and lead with "
-    "the prune reasons when no candidate reached the memory check"))
 def test_infeasible_for_divisibility_does_not_report_zero_memory() -> None:
     run = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mbs", "3", "--global-batch-size", "8",
               *FAST)
