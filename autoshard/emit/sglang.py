@@ -1,0 +1,123 @@
+"""ServePlan -> `python -m sglang.launch_server` command lines (SGLang 0.5 flag names and rules).
+
+SGLang counts GPUs as tp_size x pp_size x dp_size; expert parallelism and attention data parallelism
+are carved out of the TP group. So a vLLM plan TP t x DP d with expert parallelism becomes
+`--tp-size t*d --attn-dp-size d --ep-size t*d` (attention TP t per DP rank, experts over all t*d).
+
+One line per node (head first). SGLang rejects `--dp-size > 1` with `--nnodes > 1`, so:
+- replicas of an engine that fits one node: one server per node with `--dp-size` = the replicas it holds
+  (put a router, e.g. sglang_router, in front);
+- engines spanning nodes: `--nnodes N --node-rank R --dist-init-addr HEAD:5000` per engine; replica
+  i > 0 uses its own head address `$HEAD_IP_<i>`.
+
+`--mem-fraction-static` is the share of HBM for weights plus the KV pool: the plan's vLLM budget minus
+the activation and graph memory SGLang keeps outside it. Weights: fp8 -> `--quantization fp8`, int8 ->
+`w8a8_int8`, int4 -> `awq_marlin` (the last two need a quantized checkpoint). KV cache: `auto` or `fp8_e4m3`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.emit.vllm import HEAD_ADDRESS
+from autoshard.serve_plan import ServePlan
+from autoshard.specs.job import WeightDtype
+
+__all__ = [
+    "sglang_command",
+    "sglang_node_commands",
+    "mem_fraction_static",
+    "SGLANG_QUANTIZATION",
+    "SGLANG_KV_CACHE_DTYPE",
+]
+
+DIST_INIT_PORT = 5000
+SGLANG_QUANTIZATION: dict[WeightDtype, str | None] = {
+    WeightDtype.BF16: None,
+    WeightDtype.FP8: "fp8",
+    WeightDtype.INT8: "w8a8_int8",
+    WeightDtype.INT4: "awq_marlin",
+}
+SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8_e4m3"}
+
+
+def mem_fraction_static(plan: ServePlan) -> float:
+    """Weights + KV pool as a fraction of HBM, rounded down to 0.01 and kept inside (0, 1)."""
+    mem = plan.prediction.memory
+    static = mem.budget_bytes - mem.activation_bytes - mem.overhead_bytes
+    return min(0.95, max(0.05, math.floor(100 * static / mem.capacity_bytes) / 100))
+
+
+def _base(plan: ServePlan, *, dp: int) -> list[str]:
+    tp = plan.tp * plan.dp_attention
+    words = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        plan.model_path,
+        "--tp-size",
+        str(tp),
+        "--pp-size",
+        str(plan.pp),
+    ]
+    if dp > 1:
+        words += ["--dp-size", str(dp)]
+    if plan.expert_parallel:
+        if plan.dp_attention > 1:
+            words += ["--attn-dp-size", str(plan.dp_attention)]
+        words += ["--ep-size", str(plan.ep)]
+    running = plan.max_num_seqs * plan.dp_attention
+    words += [
+        "--context-length",
+        str(plan.max_model_len),
+        "--mem-fraction-static",
+        f"{mem_fraction_static(plan):.2f}",
+        "--max-running-requests",
+        str(running),
+        "--chunked-prefill-size",
+        str(plan.max_num_batched_tokens),
+        "--kv-cache-dtype",
+        SGLANG_KV_CACHE_DTYPE[plan.job.kv_cache_dtype],
+    ]
+    quant = SGLANG_QUANTIZATION[plan.job.weight_dtype]
+    if quant:
+        words += ["--quantization", quant]
+    return words
+
+
+def _multi_node(base: list[str], nodes: int, head: str) -> list[str]:
+    return [
+        " ".join(
+            base
+            + ["--nnodes", str(nodes), "--node-rank", str(k), "--dist-init-addr", f"{head}:{DIST_INIT_PORT}"]
+        )
+        for k in range(nodes)
+    ]
+
+
+def sglang_node_commands(plan: ServePlan) -> list[str]:
+    """The command for every node of the deployment, head node first."""
+    per_node = plan.pool.node.gpus_per_node
+    if plan.num_gpus <= per_node:
+        return [" ".join(_base(plan, dp=plan.replicas))]
+    engine = plan.engine_gpus
+    if plan.expert_parallel:
+        return _multi_node(_base(plan, dp=1), -(-engine // per_node), HEAD_ADDRESS)
+    if engine <= per_node:
+        local = per_node // engine
+        nodes = -(-plan.replicas // local)
+        return [" ".join(_base(plan, dp=min(local, plan.replicas - k * local))) for k in range(nodes)]
+    out: list[str] = []
+    for i in range(plan.replicas):
+        head = HEAD_ADDRESS if i == 0 else f"{HEAD_ADDRESS}_{i}"
+        out += _multi_node(_base(plan, dp=1), -(-engine // per_node), head)
+    return out
+
+
+def sglang_command(plan: ServePlan, *, node_rank: int = 0) -> str:
+    """The SGLang launch line for one node (the head node by default)."""
+    commands = sglang_node_commands(plan)
+    if not 0 <= node_rank < len(commands):
+        raise ValueError(f"node_rank {node_rank} out of range: the deployment has {len(commands)} nodes")
+    return commands[node_rank]

@@ -1,0 +1,119 @@
+"""ServePlan -> `vllm serve` command lines (vLLM 0.33 flag names and rules).
+
+One line per node. A deployment that fits one node is one command. Beyond one node:
+- engines of at most one node (data-parallel ranks spread over nodes): vLLM's multi-node data
+  parallelism, `--data-parallel-size D --data-parallel-size-local L --data-parallel-address HEAD
+  --data-parallel-rpc-port P` on every node, `--headless --data-parallel-start-rank` on all but the head;
+- engines that span nodes (TP x PP beyond one node; TP itself never leaves a node): the multiprocessing
+  executor over nodes, `--nnodes N --node-rank R --master-addr HEAD --master-port P
+  --distributed-executor-backend mp`, `--headless` on all but the head.
+`$HEAD_IP` is left for the shell to expand: export it on every node before running the line.
+
+Weights: fp8 is `--quantization fp8` (vLLM quantizes a BF16 checkpoint on load); int8 is vLLM's
+weight-only `int8_per_channel_weight_only`; int4 is `awq_marlin`, which needs an AWQ checkpoint of the
+model as the model path. The KV cache is `auto` (the model dtype) or `fp8`.
+"""
+
+from __future__ import annotations
+
+from autoshard.serve_plan import ServePlan
+from autoshard.specs.job import WeightDtype
+
+__all__ = ["vllm_command", "vllm_node_commands", "VLLM_QUANTIZATION", "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS"]
+
+HEAD_ADDRESS = "$HEAD_IP"
+DP_RPC_PORT = 13345
+MASTER_PORT = 29501
+
+VLLM_QUANTIZATION: dict[WeightDtype, str | None] = {
+    WeightDtype.BF16: None,
+    WeightDtype.FP8: "fp8",
+    WeightDtype.INT8: "int8_per_channel_weight_only",
+    WeightDtype.INT4: "awq_marlin",
+}
+VLLM_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8"}
+
+
+def _base(plan: ServePlan) -> list[str]:
+    words = [
+        "vllm",
+        "serve",
+        plan.model_path,
+        "--tensor-parallel-size",
+        str(plan.tp),
+        "--pipeline-parallel-size",
+        str(plan.pp),
+    ]
+    if plan.dp > 1:
+        words += ["--data-parallel-size", str(plan.dp)]
+    if plan.expert_parallel:
+        words.append("--enable-expert-parallel")
+    words += [
+        "--max-model-len",
+        str(plan.max_model_len),
+        "--gpu-memory-utilization",
+        f"{plan.gpu_memory_utilization:.2f}",
+        "--max-num-seqs",
+        str(plan.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(plan.max_num_batched_tokens),
+        "--kv-cache-dtype",
+        VLLM_KV_CACHE_DTYPE[plan.job.kv_cache_dtype],
+    ]
+    quant = VLLM_QUANTIZATION[plan.job.weight_dtype]
+    if quant:
+        words += ["--quantization", quant]
+    return words
+
+
+def vllm_node_commands(plan: ServePlan) -> list[str]:
+    """The command for every node of the deployment, head node first."""
+    per_node = plan.pool.node.gpus_per_node
+    rank_gpus = plan.tp * plan.pp
+    base = _base(plan)
+    if plan.num_gpus <= per_node:
+        return [" ".join(base)]
+    if rank_gpus <= per_node:
+        local = per_node // rank_gpus
+        nodes = -(-plan.dp // local)
+        out = []
+        for k in range(nodes):
+            words = base + [
+                "--data-parallel-size-local",
+                str(min(local, plan.dp - k * local)),
+                "--data-parallel-address",
+                HEAD_ADDRESS,
+                "--data-parallel-rpc-port",
+                str(DP_RPC_PORT),
+            ]
+            if k:
+                words += ["--headless", "--data-parallel-start-rank", str(k * local)]
+            out.append(" ".join(words))
+        return out
+    nodes = -(-plan.num_gpus // per_node)
+    out = []
+    for k in range(nodes):
+        words = base + [
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(k),
+            "--master-addr",
+            HEAD_ADDRESS,
+            "--master-port",
+            str(MASTER_PORT),
+            "--distributed-executor-backend",
+            "mp",
+        ]
+        if k:
+            words.append("--headless")
+        out.append(" ".join(words))
+    return out
+
+
+def vllm_command(plan: ServePlan, *, node_rank: int = 0) -> str:
+    """The `vllm serve` line for one node (the head node by default)."""
+    commands = vllm_node_commands(plan)
+    if not 0 <= node_rank < len(commands):
+        raise ValueError(f"node_rank {node_rank} out of range: the deployment has {len(commands)} nodes")
+    return commands[node_rank]

@@ -1,0 +1,697 @@
+"""Serving search: enumerate vLLM-legal engines (TP, PP, expert parallelism, attention DP) with a
+reason for every candidate dropped, tabulate each at a ladder of concurrencies with the serving cost
+model, and let CP-SAT pick one row.
+
+Objective: without a request rate, maximize the output tokens/s the deployment delivers per GPU of
+the cluster (idle GPUs count as zero), subject to TPOT <= target and TTFT <= target. With a request
+rate, minimize the GPUs that sustain it (ties: the higher throughput per GPU). Only integers reach the
+solver: one index variable selects a table row and `add_element` reads its columns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from ortools.sat.python import cp_model
+
+from autoshard.costmodel.serving import (
+    ServeConfig,
+    ServePrediction,
+    StepTime,
+    concurrency_ladder,
+    default_max_num_batched_tokens,
+    kv_cache_bytes_per_token_per_gpu,
+    kv_limited_concurrency,
+    predict_serve,
+    prefill_time,
+    serve_memory,
+    stage_layers,
+    total_weight_bytes,
+)
+from autoshard.errors import InfeasibleError, SolverError, SpecError
+from autoshard.plan import SolverStats
+from autoshard.serve_plan import ServePlan
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
+from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.model import AttentionKind, ModelSpec
+from autoshard.units import GIB, time_to_us
+
+__all__ = [
+    "Engine",
+    "ServeSpace",
+    "Row",
+    "enumerate_serve",
+    "tabulate",
+    "solve_serve",
+    "evaluate_serve",
+    "evaluate_vllm",
+    "GPU_MEMORY_UTILIZATION",
+    "MAX_CONCURRENCY",
+]
+
+GPU_MEMORY_UTILIZATION = 0.90
+"""The planner's vLLM --gpu-memory-utilization: vLLM's default is 0.92 (0.90 before); 0.90 leaves room
+for the CUDA context and allocator slack outside vLLM's budget."""
+MAX_CONCURRENCY = 1024
+"""Largest --max-num-seqs tabulated (vLLM's default on 70+ GiB GPUs)."""
+PP_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
+DP_ATTENTION_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+TIE_SCALE = 1_000_000
+PINNABLE = ("tp", "pp", "dp", "ep")
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    pool: int
+    tp: int
+    pp: int
+    dp_attention: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp_attention
+
+    @property
+    def ep(self) -> int:
+        return self.tp * self.dp_attention if self.expert_parallel else 1
+
+    def label(self) -> str:
+        ep = f" EP{self.ep} (attention DP{self.dp_attention})" if self.expert_parallel else ""
+        return f"TP{self.tp} PP{self.pp}{ep}"
+
+
+@dataclass(slots=True)
+class ServeSpace:
+    engines: list[Engine] = field(default_factory=list)
+    pruned: list[tuple[str, str]] = field(default_factory=list)
+    """(candidate, reason) for every candidate dropped."""
+    enumerated: int = 0
+    closest: tuple[Engine, float, float, float] | None = None
+    """The memory-pruned engine nearest to fitting: (engine, bytes per GPU it needs, bytes it has,
+    KV-cache bytes per token per GPU)."""
+
+    def reasons(self) -> Counter[str]:
+        return Counter(reason for _, reason in self.pruned)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One engine at one concurrency, deployed `replicas` times."""
+
+    engine: Engine
+    config: ServeConfig
+    prediction: ServePrediction
+    replicas: int
+    objective: int
+    tpot_us: int
+    ttft_us: int
+
+    @property
+    def gpus(self) -> int:
+        return self.engine.gpus * self.replicas
+
+    @property
+    def throughput(self) -> float:
+        return self.prediction.throughput_tokens_per_s * self.replicas
+
+
+# --------------------------------------------------------------------------- candidate space
+
+
+def _tp_choices(domain: int) -> list[int]:
+    powers = {2**k for k in range(8) if 2**k <= 2 * domain}
+    return sorted(powers | {d for d in range(1, domain + 1) if domain % d == 0})
+
+
+def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bool = True) -> str | None:
+    """vLLM's rules for one engine on one pool; the reason it is illegal, or None."""
+    heads, node = model.num_attention_heads, pool.node
+    if heads % e.tp:
+        return f"TP {e.tp} does not divide the {heads} attention heads"
+    if model.attention is AttentionKind.GQA and model.kv_heads % e.tp and e.tp % model.kv_heads:
+        return f"TP {e.tp} and the {model.kv_heads} KV heads must divide one another"
+    if e.tp > node.domain_size:
+        return f"TP {e.tp} would leave the {node.domain_size}-GPU NVLink domain (TP stays inside one)"
+    if e.pp > model.num_layers:
+        return f"PP {e.pp} exceeds the {model.num_layers} decoder layers"
+    if e.expert_parallel:
+        assert model.moe is not None
+        if e.ep < 2:
+            return "expert parallelism needs TP x DP >= 2"
+        if model.moe.num_experts % e.ep:
+            return f"EP {e.ep} does not divide the {model.moe.num_experts} experts"
+    if check_size and e.gpus > pool.num_gpus:
+        return f"the engine needs {e.gpus} GPUs; pool '{pool.name}' has {pool.num_gpus}"
+    per_node = node.gpus_per_node
+    if pool.num_nodes > 1 and (
+        (e.gpus < per_node and per_node % e.gpus) or (e.gpus > per_node and e.gpus % per_node)
+    ):
+        return f"an engine of {e.gpus} GPUs does not pack into {per_node}-GPU nodes"
+    return None
+
+
+def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
+    if "tp" in pins and e.tp != pins["tp"]:
+        return f"pinned tp={pins['tp']}"
+    if "pp" in pins and e.pp != pins["pp"]:
+        return f"pinned pp={pins['pp']}"
+    if "ep" in pins and e.ep != pins["ep"]:
+        return f"pinned ep={pins['ep']}"
+    if "dp" in pins and e.expert_parallel and e.dp_attention != pins["dp"]:
+        return f"pinned dp={pins['dp']}"
+    return None
+
+
+def enumerate_serve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    *,
+    pins: dict[str, int] | None = None,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+) -> ServeSpace:
+    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons."""
+    pins = dict(pins or {})
+    bad = set(pins) - set(PINNABLE)
+    if bad:
+        raise SpecError(f"cannot pin {sorted(bad)} for serving; pin one of {', '.join(PINNABLE)}")
+    space = ServeSpace()
+    for pi, pool in enumerate(cluster.pools):
+        for tp in _tp_choices(pool.node.domain_size):
+            for pp in PP_CHOICES:
+                options: list[tuple[int, bool]] = [(1, False)]
+                if model.is_moe:
+                    options += [(d, True) for d in DP_ATTENTION_CHOICES]
+                for dpa, ep_on in options:
+                    e = Engine(pi, tp, pp, dpa, ep_on)
+                    if e.gpus > 2 * pool.num_gpus and (tp > 1 or pp > 1 or dpa > 1):
+                        continue  # far beyond the pool: not a candidate worth listing
+                    space.enumerated += 1
+                    label = f"{pool.name}: {e.label()}"
+                    reason = _engine_rules(model, pool, e) or _pinned_out(e, pins)
+                    if reason is None:
+                        cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
+                        mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+                        reason = mem.problem()
+                        if reason is None and kv_limited_concurrency(mem, job) < 1:
+                            reason = f"the KV cache holds {mem.kv_cache_tokens} tokens, less than one request"
+                        if reason is not None:
+                            per_token = max(
+                                kv_cache_bytes_per_token_per_gpu(
+                                    model, tp=tp, layers=st.decoders, dtype=job.kv_cache_dtype
+                                )
+                                for st in stage_layers(model, pp)
+                            )
+                            need = mem.non_kv_bytes + job.context_len * per_token
+                            if (
+                                space.closest is None
+                                or need - mem.budget_bytes < space.closest[1] - space.closest[2]
+                            ):
+                                space.closest = (e, need, mem.budget_bytes, per_token)
+                    if reason is None:
+                        space.engines.append(e)
+                    else:
+                        space.pruned.append((label, reason))
+    return space
+
+
+def _config(
+    model: ModelSpec,
+    pool: PoolSpec,
+    job: ServeJob,
+    e: Engine,
+    *,
+    max_num_seqs: int,
+    util: float = GPU_MEMORY_UTILIZATION,
+    max_num_batched_tokens: int | None = None,
+) -> ServeConfig:
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu)
+    return ServeConfig(
+        tp=e.tp,
+        pp=e.pp,
+        dp_attention=e.dp_attention,
+        expert_parallel=e.expert_parallel,
+        weight_dtype=job.weight_dtype,
+        kv_cache_dtype=job.kv_cache_dtype,
+        gpu_memory_utilization=util,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(budget, max_num_seqs),
+    )
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def tabulate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    space: ServeSpace,
+    *,
+    pins: dict[str, int] | None = None,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+) -> tuple[list[Row], Counter[str]]:
+    """Rows of each legal engine at the concurrencies its KV cache allows, with the replicas the
+    objective implies. Throughput, TPOT and TTFT all grow with concurrency, so a row is dominated by
+    any higher concurrency of the same engine that still meets the targets: the ladder is bisected
+    for the highest such concurrency and only the rows evaluated on the way are kept (the solver still
+    checks every target itself). Rows that cannot be deployed are counted by reason."""
+    pins = pins or {}
+    dropped: Counter[str] = Counter()
+    rows: list[Row] = []
+    for e in space.engines:
+        pool = cluster.pools[e.pool]
+        top = serve_memory(
+            model,
+            pool.gpu,
+            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization),
+            context_len=job.context_len,
+        )
+        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job))))
+        prefill = prefill_time(
+            model,
+            pool,
+            _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization),
+            prompt_len=job.input_len,
+        )
+        make = partial(
+            _row,
+            model=model,
+            cluster=cluster,
+            job=job,
+            engine=e,
+            pool=pool,
+            prefill=prefill,
+            pins=pins,
+            dropped=dropped,
+            util=gpu_memory_utilization,
+        )
+        evaluated = _bisect(job, ladder, make)
+        dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
+        rows += [r for _, r in sorted(evaluated.items()) if r is not None]
+    return rows, dropped
+
+
+def _bisect(job: ServeJob, ladder: list[int], make: Callable[[int], Row | None]) -> dict[int, Row | None]:
+    """Rows at the ladder concurrencies bisection visits while looking for the highest one that meets
+    the targets (the top of the ladder when it does)."""
+    evaluated: dict[int, Row | None] = {}
+
+    def ok(i: int) -> bool:
+        if i not in evaluated:
+            evaluated[i] = make(ladder[i])
+        r = evaluated[i]
+        return r is not None and _meets(job, r)
+
+    lo, hi = 0, len(ladder) - 1
+    if ok(hi) or not ok(lo):
+        return evaluated
+    while hi - lo > 1:  # ok(lo) holds, ok(hi) does not
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return evaluated
+
+
+def _meets(job: ServeJob, row: Row) -> bool:
+    if job.tpot_target_s is not None and row.tpot_us > time_to_us(job.tpot_target_s):
+        return False
+    return job.ttft_target_s is None or row.ttft_us <= time_to_us(job.ttft_target_s)
+
+
+def _row(
+    batch: int,
+    *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    engine: Engine,
+    pool: PoolSpec,
+    prefill: StepTime,
+    pins: dict[str, int],
+    dropped: Counter[str],
+    util: float,
+) -> Row | None:
+    cfg = _config(model, pool, job, engine, max_num_seqs=batch, util=util)
+    mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    if mem.problem() or kv_limited_concurrency(mem, job) < batch:
+        dropped["concurrency beyond the KV cache"] += 1
+        return None
+    pred = predict_serve(model, pool, job, cfg, concurrency=batch, memory=mem, prefill=prefill)
+    replicas = _replicas(engine, pool, job, pred, pins)
+    if replicas is None:
+        dropped["the request rate needs more GPUs than the pool has"] += 1
+        return None
+    throughput = pred.throughput_tokens_per_s * replicas
+    gpus = engine.gpus * replicas
+    if job.request_rate is None:
+        objective = int(throughput * 1000 / cluster.num_gpus)
+    else:
+        objective = gpus * TIE_SCALE - min(int(throughput / gpus), TIE_SCALE - 1)
+    return Row(engine, cfg, pred, replicas, objective, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
+
+
+def _replicas(
+    e: Engine, pool: PoolSpec, job: ServeJob, pred: ServePrediction, pins: dict[str, int]
+) -> int | None:
+    if e.expert_parallel:
+        if job.request_rate is not None and pred.requests_per_s < job.request_rate:
+            return None
+        return 1
+    most = pool.num_gpus // e.gpus
+    if "dp" in pins:
+        return pins["dp"] if pins["dp"] <= most else None
+    if job.request_rate is None:
+        return most
+    need = math.ceil(job.request_rate / pred.requests_per_s - 1e-9)
+    return need if need <= most else None
+
+
+# --------------------------------------------------------------------------- CP-SAT
+
+
+@dataclass(slots=True)
+class _Model:
+    cp: cp_model.CpModel
+    row: cp_model.IntVar
+    engine: cp_model.IntVar
+    objective: cp_model.IntVar
+
+
+def _build(rows: list[Row], engines: list[Engine], job: ServeJob) -> _Model:
+    cp = cp_model.CpModel()
+    row = cp.new_int_var(0, len(rows) - 1, "row")
+    engine_ids = [engines.index(r.engine) for r in rows]
+    engine = cp.new_int_var(0, len(engines) - 1, "engine")
+    cp.add_element(row, engine_ids, engine)
+    if job.tpot_target_s is not None:
+        tpot = cp.new_int_var(0, max(r.tpot_us for r in rows), "tpot_us")
+        cp.add_element(row, [r.tpot_us for r in rows], tpot)
+        cp.add(tpot <= time_to_us(job.tpot_target_s))
+    if job.ttft_target_s is not None:
+        ttft = cp.new_int_var(0, max(r.ttft_us for r in rows), "ttft_us")
+        cp.add_element(row, [r.ttft_us for r in rows], ttft)
+        cp.add(ttft <= time_to_us(job.ttft_target_s))
+    values = [r.objective for r in rows]
+    objective = cp.new_int_var(min(values), max(values), "objective")
+    cp.add_element(row, values, objective)
+    if job.request_rate is None:
+        cp.maximize(objective)
+    else:
+        cp.minimize(objective)
+    return _Model(cp, row, engine, objective)
+
+
+def _objective_units(job: ServeJob, value: float) -> float:
+    """Integer objective -> tokens/s per cluster GPU, or GPUs (rate mode)."""
+    if job.request_rate is None:
+        return value / 1000
+    return float(math.ceil(value / TIE_SCALE - 1e-9))
+
+
+def solve_serve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    *,
+    pins: dict[str, int] | None,
+    top_k: int,
+    time_limit_s: float,
+    num_workers: int = 8,
+    seed: int = 0,
+) -> list[ServePlan]:
+    """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
+
+    Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
+    when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
+    start = time.perf_counter()
+    if job.context_len > model.max_position_embeddings:
+        raise SpecError(
+            f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
+            f"{model.max_position_embeddings}: shorten the requests or --max-model-len"
+        )
+    if top_k < 1:
+        raise SpecError(f"top_k must be at least 1, got {top_k}")
+    space = enumerate_serve(model, cluster, job, pins=pins)
+    if not space.engines:
+        raise InfeasibleError(_no_engine_message(model, cluster, job, space))
+    rows, dropped = tabulate(model, cluster, job, space, pins=pins)
+    if not rows:
+        raise InfeasibleError(_rate_message(model, cluster, job, space))
+    pruned = space.reasons() + dropped
+    built = _build(rows, space.engines, job)
+    setup_s = time.perf_counter() - start
+    sign = 1 if job.request_rate is None else -1
+    built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    plans: list[ServePlan] = []
+    while len(plans) < top_k:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.num_workers = num_workers
+        solver.parameters.random_seed = seed
+        solver.parameters.relative_gap_limit = 0.0
+        t0 = time.perf_counter()
+        status = solver.solve(built.cp)
+        wall = time.perf_counter() - t0 + (setup_s if not plans else 0.0)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if plans and status == cp_model.INFEASIBLE:
+                break
+            if status == cp_model.INFEASIBLE:
+                raise InfeasibleError(_target_message(job, rows))
+            raise SolverError(
+                f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s: raise --time-limit"
+            )
+        chosen = rows[solver.value(built.row)]
+        stats = SolverStats(
+            status=solver.status_name(status),
+            wall_s=wall,
+            objective=_objective_units(job, solver.objective_value),
+            bound=_objective_units(job, solver.best_objective_bound),
+            conflicts=solver.num_conflicts,
+            branches=solver.num_branches,
+            candidates=space.enumerated,
+            candidates_in_model=len(rows),
+            pruned=dict(pruned),
+        )
+        plans.append(_plan(model, cluster, job, chosen, stats))
+        built.cp.add(built.engine != space.engines.index(chosen.engine))
+    return plans
+
+
+def _plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    row: Row,
+    stats: SolverStats,
+    warnings: tuple[str, ...] = (),
+) -> ServePlan:
+    from autoshard.emit.sglang import sglang_command
+    from autoshard.emit.vllm import vllm_command
+
+    e, cfg = row.engine, row.config
+    dp = e.dp_attention if e.expert_parallel else row.replicas
+    plan = ServePlan(
+        model=model,
+        cluster=cluster,
+        job=job,
+        tp=e.tp,
+        pp=e.pp,
+        dp=dp,
+        ep=e.ep,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        prediction=row.prediction,
+        solver=stats,
+        pool_index=e.pool,
+        warnings=warnings,
+    )
+    return plan.with_launch({"vllm": vllm_command(plan), "sglang": sglang_command(plan)})
+
+
+# --------------------------------------------------------------------------- evaluate a given plan
+
+
+def evaluate_serve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    *,
+    tp: int,
+    pp: int = 1,
+    dp: int = 1,
+    expert_parallel: bool = False,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    pool: int = 0,
+    warnings: tuple[str, ...] = (),
+) -> ServePlan:
+    """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
+    EP = TP x DP over one engine). Raises InfeasibleError if it would not start, SpecError if illegal."""
+    if not 0 <= pool < len(cluster.pools):
+        raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
+    spec = cluster.pools[pool]
+    warn = list(warnings)
+    if expert_parallel and not model.is_moe:
+        warn.append("--enable-expert-parallel has no effect on a dense model; ignored")
+        expert_parallel = False
+    e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel)
+    replicas = 1 if expert_parallel else dp
+    reason = _engine_rules(model, spec, e, check_size=False)
+    if reason:
+        raise SpecError(f"{e.label()} is not a legal vLLM engine for {model.name}: {reason}")
+    if e.gpus * replicas > spec.num_gpus:
+        raise InfeasibleError(
+            f"TP{tp} x PP{pp} x DP{dp} needs {e.gpus * replicas} GPUs; pool '{spec.name}' has "
+            f"{spec.num_gpus}: use fewer replicas or a larger --gpus"
+        )
+    seqs = max_num_seqs or (1024 if spec.gpu.hbm_gib >= 70 and "A100" not in spec.gpu.name.upper() else 256)
+    cfg = _config(
+        model,
+        spec,
+        job,
+        e,
+        max_num_seqs=seqs,
+        util=gpu_memory_utilization,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    pred = predict_serve(model, spec, job, cfg)
+    stats = SolverStats(
+        status="EVALUATED",
+        wall_s=0.0,
+        objective=pred.tokens_per_s_per_gpu,
+        bound=pred.tokens_per_s_per_gpu,
+        candidates=1,
+        candidates_in_model=0,
+    )
+    row = Row(e, cfg, pred, replicas, 0, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
+    return _plan(model, cluster, job, row, stats, tuple(warn))
+
+
+def evaluate_vllm(model: ModelSpec, cluster: ClusterSpec, command: str, *, job: ServeJob) -> ServePlan:
+    """`evaluate --from-vllm`: read the plan from a `vllm serve` command line and predict it. The
+    command's --max-model-len, --quantization and --kv-cache-dtype override the job's."""
+    from autoshard.emit.serve_parse import parse_vllm
+
+    parsed = parse_vllm(command)
+    return evaluate_serve(
+        model,
+        cluster,
+        parsed.apply_to(job),
+        tp=parsed.tp,
+        pp=parsed.pp,
+        dp=parsed.dp,
+        expert_parallel=parsed.enable_expert_parallel,
+        gpu_memory_utilization=parsed.gpu_memory_utilization,
+        max_num_seqs=parsed.max_num_seqs,
+        max_num_batched_tokens=parsed.max_num_batched_tokens,
+        warnings=parsed.warnings,
+    )
+
+
+# --------------------------------------------------------------------------- infeasibility messages
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:,.0f} GiB" if x >= 10 * GIB else f"{x / GIB:.1f} GiB"
+
+
+def _no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    reasons = space.reasons()
+    if space.closest is None:
+        top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
+        return f"no vLLM engine is legal for {model.name} on {cluster.name}: {top}"
+    engine, need, has, per_token = space.closest
+    pool = cluster.pools[engine.pool]
+    where = "this node has" if pool.num_nodes == 1 else f"these {pool.num_gpus} GPUs have"
+    hbm = pool.num_gpus * pool.gpu.hbm_gib * GIB
+    usable = hbm * GPU_MEMORY_UTILIZATION
+    weights = total_weight_bytes(model, job.weight_dtype)
+    fixes: list[str] = []
+    if weights > usable:
+        head = (
+            f"weights alone need {_gib(weights)} at {job.weight_dtype.value}; {where} {_gib(hbm)} "
+            f"({_gib(usable)} at gpu_memory_utilization {GPU_MEMORY_UTILIZATION:.2f}; {pool.gpu.name})"
+        )
+    else:
+        head = (
+            f"the closest engine for {model.name}, {engine.label()} on {engine.gpus} GPUs, needs "
+            f"{_gib(need)} per GPU "
+            f"(weights, activations, CUDA graphs and one {job.context_len}-token request's KV cache); "
+            f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION:.2f} leaves {_gib(has)} of {pool.gpu.name}'s "
+            f"{pool.gpu.hbm_gib:g} GiB"
+        )
+        room = has - (need - job.context_len * per_token)
+        if room > 0 and any("KV cache holds" in r for r in reasons):
+            fixes.append(f"shorten max_model_len to at most {int(room // per_token)} tokens")
+            if job.kv_cache_dtype is WeightDtype.BF16:
+                fixes.append("use an fp8 KV cache")
+    for dtype in (WeightDtype.FP8, WeightDtype.INT4):
+        w = total_weight_bytes(model, dtype)
+        if w < weights and w < usable * 0.85:
+            fixes.append(f"quantize the weights to {dtype.value} ({_gib(w)})")
+            break
+    per_gpu = pool.gpu.hbm_gib * GIB * GPU_MEMORY_UTILIZATION * 0.85
+    count = math.ceil(weights / per_gpu)
+    per_node = pool.node.gpus_per_node
+    count = per_node * math.ceil(count / per_node) if count > per_node else 1 << (count - 1).bit_length()
+    if count <= pool.num_gpus:
+        count = pool.num_gpus + per_node if pool.num_gpus >= per_node else 2 * pool.num_gpus
+    fixes.append(f"use at least {count} GPUs (--gpus {count})")
+    return head + ": nearest fix: " + "; or ".join(fixes)
+
+
+def _rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    best = 0.0
+    for e in space.engines:
+        pool = cluster.pools[e.pool]
+        cfg = _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY)
+        try:
+            pred = predict_serve(model, pool, job, cfg)
+        except InfeasibleError:
+            continue
+        best = max(best, pred.requests_per_s / e.gpus)
+    rate = job.request_rate or 0.0
+    need = math.ceil(rate / best) if best else 0
+    per_node = cluster.primary.node.gpus_per_node
+    if need > per_node:
+        need = per_node * math.ceil(need / per_node)
+    return (
+        f"sustaining {rate:g} requests/s of {job.input_len}+{job.output_len} tokens needs about {need} "
+        f"GPUs at "
+        f"the best rate per GPU ({best:.3g} req/s); {cluster.name} has {cluster.num_gpus}: "
+        f"nearest fix: use at least {need} GPUs (--gpus), or lower the request rate"
+    )
+
+
+def _target_message(job: ServeJob, rows: list[Row]) -> str:
+    parts = []
+    fastest = min(rows, key=lambda r: r.tpot_us)
+    quickest = min(rows, key=lambda r: r.ttft_us)
+    if job.tpot_target_s is not None and fastest.tpot_us > time_to_us(job.tpot_target_s):
+        parts.append(
+            f"TPOT <= {job.tpot_target_s * 1e3:g} ms (the fastest plan, {fastest.engine.label()} at "
+            f"concurrency {fastest.prediction.concurrency}, reaches {fastest.prediction.tpot_s * 1e3:.1f} ms)"
+        )
+    if job.ttft_target_s is not None and quickest.ttft_us > time_to_us(job.ttft_target_s):
+        parts.append(
+            f"TTFT <= {job.ttft_target_s * 1e3:g} ms (the quickest plan, {quickest.engine.label()}, "
+            f"reaches {quickest.prediction.ttft_s * 1e3:.1f} ms)"
+        )
+    if not parts:
+        parts.append("the TPOT and TTFT targets together (each alone is reachable, not both with one plan)")
+    return (
+        "no plan meets "
+        + " and ".join(parts)
+        + ": nearest fix: relax the target, quantize the weights, or use faster GPUs"
+    )

@@ -1,0 +1,294 @@
+"""The result of serving planning: degrees and engine settings, predictions, the solver certificate
+and launch commands, with the `autoshard.plan/v1` JSON form in mode "serve".
+
+Degrees follow vLLM: an engine is TP x PP GPUs; `dp` counts data-parallel ranks. Without expert
+parallelism every DP rank is an independent replica of the engine. With it (vLLM
+`--enable-expert-parallel`) the MoE layers are sharded over all TP x DP ranks, EP = TP x DP, and the
+DP ranks form one engine that steps in lock-step (attention data parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoshard.costmodel.compute import layer_flops
+from autoshard.costmodel.serving import ServePrediction, decode_context_len, pp_layer_split
+from autoshard.plan import SCHEMA, SolverStats, SolveStatus
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
+from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.units import GIB
+
+__all__ = ["ServePlan", "model_path"]
+
+_HF = re.compile(r"^https?://huggingface\.co/([^/]+/[^/]+?)(?:/|$)")
+
+
+def model_path(model: ModelSpec) -> str:
+    """What to pass to the launcher: the Hugging Face repo id when the spec cites one, else its name."""
+    match = _HF.match(model.source or "")
+    return match.group(1) if match else model.name
+
+
+@dataclass(frozen=True, slots=True)
+class ServePlan:
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: ServeJob
+    tp: int
+    pp: int
+    dp: int
+    """Data-parallel ranks in the deployment (replicas, or attention-DP ranks with expert parallelism)."""
+    ep: int
+    """Expert-parallel size: 1, or TP x DP with expert parallelism."""
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    """Running requests per DP rank (vLLM --max-num-seqs)."""
+    max_num_batched_tokens: int
+    prediction: ServePrediction
+    """One engine (TP x PP GPUs, or the whole deployment with expert parallelism)."""
+    solver: SolverStats
+    launch: dict[str, str] = field(default_factory=dict)
+    pool_index: int = 0
+    warnings: tuple[str, ...] = ()
+    mode: str = "serve"
+
+    def __post_init__(self) -> None:
+        if self.ep not in (1, self.tp * self.dp):
+            raise ValueError(
+                f"ep must be 1 or TP x DP = {self.tp * self.dp} (vLLM's expert parallelism), got {self.ep}"
+            )
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def expert_parallel(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def dp_attention(self) -> int:
+        return self.dp if self.expert_parallel else 1
+
+    @property
+    def replicas(self) -> int:
+        """Independent engines."""
+        return 1 if self.expert_parallel else self.dp
+
+    @property
+    def engine_gpus(self) -> int:
+        return self.tp * self.pp * self.dp_attention
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def pool(self) -> PoolSpec:
+        return self.cluster.pools[self.pool_index]
+
+    @property
+    def max_model_len(self) -> int:
+        return self.job.context_len
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        return self.prediction.throughput_tokens_per_s * self.replicas
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.throughput_tokens_per_s / self.num_gpus
+
+    @property
+    def model_path(self) -> str:
+        return model_path(self.model)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the deployment occupies (whole nodes once it outgrows one)."""
+        per_node = self.pool.node.gpus_per_node
+        return max(1, -(-self.num_gpus // per_node))
+
+    def with_launch(self, launch: dict[str, str]) -> ServePlan:
+        return dataclasses.replace(self, launch=dict(launch))
+
+    def status(self) -> SolveStatus:
+        if self.solver.status == "OPTIMAL":
+            return SolveStatus.OPTIMAL
+        if self.solver.status == "EVALUATED":
+            return SolveStatus.EVALUATED
+        return SolveStatus.FEASIBLE
+
+    def describe(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
+        if self.expert_parallel:
+            parts.append(f"EP{self.ep}")
+        return " ".join(parts)
+
+    def meets_targets(self) -> bool:
+        p, j = self.prediction, self.job
+        ok = j.tpot_target_s is None or p.tpot_s <= j.tpot_target_s
+        ok = ok and (j.ttft_target_s is None or p.ttft_s <= j.ttft_target_s)
+        if j.request_rate is not None:
+            ok = ok and self.throughput_tokens_per_s / j.output_len >= j.request_rate
+        return ok
+
+    # ------------------------------------------------------------------ JSON
+    def _stages(self) -> list[dict[str, Any]]:
+        names = self.model.layer_names
+        pool = self.pool
+        out, start = [], 1
+        for r, n in enumerate(pp_layer_split(self.model.num_layers, self.pp)):
+            lo = 0 if r == 0 else start
+            hi = start + n + (1 if r == self.pp - 1 else 0)
+            start += n
+            first = r * self.tp
+            out.append(
+                {
+                    "index": r,
+                    "layers": list(names[lo:hi]),
+                    "device": (
+                        f"{pool.name}:gpu{first}-{first + self.tp - 1} ({pool.gpu.name}, pp rank {r}"
+                        f"{f', DP rank 0 of {self.dp}' if self.dp > 1 else ''})"
+                    ),
+                    "pool": pool.name,
+                }
+            )
+        return out
+
+    def _model_flops_per_output_token(self) -> float:
+        """Model FLOPs (full attention square, Megatron convention) of one request's prefill and
+        decode, per output token."""
+        j = self.job
+        ctx = decode_context_len(j)
+        total = 0.0
+        for kind in self.model.layer_kinds:
+            if kind is LayerKind.EMBEDDING:
+                continue
+            total += layer_flops(self.model, kind, tokens=j.input_len, seq_len=j.input_len).total
+            total += layer_flops(self.model, kind, tokens=j.output_len, seq_len=round(ctx)).total
+        return total / j.output_len
+
+    def _peak_tflops(self) -> float:
+        gpu = self.pool.gpu
+        if self.job.weight_dtype is WeightDtype.FP8 and gpu.fp8_tflops:
+            return gpu.fp8_tflops
+        return gpu.bf16_tflops
+
+    def to_json(self) -> dict[str, Any]:
+        p, mem, step = self.prediction, self.prediction.memory, self.prediction.decode
+        tflops = self._model_flops_per_output_token() * self.tokens_per_s_per_gpu / 1e12
+        status = self.status()
+        per_stage = [
+            (w + mem.activation_bytes + mem.overhead_bytes + max(mem.kv_cache_bytes, 0.0)) / GIB
+            for w in mem.stage_weights_bytes
+        ]
+        return {
+            "schema": SCHEMA,
+            "status": "optimal" if status is SolveStatus.OPTIMAL else "feasible",
+            "mode": self.mode,
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "num_gpus": self.num_gpus,
+            "plan": {
+                "tp": self.tp,
+                "pp": self.pp,
+                "dp": self.dp,
+                "cp": 1,
+                "ep": self.ep,
+                "etp": 1 if self.expert_parallel else self.tp,
+                "vpp": 1,
+                "micro_batch_size": -(-p.concurrency // self.pp),
+                "global_batch_size": p.concurrency * self.dp,
+                "num_microbatches": self.pp,
+                "sequence_parallel": False,
+                "recompute": "none",
+                "recompute_num_layers": 0,
+                "zero_stage": 0,
+                "seq_len": self.max_model_len,
+                "precision": self.job.weight_dtype.value,
+                "stages": self._stages(),
+                "replicas": self.replicas,
+                "expert_parallel": self.expert_parallel,
+                "attention_dp": self.dp_attention,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_model_len": self.max_model_len,
+                "weight_dtype": self.job.weight_dtype.value,
+                "kv_cache_dtype": self.job.kv_cache_dtype.value,
+                "concurrency_per_dp_rank": p.concurrency,
+                "pool": self.pool.name,
+                "unused_gpus": self.cluster.num_gpus - self.num_gpus,
+            },
+            "predicted": {
+                "step_time_s": p.tpot_s,
+                "tokens_per_s": self.throughput_tokens_per_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "tflops_per_gpu": tflops,
+                "hw_tflops_per_gpu": tflops,
+                "mfu": tflops / self._peak_tflops(),
+                "time_breakdown_s": {
+                    "compute": step.compute_s,
+                    "tp_comm": step.tp_comm_s,
+                    "cp_comm": 0.0,
+                    "ep_comm": step.ep_comm_s,
+                    "pp_comm": step.pp_comm_s,
+                    "dp_comm_exposed": 0.0,
+                    "bubble": 0.0,
+                    "optimizer": 0.0,
+                    "gemm": step.gemm_s,
+                    "attention": step.attention_s,
+                    "elementwise": step.elementwise_s,
+                    "logits": step.logits_s,
+                },
+                "memory_gib": {
+                    "peak": mem.used_bytes / GIB,
+                    "capacity": mem.capacity_bytes / GIB,
+                    "per_stage": per_stage,
+                    "fits": mem.fits,
+                    "breakdown": {
+                        "weights": mem.weights_bytes / GIB,
+                        "grads": 0.0,
+                        "optimizer": 0.0,
+                        "activations": mem.activation_bytes / GIB,
+                        "kv_cache": max(mem.kv_cache_bytes, 0.0) / GIB,
+                        "overhead": mem.overhead_bytes / GIB,
+                    },
+                },
+                "serve": {
+                    "throughput_tokens_per_s": self.throughput_tokens_per_s,
+                    "ttft_s": p.ttft_s,
+                    "tpot_s": p.tpot_s,
+                    "max_concurrency": mem.max_concurrency,
+                    "kv_cache_gib": max(mem.kv_cache_bytes, 0.0) / GIB,
+                    "max_model_len": self.max_model_len,
+                    "kv_cache_tokens": mem.kv_cache_tokens,
+                    "concurrency": p.concurrency * self.dp,
+                    "requests_per_s": self.throughput_tokens_per_s / self.job.output_len,
+                    "throughput_per_engine_tokens_per_s": p.throughput_tokens_per_s,
+                    "prefill_s": p.prefill.total_s,
+                    "input_len": self.job.input_len,
+                    "output_len": self.job.output_len,
+                    "ttft_target_s": self.job.ttft_target_s,
+                    "tpot_target_s": self.job.tpot_target_s,
+                    "request_rate": self.job.request_rate,
+                    "meets_targets": self.meets_targets(),
+                },
+            },
+            "launch": dict(self.launch),
+            "warnings": list(self.warnings),
+            "solver": {
+                "status": self.solver.status,
+                "wall_s": self.solver.wall_s,
+                "objective": self.solver.objective,
+                "bound": self.solver.bound,
+                "gap": self.solver.gap,
+                "conflicts": self.solver.conflicts,
+                "branches": self.solver.branches,
+                "candidates": self.solver.candidates,
+                "candidates_in_model": self.solver.candidates_in_model,
+                "pruned": dict(self.solver.pruned),
+            },
+        }
