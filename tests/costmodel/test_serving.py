@@ -1,0 +1,272 @@
+"""Serving cost model: closed forms, vLLM memory accounting, monotonicity of prefill and decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.costmodel.serving import (
+    ServeConfig,
+    activation_peak_bytes,
+    concurrency_ladder,
+    cuda_graph_capture_sizes,
+    default_max_num_batched_tokens,
+    kv_cache_bytes_per_token,
+    kv_cache_bytes_per_token_per_gpu,
+    pp_layer_split,
+    predict_serve,
+    prefill_time,
+    serve_memory,
+    stage_layers,
+    stage_weight_bytes,
+    step_time,
+    total_weight_bytes,
+    weight_bytes_per_param,
+)
+from autoshard.errors import InfeasibleError
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.units import GIB
+
+LLAMA70 = load_model("llama-3.1-70b")
+LLAMA8 = load_model("llama-3.1-8b")
+LLAMA405 = load_model("llama-3.1-405b")
+DSV3 = load_model("deepseek-v3")
+MIXTRAL = load_model("mixtral-8x7b")
+H100 = load_cluster("dgx-h100")
+POOL1 = H100.with_gpus(1).primary
+POOL8 = H100.with_gpus(8).primary
+JOB = ServeJob(input_len=1000, output_len=1000)
+
+
+def decode(model, pool, cfg, batch, context=1500.0):
+    return step_time(
+        model, pool, cfg, decode_seqs=batch, prefill_tokens=0, prefills=0, prefill_len=1, context_len=context
+    )
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+def test_kv_bytes_per_token_llama_70b():
+    assert kv_cache_bytes_per_token(LLAMA70) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert kv_cache_bytes_per_token(LLAMA70, WeightDtype.FP8) == 327_680 / 2
+
+
+def test_mla_caches_the_latent():
+    assert kv_cache_bytes_per_token(DSV3) == 61 * (512 + 64) * 2 == 70_272
+    # vLLM keeps the whole latent on every TP rank: no sharding, no saving from TP
+    assert kv_cache_bytes_per_token_per_gpu(DSV3, tp=8, layers=61, dtype=WeightDtype.BF16) == 70_272
+
+
+@pytest.mark.parametrize(
+    ("tp", "per_gpu"), [(1, 327_680), (2, 163_840), (4, 81_920), (8, 40_960), (16, 40_960)]
+)
+def test_kv_heads_split_over_tp_then_replicate(tp, per_gpu):
+    assert kv_cache_bytes_per_token_per_gpu(LLAMA70, tp=tp, layers=80, dtype=WeightDtype.BF16) == per_gpu
+
+
+def test_kv_head_replication_at_tp16_doubles_the_cache():
+    per_gpu = kv_cache_bytes_per_token_per_gpu(LLAMA70, tp=16, layers=80, dtype=WeightDtype.BF16)
+    assert per_gpu == 2 * 80 * 1 * 128 * 2  # one whole KV head per rank
+    assert 16 * per_gpu == 2 * kv_cache_bytes_per_token(LLAMA70)  # 8 heads held twice over
+
+
+def test_weights_bf16_fp8_int4():
+    n = LLAMA70.num_params
+    edges = 2 * LLAMA70.vocab_size * LLAMA70.hidden_size  # embedding + lm_head stay BF16
+    assert total_weight_bytes(LLAMA70, WeightDtype.BF16) == pytest.approx(2 * n, rel=1e-9)
+    assert total_weight_bytes(LLAMA70, WeightDtype.FP8) == pytest.approx(n + edges, rel=1e-3)
+    assert weight_bytes_per_param(WeightDtype.INT4) == pytest.approx(0.5 + 2 / 128)
+    assert total_weight_bytes(LLAMA70, WeightDtype.INT4) == pytest.approx(
+        (n - edges) * (0.5 + 2 / 128) + 2 * edges, rel=1e-3
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tp_shards_weights(tp):
+    st = stage_layers(LLAMA70, 1)[0]
+    per_gpu = stage_weight_bytes(LLAMA70, st, tp=tp, ep=1, weight_dtype=WeightDtype.BF16).total
+    assert per_gpu * tp == pytest.approx(total_weight_bytes(LLAMA70, WeightDtype.BF16), rel=2e-3)
+
+
+def test_pp_stages_cover_every_layer_once():
+    for pp in (2, 3, 4, 5):
+        stages = stage_layers(LLAMA405, pp)
+        assert sum(s.decoders for s in stages) == 126
+        assert stages[0].embedding and stages[-1].output
+        w = [
+            stage_weight_bytes(LLAMA405, s, tp=8, ep=1, weight_dtype=WeightDtype.BF16, pp=pp).total
+            for s in stages
+        ]
+        assert sum(w) * 8 == pytest.approx(total_weight_bytes(LLAMA405, WeightDtype.BF16), rel=2e-3)
+
+
+def test_pp_split_follows_vllm_get_pp_indices():
+    # even share, remainder one apiece to the ranks before the last
+    assert pp_layer_split(80, 3) == [27, 27, 26]
+    assert pp_layer_split(126, 4) == [31, 32, 32, 31]
+    assert pp_layer_split(80, 8) == [10] * 8
+
+
+def test_moe_all_experts_in_memory_and_ep_over_dp_shards_them():
+    st = stage_layers(MIXTRAL, 1)[0]
+    tp8 = stage_weight_bytes(MIXTRAL, st, tp=8, ep=1, weight_dtype=WeightDtype.BF16)
+    ep8 = stage_weight_bytes(MIXTRAL, st, tp=8, ep=8, weight_dtype=WeightDtype.BF16)
+    ep16 = stage_weight_bytes(MIXTRAL, st, tp=8, ep=16, weight_dtype=WeightDtype.BF16)
+    all_experts = 32 * 8 * MIXTRAL.expert_params() * 2
+    assert tp8.experts * 8 == pytest.approx(all_experts)  # every expert, 1/TP of each
+    assert ep8.experts == pytest.approx(tp8.experts)  # 1 whole expert per GPU: same bytes
+    assert ep16.experts == pytest.approx(tp8.experts / 2)  # EP = TP x DP spreads over DP too
+
+
+# --------------------------------------------------------------------------- vLLM memory accounting
+
+
+def test_vllm_memory_identity():
+    cfg = ServeConfig(tp=1, gpu_memory_utilization=0.9, max_num_seqs=256, max_num_batched_tokens=8192)
+    mem = serve_memory(LLAMA8, POOL1.gpu, cfg, context_len=2048)
+    budget = 0.9 * POOL1.gpu.hbm_gib * GIB
+    assert mem.budget_bytes == pytest.approx(budget)
+    assert mem.kv_cache_bytes == pytest.approx(
+        budget - mem.weights_bytes - mem.activation_bytes - mem.cuda_graph_bytes - mem.non_torch_bytes
+    )
+    per_token = kv_cache_bytes_per_token(LLAMA8)
+    assert mem.kv_cache_tokens % 16 == 0  # whole blocks
+    assert 0 <= mem.kv_cache_bytes / per_token - mem.kv_cache_tokens < 16
+    assert mem.max_concurrency == pytest.approx(mem.kv_cache_tokens / 2048)
+    # vLLM logs for Llama-3.1-8B on one H100 at 0.90: ~15 GiB of weights, ~55 GiB of KV cache
+    assert 14.5 < mem.weights_bytes / GIB < 15.5
+    assert 52 < mem.kv_cache_bytes / GIB < 57
+    assert mem.fits and mem.problem() is None
+
+
+def test_kv_cache_memory_bytes_overrides_the_utilization():
+    cfg = ServeConfig(tp=1, kv_cache_memory_bytes=10 * GIB)
+    mem = serve_memory(LLAMA8, POOL1.gpu, cfg, context_len=2048)
+    assert mem.kv_cache_bytes == 10 * GIB
+    assert mem.kv_cache_tokens == int(10 * GIB / kv_cache_bytes_per_token(LLAMA8)) // 16 * 16
+
+
+def test_activation_peak_grows_with_the_step_budget_and_sampler_rows():
+    small = activation_peak_bytes(LLAMA70, tp=4, ep=1, tokens=2048, num_seqs=256)
+    big = activation_peak_bytes(LLAMA70, tp=4, ep=1, tokens=8192, num_seqs=256)
+    more_rows = activation_peak_bytes(LLAMA70, tp=4, ep=1, tokens=2048, num_seqs=512)
+    assert big > small
+    assert more_rows - small == pytest.approx(256 * LLAMA70.vocab_size * 4 * 3)
+
+
+def test_weights_that_do_not_fit_are_reported():
+    cfg = ServeConfig(tp=1)
+    mem = serve_memory(LLAMA70, POOL1.gpu, cfg, context_len=2048)
+    assert not mem.fits
+    assert "GiB per GPU" in mem.problem()
+    with pytest.raises(InfeasibleError, match="GiB per GPU"):
+        predict_serve(LLAMA70, POOL1, JOB, cfg)
+
+
+def test_max_model_len_beyond_the_kv_cache_does_not_start():
+    cfg = ServeConfig(tp=8, kv_cache_memory_bytes=1 * GIB)
+    mem = serve_memory(LLAMA70, POOL8.gpu, cfg, context_len=131072)
+    assert not mem.fits and "less than one request" in mem.problem()
+
+
+def test_defaults_follow_vllm():
+    assert default_max_num_batched_tokens(POOL1.gpu) == 8192
+    assert default_max_num_batched_tokens(load_cluster("dgx-a100-80gb").primary.gpu) == 2048
+    assert default_max_num_batched_tokens(load_cluster("dgx-b200").primary.gpu) == 16384
+    sizes = cuda_graph_capture_sizes(256)  # capture up to min(2 * max_num_seqs, 512)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512 and len(sizes) == 3 + 31 + 17
+    assert concurrency_ladder(100) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 100]
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_prefill_grows_faster_than_linearly():
+    cfg = ServeConfig(tp=8, max_num_batched_tokens=8192)
+    times = [prefill_time(LLAMA70, POOL8, cfg, prompt_len=n).total_s for n in (1000, 2000, 8000, 32000)]
+    assert times == sorted(times)
+    assert times[3] > 4 * times[2]  # causal attention grows with the square of the length
+
+
+def test_decode_is_hbm_bound_at_batch_1():
+    cfg = ServeConfig(tp=1, weight_dtype=WeightDtype.BF16)
+    t = decode(LLAMA8, POOL1, cfg, 1)
+    weights = total_weight_bytes(LLAMA8, WeightDtype.BF16)
+    floor = weights / (POOL1.gpu.hbm_tbps * 1e12)
+    assert floor < t.total_s < 1.6 * floor
+
+
+def test_decode_step_grows_with_batch_and_context_but_throughput_improves():
+    cfg = ServeConfig(tp=4)
+    steps = [decode(LLAMA70, POOL8, cfg, b).total_s for b in (1, 8, 64, 256, 1024)]
+    assert steps == sorted(steps)
+    per_token = [s / b for s, b in zip(steps, (1, 8, 64, 256, 1024), strict=True)]
+    assert per_token == sorted(per_token, reverse=True)
+    assert decode(LLAMA70, POOL8, cfg, 64, context=8000).total_s > decode(LLAMA70, POOL8, cfg, 64).total_s
+
+
+def test_tp_cuts_latency_and_adds_all_reduces():
+    t1 = decode(LLAMA8, POOL8, ServeConfig(tp=1), 1)
+    t4 = decode(LLAMA8, POOL8, ServeConfig(tp=4), 1)
+    assert t4.total_s < t1.total_s
+    assert t1.tp_comm_s == 0 and t4.tp_comm_s > 0
+
+
+def test_fp8_weights_decode_faster_than_bf16():
+    bf16 = decode(LLAMA70, POOL8, ServeConfig(tp=8), 1)
+    fp8 = decode(LLAMA70, POOL8, ServeConfig(tp=8, weight_dtype=WeightDtype.FP8), 1)
+    assert fp8.gemm_s < 0.7 * bf16.gemm_s
+
+
+def test_moe_decode_reads_only_the_experts_hit():
+    pool = POOL8
+    cfg = ServeConfig(tp=8)
+    one = decode(MIXTRAL, pool, cfg, 1)
+    many = decode(MIXTRAL, pool, cfg, 256)
+    all_weights = total_weight_bytes(MIXTRAL, WeightDtype.BF16) / 8 / (pool.gpu.hbm_tbps * 1e12)
+    assert one.gemm_s < 0.6 * all_weights  # top-2 of 8 experts (plus attention and launch overheads)
+    assert many.gemm_s > all_weights * 0.9  # a big batch touches every expert
+
+
+def test_expert_parallel_adds_all_to_all_only_with_ep():
+    off = decode(MIXTRAL, POOL8, ServeConfig(tp=8), 64)
+    on = decode(MIXTRAL, POOL8, ServeConfig(tp=4, dp_attention=2, expert_parallel=True), 64)
+    assert off.ep_comm_s == 0 and on.ep_comm_s > 0
+
+
+def test_pipeline_adds_sends_and_ticks():
+    cfg = ServeConfig(tp=4, pp=2)
+    pred = predict_serve(LLAMA70, POOL8, JOB, cfg, concurrency=64)
+    assert pred.decode.pp_comm_s > 0
+    assert pred.prefill.pp_comm_s > 0
+
+
+def test_prediction_identities():
+    cfg = ServeConfig(tp=8, max_num_seqs=128)
+    pred = predict_serve(LLAMA70, POOL8, JOB, cfg)
+    assert pred.concurrency == 128  # max_num_seqs binds before the KV cache
+    assert pred.throughput_tokens_per_s == pytest.approx(128 / pred.tpot_s)
+    assert pred.tpot_s == pytest.approx(pred.decode.total_s)
+    assert pred.ttft_s >= pred.prefill.total_s
+    assert pred.requests_per_s == pytest.approx(pred.throughput_tokens_per_s / 1000)
+    low = predict_serve(LLAMA70, POOL8, JOB, cfg, concurrency=1)
+    assert low.ttft_s == pytest.approx(low.prefill.total_s)  # alone: no decodes to ride along
+    assert low.tpot_s < pred.tpot_s and low.throughput_tokens_per_s < pred.throughput_tokens_per_s
+
+
+def test_concurrency_is_capped_by_the_kv_cache():
+    cfg = ServeConfig(tp=2, max_num_seqs=1024, max_num_batched_tokens=8192)
+    pred = predict_serve(LLAMA70, POOL8, JOB, cfg)
+    assert pred.concurrency == pred.memory.kv_cache_tokens // 2000
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        ServeConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="expert-parallel"):
+        ServeConfig(tp=2, dp_attention=2)
+    with pytest.raises(ValueError, match="positive"):
+        ServeConfig(tp=0)
+    assert ServeConfig(tp=4, dp_attention=2, expert_parallel=True).ep == 8
+    assert ServeConfig(tp=4).ep == 1

@@ -1,0 +1,153 @@
+"""SGLang emitter: golden commands and SGLang 0.5's launch rules.
+
+Rules copied from SGLang 0.5.23's `ServerArgs` checks: GPUs = tp_size x pp_size x dp_size; attention DP
+and EP are carved out of the TP group (tp_size % attn_dp_size == 0, ep_size <= tp_size); (tp_size x
+pp_size) % nnodes == 0; --dp-size > 1 with --nnodes > 1 is rejected; --mem-fraction-static in (0, 1);
+--quantization and --kv-cache-dtype are argparse choices. Regenerate the golden files with
+`UPDATE_GOLDEN=1 python -m pytest tests/emit/test_sglang.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from autoshard.emit.sglang import mem_fraction_static, sglang_command, sglang_node_commands
+from autoshard.search.serve import evaluate_serve
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import ServeJob
+
+GOLDEN = Path(__file__).resolve().parent / "golden_serve"
+
+# name: (model, cluster, gpus, weight dtype, kv dtype, tp, pp, dp, expert parallel, max_num_seqs)
+CASES = {
+    "llama8b-h100x1": ("llama-3.1-8b", "dgx-h100", 1, "bf16", "bf16", 1, 1, 1, False, 256),
+    "llama70b-fp8-h100x8-tp4dp2": ("llama-3.1-70b", "dgx-h100", 8, "fp8", "fp8", 4, 1, 2, False, 512),
+    "llama405b-h100x16-tp8pp2": ("llama-3.1-405b", "dgx-h100", 16, "bf16", "bf16", 8, 2, 1, False, 128),
+    "llama405b-fp8-h100x32-tp8pp2dp2": ("llama-3.1-405b", "dgx-h100", 32, "fp8", "fp8", 8, 2, 2, False, 256),
+    "llama70b-h100x32-tp4dp8": ("llama-3.1-70b", "dgx-h100", 32, "bf16", "bf16", 4, 1, 8, False, 256),
+    "mixtral-h100x8-tp2dp4-ep8": ("mixtral-8x7b", "dgx-h100", 8, "bf16", "bf16", 2, 1, 4, True, 256),
+    "deepseekv3-fp8-h200x16-tp8dp2-ep16": ("deepseek-v3", "dgx-h200", 16, "fp8", "bf16", 8, 1, 2, True, 128),
+    "qwen235b-int4-l40sx8-tp4pp2": ("qwen3-235b-a22b", "l40s-pcie", 8, "int4", "fp8", 4, 2, 1, False, 64),
+}
+
+SGLANG_FLAGS = {
+    "--model-path",
+    "--tp-size",
+    "--pp-size",
+    "--dp-size",
+    "--ep-size",
+    "--attn-dp-size",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--mem-fraction-static",
+    "--max-running-requests",
+    "--chunked-prefill-size",
+    "--context-length",
+    "--kv-cache-dtype",
+    "--quantization",
+}
+KV_CACHE_DTYPES = {"auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"}
+QUANTIZATIONS = {
+    "awq",
+    "fp8",
+    "mxfp8",
+    "gptq",
+    "gptq_marlin",
+    "awq_marlin",
+    "bitsandbytes",
+    "gguf",
+    "modelopt",
+    "modelopt_fp8",
+    "modelopt_fp4",
+    "w8a8_int8",
+    "w8a8_fp8",
+    "moe_wna16",
+    "w4afp8",
+    "mxfp4",
+}
+
+
+def build(name):
+    model, cluster, gpus, wd, kv, tp, pp, dp, ep, seqs = CASES[name]
+    job = ServeJob(input_len=1000, output_len=1000, weight_dtype=wd, kv_cache_dtype=kv)
+    return evaluate_serve(
+        load_model(model),
+        load_cluster(cluster).with_gpus(gpus),
+        job,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        expert_parallel=ep,
+        max_num_seqs=seqs,
+    )
+
+
+def flags(command: str) -> dict[str, str]:
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "sglang.launch_server"]
+    out: dict[str, str] = {}
+    for name, value in zip(words[3::2], words[4::2], strict=True):
+        assert name in SGLANG_FLAGS, name
+        assert name not in out
+        out[name] = value
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name):
+    text = "\n".join(sglang_node_commands(build(name))) + "\n"
+    path = GOLDEN / f"{name}.sglang.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_node_command_follows_sglang_rules(name):
+    plan = build(name)
+    commands = sglang_node_commands(plan)
+    assert sglang_command(plan) == commands[0] == plan.launch["sglang"]
+    total = 0
+    for command in commands:
+        f = flags(command)
+        tp, pp, dp = int(f["--tp-size"]), int(f["--pp-size"]), int(f.get("--dp-size", 1))
+        nnodes = int(f.get("--nnodes", 1))
+        assert (tp * pp) % nnodes == 0
+        assert dp == 1 or nnodes == 1
+        adp = int(f.get("--attn-dp-size", 1))
+        assert tp % adp == 0
+        ep = int(f.get("--ep-size", 1))
+        assert ep <= tp and tp % ep == 0
+        assert 0 < float(f["--mem-fraction-static"]) < 1
+        assert f["--kv-cache-dtype"] in KV_CACHE_DTYPES
+        assert f.get("--quantization", "fp8") in QUANTIZATIONS
+        assert int(f["--context-length"]) == plan.max_model_len
+        assert f["--model-path"] == plan.model_path
+        total += tp * pp * dp // nnodes  # GPUs this node runs
+    assert total == plan.num_gpus
+
+
+def test_expert_parallel_maps_to_attention_dp():
+    f = flags(build("deepseekv3-fp8-h200x16-tp8dp2-ep16").launch["sglang"])
+    assert (f["--tp-size"], f["--attn-dp-size"], f["--ep-size"], f["--nnodes"]) == ("16", "2", "16", "2")
+    assert f["--max-running-requests"] == "256"  # 128 per attention-DP rank
+
+
+def test_replicas_across_nodes_are_one_server_per_node():
+    commands = sglang_node_commands(build("llama70b-h100x32-tp4dp8"))
+    assert len(commands) == 4 and all("--dp-size 2" in c and "--nnodes" not in c for c in commands)
+    spanning = sglang_node_commands(build("llama405b-fp8-h100x32-tp8pp2dp2"))
+    assert len(spanning) == 4 and "$HEAD_IP_1:5000" in spanning[2]
+
+
+def test_mem_fraction_static_leaves_the_activations_out():
+    plan = build("llama8b-h100x1")
+    mem = plan.prediction.memory
+    fraction = mem_fraction_static(plan)
+    assert fraction < plan.gpu_memory_utilization
+    assert fraction * mem.capacity_bytes <= mem.weights_bytes + mem.kv_cache_bytes + 1e-6 * mem.capacity_bytes
