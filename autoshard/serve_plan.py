@@ -110,6 +110,15 @@ class ServePlan:
         per_node = self.pool.node.gpus_per_node
         return max(1, -(-self.num_gpus // per_node))
 
+    @property
+    def objective_unit(self) -> str:
+        """What `solver.objective` and `solver.bound` measure."""
+        if self.solver.status == "EVALUATED":
+            return "output tokens/s per GPU"
+        if self.job.request_rate is not None:
+            return "GPUs"
+        return "output tokens/s per GPU of the cluster"
+
     def with_launch(self, launch: dict[str, str]) -> ServePlan:
         return dataclasses.replace(self, launch=dict(launch))
 
@@ -138,20 +147,19 @@ class ServePlan:
     def _stages(self) -> list[dict[str, Any]]:
         names = self.model.layer_names
         pool = self.pool
+        where = f"{pool.name}:" if self.cluster.is_heterogeneous else ""
         out, start = [], 1
         for r, n in enumerate(pp_layer_split(self.model.num_layers, self.pp)):
             lo = 0 if r == 0 else start
             hi = start + n + (1 if r == self.pp - 1 else 0)
             start += n
-            first = r * self.tp
+            first = r * self.tp  # DP rank 0; DP rank d adds d * TP * PP (vLLM rank order)
+            last = first + self.tp - 1
             out.append(
                 {
                     "index": r,
                     "layers": list(names[lo:hi]),
-                    "device": (
-                        f"{pool.name}:gpu{first}-{first + self.tp - 1} ({pool.gpu.name}, pp rank {r}"
-                        f"{f', DP rank 0 of {self.dp}' if self.dp > 1 else ''})"
-                    ),
+                    "device": f"{where}gpu{first}-{last}" if last > first else f"{where}gpu{first}",
                     "pool": pool.name,
                 }
             )
@@ -281,6 +289,7 @@ class ServePlan:
             "warnings": list(self.warnings),
             "solver": {
                 "status": self.solver.status,
+                "objective_unit": self.objective_unit,
                 "wall_s": self.solver.wall_s,
                 "objective": self.solver.objective,
                 "bound": self.solver.bound,

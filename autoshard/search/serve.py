@@ -50,6 +50,8 @@ __all__ = [
     "solve_serve",
     "evaluate_serve",
     "evaluate_vllm",
+    "model_for_path",
+    "model_for_path",
     "GPU_MEMORY_UTILIZATION",
     "MAX_CONCURRENCY",
 ]
@@ -578,12 +580,15 @@ def evaluate_serve(
     return _plan(model, cluster, job, row, stats, tuple(warn))
 
 
-def evaluate_vllm(model: ModelSpec, cluster: ClusterSpec, command: str, *, job: ServeJob) -> ServePlan:
+def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob) -> ServePlan:
     """`evaluate --from-vllm`: read the plan from a `vllm serve` command line and predict it. The
-    command's --max-model-len, --quantization and --kv-cache-dtype override the job's."""
+    command's --max-model-len, --quantization and --kv-cache-dtype override the job's. With no model
+    given, the command's model path must name a bundled model's Hugging Face repository."""
     from autoshard.emit.serve_parse import parse_vllm
 
     parsed = parse_vllm(command)
+    if model is None:
+        model = model_for_path(parsed.model)
     return evaluate_serve(
         model,
         cluster,
@@ -596,6 +601,32 @@ def evaluate_vllm(model: ModelSpec, cluster: ClusterSpec, command: str, *, job: 
         max_num_seqs=parsed.max_num_seqs,
         max_num_batched_tokens=parsed.max_num_batched_tokens,
         warnings=parsed.warnings,
+    )
+
+
+def model_for_path(path: str) -> ModelSpec:
+    """The bundled model a launcher's model path names: its Hugging Face repo id (an -Instruct or
+    -FP8 variant of it too) or its bundled name. Raises SpecError when none matches."""
+    from autoshard.serve_plan import model_path
+    from autoshard.specs.loader import bundled_models, load_model
+
+    wanted = path.rstrip("/").lower()
+    stem = wanted.rsplit("/", 1)[-1]
+    matches: list[tuple[int, ModelSpec]] = []
+    for name in bundled_models():
+        spec = load_model(name)
+        repo = model_path(spec).lower()
+        base = repo.rsplit("/", 1)[-1]
+        if wanted in (repo, name) or stem in (base, name):
+            return spec
+        if stem.startswith((base + "-", name + "-")):
+            matches.append((len(name), spec))
+    if matches:
+        return max(matches, key=lambda m: m[0])[1]
+    raise SpecError(
+        f"cannot tell which model '{path}' is: pass MODEL (a bundled name, a YAML file or its "
+        "config.json) before the cluster",
+        field="--from-vllm",
     )
 
 

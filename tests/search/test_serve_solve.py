@@ -15,6 +15,7 @@ from autoshard.search.serve import (
     enumerate_serve,
     evaluate_serve,
     evaluate_vllm,
+    model_for_path,
     solve_serve,
     tabulate,
 )
@@ -317,3 +318,13 @@ def test_evaluate_rejects_illegal_and_oversized_plans():
         evaluate_serve(LLAMA70, H100_8, JOB, tp=8, dp=2)
     with pytest.raises(InfeasibleError, match="GiB per GPU"):
         evaluate_serve(LLAMA70, H100_8, JOB, tp=1)
+
+
+def test_model_is_read_from_the_command_when_not_given():
+    assert model_for_path("meta-llama/Llama-3.1-70B-Instruct").name == "llama-3.1-70b"
+    assert model_for_path("mistralai/Mixtral-8x7B-Instruct-v0.1").name == "mixtral-8x7b"
+    assert model_for_path("meta-llama/Llama-2-7b-chat-hf").name == "llama-2-7b"
+    plan = evaluate_vllm(None, H100_8, "vllm serve meta-llama/Llama-3.1-8B-Instruct -tp 2", job=JOB)
+    assert plan.model.name == "llama-3.1-8b" and plan.tp == 2
+    with pytest.raises(SpecError, match="cannot tell which model"):
+        evaluate_vllm(None, H100_8, "vllm serve foo/bar", job=JOB)
