@@ -602,6 +602,25 @@ def _decode_attention_s(
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
 
 
+def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> float:
+    """HBM bytes of memory-bound kernels per token of the DP rank on one GPU: the dense layer's norms,
+    residual adds and rotary embedding (`elementwise_bytes_per_token`, no sequence parallelism); for
+    MoE layers the activation of the routed and shared experts this GPU runs (1/TP of the token's top-k
+    expert intermediates either way) and the permute/unpermute copies of the routed hidden states."""
+    dense = elementwise_bytes_per_token(
+        model, LayerKind.DENSE, dims=ParallelDims(tp=cfg.tp), sequence_parallel=False
+    )
+    if kind is not LayerKind.MOE:
+        return dense
+    assert model.moe is not None
+    moe = model.moe
+    gates = model.mlp.num_matrices  # activation reads gate (and up), writes one output
+    dense_act = gates * model.ffn_hidden_size / cfg.tp * BF16
+    act = gates * (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_expert_ffn_hidden_size) / cfg.tp * BF16
+    copies = moe.top_k / (cfg.tp if cfg.expert_parallel else 1)
+    return dense - dense_act + act + 2 * 2 * copies * model.hidden_size * BF16
+
+
 def _links(pool: PoolSpec, cfg: ServeConfig) -> tuple[Link, Link, Link]:
     """TP, EP and PP links in vLLM's rank order (TP innermost, then PP, DP outermost)."""
     return (
@@ -627,7 +646,6 @@ def _layer_time(
     """One decoder layer on one GPU: `tokens` rows through the linear layers, decode attention over
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens."""
     gpu = pool.gpu
-    dims = cfg.dims
     rows = _rows(tokens)
     gemms = _attention_gemms(model, rows, cfg.tp)
     if kind is LayerKind.DENSE:
@@ -644,8 +662,7 @@ def _layer_time(
         attn_s += prefills * attention_time_s(
             model, tokens=prefill_len, seq_len=prefill_len, dims=ParallelDims(tp=cfg.tp), gpu=gpu
         )
-    ew = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=False)
-    ew_s = ew / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+    ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     tp_link, ep_link, _ = links
     tp_s = 2 * collective_time_s(Collective.ALL_REDUCE, tokens * model.hidden_size * BF16, cfg.tp, tp_link)
     ep_s = 0.0
