@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoshard.search.tables import CandidateTables, Layout
+from autoshard.search.tables import CandidateTables, Layout, even_layout
 
 __all__ = ["CandidateVars", "BuiltModel", "build_model"]
 
@@ -256,7 +256,7 @@ def _upper(tab: CandidateTables) -> int:
 
 def build_model(tables: list[CandidateTables], *, pool_gpus: list[int], uniform_recompute: bool,
                 per_stage_recompute: bool, hint_index: int | None, hint: Layout | None,
-                lower_bounds: list[int], tmax_lower_bounds: list[int]) -> BuiltModel:
+                lower_bounds: list[int], tmax_lower_bounds: list[int], even_layout_only: bool = False) -> BuiltModel:
     model = cp_model.CpModel()
     cands = []
     for i, tab in enumerate(tables):
@@ -266,6 +266,12 @@ def build_model(tables: list[CandidateTables], *, pool_gpus: list[int], uniform_
             per_stage_recompute=per_stage_recompute, hint=hint if i == hint_index else None, hi=hi,
             lower=lower_bounds[i], tmax_lower=tmax_lower_bounds[i],
         ))
+        if even_layout_only:
+            even = even_layout(tab)
+            assert even is not None
+            for var, value in zip(cands[-1].bounds, even.bounds, strict=True):
+                if not isinstance(var, int):
+                    model.add(var == value)
     model.add_exactly_one(c.selected for c in cands)
     model.minimize(sum(c.objective for c in cands))
     if hint_index is not None:

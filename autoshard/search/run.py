@@ -19,6 +19,7 @@ from autoshard.plan import Plan, SolverStats
 from autoshard.search.build import BuiltModel, build_model
 from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import (
+    _rank_work,
     CandidateTables,
     Layout,
     bounds,
@@ -26,6 +27,7 @@ from autoshard.search.tables import (
     even_layout,
     int_objective,
     hetero_capacity_at,
+    joint_search,
     layer_capacity,
     quick_lower_bound,
     rank_capacity_at,
@@ -80,12 +82,15 @@ def _state_floor_mib(tab: CandidateTables) -> float:
 
 def _loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None) -> Layout | None:
     """A layout giving each rank at most caps[r] decoder layers: start from the caps and shed the
-    surplus one layer at a time from the most loaded rank (the earlier rank on ties: it holds more
-    micro-batches in flight); each rank's layers are split evenly over its chunks, the later chunks
-    taking the remainder."""
+    surplus one layer at a time from the rank with the longest time (its layers plus its fixed work:
+    embedding, output, sends; the earlier rank on ties: it holds more micro-batches in flight); each
+    rank's layers are split evenly over its chunks, the later chunks taking the remainder."""
     pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
     n_dec = int(tab.decoders[-1])
     load = [int(c) for c in caps]
+    work = [_rank_work(tab, pool_of_rank[r] if pool_of_rank else None) for r in range(pp)]
+    per_layer = [float(w[0]) for w in work]
+    fixed = [float(w[2][r]) for r, w in enumerate(work)]
     extra = sum(load) - n_dec
     if extra < 0:
         return None
@@ -93,7 +98,8 @@ def _loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int
     least[0] -= 1  # chunk 0 may hold only the embedding
     least[pp - 1] -= 1  # the last chunk may hold only the output layer
     while extra > 0:
-        r = max((i for i in range(pp) if load[i] > least[i]), key=lambda i: (load[i], -i), default=None)
+        r = max((i for i in range(pp) if load[i] > least[i]),
+                key=lambda i: (fixed[i] + load[i] * per_layer[i], -i), default=None)
         if r is None:
             break
         load[r] -= 1
@@ -146,6 +152,11 @@ def _incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: in
                     found.append(_fit(tab, _loads_layout(tab, uniform_capacity_at(tab, t + i * step, k), pool_of_rank)))
         for i in range(4):
             found.append(_fit(tab, _loads_layout(tab, rank_capacity_at(tab, tmax_lb + i * step), pool_of_rank)))
+        if len(tab.pools) == 1 and tab.uniform_decoders:
+            cfg = tab.config
+            a = (tab.scale // cfg.dims.vpp) * (cfg.num_microbatches * cfg.dims.vpp - 1)
+            for caps in joint_search(tab, tmax_lb, a, tab.scale)[1]:
+                found.append(_fit(tab, _loads_layout(tab, caps, pool_of_rank)))
         found.append(_fit(tab, _loads_layout(tab, layer_capacity(tab), pool_of_rank)))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
@@ -254,6 +265,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.pruned["bound: cannot beat the best plan found"] += len(staged) - n_done
             break
         tab = build_tables(model, cluster, cfg, scale=scale)
+        if options.space.even_layout_only and even_layout(tab) is None:
+            prep.pruned["even split impossible (layers not divisible by PP x VPP)"] += 1
+            continue
         signature = tab.signature()
         if signature in seen:
             prep.pruned["same costs as a simpler candidate (e.g. CP x2 with micro-batch x2)"] += 1
@@ -388,6 +402,7 @@ def solve_train(
         tables, pool_gpus=[p.num_gpus for p in cluster.pools],
         uniform_recompute=options.space.uniform_recompute or pins.recompute_num_layers is not None,
         per_stage_recompute=options.space.per_stage_recompute, hint_index=hint_index, hint=hint,
+        even_layout_only=options.space.even_layout_only,
         lower_bounds=[prep.lower_bounds[i] for i in keep], tmax_lower_bounds=[prep.tmax_bounds[i] for i in keep],
     )
     if pins.recompute_num_layers is not None:

@@ -59,6 +59,8 @@ class SpaceOptions:
     """Same number of fully recomputed layers on every stage (Megatron's --recompute-num-layers)."""
     per_stage_recompute: bool = True
     """Let the solver fully recompute some layers of a stage on top of the base mode."""
+    even_layout_only: bool = False
+    """Restrict layouts to Megatron-LM's default even split (for comparisons with uneven layouts)."""
 
 
 @dataclass(slots=True)

@@ -536,16 +536,108 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
     tmax = max(-(-total // pp), slowest)
-    # the slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r - window_r) + opt_r
+    # the slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r - window_r) + opt_r,
+    # and at least what the first rank (embedding + its fewest decoder layers) and the last rank (output
+    # + its fewest) must exchange and update
+    _, _, _, least = _rank_work(tab)
+    n = tab.num_layers
+
+    def end_rank(p: PoolTables, layer: int, count: float) -> int:
+        per = lambda arr: int(arr[2] - arr[1]) if tab.uniform_decoders else 0  # noqa: E731
+        own = int(p.dp_min_us[layer + 1] - p.dp_min_us[layer]) + int(p.opt_us[layer + 1] - p.opt_us[layer])
+        return own + int(count) * (per(p.dp_min_us) + per(p.opt_us))
+
     tail = min(
-        -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]), int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
-                                    - int(p.window_us[-1]))) // pp)
+        max(
+            -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]), int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
+                                        - int(p.window_us[-1]))) // pp),
+            end_rank(p, 0, least[0]),
+            end_rank(p, n - 1, least[-1]),
+        )
         for p in tab.pools
     )
     scale = tab.scale
-    return (scale // vpp) * ((m * vpp - 1) * tmax + total) + scale * tail, tmax
+    a, b = (scale // vpp) * (m * vpp - 1), scale
+    pipeline_and_tail = a * tmax + b * tail
+    if len(tab.pools) == 1 and tab.uniform_decoders and pp > 1:
+        pipeline_and_tail = max(pipeline_and_tail, _joint_bound(tab, tmax, a, b))
+    return (scale // vpp) * total + pipeline_and_tail, tmax
 
 
+def _joint_bound(tab: CandidateTables, tmax: int, a: int, b: int) -> int:
+    """A lower bound on a*t_max + b*tail that sees both at once (see `joint_search`)."""
+    return joint_search(tab, tmax, a, b)[0]
+
+
+def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, list[np.ndarray]]:
+    """Lower bound on a*t_max + b*tail, and the per-rank load caps at the best points found.
+
+    The rank holding the embedding (or the output) must take fewer decoder layers to keep its
+    data-parallel + optimizer tail short, which pushes layers, and time, onto the other ranks. For a
+    slowest-rank time T the ranks' loads are capped by time and memory; the smallest tail U they then
+    allow is found by binary search. T runs over a grid from the t_max bound up to where a longer T
+    cannot pay for itself; each segment is priced at its left T and right U, which keeps the bound
+    valid between grid points."""
+    p = tab.pools[0]
+    pp = tab.config.dims.pp
+    n_dec = int(tab.decoders[-1])
+    n = tab.num_layers
+    d, x, fixed, least = _rank_work(tab)
+    rr = rank_room(tab)
+
+    # a rank's tail is max(dp_min, dp_full + latency - window) + optimizer, each linear in its layers:
+    # bound it by whichever of the two grows faster per decoder layer
+    def diff(arr, i: int) -> int:
+        return int(arr[i + 1] - arr[i])
+
+    exposed = [diff(p.dp_full_us, i) - diff(p.window_us, i) for i in (0, 1, n - 1)]
+    minimum = [diff(p.dp_min_us, i) for i in (0, 1, n - 1)]
+    use_full = exposed[1] >= minimum[1]
+    per = exposed if use_full else minimum
+    e = per[1] + diff(p.opt_us, 1)
+    g = np.full(pp, float(tab.dp_latency_us if use_full else 0))
+    g[0] += per[0] + diff(p.opt_us, 0)
+    g[pp - 1] += per[2] + diff(p.opt_us, n - 1)
+    if e <= 0:
+        return 0, []
+
+    def min_tail(t: float) -> tuple[int, np.ndarray] | None:
+        by_time = _rank_capacity(rr, t - fixed, d, x, n_dec)
+        if by_time.sum() < n_dec or np.any(by_time < least):
+            return None
+        lo, hi = int(g.max()), int(g.max()) + e * n_dec + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            cap = np.minimum(by_time, np.floor((mid - g) / e))
+            if cap.sum() >= n_dec and np.all(cap >= least):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo, np.minimum(by_time, np.floor((lo - g) / e))
+
+    first = min_tail(tmax)
+    floor = min_tail(float("inf"))
+    if first is None or floor is None:
+        return 0, []
+    if a <= 0:  # one micro-batch, no interleaving: the slowest rank's time does not weigh in
+        return b * floor[0], [floor[1]]
+    # past T_max + b/a * (U(t_max) - U_floor) a longer slowest rank costs more than any tail it saves
+    span = max(1, math.ceil(b * (first[0] - floor[0]) / a))
+    points = 12
+    grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
+    found = [first] + [min_tail(t) for t in grid[1:]]
+    best, caps = None, []
+    for i, t in enumerate(grid):
+        right = found[i + 1] if i + 1 < len(grid) else floor
+        if right is None:
+            continue
+        value = a * t + b * right[0]
+        if best is None or value < best:
+            best = value
+        if found[i] is not None:
+            caps.append((a * t + b * found[i][0], found[i][1]))
+    caps.sort(key=lambda item: item[0])
+    return best or 0, [c for _, c in caps[:3]]
 def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
     """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
     total work evenly and the exposed tail is zero."""
