@@ -10,7 +10,9 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from autoshard.specs.base import FrozenSpec
 
 __all__ = ["LinkKind", "EfficiencySpec", "GpuSpec", "NodeSpec", "PoolSpec", "ClusterSpec"]
 
@@ -19,21 +21,6 @@ PosInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self), tuple(self.__dict__[k] for k in type(self).model_fields)))
-
-    def __hash__(self) -> int:  # specs key the cost-model caches: hash once, not per lookup
-        return self._hash
-
-    def model_copy(self, *, update=None, deep: bool = False):  # type: ignore[override]
-        copied = super().model_copy(update=update, deep=deep)
-        for key in [k for k in copied.__dict__ if k not in type(self).model_fields]:
-            del copied.__dict__[key]  # cached properties describe the original, not the copy
-        return copied
 
 
 class LinkKind(StrEnum):
@@ -43,7 +30,7 @@ class LinkKind(StrEnum):
     PCIE = "pcie"  # no GPU-to-GPU fabric: traffic goes over PCIe (and the host bridge)
 
 
-class EfficiencySpec(_Frozen):
+class EfficiencySpec(FrozenSpec):
     """What fraction of datasheet peaks real kernels reach, as seen end to end in a training step.
 
     The defaults are the fit on the H100 SXM rows of tests/validation/training_runs.yaml (Megatron-LM
@@ -85,7 +72,7 @@ class EfficiencySpec(_Frozen):
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
 
 
-class GpuSpec(_Frozen):
+class GpuSpec(FrozenSpec):
     name: str = Field(min_length=1)
     hbm_gib: PosFloat
     bf16_tflops: PosFloat
@@ -98,7 +85,7 @@ class GpuSpec(_Frozen):
     source: str | None = None
 
 
-class NodeSpec(_Frozen):
+class NodeSpec(FrozenSpec):
     gpus_per_node: PosInt
     intra_node_link: LinkKind
     intra_node_gbps: PosFloat
@@ -123,7 +110,7 @@ class NodeSpec(_Frozen):
         return self
 
 
-class PoolSpec(_Frozen):
+class PoolSpec(FrozenSpec):
     """A homogeneous set of nodes."""
 
     name: str = Field(min_length=1)
@@ -148,7 +135,7 @@ class PoolSpec(_Frozen):
         return self
 
 
-class ClusterSpec(_Frozen):
+class ClusterSpec(FrozenSpec):
     """One or more pools. A single-pool cluster may be written flat (gpu/node/num_nodes at the top)."""
 
     name: str = Field(min_length=1)

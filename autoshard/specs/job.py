@@ -5,7 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from autoshard.specs.base import FrozenSpec
 
 __all__ = ["Precision", "Optimizer", "TrainJob", "ServeJob", "WeightDtype"]
 
@@ -39,11 +41,9 @@ class WeightDtype(StrEnum):
         return {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}[self.value]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TrainJob(_Frozen):
+class TrainJob(FrozenSpec):
     seq_len: PosInt = 4096
     global_batch_size: PosInt = 1024
     """Sequences per optimizer step."""
@@ -57,7 +57,7 @@ class TrainJob(_Frozen):
         return self.seq_len * self.global_batch_size
 
 
-class ServeJob(_Frozen):
+class ServeJob(FrozenSpec):
     input_len: PosInt = 1024
     output_len: PosInt = 1024
     max_model_len: PosInt | None = None

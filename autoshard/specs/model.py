@@ -10,7 +10,9 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from autoshard.specs.base import FrozenSpec
 
 from autoshard.specs.job import Precision, WeightDtype
 
@@ -23,21 +25,6 @@ PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((type(self), tuple(self.__dict__[k] for k in type(self).model_fields)))
-
-    def __hash__(self) -> int:  # specs key the cost-model caches: hash once, not per lookup
-        return self._hash
-
-    def model_copy(self, *, update=None, deep: bool = False):  # type: ignore[override]
-        copied = super().model_copy(update=update, deep=deep)
-        for key in [k for k in copied.__dict__ if k not in type(self).model_fields]:
-            del copied.__dict__[key]  # cached properties describe the original, not the copy
-        return copied
 
 
 class LayerKind(StrEnum):
@@ -77,13 +64,13 @@ class PositionKind(StrEnum):
     ALIBI = "alibi"
 
 
-class LayerGroup(_Frozen):
+class LayerGroup(FrozenSpec):
     kind: LayerKind
     count: PosInt = 1
     """Number of consecutive identical layers in this group."""
 
 
-class MLAConfig(_Frozen):
+class MLAConfig(FrozenSpec):
     """DeepSeek-V2/V3 multi-head latent attention dimensions (Hugging Face names)."""
 
     q_lora_rank: PosInt | None = None
@@ -94,7 +81,7 @@ class MLAConfig(_Frozen):
     v_head_dim: PosInt
 
 
-class MoEConfig(_Frozen):
+class MoEConfig(FrozenSpec):
     num_experts: PosInt
     top_k: PosInt
     expert_ffn_hidden_size: PosInt
@@ -119,7 +106,7 @@ class MoEConfig(_Frozen):
         return self
 
 
-class TrainingDefaults(_Frozen):
+class TrainingDefaults(FrozenSpec):
     """Job defaults stored with a model; CLI flags override them."""
 
     seq_len: PosInt | None = None
@@ -128,7 +115,7 @@ class TrainingDefaults(_Frozen):
     tokens: float | None = Field(default=None, gt=0)
 
 
-class ServingDefaults(_Frozen):
+class ServingDefaults(FrozenSpec):
     max_model_len: PosInt | None = None
     input_len: PosInt | None = None
     output_len: PosInt | None = None
@@ -136,7 +123,7 @@ class ServingDefaults(_Frozen):
     """Weight storage for serving (bf16, fp8, int8, int4)."""
 
 
-class ModelSpec(_Frozen):
+class ModelSpec(FrozenSpec):
     """A transformer LLM. All sizes are element counts (not bytes)."""
 
     name: str = Field(min_length=1)
