@@ -21,8 +21,6 @@ PosInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
-
-
 class LinkKind(StrEnum):
     NVLINK = "nvlink"  # NVSwitch all-to-all inside a node (DGX/HGX)
     NVLINK_SWITCH = "nvlink_switch"  # rack-scale NVLink domain (GB200 NVL72)
@@ -39,7 +37,7 @@ class EfficiencySpec(FrozenSpec):
     H100 PCIe) use these H100 defaults: their predictions scale with their datasheet peaks, not with
     measured efficiencies. One fit per GPU type, never per run."""
 
-    gemm: Fraction = 0.65
+    gemm: Fraction = 0.70
     """Fraction of dense peak a large BF16 GEMM reaches (cuBLAS on big square-ish shapes)."""
     gemm_fp8: Fraction = 0.55
     """Fraction of dense FP8 peak a large FP8 GEMM reaches (scaling and casts cost more)."""
@@ -48,7 +46,7 @@ class EfficiencySpec(FrozenSpec):
     gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
     attention: Fraction = 0.25
     """Fraction of dense BF16 peak that fused (flash) attention reaches."""
-    hbm: Fraction = 0.90
+    hbm: Fraction = 0.80
     """Fraction of HBM bandwidth element-wise kernels (norms, activations, softmax, optimizer) reach."""
     intra_node_bw: Fraction = 0.90
     """Achieved NCCL bus bandwidth over the intra-node link, as a fraction of the link figure."""

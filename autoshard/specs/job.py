@@ -41,8 +41,6 @@ class WeightDtype(StrEnum):
         return {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}[self.value]
 
 
-
-
 class TrainJob(FrozenSpec):
     seq_len: PosInt = 4096
     global_batch_size: PosInt = 1024

@@ -25,8 +25,6 @@ PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-
-
 class LayerKind(StrEnum):
     """What one entry of `layers:` is. Embedding and output are layers in their own right: they own
     parameters and memory and a pipeline stage must host them."""
