@@ -1,0 +1,40 @@
+"""Serving jobs from a model's `serving:` defaults and CLI values."""
+
+from __future__ import annotations
+
+from autoshard.specs.job import ServeJob
+from autoshard.specs.loader import validate
+from autoshard.specs.model import ModelSpec
+
+__all__ = ["serve_job_for"]
+
+
+def serve_job_for(
+    model: ModelSpec | None,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    max_model_len: int | None = None,
+    tpot_ms: float | None = None,
+    ttft_s: float | None = None,
+    request_rate: float | None = None,
+    weight_dtype: str | None = None,
+    kv_cache_dtype: str | None = None,
+) -> ServeJob:
+    """A ServeJob from the model's `serving:` section, overridden by the given values."""
+    data: dict = {}
+    defaults = model.serving if model is not None else None
+    if defaults is not None:
+        for key in ("input_len", "output_len", "max_model_len"):
+            value = getattr(defaults, key)
+            if value is not None:
+                data[key] = value
+        if defaults.precision is not None:
+            data["weight_dtype"] = defaults.precision
+    given = {
+        "input_len": input_len, "output_len": output_len, "max_model_len": max_model_len,
+        "tpot_target_s": None if tpot_ms is None else tpot_ms / 1000.0, "ttft_target_s": ttft_s,
+        "request_rate": request_rate, "weight_dtype": weight_dtype, "kv_cache_dtype": kv_cache_dtype,
+    }
+    data.update({k: v for k, v in given.items() if v is not None})
+    name = model.name if model is not None else "the command's model"
+    return validate(ServeJob, data, source=f"serving job for {name}")
