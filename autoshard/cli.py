@@ -365,8 +365,12 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
     from autoshard.search.serve import evaluate_vllm
     from autoshard.serve_api import serve_job_for
 
-    model_spec, cluster_spec = _load(model_ref, cluster_ref, gpus) if model_ref else (None, None)
-    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, None, None, None, None, None, None, None, None))
+    from autoshard.api import resize
+    from autoshard.specs import load_cluster, load_model
+
+    model_spec = load_model(model_ref) if model_ref else None
+    cluster_spec = resize(load_cluster(cluster_ref), gpus)
+    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec))
     if json_out:
         _print_json(plan.to_json())
     else:
