@@ -29,9 +29,10 @@ class SolverStats:
     """CP-SAT's status name (OPTIMAL, FEASIBLE) or "EVALUATED"."""
     wall_s: float
     objective: float
-    """Predicted step time (seconds) of the integer model the solver optimized."""
+    """The solver's objective in its own unit: training, the predicted step time in seconds of the
+    integer model; serving, output tokens/s per GPU (or GPUs, when sustaining a request rate)."""
     bound: float
-    """Best lower bound on that objective proven by the solver (seconds)."""
+    """Best bound on that objective proven by the solver (lower for minimization, upper for maximization)."""
     conflicts: int = 0
     branches: int = 0
     candidates: int = 0

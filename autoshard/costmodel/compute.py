@@ -17,7 +17,7 @@ from autoshard.specs.job import Precision
 from autoshard.specs.model import LayerKind, ModelSpec
 
 __all__ = [
-    "Gemm", "LayerFlops", "layer_gemms", "layer_flops", "model_flops_per_step",
+    "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
 ]
 
@@ -53,16 +53,16 @@ class LayerFlops:
         return self.linear + self.attention
 
 
-def _attention_dims(model: ModelSpec) -> tuple[int, int]:
+def attention_dims(model: ModelSpec) -> tuple[int, int]:
     """(query-key dim, value dim) per head."""
     if model.mla is not None:
         return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
     return model.kv_channels, model.kv_channels
 
 
-def _attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
+def attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
     h, nh = model.hidden_size, model.num_attention_heads
-    qk_dim, v_dim = _attention_dims(model)
+    qk_dim, v_dim = attention_dims(model)
     heads = nh // tp if nh % tp == 0 else nh / tp
     if model.mla is not None:
         m = model.mla
@@ -83,7 +83,7 @@ def _attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
     ]
 
 
-def _mlp_gemms(model: ModelSpec, tokens: int, ffn: int, shards: int, count: int = 1) -> list[Gemm]:
+def mlp_gemms(model: ModelSpec, tokens: int, ffn: int, shards: int, count: int = 1) -> list[Gemm]:
     h = model.hidden_size
     f = max(ffn // shards, 1)
     up = Gemm(tokens, f * (model.mlp.num_matrices - 1), h, count)
@@ -101,20 +101,20 @@ def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: Paralle
         case LayerKind.OUTPUT:
             return [Gemm(tokens, -(-model.vocab_size // tp), model.hidden_size)]
         case LayerKind.DENSE:
-            return _attention_gemms(model, tokens, tp) + _mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+            return attention_gemms(model, tokens, tp) + mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
         case LayerKind.MOE:
             assert model.moe is not None
             moe = model.moe
-            gemms = _attention_gemms(model, tokens, tp)
+            gemms = attention_gemms(model, tokens, tp)
             gemms.append(Gemm(tokens, moe.num_experts, model.hidden_size, fp8_capable=False))
             if moe.shared_expert_ffn_hidden_size:
-                gemms += _mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
+                gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
             # Routed tokens per GPU: the tp*cp attention ranks' tokens, times top_k, spread over the
             # etp*ep expert ranks; ETP splits the expert FFN dimension.
             routed = max(1, round(tokens * tp * moe.top_k / dims.ep))
             experts_local = max(moe.num_experts // dims.ep, 1)
             per_expert = max(1, routed // experts_local)
-            gemms += _mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
+            gemms += mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
             return gemms
     raise AssertionError(kind)
 
@@ -126,7 +126,7 @@ def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int)
     linear = sum(g.flops for g in layer_gemms(model, kind, tokens=tokens, dims=single))
     attention = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
-        qk_dim, v_dim = _attention_dims(model)
+        qk_dim, v_dim = attention_dims(model)
         attention = 2.0 * tokens * seq_len * model.num_attention_heads * (qk_dim + v_dim)
     return LayerFlops(linear=linear, attention=attention)
 
@@ -172,7 +172,7 @@ def attention_time_s(
     flash=True: one fused causal kernel, half the s x s square computed, at the attention efficiency.
     flash=False (pre-2022 Megatron): two batched GEMMs over the full square with a head_dim-sized
     inner dimension, plus memory-bound scale/mask/softmax/dropout passes over the stored scores."""
-    qk_dim, v_dim = _attention_dims(model)
+    qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / dims.tp
     if flash:
         flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
@@ -200,7 +200,7 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
     h = model.hidden_size
     split = dims.tp if sequence_parallel else 1
     stream = (2 * 2 * h + 2 * 3 * h) * BF16_BYTES / split  # norms (r+w), residual adds (2r+w)
-    qk_dim, _ = _attention_dims(model)
+    qk_dim, _ = attention_dims(model)
     rope = 2 * (model.num_attention_heads + model.kv_heads) * qk_dim * BF16_BYTES / dims.tp
     act_in = model.mlp.num_matrices - 1  # swiglu reads gate and up, others read one
     if kind is LayerKind.DENSE:

@@ -33,9 +33,9 @@ from functools import lru_cache
 from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link
 from autoshard.costmodel.compute import (
     Gemm,
-    _attention_dims,
-    _attention_gemms,
-    _mlp_gemms,
+    attention_dims,
+    attention_gemms,
+    mlp_gemms,
     attention_time_s,
     elementwise_bytes_per_token,
     gemm_time_s,
@@ -329,7 +329,7 @@ def activation_peak_bytes(model: ModelSpec, *, tp: int, ep: int, tokens: int, nu
     output and the MLP/MoE intermediates), then the sampler over `num_seqs` rows of FP32 logits."""
     h = model.hidden_size
     streams = 4 * tokens * h * BF16
-    qk_dim, v_dim = _attention_dims(model)
+    qk_dim, v_dim = attention_dims(model)
     nh = model.num_attention_heads / tp
     if model.mla is not None:
         qkv = (
@@ -579,7 +579,7 @@ def _moe_expert_gemms(model: ModelSpec, cfg: ServeConfig, tokens: float) -> list
         n, local, pairs, shards = tokens, float(e), tokens * k, cfg.tp
     hit = local * (1.0 - (1.0 - k / e) ** n)
     count = max(1, round(hit))
-    return _mlp_gemms(model, _rows(pairs / count), moe.expert_ffn_hidden_size, shards, count=count)
+    return mlp_gemms(model, _rows(pairs / count), moe.expert_ffn_hidden_size, shards, count=count)
 
 
 def _decode_attention_s(
@@ -594,7 +594,7 @@ def _decode_attention_s(
     if model.mla is not None:
         dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
     else:
-        qk, v = _attention_dims(model)
+        qk, v = attention_dims(model)
         dims = qk + v
     eff = gpu.efficiency
     mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * eff.hbm)
@@ -647,14 +647,14 @@ def _layer_time(
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens."""
     gpu = pool.gpu
     rows = _rows(tokens)
-    gemms = _attention_gemms(model, rows, cfg.tp)
+    gemms = attention_gemms(model, rows, cfg.tp)
     if kind is LayerKind.DENSE:
-        gemms += _mlp_gemms(model, rows, model.ffn_hidden_size, cfg.tp)
+        gemms += mlp_gemms(model, rows, model.ffn_hidden_size, cfg.tp)
     else:
         assert model.moe is not None
         gemms.append(Gemm(rows, model.moe.num_experts, model.hidden_size, fp8_capable=False))
         if model.moe.shared_expert_ffn_hidden_size:
-            gemms += _mlp_gemms(model, rows, model.moe.shared_expert_ffn_hidden_size, cfg.tp)
+            gemms += mlp_gemms(model, rows, model.moe.shared_expert_ffn_hidden_size, cfg.tp)
         gemms += _moe_expert_gemms(model, cfg, tokens)
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
     attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len)
