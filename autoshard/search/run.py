@@ -418,6 +418,7 @@ def solve_train(
     params.log_search_progress = options.log
     scale_s = prep.scale * US_PER_S
     plans: list[Plan] = []
+    returned: set[int] = set()
     for _ in range(max(1, options.top_k)):
         remaining = options.time_limit_s - (time.perf_counter() - start)
         params.max_time_in_seconds = max(0.5, remaining)
@@ -433,9 +434,13 @@ def solve_train(
                               f"{solver.status_name(status)}); raise --time-limit or pin some knobs")
         index = next(i for i, c in enumerate(built.candidates) if solver.value(c.selected))
         cfg, stages = _decode(built, solver, index)
-        bound = solver.best_objective_bound
+        # CP-SAT's bound, never weaker than the bounds proven before the model was built (the model
+        # holds only candidates whose bound is at least the smallest one still in it)
+        in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
+        bound = max(solver.best_objective_bound, min(in_model, default=solver.best_objective_bound))
         if prep.excluded_bound is not None:
             bound = min(bound, prep.excluded_bound)
+        bound = min(bound, solver.objective_value)
         optimal = status == cp_model.OPTIMAL and bound >= solver.objective_value - 1e-6
         stats = SolverStats(
             status="OPTIMAL" if optimal else "FEASIBLE",
@@ -451,6 +456,7 @@ def solve_train(
         prediction = predict_train(model, cluster, cfg, stages)
         plans.append(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats))
         built.model.add(built.candidates[index].selected == 0)
+        returned.add(index)
         if len(plans) >= len(tables):
             break
     return plans

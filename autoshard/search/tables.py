@@ -423,18 +423,37 @@ def _threshold(lo: int, hi: int, n_dec: int, capacity) -> int | None:
 
 
 def uniform_thresholds(tab: CandidateTables) -> list[tuple[int, int]]:
-    """(smallest slowest-rank time, k) for each uniform per-chunk recompute count k that can fit."""
+    """(smallest slowest-rank time, k) for each uniform per-chunk recompute count k that can fit,
+    fastest first. One vectorized bisection over every k at once."""
     n_dec = int(tab.decoders[-1])
     d, x, fixed, least = _rank_work(tab)
     rr = rank_room(tab)
-    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec + 1
-    ks = [0] if tab.base_full or not np.any(rr.saving > 0) else range(n_dec // tab.num_chunks + 1)
-    out = []
-    for k in ks:
-        t = _threshold(lo, hi, n_dec, lambda t, k=k: _least(_uniform_capacity(tab, rr, fixed, d, x, t, k), least))
-        if t is not None:
-            out.append((t, k))
-    return sorted(out)
+    vpp = tab.config.dims.vpp
+    if tab.base_full or not np.any(rr.saving > 0):
+        ks = np.array([0])
+    else:
+        ks = np.arange(n_dec // tab.num_chunks + 1)
+    recomputed = (vpp * ks)[:, None].astype(np.float64)  # (K, 1)
+    room = np.maximum(rr.room, 0)[None, :] - np.where(ks[:, None] > 0, rr.working, 0) + rr.saving[None, :] * recomputed
+    by_mem = np.where(rr.per_layer[None, :] > 0,
+                      np.floor(np.maximum(room, 0) / np.maximum(rr.per_layer[None, :], 1e-9)), n_dec)
+
+    def total(t: np.ndarray) -> np.ndarray:
+        by_time = np.floor(np.maximum(t[:, None] - fixed[None, :] - recomputed * x, 0) / d)
+        cap = np.clip(np.minimum(by_mem, by_time), 0, n_dec)
+        cap = np.where(cap >= recomputed, cap, 0)  # each chunk must hold its k recomputed layers
+        ok = np.all(cap >= least[None, :], axis=1)
+        return np.where(ok, cap.sum(axis=1), 0)
+
+    lo = np.full(len(ks), float(fixed.max()))
+    hi = np.full(len(ks), float(fixed.max()) + (d + max(x, 0)) * n_dec + 1)
+    feasible = total(hi) >= n_dec
+    while np.any(lo < hi):
+        mid = np.floor((lo + hi) / 2)
+        good = total(mid) >= n_dec
+        hi = np.where(good & (lo < hi), mid, hi)
+        lo = np.where(~good & (lo < hi), mid + 1, lo)
+    return sorted((int(lo[i]), int(ks[i])) for i in range(len(ks)) if feasible[i])
 
 
 def uniform_capacity_at(tab: CandidateTables, t: float, k: int) -> np.ndarray:
@@ -601,22 +620,22 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     if e <= 0:
         return 0, []
 
-    def min_tail(t: float) -> tuple[int, np.ndarray] | None:
-        by_time = _rank_capacity(rr, t - fixed, d, x, n_dec)
-        if by_time.sum() < n_dec or np.any(by_time < least):
-            return None
-        lo, hi = int(g.max()), int(g.max()) + e * n_dec + 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            cap = np.minimum(by_time, np.floor((mid - g) / e))
-            if cap.sum() >= n_dec and np.all(cap >= least):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo, np.minimum(by_time, np.floor((lo - g) / e))
+    def min_tails(ts: list[float]) -> list[tuple[int, np.ndarray] | None]:
+        """For each slowest-rank time, the smallest tail the loads allow (one vectorized bisection)."""
+        by_time = np.stack([_rank_capacity(rr, t - fixed, d, x, n_dec) for t in ts])  # (G, pp)
+        usable = (by_time.sum(axis=1) >= n_dec) & np.all(by_time >= least[None, :], axis=1)
+        lo = np.full(len(ts), float(g.max()))
+        hi = np.full(len(ts), float(g.max()) + e * n_dec + 1)
+        while np.any(lo < hi):
+            mid = np.floor((lo + hi) / 2)
+            cap = np.minimum(by_time, np.floor((mid[:, None] - g[None, :]) / e))
+            good = (cap.sum(axis=1) >= n_dec) & np.all(cap >= least[None, :], axis=1)
+            hi = np.where(good & (lo < hi), mid, hi)
+            lo = np.where(~good & (lo < hi), mid + 1, lo)
+        caps = np.minimum(by_time, np.floor((lo[:, None] - g[None, :]) / e))
+        return [(int(lo[i]), caps[i]) if usable[i] else None for i in range(len(ts))]
 
-    first = min_tail(tmax)
-    floor = min_tail(float("inf"))
+    first, floor = min_tails([tmax, float("inf")])
     if first is None or floor is None:
         return 0, []
     if a <= 0:  # one micro-batch, no interleaving: the slowest rank's time does not weigh in
@@ -625,7 +644,7 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     span = max(1, math.ceil(b * (first[0] - floor[0]) / a))
     points = 12
     grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
-    found = [first] + [min_tail(t) for t in grid[1:]]
+    found = [first, *min_tails(grid[1:])]
     best, caps = None, []
     for i, t in enumerate(grid):
         right = found[i + 1] if i + 1 < len(grid) else floor
@@ -638,6 +657,8 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
             caps.append((a * t + b * found[i][0], found[i][1]))
     caps.sort(key=lambda item: item[0])
     return best or 0, [c for _, c in caps[:3]]
+
+
 def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
     """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
     total work evenly and the exposed tail is zero."""
