@@ -431,6 +431,8 @@ def study(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit per size.")] = 20.0,
     jobs: Annotated[int, typer.Option("--jobs", min=0, help="Parallel solver processes (0: one per CPU).")] = 0,
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
 ) -> None:
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = _parse_sizes(gpus)
@@ -440,7 +442,8 @@ def study(
     run_study_cli(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
                   budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,
                   global_batch_size=global_batch_size, precision=precision, out_dir=out_dir, json_out=json_out,
-                  time_limit=time_limit, jobs=jobs, request_rate=request_rate, console=out, err=err)
+                  time_limit=time_limit, jobs=jobs, request_rate=request_rate, console=out, err=err,
+                  tpot_ms=tpot_ms, ttft_s=ttft_s)
 
 
 def _parse_sizes(text: str) -> list[int]:
