@@ -399,12 +399,21 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     else:
         render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
     if emit is not None:
-        key = emit.value
-        text = best.launch.get(key, "")
-        if output is None:
-            sys.stdout.write(text + "\n")
+        from autoshard.emit.sglang import sglang_node_commands
+        from autoshard.emit.vllm import vllm_node_commands
+
+        commands = vllm_node_commands(best) if emit is Target.VLLM else sglang_node_commands(best)
+        if len(commands) == 1:
+            body = commands[0] + "\n"
         else:
-            output.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + text + "\n")
+            body = "".join(f'if [ "${{NODE_RANK:?set NODE_RANK}}" = {i} ]; then\n  {cmd}\nfi\n'
+                           for i, cmd in enumerate(commands))
+        text = (f"#!/usr/bin/env bash\n# {emit.value} deployment of {best.model.name} on {best.num_gpus} GPUs "
+                f"({best.describe()}), written by autoshard.\nset -euo pipefail\n" + body)
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            output.write_text(text)
             output.chmod(0o755)
             err.print(f"wrote {output}")
 
