@@ -21,8 +21,8 @@ from autoshard.search.run import SolverOptions, solve_train
 from autoshard.search.space import Pins
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
-from autoshard.specs.model import ModelSpec
 from autoshard.specs.loader import validate
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize"]
 

@@ -361,11 +361,10 @@ def _explain_overflow(plan) -> None:
 
 
 def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool) -> None:
+    from autoshard.api import resize
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import evaluate_vllm
     from autoshard.serve_api import serve_job_for
-
-    from autoshard.api import resize
     from autoshard.specs import load_cluster, load_model
 
     model_spec = load_model(model_ref) if model_ref else None

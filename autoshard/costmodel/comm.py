@@ -12,9 +12,9 @@ otherwise it is bound by the per-GPU network bandwidth.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from autoshard.parallel import ParallelDims
 from autoshard.specs.cluster import NodeSpec, PoolSpec

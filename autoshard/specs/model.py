@@ -13,7 +13,6 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from autoshard.specs.base import FrozenSpec
-
 from autoshard.specs.job import Precision, WeightDtype
 
 __all__ = [

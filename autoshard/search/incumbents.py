@@ -1,0 +1,145 @@
+"""Incumbents: good feasible layouts for a candidate, built quickly before CP-SAT runs. The best one
+seeds the solver's hint and, with the lower bounds, decides which candidates enter the model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoshard.search.bounds import (
+    hetero_capacity_at,
+    joint_search,
+    layer_capacity,
+    rank_capacity_at,
+    rank_work,
+    uniform_capacity_at,
+    uniform_thresholds,
+)
+from autoshard.search.tables import CandidateTables, Layout, even_layout, int_objective
+from autoshard.specs.cluster import ClusterSpec
+
+__all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "greedy_pools"]
+
+
+def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None) -> Layout | None:
+    """A layout giving each rank at most caps[r] decoder layers: start from the caps and shed the
+    surplus one layer at a time from the rank with the longest time (its layers plus its fixed work:
+    embedding, output, sends; the earlier rank on ties: it holds more micro-batches in flight); each
+    rank's layers are split evenly over its chunks, the later chunks taking the remainder."""
+    pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
+    n_dec = int(tab.decoders[-1])
+    load = [int(c) for c in caps]
+    work = [rank_work(tab, pool_of_rank[r] if pool_of_rank else None) for r in range(pp)]
+    per_layer = [float(w[0]) for w in work]
+    fixed = [float(w[2][r]) for r, w in enumerate(work)]
+    extra = sum(load) - n_dec
+    if extra < 0:
+        return None
+    least = [vpp] * pp
+    least[0] -= 1  # chunk 0 may hold only the embedding
+    least[pp - 1] -= 1  # the last chunk may hold only the output layer
+    while extra > 0:
+        r = max((i for i in range(pp) if load[i] > least[i]),
+                key=lambda i: (fixed[i] + load[i] * per_layer[i], -i), default=None)
+        if r is None:
+            break
+        load[r] -= 1
+        extra -= 1
+    if extra or any(x < lo for x, lo in zip(load, least, strict=True)):
+        return None
+    sizes = [0] * (pp * vpp)
+    for r in range(pp):
+        base, rem = divmod(load[r], vpp)
+        for c in range(vpp):
+            # the remainder goes to the later chunks, except on the last rank, whose final chunk
+            # carries the output layer and may be left without decoder layers
+            later = c >= vpp - rem if r < pp - 1 else c < rem
+            sizes[c * pp + r] = base + (1 if later else 0)
+    if any(size == 0 for k, size in enumerate(sizes) if 0 < k < pp * vpp - 1):
+        return None
+    bounds = [0]
+    acc = 1
+    for k, size in enumerate(sizes):
+        acc += size
+        bounds.append(acc if k < len(sizes) - 1 else tab.num_layers)
+    pools = tuple((pool_of_rank[k % pp] if pool_of_rank else 0) for k in range(pp * vpp))
+    return Layout(bounds=tuple(bounds), recompute=(0,) * (pp * vpp), pools=pools)
+
+
+def fit_recompute(tab: CandidateTables, lay: Layout | None) -> tuple[int, Layout] | None:
+    """`lay` with the fewest uniformly recomputed layers per chunk that make it fit."""
+    if lay is None:
+        return None
+    smallest = min(int(tab.decoders[lay.bounds[k + 1]] - tab.decoders[lay.bounds[k]]) for k in range(tab.num_chunks))
+    max_rc = 0 if tab.base_full else smallest
+    for rc in range(max_rc + 1):
+        trial = Layout(bounds=lay.bounds, recompute=(rc,) * tab.num_chunks, pools=lay.pools)
+        obj, fits = int_objective(tab, trial)
+        if fits:
+            return obj, trial
+    return None
+
+
+def incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: int,
+               uniform: bool) -> tuple[int, Layout] | None:
+    """Best of Megatron's even split and balanced splits built from the per-rank capacities at
+    slowest-rank times just above the proven lower bounds (per uniform recompute count k)."""
+    found = [fit_recompute(tab, even_layout(tab, pool_of_rank))]
+    if tab.config.dims.pp > 1:
+        step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+        if uniform:
+            for t, k in uniform_thresholds(tab)[:3]:
+                for i in range(4):
+                    found.append(fit_recompute(tab, loads_layout(tab, uniform_capacity_at(tab, t + i * step, k), pool_of_rank)))
+        for i in range(4):
+            found.append(fit_recompute(tab, loads_layout(tab, rank_capacity_at(tab, tmax_lb + i * step), pool_of_rank)))
+        if len(tab.pools) == 1 and tab.uniform_decoders:
+            cfg = tab.config
+            a = (tab.scale // cfg.dims.vpp) * (cfg.num_microbatches * cfg.dims.vpp - 1)
+            for caps in joint_search(tab, tmax_lb, a, tab.scale)[1]:
+                found.append(fit_recompute(tab, loads_layout(tab, caps, pool_of_rank)))
+        found.append(fit_recompute(tab, loads_layout(tab, layer_capacity(tab), pool_of_rank)))
+    found = [f for f in found if f]
+    return min(found, key=lambda f: f[0]) if found else None
+
+
+def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -> tuple[int, Layout] | None:
+    """Layouts whose ranks take the pool and the load the bound's assignment gives them at times
+    just above the bound, plus the greedy fastest-pools-first assignment with Megatron's even split."""
+    found = []
+    greedy = greedy_pools(cluster, tab)
+    if greedy is not None:
+        found.append(fit_recompute(tab, even_layout(tab, greedy)))
+    if len(cluster.pools) == 2:
+        pool_gpus = [p.num_gpus for p in cluster.pools]
+        step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+        for i in range(8):
+            got = hetero_capacity_at(tab, tmax_lb + i * step, pool_gpus)
+            if got is None:
+                continue
+            _, pools = got
+            ranks = [int(q) for q in pools]
+            caps = np.zeros(len(ranks))
+            for q in (0, 1):
+                cap = rank_capacity_at(tab, tmax_lb + i * step, pool=q)
+                caps = np.where(np.asarray(ranks) == q, cap, caps)
+            found.append(fit_recompute(tab, loads_layout(tab, caps, ranks)))
+    found = [f for f in found if f]
+    return min(found, key=lambda f: f[0]) if found else None
+
+
+def greedy_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None:
+    """A greedy pool per pipeline rank for the incumbent: fastest pools first, within capacity."""
+    dims = tab.config.dims
+    need = dims.tp * dims.cp * dims.dp
+    free = [p.num_gpus for p in cluster.pools]
+    order = sorted(range(len(cluster.pools)), key=lambda i: int(tab.pools[i].time_us[-1]))
+    ranks = []
+    for _ in range(dims.pp):
+        for i in order:
+            if free[i] >= need:
+                free[i] -= need
+                ranks.append(i)
+                break
+        else:
+            return None
+    return ranks
