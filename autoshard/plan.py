@@ -111,7 +111,8 @@ class Plan:
         status = self.status()
         return {
             "schema": SCHEMA,
-            "status": "optimal" if status is SolveStatus.OPTIMAL else "feasible",
+            "status": ("optimal" if status is SolveStatus.OPTIMAL
+                       else "infeasible" if not pred.fits else "feasible"),
             "mode": self.mode,
             "model": self.model.name,
             "cluster": self.cluster.name,
