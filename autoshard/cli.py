@@ -114,6 +114,14 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
+def _print_plans_json(plans: list) -> None:
+    """The best plan's JSON object, with the runner-ups (--top) under "alternatives"."""
+    obj = plans[0].to_json()
+    if len(plans) > 1:
+        obj["alternatives"] = [p.to_json() for p in plans[1:]]
+    _print_json(obj)
+
+
 def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage):
     from autoshard.parallel import Recompute
     from autoshard.search.space import Pins
@@ -209,10 +217,7 @@ def solve(
                       options=_solver_options(top, time_limit, workers, seed, verbose, zero_stage))
     best = plans[0]
     if json_out:
-        obj = best.to_json()
-        if top > 1:
-            obj["alternatives"] = [p.to_json() for p in plans[1:]]
-        _print_json(obj)
+        _print_plans_json(plans)
     else:
         render_console = err if emit is not None and output is None else out
         from autoshard.report.terminal import render_plan
@@ -391,10 +396,7 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
                         top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed)
     best = plans[0]
     if json_out:
-        obj = best.to_json()
-        if top > 1:
-            obj["alternatives"] = [p.to_json() for p in plans[1:]]
-        _print_json(obj)
+        _print_plans_json(plans)
     else:
         render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
     if emit is not None:

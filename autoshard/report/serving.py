@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autoshard.report.terminal import prune_table
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
 
@@ -63,12 +64,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
                           f"{1e3 * other.prediction.tpot_s:.1f}", f"{other.prediction.ttft_s:.2f}")
         console.print(table)
     if explain and s.pruned:
-        table = Table(title="Why candidates were discarded", header_style="bold")
-        table.add_column("reason")
-        table.add_column("count", justify="right")
-        for reason, count in sorted(s.pruned.items(), key=lambda kv: -kv[1]):
-            table.add_row(reason, str(count))
-        console.print(table)
+        console.print(prune_table(s.pruned))
     for w in plan.warnings:
         console.print(f"[yellow]note:[/yellow] {w}", highlight=False)
     for name in ("vllm", "sglang"):

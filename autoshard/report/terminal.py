@@ -16,7 +16,7 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", "plan_summary"]
+__all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", "plan_summary", "prune_table"]
 
 
 def plan_summary(plan: Plan) -> str:
@@ -116,6 +116,16 @@ def schedule_chart(plan: Plan, *, width: int = 100, max_microbatches: int = 16) 
     return head + "\n" + render_gantt(ops, pp=pp, width=width)
 
 
+def prune_table(pruned: dict[str, int]) -> Table:
+    """Why the search discarded candidates, most frequent reason first (`--explain`)."""
+    table = Table(title="Why candidates were discarded", header_style="bold")
+    table.add_column("reason")
+    table.add_column("count", justify="right")
+    for reason, count in sorted(pruned.items(), key=lambda kv: -kv[1]):
+        table.add_row(reason, str(count))
+    return table
+
+
 def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), show_schedule: bool = False,
                 explain: bool = False, notes: Sequence[str] = ()) -> None:
     pred = plan.prediction
@@ -154,12 +164,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
                           f"{100 * (p.step_time_s / pred.step_time_s - 1):+.1f}%")
         console.print(table)
     if explain and s.pruned:
-        table = Table(title="Why candidates were discarded", header_style="bold")
-        table.add_column("reason")
-        table.add_column("count", justify="right")
-        for reason, count in sorted(s.pruned.items(), key=lambda kv: -kv[1]):
-            table.add_row(reason, str(count))
-        console.print(table)
+        console.print(prune_table(s.pruned))
     if show_schedule:
         width = max(40, min(120, console.width - 24))
         console.print(schedule_chart(plan, width=width), markup=False, highlight=False, soft_wrap=True)
