@@ -7,11 +7,35 @@ ZeRO-3/FSDP shards the weights, keeping a gathered copy of the layers in flight.
 
 Activations follow Korthikanti et al. 2022 (Table 2), derived tensor by tensor so that GQA, SwiGLU,
 MoE and CP fall out of the same count; `dropout=True` reproduces the paper's GPT numbers.
+
+`TrainFramework.TORCHTITAN` swaps in what torchtitan does instead (sources: pytorch/torchtitan at
+9dec370, the commit of its Dec 2024 H100 benchmarks; PyTorch's FSDP2 and loss-parallel code):
+
+* FSDP2 mixed precision (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`) keeps FP32
+  sharded parameters (4 B), FP32 sharded gradients (4 B) and Adam m, v (8 B): 16 B/param / DP.
+  Each transformer block is its own FSDP group, all-gathered in BF16 just in time (the current
+  block and the prefetched next one) and resharded after forward; its unsharded BF16 gradients and
+  their FP32 copy for the reduce-scatter are transient. The root group (embedding, final norm,
+  output projection) is not resharded after forward, so it stays unsharded in BF16 all step.
+* The loss (`train.py: cross_entropy(pred.flatten(0, 1).float(), labels)`, `del pred` before
+  backward) peaks in backward at the saved FP32 log-softmax output, the FP32 nll-loss gradient and
+  the FP32 log-softmax gradient (12 B x V per token); with TP, loss parallel
+  (`torch.distributed.tensor.parallel.loss`) shards V and its fused backward
+  `(grad_input + exp(x)) * grad_output` holds four FP32 tensors (16 B x V/tp).
+* "selective" activation checkpointing in torchtitan's Llama configs is op-level SAC
+  (`selective_ac_option = 'op'`, `parallelize_llama.py: _save_list`): each block saves its input and
+  the outputs of every other `aten.mm` (wq, wv, w1, w2 in the block's mm order), of flash attention
+  (output + FP32 logsumexp) and of TP reduce-scatters; everything else is recomputed.
+* torchtitan logs `torch.cuda.memory_stats()["reserved_bytes.all.peak"]` (`metrics.py:
+  DeviceMemoryMonitor.get_peak_stats`, `train.py` "memory:" line): the caching allocator's peak
+  reservation, which excludes the CUDA context and NCCL buffers (see `allocator_reported_bytes`);
+  its gap over the peak allocation is the GPU's `fragmentation` fraction, as for Megatron.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -20,12 +44,22 @@ from autoshard.specs.model import LayerKind, ModelSpec
 from autoshard.units import GIB
 
 __all__ = [
+    "TrainFramework", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes", "allocator_reported_bytes",
     "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
     "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
 ]
 
 BF16 = 2
 FP32 = 4
+
+
+class TrainFramework(StrEnum):
+    """The training framework whose memory behaviour the model follows (time is modelled the same)."""
+
+    MEGATRON = "megatron"
+    """Megatron-LM / Megatron-Core: 18 B/param states, distributed optimizer, Korthikanti activations."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan: FSDP2 mixed-precision states, unfused FP32 loss, op-level selective checkpointing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +110,22 @@ class ModelStateBytes:
 
 
 def model_state_bytes(
-    shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM
+    shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM,
+    framework: TrainFramework = TrainFramework.MEGATRON,
 ) -> ModelStateBytes:
-    """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards."""
+    """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards.
+
+    Megatron: BF16 weights, FP32 gradient buffer, FP32 master + moments. torchtitan (FSDP2 mixed
+    precision): the FP32 parameters are the master copy (4 B), gradients are FP32 (4 B) and the
+    optimizer holds only its moments; the BF16 compute copies are transient (see training.py)."""
     state = optimizer.state_bytes_per_param
+    w_bytes = BF16
+    if framework is TrainFramework.TORCHTITAN:
+        w_bytes, state = FP32, state - FP32  # FP32 params are the master weights
     weights = grads = opt = 0.0
     for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):
         # Megatron's distributed optimizer shards over the DP x CP group (both replicate weights).
-        w, g, o = BF16 * params, FP32 * params, state * params
+        w, g, o = w_bytes * params, FP32 * params, state * params
         if zero_stage >= 1:
             o /= dp
         if zero_stage >= 2:
@@ -166,6 +208,67 @@ def layer_activation_bytes(
     return tokens * (outside + inside)
 
 
+def torchtitan_layer_activation_bytes(
+    model: ModelSpec,
+    kind: LayerKind,
+    *,
+    dims: ParallelDims,
+    micro_batch_size: int,
+    seq_len: int,
+    recompute: Recompute,
+    sequence_parallel: bool,
+) -> float:
+    """Bytes one micro-batch leaves saved for backward in one layer under torchtitan.
+
+    Decoder layers: full AC saves the block input; op-level selective AC saves the block input and
+    the outputs of ops in torchtitan's `_save_list` (every other mm, flash attention, TP
+    reduce-scatters). No AC (and MoE layers, whose torchtitan op order is not modelled) falls back
+    to the Korthikanti count. The output layer saves the final norm's input and the output
+    projection's input (all-gathered over the sequence when TP shards it); its loss is transient
+    (`torchtitan_loss_bytes`)."""
+    tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
+    tokens = s * b
+    h = model.hidden_size
+    rep = tp if sequence_parallel else 1
+    if kind is LayerKind.EMBEDDING:
+        return 0.0
+    if kind is LayerKind.OUTPUT:
+        return tokens * (BF16 * h / rep + BF16 * h)
+    if recompute is Recompute.FULL:
+        return tokens * BF16 * h / rep
+    if recompute is Recompute.NONE or kind is not LayerKind.DENSE or model.mla is not None:
+        return layer_activation_bytes(
+            model, kind, dims=dims, micro_batch_size=micro_batch_size, seq_len=seq_len,
+            recompute=recompute, sequence_parallel=sequence_parallel,
+        )
+    d = model.kv_channels
+    heads = model.num_attention_heads / tp
+    kv = max(model.kv_heads / tp, 1)
+    ffn = model.ffn_hidden_size / tp
+    # Block mm order: wq, wk, wv, wo, w1, w3, w2 (gated MLP) or w1, w2; odd-numbered ones are saved.
+    mm_out = [heads * d, kv * d, kv * d, h]  # rowwise outputs (wo, w2) are the full-width partial sums
+    mm_out += [ffn, ffn, h] if model.mlp.num_matrices == 3 else [ffn, h]
+    saved = BF16 * h / rep  # the block input (checkpoint wrapper)
+    saved += BF16 * sum(mm_out[0::2])
+    saved += BF16 * heads * d + FP32 * heads  # flash attention output and logsumexp
+    if tp > 1 and sequence_parallel:
+        saved += 2 * BF16 * h / tp  # reduce-scatter outputs after wo and w2
+    return tokens * saved
+
+
+def torchtitan_loss_bytes(model: ModelSpec, *, dims: ParallelDims, micro_batch_size: int, seq_len: int) -> float:
+    """Peak bytes of torchtitan's loss (FP32 cross-entropy on the logits), one micro-batch.
+
+    Without TP: the fused CUDA log_softmax saves its FP32 output; in backward nll_loss_backward
+    allocates an FP32 gradient and log_softmax_backward another: 3 x 4 B x V per token (the forward
+    peak, BF16 logits + FP32 copy + FP32 output = 10 B, is lower). With TP, loss parallel keeps the
+    vocabulary sharded and its fused backward holds the saved output, zeros_like, exp(x) and their
+    sum: 4 x 4 B x V/tp per token of the full (gathered) sequence."""
+    tokens = micro_batch_size * seq_len // dims.cp
+    per_vocab = 3 * FP32 if dims.tp == 1 else 4 * FP32
+    return tokens * per_vocab * model.vocab_size / dims.tp
+
+
 def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
     """Micro-batches (in units of a full rank's layers) whose activations pipeline rank `rank` holds
     at its peak under 1F1B, or interleaved 1F1B with `vpp` chunks (Megatron's warm-up counts).
@@ -182,6 +285,12 @@ def overhead_bytes(gpu: GpuSpec, allocated_bytes: float) -> float:
     """CUDA context, NCCL and cuBLAS workspaces, plus allocator fragmentation on what is allocated."""
     eff = gpu.efficiency
     return eff.reserved_memory_gib * GIB + eff.fragmentation * allocated_bytes
+
+
+def allocator_reported_bytes(gpu: GpuSpec, total_bytes: float) -> float:
+    """What `torch.cuda.memory_stats()["reserved_bytes.all.peak"]` reports for a predicted per-GPU
+    total: everything but the CUDA context and NCCL buffers, which live outside the allocator."""
+    return total_bytes - gpu.efficiency.reserved_memory_gib * GIB
 
 
 def usable_bytes(gpu: GpuSpec) -> float:

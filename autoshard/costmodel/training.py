@@ -16,15 +16,19 @@ from autoshard.costmodel.comm import Collective, collective_time_s, group_links,
 from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
 from autoshard.costmodel.memory import (
     BF16,
+    FP32,
+    TrainFramework,
     layer_activation_bytes,
     layer_param_shards,
     model_state_bytes,
     overhead_bytes,
+    torchtitan_layer_activation_bytes,
+    torchtitan_loss_bytes,
 )
 from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
 from autoshard.costmodel.pipeline import schedule_time
 from autoshard.parallel import ParallelDims, Recompute
-from autoshard.specs.cluster import ClusterSpec, PoolSpec
+from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec
 from autoshard.units import GIB
@@ -60,6 +64,9 @@ class TrainConfig:
     flash_attention: bool = True
     """Fused attention kernels (every current framework); False models pre-2022 Megatron-LM, which
     stored the s x s attention scores."""
+    framework: TrainFramework = TrainFramework.MEGATRON
+    """Whose memory behaviour to model (model states, loss, selective recompute, allocator); see
+    autoshard.costmodel.memory. Step time is modelled the same for every framework."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -181,15 +188,24 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_GATHER, gathered, dims.expert_tp, links.etp)
 
     shards = layer_param_shards(model, kind, dims)
-    states = model_state_bytes(shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer)
+    states = model_state_bytes(
+        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework)
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
         flash_attention=cfg.flash_attention,
     )
-    act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
-    full_act = act
-    if recompute is Recompute.FULL:
-        full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
+    if cfg.framework is TrainFramework.TORCHTITAN:
+        tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)
+        act = torchtitan_layer_activation_bytes(model, kind, recompute=recompute, **tt_kwargs)
+        full_act = act
+        if is_decoder and recompute is not Recompute.NONE:
+            # Working set while the block is recomputed: what it would save without checkpointing.
+            full_act = max(act, layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs))
+    else:
+        act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
+        full_act = act
+        if recompute is Recompute.FULL:
+            full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
     return LayerCost(
         compute_s=ct.forward_s + ct.backward_s,
         recompute_s=ct.recompute_s,
@@ -372,6 +388,43 @@ def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]
     return total
 
 
+def _torchtitan_rank_memory(
+    model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage], rank: int, mine: Sequence[StageCost],
+    in_flight: float, weights: float, grads: float, gpu: GpuSpec,
+) -> tuple[float, float, float, float]:
+    """torchtitan's peak on one pipeline rank: weights, grads, activations and overhead bytes.
+
+    Persistent: sharded states, the saved activations and, under FSDP (ZeRO-3), the root group's
+    unsharded BF16 weights (embedding, final norm, output projection: not resharded after forward).
+    On top, the larger of two transients that never coexist: the loss in backward (the output
+    layer's working set), or a block's backward (current + prefetched gathered BF16 weights, its
+    unsharded BF16 gradients and their FP32 reduce-scatter copy, the root's unsharded BF16 gradients
+    held until the end of backward, and the block's recomputed activations)."""
+    dims = cfg.dims
+    act = in_flight * sum(c.activation_bytes for c in mine)
+    kinds = [k for i, st in enumerate(stages) if i % dims.pp == rank for k in model.layer_kinds[st.start:st.stop]]
+    decoder = [layer_param_shards(model, k, dims).total for k in kinds if k in (LayerKind.DENSE, LayerKind.MOE)]
+    root = sum(layer_param_shards(model, k, dims).total for k in kinds if k in (LayerKind.EMBEDDING, LayerKind.OUTPUT))
+    largest = max(decoder, default=0.0)
+    loss_phase = 0.0
+    if LayerKind.OUTPUT in kinds:
+        loss_phase = torchtitan_loss_bytes(model, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
+    block_w = block_g = 0.0
+    if cfg.zero_stage == 3:
+        weights += BF16 * root
+        block_w, block_g = 2 * BF16 * largest, (BF16 + FP32) * largest + BF16 * root
+    block_act = max(c.working_bytes for c in mine)  # a block's recomputed activations
+    if block_w + block_g + block_act > loss_phase:
+        weights += block_w
+        grads += block_g
+        act += block_act
+    else:
+        act += loss_phase
+    allocated = weights + grads + sum(c.optimizer_bytes for c in mine) + act
+    over = overhead_bytes(gpu, allocated)  # context + NCCL outside the allocator, fragmentation inside
+    return weights, grads, act, over
+
+
 def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> TrainPrediction:
     """Predict a training step. `stages` lists pp x vpp chunks in order."""
     dims = cfg.dims
@@ -436,10 +489,17 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         mine = [costs[i] for i in range(len(stages)) if i % pp == r]
         gpu = pools[stages[r].pool].gpu
         in_flight = _in_flight(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m)
-        act = in_flight * sum(c.activation_bytes for c in mine) / 1.0 + max(c.working_bytes for c in mine)
         w = sum(c.weights_bytes for c in mine)
         g = sum(c.grads_bytes for c in mine)
         o = sum(c.optimizer_bytes for c in mine)
+        if cfg.framework is TrainFramework.TORCHTITAN:
+            w, g, act, over = _torchtitan_rank_memory(model, cfg, stages, r, mine, in_flight, w, g, gpu)
+            bd = MemoryBreakdown(weights=w, grads=g, optimizer=o, activations=act, kv_cache=0.0, overhead=over)
+            rank_breakdowns.append(bd)
+            rank_mem.append(bd.total)
+            rank_cap.append(gpu.hbm_gib * GIB)
+            continue
+        act = in_flight * sum(c.activation_bytes for c in mine) / 1.0 + max(c.working_bytes for c in mine)
         if cfg.zero_stage == 3:
             # ZeRO-3/FSDP gathers each layer's weights just in time (the current layer and the
             # prefetched next one) and holds that layer's full gradients until they are reduced.

@@ -29,3 +29,14 @@ def test_no_run_worse_than_25_percent(run):
 def test_every_skip_has_a_reason():
     for r in RESULTS:
         assert r.skip_throughput is None or len(r.skip_throughput) > 40
+
+
+MEMORY = [r for r in RESULTS if r.memory_error is not None]
+
+
+def test_memory_median_error_within_10_percent():
+    """Per-GPU memory where the source reports it (the 8 torchtitan runs, framework: torchtitan):
+    median |error| 3.7 %, max 13.4 % (70B FSDP 32 x TP 8 without async TP, under-predicted)."""
+    assert len(MEMORY) >= 8
+    assert statistics.median(abs(r.memory_error) for r in MEMORY) <= 0.10
+    assert max(abs(r.memory_error) for r in MEMORY) <= 0.15

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from autoshard.costmodel.memory import TrainFramework, allocator_reported_bytes
 from autoshard.costmodel.pipeline import even_split
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.parallel import ParallelDims, Recompute
@@ -94,9 +95,13 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=Recompute(run["recompute"]),
         sequence_parallel=run["sequence_parallel"], zero_stage=run["zero_stage"],
         tp_comm_overlap=run["tp_comm_overlap"], overlap_grad_reduce=run["overlap_grad_reduce"],
-        flash_attention=run["flash_attention"],
+        flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
     )
     pred = predict_train(model, cluster, cfg, even_stages(model, dims.pp, dims.vpp))
+    predicted_memory = pred.peak_memory_bytes
+    if cfg.framework is TrainFramework.TORCHTITAN:
+        # torchtitan logs the caching allocator's peak reservation (no CUDA context, no NCCL).
+        predicted_memory = allocator_reported_bytes(cluster.primary.gpu, predicted_memory)
     m = run["measured"]
     metric, measured = m["metric"], float(m["value"])
     if metric == "tflops_per_gpu" and m.get("convention", "").startswith("narayanan96"):
@@ -110,7 +115,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
     }[metric]
     return RunResult(
         id=run["id"], gpu=cluster.primary.gpu.name, skip_throughput=run.get("skip_throughput"), metric=metric, measured=measured, predicted=predicted,
-        measured_memory_gib=run.get("measured_memory_gib"), predicted_memory_gib=pred.peak_memory_bytes / GIB,
+        measured_memory_gib=run.get("measured_memory_gib"), predicted_memory_gib=predicted_memory / GIB,
     )
 
 
