@@ -323,7 +323,7 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     scale = tab.scale
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
-    if len(tab.pools) == 1 and tab.uniform_decoders and pp > 1:
+    if len(tab.pools) == 1 and pp > 1:
         pipeline_and_tail = max(pipeline_and_tail, _joint_bound(tab, tmax, a, b))
     return (scale // vpp) * total + pipeline_and_tail, tmax
 
@@ -354,14 +354,18 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     def diff(arr, i: int) -> int:
         return int(arr[i + 1] - arr[i])
 
-    exposed = [diff(p.dp_full_us, i) - diff(p.window_us, i) for i in (0, 1, n - 1)]
-    minimum = [diff(p.dp_min_us, i) for i in (0, 1, n - 1)]
-    use_full = exposed[1] >= minimum[1]
-    per = exposed if use_full else minimum
-    e = per[1] + diff(p.opt_us, 1)
-    g = np.full(pp, float(tab.dp_latency_us if use_full else 0))
-    g[0] += per[0] + diff(p.opt_us, 0)
-    g[pp - 1] += per[2] + diff(p.opt_us, n - 1)
+    def slope(kind: str, i: int) -> int:
+        if kind == "full":
+            return diff(p.dp_full_us, i) - diff(p.window_us, i) + diff(p.opt_us, i)
+        return diff(p.dp_min_us, i) + diff(p.opt_us, i)
+
+    # decoder layers may differ (dense and MoE): the cheapest one keeps the capacities upper bounds
+    decoders = range(1, n - 1)
+    kind = "full" if min(slope("full", i) for i in decoders) >= min(slope("min", i) for i in decoders) else "min"
+    e = min(slope(kind, i) for i in decoders)
+    g = np.full(pp, float(tab.dp_latency_us if kind == "full" else 0))
+    g[0] += slope(kind, 0)
+    g[pp - 1] += slope(kind, n - 1)
     if e <= 0:
         return 0, []
 

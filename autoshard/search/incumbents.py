@@ -92,7 +92,7 @@ def incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: int
                     found.append(fit_recompute(tab, loads_layout(tab, uniform_capacity_at(tab, t + i * step, k), pool_of_rank)))
         for i in range(4):
             found.append(fit_recompute(tab, loads_layout(tab, rank_capacity_at(tab, tmax_lb + i * step), pool_of_rank)))
-        if len(tab.pools) == 1 and tab.uniform_decoders:
+        if len(tab.pools) == 1:
             cfg = tab.config
             a = (tab.scale // cfg.dims.vpp) * (cfg.num_microbatches * cfg.dims.vpp - 1)
             for caps in joint_search(tab, tmax_lb, a, tab.scale)[1]:
