@@ -1,0 +1,364 @@
+"""Serving candidate space: enumerate vLLM-legal engines (TP, PP, expert parallelism, attention DP)
+with a reason for every candidate dropped, and tabulate each at a ladder of concurrencies with the
+serving cost model, one `Row` per engine and concurrency with the replicas the objective implies.
+
+`autoshard.search.serve` builds the CP-SAT model over these rows and re-exports the public names here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from autoshard.costmodel.serving import (
+    ServeConfig,
+    ServePrediction,
+    StepTime,
+    concurrency_ladder,
+    default_max_num_batched_tokens,
+    kv_cache_bytes_per_token_per_gpu,
+    kv_limited_concurrency,
+    predict_serve,
+    prefill_time,
+    serve_memory,
+    stage_layers,
+)
+from autoshard.errors import SpecError
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import AttentionKind, ModelSpec
+from autoshard.units import time_to_us
+
+__all__ = [
+    "Engine",
+    "ServeSpace",
+    "Row",
+    "enumerate_serve",
+    "tabulate",
+    "GPU_MEMORY_UTILIZATION",
+    "MAX_CONCURRENCY",
+    "TIE_SCALE",
+]
+
+GPU_MEMORY_UTILIZATION = 0.90
+"""The planner's vLLM --gpu-memory-utilization: vLLM's default is 0.92 (0.90 before); 0.90 leaves room
+for the CUDA context and allocator slack outside vLLM's budget."""
+MAX_CONCURRENCY = 1024
+"""Largest --max-num-seqs tabulated (vLLM's default on 70+ GiB GPUs)."""
+PP_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
+DP_ATTENTION_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+TIE_SCALE = 1_000_000
+PINNABLE = ("tp", "pp", "dp", "ep")
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    pool: int
+    tp: int
+    pp: int
+    dp_attention: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp_attention
+
+    @property
+    def ep(self) -> int:
+        return self.tp * self.dp_attention if self.expert_parallel else 1
+
+    def label(self) -> str:
+        ep = f" EP{self.ep} (attention DP{self.dp_attention})" if self.expert_parallel else ""
+        return f"TP{self.tp} PP{self.pp}{ep}"
+
+
+@dataclass(slots=True)
+class ServeSpace:
+    engines: list[Engine] = field(default_factory=list)
+    pruned: list[tuple[str, str]] = field(default_factory=list)
+    """(candidate, reason) for every candidate dropped."""
+    enumerated: int = 0
+    closest: tuple[Engine, float, float, float] | None = None
+    """The memory-pruned engine nearest to fitting: (engine, bytes per GPU it needs, bytes it has,
+    KV-cache bytes per token per GPU)."""
+
+    def reasons(self) -> Counter[str]:
+        return Counter(reason for _, reason in self.pruned)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One engine at one concurrency, deployed `replicas` times."""
+
+    engine: Engine
+    config: ServeConfig
+    prediction: ServePrediction
+    replicas: int
+    objective: int
+    tpot_us: int
+    ttft_us: int
+
+    @property
+    def gpus(self) -> int:
+        return self.engine.gpus * self.replicas
+
+    @property
+    def throughput(self) -> float:
+        return self.prediction.throughput_tokens_per_s * self.replicas
+
+
+# --------------------------------------------------------------------------- candidate space
+
+
+def _tp_choices(domain: int) -> list[int]:
+    powers = {2**k for k in range(8) if 2**k <= 2 * domain}
+    return sorted(powers | {d for d in range(1, domain + 1) if domain % d == 0})
+
+
+def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bool = True) -> str | None:
+    """vLLM's rules for one engine on one pool; the reason it is illegal, or None."""
+    heads, node = model.num_attention_heads, pool.node
+    if heads % e.tp:
+        return f"TP {e.tp} does not divide the {heads} attention heads"
+    if model.attention is AttentionKind.GQA and model.kv_heads % e.tp and e.tp % model.kv_heads:
+        return f"TP {e.tp} and the {model.kv_heads} KV heads must divide one another"
+    if e.tp > node.domain_size:
+        return f"TP {e.tp} would leave the {node.domain_size}-GPU NVLink domain (TP stays inside one)"
+    if e.pp > model.num_layers:
+        return f"PP {e.pp} exceeds the {model.num_layers} decoder layers"
+    if e.expert_parallel:
+        assert model.moe is not None
+        if e.ep < 2:
+            return "expert parallelism needs TP x DP >= 2"
+        if model.moe.num_experts % e.ep:
+            return f"EP {e.ep} does not divide the {model.moe.num_experts} experts"
+    if check_size and e.gpus > pool.num_gpus:
+        return f"the engine needs {e.gpus} GPUs; pool '{pool.name}' has {pool.num_gpus}"
+    per_node = node.gpus_per_node
+    if pool.num_nodes > 1 and (
+        (e.gpus < per_node and per_node % e.gpus) or (e.gpus > per_node and e.gpus % per_node)
+    ):
+        return f"an engine of {e.gpus} GPUs does not pack into {per_node}-GPU nodes"
+    return None
+
+
+def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
+    if "tp" in pins and e.tp != pins["tp"]:
+        return f"pinned tp={pins['tp']}"
+    if "pp" in pins and e.pp != pins["pp"]:
+        return f"pinned pp={pins['pp']}"
+    if "ep" in pins and e.ep != pins["ep"]:
+        return f"pinned ep={pins['ep']}"
+    if "dp" in pins and e.expert_parallel and e.dp_attention != pins["dp"]:
+        return f"pinned dp={pins['dp']}"
+    return None
+
+
+def enumerate_serve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    *,
+    pins: dict[str, int] | None = None,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+) -> ServeSpace:
+    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons."""
+    pins = dict(pins or {})
+    bad = set(pins) - set(PINNABLE)
+    if bad:
+        raise SpecError(f"cannot pin {sorted(bad)} for serving; pin one of {', '.join(PINNABLE)}")
+    space = ServeSpace()
+    for pi, pool in enumerate(cluster.pools):
+        for tp in _tp_choices(pool.node.domain_size):
+            for pp in PP_CHOICES:
+                options: list[tuple[int, bool]] = [(1, False)]
+                if model.is_moe:
+                    options += [(d, True) for d in DP_ATTENTION_CHOICES]
+                for dpa, ep_on in options:
+                    e = Engine(pi, tp, pp, dpa, ep_on)
+                    if e.gpus > 2 * pool.num_gpus and (tp > 1 or pp > 1 or dpa > 1):
+                        continue  # far beyond the pool: not a candidate worth listing
+                    space.enumerated += 1
+                    label = f"{pool.name}: {e.label()}"
+                    reason = _engine_rules(model, pool, e) or _pinned_out(e, pins)
+                    if reason is None:
+                        cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
+                        mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+                        reason = mem.problem()
+                        if reason is None and kv_limited_concurrency(mem, job) < 1:
+                            reason = f"the KV cache holds {mem.kv_cache_tokens} tokens, less than one request"
+                        if reason is not None:
+                            per_token = max(
+                                kv_cache_bytes_per_token_per_gpu(
+                                    model, tp=tp, layers=st.decoders, dtype=job.kv_cache_dtype
+                                )
+                                for st in stage_layers(model, pp)
+                            )
+                            need = mem.non_kv_bytes + job.context_len * per_token
+                            if (
+                                space.closest is None
+                                or need - mem.budget_bytes < space.closest[1] - space.closest[2]
+                            ):
+                                space.closest = (e, need, mem.budget_bytes, per_token)
+                    if reason is None:
+                        space.engines.append(e)
+                    else:
+                        space.pruned.append((label, reason))
+    return space
+
+
+def _config(
+    model: ModelSpec,
+    pool: PoolSpec,
+    job: ServeJob,
+    e: Engine,
+    *,
+    max_num_seqs: int,
+    util: float = GPU_MEMORY_UTILIZATION,
+    max_num_batched_tokens: int | None = None,
+) -> ServeConfig:
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu)
+    return ServeConfig(
+        tp=e.tp,
+        pp=e.pp,
+        dp_attention=e.dp_attention,
+        expert_parallel=e.expert_parallel,
+        weight_dtype=job.weight_dtype,
+        kv_cache_dtype=job.kv_cache_dtype,
+        gpu_memory_utilization=util,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(budget, max_num_seqs),
+    )
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def tabulate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    space: ServeSpace,
+    *,
+    pins: dict[str, int] | None = None,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+) -> tuple[list[Row], Counter[str]]:
+    """Rows of each legal engine at the concurrencies its KV cache allows, with the replicas the
+    objective implies. Throughput, TPOT and TTFT all grow with concurrency, so a row is dominated by
+    any higher concurrency of the same engine that still meets the targets: the ladder is bisected
+    for the highest such concurrency and only the rows evaluated on the way are kept (the solver still
+    checks every target itself). Rows that cannot be deployed are counted by reason."""
+    pins = pins or {}
+    dropped: Counter[str] = Counter()
+    rows: list[Row] = []
+    for e in space.engines:
+        pool = cluster.pools[e.pool]
+        top = serve_memory(
+            model,
+            pool.gpu,
+            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization),
+            context_len=job.context_len,
+        )
+        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job))))
+        prefill = prefill_time(
+            model,
+            pool,
+            _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization),
+            prompt_len=job.input_len,
+        )
+        make = partial(
+            _row,
+            model=model,
+            cluster=cluster,
+            job=job,
+            engine=e,
+            pool=pool,
+            prefill=prefill,
+            pins=pins,
+            dropped=dropped,
+            util=gpu_memory_utilization,
+        )
+        evaluated = _bisect(job, ladder, make)
+        dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
+        rows += [r for _, r in sorted(evaluated.items()) if r is not None]
+    return rows, dropped
+
+
+def _bisect(job: ServeJob, ladder: list[int], make: Callable[[int], Row | None]) -> dict[int, Row | None]:
+    """Rows at the ladder concurrencies bisection visits while looking for the highest one that meets
+    the targets (the top of the ladder when it does)."""
+    evaluated: dict[int, Row | None] = {}
+
+    def ok(i: int) -> bool:
+        if i not in evaluated:
+            evaluated[i] = make(ladder[i])
+        r = evaluated[i]
+        return r is not None and _meets(job, r)
+
+    lo, hi = 0, len(ladder) - 1
+    if ok(hi) or not ok(lo):
+        return evaluated
+    while hi - lo > 1:  # ok(lo) holds, ok(hi) does not
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return evaluated
+
+
+def _meets(job: ServeJob, row: Row) -> bool:
+    if job.tpot_target_s is not None and row.tpot_us > time_to_us(job.tpot_target_s):
+        return False
+    return job.ttft_target_s is None or row.ttft_us <= time_to_us(job.ttft_target_s)
+
+
+def _row(
+    batch: int,
+    *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    engine: Engine,
+    pool: PoolSpec,
+    prefill: StepTime,
+    pins: dict[str, int],
+    dropped: Counter[str],
+    util: float,
+) -> Row | None:
+    cfg = _config(model, pool, job, engine, max_num_seqs=batch, util=util)
+    mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    if mem.problem() or kv_limited_concurrency(mem, job) < batch:
+        dropped["concurrency beyond the KV cache"] += 1
+        return None
+    pred = predict_serve(model, pool, job, cfg, concurrency=batch, memory=mem, prefill=prefill)
+    replicas = _replicas(engine, pool, job, pred, pins)
+    if replicas is None:
+        dropped["the request rate needs more GPUs than the pool has"] += 1
+        return None
+    throughput = pred.throughput_tokens_per_s * replicas
+    gpus = engine.gpus * replicas
+    if job.request_rate is None:
+        objective = int(throughput * 1000 / cluster.num_gpus)
+    else:
+        objective = gpus * TIE_SCALE - min(int(throughput / gpus), TIE_SCALE - 1)
+    return Row(engine, cfg, pred, replicas, objective, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
+
+
+def _replicas(
+    e: Engine, pool: PoolSpec, job: ServeJob, pred: ServePrediction, pins: dict[str, int]
+) -> int | None:
+    if e.expert_parallel:
+        if job.request_rate is not None and pred.requests_per_s < job.request_rate:
+            return None
+        return 1
+    most = pool.num_gpus // e.gpus
+    if "dp" in pins:
+        return pins["dp"] if pins["dp"] <= most else None
+    if job.request_rate is None:
+        return most
+    need = math.ceil(job.request_rate / pred.requests_per_s - 1e-9)
+    return need if need <= most else None
