@@ -1,0 +1,126 @@
+"""The solving side of a cost study: worker processes, one CP-SAT worker each, solve one (cluster, GPU
+count) through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve_serve`) and return
+the figures of its best plan. The specs are loaded and validated once in the parent and handed to every
+worker when it starts. `autoshard.study` assembles the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+from autoshard.errors import AutoshardError
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob, TrainJob
+from autoshard.specs.model import ModelSpec
+
+__all__ = ["ProgressFn"]
+
+
+# ----------------------------------------------------------------------------- worker side
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(model: ModelSpec, clusters: dict[str, ClusterSpec], job: TrainJob | ServeJob,
+                 time_limit_s: float, relative_gap: float) -> None:
+    _WORKER.update(model=model, clusters=clusters, job=job, time_limit_s=time_limit_s, relative_gap=relative_gap)
+
+
+def _gpu_names(cluster: ClusterSpec) -> str:
+    return "+".join(dict.fromkeys(p.gpu.name for p in cluster.pools))
+
+
+def _plan_summary(plan: Any) -> str:
+    cfg = plan.config
+    text = f"{cfg.dims.describe()} mbs{cfg.micro_batch_size}"
+    if cfg.recompute.value != "none":
+        text += f" rc-{cfg.recompute.value}"
+    if plan.recompute_num_layers:
+        text += f"+{plan.recompute_num_layers}"
+    if cfg.zero_stage >= 2:
+        text += f" ZeRO-{cfg.zero_stage}"
+    return text
+
+
+def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
+    """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
+    from autoshard.api import solve
+    from autoshard.search.run import SolverOptions
+
+    model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
+    cluster = _sized(spec, num_gpus)
+    try:
+        if isinstance(job, ServeJob):
+            from autoshard.search.serve import solve_serve
+
+            sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=_WORKER["time_limit_s"],
+                             num_workers=1, seed=0)[0]
+            p = sp.prediction
+            return key, num_gpus, {
+                "gpu": sp.pool.gpu.name, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
+                "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": p.ttft_s, "tpot_s": p.tpot_s,
+                "meets_targets": sp.meets_targets(),
+            }, None
+        options = SolverOptions(num_workers=1, time_limit_s=_WORKER["time_limit_s"],
+                                relative_gap=_WORKER["relative_gap"])
+        plan = solve(model, cluster, job, options=options)[0]
+    except AutoshardError as exc:
+        return key, num_gpus, None, str(exc)
+    cfg, pred = plan.config, plan.prediction
+    return key, num_gpus, {
+        "gpu": _gpu_names(cluster), "plan": _plan_summary(plan),
+        "degrees": {"tp": cfg.dims.tp, "pp": cfg.dims.pp, "dp": cfg.dims.dp, "cp": cfg.dims.cp, "ep": cfg.dims.ep,
+                    "vpp": cfg.dims.vpp, "micro_batch_size": cfg.micro_batch_size, "recompute": cfg.recompute.value,
+                    "recompute_num_layers": plan.recompute_num_layers, "zero_stage": cfg.zero_stage},
+        "status": plan.status().value, "gap": plan.solver.gap, "solve_s": plan.solver.wall_s,
+        "mfu": pred.mfu, "tokens_per_s": pred.tokens_per_s,
+    }, None
+
+
+ProgressFn = Callable[[int, int, str], None]
+"""progress(done, total, label of the size just finished); first called with done = 0 once the worker
+processes exist (a caller that draws with a thread should start it then, not before the fork)."""
+
+
+def _sized(spec: ClusterSpec, num_gpus: int) -> ClusterSpec:
+    """The cluster at `num_gpus` GPUs; a heterogeneous cluster only at its own size.
+    ValueError (with the fix) when the size does not fill whole nodes or NVLink domains."""
+    return spec if num_gpus == spec.num_gpus else spec.with_gpus(num_gpus)
+
+
+def _run_tasks(tasks: list[tuple[str, int]], init_args: tuple, jobs: int,
+               progress: ProgressFn | None) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+    results = []
+    # the largest sizes take longest: start them first so no worker is left with one at the end
+    ordered = sorted(tasks, key=lambda t: -t[1])
+    if jobs <= 1 or len(tasks) <= 1:
+        _init_worker(*init_args)
+        if progress:
+            progress(0, len(tasks), "")
+        try:
+            for i, (key, n) in enumerate(ordered):
+                results.append(_solve_task(key, n))
+                if progress:
+                    progress(i + 1, len(tasks), f"{key} x {n}")
+        finally:
+            _WORKER.clear()
+        return results
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker, initargs=init_args)
+    try:
+        pending: set[Future] = {pool.submit(_solve_task, key, n) for key, n in ordered}
+        if progress:
+            progress(0, len(tasks), "")
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                results.append(fut.result())
+                if progress:
+                    key, n = results[-1][:2]
+                    progress(len(results), len(tasks), f"{key} x {n}")
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a bug: do not wait for the queue
+        raise
+    pool.shutdown()
+    return results
