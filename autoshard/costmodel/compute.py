@@ -109,9 +109,11 @@ def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: Paralle
             gemms.append(Gemm(tokens, moe.num_experts, model.hidden_size, fp8_capable=False))
             if moe.shared_expert_ffn_hidden_size:
                 gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
-            # Routed tokens per GPU: the tp*cp attention ranks' tokens, times top_k, spread over the
-            # etp*ep expert ranks; ETP splits the expert FFN dimension.
-            routed = max(1, round(tokens * tp * moe.top_k / dims.ep))
+            # Token-expert pairs per GPU: every attention group (TP x CP GPUs) routes its b*s tokens to
+            # top_k experts, and the same GPUs host the experts (MoE folding), so each GPU runs
+            # tokens * top_k / TP pairs, times ETP because an ETP group shares each pair (each member
+            # with 1/ETP of the expert FFN). EP only decides how many experts those pairs spread over.
+            routed = max(1, round(tokens * moe.top_k * dims.expert_tp / tp))
             experts_local = max(moe.num_experts // dims.ep, 1)
             per_expert = max(1, routed // experts_local)
             gemms += mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
@@ -209,10 +211,11 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
     else:
         assert model.moe is not None
         moe = model.moe
-        routed_local = moe.top_k * moe.expert_ffn_hidden_size * dims.tp / (dims.ep * dims.expert_tp)
+        # per token of this rank: top_k * ETP / TP pairs, each with 1/ETP of the expert intermediate
+        routed_local = moe.top_k * moe.expert_ffn_hidden_size / dims.tp
         shared_local = moe.shared_expert_ffn_hidden_size / dims.tp
         # permute/unpermute copies of the routed hidden states, and the activation function
-        permute = 2 * 2 * moe.top_k * h * BF16_BYTES * dims.tp / dims.ep
+        permute = 2 * 2 * moe.top_k * h * BF16_BYTES * dims.expert_tp / dims.tp
         act = (act_in + 1) * (routed_local + shared_local) * BF16_BYTES + permute
     return stream + rope + act
 

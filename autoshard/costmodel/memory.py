@@ -201,10 +201,10 @@ def layer_activation_bytes(
         moe = model.moe
         inside += _mlp_saved_per_token(model, moe.shared_expert_ffn_hidden_size / tp)
         inside += FP32 * moe.num_experts  # router logits / probabilities
-        # Routed tokens per GPU (see compute.layer_gemms): top_k x tp / ep of this rank's tokens, each
-        # saving its permuted input (h, replicated across ETP) and the expert MLP intermediates.
-        routed = moe.top_k * tp / dims.ep
-        inside += routed * (BF16 * h * dims.expert_tp / tp + _mlp_saved_per_token(model, moe.expert_ffn_hidden_size / dims.expert_tp))
+        # token-expert pairs per token of this rank: top_k x ETP / TP (see compute.layer_gemms), each
+        # saving its permuted input (h) and the expert MLP intermediates (1/ETP of the FFN)
+        routed = moe.top_k * dims.expert_tp / tp
+        inside += routed * (BF16 * h + _mlp_saved_per_token(model, moe.expert_ffn_hidden_size / dims.expert_tp))
     return tokens * (outside + inside)
 
 

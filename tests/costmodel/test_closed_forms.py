@@ -186,3 +186,43 @@ def test_collective_latency_counts_log_steps():
     assert collective_time_s(Collective.ALL_REDUCE, 1.0, 8, link) == pytest.approx(6e-5)
     assert collective_time_s(Collective.ALL_GATHER, 1.0, 8, link) == pytest.approx(3e-5)
     assert collective_time_s(Collective.ALL_REDUCE, 1.0, 1, link) == 0.0
+
+
+# --------------------------------------------------------------------------- MoE folding
+
+
+def moe_model(experts: int = 8, top_k: int = 2) -> ModelSpec:
+    return ModelSpec.model_validate({
+        "name": "moe", "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32, "num_kv_heads": 8,
+        "vocab_size": 32000, "max_position_embeddings": 4096,
+        "moe": {"num_experts": experts, "top_k": top_k, "expert_ffn_hidden_size": 14336},
+        "layers": [{"kind": "embedding"}, {"kind": "moe", "count": 1}, {"kind": "output"}],
+    })
+
+
+@pytest.mark.parametrize(("tp", "cp", "ep", "etp", "dp"), [(1, 1, 8, 1, 8), (2, 1, 4, 1, 4), (2, 1, 4, 2, 8),
+                                                          (4, 2, 8, 1, 8), (1, 1, 1, None, 1)])
+def test_expert_work_is_conserved_under_moe_folding(tp, cp, ep, etp, dp):
+    """Whatever the expert grid, the GPUs of one attention group (TP x CP) together run exactly the
+    top-k expert FLOPs of that group's tokens: EP spreads the pairs over experts, ETP splits each
+    pair's FFN, neither creates or drops work."""
+    from autoshard.costmodel.compute import layer_gemms
+
+    model = moe_model()
+    seq, mbs = 4096, 2
+    dims = ParallelDims(tp=tp, cp=cp, ep=ep, etp=etp, dp=dp)
+    # layer_gemms lists attention (2), router (1), then the expert GEMMs (no shared experts here)
+    single = sum(g.flops for g in layer_gemms(model, LayerKind.MOE, tokens=mbs * seq, dims=ParallelDims())[3:])
+    per_gpu = sum(g.flops for g in layer_gemms(model, LayerKind.MOE, tokens=mbs * seq // cp, dims=dims)[3:])
+    assert per_gpu * tp * cp == pytest.approx(single, rel=1e-9)
+
+
+def test_expert_activations_follow_the_pairs_a_gpu_runs():
+    model = moe_model()
+    kw = dict(micro_batch_size=1, seq_len=4096, recompute=Recompute.NONE, sequence_parallel=False)
+    a = layer_activation_bytes(model, LayerKind.MOE, dims=ParallelDims(tp=1, ep=8, dp=8), **kw)
+    b = layer_activation_bytes(model, LayerKind.MOE, dims=ParallelDims(tp=1, ep=1, dp=8), **kw)
+    assert a == b  # EP does not change how many token-expert pairs a GPU runs
+    per_pair = 2 * 4096 + 2 * 3 * 14336  # permuted input + SwiGLU gate, up and down input
+    dense_part = layer_activation_bytes(moe_model(top_k=1), LayerKind.MOE, dims=ParallelDims(tp=1, dp=8), **kw)
+    assert a - dense_part == pytest.approx(4096 * per_pair)  # one more pair per token (top-2 vs top-1)
