@@ -204,6 +204,17 @@ def _decode(built: BuiltModel, solver: cp_model.CpSolver, index: int) -> tuple[T
     return tab.config, stages
 
 
+def _layout_stages(tab: CandidateTables, layout: Layout) -> tuple[TrainConfig, tuple[Stage, ...]]:
+    pp = tab.config.dims.pp
+    stages = tuple(
+        Stage(start=layout.bounds[k], stop=layout.bounds[k + 1], pool=layout.pools[k],
+              full_recompute_layers=layout.recompute[k])
+        for k in range(tab.num_chunks)
+    )
+    assert all(st.pool == stages[k % pp].pool for k, st in enumerate(stages))
+    return tab.config, stages
+
+
 def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prepared, pins: Pins) -> InfeasibleError:
     reasons = ", ".join(f"{n} x {r}" for r, n in prep.pruned.most_common(4))
     gpu = cluster.primary.gpu
@@ -281,25 +292,36 @@ def solve_train(
             if plans:
                 break
             raise _infeasible(model, cluster, job, prep, pins)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if plans:
-                break
-            raise SolverError(f"CP-SAT found no plan within {options.time_limit_s:.0f} s (status "
-                              f"{solver.status_name(status)}); raise --time-limit or pin some knobs")
-        index = next(i for i, c in enumerate(built.candidates) if solver.value(c.selected))
-        cfg, stages = _decode(built, solver, index)
+        in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            index = next(i for i, c in enumerate(built.candidates) if solver.value(c.selected))
+            cfg, stages = _decode(built, solver, index)
+            objective, solver_bound = solver.objective_value, solver.best_objective_bound
+        else:
+            # CP-SAT ran out of time before completing a solution: fall back on the best incumbent
+            # the bounds search built (a real, memory-checked layout), with the proven bound.
+            found = [(prep.incumbents[i][0], j) for j, i in enumerate(keep)
+                     if j not in returned and prep.incumbents[i] is not None]
+            if not found:
+                if plans:
+                    break
+                raise SolverError(f"CP-SAT found no plan within {options.time_limit_s:.0f} s (status "
+                                  f"{solver.status_name(status)}); raise --time-limit or pin some knobs")
+            objective, index = min(found)
+            cfg, stages = _layout_stages(tables[index], prep.incumbents[keep[index]][1])
+            solver_bound = min(in_model)
+            status = cp_model.FEASIBLE
         # CP-SAT's bound, never weaker than the bounds proven before the model was built (the model
         # holds only candidates whose bound is at least the smallest one still in it)
-        in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
-        bound = max(solver.best_objective_bound, min(in_model, default=solver.best_objective_bound))
+        bound = max(solver_bound, min(in_model, default=solver_bound))
         if prep.excluded_bound is not None:
             bound = min(bound, prep.excluded_bound)
-        bound = min(bound, solver.objective_value)
-        optimal = status == cp_model.OPTIMAL and bound >= solver.objective_value - 1e-6
+        bound = min(bound, objective)
+        optimal = status == cp_model.OPTIMAL and bound >= objective - 1e-6
         stats = SolverStats(
             status="OPTIMAL" if optimal else "FEASIBLE",
             wall_s=time.perf_counter() - start,
-            objective=solver.objective_value / scale_s,
+            objective=objective / scale_s,
             bound=bound / scale_s,
             conflicts=solver.num_conflicts,
             branches=solver.num_branches,
