@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ScheduleTime", "schedule_time", "bubble_fraction", "even_split", "chunk_rank"]
+__all__ = ["ScheduleTime", "schedule_time", "bubble_fraction", "even_split"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +26,6 @@ class ScheduleTime:
     """m x the slowest rank's per-micro-batch time."""
     bubble_s: float
     bottleneck_rank: int
-
-
-def chunk_rank(chunk: int, pp: int) -> int:
-    """Pipeline rank hosting model chunk `chunk` (chunks are dealt round-robin, Megatron style)."""
-    return chunk % pp
 
 
 def schedule_time(rank_times_s: Sequence[float], *, num_microbatches: int, vpp: int = 1) -> ScheduleTime:

@@ -21,16 +21,10 @@ from autoshard.specs.model import LayerKind, ModelSpec
 from autoshard.units import US_PER_S
 
 __all__ = [
-    "lower_bound", "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
+    "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
     "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "hetero_capacity_at",
     "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work",
 ]
-
-
-def lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -> int | None:
-    """A valid lower bound on int_objective over every layout (None: no layout fits)."""
-    found = bounds(tab, uniform_recompute=uniform_recompute)
-    return None if found is None else found[0]
 
 
 def _rank_sends(tab: CandidateTables) -> list[int]:
@@ -324,13 +318,8 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
     if len(tab.pools) == 1 and pp > 1:
-        pipeline_and_tail = max(pipeline_and_tail, _joint_bound(tab, tmax, a, b))
+        pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
     return (scale // vpp) * total + pipeline_and_tail, tmax
-
-
-def _joint_bound(tab: CandidateTables, tmax: int, a: int, b: int) -> int:
-    """A lower bound on a*t_max + b*tail that sees both at once (see `joint_search`)."""
-    return joint_search(tab, tmax, a, b)[0]
 
 
 def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, list[np.ndarray]]:
