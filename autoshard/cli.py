@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 no feasible plan (or the solver gave none), 2 bad input
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -181,6 +182,7 @@ def solve(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="File for --emit (default: stdout).")] = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Start from an existing Megatron-LM command or script: compare it with the best plan.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log CP-SAT search progress to stderr.")] = False,
+    memory_fraction: Annotated[float, typer.Option("--memory-fraction", min=0.3, max=1.0, help="Train: keep each GPU's predicted peak under this fraction of HBM (headroom).")] = 1.0,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
@@ -213,8 +215,9 @@ def solve(
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
-    plans = api_solve(model_spec, cluster_spec, job, pins=pins,
-                      options=_solver_options(top, time_limit, workers, seed, verbose, zero_stage))
+    options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
+                                  memory_fraction=memory_fraction)
+    plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
     if json_out:
         _print_plans_json(plans)

@@ -37,6 +37,9 @@ class SolverOptions:
     relative_gap: float = 0.0
     top_k: int = 1
     max_candidates_in_model: int = 40
+    memory_fraction: float = 1.0
+    """Cap every GPU's predicted peak (context, NCCL and fragmentation included) at this fraction of
+    its HBM: below 1 keeps headroom for what no model predicts."""
     log: bool = False
     space: SpaceOptions = SpaceOptions()
 
@@ -92,8 +95,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     prep.scale = scale
     best_floor = math.inf
     prep.capacity_gib = max(p.gpu.hbm_gib for p in cluster.pools)
-    usable = max((p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB) / (1 + p.gpu.efficiency.fragmentation)
-                 for p in cluster.pools)
+    usable = max((options.memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB)
+                 / (1 + p.gpu.efficiency.fragmentation) for p in cluster.pools)
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]
@@ -118,7 +121,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if best_ub is not None and cheap_lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += len(staged) - n_done
             break
-        tab = build_tables(model, cluster, cfg, scale=scale)
+        tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
         if options.space.even_layout_only and even_layout(tab) is None:
             prep.pruned["even split impossible (layers not divisible by PP x VPP)"] += 1
             continue

@@ -114,7 +114,10 @@ def _per_layer_prefix(per_kind: Sequence[float], idx: np.ndarray, scale: float) 
     return out
 
 
-def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int = 1) -> CandidateTables:
+def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int = 1,
+                 memory_fraction: float = 1.0) -> CandidateTables:
+    """Integer tables of one candidate. `memory_fraction` caps each GPU's predicted peak (overheads
+    included) at that fraction of its HBM, for plans that keep extra headroom."""
     kinds = model.layer_kinds
     uniq, idx = _kind_index(model)
     decoder_kinds = [k for k in uniq if k in (LayerKind.DENSE, LayerKind.MOE)]
@@ -154,7 +157,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
             extra_us = math.ceil(max(extras) * US_PER_S)
             saving = max(0, math.floor(min(savings) / MIB))
             working = math.ceil(max(works) / MIB)
-        usable = (gpu.hbm_gib * GIB - eff.reserved_memory_gib * GIB) / (1 + eff.fragmentation)
+        usable = (memory_fraction * gpu.hbm_gib * GIB - eff.reserved_memory_gib * GIB) / (1 + eff.fragmentation)
         margin = len(kinds) + 8  # prefix rounding, at most 1 MiB per layer term
         p2p = math.ceil(_p2p_s(model, cfg, pool, pool, cluster) * US_PER_S) if dims.pp > 1 else 0
         dec = [uniq.index(k) for k in decoder_kinds]

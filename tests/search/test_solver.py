@@ -101,3 +101,16 @@ def test_uneven_layout_beats_even_split_with_large_vocabulary():
     from autoshard.api import evaluate
     even = evaluate(model, cluster, job, tp=1, pp=8, micro_batch_size=1)
     assert plan.prediction.step_time_s < even.prediction.step_time_s
+
+
+def test_memory_fraction_keeps_headroom():
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("dgx-h100").with_gpus(64)
+    job = TrainJob(seq_len=8192, global_batch_size=512)
+    tight = solve_train(model, cluster, job, options=FAST)[0]
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=30, memory_fraction=0.85,
+                            space=SpaceOptions(max_micro_batch=4, max_vpp=4))
+    roomy = solve_train(model, cluster, job, options=options)[0]
+    hbm = cluster.primary.gpu.hbm_gib * 2**30
+    assert tight.prediction.peak_memory_bytes > 0.85 * hbm  # the unconstrained optimum uses the headroom
+    assert roomy.prediction.peak_memory_bytes <= 0.85 * hbm
+    assert roomy.prediction.step_time_s >= tight.prediction.step_time_s
