@@ -41,20 +41,49 @@ class BuiltModel:
     tables: list[CandidateTables]
 
 
+def _decoder_runs(tab: CandidateTables) -> list[tuple[int, int]]:
+    """(first layer index, length) of each run of identical decoder layers (the embedding is layer 0)."""
+    runs: list[tuple[int, int]] = []
+    p = tab.pools[0]
+    signature = None
+    for i in range(1, tab.num_layers - 1):
+        here = tuple(int(getattr(p, c)[i + 1] - getattr(p, c)[i]) for c in _COLS)
+        if runs and here == signature:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+            signature = here
+    return runs
+
+
 def _lookup(model: cp_model.CpModel, tab: CandidateTables, pool: cp_model.IntVar | int,
             boundary: cp_model.IntVar | int, cache: dict, hi: int) -> dict[str, cp_model.IntVar | int]:
     """Prefix-table values at `boundary` in `pool`'s tables."""
     key = (id(pool) if not isinstance(pool, int) else pool, id(boundary) if not isinstance(boundary, int) else boundary)
     if key in cache:
         return cache[key]
-    if isinstance(pool, int) and not isinstance(boundary, int) and tab.uniform_decoders:
-        # interior boundaries lie in [1, n-1], where prefix(b) = prefix(1) + (b - 1) * per_layer
+    if isinstance(pool, int) and not isinstance(boundary, int):
+        # Interior boundaries lie in [1, n-1], and the decoder layers form runs of identical layers
+        # (e.g. 3 dense then 58 MoE): prefix(b) = prefix(1) + sum_j slope_j * clamp(b - start_j, 0, len_j),
+        # each clamp a max/min equality, so every quantity is linear in a few clamped counts.
         p = tab.pools[pool]
+        counts = []
+        for start, length in _decoder_runs(tab):
+            if length == tab.num_layers - 2 and start == 1:
+                counts.append((start, boundary - 1))  # one run: the count is linear already
+                continue
+            above = model.new_int_var(-tab.num_layers, tab.num_layers, "")
+            model.add(above == boundary - start)
+            clipped = model.new_int_var(0, tab.num_layers, "")
+            model.add_max_equality(clipped, [above, 0])
+            count = model.new_int_var(0, length, "")
+            model.add_min_equality(count, [clipped, length])
+            counts.append((start, count))
         out = {}
         for c in _COLS:
             arr = getattr(p, c)
-            out[c] = int(arr[1]) + (boundary - 1) * int(arr[2] - arr[1])
-        out["decoders"] = boundary - 1
+            out[c] = int(arr[1]) + sum(int(arr[start + 1] - arr[start]) * count for start, count in counts)
+        out["decoders"] = sum(count for _, count in counts)
         cache[key] = out
         return out
     if isinstance(pool, int) and isinstance(boundary, int):
