@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoshard.costmodel.pipeline import even_split
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron import megatron_command
+from autoshard.emit.megatron_parse import default_stages
 from autoshard.errors import SpecError
 from autoshard.parallel import ParallelDims, Recompute, check_dims
 from autoshard.plan import Plan, SolverStats
@@ -82,14 +82,7 @@ def even_stages(model: ModelSpec, *, pp: int, vpp: int = 1, recompute_num_layers
             "it, or let `autoshard solve` choose an uneven layout",
             source="--pp",
         )
-    sizes = even_split(model.num_layers, chunks)
-    stages, start = [], 1
-    for i, size in enumerate(sizes):
-        lo = 0 if i == 0 else start
-        hi = start + size + (1 if i == chunks - 1 else 0)
-        stages.append(Stage(lo, hi, full_recompute_layers=min(recompute_num_layers, size)))
-        start += size
-    return tuple(stages)
+    return default_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers)
 
 
 def evaluate(

@@ -46,6 +46,14 @@ class SolverStats:
     def gap(self) -> float:
         return abs(self.objective - self.bound) / max(1e-12, abs(self.objective))
 
+    def to_json(self) -> dict[str, Any]:
+        """The `solver` block of the plan JSON."""
+        return {
+            "status": self.status, "wall_s": self.wall_s, "objective": self.objective, "bound": self.bound,
+            "gap": self.gap, "conflicts": self.conflicts, "branches": self.branches, "candidates": self.candidates,
+            "candidates_in_model": self.candidates_in_model, "pruned": dict(self.pruned),
+        }
+
 
 def layer_counts(model: ModelSpec, stage: Stage) -> tuple[int, bool, bool]:
     """(decoder layers, has embedding, has output) of a stage."""
@@ -167,16 +175,5 @@ class Plan:
                 },
             },
             "launch": dict(self.launch),
-            "solver": {
-                "status": self.solver.status,
-                "wall_s": self.solver.wall_s,
-                "objective": self.solver.objective,
-                "bound": self.solver.bound,
-                "gap": self.solver.gap,
-                "conflicts": self.solver.conflicts,
-                "branches": self.solver.branches,
-                "candidates": self.solver.candidates,
-                "candidates_in_model": self.solver.candidates_in_model,
-                "pruned": dict(self.solver.pruned),
-            },
+            "solver": self.solver.to_json(),
         }

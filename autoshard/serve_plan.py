@@ -287,17 +287,5 @@ class ServePlan:
             },
             "launch": dict(self.launch),
             "warnings": list(self.warnings),
-            "solver": {
-                "status": self.solver.status,
-                "objective_unit": self.objective_unit,
-                "wall_s": self.solver.wall_s,
-                "objective": self.solver.objective,
-                "bound": self.solver.bound,
-                "gap": self.solver.gap,
-                "conflicts": self.solver.conflicts,
-                "branches": self.solver.branches,
-                "candidates": self.solver.candidates,
-                "candidates_in_model": self.solver.candidates_in_model,
-                "pruned": dict(self.solver.pruned),
-            },
+            "solver": {**self.solver.to_json(), "objective_unit": self.objective_unit},
         }

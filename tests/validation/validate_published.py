@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 
 from autoshard.costmodel.memory import TrainFramework, allocator_reported_bytes
-from autoshard.costmodel.pipeline import even_split
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.costmodel.training import TrainConfig, predict_train
+from autoshard.emit.megatron_parse import default_stages
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster
 from autoshard.units import GIB
@@ -67,19 +67,6 @@ def _cluster(name: str, gpus: int, efficiency: dict[str, EfficiencySpec] | None 
     return cluster
 
 
-def even_stages(model: ModelSpec, pp: int, vpp: int) -> list[Stage]:
-    """Megatron's default layout: decoder layers split evenly, embedding on the first chunk, output on the last."""
-    n = pp * vpp
-    sizes = even_split(model.num_layers, n)
-    stages, start = [], 1
-    for i, size in enumerate(sizes):
-        lo = 0 if i == 0 else start
-        hi = start + size + (1 if i == n - 1 else 0)
-        stages.append(Stage(lo, hi))
-        start += size
-    return stages
-
-
 def _narayanan96_flops(model: ModelSpec, run: dict) -> float:
     b, s, l, h, v = run["global_batch_size"], run["seq_len"], model.num_layers, model.hidden_size, model.vocab_size
     return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
@@ -97,7 +84,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         tp_comm_overlap=run["tp_comm_overlap"], overlap_grad_reduce=run["overlap_grad_reduce"],
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
     )
-    pred = predict_train(model, cluster, cfg, even_stages(model, dims.pp, dims.vpp))
+    pred = predict_train(model, cluster, cfg, default_stages(model, pp=dims.pp, vpp=dims.vpp))
     predicted_memory = pred.peak_memory_bytes
     if cfg.framework is TrainFramework.TORCHTITAN:
         # torchtitan logs the caching allocator's peak reservation (no CUDA context, no NCCL).
