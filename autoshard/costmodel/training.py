@@ -499,7 +499,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             rank_mem.append(bd.total)
             rank_cap.append(gpu.hbm_gib * GIB)
             continue
-        act = in_flight * sum(c.activation_bytes for c in mine) / 1.0 + max(c.working_bytes for c in mine)
+        act = in_flight * sum(c.activation_bytes for c in mine) + max(c.working_bytes for c in mine)
         if cfg.zero_stage == 3:
             # ZeRO-3/FSDP gathers each layer's weights just in time (the current layer and the
             # prefetched next one) and holds that layer's full gradients until they are reduced.
