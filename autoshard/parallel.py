@@ -13,7 +13,7 @@ from enum import StrEnum
 from autoshard.specs.job import Precision
 from autoshard.specs.model import AttentionKind, ModelSpec
 
-__all__ = ["Axis", "Recompute", "ParallelDims", "check_dims"]
+__all__ = ["Axis", "Recompute", "MoeDispatcher", "Fp8Recipe", "ParallelDims", "check_dims"]
 
 
 class Axis(StrEnum):
@@ -37,6 +37,29 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+class MoeDispatcher(StrEnum):
+    """How MoE tokens reach their experts (Megatron-Core --moe-token-dispatcher-type).
+
+    alltoall: NCCL all-to-all over the EP group.
+    allgather: all-gather of every token to every EP rank, then local selection.
+    flex: fused DeepEP / HybridEP kernels (--moe-token-dispatcher-type flex, with
+    --moe-flex-dispatcher-backend deepep|hybridep), NVLink/RDMA aware.
+    """
+
+    ALLTOALL = "alltoall"
+    ALLGATHER = "allgather"
+    FLEX = "flex"
+
+
+class Fp8Recipe(StrEnum):
+    """Transformer Engine FP8 scaling recipe (Megatron-Core --fp8-recipe)."""
+
+    DELAYED = "delayed"
+    TENSORWISE = "tensorwise"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from autoshard.costmodel.bands import Band
 from autoshard.costmodel.training import Stage, TrainConfig, TrainPrediction
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
@@ -93,6 +94,8 @@ class Plan:
     solver: SolverStats
     mode: str = "train"
     launch: dict[str, str] = field(default_factory=dict)
+    band: Band | None = None
+    """Where the measured value is expected to fall (from out-of-source validation); None until set."""
 
     @property
     def num_gpus(self) -> int:
@@ -173,6 +176,7 @@ class Plan:
                         "overhead": mem.overhead / GIB,
                     },
                 },
+                **({"band": self.band.to_json()} if self.band is not None else {}),
             },
             "launch": dict(self.launch),
             "solver": self.solver.to_json(),

@@ -27,7 +27,7 @@ from autoshard.costmodel.memory import (
 )
 from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
 from autoshard.costmodel.pipeline import schedule_time
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec
@@ -67,6 +67,10 @@ class TrainConfig:
     framework: TrainFramework = TrainFramework.MEGATRON
     """Whose memory behaviour to model (model states, loss, selective recompute, allocator); see
     autoshard.costmodel.memory. Step time is modelled the same for every framework."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """MoE token dispatcher (Megatron --moe-token-dispatcher-type); ignored for dense models."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """FP8 scaling recipe (Megatron --fp8-recipe); ignored unless precision is FP8."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
