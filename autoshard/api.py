@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron import megatron_command
 from autoshard.emit.megatron_parse import default_stages
@@ -67,8 +68,9 @@ def with_launch(plan: Plan) -> Plan:
 def solve(
     model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
 ) -> list[Plan]:
-    """The best training plans (best first), each with its launch command."""
-    return [with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)]
+    """The best training plans (best first), each with its launch command and prediction band
+    (runner-ups marked statistically tied with the best or not)."""
+    return mark_ties([with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)])
 
 
 def even_stages(model: ModelSpec, *, pp: int, vpp: int = 1, recompute_num_layers: int = 0) -> tuple[Stage, ...]:
@@ -134,4 +136,5 @@ def evaluate(
         stages = even_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers)
     prediction = predict_train(model, cluster, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
-    return with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats))
+    plan = Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats)
+    return with_launch(dataclasses.replace(plan, band=band_for(plan)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from autoshard.costmodel.bands import Band
+from autoshard.costmodel.bands import Band, band_of, sanity_for
 from autoshard.costmodel.training import Stage, TrainConfig, TrainPrediction
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
@@ -95,7 +95,8 @@ class Plan:
     mode: str = "train"
     launch: dict[str, str] = field(default_factory=dict)
     band: Band | None = None
-    """Where the measured value is expected to fall (from out-of-source validation); None until set."""
+    """Where the measured value is expected to fall (from out-of-source validation); None: the band
+    table's band for the plan's kind (`autoshard.costmodel.bands.band_of`)."""
 
     @property
     def num_gpus(self) -> int:
@@ -176,7 +177,8 @@ class Plan:
                         "overhead": mem.overhead / GIB,
                     },
                 },
-                **({"band": self.band.to_json()} if self.band is not None else {}),
+                "band": band_of(self).to_json(),
+                "sanity": sanity_for(self).to_json(),
             },
             "launch": dict(self.launch),
             "solver": self.solver.to_json(),

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.compute import layer_flops
 from autoshard.costmodel.serving import ServePrediction, decode_context_len, pp_layer_split
 from autoshard.plan import SCHEMA, SolverStats, SolveStatus
@@ -55,6 +56,9 @@ class ServePlan:
     pool_index: int = 0
     warnings: tuple[str, ...] = ()
     mode: str = "serve"
+    band: Band | None = None
+    """Where the measured throughput is expected to fall; None: the band table's band for the plan's
+    kind (`autoshard.costmodel.bands.band_of`)."""
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp * self.dp):
@@ -265,6 +269,7 @@ class ServePlan:
                         "overhead": mem.overhead_bytes / GIB,
                     },
                 },
+                "band": band_of(self).to_json(),
                 "serve": {
                     "throughput_tokens_per_s": self.throughput_tokens_per_s,
                     "ttft_s": p.ttft_s,

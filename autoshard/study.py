@@ -41,6 +41,7 @@ from autoshard.study_costs import (
     pareto_front,
     serve_costs,
     train_costs,
+    train_ranges,
 )
 from autoshard.study_runner import ProgressFn, _gpu_names, _run_tasks, _sized
 
@@ -214,20 +215,30 @@ def _serve_job(model: ModelSpec, precision: str | None, rate: float | None, tpot
 def _train_row(key: str, n: int, f: dict[str, Any], tokens: float, price: float | None) -> TrainRow:
     days, gpu_hours, total, per_m = train_costs(tokens=tokens, tokens_per_s=f["tokens_per_s"], num_gpus=n,
                                                 price_per_gpu_hour=price)
+    d_lo, d_hi, usd_lo, usd_hi = train_ranges(tokens=tokens, band=f["tokens_per_s_band"], num_gpus=n,
+                                              price_per_gpu_hour=price)
     return TrainRow(cluster=key, gpu=f["gpu"], num_gpus=n, plan=f["plan"], degrees=f["degrees"], status=f["status"],
                     gap=f["gap"], solve_s=f["solve_s"], mfu=f["mfu"], tokens_per_s=f["tokens_per_s"], days=days,
-                    gpu_hours=gpu_hours, price_per_gpu_hour=price, total_usd=total, usd_per_million_tokens=per_m)
+                    gpu_hours=gpu_hours, price_per_gpu_hour=price, total_usd=total, usd_per_million_tokens=per_m,
+                    days_low=d_lo, days_high=d_hi, total_usd_low=usd_lo, total_usd_high=usd_hi,
+                    band_basis=f["band_basis"])
 
 
 def _serve_row(key: str, n: int, f: dict[str, Any], job: ServeJob, price: float | None) -> ServeRow:
     capacity = f["throughput_tokens_per_s"]
     served = min(capacity, job.request_rate * job.output_len) if job.request_rate else capacity
     per_hour, per_m = serve_costs(gpus_used=f["gpus_used"], served_tokens_per_s=served, price_per_gpu_hour=price)
+    lo, hi = f["throughput_band"]
+    limit = job.request_rate * job.output_len if job.request_rate else float("inf")
+    per_m_hi = serve_costs(gpus_used=f["gpus_used"], served_tokens_per_s=min(lo, limit), price_per_gpu_hour=price)[1]
+    per_m_lo = serve_costs(gpus_used=f["gpus_used"], served_tokens_per_s=min(hi, limit), price_per_gpu_hour=price)[1]
     return ServeRow(cluster=key, gpu=f["gpu"], num_gpus=n, plan=f["plan"], gpus_used=f["gpus_used"],
                     status=f["status"], throughput_tokens_per_s=capacity, served_tokens_per_s=served,
                     requests_per_s=capacity / job.output_len, ttft_s=f["ttft_s"], tpot_s=f["tpot_s"],
                     meets_targets=f["meets_targets"], price_per_gpu_hour=price, usd_per_hour=per_hour,
-                    usd_per_million_output_tokens=per_m)
+                    usd_per_million_output_tokens=per_m, throughput_tokens_per_s_low=lo,
+                    throughput_tokens_per_s_high=hi, usd_per_million_output_tokens_low=per_m_lo,
+                    usd_per_million_output_tokens_high=per_m_hi, band_basis=f["band_basis"])
 
 
 def _inputs(model: ModelSpec, specs: dict[str, ClusterSpec], sizes: list[int], job: TrainJob | ServeJob,

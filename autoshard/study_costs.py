@@ -16,7 +16,7 @@ from autoshard.specs.cluster import ClusterSpec
 __all__ = [
     "SCHEMA", "SECONDS_PER_DAY", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
     "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline",
-    "fastest_within_budget", "money", "where",
+    "fastest_within_budget", "money", "where", "train_ranges", "likely",
 ]
 
 SCHEMA = "autoshard.study/v1"
@@ -47,6 +47,13 @@ class TrainRow:
     price_per_gpu_hour: float | None
     total_usd: float | None
     usd_per_million_tokens: float | None
+    days_low: float | None = None
+    """Likely range of the days and dollars, from the plan's prediction band (None: no band)."""
+    days_high: float | None = None
+    total_usd_low: float | None = None
+    total_usd_high: float | None = None
+    band_basis: str = ""
+    """What backs the range (kind of run and measured runs)."""
 
     @property
     def x(self) -> float:
@@ -80,6 +87,12 @@ class ServeRow:
     price_per_gpu_hour: float | None
     usd_per_hour: float | None
     usd_per_million_output_tokens: float | None
+    throughput_tokens_per_s_low: float | None = None
+    """Likely range of the throughput and the cost per token, from the plan's prediction band."""
+    throughput_tokens_per_s_high: float | None = None
+    usd_per_million_output_tokens_low: float | None = None
+    usd_per_million_output_tokens_high: float | None = None
+    band_basis: str = ""
 
     @property
     def x(self) -> float:
@@ -196,6 +209,28 @@ def fastest_within_budget(rows: Sequence[TrainRow], budget_usd: float | None) ->
                default=None)
 
 
+def train_ranges(*, tokens: float, band: tuple[float, float], num_gpus: int,
+                 price_per_gpu_hour: float | None) -> tuple[float, float, float | None, float | None]:
+    """(days low, days high, dollars low, dollars high) from a likely (low, high) tokens/s range."""
+    fast = train_costs(tokens=tokens, tokens_per_s=band[1], num_gpus=num_gpus, price_per_gpu_hour=price_per_gpu_hour)
+    slow = train_costs(tokens=tokens, tokens_per_s=band[0], num_gpus=num_gpus, price_per_gpu_hour=price_per_gpu_hour)
+    return fast[0], slow[0], fast[2], slow[2]
+
+
+def likely(row: Row) -> str:
+    """" (likely 38.1-47.0 days, $1.20M-$1.48M)" for a row with a band, else ""."""
+    if isinstance(row, TrainRow):
+        if row.days_low is None or row.days_high is None:
+            return ""
+        usd = (f", {money(row.total_usd_low)}-{money(row.total_usd_high)}"
+               if row.total_usd_low is not None else "")
+        return f" (likely {row.days_low:,.1f}-{row.days_high:,.1f} days{usd})"
+    if row.usd_per_million_output_tokens_low is None or row.usd_per_million_output_tokens_high is None:
+        return ""
+    return (f" (likely ${row.usd_per_million_output_tokens_low:.3f}-${row.usd_per_million_output_tokens_high:.3f}"
+            " per million)")
+
+
 def money(usd: float | None) -> str:
     if usd is None:
         return "n/a"
@@ -215,7 +250,7 @@ def _train_answers(rows: list[TrainRow], deadline: float | None, budget: float |
     title = f"Cheapest within {deadline:g} days" if deadline is not None else "Cheapest option"
     if best is not None:
         text = (f"{title}: {where(best)}, {best.plan}: {best.days:,.1f} days, {money(best.total_usd)} "
-                f"(${best.usd_per_million_tokens:.3f} per million tokens).")
+                f"(${best.usd_per_million_tokens:.3f} per million tokens){likely(best)}.")
     elif not any(r.total_usd is not None for r in rows):
         text = f"{title}: unknown, no studied cluster has a price (pass --price CLUSTER=USD_PER_GPU_HOUR)."
     else:
@@ -226,7 +261,7 @@ def _train_answers(rows: list[TrainRow], deadline: float | None, budget: float |
     fast = fastest_within_budget(rows, budget)
     title = f"Fastest within {money(budget)}" if budget is not None else "Fastest option"
     if fast is not None:
-        text = f"{title}: {where(fast)}, {fast.plan}: {fast.days:,.1f} days, {money(fast.total_usd)}."
+        text = f"{title}: {where(fast)}, {fast.plan}: {fast.days:,.1f} days, {money(fast.total_usd)}{likely(fast)}."
     elif not any(r.total_usd is not None for r in rows):
         text = f"{title}: unknown, no studied cluster has a price (pass --price CLUSTER=USD_PER_GPU_HOUR)."
     else:
@@ -244,7 +279,7 @@ def _serve_answers(rows: list[ServeRow], request_rate: float | None) -> list[Ans
     title = "Cheapest per million output tokens"
     if cheap is not None:
         text = (f"{title}: {cheap.gpus_used} x {cheap.gpu} ({cheap.cluster}), {cheap.plan}: "
-                f"${cheap.usd_per_million_output_tokens:.3f} per million output tokens, "
+                f"${cheap.usd_per_million_output_tokens:.3f} per million output tokens{likely(cheap)}, "
                 f"TPOT {cheap.tpot_s * 1e3:.1f} ms.")
     else:
         text = f"{title}: unknown, no studied cluster has a price (pass --price CLUSTER=USD_PER_GPU_HOUR)."

@@ -47,6 +47,7 @@ def _plan_summary(plan: Any) -> str:
 def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
     from autoshard.api import solve
+    from autoshard.costmodel.bands import band_of
     from autoshard.search.run import SolverOptions
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
@@ -61,7 +62,8 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
             return key, num_gpus, {
                 "gpu": sp.pool.gpu.name, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
                 "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": p.ttft_s, "tpot_s": p.tpot_s,
-                "meets_targets": sp.meets_targets(),
+                "meets_targets": sp.meets_targets(), "throughput_band": band_of(sp).tokens_per_s,
+                "band_basis": band_of(sp).basis,
             }, None
         options = SolverOptions(num_workers=1, time_limit_s=_WORKER["time_limit_s"],
                                 relative_gap=_WORKER["relative_gap"])
@@ -75,7 +77,8 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
                     "vpp": cfg.dims.vpp, "micro_batch_size": cfg.micro_batch_size, "recompute": cfg.recompute.value,
                     "recompute_num_layers": plan.recompute_num_layers, "zero_stage": cfg.zero_stage},
         "status": plan.status().value, "gap": plan.solver.gap, "solve_s": plan.solver.wall_s,
-        "mfu": pred.mfu, "tokens_per_s": pred.tokens_per_s,
+        "mfu": pred.mfu, "tokens_per_s": pred.tokens_per_s, "tokens_per_s_band": band_of(plan).tokens_per_s,
+        "band_basis": band_of(plan).basis,
     }, None
 
 

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autoshard.costmodel.bands import band_text, tie_text
 from autoshard.report.terminal import prune_table
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
@@ -27,6 +28,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
                 f"TPOT {1e3 * p.tpot_s:.1f} ms | TTFT {p.ttft_s:.2f} s | {p.concurrency} running requests per DP rank\n",
                 style="bold")
+    head.append(band_text(plan) + "\n")
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per GPU = {mem.kv_cache_tokens:,} tokens "
                 f"(max concurrency {mem.max_concurrency:.0f} at {mem.context_len} tokens)")
     if not plan.meets_targets():
@@ -57,11 +59,12 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     console.print(t)
     if runners:
         table = Table(title="Runner-up deployments", header_style="bold")
-        for col in ("#", "plan", "tokens/s/GPU", "TPOT ms", "TTFT s"):
+        table.caption = "band: tied = its likely range overlaps the best deployment's (not reliably slower)"
+        for col in ("#", "plan", "tokens/s/GPU", "TPOT ms", "TTFT s", "band"):
             table.add_column(col, justify="left" if col == "plan" else "right")
         for i, other in enumerate(runners, start=2):
             table.add_row(str(i), other.describe(), f"{other.tokens_per_s_per_gpu:,.0f}",
-                          f"{1e3 * other.prediction.tpot_s:.1f}", f"{other.prediction.ttft_s:.2f}")
+                          f"{1e3 * other.prediction.tpot_s:.1f}", f"{other.prediction.ttft_s:.2f}", tie_text(other))
         console.print(table)
     if explain and s.pruned:
         console.print(prune_table(s.pruned))

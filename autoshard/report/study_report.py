@@ -42,15 +42,25 @@ def table_rows(result: StudyResult) -> list[list[str]]:
         if isinstance(r, TrainRow):
             per_m = "n/a" if r.usd_per_million_tokens is None else f"${r.usd_per_million_tokens:.3f}"
             out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.mfu:.1%}", _si(r.tokens_per_s),
-                        f"{r.days:,.1f}", _si(r.gpu_hours), money(r.total_usd), per_m, mark])
+                        _range(f"{r.days:,.1f}", r.days_low, r.days_high, lambda d: f"{d:,.1f}"), _si(r.gpu_hours),
+                        _range(money(r.total_usd), r.total_usd_low, r.total_usd_high, money), per_m, mark])
         else:
             assert isinstance(r, ServeRow)
             per_m = "n/a" if r.usd_per_million_output_tokens is None else f"${r.usd_per_million_output_tokens:.3f}"
+            per_m = _range(per_m, r.usd_per_million_output_tokens_low, r.usd_per_million_output_tokens_high,
+                           lambda v: f"${v:.3f}")
             miss = "" if r.meets_targets else " (misses target)"
             out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.gpus_used:,}",
                         _si(r.throughput_tokens_per_s), f"{r.requests_per_s:.2f}", f"{r.ttft_s * 1e3:.0f}",
                         f"{r.tpot_s * 1e3:.1f}{miss}", money(r.usd_per_hour), per_m, mark])
     return out
+
+
+def _range(point: str, low: float | None, high: float | None, fmt: Any) -> str:
+    """"41.2 (38.1-47.0)": the point figure and its likely range from the prediction band."""
+    if low is None or high is None:
+        return point
+    return f"{point} ({fmt(low)}-{fmt(high)})"
 
 
 def _count(value: float) -> str:
@@ -86,9 +96,10 @@ def _pareto_line(r: Row) -> str:
 
 _LEGEND = {
     "train": "* on the Pareto front (no other option is both faster and cheaper); "
-             "† the best plan found within the time or gap limit, not proven optimal.",
+             "† the best plan found within the time or gap limit, not proven optimal; "
+             "(low-high): likely range from the prediction band.",
     "serve": "* on the Pareto front (no other option has both a lower TPOT and a lower cost per token); "
-             "† not proven optimal.",
+             "† not proven optimal; (low-high): likely range from the prediction band.",
 }
 
 

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autoshard.costmodel.bands import band_text, sanity_line, tie_text
 from autoshard.costmodel.training import stage_cost
 from autoshard.plan import Plan, layer_counts, stage_devices
 from autoshard.report.gantt import render_gantt, simulate
@@ -143,6 +144,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
     head.append(f"step {pred.step_time_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s ({pred.tokens_per_s_per_gpu:,.0f} per GPU) | "
                 f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
                 f"MFU {100 * pred.mfu:.1f}%\n", style="bold")
+    head.append(band_text(plan) + "\n")
     fit = "fits" if pred.fits else "DOES NOT FIT"
     head.append(f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB ({fit})",
                 style="green" if pred.fits else "bold red")
@@ -151,17 +153,20 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
         head.append(f"\nsolver: {s.status} objective {s.objective:.4f} s, bound {s.bound:.4f} s, gap {100 * s.gap:.2f}%, "
                     f"{s.wall_s:.2f} s wall, {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
     console.print(Panel(head, title=title, expand=False))
+    if (warning := sanity_line(plan)) is not None:
+        console.print(f"[bold yellow]warning:[/bold yellow] {warning}", markup=True, highlight=False)
     console.print(Group(_time_table(plan), _memory_table(plan)))
     console.print(_stage_table(plan))
     if runners:
         table = Table(title="Runner-up plans", header_style="bold")
-        for col in ("#", "plan", "step s", "tokens/s/GPU", "MFU", "peak GiB", "vs best"):
+        table.caption = "band: tied = its likely range overlaps the best plan's (not reliably slower)"
+        for col in ("#", "plan", "step s", "tokens/s/GPU", "MFU", "peak GiB", "vs best", "band"):
             table.add_column(col, justify="right" if col not in ("plan",) else "left")
         for i, other in enumerate(runners, start=2):
             p = other.prediction
             table.add_row(str(i), plan_summary(other), f"{p.step_time_s:.3f}", f"{p.tokens_per_s_per_gpu:,.0f}",
                           f"{100 * p.mfu:.1f}%", f"{p.peak_memory_bytes / GIB:.1f}",
-                          f"{100 * (p.step_time_s / pred.step_time_s - 1):+.1f}%")
+                          f"{100 * (p.step_time_s / pred.step_time_s - 1):+.1f}%", tie_text(other))
         console.print(table)
     if explain and s.pruned:
         console.print(prune_table(s.pruned))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from autoshard.costmodel.bands import mark_ties
 from autoshard.costmodel.serving import predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plan import SolverStats
@@ -160,7 +161,7 @@ def solve_serve(
         )
         plans.append(_plan(model, cluster, job, chosen, stats))
         built.cp.add(built.engine != space.engines.index(chosen.engine))
-    return plans
+    return mark_ties(plans)
 
 
 def _plan(
