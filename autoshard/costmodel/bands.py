@@ -14,7 +14,8 @@ The statistic (built by `build_table`, shipped as `bands_table.json` by
   then each side is at least MIN_HALF_WIDTH (3 %) from c;
 - a kind with fewer than 2 runs falls back, always to something wider: the envelope (lowest low,
   highest high) of every band and every run of the same GPU generation and mode, at least 10 %
-  either side of their median; else the same over every run of the mode, at least 20 % either side;
+  either side of their median; else the envelope of every band (kinds and generations) and run of
+  the mode, at least 20 % either side;
   else DEFAULT_RATIO (measured between 0.5x and 1.5x of the prediction);
 - memory: the same statistic on q = measured / predicted peak memory of the runs that report it.
 
@@ -203,7 +204,8 @@ def _section(pairs: Sequence[tuple[Kind, float, str]]) -> dict[str, Any]:
                          [b for k, b in kinds.items() if f"{k.split('/')[0]}/{k.split('/')[3]}" == g],
                          FALLBACK_FLOOR["generation"])
             for g, v in sorted(by_gen.items()) if len(v) >= 2}
-    modes = {m: _envelope(ratios(v), sources(v), [b for k, b in kinds.items() if k.split("/")[3] == m],
+    modes = {m: _envelope(ratios(v), sources(v),
+                          [b for k, b in [*kinds.items(), *gens.items()] if k.split("/")[-1] == m],
                           FALLBACK_FLOOR["mode"])
              for m, v in sorted(by_mode.items()) if len(v) >= 2}
     return {"kinds": kinds, "single_run_kinds": single, "generations": gens, "modes": modes}

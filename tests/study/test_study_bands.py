@@ -1,0 +1,77 @@
+"""Cost studies show days and dollars as ranges from the plans' prediction bands (issue #10 item 4)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from conftest import gpu, node, tiny_model
+
+from autoshard.costmodel.bands import Kind, lookup
+from autoshard.report.study_report import table_rows, write_outputs
+from autoshard.specs import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.study import _serve_row, _train_row, run_study
+from autoshard.study_costs import likely, train_ranges
+
+
+def test_train_ranges_closed_form() -> None:
+    tokens, gpus, price = 15e12, 1024, 2.5
+    d_lo, d_hi, usd_lo, usd_hi = train_ranges(tokens=tokens, band=(1.0e6, 1.5e6), num_gpus=gpus,
+                                              price_per_gpu_hour=price)
+    assert d_lo == tokens / 1.5e6 / 86400 and d_hi == tokens / 1.0e6 / 86400
+    assert usd_lo == pytest.approx(gpus * d_lo * 24 * price, rel=1e-12)
+    assert usd_hi == pytest.approx(gpus * d_hi * 24 * price, rel=1e-12)
+    assert train_ranges(tokens=tokens, band=(1.0e6, 1.5e6), num_gpus=gpus, price_per_gpu_hour=None)[2:] == (None, None)
+
+
+def _figures(**extra) -> dict:
+    return {"gpu": "H100", "plan": "TP1 PP1 DP8 mbs1", "degrees": {"tp": 1}, "status": "optimal", "gap": 0.0,
+            "solve_s": 0.1, "mfu": 0.4, "tokens_per_s": 1.2e6, "tokens_per_s_band": (1.0e6, 1.5e6),
+            "band_basis": "hopper dense bf16 training, 9 measured runs", **extra}
+
+
+def test_train_row_carries_the_ranges() -> None:
+    r = _train_row("dgx", 64, _figures(), 1e12, 3.0)
+    assert r.days == 1e12 / 1.2e6 / 86400
+    assert (r.days_low, r.days_high) == (1e12 / 1.5e6 / 86400, 1e12 / 1.0e6 / 86400)
+    assert r.total_usd_low == pytest.approx(64 * r.days_low * 24 * 3.0)
+    assert r.total_usd_high == pytest.approx(64 * r.days_high * 24 * 3.0)
+    assert r.band_basis.startswith("hopper dense bf16 training")
+    assert likely(r) == " (likely 7.7-11.6 days, $35.56k-$53.33k)"
+
+
+def test_serve_row_ranges_respect_the_request_rate() -> None:
+    job = ServeJob(input_len=1000, output_len=100, request_rate=50.0)  # 5,000 output tokens/s wanted
+    f = {"gpu": "H100", "plan": "TP1 PP1 DP1", "gpus_used": 1, "status": "optimal", "throughput_tokens_per_s": 6000.0,
+         "ttft_s": 0.1, "tpot_s": 0.02, "meets_targets": True, "throughput_band": (4000.0, 8000.0), "band_basis": "b"}
+    r = _serve_row("dgx", 8, f, job, 2.0)
+    per_m = lambda served: 2.0 / (served * 3600) * 1e6  # noqa: E731
+    assert r.usd_per_million_output_tokens == pytest.approx(per_m(5000.0))
+    assert r.usd_per_million_output_tokens_low == pytest.approx(per_m(5000.0))  # faster than needed: capped
+    assert r.usd_per_million_output_tokens_high == pytest.approx(per_m(4000.0))  # slower: fewer tokens served
+    assert (r.throughput_tokens_per_s_low, r.throughput_tokens_per_s_high) == (4000.0, 8000.0)
+
+
+def test_study_rows_files_and_table_show_ranges(tmp_path) -> None:
+    cluster = ClusterSpec.model_validate({"name": "fast", "gpu": gpu(hbm=80.0), "node": node(4), "num_nodes": 2,
+                                          "price_per_gpu_hour": 2.0})
+    res = run_study(tiny_model(layers=4, hidden=512, heads=8, kv=8), [cluster], [8], tokens=1e9, seq_len=1024,
+                    global_batch_size=16, time_limit_s=10, jobs=1)
+    (r,) = res.rows
+    band = lookup(Kind("hopper", "dense", "bf16", "train"))  # the GPU is named "H100"
+    assert r.days_low == pytest.approx(r.days / band.high, rel=1e-9)
+    assert r.days_high == pytest.approx(r.days / band.low, rel=1e-9)
+    assert r.total_usd_low == pytest.approx(r.total_usd / band.high, rel=1e-9)
+    assert r.total_usd_high == pytest.approx(r.total_usd / band.low, rel=1e-9)
+    cells = table_rows(res)[0]
+    assert cells[5] == f"{r.days:,.1f} ({r.days_low:,.1f}-{r.days_high:,.1f})"
+    assert "(likely" in res.answers[0].text
+    write_outputs(res, tmp_path)
+    with (tmp_path / "study.csv").open() as fh:
+        (line,) = list(csv.DictReader(fh))
+    assert float(line["days_low"]) == pytest.approx(r.days_low) and float(line["total_usd_high"]) > 0
+    obj = json.loads((tmp_path / "study.json").read_text())
+    assert obj["rows"][0]["days_high"] == pytest.approx(r.days_high)
+    assert "hopper dense bf16 training" in obj["rows"][0]["band_basis"]
