@@ -17,7 +17,9 @@ The statistic (built by `build_table`, shipped as `bands_table.json` by
   either side of their median; else the envelope of every band (kinds and generations) and run of
   the mode, at least 20 % either side;
   else DEFAULT_RATIO (measured between 0.5x and 1.5x of the prediction);
-- memory: the same statistic on q = measured / predicted peak memory of the runs that report it.
+- memory: the same statistic on q = measured / predicted peak memory of the runs that report it;
+- a training band's top is capped at the sanity ceiling (best published MFU + 10 %, `sanity_for`);
+  a band wholly above it keeps its width and moves under it.
 
 A band is a statement about where the measured value falls: it need not contain the point
 prediction (a kind the model is known to over-predict gets a band below it).
@@ -141,9 +143,22 @@ def _is_time_metric(metric: str) -> bool:
     return metric.endswith("_ms") or (metric.endswith("_s") and not metric.endswith("per_s"))
 
 
+def _precision(name: str) -> str:
+    """A residual file's precision as a plan names it: every FP8 recipe ("mxfp8", "fp8-blockwise") is
+    "fp8", 16-bit mixed precision ("amp_bf16", "fp16") is "bf16"; int8/int4 serving weights stay."""
+    p = name.lower()
+    if "fp8" in p:
+        return "fp8"
+    if "bf16" in p or "fp16" in p or "16-bit" in p:
+        return "bf16"
+    return p
+
+
 def residual_kind(row: Mapping[str, Any]) -> Kind:
-    return Kind(gpu_generation(str(row["gpu"])), str(row["family"]).lower(), str(row["precision"]).lower(),
-                str(row["mode"]).lower())
+    """The kind of run of one residual row."""
+    mode = str(row["mode"]).lower()
+    mode = {"training": "train", "serving": "serve", "inference": "serve"}.get(mode, mode)
+    return Kind(gpu_generation(str(row["gpu"])), str(row["family"]).lower(), _precision(str(row["precision"])), mode)
 
 
 def throughput_ratio(row: Mapping[str, Any]) -> float:
@@ -334,14 +349,24 @@ def band_for(plan: Any, table: Mapping[str, Any] | None = None) -> Band:
     basis = t.basis
     if (table or load_table()).get("residuals") == "in-sample":
         basis += ", in-sample residuals"
-    basis += f"; memory: {m.basis}"
+    low, high = t.low, t.high
     if kind.mode == "serve":
         tps, step, peak = plan.throughput_tokens_per_s, plan.prediction.tpot_s, plan.prediction.memory.used_bytes
     else:
         pred = plan.prediction
         tps, step, peak = pred.tokens_per_s, pred.step_time_s, pred.peak_memory_bytes
+        # no measured value is expected above the sanity ceiling (the best published MFU + 10 %):
+        # cap the band there, keeping its width when it lies wholly above
+        s = sanity_for(plan)
+        if s.reference_mfu is not None and s.mfu > 0:
+            ceiling = s.reference_mfu * (1 + SANITY_MARGIN) / s.mfu
+            if high > ceiling:
+                low, high = (low, ceiling) if low < ceiling else (ceiling * low / high, ceiling)
+                basis += (f"; capped at {100 * s.reference_mfu * (1 + SANITY_MARGIN):.1f} % MFU, the best "
+                          f"published {100 * s.reference_mfu:.1f} % + {100 * SANITY_MARGIN:.0f} %")
+    basis += f"; memory: {m.basis}"
     gib = peak / 2 ** 30
-    return Band(tokens_per_s=(tps * t.low, tps * t.high), step_time_s=(step / t.high, step / t.low),
+    return Band(tokens_per_s=(tps * low, tps * high), step_time_s=(step / high, step / low),
                 memory_gib_peak=(gib * m.low, gib * m.high), basis=basis, runs=t.runs)
 
 

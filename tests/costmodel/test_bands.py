@@ -110,6 +110,16 @@ def test_fewer_independent_runs_give_a_wider_band(ratios: list[float], sources: 
 # ----------------------------------------------------------------------------- the table and its fallbacks
 
 
+@pytest.mark.parametrize(("row", "key"), [
+    ({"gpu": "GB200", "family": "MoE", "precision": "MXFP8", "mode": "train"}, "blackwell/moe/fp8/train"),
+    ({"gpu": "H100", "family": "dense", "precision": "fp8-blockwise", "mode": "serving"}, "hopper/dense/fp8/serve"),
+    ({"gpu": "A100", "family": "dense", "precision": "amp_bf16", "mode": "training"}, "ampere/dense/bf16/train"),
+    ({"gpu": "MI300X", "family": "dense", "precision": "int4", "mode": "serve"}, "cdna3/dense/int4/serve"),
+])
+def test_residual_kinds_are_named_as_plans_name_them(row: dict, key: str) -> None:
+    assert bands.residual_kind(row).key == key
+
+
 def test_throughput_ratio_inverts_time_metrics() -> None:
     by_id = {r["id"]: r for r in FIXTURE}
     assert bands.throughput_ratio(by_id["h-bf16-a"]) == pytest.approx(0.95)  # tflops: measured / predicted
@@ -254,7 +264,8 @@ def h100_plan():
     return evaluate(model, cluster, train_job(model, seq_len=4096, global_batch_size=64), tp=1, pp=1)
 
 
-def test_plan_band_is_the_table_ratio_times_the_prediction(h100_plan, table: dict) -> None:
+def test_plan_band_is_the_table_ratio_times_the_prediction(h100_plan, table: dict, monkeypatch) -> None:
+    monkeypatch.setattr(bands, "load_mfu_reference", lambda: ())  # no sanity ceiling: the plain band
     band = band_for(h100_plan, table)
     want = lookup(Kind("hopper", "dense", "bf16", "train"), table)
     pred = h100_plan.prediction
@@ -269,6 +280,25 @@ def test_plan_band_is_the_table_ratio_times_the_prediction(h100_plan, table: dic
     # tokens per step is the same at both ends
     tokens = 64 * 4096
     assert band.tokens_per_s[0] * band.step_time_s[1] == pytest.approx(tokens)
+
+
+def test_band_is_capped_at_the_sanity_ceiling(h100_plan, table: dict) -> None:
+    want = lookup(Kind("hopper", "dense", "bf16", "train"), table)
+    s = bands.sanity_for(h100_plan)
+    ceiling = s.reference_mfu * (1 + bands.SANITY_MARGIN) / s.mfu
+    tps = h100_plan.prediction.tokens_per_s
+    # a plan predicted at MFU m has its band's top at most the best published MFU + 10 %
+    band = band_for(h100_plan, table)
+    assert band.tokens_per_s[1] <= tps * ceiling * (1 + 1e-12)
+    if want.high > ceiling > want.low:
+        assert band.tokens_per_s == pytest.approx((tps * want.low, tps * ceiling))
+        assert "capped at 54.4 % MFU, the best published 49.5 % + 10 %" in band.basis
+    # a plan whose whole band lies above the ceiling keeps its width, moved under the ceiling
+    absurd = dataclasses.replace(h100_plan, prediction=dataclasses.replace(h100_plan.prediction, mfu=0.95), band=None)
+    got = band_for(absurd, table)
+    top = 0.4945 * 1.1 / 0.95
+    assert got.tokens_per_s == pytest.approx((tps * top * want.low / want.high, tps * top))
+    assert got.step_time_s[0] == pytest.approx(h100_plan.prediction.step_time_s / top)
 
 
 def test_plan_json_band_shape(h100_plan) -> None:
