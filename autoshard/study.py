@@ -221,7 +221,7 @@ def _train_row(key: str, n: int, f: dict[str, Any], tokens: float, price: float 
                     gap=f["gap"], solve_s=f["solve_s"], mfu=f["mfu"], tokens_per_s=f["tokens_per_s"], days=days,
                     gpu_hours=gpu_hours, price_per_gpu_hour=price, total_usd=total, usd_per_million_tokens=per_m,
                     days_low=d_lo, days_high=d_hi, total_usd_low=usd_lo, total_usd_high=usd_hi,
-                    band_basis=f["band_basis"])
+                    band_basis=f["band_basis"], sanity=f.get("sanity", ""))
 
 
 def _serve_row(key: str, n: int, f: dict[str, Any], job: ServeJob, price: float | None) -> ServeRow:

@@ -54,6 +54,8 @@ class TrainRow:
     total_usd_high: float | None = None
     band_basis: str = ""
     """What backs the range (kind of run and measured runs)."""
+    sanity: str = ""
+    """Why the predicted MFU is suspect (more than 10 % above the best published for the GPU); "" if not."""
 
     @property
     def x(self) -> float:

@@ -47,7 +47,7 @@ def _plan_summary(plan: Any) -> str:
 def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
     from autoshard.api import solve
-    from autoshard.costmodel.bands import band_of
+    from autoshard.costmodel.bands import band_of, sanity_for
     from autoshard.search.run import SolverOptions
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
@@ -79,6 +79,7 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
         "status": plan.status().value, "gap": plan.solver.gap, "solve_s": plan.solver.wall_s,
         "mfu": pred.mfu, "tokens_per_s": pred.tokens_per_s, "tokens_per_s_band": band_of(plan).tokens_per_s,
         "band_basis": band_of(plan).basis,
+        "sanity": sanity_for(plan).message(cite=True) if sanity_for(plan).flagged else "",
     }, None
 
 

@@ -41,7 +41,8 @@ def table_rows(result: StudyResult) -> list[list[str]]:
         status = "" if r.status == "optimal" else " †"
         if isinstance(r, TrainRow):
             per_m = "n/a" if r.usd_per_million_tokens is None else f"${r.usd_per_million_tokens:.3f}"
-            out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.mfu:.1%}", _si(r.tokens_per_s),
+            out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.mfu:.1%}" + (" !" if r.sanity else ""),
+                        _si(r.tokens_per_s),
                         _range(f"{r.days:,.1f}", r.days_low, r.days_high, lambda d: f"{d:,.1f}"), _si(r.gpu_hours),
                         _range(money(r.total_usd), r.total_usd_low, r.total_usd_high, money), per_m, mark])
         else:
@@ -97,7 +98,8 @@ def _pareto_line(r: Row) -> str:
 _LEGEND = {
     "train": "* on the Pareto front (no other option is both faster and cheaper); "
              "† the best plan found within the time or gap limit, not proven optimal; "
-             "(low-high): likely range from the prediction band.",
+             "(low-high): likely range from the prediction band; ! MFU more than 10 % above the best published "
+             "for the GPU (rows' sanity in study.json).",
     "serve": "* on the Pareto front (no other option has both a lower TPOT and a lower cost per token); "
              "† not proven optimal; (low-high): likely range from the prediction band.",
 }
@@ -241,6 +243,9 @@ def write_pareto_png(result: StudyResult, path: Path) -> Path:
                 linewidth=1.0, alpha=0.85, color=palette[k % len(palette)], label=f"{name} ({gpu})", markersize=6,
                 zorder=3)
         for r in pts:
+            if (seg := _likely_segment(r)) is not None:
+                ax.plot(*seg, color=palette[k % len(palette)], alpha=0.3, linewidth=4, solid_capstyle="butt", zorder=1)
+        for r in pts:
             if (r.x, r.y) in labelled:
                 continue  # a front point (numbered below) or a duplicate already labelled
             labelled.add((r.x, r.y))
@@ -277,7 +282,7 @@ def write_pareto_png(result: StudyResult, path: Path) -> Path:
     ax.set_xlabel("days to train" if train else "time per output token (ms)")
     ax.set_ylabel("total cost (USD)" if train else "USD per million output tokens")
     ax.set_title(f"{_title(result)}: {'time vs cost' if train else 'latency vs cost'} "
-                 "(labels: GPU count; circled and numbered: Pareto front)", fontsize=11)
+                 "(labels: GPU count; circled and numbered: Pareto front; shaded: likely range)", fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
     if priced:
         legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
@@ -290,6 +295,17 @@ def write_pareto_png(result: StudyResult, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
+
+
+def _likely_segment(r: Row) -> tuple[list[float], list[float]] | None:
+    """The likely range of a point as a segment: days and dollars move together (both scale with
+    1/throughput); serving, the cost per token at the same TPOT."""
+    if isinstance(r, TrainRow):
+        if None in (r.days_low, r.days_high, r.total_usd_low, r.total_usd_high):
+            return None
+        return [r.days_low or 0.0, r.days_high or 0.0], [r.total_usd_low or 0.0, r.total_usd_high or 0.0]
+    lo, hi = r.usd_per_million_output_tokens_low, r.usd_per_million_output_tokens_high
+    return None if lo is None or hi is None else ([r.x, r.x], [lo, hi])
 
 
 def _front_key(front: list[Row], train: bool, most: int = 18) -> str:

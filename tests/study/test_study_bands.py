@@ -79,3 +79,16 @@ def test_study_rows_files_and_table_show_ranges(tmp_path) -> None:
     obj = json.loads((tmp_path / "study.json").read_text())
     assert obj["rows"][0]["days_high"] == pytest.approx(r.days_high)
     assert "hopper dense bf16 training" in obj["rows"][0]["band_basis"]
+
+
+def test_flagged_mfu_is_marked_in_the_table_and_ranges_are_plotted() -> None:
+    from autoshard.report.study_report import _likely_segment
+    from autoshard.study_costs import StudyResult
+
+    flagged = _train_row("dgx", 64, _figures(sanity="predicted 60.0 % MFU is more than 10 % above ..."), 1e12, 3.0)
+    plain = _train_row("dgx", 128, _figures(), 1e12, 3.0)
+    res = StudyResult(mode="train", inputs={}, rows=[flagged, plain], skipped=[], answers=[], pareto=[])
+    cells = table_rows(res)
+    assert cells[0][3] == "40.0% !" and cells[1][3] == "40.0%"
+    xs, ys = _likely_segment(plain)
+    assert xs == [plain.days_low, plain.days_high] and ys == [plain.total_usd_low, plain.total_usd_high]
