@@ -414,3 +414,46 @@ def test_terminal_shows_band_and_ties(h100_plan) -> None:
                                          (0.5, "0.500")])
 def test_three_significant_digits(x: float, text: str) -> None:
     assert bands._sig3(x) == text
+
+
+def test_make_bands_rejects_unusable_residual_rows(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "validation"))
+    import make_bands
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(FIXTURE))
+    assert len(make_bands.load_residuals([good, tmp_path / "absent.json"])) == len(FIXTURE)
+    for bad, message in ((dict(FIXTURE[0], predicted_loso=None), "has no predicted_loso"),
+                         (dict(FIXTURE[0], measured=0.0), "must be positive")):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps([bad]))
+        with pytest.raises(SystemExit, match=message):
+            make_bands.load_residuals([path])
+
+
+def test_make_bands_writes_the_table_from_residual_files(tmp_path, monkeypatch, capsys) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "validation"))
+    import make_bands
+
+    train = tmp_path / "residuals_train.json"
+    train.write_text(json.dumps([r for r in FIXTURE if r["mode"] == "train"]))
+    serve = tmp_path / "residuals_serve.json"
+    serve.write_text(json.dumps([r for r in FIXTURE if r["mode"] == "serve"]))
+    monkeypatch.setattr(make_bands, "RESIDUALS", (train, serve))
+    out = tmp_path / "table.json"
+    assert make_bands.main(["--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(build_table(FIXTURE, residuals="out-of-source",
+                                                        sources=sorted({r["source"] for r in FIXTURE}))))
+    text = capsys.readouterr().out
+    assert "throughput coverage: in-table 11/11 = 100%; leave-one-source-out 5/11 = 45%" in text
+    monkeypatch.setattr(make_bands, "RESIDUALS", (tmp_path / "none.json",))
+    assert make_bands.main(["--check"]) == 2
+
+
+def test_make_bands_in_sample_meets_the_coverage_target(capsys) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "validation"))
+    import make_bands
+
+    assert make_bands.main(["--in-sample", "--check"]) == 0  # >= 80 % of runs inside their band
+    assert "leave-one-source-out" in capsys.readouterr().out

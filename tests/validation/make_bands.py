@@ -45,14 +45,27 @@ RESIDUALS = (HERE / "residuals_train.json", HERE / "residuals_serve.json")
 TARGET = 0.80
 
 
+REQUIRED = ("id", "source", "mode", "gpu", "family", "precision", "metric", "measured", "predicted_loso")
+
+
 def load_residuals(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The rows of the residual files that exist; SystemExit naming the file, run and field when a
+    row cannot be used."""
     rows: list[dict[str, Any]] = []
     for path in paths:
-        if path.is_file():
-            data = json.loads(path.read_text())
-            if not isinstance(data, list):
-                raise SystemExit(f"{path}: expected a JSON list of runs")
-            rows.extend(data)
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise SystemExit(f"{path}: expected a JSON list of runs")
+        for i, row in enumerate(data):
+            missing = [k for k in REQUIRED if not isinstance(row, dict) or row.get(k) is None]
+            if missing:
+                raise SystemExit(f"{path}: run {i} ({row.get('id') if isinstance(row, dict) else row!r}) has no "
+                                 f"{', '.join(missing)}")
+            if not (float(row["measured"]) > 0 and float(row["predicted_loso"]) > 0):
+                raise SystemExit(f"{path}: run {row['id']}: measured and predicted_loso must be positive")
+        rows.extend(data)
     return rows
 
 
