@@ -7,11 +7,13 @@ The statistic (built by `build_table`, shipped as `bands_table.json` by
 
 - each validation run gives q = measured / predicted throughput (predicted / measured for a time
   metric), taken as x = ln q;
-- a kind with n >= 2 runs: median c, empirical 10th and 90th percentiles (linear interpolation);
+- a kind with >= 2 runs: median c, empirical 10th and 90th percentiles (linear interpolation);
   both distances from c are multiplied by the small-sample factor
   k(n) = t(0.90, n-1) * sqrt(1 + 1/n) / z(0.90) (the normal-theory prediction interval for one new
   run over the population 10-90 interval: k(2) = 2.94, k(5) = 1.31, k(10) = 1.13, k(30) = 1.04),
-  then each side is at least MIN_HALF_WIDTH (3 %) from c;
+  where n counts the independent sources behind the runs (at least 2, at most the runs): runs of
+  one source share its systematic error, as a user's own cluster will have its own; then each side
+  is at least MIN_HALF_WIDTH (3 %) from c;
 - a kind with fewer than 2 runs falls back, always to something wider: the envelope (lowest low,
   highest high) of every band and every run of the same GPU generation and mode, at least 10 %
   either side of their median; else the envelope of every band (kinds and generations) and run of
