@@ -128,13 +128,15 @@ def coverage(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any] | str |
 
 def report(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any], *, held_only: bool = True) -> int:
     print(f"band table from {len(rows)} runs ({table['residuals']} residuals)")
-    print(f"{'kind':38} {'runs':>5} {'measured/predicted band':>24}  {'coverage':>9}")
+    print(f"{'kind':30} {'runs':>5} {'sources':>7} {'measured/predicted band':>24}  {'coverage':>9}")
     kinds = sorted({residual_kind(r).key for r in rows})
     for key in kinds:
         kind_rows = [r for r in rows if residual_kind(r).key == key]
         b = lookup(residual_kind(kind_rows[0]), table)
         inside, total = coverage(kind_rows, table, held_only=held_only)
-        print(f"{key:38} {total:5d} {b.low:11.3f} - {b.high:<10.3f}  {inside:3d}/{total:<3d}  ({b.level})")
+        counted = [r for r in kind_rows if not held_only or r.get("held", True)]
+        sources = len({r["source"] for r in counted})
+        print(f"{key:30} {total:5d} {sources:7d} {b.low:11.3f} - {b.high:<10.3f}  {inside:3d}/{total:<3d}  ({b.level})")
     ok = True
     for section in ("throughput", "memory"):
         inside, total = coverage(rows, table, section=section, held_only=held_only)
