@@ -249,7 +249,7 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
         return
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    render_comparison(yours, best[0], comparison, out)
+    render_comparison(yours, best[0], comparison, out, time_limit_s=time_limit)
 
 
 def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None):
