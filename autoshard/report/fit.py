@@ -68,8 +68,8 @@ def shell_words(line: str) -> list[str]:
 def wrap_command(text: str, width: int) -> str:
     """Break every line longer than `width` between shell words, ending the broken lines with ` \\`
     and indenting the continuations by four more spaces: the result runs exactly like the input.
-    A flag stays on the line of its value. Comment lines are re-wrapped as comments. A single word
-    (or flag and value) longer than the width stays whole."""
+    A flag stays on the line of its value when the two fit. Comment lines are re-wrapped as
+    comments. A single word longer than the width (a long quoted value) stays whole."""
     out: list[str] = []
     for line in text.splitlines():
         if len(line) <= width:
@@ -86,9 +86,11 @@ def wrap_command(text: str, width: int) -> str:
             words.pop()
             tail = " \\"
         groups: list[str] = []
-        for word in words:  # a flag keeps its value on its line: `--tp-size 8`
-            if groups and groups[-1].startswith("-") and " " not in groups[-1] and not word.startswith("-"):
-                groups[-1] += " " + word
+        for word in words:  # a flag keeps its value on its line (`--tp-size 8`) unless the pair is too long
+            pair = f"{groups[-1]} {word}" if groups else ""
+            if (groups and groups[-1].startswith("-") and " " not in groups[-1] and not word.startswith("-")
+                    and len(indent) + 4 + len(pair) + 2 <= width):
+                groups[-1] = pair
             else:
                 groups.append(word)
         cur = indent + groups[0]

@@ -135,7 +135,8 @@ def schedule_chart(plan: Plan, *, width: int = 100) -> str:
     times = pred.rank_time_s
     step = m * max(times) + (sum(times) - max(times)) / vpp
     idle = [1 - m * t / step for t in times]
-    chart = draw_schedule(fwd, bwd, pp=pp, vpp=vpp, m=m, width=width, idle=idle)
+    # numbered bands while the chart stays within about 40 rows; beyond, one scaled-down band
+    chart = draw_schedule(fwd, bwd, pp=pp, vpp=vpp, m=m, width=width, idle=idle, max_bands=max(1, min(6, 40 // pp)))
     kind = f"interleaved 1F1B, PP {pp} x VPP {vpp}" if vpp > 1 else f"1F1B, PP {pp}"
     head = [f"Pipeline schedule ({kind}, {m} micro-batches, numbered from 1)"]
     legend = "12 = forward of micro-batch 12, b12=== = its backward, . = idle"

@@ -77,16 +77,23 @@ def test_wrapped_command_is_the_same_command(cmd, width):
     assert shlex.split(wrapped.replace("\\\n", " ")) == shlex.split(cmd)
     for line in wrapped.splitlines():
         words = shell_words(line.rstrip(" \\"))
-        assert len(line) <= width or len(words) <= 2, line  # only an unbreakable word (or flag + value) overflows
+        assert len(line) <= width or len(words) == 1, line  # only an unbreakable word overflows
     for line in wrapped.splitlines()[:-1]:
         assert line.endswith(" \\")
 
 
 def test_flag_stays_with_its_value():
-    for width in range(20, 60):
+    for width in range(4 + len("--max-num-batched-tokens 8192") + 2, 60):  # where the pair fits on a line
         wrapped = wrap_command("vllm serve m --max-num-batched-tokens 8192 --kv-cache-dtype auto", width)
         assert any("--max-num-batched-tokens 8192" in line for line in wrapped.splitlines()), wrapped
         assert any("--kv-cache-dtype auto" in line for line in wrapped.splitlines()), wrapped
+
+
+def test_a_pair_too_long_for_the_line_splits_at_the_value():
+    line = "    --pipeline-model-parallel-layout 'E|(t|)*9,t*19|t*21|t*8|t*7|t*7|t*7|t*2|L' \\"
+    wrapped = wrap_command(line, 80)
+    assert all(len(x) <= 80 for x in wrapped.splitlines())
+    assert wrapped.splitlines()[1].strip() == "'E|(t|)*9,t*19|t*21|t*8|t*7|t*7|t*7|t*2|L' \\"
 
 
 def test_continuation_lines_and_comments():
