@@ -125,13 +125,16 @@ def _wide_table(result: StudyResult) -> Table:
     return table
 
 
-def _stacked_table(result: StudyResult) -> Table:
+def _stacked_table(result: StudyResult, *, with_plan: bool) -> Table:
     table = fit_table()
-    for h, _ in _STACKED[result.mode]:
+    spec = list(_STACKED[result.mode])
+    if with_plan:
+        spec = spec[:2] + [("plan", ("plan",))] + spec[2:]
+    for h, _ in spec:
         table.add_column(h, justify="left" if h in _LEFT else "right", no_wrap=True)
     index = {h: i for i, h in enumerate(_headers(result))}
     for k, cells in enumerate(table_rows(result), 1):
-        row = [str(k)] + ["\n".join(cells[index[name]] for name in names) for _, names in _STACKED[result.mode][1:]]
+        row = [str(k)] + ["\n".join(cells[index[name]] for name in names) for _, names in spec[1:]]
         table.add_row(*row, style="bold" if cells[-1] else None, end_section=True)
     return table
 
@@ -144,11 +147,17 @@ def render_study(result: StudyResult, console: Console) -> None:
     for a in result.answers:
         head, _, rest = a.text.partition(": ")
         console.print(_indent(f"[bold green]{escape(head)}:[/bold green] {escape(rest)}", width), highlight=False)
+    def fits(t: Table) -> bool:
+        return console.measure(t, options=console.options.update_width(1000)).maximum <= width
+
     table = _wide_table(result)
-    if console.measure(table, options=console.options.update_width(1000)).maximum <= width:
+    stacked = _stacked_table(result, with_plan=True)
+    if fits(table):
         console.print(table)
+    elif fits(stacked):
+        console.print(stacked)
     else:
-        console.print(_stacked_table(result))
+        console.print(_stacked_table(result, with_plan=False))
         console.print("Plans:", style="bold")
         plan_at = _headers(result).index("plan")
         for k, cells in enumerate(table_rows(result), 1):
