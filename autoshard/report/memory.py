@@ -81,12 +81,17 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
                              framework=cfg.framework)
     full_w, full_g, full_o = full.weights, full.grads, full.optimizer
 
+    edp = dims.expert_dp
+
     def sharded(full: float, from_stage: int) -> str:
-        return f"{_g(full)}/DP = {_g(full)}/{dp}" if z >= from_stage and dp > 1 else _g(full)
+        text = f"{_g(full)}/DP = {_g(full)}/{dp}" if z >= from_stage and dp > 1 else _g(full)
+        if expert and z >= from_stage and edp != dp:  # routed experts shard over the expert-DP group
+            text += f"; experts {_g(full)}/EDP = {_g(full)}/{edp}" if edp > 1 else f"; experts {_g(full)} (EDP 1)"
+        return text
 
     w_kind = "FP32 master params (FSDP2)" if titan else "BF16 params"
-    o_kind = ("Adam m, v in FP32" if titan else "FP32 master + Adam m, v") if full_o >= 8 and cfg.optimizer.value == "adam" \
-        else "optimizer state in FP32"
+    adam = cfg.optimizer.value == "adam"
+    o_kind = ("Adam m, v in FP32" if titan else "FP32 master + Adam m, v") if adam else "optimizer state in FP32"
     weights_f = f"{w_kind}: {sharded(full_w, 3)}"
     grads_f = f"FP32 grads: {sharded(full_g, 2)}"
     if z == 3:
@@ -96,13 +101,18 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     opt_f = f"{o_kind}: {sharded(full_o, 1)}"
     if z >= 1 and dp > 1:
         opt_f += " (distributed optimizer)" if z == 1 else f" (ZeRO-{z})"
+
+    def states(w: float, g: float, o: float, group: str) -> str:
+        stage = z if (dp if group == "DP" else edp) > 1 else 0
+        return {0: f"{_g(full_w)} + {_g(full_g)} + {_g(full_o)} = {_g(full_w + full_g + full_o)}",
+                1: f"{_g(full_w + full_g)} + {_g(full_o)}/{group} = {_g(w + g + o)}",
+                2: f"{_g(full_w)} + {_g(full_g + full_o)}/{group} = {_g(w + g + o)}",
+                3: f"{_g(full_w + full_g + full_o)}/{group} = {_g(w + g + o)}"}[stage]
+
+    states_f = states(*nominal_bytes_per_param(plan), "DP")
     if expert:
-        opt_f += f"; experts / expert-DP {dims.expert_dp}"
-    w, g, o = nominal_bytes_per_param(plan)
-    states_f = {0: f"{_g(full_w)} + {_g(full_g)} + {_g(full_o)} = {_g(full_w + full_g + full_o)}",
-                1: f"{_g(full_w + full_g)} + {_g(full_o)}/DP = {_g(w + g + o)}",
-                2: f"{_g(full_w)} + {_g(full_g + full_o)}/DP = {_g(w + g + o)}",
-                3: f"{_g(full_w + full_g + full_o)}/DP = {_g(w + g + o)}"}[z if dp > 1 else 0]
+        states_f = (f"dense {states_f}; experts {states(*nominal_bytes_per_param(plan, expert=True), 'EDP')}; "
+                    f"{dense / held:.0%} of the parameters held are dense")
 
     # activations: Megatron holds each in-flight micro-batch's saved tensors, plus one layer's
     # recompute working set (Korthikanti et al. 2022); torchtitan's loss/backward transients differ

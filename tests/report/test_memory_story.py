@@ -86,3 +86,18 @@ def test_pipeline_rank_names_the_fullest_rank(plan_70b):
     assert "12/DP = 12/%d" % dp in rows["optimizer state"].formula
     assert rows["optimizer state"].per_param == pytest.approx(12 / dp)
     assert rows["weights"].per_param == pytest.approx(2.0) and rows["gradients"].per_param == pytest.approx(4.0)
+
+
+def test_moe_experts_shard_over_expert_dp(make_plan):
+    """Mixtral 8x7B, TP2 PP4 EP4 on 64 GPUs: dense parameters shard over DP 8, routed experts over
+    expert-DP 2; the bytes per parameter held are the weighted mean of 6 + 12/8 and 6 + 12/2."""
+    plan = make_plan("mixtral-8x7b", "dgx-h100", 64, tp=2, pp=4, ep=4, micro_batch_size=1,
+                     recompute=Recompute.SELECTIVE)
+    assert plan.config.dims.expert_dp == 2
+    assert sum(nominal_bytes_per_param(plan)) == pytest.approx(7.5)
+    assert sum(nominal_bytes_per_param(plan, expert=True)) == pytest.approx(12.0)
+    rows = _rows(plan)
+    f = rows["model states"].formula
+    assert "dense 6 + 12/DP = 7.5" in f and "experts 6 + 12/EDP = 12" in f
+    share = float(f.rsplit("%", 1)[0].rsplit(" ", 1)[1]) / 100
+    assert rows["model states"].per_param == pytest.approx(share * 7.5 + (1 - share) * 12.0, abs=0.05)
