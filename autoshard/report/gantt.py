@@ -22,16 +22,16 @@ class Op:
 def _order(rank: int, pp: int, vpp: int, m: int) -> list[tuple[str, int, int]]:
     """Megatron's per-rank sequence of (kind, microbatch, chunk)."""
     total = m * vpp
+    # interleaved: groups of PP micro-batches run through chunk 0, then chunk 1, ...; a last group
+    # smaller than PP (m not a multiple of PP, Megatron-Core's microbatch_group_size_per_vp_stage)
+    # does the same with fewer micro-batches
+    seq = [(mb, c) for g in range(0, m, pp) for c in range(vpp) for mb in range(g, min(g + pp, m))]
 
     def fwd(i: int) -> tuple[int, int]:
-        if vpp == 1:
-            return i, 0
-        group, within = divmod(i, pp * vpp)
-        chunk = within // pp
-        return group * pp + within % pp, chunk
+        return seq[i]
 
     def bwd(i: int) -> tuple[int, int]:
-        mb, chunk = fwd(i)
+        mb, chunk = seq[i]
         return mb, vpp - 1 - chunk
 
     if vpp == 1:
