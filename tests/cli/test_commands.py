@@ -261,6 +261,12 @@ def test_solve_text_show_schedule_and_explain() -> None:
     assert "1F1B" in run.stdout, str(run)
     assert "Why candidates were discarded" in " ".join(run.stdout.split()), str(run)
     assert "llama-3.1-8b" in run.flat
+    # the headline names the peak, the solver line cannot contradict itself, the schedule shows the
+    # bubble the cost model charges (or says there is no pipeline)
+    assert "TFLOP/s BF16 dense peak" in run.flat, str(run)
+    assert "solver: optimal" in run.flat or "not proven optimal" in run.flat, str(run)
+    assert "gap 0.00" not in run.flat and "FEASIBLE" not in run.flat, str(run)
+    assert "bubble (cost model)" in run.flat or "no pipeline bubble" in run.flat, str(run)
 
 
 def test_solve_emit_megatron_to_file_round_trips_through_evaluate(tmp_path: Path) -> None:
