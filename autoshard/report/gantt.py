@@ -106,6 +106,9 @@ class Chart:
     """Time one character stands for at the start of the row."""
     labelled: bool
     """True when every operation is wide enough to carry its micro-batch number."""
+    chunks: tuple[tuple[int, ...], ...] = ()
+    """Per row, per character: the model chunk (0 .. VPP-1) of the operation drawn there, -1 elsewhere
+    (a colour terminal tells the chunks of an interleaved schedule apart with it)."""
 
 
 def _ops_text(kind: str, label: str, span: int, show: bool, tight: bool) -> str:
@@ -165,36 +168,46 @@ def draw_schedule(chunk_fwd_s: Sequence[float], chunk_bwd_s: Sequence[float], *,
         scale = (room - (2 if compress else 0)) / drawn
     offset = m - m_sim  # micro-batches the tail is behind the real schedule
 
-    def segment(r: int, t0: float, t1: float, renumber: int) -> str:
+    def segment(r: int, t0: float, t1: float, renumber: int) -> tuple[str, list[int]]:
         n = max(1, round((t1 - t0) * scale))
-        cells = ["."] * n
+        cells, owner = ["."] * n, [-1] * n
         for o in sorted((o for o in ops if o.rank == r and o.end > t0 and o.start < t1), key=lambda o: o.start):
             x0 = round((max(o.start, t0) - t0) * scale)
             x1 = max(x0 + 1, round((min(o.end, t1) - t0) * scale))
             x0, x1 = min(x0, n - 1), min(x1, n)
             text = _ops_text(o.kind, str(o.microbatch + 1 + renumber), x1 - x0, o.start >= t0, labelled)
             cells[x0:x1] = list(text)
-        return "".join(cells)
+            owner[x0:x1] = [o.chunk] * (x1 - x0)
+        return "".join(cells), owner
 
-    bodies = []
+    bodies, owners = [], []
     for r in range(pp):
         if compress:
-            bodies.append(segment(r, 0.0, cut_at, 0) + "//" + segment(r, cut_at + skipped, end, offset))
+            (a, oa), (b, ob) = segment(r, 0.0, cut_at, 0), segment(r, cut_at + skipped, end, offset)
+            bodies.append(a + "//" + b)
+            owners.append(oa + [-1, -1] + ob)
         else:
-            bodies.append(segment(r, 0.0, end, 0))
+            body, owner = segment(r, 0.0, end, 0)
+            bodies.append(body)
+            owners.append(owner)
     rows: list[str] = []
+    chunks: list[tuple[int, ...]] = []
     while bodies[0]:
         cut = _band_cut(bodies, room)
         last = cut >= len(bodies[0])
         if rows:
             rows.append("")
+            chunks.append(())
         for r in range(pp):
             tail = f"| {100 * idle[r]:4.1f}%" if last else ">"
-            rows.append(f"{r:>{lw}} |{bodies[r][:cut]}{tail}")
+            head = f"{r:>{lw}} |"
+            rows.append(f"{head}{bodies[r][:cut]}{tail}")
+            chunks.append(tuple([-1] * len(head) + owners[r][:cut] + [-1] * len(tail)))
         bodies = [b[cut:] for b in bodies]
+        owners = [o[cut:] for o in owners]
     omitted = (k_sim + offset // shift) if compress else 0
     return Chart(rows=tuple(rows), omitted_periods=omitted, period_microbatches=shift, cell_s=1 / scale,
-                 labelled=labelled)
+                 labelled=labelled, chunks=tuple(chunks))
 
 
 def _band_cut(bodies: Sequence[str], room: int) -> int:

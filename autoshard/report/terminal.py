@@ -23,7 +23,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", "plan_summary", "prune_table",
-           "headline", "solver_text", "bubble_lines", "band_line"]
+           "headline", "solver_text", "bubble_lines", "band_line", "schedule_text"]
 
 
 def plan_summary(plan: Plan) -> str:
@@ -123,10 +123,19 @@ def bubble_lines(plan: Plan) -> list[str]:
 def schedule_chart(plan: Plan, *, width: int = 100) -> str:
     """The pipeline schedule of the plan: warm-up, one steady-state period and the cool-down (the
     repeated periods cut at `//`), each rank's idle share, and the bubble the cost model charges."""
+    return schedule_text(plan, width=width).plain
+
+
+_CHUNK_STYLES = ("", "cyan", "magenta", "yellow")
+
+
+def schedule_text(plan: Plan, *, width: int = 100) -> Text:
+    """`schedule_chart` as rich text: on a colour terminal the model chunks of an interleaved
+    schedule alternate in colour (the shading of Narayanan et al.'s Fig. 4)."""
     cfg, pred = plan.config, plan.prediction
     pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
     if pp == 1:
-        return "no pipeline parallelism (PP 1): every GPU runs all layers, there is no pipeline bubble"
+        return Text("no pipeline parallelism (PP 1): every GPU runs all layers, there is no pipeline bubble")
     fwd, bwd = [], []
     for stage in plan.stages:
         cost = stage_cost(plan.model, stage, plan.cluster.pools[stage.pool], plan.config)
@@ -143,12 +152,12 @@ def schedule_chart(plan: Plan, *, width: int = 100) -> str:
         text = (f"The interleaved schedule of {m} micro-batches on PP {pp} x VPP {vpp} is not drawn: {m} is not a "
                 f"multiple of PP and Megatron-LM's order for that case is not simulated here. The bubble the cost "
                 f"model charges:")
-        return "\n".join([_wrap(text, width, "  ")] + [_wrap(b, width, "  ") for b in bubble_lines(plan)])
+        return Text("\n".join([_wrap(text, width, "  ")] + [_wrap(b, width, "  ") for b in bubble_lines(plan)]))
     kind = f"interleaved 1F1B, PP {pp} x VPP {vpp}" if vpp > 1 else f"1F1B, PP {pp}"
     head = [f"Pipeline schedule ({kind}, {m} micro-batches, numbered from 1)"]
     legend = "12 = forward of micro-batch 12, b12=== = its backward, . = idle"
     if vpp > 1:
-        legend += f"; each rank runs its {vpp} model chunks in turn"
+        legend += f"; each rank runs its {vpp} model chunks in turn (in colour on a colour terminal)"
     if not chart.labelled:
         legend += "; - and = forward and backward too short to number"
     head.append(legend)
@@ -158,10 +167,16 @@ def schedule_chart(plan: Plan, *, width: int = 100) -> str:
         head.append(f"// = {n} identical steady-state periods left out (per period each rank runs {what}, "
                     f"forward and backward); after it, the real last micro-batches")
     head.append("right: share of the step each rank is idle")
-    lines = [_wrap(h, width, "  ") for h in head]
-    lines += list(chart.rows)
-    lines += [_wrap(b, width, "  ") for b in bubble_lines(plan)]
-    return "\n".join(lines)
+    out = Text("\n".join(_wrap(h, width, "  ") for h in head) + "\n")
+    for row, owner in zip(chart.rows, chart.chunks, strict=True):
+        line = Text(row)
+        for i, c in enumerate(owner):
+            if c > 0:
+                line.stylize(_CHUNK_STYLES[c % len(_CHUNK_STYLES)], i, i + 1)
+        out.append_text(line)
+        out.append("\n")
+    out.append("\n".join(_wrap(b, width, "  ") for b in bubble_lines(plan)))
+    return out
 
 
 def prune_table(pruned: dict[str, int]) -> Table:
@@ -273,7 +288,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
         console.print(prune_table(plan.solver.pruned))
     if show_schedule:
         console.print()
-        console.print(schedule_chart(plan, width=console.width), markup=False, highlight=False, soft_wrap=True)
+        console.print(schedule_text(plan, width=console.width), highlight=False, soft_wrap=True)
     for note in notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if "megatron" in plan.launch:

@@ -148,3 +148,19 @@ def test_an_order_that_cannot_be_simulated_says_so(plan_70b, monkeypatch):
     flat = " ".join(text.split())
     assert "is not drawn" in flat and "bubble (cost model)" in flat
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_interleaved_chunks_carry_their_chunk_index(plan_70b):
+    """The second chunk's operations are styled (a colour terminal shades them like the textbook
+    figure); styles fall on operations only, never on idle dots or the frame."""
+    from autoshard.report.terminal import schedule_text
+
+    chart = draw_schedule([0.5] * 8, [1.0] * 8, pp=4, vpp=2, m=8, width=160)
+    for row, owner in zip(chart.rows, chart.chunks, strict=True):
+        assert len(row) == len(owner)
+        body = [(ch, c) for ch, c in zip(row, owner, strict=True)]
+        assert all(ch not in ".|" for ch, c in body if c >= 0)
+        assert {c for _, c in body if c >= 0} == {0, 1}
+    text = schedule_text(plan_70b, width=80)
+    styled = [span for span in text.spans if span.style == "cyan"]
+    assert styled and all(text.plain[s.start:s.end] not in (".", "|") for s in styled)
