@@ -226,7 +226,7 @@ def solve(
         from autoshard.report.terminal import render_plan
 
         render_plan(best, render_console, runners=plans[1:], show_schedule=show_schedule, explain=explain,
-                    notes=megatron_notes(best))
+                    notes=megatron_notes(best), time_limit_s=time_limit)
     _write_emit(best, emit, output)
 
 
@@ -249,7 +249,7 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
         return
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    render_comparison(yours, best[0], comparison, out)
+    render_comparison(yours, best[0], comparison, out, time_limit_s=time_limit)
 
 
 def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None):
@@ -352,7 +352,7 @@ def evaluate(
     if json_out:
         _print_json(plan.to_json())
     else:
-        render_plan(plan, out, show_schedule=show_schedule)
+        render_plan(plan, out, show_schedule=show_schedule, time_limit_s=time_limit)
         if not plan.prediction.fits:
             _explain_overflow(plan)
     raise typer.Exit(0 if plan.prediction.fits else 1)
@@ -401,7 +401,8 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     if json_out:
         _print_plans_json(plans)
     else:
-        render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
+        render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain,
+                          time_limit_s=time_limit)
     if emit is not None:
         from autoshard.emit.sglang import sglang_node_commands
         from autoshard.emit.vllm import vllm_node_commands

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from autoshard.emit.megatron import megatron_args
 from autoshard.plan import Plan
-from autoshard.report.terminal import plan_summary
+from autoshard.report.fit import print_command
+from autoshard.report.terminal import plan_summary, solver_text
 from autoshard.units import GIB
 
 __all__ = ["compare_plans", "render_comparison"]
@@ -45,18 +47,19 @@ def compare_plans(yours: Plan, best: Plan) -> dict:
     }
 
 
-def render_comparison(yours: Plan, best: Plan, comparison: dict, console: Console) -> None:
+def render_comparison(yours: Plan, best: Plan, comparison: dict, console: Console, *,
+                      time_limit_s: float | None = None) -> None:
     c = comparison
     fit = "" if c["yours_fits"] else " (DOES NOT FIT)"
     console.print(f"[bold]yours:[/bold] {plan_summary(yours)}: {c['yours_tokens_per_s']:,.0f} tokens/s, "
                   f"{c['yours_peak_gib']:.1f} GiB peak{fit}")
     console.print(f"[bold]best:[/bold]  {plan_summary(best)}: {c['best_tokens_per_s']:,.0f} tokens/s "
-                  f"({100 * c['gain']:+.1f} %), {c['best_peak_gib']:.1f} GiB peak "
-                  f"[{best.solver.status.lower()}, gap {100 * best.solver.gap:.2f}%]")
+                  f"({100 * c['gain']:+.1f} %), {c['best_peak_gib']:.1f} GiB peak")
+    console.print(escape(solver_text(best.solver, time_limit_s=time_limit_s)), highlight=False)
     if c["changes"]:
         console.print("change: " + ", ".join(f"{ch['flag']} {ch['yours']} -> {ch['best']}" for ch in c["changes"]),
                       markup=False, highlight=False)
     else:
         console.print("your plan is already the best one found")
     console.print("\n[bold]Megatron-LM launch of the best plan:[/bold]")
-    console.print(best.launch.get("megatron", ""), markup=False, highlight=False, soft_wrap=True)
+    print_command(console, best.launch.get("megatron", ""))

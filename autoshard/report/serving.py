@@ -5,22 +5,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from autoshard.costmodel.bands import band_text, tie_text
-from autoshard.report.terminal import prune_table
+from autoshard.report.fit import add_columns, print_command
+from autoshard.report.fit import table as compact_table
+from autoshard.report.terminal import prune_table, solver_text
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
 
 __all__ = ["render_serve_plan"]
 
 
-def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[ServePlan] = (), explain: bool = False) -> None:
+def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[ServePlan] = (), explain: bool = False,
+                      time_limit_s: float | None = None) -> None:
     p, j = plan.prediction, plan.job
     mem = p.memory
     head = Text()
+    head.append(f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})\n",
+                style="bold")
     head.append(f"{plan.describe()} ({plan.replicas} engine(s) of {plan.engine_gpus} GPUs), max-num-seqs "
                 f"{plan.max_num_seqs}, gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n", style="bold cyan")
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
@@ -35,42 +40,41 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
         head.append("\nDOES NOT MEET THE TARGETS", style="bold red")
     s = plan.solver
     if s.status != "EVALUATED":
-        head.append(f"\nsolver: {s.status}, objective {s.objective:,.1f} ({plan.objective_unit}), bound {s.bound:,.1f}, "
-                    f"gap {100 * s.gap:.2f}%, {s.wall_s:.2f} s wall")
-    title = f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})"
-    console.print(Panel(head, title=title, expand=False))
-    table = Table(title="Memory per GPU (GiB)", header_style="bold")
-    table.add_column("component")
-    table.add_column("GiB", justify="right")
+        head.append(f"\n{solver_text(s, time_limit_s=time_limit_s)}; objective: {plan.objective_unit}")
+    console.print(Panel(head, expand=False))
+    table = compact_table("Memory per GPU")
+    add_columns(table, "component|GiB:r")
     for name, value in (("weights", mem.weights_bytes), ("activations (profiled peak)", mem.activation_bytes),
                         ("CUDA graphs", mem.cuda_graph_bytes), ("non-torch (context, NCCL)", mem.non_torch_bytes),
                         ("KV cache", mem.kv_cache_bytes)):
         table.add_row(name, f"{value / GIB:.1f}")
-    table.add_row("capacity", f"{mem.capacity_bytes / GIB:.1f}")
+    table.add_section()
+    table.add_row("capacity", f"{mem.capacity_bytes / GIB:.1f}", style="bold")
     console.print(table)
+    console.print()
     step = p.decode
-    t = Table(title="Decode step (one TPOT)", header_style="bold")
-    t.add_column("component")
-    t.add_column("ms", justify="right")
+    t = compact_table("Decode step (one TPOT)")
+    add_columns(t, "component|ms:r")
     for name in ("gemm_s", "attention_s", "elementwise_s", "logits_s", "tp_comm_s", "ep_comm_s", "pp_comm_s"):
         value = getattr(step, name, 0.0)
         if value:
             t.add_row(name.removesuffix("_s").replace("_", " "), f"{1e3 * value:.2f}")
     console.print(t)
     if runners:
-        table = Table(title="Runner-up deployments", header_style="bold")
+        console.print()
+        table = compact_table("Runner-up deployments")
+        add_columns(table, "#:r|plan:w|tokens/s/GPU:r|TPOT ms:r|TTFT s:r|band:r")
         table.caption = "band: tied = its likely range overlaps the best deployment's (not reliably slower)"
-        for col in ("#", "plan", "tokens/s/GPU", "TPOT ms", "TTFT s", "band"):
-            table.add_column(col, justify="left" if col == "plan" else "right")
         for i, other in enumerate(runners, start=2):
             table.add_row(str(i), other.describe(), f"{other.tokens_per_s_per_gpu:,.0f}",
                           f"{1e3 * other.prediction.tpot_s:.1f}", f"{other.prediction.ttft_s:.2f}", tie_text(other))
         console.print(table)
     if explain and s.pruned:
+        console.print()
         console.print(prune_table(s.pruned))
     for w in plan.warnings:
-        console.print(f"[yellow]note:[/yellow] {w}", highlight=False)
+        console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
     for name in ("vllm", "sglang"):
         if name in plan.launch:
             console.print(f"\n[bold]{name} launch:[/bold]")
-            console.print(plan.launch[name], markup=False, highlight=False, soft_wrap=True)
+            print_command(console, plan.launch[name])

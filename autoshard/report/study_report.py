@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.segment import Segments
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
+
+from autoshard.report.fit import table as fit_table
 
 from autoshard.study import Row, ServeRow, StudyResult, TrainRow, money
 
@@ -28,9 +31,20 @@ def _si(value: float) -> str:
 
 def _headers(result: StudyResult) -> list[str]:
     if result.mode == "train":
-        return ["cluster", "GPUs", "plan", "MFU", "tokens/s", "days", "GPU-hours", "total $", "$/M tokens", "Pareto"]
+        return ["cluster", "GPUs", "plan", "MFU", "tokens/s", "days", "GPU-hours", "total $", "$/M tokens", "status",
+                "Pareto"]
     return ["cluster", "GPUs", "plan", "GPUs used", "out tok/s", "req/s", "TTFT ms", "TPOT ms", "$/hour",
-            "$/M out tokens", "Pareto"]
+            "$/M out tokens", "status", "Pareto"]
+
+
+def _status(r: Row) -> str:
+    """"optimal" for a proven optimum (the bound meets the objective), else the remaining gap."""
+    gap = getattr(r, "gap", None)
+    if r.status == "optimal" or gap == 0:
+        return "optimal"
+    if gap is None:
+        return "not proven"
+    return f"gap {100 * gap:.2g}%" if gap < 0.01 else f"gap {100 * gap:.1f}%"
 
 
 def table_rows(result: StudyResult) -> list[list[str]]:
@@ -38,22 +52,21 @@ def table_rows(result: StudyResult) -> list[list[str]]:
     out = []
     for r in result.rows:
         mark = "*" if result.is_pareto(r) else ""
-        status = "" if r.status == "optimal" else " †"
         if isinstance(r, TrainRow):
             per_m = "n/a" if r.usd_per_million_tokens is None else f"${r.usd_per_million_tokens:.3f}"
-            out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.mfu:.1%}" + (" !" if r.sanity else ""),
+            out.append([r.cluster, f"{r.num_gpus:,}", r.plan, f"{r.mfu:.1%}" + (" !" if r.sanity else ""),
                         _si(r.tokens_per_s),
                         _range(f"{r.days:,.1f}", r.days_low, r.days_high, lambda d: f"{d:,.1f}"), _si(r.gpu_hours),
-                        _range(money(r.total_usd), r.total_usd_low, r.total_usd_high, money), per_m, mark])
+                        _range(money(r.total_usd), r.total_usd_low, r.total_usd_high, money), per_m, _status(r), mark])
         else:
             assert isinstance(r, ServeRow)
             per_m = "n/a" if r.usd_per_million_output_tokens is None else f"${r.usd_per_million_output_tokens:.3f}"
             per_m = _range(per_m, r.usd_per_million_output_tokens_low, r.usd_per_million_output_tokens_high,
                            lambda v: f"${v:.3f}")
             miss = "" if r.meets_targets else " (misses target)"
-            out.append([r.cluster, f"{r.num_gpus:,}", r.plan + status, f"{r.gpus_used:,}",
+            out.append([r.cluster, f"{r.num_gpus:,}", r.plan, f"{r.gpus_used:,}",
                         _si(r.throughput_tokens_per_s), f"{r.requests_per_s:.2f}", f"{r.ttft_s * 1e3:.0f}",
-                        f"{r.tpot_s * 1e3:.1f}{miss}", money(r.usd_per_hour), per_m, mark])
+                        f"{r.tpot_s * 1e3:.1f}{miss}", money(r.usd_per_hour), per_m, _status(r), mark])
     return out
 
 
@@ -96,44 +109,93 @@ def _pareto_line(r: Row) -> str:
 
 
 _LEGEND = {
-    "train": "* on the Pareto front (no other option is both faster and cheaper); "
-             "† the best plan found within the time or gap limit, not proven optimal; "
+    "train": "* on the Pareto front (no other option is both faster and cheaper); status: optimal = proven "
+             "optimal, gap = the best plan found within the time or gap limit, the bound that much better; "
              "(low-high): likely range from the prediction band; ! MFU more than 10 % above the best published "
              "for the GPU (rows' sanity in study.json).",
     "serve": "* on the Pareto front (no other option has both a lower TPOT and a lower cost per token); "
-             "† not proven optimal; (low-high): likely range from the prediction band.",
+             "status: optimal = proven optimal, otherwise the best found within the solver's limits; "
+             "(low-high): likely range from the prediction band.",
 }
+
+# Narrow terminals: figures that belong together share a cell on two lines, the plan moves to a key.
+_STACKED = {
+    "train": [("#", ()), ("cluster\nGPUs", ("cluster", "GPUs")), ("MFU", ("MFU",)), ("tokens/s", ("tokens/s",)),
+              ("days\nGPU-hours", ("days", "GPU-hours")), ("total $\n$/M tok", ("total $", "$/M tokens")),
+              ("status", ("status",)), ("P", ("Pareto",))],
+    "serve": [("#", ()), ("cluster\nGPUs", ("cluster", "GPUs")), ("used", ("GPUs used",)),
+              ("out tok/s\nreq/s", ("out tok/s", "req/s")), ("TTFT ms\nTPOT ms", ("TTFT ms", "TPOT ms")),
+              ("$/hour\n$/M out", ("$/hour", "$/M out tokens")), ("status", ("status",)), ("P", ("Pareto",))],
+}
+_LEFT = {"cluster", "plan", "status", "Pareto", "P", "cluster\nGPUs", "#"}
+
+
+def _wide_table(result: StudyResult) -> Table:
+    table = fit_table()
+    for h in _headers(result):
+        table.add_column(h, justify="left" if h in _LEFT else "right", no_wrap=True)
+    for cells in table_rows(result):
+        table.add_row(*cells, style="bold" if cells[-1] else None)
+    return table
+
+
+def _stacked_table(result: StudyResult, *, with_plan: bool) -> Table:
+    table = fit_table()
+    spec = list(_STACKED[result.mode])
+    if with_plan:
+        spec = spec[:2] + [("plan", ("plan",))] + spec[2:]
+    for h, _ in spec:
+        table.add_column(h, justify="left" if h in _LEFT else "right", no_wrap=True)
+    index = {h: i for i, h in enumerate(_headers(result))}
+    for k, cells in enumerate(table_rows(result), 1):
+        row = [str(k)] + ["\n".join(cells[index[name]] for name in names) for _, names in spec[1:]]
+        table.add_row(*row, style="bold" if cells[-1] else None, end_section=True)
+    return table
 
 
 def render_study(result: StudyResult, console: Console) -> None:
-    """Answers first, then the table, the skipped sizes and the notes. Off a terminal (a pipe or a
-    file) nothing is wrapped or cut: lines and the table take the width they need."""
-    soft = not console.is_terminal
+    """Answers first, then the table, the skipped sizes and the notes, all within the console's
+    width: a table too wide for it stacks related figures in one cell and lists the plans below."""
+    width = console.width
     console.print(f"[bold]{_title(result)}[/bold]", highlight=False)
     for a in result.answers:
         head, _, rest = a.text.partition(": ")
-        console.print(f"  [bold green]{head}:[/bold green] {rest}", highlight=False, soft_wrap=soft)
-    table = Table(show_header=True, header_style="bold", title=None)
-    right = {"GPUs", "MFU", "tokens/s", "days", "GPU-hours", "total $", "$/M tokens", "GPUs used", "out tok/s",
-             "req/s", "TTFT ms", "TPOT ms", "$/hour", "$/M out tokens"}
-    for h in _headers(result):
-        table.add_column(h, justify="right" if h in right else "left", no_wrap=h != "plan",
-                         min_width=16 if h == "plan" else None)
-    for cells in table_rows(result):
-        table.add_row(*cells, style="bold" if cells[-1] else None)
-    if soft:  # Console.print caps the width at the console's: render at the table's own width
-        width = max(console.width, console.measure(table, options=console.options.update_width(400)).maximum)
-        console.print(Segments(list(console.render(table, console.options.update_width(width)))), soft_wrap=True)
-    else:
+        console.print(_indent(f"[bold green]{escape(head)}:[/bold green] {escape(rest)}", width), highlight=False)
+    def fits(t: Table) -> bool:
+        return console.measure(t, options=console.options.update_width(1000)).maximum <= width
+
+    table = _wide_table(result)
+    stacked = _stacked_table(result, with_plan=True)
+    if fits(table):
         console.print(table)
-    console.print(f"  {_LEGEND[result.mode]}", highlight=False, soft_wrap=soft)
+    elif fits(stacked):
+        console.print(stacked)
+    else:
+        console.print(_stacked_table(result, with_plan=False))
+        console.print("Plans:", style="bold")
+        plan_at = _headers(result).index("plan")
+        for k, cells in enumerate(table_rows(result), 1):
+            console.print(_indent(f"{k:>3}  {escape(cells[plan_at])}", width, 7), highlight=False)
+    console.print(_indent(escape(_LEGEND[result.mode]), width), highlight=False)
     if result.skipped:
         console.print("[bold]Sizes that cannot run:[/bold]")
         for s in result.skipped:
             reason = " ".join(s.reason.split())
-            console.print(f"  {s.cluster} x {s.num_gpus:,}: {reason}", highlight=False, soft_wrap=soft)
+            console.print(_indent(escape(f"{s.cluster} x {s.num_gpus:,}: {reason}"), width), highlight=False)
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=soft)
+        console.print(_indent(f"[yellow]note:[/yellow] {escape(note)}", width), highlight=False)
+
+
+def _indent(markup: str, width: int, hang: int = 4) -> Text:
+    """A paragraph wrapped to `width`, its continuation lines indented by `hang` spaces."""
+    text = Text.from_markup(markup)
+    lines = text.wrap(Console(width=width), width - hang)
+    out = Text()
+    for i, line in enumerate(lines):
+        if i:
+            out.append("\n" + " " * hang)
+        out.append_text(line)
+    return out
 
 
 # ----------------------------------------------------------------------------- files

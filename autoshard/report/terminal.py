@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
-from rich.console import Console, Group
+from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from autoshard.costmodel.bands import band_text, sanity_line, tie_text
 from autoshard.costmodel.training import stage_cost
-from autoshard.plan import Plan, layer_counts, stage_devices
-from autoshard.report.gantt import render_gantt, simulate
+from autoshard.specs.job import Precision
+from autoshard.plan import Plan, SolverStats, layer_counts, stage_devices
+from autoshard.report.fit import add_columns, print_command
+from autoshard.report.fit import table as compact_table
+from autoshard.report.gantt import draw_schedule
+from autoshard.report.memory import memory_table
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", "plan_summary", "prune_table"]
+__all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", "plan_summary", "prune_table",
+           "headline", "solver_text", "bubble_lines", "band_line", "schedule_text"]
 
 
 def plan_summary(plan: Plan) -> str:
@@ -49,10 +56,8 @@ def _layer_span(plan: Plan, index: int) -> str:
 def _time_table(plan: Plan) -> Table:
     pred = plan.prediction
     t = pred.time
-    table = Table(title="Step time breakdown", show_header=True, header_style="bold")
-    table.add_column("component")
-    table.add_column("seconds", justify="right")
-    table.add_column("share", justify="right")
+    table = compact_table("Step time breakdown")
+    add_columns(table, "component|seconds:r|share:r")
     rows = [("compute", t.compute), ("  of which recompute", t.recompute), ("tensor-parallel comm", t.tp_comm),
             ("context-parallel comm", t.cp_comm), ("expert-parallel comm", t.ep_comm), ("pipeline p2p", t.pp_comm),
             ("pipeline bubble", t.bubble), ("data-parallel comm (exposed)", t.dp_comm_exposed),
@@ -61,34 +66,18 @@ def _time_table(plan: Plan) -> Table:
         if value == 0 and name.startswith(("  of", "context", "expert")):
             continue
         table.add_row(name, f"{value:.3f}", f"{100 * value / pred.step_time_s:.1f}%")
-    table.add_row("[bold]step[/bold]", f"[bold]{pred.step_time_s:.3f}[/bold]", "100%")
-    return table
-
-
-def _memory_table(plan: Plan) -> Table:
-    pred = plan.prediction
-    m = pred.memory
-    table = Table(title="Memory of the fullest GPU (GiB)", header_style="bold")
-    table.add_column("component")
-    table.add_column("GiB", justify="right")
-    for name, value in (("weights", m.weights), ("gradients", m.grads), ("optimizer state", m.optimizer),
-                        ("activations", m.activations), ("KV cache", m.kv_cache), ("context, NCCL, fragmentation", m.overhead)):
-        if value or name != "KV cache":
-            table.add_row(name, f"{value / GIB:.1f}")
-    style = "bold green" if pred.fits else "bold red"
-    table.add_row(f"[{style}]peak / capacity[/{style}]",
-                  f"[{style}]{pred.peak_memory_bytes / GIB:.1f} / {pred.capacity_bytes / GIB:.1f}[/{style}]")
+    table.add_section()
+    table.add_row("step", f"{pred.step_time_s:.3f}", "100%", style="bold")
     return table
 
 
 def _stage_table(plan: Plan) -> Table:
     pred = plan.prediction
     devices = stage_devices(plan.cluster, plan.config, plan.stages)
-    table = Table(title="Layer layout", header_style="bold")
-    for col, just in (("chunk", "right"), ("rank", "right"), ("layers", "left"), ("dec", "right"),
-                      ("recomp", "right"), ("ms/mb", "right"), ("GiB", "right"), ("GPUs", "left")):
-        table.add_column(col, justify=just, no_wrap=True)
-    table.caption = "dec: decoder layers; recomp: fully recomputed; ms/mb: per micro-batch; GiB: peak of the rank"
+    table = compact_table("Layer layout")
+    add_columns(table, "chunk:r|rank:r|layers:w|dec:r|recomp:r|ms/mb:r|GiB:r|GPUs")
+    table.caption = ("dec: decoder layers; recomp: of them fully recomputed; ms/mb: forward + backward of one "
+                     "micro-batch; GiB: peak of the rank")
     pp = plan.config.dims.pp
     for i, stage in enumerate(plan.stages):
         dec, _, _ = layer_counts(plan.model, stage)
@@ -98,107 +87,233 @@ def _stage_table(plan: Plan) -> Table:
     return table
 
 
-def schedule_chart(plan: Plan, *, width: int = 100, max_microbatches: int = 16) -> str:
-    """The pipeline schedule of the plan (at most `max_microbatches` micro-batches drawn)."""
-    cfg = plan.config
-    pp, vpp = cfg.dims.pp, cfg.dims.vpp
-    m = min(cfg.num_microbatches, max(max_microbatches, pp))
-    if vpp > 1:
-        m = max(pp, m - m % pp)
+def _wrap(text: str, width: int, indent: str = "") -> str:
+    return "\n".join(textwrap.wrap(text, width=width, subsequent_indent=indent, break_on_hyphens=False,
+                                   break_long_words=False))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.3g} %"
+
+
+def bubble_lines(plan: Plan) -> list[str]:
+    """The bubble the cost model charges, with its formula, beside the textbook values."""
+    cfg, pred = plan.config, plan.prediction
+    p, v, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
+    times = pred.rank_time_s
+    slowest = max(times)
+    bubble_s = (sum(times) - slowest) / v
+    frac = bubble_s / (m * slowest)
+    even = max(times) - min(times) <= 1e-9 * slowest
+    if even:
+        model = f"(p-1)/(v*m) = {p - 1}/({v}*{m}) = {_pct(frac)}" if v > 1 else f"(p-1)/m = {p - 1}/{m} = {_pct(frac)}"
+    else:
+        model = (f"(sum T_r - max T_r)/(v*m*max T_r) = ({1e3 * sum(times):.1f} - {1e3 * slowest:.1f})/"
+                 f"({v}*{m}*{1e3 * slowest:.1f}) ms = {_pct(frac)}")
+    lines = [f"bubble (cost model): {model} of the busy time, {bubble_s:.3f} s per step"]
+    text = f"textbook, equal stages: GPipe/1F1B (p-1)/m = {_pct((p - 1) / m)}"
+    if v > 1:
+        text += f"; interleaved (p-1)/(v*m) = {_pct((p - 1) / (v * m))}"
+    lines.append(text)
+    if not even:
+        lines.append("T_r: one micro-batch through pipeline rank r (forward + backward + p2p); stages differ, so "
+                     "the slowest sets the pace and the others wait")
+    return lines
+
+
+def schedule_chart(plan: Plan, *, width: int = 100) -> str:
+    """The pipeline schedule of the plan: warm-up, one steady-state period and the cool-down (the
+    repeated periods cut at `//`), each rank's idle share, and the bubble the cost model charges."""
+    return schedule_text(plan, width=width).plain
+
+
+_CHUNK_STYLES = ("", "cyan", "magenta", "yellow")
+
+
+def schedule_text(plan: Plan, *, width: int = 100) -> Text:
+    """`schedule_chart` as rich text: on a colour terminal the model chunks of an interleaved
+    schedule alternate in colour (the shading of Narayanan et al.'s Fig. 4)."""
+    cfg, pred = plan.config, plan.prediction
+    pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
+    if pp == 1:
+        return Text("no pipeline parallelism (PP 1): every GPU runs all layers, there is no pipeline bubble")
     fwd, bwd = [], []
     for stage in plan.stages:
         cost = stage_cost(plan.model, stage, plan.cluster.pools[stage.pool], plan.config)
         fwd.append(cost.time_s / 3)
         bwd.append(2 * cost.time_s / 3)
-    ops = simulate(fwd, bwd, pp=pp, vpp=vpp, m=m)
-    kind = "interleaved 1F1B" if vpp > 1 else "1F1B"
-    head = (f"{kind}: PP {pp}" + (f" x VPP {vpp}" if vpp > 1 else "") +
-            f", {m} of {cfg.num_microbatches} micro-batches drawn; digits = forward, letters = backward, '.' = bubble")
-    return head + "\n" + render_gantt(ops, pp=pp, width=width)
+    times = pred.rank_time_s
+    step = m * max(times) + (sum(times) - max(times)) / vpp
+    idle = [1 - m * t / step for t in times]
+    # numbered bands while the chart stays within about 40 rows; beyond, one scaled-down band
+    try:
+        chart = draw_schedule(fwd, bwd, pp=pp, vpp=vpp, m=m, width=width, idle=idle,
+                              max_bands=max(1, min(6, 40 // pp)))
+    except RuntimeError:  # an interleaved order this simulator does not reproduce (m not a multiple of PP)
+        text = (f"The interleaved schedule of {m} micro-batches on PP {pp} x VPP {vpp} is not drawn: {m} is not a "
+                f"multiple of PP and Megatron-LM's order for that case is not simulated here. The bubble the cost "
+                f"model charges:")
+        return Text("\n".join([_wrap(text, width, "  ")] + [_wrap(b, width, "  ") for b in bubble_lines(plan)]))
+    kind = f"interleaved 1F1B, PP {pp} x VPP {vpp}" if vpp > 1 else f"1F1B, PP {pp}"
+    head = [f"Pipeline schedule ({kind}, {m} micro-batches, numbered from 1)"]
+    legend = "12 = forward of micro-batch 12, b12=== = its backward, . = idle"
+    if vpp > 1:
+        legend += f"; each rank runs its {vpp} model chunks in turn (in colour on a colour terminal)"
+    if not chart.labelled:
+        legend += "; - and = forward and backward too short to number"
+    head.append(legend)
+    if chart.omitted_periods:
+        n, k = chart.omitted_periods, chart.period_microbatches
+        what = "one micro-batch" if k == 1 else f"{k} micro-batches through each of its chunks"
+        head.append(f"// = {n} identical steady-state periods left out (per period each rank runs {what}, "
+                    f"forward and backward); after it, the real last micro-batches")
+    head.append("right: share of the step each rank is idle")
+    out = Text("\n".join(_wrap(h, width, "  ") for h in head) + "\n")
+    for row, owner in zip(chart.rows, chart.chunks, strict=True):
+        line = Text(row)
+        for i, c in enumerate(owner):
+            if c > 0:
+                line.stylize(_CHUNK_STYLES[c % len(_CHUNK_STYLES)], i, i + 1)
+        out.append_text(line)
+        out.append("\n")
+    out.append("\n".join(_wrap(b, width, "  ") for b in bubble_lines(plan)))
+    return out
 
 
 def prune_table(pruned: dict[str, int]) -> Table:
     """Why the search discarded candidates, most frequent reason first (`--explain`)."""
-    table = Table(title="Why candidates were discarded", header_style="bold")
-    table.add_column("reason")
-    table.add_column("count", justify="right")
+    table = compact_table("Why candidates were discarded")
+    add_columns(table, "reason:w|count:r")
     for reason, count in sorted(pruned.items(), key=lambda kv: -kv[1]):
         table.add_row(reason, str(count))
     return table
 
 
-def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), show_schedule: bool = False,
-                explain: bool = False, notes: Sequence[str] = ()) -> None:
-    pred = plan.prediction
-    cfg = plan.config
+def _gap(gap: float) -> str:
+    return f"{100 * gap:.2g} %" if gap < 0.01 else f"{100 * gap:.1f} %"
+
+
+def solver_text(stats: SolverStats, *, unit: str = "s", time_limit_s: float | None = None) -> str:
+    """What the solver proved, never contradicting itself: "optimal" only when the bound meets the
+    objective; otherwise the gap (never shown as 0.00 %) and why the search stopped."""
+    limit = f" of a {time_limit_s:g} s limit" if time_limit_s is not None else ""
+    wall = f"{stats.wall_s:.2f} s wall{limit}"
+    if stats.gap <= 1e-12:
+        how = "proven by CP-SAT" if stats.status == "OPTIMAL" else "the bound meets the objective"
+        return f"solver: optimal ({how}), {wall}"
+    if time_limit_s is not None and stats.wall_s >= 0.9 * time_limit_s:
+        why = "the time limit hit before the bound closed"
+    elif time_limit_s is not None:
+        why = "stopped at the relative gap limit"
+    else:
+        why = "the time or gap limit hit before the bound closed"
+    u = f" {unit}" if unit else ""
+    return (f"solver: best found, not proven optimal: objective {stats.objective:,.4g}{u}, bound "
+            f"{stats.bound:,.4g}{u}, gap {_gap(stats.gap)} ({why}), {wall}")
+
+
+def _peak_text(plan: Plan) -> str:
+    """Which dense peak the MFU is measured against."""
+    pred, cfg = plan.prediction, plan.config
+    gpus = [plan.cluster.pools[plan.stages[r].pool].gpu for r in range(cfg.dims.pp)]
+    fp8 = cfg.precision is Precision.FP8
+    kinds = {"FP8" if fp8 and g.fp8_tflops else "BF16" for g in gpus}
+    peak = pred.tflops_per_gpu / pred.mfu if pred.mfu else 0.0
+    mean = "mean " if len({g.name for g in gpus}) > 1 else ""
+    return f"of the {peak:,.0f} TFLOP/s {mean}{'/'.join(sorted(kinds))} dense peak"
+
+
+def band_line(plan: Plan) -> str:
+    """`likely lo-hi tokens/s` from the plan's prediction band, or "" when it has none."""
+    return "" if getattr(plan, "band", None) is None else band_text(plan)
+
+
+def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
+    """The head of the report: what runs where, the speed (with the band when there is one), which
+    peak the MFU is measured against, memory, and what the solver proved."""
+    pred, cfg = plan.prediction, plan.config
     used = sorted({s.pool for s in plan.stages})
     per_rank = cfg.dims.tp * cfg.dims.cp * cfg.dims.dp
     gpus = " + ".join(
         f"{per_rank * sum(1 for r in range(cfg.dims.pp) if plan.stages[r].pool == q)} x {plan.cluster.pools[q].gpu.name}"
         for q in used)
-    title = f"{plan.model.name} on {gpus} ({plan.cluster.name})"
     head = Text()
+    head.append(f"{plan.model.name} on {gpus} ({plan.cluster.name})\n", style="bold")
     head.append(plan_summary(plan) + "\n", style="bold cyan")
-    head.append(f"seq {cfg.seq_len}, global batch {cfg.global_batch_size} sequences, {cfg.num_microbatches} micro-batches, "
-                f"{cfg.precision.value}\n")
-    head.append(f"step {pred.step_time_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s ({pred.tokens_per_s_per_gpu:,.0f} per GPU) | "
-                f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
-                f"MFU {100 * pred.mfu:.1f}%\n", style="bold")
-    head.append(band_text(plan) + "\n")
+    head.append(f"seq {cfg.seq_len}, global batch {cfg.global_batch_size} sequences, {cfg.num_microbatches} "
+                f"micro-batches, {cfg.precision.value}\n")
+    speed = f"step {pred.step_time_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s ({pred.tokens_per_s_per_gpu:,.0f} per GPU)"
+    band = band_line(plan)
+    if band:
+        speed += f", {band}"
+    head.append(speed + "\n", style="bold")
+    head.append(f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
+                f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}\n", style="bold")
     fit = "fits" if pred.fits else "DOES NOT FIT"
     head.append(f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB ({fit})",
                 style="green" if pred.fits else "bold red")
     s = plan.solver
     if s.status != "EVALUATED":
-        head.append(f"\nsolver: {s.status} objective {s.objective:.4f} s, bound {s.bound:.4f} s, gap {100 * s.gap:.2f}%, "
-                    f"{s.wall_s:.2f} s wall, {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
-    console.print(Panel(head, title=title, expand=False))
+        head.append("\n" + solver_text(s, time_limit_s=time_limit_s) +
+                    f"; {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
+    return head
+
+
+def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), show_schedule: bool = False,
+                explain: bool = False, notes: Sequence[str] = (), time_limit_s: float | None = None) -> None:
+    pred = plan.prediction
+    console.print(Panel(headline(plan, time_limit_s=time_limit_s), expand=False))
     if (warning := sanity_line(plan)) is not None:
-        console.print(f"[bold yellow]warning:[/bold yellow] {warning}", markup=True, highlight=False)
-    console.print(Group(_time_table(plan), _memory_table(plan)))
+        console.print(f"[bold yellow]warning:[/bold yellow] {escape(warning)}", highlight=False)
+    console.print(_time_table(plan))
+    console.print()
+    console.print(memory_table(plan))
+    console.print()
     console.print(_stage_table(plan))
     if runners:
-        table = Table(title="Runner-up plans", header_style="bold")
+        console.print()
+        table = compact_table("Runner-up plans")
+        add_columns(table, "#:r|plan:w|step s:r|tok/s/GPU:r|MFU:r|GiB:r|vs best:r|band:r")
         table.caption = "band: tied = its likely range overlaps the best plan's (not reliably slower)"
-        for col in ("#", "plan", "step s", "tokens/s/GPU", "MFU", "peak GiB", "vs best", "band"):
-            table.add_column(col, justify="right" if col not in ("plan",) else "left")
         for i, other in enumerate(runners, start=2):
             p = other.prediction
             table.add_row(str(i), plan_summary(other), f"{p.step_time_s:.3f}", f"{p.tokens_per_s_per_gpu:,.0f}",
                           f"{100 * p.mfu:.1f}%", f"{p.peak_memory_bytes / GIB:.1f}",
                           f"{100 * (p.step_time_s / pred.step_time_s - 1):+.1f}%", tie_text(other))
         console.print(table)
-    if explain and s.pruned:
-        console.print(prune_table(s.pruned))
+    if explain and plan.solver.pruned:
+        console.print()
+        console.print(prune_table(plan.solver.pruned))
     if show_schedule:
-        width = max(40, min(120, console.width - 24))
-        console.print(schedule_chart(plan, width=width), markup=False, highlight=False, soft_wrap=True)
+        console.print()
+        console.print(schedule_text(plan, width=console.width), highlight=False, soft_wrap=True)
     for note in notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if "megatron" in plan.launch:
         console.print("\n[bold]Megatron-LM launch[/bold] (fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL):")
-        console.print(plan.launch["megatron"], markup=False, highlight=False, soft_wrap=True)
+        print_command(console, plan.launch["megatron"])
 
 
 def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> None:
-    table = Table(title="Bundled models", header_style="bold")
-    for col in ("name", "params", "active", "layers", "hidden", "heads/kv", "vocab", "kind"):
-        table.add_column(col, justify="left" if col in ("name", "kind") else "right", no_wrap=col == "name")
+    table = compact_table("Bundled models")
+    add_columns(table, "name|params:r|active:r|layers:r|hidden:r|heads/kv:r|vocab:r|kind:w")
+    table.caption = "params, active: billions (active: per token, for MoE); kind: MoE experts e, top-k routed"
     for name, m in models:
         kind = "MoE" if m.is_moe else "dense"
         if m.mla is not None:
             kind += " MLA"
         if m.moe is not None:
             kind += f" {m.moe.num_experts}e top{m.moe.top_k}"
-        table.add_row(name, f"{m.num_params / 1e9:.1f} B", f"{m.num_active_params / 1e9:.1f} B", str(m.num_layers),
+        table.add_row(name, f"{m.num_params / 1e9:.1f}", f"{m.num_active_params / 1e9:.1f}", str(m.num_layers),
                       str(m.hidden_size), f"{m.num_attention_heads}/{m.kv_heads}", str(m.vocab_size), kind)
     console.print(table)
 
 
 def render_clusters(clusters: Sequence[tuple[str, ClusterSpec]], console: Console) -> None:
-    table = Table(title="Bundled clusters", header_style="bold")
-    for col in ("name", "GPUs", "GPU", "HBM GiB", "BF16 TFLOP/s", "FP8", "NVLink domain", "intra GB/s", "net GB/s/GPU", "$/GPU-h"):
-        table.add_column(col, justify="left" if col in ("name", "GPU") else "right", no_wrap=col == "name")
+    table = compact_table("Bundled clusters")
+    add_columns(table, "name|GPUs:r|GPU|HBM:r|BF16:r|FP8:r|NVL:r|intra:r|net:r|$/h:r")
+    table.caption = ("HBM: GiB per GPU; BF16, FP8: dense TFLOP/s per GPU; NVL: GPUs per NVLink domain; "
+                     "intra: GB/s per GPU inside it; net: GB/s per GPU between nodes; $/h: USD per GPU-hour")
     for name, c in clusters:
         for i, pool in enumerate(c.pools):
             g, n = pool.gpu, pool.node

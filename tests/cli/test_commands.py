@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -61,9 +61,9 @@ def cli(*args: object) -> Run:
 
 def script(*args: object, columns: int = 100) -> Run:
     """The installed console script, at a fixed terminal width (rich reads COLUMNS)."""
-    exe = shutil.which("autoshard")
-    if exe is None:
-        pytest.skip("the autoshard console script is not on PATH")
+    exe = Path(sys.executable).parent / "autoshard"  # the venv's script: CI does not put it on PATH
+    if not exe.is_file():
+        pytest.fail(f"the autoshard console script is missing: no {exe} (install the package: pip install -e .)")
     argv = [str(a) for a in args]
     proc = subprocess.run([exe, *argv], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                           env={**os.environ, "COLUMNS": str(columns)})
@@ -261,6 +261,12 @@ def test_solve_text_show_schedule_and_explain() -> None:
     assert "1F1B" in run.stdout, str(run)
     assert "Why candidates were discarded" in " ".join(run.stdout.split()), str(run)
     assert "llama-3.1-8b" in run.flat
+    # the headline names the peak, the solver line cannot contradict itself, the schedule shows the
+    # bubble the cost model charges (or says there is no pipeline)
+    assert "TFLOP/s BF16 dense peak" in run.flat, str(run)
+    assert "solver: optimal" in run.flat or "not proven optimal" in run.flat, str(run)
+    assert "gap 0.00" not in run.flat and "FEASIBLE" not in run.flat, str(run)
+    assert "bubble (cost model)" in run.flat or "no pipeline bubble" in run.flat, str(run)
 
 
 def test_solve_emit_megatron_to_file_round_trips_through_evaluate(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,9 +83,9 @@ def cli(*args: object) -> Run:
 
 def script(*args: object) -> Run:
     """Run the installed console script (the real entry point) as a subprocess."""
-    exe = shutil.which("autoshard")
-    if exe is None:
-        pytest.skip("the autoshard console script is not on PATH")
+    exe = Path(sys.executable).parent / "autoshard"  # the venv's script: CI does not put it on PATH
+    if not exe.is_file():
+        pytest.fail(f"the autoshard console script is missing: no {exe} (install the package: pip install -e .)")
     argv = [str(a) for a in args]
     proc = subprocess.run([exe, *argv], capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "100"})
