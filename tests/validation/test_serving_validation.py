@@ -1,33 +1,69 @@
-"""The serving cost model against published inference runs (TensorRT-LLM 0.17 numbers, a different
-engine from vLLM; see validate_serving.py): decode throughput median error <= 25 %, TP ordering right."""
+"""The serving cost model against published inference runs (TensorRT-LLM numbers, a different engine
+from vLLM; see validate_serving.py). Nothing is fitted on these rows, so every error is out of sample.
+The thresholds are the levels the model reaches today (regression guards), not the issue's targets
+(8 % median per source, 20 % worst run), which the README reports against."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
-from validate_serving import evaluate_runs, load_runs, tp_ordering
+from validate_serving import (
+    RESIDUALS,
+    evaluate_runs,
+    load_data,
+    load_runs,
+    loso_predictions,
+    residuals,
+    summary,
+    tp_ordering,
+    trtllm_engine_settings,
+)
+
+from autoshard.specs import load_model
 
 RESULTS = evaluate_runs()
 
 
-def test_all_rows_are_inference_rows_with_sources():
+def test_every_run_names_a_cited_source_and_a_bundled_model():
+    data = load_data()
     runs = load_runs()
-    assert len(runs) == len(RESULTS) == 5
+    assert len(runs) == len(RESULTS) >= 300
+    assert len({r["id"] for r in runs}) == len(runs)
     for run in runs:
-        assert (
-            run["id"].startswith("trtllm-") and run["source"] and run["framework"].startswith("TensorRT-LLM")
-        )
-        assert (run["input_len"], run["output_len"]) == (1000, 1000)
+        source = data["sources"][run["source"]]
+        assert source["citation"] and source["engine"] and source["method"]
+        assert run["input_len"] > 0 and run["output_len"] > 0 and run["measured_output_tokens_per_s"] > 0
+        load_model(run["model"])
 
 
-def test_throughput_median_error_within_25_percent():
-    assert statistics.median(abs(r.error) for r in RESULTS) <= 0.25
+def test_reserved_sources_are_not_used():
+    text = json.dumps(load_data()).lower()
+    for reserved in ("v1.0", "1.0.0", "lmsys", "megatron-bridge"):
+        assert reserved not in text
 
 
-@pytest.mark.parametrize("run", RESULTS, ids=lambda r: r.id)
-def test_no_run_worse_than_40_percent(run):
-    assert abs(run.error) <= 0.40, f"{run.id}: measured {run.measured}, predicted {run.predicted:.0f}"
+def test_published_row_copied_exactly():
+    """Spot checks against the source table (perf-overview.md at 258c7540)."""
+    by_id = {r["id"]: r["measured_output_tokens_per_s"] for r in load_runs()}
+    assert by_id["trtllm-v017-llama31-70b-h100-tp1-1000-1000"] == 839.97
+    assert by_id["trtllm-v017-llama31-70b-h100-tp8-1000-1000"] == 11451.16
+    assert by_id["trtllm-v017-llama31-405b-h200-tp8-1000-1000"] == 3399.69
+    assert by_id["trtllm-v017-mixtral-8x7b-a100-tp8-20000-2000"] == 1592.53
+    assert "trtllm-v017-llama31-70b-h100-tp1-2048-2048" not in by_id  # blank in the source
+
+
+def test_overall_errors_hold():
+    errs = [abs(r.error) for r in RESULTS]
+    assert statistics.median(errs) <= 0.13
+    assert max(errs) <= 0.50
+
+
+@pytest.mark.parametrize(("gpu", "median_max"), [("H100-SXM5-80GB fp8", 0.10), ("H200-SXM-141GB fp8", 0.10)])
+def test_hopper_fp8_median_within_10_percent(gpu, median_max):
+    n, med, _, _ = summary(RESULTS, lambda r: f"{r.gpu} {r.precision}")[gpu]
+    assert n > 80 and med <= median_max
 
 
 def test_tp_ordering_matches():
@@ -37,6 +73,50 @@ def test_tp_ordering_matches():
 
 
 def test_concurrency_is_kv_limited_and_grows_with_tp():
-    llama = sorted((r for r in RESULTS if r.model == "llama-3.1-70b"), key=lambda r: r.tp)
+    llama = sorted(
+        (r for r in RESULTS if r.id.startswith("trtllm-v017-llama31-70b-h100") and r.input_len == 1000),
+        key=lambda r: r.tp,
+    )
     batches = [r.concurrency for r in llama]
     assert batches == sorted(batches) and batches[0] < 64 < batches[-1]
+
+
+def test_trtllm_engine_settings_round_like_the_tool():
+    """finetune_setting: batch sizes round up to 32 below 256, 128 below 1024, 256 above (floor 64);
+    token budgets to 256 below 4096 (floor 2048), 512 below 8192, 1024 above (cap 32768)."""
+    model = load_model("llama-3.1-8b")
+    bs, tokens = trtllm_engine_settings(
+        model, hbm_gib=80, tp=1, pp=1, weight_bytes=1, kv_bytes=1, input_len=128, output_len=128
+    )
+    assert bs == 4096 and tokens == 8192  # 4096 requests x (1 + 128/128) tokens
+    bs, tokens = trtllm_engine_settings(
+        load_model("llama-3.1-70b"), hbm_gib=80, tp=1, pp=1, weight_bytes=1, kv_bytes=1, input_len=1000, output_len=1000
+    )
+    assert bs == 64 and tokens == 2048
+
+
+def test_leave_one_source_out_equals_fit_because_nothing_is_fitted():
+    loso = loso_predictions(RESULTS)
+    assert all(loso[r.id] == r.predicted for r in RESULTS)
+
+
+def test_residuals_rows_have_the_bands_interface():
+    rows = residuals(RESULTS)
+    keys = {
+        "id", "source", "mode", "gpu", "family", "precision", "metric", "measured", "predicted_loso",
+        "predicted_fit", "mem_measured_gib", "mem_predicted_gib", "held",
+    }
+    assert len(rows) == len(RESULTS)
+    for row in rows:
+        assert set(row) == keys and row["mode"] == "serve" and row["family"] in ("dense", "moe")
+        assert row["precision"] in ("fp8", "bf16") and row["measured"] > 0 and row["predicted_loso"] > 0
+    assert {r["family"] for r in rows} == {"dense", "moe"}
+
+
+def test_committed_residuals_file_is_current():
+    """residuals_serve.json is regenerated (`validate_serving.py --write-residuals`) when numbers change."""
+    committed = json.loads(RESIDUALS.read_text())
+    fresh = residuals(RESULTS)
+    assert [r["id"] for r in committed] == [r["id"] for r in fresh]
+    for old, new in zip(committed, fresh, strict=True):
+        assert old["predicted_loso"] == pytest.approx(new["predicted_loso"], rel=1e-6), old["id"]
