@@ -11,6 +11,18 @@ Facts modelled (sources in the docstrings below):
   turns compute-bound as the batch grows; prefill is compute-bound, attention grows with length squared.
   TP adds two all-reduces per layer (latency-bound for decode), PP one send per stage boundary, EP an
   all-to-all dispatch and combine per MoE layer. MoE decode reads only the experts the batch hits.
+- Small TP all-reduces run on the engines' custom all-reduce kernels (vLLM, SGLang and TensorRT-LLM
+  all ship one: one-shot/two-shot through peer memory over NVLink, up to 8 MiB), far faster than an
+  NCCL ring at decode sizes; larger messages and PCIe engines fall back to NCCL.
+- Routed experts run as one grouped GEMM per weight matrix (vLLM fused_moe, TensorRT-LLM/SGLang MoE
+  kernels): one launch for all local experts, each expert's rows padded to the kernel's row block,
+  weights of the experts the batch hits read once.
+- Expert parallelism moves tokens only between attention-DP groups (TP ranks of one DP rank hold the
+  same tokens, so EP = TP alone needs no dispatch: the combine is the TP all-reduce); FP8 models
+  dispatch FP8 activations, the combine returns BF16.
+- Attention data parallelism: every DP rank schedules its own requests, and all ranks meet at every MoE
+  layer, so the dense part of a step waits for the rank with the most prefill tokens in it (the
+  expected maximum over DP ranks of whole prompt chunks arriving at random).
 - Continuous batching with chunked prefill: each step carries the decode tokens of the running requests
   plus, on average, `batch * input_len / output_len` prefill tokens (every finished request is replaced).
   With PP, vLLM keeps PP micro-batches in flight, so a token advances once every PP stage ticks.
@@ -57,9 +69,23 @@ from autoshard.costmodel.serving_memory import (
 )
 from autoshard.errors import InfeasibleError
 from autoshard.parallel import ParallelDims
-from autoshard.specs.cluster import GpuSpec, PoolSpec
+from autoshard.specs.cluster import GpuSpec, LinkKind, PoolSpec
 from autoshard.specs.job import Precision, ServeJob, WeightDtype
 from autoshard.specs.model import LayerKind, ModelSpec
+
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+"""Largest message the custom all-reduce takes (vLLM `CustomAllreduce(max_size=8192 * 1024)`)."""
+CUSTOM_AR_SYNC_US = (3.0, 0.36)
+"""Fixed time of one custom all-reduce on TP n ranks, `a + b * n` microseconds: launch plus the
+peer-flag barriers. From SGLang PR #2904's H100 measurements of the TensorRT-LLM-derived kernel
+(no CUDA graph): 3.7 / 4.8 / 5.9 us at 512 B on TP 2 / 4 / 8."""
+CUSTOM_AR_LINK_FRACTION = 0.135
+"""Bus bandwidth the custom all-reduce reaches at <= 1 MiB, as a fraction of the NVLink figure (it runs
+on a few dozen SMs, far from NVLink's peak): same measurements, 16.2 / 26.6 / 27.9 us per extra MiB
+on TP 2 / 4 / 8 = ~60 GB/s of ring-equivalent bus bandwidth on 450 GB/s NVLink 4."""
+MOE_ROW_BLOCK = 16
+"""Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
+(vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
 
 __all__ = [
     "ServeConfig",
@@ -86,6 +112,8 @@ __all__ = [
     "kv_limited_concurrency",
     "concurrency_ladder",
     "cuda_graph_capture_sizes",
+    "tp_all_reduce_s",
+    "expected_max_prefill_tokens",
 ]
 
 # --------------------------------------------------------------------------- step time
@@ -160,22 +188,86 @@ def _rows(x: float) -> int:
     return max(1, math.ceil(x - 1e-9))
 
 
-def _moe_expert_gemms(model: ModelSpec, cfg: ServeConfig, tokens: float) -> list[Gemm]:
-    """Routed-expert GEMMs one GPU runs for `tokens` tokens of its DP rank. Only the experts the batch
-    hits are read: E * (1 - (1 - k/E)^n) of them for n tokens routed at random."""
+def _expert_routing(model: ModelSpec, cfg: ServeConfig, tokens: float) -> tuple[float, float, int]:
+    """(local experts hit, token-expert pairs on this GPU, TP shards of each expert) for `tokens`
+    tokens of one DP rank. Only the experts the batch hits are read: E * (1 - (1 - k/E)^n) of them for
+    n tokens routed at random."""
     assert model.moe is not None
     moe = model.moe
     e, k = moe.num_experts, moe.top_k
     if cfg.expert_parallel:
         n = tokens * cfg.dp_attention  # tokens of every DP rank meet in the MoE layer
         local = e / cfg.ep
-        pairs = tokens * k / cfg.tp  # token-expert pairs landing on this GPU
+        pairs = n * k / cfg.ep  # token-expert pairs landing on this GPU
         shards = 1
     else:
         n, local, pairs, shards = tokens, float(e), tokens * k, cfg.tp
     hit = local * (1.0 - (1.0 - k / e) ** n)
-    count = max(1, round(hit))
-    return mlp_gemms(model, _rows(pairs / count), moe.expert_ffn_hidden_size, shards, count=count)
+    return max(hit, 1e-9), pairs, shards
+
+
+def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens: float) -> float:
+    """Routed experts of one MoE layer on one GPU as grouped GEMMs (one kernel per weight matrix):
+    the slower of the math over every hit expert's rows, padded to MOE_ROW_BLOCK, at the GEMM
+    efficiency and shape fall-off of `gemm_time_s`, and the HBM traffic (hit experts' weights once,
+    plus the activations in and out); one launch per matrix."""
+    assert model.moe is not None
+    hit, pairs, shards = _expert_routing(model, cfg, tokens)
+    rows = max(pairs / hit, 1.0)
+    padded = MOE_ROW_BLOCK * math.ceil(rows / MOE_ROW_BLOCK - 1e-9)
+    eff = gpu.efficiency
+    dtype = cfg.weight_dtype
+    fp8_math = dtype is WeightDtype.FP8 and bool(gpu.fp8_tflops)
+    peak, gemm_eff = (gpu.fp8_tflops * 1e12, eff.gemm_fp8) if fp8_math else (gpu.bf16_tflops * 1e12, eff.gemm)
+    wbytes = weight_bytes_per_param(dtype)
+    act = 1 if fp8_math else BF16
+    total = 0.0
+    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, shards):
+        smallest = min(padded, g.n, g.k)
+        math_s = 2.0 * hit * padded * g.n * g.k / (peak * gemm_eff * smallest / (smallest + eff.gemm_half_dim))
+        traffic = hit * g.n * g.k * wbytes + pairs * (g.k * act + g.n * BF16)
+        mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
+    return total
+
+
+def tp_all_reduce_s(size_bytes: float, ranks: int, link: Link, pool: PoolSpec, *, custom: bool = True) -> float:
+    """One TP all-reduce of `size_bytes` per rank: the engine's custom all-reduce when it applies
+    (NVLink-class link inside one domain, message <= CUSTOM_AR_MAX_BYTES) and is faster, else NCCL."""
+    nccl = collective_time_s(Collective.ALL_REDUCE, size_bytes, ranks, link)
+    if (
+        not custom
+        or ranks <= 1
+        or link.crosses_nodes
+        or pool.node.intra_node_link is LinkKind.PCIE
+        or size_bytes > CUSTOM_AR_MAX_BYTES
+    ):
+        return nccl
+    a, b = CUSTOM_AR_SYNC_US
+    bus = pool.node.intra_node_gbps * 1e9 * CUSTOM_AR_LINK_FRACTION
+    custom_s = (a + b * ranks) * 1e-6 + 2 * (ranks - 1) / ranks * size_bytes / bus
+    return min(nccl, custom_s)
+
+
+def expected_max_prefill_tokens(
+    prefill_tokens: float, *, ranks: int, prompt_tokens: float
+) -> float:
+    """Expected largest prefill load among `ranks` DP ranks in one step when each rank carries on
+    average `prefill_tokens` prefill tokens that arrive as whole chunks of `prompt_tokens`: the number
+    of chunks per rank is Poisson, E[max] = sum_k>=1 P(max >= k) = sum_k (1 - F(k-1)^ranks)."""
+    if ranks <= 1 or prefill_tokens <= 0 or prompt_tokens <= 0:
+        return prefill_tokens
+    lam = prefill_tokens / prompt_tokens
+    expected, cdf, term, k = 0.0, 0.0, math.exp(-lam), 0
+    while True:
+        cdf += term  # F(k)
+        tail = 1.0 - cdf**ranks  # P(max >= k + 1)
+        expected += tail
+        k += 1
+        term *= lam / k
+        if tail < 1e-9 or k > 10_000:
+            break
+    return max(expected * prompt_tokens, prefill_tokens)
 
 
 def _decode_attention_s(
@@ -218,10 +310,11 @@ def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> f
 
 
 def _links(pool: PoolSpec, cfg: ServeConfig) -> tuple[Link, Link, Link]:
-    """TP, EP and PP links in vLLM's rank order (TP innermost, then PP, DP outermost)."""
+    """TP, EP (between attention-DP groups) and PP links in vLLM's rank order (TP innermost, then PP,
+    DP outermost)."""
     return (
         group_link(pool, ranks=cfg.tp),
-        group_link(pool, ranks=cfg.ep, stride=cfg.pp),
+        group_link(pool, ranks=cfg.dp_attention, stride=cfg.tp * cfg.pp),
         group_link(pool, ranks=2, stride=cfg.tp),
     )
 
@@ -238,9 +331,12 @@ def _layer_time(
     context_len: float,
     prefills: float,
     prefill_len: int,
+    expert_tokens: float | None = None,
 ) -> StepTime:
     """One decoder layer on one GPU: `tokens` rows through the linear layers, decode attention over
-    `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens."""
+    `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
+    `expert_tokens` (default `tokens`): the DP rank's mean tokens the MoE layer routes when `tokens`
+    is the busiest attention-DP rank's load."""
     gpu = pool.gpu
     rows = _rows(tokens)
     gemms = attention_gemms(model, rows, cfg.tp)
@@ -251,8 +347,9 @@ def _layer_time(
         gemms.append(Gemm(rows, model.moe.num_experts, model.hidden_size, fp8_capable=False))
         if model.moe.shared_expert_ffn_hidden_size:
             gemms += mlp_gemms(model, rows, model.moe.shared_expert_ffn_hidden_size, cfg.tp)
-        gemms += _moe_expert_gemms(model, cfg, tokens)
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
+    if kind is LayerKind.MOE:
+        gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
     attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len)
     if prefills > 0:
         attn_s += prefills * attention_time_s(
@@ -260,12 +357,17 @@ def _layer_time(
         )
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     tp_link, ep_link, _ = links
-    tp_s = 2 * collective_time_s(Collective.ALL_REDUCE, tokens * model.hidden_size * BF16, cfg.tp, tp_link)
+    tp_s = 2 * tp_all_reduce_s(
+        tokens * model.hidden_size * BF16, cfg.tp, tp_link, pool, custom=cfg.custom_all_reduce
+    )
     ep_s = 0.0
-    if kind is LayerKind.MOE and cfg.ep > 1:
+    if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
         assert model.moe is not None
-        size = tokens * model.moe.top_k * model.hidden_size * BF16
-        ep_s = 2 * collective_time_s(Collective.ALL_TO_ALL, size, cfg.ep, ep_link)
+        moved = (expert_tokens if expert_tokens is not None else tokens) * model.moe.top_k * model.hidden_size / cfg.tp
+        dispatch = 1 if cfg.weight_dtype is WeightDtype.FP8 else BF16
+        ep_s = sum(
+            collective_time_s(Collective.ALL_TO_ALL, moved * b, cfg.dp_attention, ep_link) for b in (dispatch, BF16)
+        )
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 
 
@@ -315,6 +417,12 @@ def step_time(
     slowest stage sets the tick, plus the activation send to the next stage."""
     links = _links(pool, cfg)
     tokens = decode_seqs + prefill_tokens
+    busiest, busiest_prefills = tokens, prefills
+    if cfg.dp_attention > 1 and prefill_tokens > 0:
+        chunk = min(prefill_len, cfg.max_num_batched_tokens)
+        worst_prefill = expected_max_prefill_tokens(prefill_tokens, ranks=cfg.dp_attention, prompt_tokens=chunk)
+        busiest = decode_seqs + worst_prefill
+        busiest_prefills = prefills * worst_prefill / prefill_tokens
     per_kind = {
         kind: _layer_time(
             model,
@@ -322,11 +430,12 @@ def step_time(
             pool,
             cfg,
             links,
-            tokens=tokens,
+            tokens=busiest,
             decode_seqs=decode_seqs,
             context_len=context_len,
-            prefills=prefills,
+            prefills=busiest_prefills,
             prefill_len=prefill_len,
+            expert_tokens=tokens,
         )
         for kind in _decoder_kinds(model)
     }
