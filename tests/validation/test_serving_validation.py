@@ -90,7 +90,14 @@ def test_trtllm_engine_settings_round_like_the_tool():
     )
     assert bs == 4096 and tokens == 8192  # 4096 requests x (1 + 128/128) tokens
     bs, tokens = trtllm_engine_settings(
-        load_model("llama-3.1-70b"), hbm_gib=80, tp=1, pp=1, weight_bytes=1, kv_bytes=1, input_len=1000, output_len=1000
+        load_model("llama-3.1-70b"),
+        hbm_gib=80,
+        tp=1,
+        pp=1,
+        weight_bytes=1,
+        kv_bytes=1,
+        input_len=1000,
+        output_len=1000,
     )
     assert bs == 64 and tokens == 2048
 

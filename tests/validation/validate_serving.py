@@ -204,7 +204,9 @@ def tp_ordering(results: list[RunResult]) -> tuple[list[int], list[int]]:
     rows = [
         r
         for r in results
-        if r.model == "llama-3.1-70b" and r.gpu.startswith("H100") and (r.input_len, r.output_len) == (1000, 1000)
+        if r.model == "llama-3.1-70b"
+        and r.gpu.startswith("H100")
+        and (r.input_len, r.output_len) == (1000, 1000)
     ]
     measured = [r.tp for r in sorted(rows, key=lambda r: r.measured)]
     predicted = [r.tp for r in sorted(rows, key=lambda r: r.predicted)]
