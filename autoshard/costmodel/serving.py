@@ -84,6 +84,12 @@ CUSTOM_AR_LINK_FRACTION = 0.135
 """Bus bandwidth the custom all-reduce reaches at <= 1 MiB, as a fraction of the NVLink figure (it runs
 on a few dozen SMs, far from NVLink's peak): same measurements, 16.2 / 26.6 / 27.9 us per extra MiB
 on TP 2 / 4 / 8 = ~60 GB/s of ring-equivalent bus bandwidth on 450 GB/s NVLink 4."""
+ELEMENTWISE_KERNELS = {LayerKind.DENSE: 4, LayerKind.MOE: 7}
+"""Memory-bound kernels one decoder layer launches besides its GEMMs, attention and collectives: the
+two fused add+RMSNorms, rotary embedding and the MLP activation (vLLM `fused_add_rms_norm`,
+`rotary_embedding`, `silu_and_mul`); an MoE layer adds top-k softmax, the align/permute of tokens to
+experts and the weighted un-permute (vLLM `topk_softmax`, `moe_align_block_size`, `moe_sum`). Each
+costs the GPU's `kernel_overhead_us` however few bytes it moves (what sets decode at small batch)."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
@@ -362,6 +368,7 @@ def _layer_time(
             model, tokens=prefill_len, seq_len=prefill_len, dims=ParallelDims(tp=cfg.tp), gpu=gpu
         )
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+    ew_s += ELEMENTWISE_KERNELS[kind] * gpu.efficiency.kernel_overhead_us * 1e-6
     tp_link, ep_link, _ = links
     tp_s = 2 * tp_all_reduce_s(
         tokens * model.hidden_size * BF16, cfg.tp, tp_link, pool, custom=cfg.custom_all_reduce

@@ -359,4 +359,5 @@ def test_attention_dp_waits_for_the_busiest_rank():
         return step_time(qwen, POOL8, cfg, decode_seqs=tokens, prefill_tokens=0, prefills=0, prefill_len=1,
                          context_len=1500)
     assert dp8.elementwise_s == pytest.approx(flat(200 + worst).elementwise_s, rel=1e-9)
-    assert dp8.elementwise_s > 2.5 * flat(400).elementwise_s
+    fixed = flat(1).elementwise_s  # launch costs, the same for any token count (plus one token)
+    assert dp8.elementwise_s - fixed > 2.5 * (flat(400).elementwise_s - fixed)

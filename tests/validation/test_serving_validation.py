@@ -11,7 +11,9 @@ import statistics
 import pytest
 from validate_serving import (
     RESIDUALS,
+    evaluate_online,
     evaluate_runs,
+    load_online_runs,
     load_data,
     load_runs,
     loso_predictions,
@@ -24,6 +26,7 @@ from validate_serving import (
 from autoshard.specs import load_model
 
 RESULTS = evaluate_runs()
+ONLINE = evaluate_online()
 
 
 def test_every_run_names_a_cited_source_and_a_bundled_model():
@@ -108,12 +111,13 @@ def test_leave_one_source_out_equals_fit_because_nothing_is_fitted():
 
 
 def test_residuals_rows_have_the_bands_interface():
-    rows = residuals(RESULTS)
+    rows = residuals(RESULTS, ONLINE)
     keys = {
         "id", "source", "mode", "gpu", "family", "precision", "metric", "measured", "predicted_loso",
         "predicted_fit", "mem_measured_gib", "mem_predicted_gib", "held",
     }
-    assert len(rows) == len(RESULTS)
+    assert len(rows) == len(RESULTS) + len(ONLINE)
+    assert {r["metric"] for r in rows} == {"output_tokens_per_s", "ttft_mean_s", "itl_mean_s"}
     for row in rows:
         assert set(row) == keys and row["mode"] == "serve" and row["family"] in ("dense", "moe")
         assert row["precision"] in ("fp8", "bf16") and row["measured"] > 0 and row["predicted_loso"] > 0
@@ -123,7 +127,37 @@ def test_residuals_rows_have_the_bands_interface():
 def test_committed_residuals_file_is_current():
     """residuals_serve.json is regenerated (`validate_serving.py --write-residuals`) when numbers change."""
     committed = json.loads(RESIDUALS.read_text())
-    fresh = residuals(RESULTS)
+    fresh = residuals(RESULTS, ONLINE)
     assert [r["id"] for r in committed] == [r["id"] for r in fresh]
     for old, new in zip(committed, fresh, strict=True):
         assert old["predicted_loso"] == pytest.approx(new["predicted_loso"], rel=1e-6), old["id"]
+
+
+def test_online_rows_are_the_ones_the_engine_absorbed():
+    """Rows offered more than the engine's measured capacity (its INF row) are a growing backlog."""
+    runs = load_online_runs()
+    assert len(runs) == 54 and len(ONLINE) == 2 * len(runs)
+    assert all(r["qps"] <= r["measured_capacity_req_s"] for r in runs)
+    ids = {r["id"] for r in runs}
+    assert "trtllm-v014-online-llama31-70b-h100-tp4-467-256-qps16" in ids
+    assert "trtllm-v014-online-llama31-70b-h100-tp4-467-256-qps32" not in ids
+
+
+@pytest.mark.parametrize(("metric", "median_max"), [("ttft_mean_s", 0.12), ("itl_mean_s", 0.16)])
+def test_latency_at_a_request_rate(metric, median_max):
+    """Mean TTFT and mean ITL of TensorRT-LLM 0.14 behind Triton at 2-32 QPS (out of sample)."""
+    errs = [r.error for r in ONLINE if r.metric == metric]
+    assert statistics.median(abs(e) for e in errs) <= median_max
+    assert max(abs(e) for e in errs) <= 0.40
+    assert all(r.utilization < 1 for r in ONLINE)
+
+
+def test_latency_grows_with_the_request_rate():
+    """Same engine, more QPS: the predicted mean ITL and TTFT never fall (as measured)."""
+    by_engine: dict[str, list] = {}
+    for r in ONLINE:
+        by_engine.setdefault((r.id.rsplit("-qps", 1)[0], r.metric), []).append(r)
+    for rows in by_engine.values():
+        rows.sort(key=lambda r: r.qps)
+        predicted = [r.predicted for r in rows]
+        assert predicted == sorted(predicted)

@@ -46,6 +46,7 @@ import yaml
 from autoshard.costmodel.serving import (
     ServeConfig,
     activation_peak_bytes,
+    latency_at_rate,
     predict_serve,
     serve_memory,
     total_weight_bytes,
@@ -59,6 +60,8 @@ RUNS = HERE / "serving_runs.yaml"
 RESIDUALS = HERE / "residuals_serve.json"
 KV_FREE_FRACTION = 0.95
 METRIC = "output_tokens_per_s"
+ONLINE_KV_FRACTION = 0.90
+"""trtllm's default kv_cache_free_gpu_mem_fraction (the online table states none)."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,90 @@ def evaluate_runs() -> list[RunResult]:
     return [predict_run(r) for r in load_runs()]
 
 
+@dataclass(frozen=True)
+class LatencyResult:
+    """One online row: a metric (mean TTFT or mean ITL) measured at a request rate."""
+
+    id: str
+    source: str
+    model: str
+    family: str
+    gpu: str
+    precision: str
+    qps: float
+    metric: str
+    measured: float
+    predicted: float
+    utilization: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def load_online_runs() -> list[dict]:
+    """One flat dict per online row the harness checks: offered QPS within the engine's measured
+    capacity (above it the backlog grows through the run: a transient, not a steady state)."""
+    out = []
+    for group in load_data().get("online_runs", []):
+        for qps, _req_s, ttft_ms, itl_ms, _total, _output in group["measured"]:
+            if qps > group["measured_capacity_req_s"]:
+                continue
+            run = {k: v for k, v in group.items() if k != "measured"}
+            run.update(
+                id=f"{group['id']}-qps{qps}", qps=float(qps), ttft_s=ttft_ms / 1e3, itl_s=itl_ms / 1e3
+            )
+            out.append(run)
+    return out
+
+
+def predict_online(run: dict) -> list[LatencyResult]:
+    model = load_model(run["model"])
+    tp, pp = run["tp"], run["pp"]
+    pool = load_cluster(run["cluster"]).with_gpus(tp * pp).primary
+    gpu = pool.gpu
+    wdt, kvdt = WeightDtype(run["weight_dtype"]), WeightDtype(run["kv_cache_dtype"])
+    job = ServeJob(
+        input_len=run["input_len"], output_len=run["output_len"], weight_dtype=wdt, kv_cache_dtype=kvdt
+    )
+    settings = dict(
+        tp=tp,
+        pp=pp,
+        weight_dtype=wdt,
+        kv_cache_dtype=kvdt,
+        max_num_seqs=2048,
+        max_num_batched_tokens=8192,
+        cuda_graphs=False,
+    )
+    mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
+    act = activation_peak_bytes(model, tp=tp, ep=1, tokens=8192, num_seqs=0)
+    free = gpu.hbm_gib * GIB - gpu.efficiency.reserved_memory_gib * GIB - mem.weights_bytes - act
+    cfg = ServeConfig(**settings, kv_cache_memory_bytes=ONLINE_KV_FRACTION * free)
+    cap = predict_serve(model, pool, job, cfg)
+    lat = latency_at_rate(model, pool, job, cfg, concurrency=cap.concurrency, arrival_rate=run["qps"])
+    common = dict(
+        source=run["source"],
+        model=model.name,
+        family="moe" if model.moe is not None else "dense",
+        gpu=gpu.name,
+        precision=wdt.value,
+        qps=run["qps"],
+        utilization=lat.utilization,
+    )
+    return [
+        LatencyResult(
+            id=run["id"], metric="ttft_mean_s", measured=run["ttft_s"], predicted=lat.ttft_mean_s, **common
+        ),
+        LatencyResult(
+            id=run["id"], metric="itl_mean_s", measured=run["itl_s"], predicted=lat.tpot_mean_s, **common
+        ),
+    ]
+
+
+def evaluate_online() -> list[LatencyResult]:
+    return [r for run in load_online_runs() for r in predict_online(run)]
+
+
 def loso_predictions(results: list[RunResult]) -> dict[str, float]:
     """Prediction of every run made without its own source. Nothing is fitted on serving runs, so
     leaving a source out changes no knob: the prediction is the one `evaluate_runs` made."""
@@ -213,7 +300,7 @@ def tp_ordering(results: list[RunResult]) -> tuple[list[int], list[int]]:
     return measured, predicted
 
 
-def summary(results: list[RunResult], key) -> dict[str, tuple[int, float, float, float]]:
+def summary(results, key) -> dict[str, tuple[int, float, float, float]]:
     """(runs, median |error|, max |error|, median signed error) per value of `key`."""
     groups: dict[str, list[float]] = defaultdict(list)
     for r in results:
@@ -224,9 +311,32 @@ def summary(results: list[RunResult], key) -> dict[str, tuple[int, float, float,
     }
 
 
-def residuals(results: list[RunResult]) -> list[dict]:
-    """The rows residuals_serve.json holds: one per run and metric."""
+def residuals(results: list[RunResult], online: list[LatencyResult] = ()) -> list[dict]:
+    """The rows residuals_serve.json holds: one per run and metric (throughput rows, then the online
+    rows' mean TTFT and mean ITL)."""
     loso = loso_predictions(results)
+    latency = [
+        {
+            "id": r.id,
+            "source": r.source,
+            "mode": "serve",
+            "gpu": r.gpu,
+            "family": r.family,
+            "precision": r.precision,
+            "metric": r.metric,
+            "measured": r.measured,
+            "predicted_loso": r.predicted,
+            "predicted_fit": r.predicted,
+            "mem_measured_gib": None,
+            "mem_predicted_gib": None,
+            "held": False,
+        }
+        for r in online
+    ]
+    return latency_free(results, loso) + latency
+
+
+def latency_free(results: list[RunResult], loso: dict[str, float]) -> list[dict]:
     return [
         {
             "id": r.id,
@@ -253,12 +363,29 @@ def _print_table(title: str, rows: dict[str, tuple[int, float, float, float]]) -
         print(f"{k:44} {n:5d} {med:13.1%} {worst:10.1%} {signed:+11.1%}")
 
 
+def print_online(online: list[LatencyResult], *, verbose: bool) -> None:
+    print(
+        "\nLatency at a request rate (TensorRT-LLM 0.14 online table, BF16): mean TTFT and mean ITL,"
+        "\npredicted by latency_at_rate (open-loop Poisson arrivals at the row's QPS)"
+    )
+    if verbose:
+        print(f"{'run':56} {'metric':>11} {'measured':>9} {'predicted':>9} {'error':>8} {'load':>5}")
+        for r in online:
+            print(
+                f"{r.id:56} {r.metric:>11} {r.measured * 1e3:7.1f}ms {r.predicted * 1e3:7.1f}ms "
+                f"{r.error:+8.1%} {r.utilization:5.0%}"
+            )
+    _print_table("metric (out of sample)", summary(online, lambda r: f"{r.source} {r.metric}"))
+    _print_table("metric x GPU", summary(online, lambda r: f"{r.metric} {r.gpu} {r.model}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-residuals", action="store_true", help=f"write {RESIDUALS.name}")
     parser.add_argument("--quiet", action="store_true", help="only the summary tables")
     args = parser.parse_args(argv)
     results = evaluate_runs()
+    online = evaluate_online()
     if not args.quiet:
         print("Output tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM)")
         print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'batch':>6} {'TPOT ms':>8}")
@@ -283,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\nTP ordering by throughput (Llama-3.1-70B, H100, 1000/1000): measured {measured}, "
         f"predicted {predicted}: {verdict}"
     )
+    print_online(online, verbose=not args.quiet)
     if args.write_residuals:
-        RESIDUALS.write_text(json.dumps(residuals(results), indent=1) + "\n")
-        print(f"wrote {RESIDUALS} ({len(results)} rows)")
+        rows = residuals(results, online)
+        RESIDUALS.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {RESIDUALS} ({len(rows)} rows)")
     return 0
 
 
