@@ -33,6 +33,7 @@ settings trtllm-bench itself picks:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -85,6 +86,7 @@ class RunResult:
         return (self.predicted - self.measured) / self.measured
 
 
+@functools.cache
 def load_data() -> dict:
     return yaml.safe_load(RUNS.read_text())
 
@@ -170,7 +172,8 @@ def predict_run(run: dict) -> RunResult:
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=tokens, num_seqs=0)
     free = gpu.hbm_gib * GIB - gpu.efficiency.reserved_memory_gib * GIB - mem.weights_bytes - act
-    cfg = ServeConfig(**settings, kv_cache_memory_bytes=KV_FREE_FRACTION * free)
+    fraction = load_data()["sources"][run["source"]].get("kv_cache_free_fraction", KV_FREE_FRACTION)
+    cfg = ServeConfig(**settings, kv_cache_memory_bytes=fraction * free)
     pred = predict_serve(model, pool, job, cfg)
     assert (
         abs(mem.weights_bytes * tp - total_weight_bytes(model, wdt)) / total_weight_bytes(model, wdt) < 0.05
@@ -287,11 +290,13 @@ def loso_predictions(results: list[RunResult]) -> dict[str, float]:
 
 
 def tp_ordering(results: list[RunResult]) -> tuple[list[int], list[int]]:
-    """TP degrees of the Llama-3.1-70B H100 1000/1000 runs sorted by measured and by predicted throughput."""
+    """TP degrees of the Llama-3.1-70B H100 FP8 1000/1000 runs of TensorRT-LLM 0.17 sorted by measured
+    and by predicted throughput."""
     rows = [
         r
         for r in results
-        if r.model == "llama-3.1-70b"
+        if r.source == "trtllm-0.17-offline"
+        and r.model == "llama-3.1-70b"
         and r.gpu.startswith("H100")
         and (r.input_len, r.output_len) == (1000, 1000)
     ]
@@ -407,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     measured, predicted = tp_ordering(results)
     verdict = "matches" if measured == predicted else "DOES NOT match"
     print(
-        f"\nTP ordering by throughput (Llama-3.1-70B, H100, 1000/1000): measured {measured}, "
+        "\nTP ordering by throughput (Llama-3.1-70B, H100, 1000/1000, TensorRT-LLM 0.17): "
+        f"measured {measured}, "
         f"predicted {predicted}: {verdict}"
     )
     print_online(online, verbose=not args.quiet)
