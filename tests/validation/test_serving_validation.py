@@ -11,8 +11,10 @@ import statistics
 import pytest
 from validate_serving import (
     RESIDUALS,
+    evaluate_burst,
     evaluate_online,
     evaluate_runs,
+    load_burst_runs,
     load_online_runs,
     load_data,
     load_runs,
@@ -27,6 +29,7 @@ from autoshard.specs import load_model
 
 RESULTS = evaluate_runs()
 ONLINE = evaluate_online()
+BURST = evaluate_burst()
 
 
 def test_every_run_names_a_cited_source_and_a_bundled_model():
@@ -125,13 +128,14 @@ def test_leave_one_source_out_equals_fit_because_nothing_is_fitted():
 
 
 def test_residuals_rows_have_the_bands_interface():
-    rows = residuals(RESULTS, ONLINE)
+    rows = residuals(RESULTS, ONLINE + BURST)
     keys = {
         "id", "source", "mode", "gpu", "family", "precision", "metric", "measured", "predicted_loso",
         "predicted_fit", "mem_measured_gib", "mem_predicted_gib", "held",
     }
-    assert len(rows) == len(RESULTS) + len(ONLINE)
-    assert {r["metric"] for r in rows} == {"output_tokens_per_s", "ttft_mean_s", "itl_mean_s"}
+    assert len(rows) == len(RESULTS) + len(ONLINE) + len(BURST)
+    metrics = {"output_tokens_per_s", "ttft_mean_s", "itl_mean_s", "total_tokens_per_s", "tpot_mean_s"}
+    assert {r["metric"] for r in rows} == metrics
     for row in rows:
         assert set(row) == keys and row["mode"] == "serve" and row["family"] in ("dense", "moe")
         assert row["precision"] in ("fp8", "bf16") and row["measured"] > 0 and row["predicted_loso"] > 0
@@ -141,7 +145,7 @@ def test_residuals_rows_have_the_bands_interface():
 def test_committed_residuals_file_is_current():
     """residuals_serve.json is regenerated (`validate_serving.py --write-residuals`) when numbers change."""
     committed = json.loads(RESIDUALS.read_text())
-    fresh = residuals(RESULTS, ONLINE)
+    fresh = residuals(RESULTS, ONLINE + BURST)
     assert [r["id"] for r in committed] == [r["id"] for r in fresh]
     for old, new in zip(committed, fresh, strict=True):
         assert old["predicted_loso"] == pytest.approx(new["predicted_loso"], rel=1e-6), old["id"]
@@ -175,3 +179,22 @@ def test_latency_grows_with_the_request_rate():
         rows.sort(key=lambda r: r.qps)
         predicted = [r.predicted for r in rows]
         assert predicted == sorted(predicted)
+
+
+def test_burst_rows_cover_vllm_moe_and_mla():
+    """vLLM v0.11.0 bursts: Qwen3-235B (BF16 TP8, FP8 TP4) on H100, DeepSeek-R1 (MLA, FP8) on H200;
+    the 4-output-token rows are listed but not checked."""
+    checked = load_burst_runs()
+    every = load_burst_runs(checked_only=False)
+    assert len(checked) == 9 and len(every) == 12
+    assert {r["model"] for r in checked} == {"qwen3-235b-a22b", "deepseek-v3"}
+    assert all(r["output_len"] >= 10 for r in checked)
+    assert len(BURST) == 3 * len(checked)
+
+
+def test_burst_throughput_and_latency():
+    """Out of sample: total tokens/s median within 16 %, every checked row within 45 %."""
+    for metric, median_max in (("total_tokens_per_s", 0.16), ("ttft_mean_s", 0.20), ("tpot_mean_s", 0.18)):
+        errs = [abs(r.error) for r in BURST if r.metric == metric]
+        assert statistics.median(errs) <= median_max, metric
+        assert max(errs) <= 0.45, metric

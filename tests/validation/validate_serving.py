@@ -52,6 +52,7 @@ from autoshard.costmodel.serving import (
     serve_memory,
     total_weight_bytes,
 )
+from autoshard.costmodel.serving_sim import simulate_burst
 from autoshard.specs import ModelSpec, load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.units import GIB
@@ -283,6 +284,80 @@ def evaluate_online() -> list[LatencyResult]:
     return [r for run in load_online_runs() for r in predict_online(run)]
 
 
+BURST_MIN_OUTPUT = 10
+"""Burst rows with fewer output tokens per request are request-handling benchmarks (not checked)."""
+
+
+def load_burst_runs(*, checked_only: bool = True) -> list[dict]:
+    """One flat dict per burst row, lengths the run's means."""
+    out = []
+    for group in load_data().get("burst_runs", []):
+        for n, duration, tin, tout, total, ttft_ms, tpot_ms in group["measured"]:
+            isl, osl = round(tin / n), round(tout / n)
+            checked = osl >= BURST_MIN_OUTPUT
+            if checked_only and not checked:
+                continue
+            run = {k: v for k, v in group.items() if k != "measured"}
+            run.update(
+                id=f"{group['id']}-{isl}-{osl}",
+                requests=n,
+                input_len=isl,
+                output_len=max(osl, 2),
+                duration_s=duration,
+                total_tokens_per_s=total,
+                ttft_s=ttft_ms / 1e3,
+                tpot_s=tpot_ms / 1e3,
+                checked=checked,
+            )
+            out.append(run)
+    return out
+
+
+def predict_burst(run: dict) -> list[LatencyResult]:
+    model = load_model(run["model"])
+    tp = run["tp"]
+    pool = load_cluster(run["cluster"]).with_gpus(tp).primary
+    wdt, kvdt = WeightDtype(run["weight_dtype"]), WeightDtype(run["kv_cache_dtype"])
+    job = ServeJob(
+        input_len=run["input_len"], output_len=run["output_len"], weight_dtype=wdt, kv_cache_dtype=kvdt
+    )
+    cfg = ServeConfig(
+        tp=tp,
+        expert_parallel=run["expert_parallel"],
+        weight_dtype=wdt,
+        kv_cache_dtype=kvdt,
+        max_num_seqs=run["max_num_seqs"],
+        max_num_batched_tokens=run["max_num_batched_tokens"],
+    )
+    sim = simulate_burst(model, pool, job, cfg, requests=run["requests"])
+    common = dict(
+        source=run["source"],
+        model=model.name,
+        family="moe" if model.moe is not None else "dense",
+        gpu=pool.gpu.name,
+        precision=wdt.value,
+        qps=math.inf,
+        utilization=1.0,
+    )
+    total = sim.total_tokens_per_s(job.input_len, job.output_len)
+    return [
+        LatencyResult(
+            id=run["id"], metric="total_tokens_per_s", measured=run["total_tokens_per_s"], predicted=total,
+            **common,
+        ),
+        LatencyResult(
+            id=run["id"], metric="ttft_mean_s", measured=run["ttft_s"], predicted=sim.mean_ttft_s, **common
+        ),
+        LatencyResult(
+            id=run["id"], metric="tpot_mean_s", measured=run["tpot_s"], predicted=sim.mean_tpot_s, **common
+        ),
+    ]
+
+
+def evaluate_burst(*, checked_only: bool = True) -> list[LatencyResult]:
+    return [r for run in load_burst_runs(checked_only=checked_only) for r in predict_burst(run)]
+
+
 def loso_predictions(results: list[RunResult]) -> dict[str, float]:
     """Prediction of every run made without its own source. Nothing is fitted on serving runs, so
     leaving a source out changes no knob: the prediction is the one `evaluate_runs` made."""
@@ -384,6 +459,27 @@ def print_online(online: list[LatencyResult], *, verbose: bool) -> None:
     _print_table("metric x GPU", summary(online, lambda r: f"{r.metric} {r.gpu} {r.model}"))
 
 
+def print_burst(*, verbose: bool) -> None:
+    every = evaluate_burst(checked_only=False)
+    checked = {r["id"] for r in load_burst_runs()}
+    print(
+        "\nBurst benchmarks (GPUStack performance lab, vLLM v0.11.0): N requests at once, replayed by"
+        "\nserving_sim.simulate_burst; rows marked * are not checked (4 output tokens: request handling)"
+    )
+    if verbose:
+        print(f"{'run':52} {'metric':>18} {'measured':>10} {'predicted':>10} {'error':>8}")
+        for r in every:
+            scale, unit = (1e3, "ms") if r.metric.startswith(("ttft", "tpot")) else (1.0, "")
+            mark = " " if r.id in checked else "*"
+            print(
+                f"{r.id:51}{mark} {r.metric:>18} {r.measured * scale:8.0f}{unit:2} "
+                f"{r.predicted * scale:8.0f}{unit:2} {r.error:+8.1%}"
+            )
+    ok = [r for r in every if r.id in checked]
+    _print_table("metric (out of sample, checked rows)", summary(ok, lambda r: f"{r.source} {r.metric}"))
+    _print_table("metric x model", summary(ok, lambda r: f"{r.metric} {r.model} {r.gpu[:4]}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-residuals", action="store_true", help=f"write {RESIDUALS.name}")
@@ -391,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = evaluate_runs()
     online = evaluate_online()
+    burst = evaluate_burst()
     if not args.quiet:
         print("Output tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM)")
         print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'batch':>6} {'TPOT ms':>8}")
@@ -417,8 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         f"predicted {predicted}: {verdict}"
     )
     print_online(online, verbose=not args.quiet)
+    print_burst(verbose=not args.quiet)
     if args.write_residuals:
-        rows = residuals(results, online)
+        rows = residuals(results, online + burst)
         RESIDUALS.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {RESIDUALS} ({len(rows)} rows)")
     return 0
