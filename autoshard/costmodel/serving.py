@@ -40,7 +40,6 @@ from autoshard.costmodel.compute import (
     Gemm,
     attention_dims,
     attention_gemms,
-    attention_time_s,
     elementwise_bytes_per_token,
     gemm_time_s,
     mlp_gemms,
@@ -90,6 +89,13 @@ two fused add+RMSNorms, rotary embedding and the MLP activation (vLLM `fused_add
 `rotary_embedding`, `silu_and_mul`); an MoE layer adds top-k softmax, the align/permute of tokens to
 experts and the weighted un-permute (vLLM `topk_softmax`, `moe_align_block_size`, `moe_sum`). Each
 costs the GPU's `kernel_overhead_us` however few bytes it moves (what sets decode at small batch)."""
+HOPPER_NAMES = ("H100", "H200", "GH200")
+FLASH_FWD_HOPPER = (0.64, 241.0)
+"""Forward flash attention on Hopper as `top * s / (s + half)` of the BF16 peak: FlashAttention-3,
+head dim 128, measured on H100 by pytorch/benchmark PR #2391 (commit ff65cb67): 430 / 517 / 566 /
+590 / 614 / 621 TFLOP/s at 512 / 1K / 2K / 4K / 8K / 16K tokens = 0.43-0.63 of 989. The engines'
+prefill kernels on Hopper are FlashAttention-3 (vLLM, SGLang) or TensorRT-LLM's own fused MHA of the
+same design."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
@@ -123,6 +129,7 @@ __all__ = [
     "latency_at_rate",
     "LatencyQuantiles",
     "expected_max_prefill_tokens",
+    "prefill_attention_s",
 ]
 
 # --------------------------------------------------------------------------- step time
@@ -282,6 +289,25 @@ def expected_max_prefill_tokens(
     return max(expected * prompt_tokens, prefill_tokens)
 
 
+def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
+    """Fraction of dense BF16 peak a forward (prefill) flash-attention kernel reaches on a causal
+    prompt of `seq_len` tokens: FlashAttention-3's measured curve on Hopper (FLASH_FWD_HOPPER), the
+    GPU type's (training-fitted) attention efficiency elsewhere."""
+    if any(tag in gpu.name for tag in HOPPER_NAMES):
+        top, half = FLASH_FWD_HOPPER
+        return max(top * seq_len / (seq_len + half), gpu.efficiency.attention)
+    return gpu.efficiency.attention
+
+
+def prefill_attention_s(model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float) -> float:
+    """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
+    value products at the forward flash-attention efficiency for that length."""
+    qk_dim, v_dim = attention_dims(model)
+    heads = model.num_attention_heads / tp
+    flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
+    return flops / (gpu.bf16_tflops * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+
+
 def _decode_attention_s(
     model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float
 ) -> float:
@@ -364,9 +390,7 @@ def _layer_time(
         gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
     attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len)
     if prefills > 0:
-        attn_s += prefills * attention_time_s(
-            model, tokens=prefill_len, seq_len=prefill_len, dims=ParallelDims(tp=cfg.tp), gpu=gpu
-        )
+        attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len)
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     ew_s += ELEMENTWISE_KERNELS[kind] * gpu.efficiency.kernel_overhead_us * 1e-6
     tp_link, ep_link, _ = links

@@ -9,6 +9,7 @@ from autoshard.costmodel.serving import (
     ServeConfig,
     _grouped_experts_s,
     expected_max_prefill_tokens,
+    prefill_attention_s,
     tp_all_reduce_s,
     activation_peak_bytes,
     concurrency_ladder,
@@ -361,3 +362,20 @@ def test_attention_dp_waits_for_the_busiest_rank():
     assert dp8.elementwise_s == pytest.approx(flat(200 + worst).elementwise_s, rel=1e-9)
     fixed = flat(1).elementwise_s  # launch costs, the same for any token count (plus one token)
     assert dp8.elementwise_s - fixed > 2.5 * (flat(400).elementwise_s - fixed)
+
+
+@pytest.mark.parametrize(("seq", "tflops"), [(512, 430.32), (2048, 565.544), (16384, 620.73)])
+def test_prefill_attention_follows_flash_attention_3_on_hopper(seq, tflops):
+    """pytorch/benchmark PR #2391, FA3 forward, head dim 128 on H100: the curve stays within 5 %."""
+    gpu = POOL1.gpu
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * (128 + 128) * 0.5
+    achieved = flops / prefill_attention_s(LLAMA8, gpu, tp=1, prompt_len=seq) / 1e12
+    assert achieved == pytest.approx(tflops, rel=0.05)
+
+
+def test_prefill_attention_elsewhere_uses_the_gpu_attention_efficiency():
+    a100 = load_cluster("dgx-a100-80gb").with_gpus(1).primary.gpu
+    seq = 4096
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * 256 * 0.5
+    expected = flops / (a100.bf16_tflops * 1e12 * a100.efficiency.attention)
+    assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq) == pytest.approx(expected)
