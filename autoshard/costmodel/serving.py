@@ -556,8 +556,9 @@ class ServePrediction:
     tpot_s: float
     """Mean TPOT at this concurrency (also its p50: a request's TPOT averages hundreds of steps)."""
     ttft_s: float
-    """p50 TTFT at this concurrency: the prompt's own prefill chunks riding the running decodes, half a
-    step to reach the next step boundary, and the wait behind other prompts in the step's token budget."""
+    """p50 TTFT at this concurrency: the prompt's own prefill chunks riding the running decodes and the
+    wait behind other prompts in the step's token budget (closed loop: a request arrives as another
+    leaves, at a step boundary; `at_rate` adds the alignment of random arrivals)."""
     throughput_tokens_per_s: float
     """Output tokens/s of the engine (all its DP ranks)."""
     input_len: int
