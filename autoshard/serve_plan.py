@@ -10,13 +10,20 @@ DP ranks form one engine that steps in lock-step (attention data parallelism).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.compute import layer_flops
-from autoshard.costmodel.serving import ServePrediction, decode_context_len, pp_layer_split
+from autoshard.costmodel.serving import (
+    LatencyQuantiles,
+    ServePrediction,
+    decode_context_len,
+    latency_at_rate,
+    pp_layer_split,
+)
 from autoshard.plan import SCHEMA, SolverStats, SolveStatus
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -188,6 +195,41 @@ class ServePlan:
             return gpu.fp8_tflops
         return gpu.bf16_tflops
 
+    def latency_at_request_rate(self) -> LatencyQuantiles | None:
+        """TTFT/TPOT p50/p90 when the job's request rate (Poisson) is spread over the engines; None
+        without a request rate."""
+        if self.job.request_rate is None:
+            return None
+        return latency_at_rate(
+            self.model,
+            self.pool,
+            self.job,
+            self.prediction.config,
+            concurrency=self.prediction.concurrency,
+            arrival_rate=self.job.request_rate / self.replicas,
+            prefill=self.prediction.prefill,
+        )
+
+    def _at_request_rate(self) -> dict[str, Any]:
+        lat = self.latency_at_request_rate()
+        if lat is None:
+            return {}
+
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "at_request_rate": {
+                "requests_per_s_per_engine": self.job.request_rate / self.replicas,
+                "running_per_dp_rank": lat.running,
+                "utilization": lat.utilization,
+                "ttft_p50_s": finite(lat.ttft_p50_s),
+                "ttft_p90_s": finite(lat.ttft_p90_s),
+                "tpot_p50_s": lat.tpot_p50_s,
+                "tpot_p90_s": lat.tpot_p90_s,
+            }
+        }
+
     def to_json(self) -> dict[str, Any]:
         p, mem, step = self.prediction, self.prediction.memory, self.prediction.decode
         tflops = self._model_flops_per_output_token() * self.tokens_per_s_per_gpu / 1e12
@@ -288,6 +330,9 @@ class ServePlan:
                     "tpot_target_s": self.job.tpot_target_s,
                     "request_rate": self.job.request_rate,
                     "meets_targets": self.meets_targets(),
+                    "ttft_p90_s": p.ttft_p90_s,
+                    "tpot_p90_s": p.tpot_p90_s,
+                    **self._at_request_rate(),
                 },
             },
             "launch": dict(self.launch),

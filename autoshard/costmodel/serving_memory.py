@@ -88,6 +88,9 @@ class ServeConfig:
     """A fixed KV-cache size per GPU (vLLM --kv-cache-memory-bytes); None: derive it from the utilization."""
     cuda_graphs: bool = True
     """False models --enforce-eager (no graph pools, but no launch-overhead savings either)."""
+    custom_all_reduce: bool = True
+    """The engine's custom all-reduce for small TP messages on NVLink (False: vLLM
+    --disable-custom-all-reduce, NCCL only)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):

@@ -31,11 +31,18 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
-                f"TPOT {1e3 * p.tpot_s:.1f} ms | TTFT {p.ttft_s:.2f} s | {p.concurrency} running requests per DP rank\n",
+                f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {p.ttft_s:.2f} s "
+                f"(p90 {p.ttft_p90_s or p.ttft_s:.2f}) | {p.concurrency} running requests per DP rank\n",
                 style="bold")
     head.append(band_text(plan) + "\n")
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per GPU = {mem.kv_cache_tokens:,} tokens "
                 f"(max concurrency {mem.max_concurrency:.0f} at {mem.context_len} tokens)")
+    lat = plan.latency_at_request_rate()
+    if lat is not None:
+        ttft = (f"TTFT p50 {lat.ttft_p50_s:.2f} s, p90 {lat.ttft_p90_s:.2f} s" if lat.utilization < 1
+                else "TTFT unbounded (the request rate exceeds the engines' capacity)")
+        head.append(f"\nat {j.request_rate:g} requests/s ({lat.utilization:.0%} of the slots busy): {ttft}, "
+                    f"TPOT p50 {1e3 * lat.tpot_p50_s:.1f} ms, p90 {1e3 * lat.tpot_p90_s:.1f} ms")
     if not plan.meets_targets():
         head.append("\nDOES NOT MEET THE TARGETS", style="bold red")
     s = plan.solver

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from autoshard.costmodel.comm import Collective, collective_time_s, group_link
 from autoshard.costmodel.serving import (
     ServeConfig,
+    _grouped_experts_s,
+    expected_max_prefill_tokens,
+    prefill_attention_s,
+    tp_all_reduce_s,
     activation_peak_bytes,
     concurrency_ladder,
     cuda_graph_capture_sizes,
@@ -270,3 +275,107 @@ def test_config_validation():
         ServeConfig(tp=0)
     assert ServeConfig(tp=4, dp_attention=2, expert_parallel=True).ep == 8
     assert ServeConfig(tp=4).ep == 1
+
+
+# --------------------------------------------------------------------------- serving physics v2
+
+
+@pytest.mark.parametrize(
+    ("tp", "size", "measured_us"),
+    # SGLang PR #2904, H100, TensorRT-LLM-derived custom all-reduce without CUDA graphs
+    [(2, 262144, 7.9), (4, 262144, 13.9), (8, 262144, 16.7), (2, 1048576, 19.9), (4, 1048576, 31.1),
+     (8, 1048576, 33.8), (8, 512, 5.9)],
+)
+def test_custom_all_reduce_matches_published_h100_latencies(tp, size, measured_us):
+    pool = H100.with_gpus(tp).primary
+    link = group_link(pool, ranks=tp)
+    assert tp_all_reduce_s(size, tp, link, pool) * 1e6 == pytest.approx(measured_us, rel=0.25)
+
+
+def test_custom_all_reduce_only_where_engines_use_it():
+    pool = H100.with_gpus(8).primary
+    link = group_link(pool, ranks=8)
+    nccl = collective_time_s(Collective.ALL_REDUCE, 65536, 8, link)
+    assert tp_all_reduce_s(65536, 8, link, pool) < nccl / 3  # decode-sized: latency-bound ring
+    assert tp_all_reduce_s(65536, 8, link, pool, custom=False) == nccl
+    big = 64 * 2**20  # above the 8 MiB buffer: NCCL
+    assert tp_all_reduce_s(big, 8, link, pool) == collective_time_s(Collective.ALL_REDUCE, big, 8, link)
+    pcie = load_cluster("l40s-pcie").with_gpus(8).primary
+    plink = group_link(pcie, ranks=8)
+    assert tp_all_reduce_s(65536, 8, plink, pcie) == collective_time_s(Collective.ALL_REDUCE, 65536, 8, plink)
+
+
+def _brute_max_poisson(lam: float, ranks: int) -> float:
+    """E[max of `ranks` iid Poisson(lam)] by summing k * P(max = k)."""
+    import math as m
+
+    cdf = [0.0]
+    term, acc = m.exp(-lam), 0.0
+    for k in range(200):
+        acc += term
+        cdf.append(acc)
+        term *= lam / (k + 1)
+    return sum(k * (cdf[k + 1] ** ranks - cdf[k] ** ranks) for k in range(200))
+
+
+@pytest.mark.parametrize(("lam", "ranks"), [(0.2, 8), (1.0, 4), (3.0, 16), (0.5, 2)])
+def test_expected_max_prefill_is_the_poisson_maximum(lam, ranks):
+    chunk = 1000
+    got = expected_max_prefill_tokens(lam * chunk, ranks=ranks, prompt_tokens=chunk)
+    assert got == pytest.approx(max(_brute_max_poisson(lam, ranks), lam) * chunk, rel=1e-6)
+    assert expected_max_prefill_tokens(lam * chunk, ranks=1, prompt_tokens=chunk) == lam * chunk
+
+
+def test_grouped_experts_read_the_hit_experts_once():
+    """Qwen3-235B (128 experts, top-8, 1536 wide) decoding one token on one GPU: 8 experts hit,
+    their 3 x 4096 x 1536 FP8 weights read once, two grouped launches (gate/up, down)."""
+    qwen = load_model("qwen3-235b-a22b")
+    cfg = ServeConfig(tp=1, weight_dtype=WeightDtype.FP8)
+    gpu = POOL1.gpu
+    eff = gpu.efficiency
+    hit = 128 * (1 - (1 - 8 / 128) ** 1)
+    weights = hit * 3 * 4096 * 1536 * 1.0
+    floor = weights / (gpu.hbm_tbps * 1e12 * eff.hbm) + 2 * eff.kernel_overhead_us * 1e-6
+    got = _grouped_experts_s(qwen, gpu, cfg, 1.0)
+    assert got == pytest.approx(floor, rel=0.01)
+
+
+def test_expert_parallel_without_attention_dp_needs_no_dispatch():
+    """EP = TP (one DP rank): every rank already holds every token; the combine is the TP all-reduce."""
+    step = decode(MIXTRAL, POOL8, ServeConfig(tp=8, expert_parallel=True), 64)
+    assert step.ep_comm_s == 0 and step.tp_comm_s > 0
+
+
+def test_attention_dp_waits_for_the_busiest_rank():
+    """Eight DP ranks each averaging 0.2 prompts of 1000 tokens per step: the dense part of the step
+    (here its element-wise kernels, linear in tokens) runs at the expected maximum load over the ranks,
+    200 decode + ~871 prefill tokens, not at the mean rank's 400."""
+    qwen = load_model("qwen3-235b-a22b")
+    cfg = ServeConfig(tp=1, dp_attention=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    worst = expected_max_prefill_tokens(200, ranks=8, prompt_tokens=1000)
+    assert 800 < worst < 1000  # P(some rank has a prompt) = 1 - 0.8187^8 = 80 %, sometimes two
+    dp8 = step_time(qwen, POOL8, cfg, decode_seqs=200, prefill_tokens=200, prefills=0.2, prefill_len=1000,
+                    context_len=1500)
+    def flat(tokens):
+        return step_time(qwen, POOL8, cfg, decode_seqs=tokens, prefill_tokens=0, prefills=0, prefill_len=1,
+                         context_len=1500)
+    assert dp8.elementwise_s == pytest.approx(flat(200 + worst).elementwise_s, rel=1e-9)
+    fixed = flat(1).elementwise_s  # launch costs, the same for any token count (plus one token)
+    assert dp8.elementwise_s - fixed > 2.5 * (flat(400).elementwise_s - fixed)
+
+
+@pytest.mark.parametrize(("seq", "tflops"), [(512, 430.32), (2048, 565.544), (16384, 620.73)])
+def test_prefill_attention_follows_flash_attention_3_on_hopper(seq, tflops):
+    """pytorch/benchmark PR #2391, FA3 forward, head dim 128 on H100: the curve stays within 5 %."""
+    gpu = POOL1.gpu
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * (128 + 128) * 0.5
+    achieved = flops / prefill_attention_s(LLAMA8, gpu, tp=1, prompt_len=seq) / 1e12
+    assert achieved == pytest.approx(tflops, rel=0.05)
+
+
+def test_prefill_attention_elsewhere_uses_the_gpu_attention_efficiency():
+    a100 = load_cluster("dgx-a100-80gb").with_gpus(1).primary.gpu
+    seq = 4096
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * 256 * 0.5
+    expected = flops / (a100.bf16_tflops * 1e12 * a100.efficiency.attention)
+    assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq) == pytest.approx(expected)
