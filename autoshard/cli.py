@@ -102,6 +102,14 @@ RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help=
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
+LayoutOpt = Annotated[str | None, typer.Option("--layout", help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*10|t*10|t*10|t*10L' (sets VPP).")]
+FirstLayersOpt = Annotated[int | None, typer.Option("--decoder-first-pipeline-num-layers", min=1, help="Decoder layers on the first pipeline rank (Megatron's flag).")]
+LastLayersOpt = Annotated[int | None, typer.Option("--decoder-last-pipeline-num-layers", min=1, help="Decoder layers on the last pipeline rank (Megatron's flag).")]
+AcctEmbOpt = Annotated[bool, typer.Option("--account-for-embedding-in-pipeline-split", help="Count the embedding as a layer when splitting (Megatron's flag).")]
+AcctLossOpt = Annotated[bool, typer.Option("--account-for-loss-in-pipeline-split", help="Count the loss as a layer when splitting (Megatron's flag).")]
+TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Evaluate: TP communication overlap (default: on with sequence parallelism).")]
+DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Evaluate: overlap DP gradient reduce / param gather with compute (default: on).")]
+DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
 
 
 def _load(model_ref: str, cluster_ref: str, gpus: int | None):
@@ -130,6 +138,12 @@ def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_laye
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
                 sequence_parallel=sp, recompute_num_layers=recompute_num_layers)
+
+
+def _layout_flags(layout, first, last, acct_emb, acct_loss):
+    from autoshard.emit.megatron_parse import LayoutFlags
+
+    return LayoutFlags(layout=layout, first=first, last=last, account_embedding=acct_emb, account_loss=acct_loss)
 
 
 def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None):
@@ -186,6 +200,9 @@ def solve(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
+    decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
+    account_for_loss_in_pipeline_split: AcctLossOpt = False,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
@@ -217,7 +234,14 @@ def solve(
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
     options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
                                   memory_fraction=memory_fraction)
-    plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
+    flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+                          account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    if flags.given():
+        from autoshard.api import solve_with_layout
+
+        plans = solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins, options=options)
+    else:
+        plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
     if json_out:
         _print_plans_json(plans)
@@ -298,6 +322,10 @@ def evaluate(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
+    decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
+    account_for_loss_in_pipeline_split: AcctLossOpt = False, tp_comm_overlap: TpOverlapOpt = None,
+    overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     json_out: JsonOpt = False,
@@ -337,14 +365,35 @@ def evaluate(
 
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
+    flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+                          account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    if distributed_optimizer is not None:
+        if zero_stage is not None and (zero_stage >= 1) != distributed_optimizer:
+            raise SpecError(f"--zero-stage {zero_stage} contradicts --{'' if distributed_optimizer else 'no-'}distributed-optimizer: "
+                            "give one of them", source="--distributed-optimizer")
+        zero_stage = zero_stage if zero_stage is not None else int(distributed_optimizer)
+    if pp is None and tp is not None and flags.layout is not None:
+        raise SpecError("--layout needs --pp (the layout's chunks are PP x VPP)", source="--layout")
     if tp is not None and pp is not None:
+        from autoshard.api import megatron_layout
+
+        _, _, note = megatron_layout(model_spec, pp=pp, vpp=vpp or 1, flags=flags)
+        if note:
+            err.print(f"[yellow]note:[/yellow] {escape(note)}")
         plan = api_evaluate(
             model_spec, cluster_spec, job, tp=tp, pp=pp, dp=dp, cp=cp or 1, ep=ep or 1, etp=etp, vpp=vpp or 1,
             micro_batch_size=mbs or 1, recompute=Recompute(recompute.value) if recompute else Recompute.NONE,
             recompute_num_layers=recompute_num_layers or 0,
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-            zero_stage=1 if zero_stage is None else zero_stage,
+            zero_stage=1 if zero_stage is None else zero_stage, layout=flags,
+            tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
         )
+    elif flags.given():
+        from autoshard.api import solve_with_layout
+
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+        plan = solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins,
+                                 options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     else:
         pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
         plan = api_solve(model_spec, cluster_spec, job, pins=pins,

@@ -125,8 +125,40 @@ class LayerCost:
 def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
     only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
-    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key."""
-    return _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
+    The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
+    cost = _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    if kind is LayerKind.OUTPUT and model.mtp_num_layers:
+        cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
+    return cost
+
+
+@lru_cache(maxsize=4096)
+def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    """The output layer plus `model.mtp_num_layers` MTP modules (DeepSeek-V3 Section 2.2): each runs one
+    decoder layer like the model's last (plus a 2h -> h projection, scaled in by parameter count) and
+    the shared output head again (logits and loss: compute and activations, no extra weights)."""
+    n = model.mtp_num_layers
+    kind = model.mtp_layer_kind
+    dec = _layer_cost(model, kind, pool, cfg, recompute)
+    scale = model.mtp_module_params() / model.layer_params(kind)
+    active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
+    return dataclasses.replace(
+        out,
+        compute_s=out.compute_s + n * (active * dec.compute_s + out.compute_s),
+        recompute_s=out.recompute_s + n * (active * dec.recompute_s + out.recompute_s),
+        tp_comm_s=out.tp_comm_s + n * (dec.tp_comm_s + out.tp_comm_s),
+        cp_comm_s=out.cp_comm_s + n * dec.cp_comm_s,
+        ep_comm_s=out.ep_comm_s + n * dec.ep_comm_s,
+        fwd_bwd_compute_s=out.fwd_bwd_compute_s + n * (active * dec.fwd_bwd_compute_s + out.fwd_bwd_compute_s),
+        weights_bytes=out.weights_bytes + n * scale * dec.weights_bytes,
+        grads_bytes=out.grads_bytes + n * scale * dec.grads_bytes,
+        optimizer_bytes=out.optimizer_bytes + n * scale * dec.optimizer_bytes,
+        activation_bytes=out.activation_bytes + n * (dec.activation_bytes + out.activation_bytes),
+        full_activation_bytes=out.full_activation_bytes + n * (dec.full_activation_bytes + out.full_activation_bytes),
+        dense_params=out.dense_params + n * (dec.dense_params * scale if not dec.expert_params else dec.dense_params),
+        expert_params=out.expert_params + n * dec.expert_params,
+    )
 
 
 @lru_cache(maxsize=65536)

@@ -383,9 +383,15 @@ def test_evaluate_degrees_not_dividing_gpus(gpus: int, degrees: list[str], fixes
     assert_bad_input(run, *fixes)
 
 
-def test_evaluate_layers_not_splittable_by_pp() -> None:
-    run = cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "48", "--tp", "1", "--pp", "3")
-    assert_bad_input(run, "--pp", "32 decoder layers", "split evenly", "autoshard solve")
+def test_evaluate_layers_not_splittable_by_pp_predicts_megatrons_layout() -> None:
+    """32 layers over PP 3: Megatron-LM needs a layout flag; 32 + loss = 33 = 3 x 11 is the first that works."""
+    run = cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "48", "--tp", "1", "--pp", "3", "--json")
+    assert run.code == 0, str(run)
+    assert "32 decoder layers do not split evenly" in run.stderr
+    assert "--account-for-loss-in-pipeline-split" in run.stderr
+    plan = json.loads(run.stdout)
+    assert [len(s["layers"]) for s in plan["plan"]["stages"]] == [12, 11, 11]  # E+11 | 11 | 10+L
+    assert "--account-for-loss-in-pipeline-split" in plan["launch"]["megatron"]
 
 
 def test_evaluate_batch_not_divisible() -> None:
