@@ -482,7 +482,13 @@ def _dims(tp: int, pp: int, cp: int, ep: int, etp: int | None, vpp: int, world: 
     try:
         return ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, dp=world // model_parallel)
     except ValueError as exc:
-        raise SpecError(f"{exc}: fix the parallel sizes in the command") from None
+        hint = ""
+        if "expert grid" in str(exc):
+            dense = world // (pp)
+            ok = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
+            if ok:
+                hint = f"; --expert-tensor-parallel-size {ok[0]} makes it legal (expert TP is independent of TP)"
+        raise SpecError(f"{exc}: fix the parallel sizes in the command{hint}") from None
 
 
 def _read_text(command_or_path: str) -> tuple[str, str]:

@@ -116,6 +116,15 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"EP {pins.ep} must divide the {model.moe.num_experts} experts", source="--ep")
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
+    if pins.ep and pins.tp and pins.pp and not cluster.is_heterogeneous:
+        from autoshard.api import expert_grid_hint
+
+        dense = cluster.num_gpus // (pins.tp * pins.pp) if cluster.num_gpus % (pins.tp * pins.pp) == 0 else 0
+        grid = (pins.etp or pins.tp) * pins.ep
+        if dense and dense % grid:
+            hint = expert_grid_hint(model, tp=pins.tp, cp=1, dp=dense, ep=pins.ep, etp=pins.etp)
+            raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
+                            f"layers onto the same ranks){hint}", source="--ep/--etp")
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
@@ -132,7 +141,7 @@ def enumerate_train(
 ) -> Space:
     space = Space(candidates=[])
     seq, gbs = job.seq_len, job.global_batch_size
-    domain = min(p.node.domain_size for p in cluster.pools)
+    domain = min(p.node.domain_used for p in cluster.pools)
     heads = model.num_attention_heads
     num_layers = model.num_layers
     hetero = cluster.is_heterogeneous
@@ -220,8 +229,8 @@ def _add_batch_variants(
                 if dims.dp * dims.cp == 1 and zero > 0 and pins.zero_stage is None:
                     space.prune("ZeRO needs data parallelism")  # (a pinned ZeRO-1 at DP 1 is harmless)
                     continue
-                if zero >= 2 and (dims.pp > 1 or dims.ep > 1):
-                    space.prune("ZeRO-2/3 (Megatron FSDP) supports neither PP nor EP here")
+                if zero >= 2 and dims.pp > 1:
+                    space.prune("ZeRO-2/3 (Megatron-FSDP) does not combine with PP")
                     continue
                 sp = dims.tp > 1 if pins.sequence_parallel is None else (pins.sequence_parallel and dims.tp > 1)
                 space.candidates.append(

@@ -349,7 +349,7 @@ def test_did_you_mean_through_console_script() -> None:
 @pytest.mark.parametrize(("cluster", "gpus", "fixes"), [
     pytest.param("dgx-h100", 7, ["7 GPUs", "8"], id="not-a-divisor-of-a-node"),
     pytest.param("dgx-h100", 12, ["12 GPUs", "8-GPU nodes"], id="not-whole-nodes"),
-    pytest.param("gb200-nvl72", 80, ["72-GPU NVLink domains"], id="not-whole-nvlink-domains"),
+    pytest.param("gb200-nvl72", 82, ["82 GPUs", "4-GPU nodes"], id="not-whole-trays"),
     pytest.param("mixed-h100-a100", 8, ["heterogeneous", "YAML"], id="heterogeneous-cluster"),
 ])
 def test_bad_gpus(cluster: str, gpus: int, fixes: list[str]) -> None:
