@@ -355,6 +355,8 @@ def evaluate(
             _print_json(obj)
         else:
             render_plan(plan, out, show_schedule=show_schedule)
+        if not plan.prediction.fits:
+            _explain_overflow(plan)
         raise typer.Exit(0 if plan.prediction.fits else 1)
     if model is None or cluster is None:
         raise SpecError("evaluate needs MODEL and CLUSTER (or --from-megatron/--from-vllm)", source="evaluate")
