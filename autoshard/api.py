@@ -18,7 +18,7 @@ from autoshard.errors import SpecError
 from autoshard.parallel import ParallelDims, Recompute, check_dims
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins
+from autoshard.search.space import Pins, model_fp8_recipe
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
@@ -167,7 +167,7 @@ def evaluate(
             precision=job.precision, recompute=recompute, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
             optimizer=job.optimizer,
             tp_comm_overlap=(sequence_parallel and tp > 1) if tp_comm_overlap is None else tp_comm_overlap,
-            overlap_grad_reduce=overlap_grad_reduce,
+            overlap_grad_reduce=overlap_grad_reduce, **model_fp8_recipe(model),
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None

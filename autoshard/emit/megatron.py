@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from autoshard.costmodel.training import Stage
 from autoshard.emit import megatron_flags
-from autoshard.parallel import Recompute
+from autoshard.parallel import Fp8Recipe, Recompute
 from autoshard.plan import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
@@ -375,8 +375,13 @@ def _distributed_args(plan: Plan) -> list[Arg]:
 def _precision_args(plan: Plan) -> list[Arg]:
     args: list[Arg] = [("--bf16", None)]
     if plan.config.precision is Precision.FP8:
+        recipe = plan.config.fp8_recipe
         blackwell = all(_is_blackwell_or_newer(plan.cluster.pools[s.pool].gpu.name) for s in plan.stages)
-        if blackwell:
+        if recipe is not Fp8Recipe.DELAYED:
+            # the plan's recipe (e.g. DeepSeek-V3's blockwise scaling)
+            args += [("--fp8-format", "e4m3" if recipe is Fp8Recipe.BLOCKWISE else "hybrid"),
+                     ("--fp8-recipe", recipe.value)]
+        elif blackwell:
             args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "mxfp8")]
         else:
             args += [

@@ -25,7 +25,7 @@ from autoshard.emit import megatron_flags as mf
 from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
 
@@ -79,6 +79,10 @@ class ParsedMegatron:
     vocab_from_command: bool
     """False when the vocabulary size came from the caller or DEFAULT_VOCAB_SIZE (the tokenizer file
     decides it at run time)."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """--fp8-recipe (Megatron's default: delayed)."""
+    recompute_modules: tuple[str, ...] = ()
+    """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -116,6 +120,7 @@ class ParsedMegatron:
                 optimizer=self.optimizer,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 tp_comm_overlap=self.tp_comm_overlap,
+                fp8_recipe=self.fp8_recipe,
             )
         except ValueError as exc:
             raise SpecError(
@@ -331,7 +336,7 @@ def layout_stages(
     return default_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers), vpp
 
 
-def _balanced_layout(L: int, chunks: int) -> str:
+def _balanced_layout(L: int, chunks: int, mtp: int = 0) -> str:
     """A layout string that spreads L decoder layers plus the embedding and the loss (one layer each)
     as evenly as possible over `chunks` chunks, the extra layers on the middle chunks."""
     total = L + 2
@@ -348,7 +353,7 @@ def _balanced_layout(L: int, chunks: int) -> str:
     parts = []
     for i, n in enumerate(sizes):
         body = "t" if n == 1 else f"t*{n}" if n else ""
-        parts.append(("E" if i == 0 else "") + body + ("L" if i == chunks - 1 else ""))
+        parts.append(("E" if i == 0 else "") + body + ("m" * mtp + "L" if i == chunks - 1 else ""))
     return "|".join(parts)
 
 
@@ -365,20 +370,21 @@ def predict_layout(model: ModelSpec, *, pp: int, vpp: int = 1) -> LayoutFlags:
         if total % chunks == 0 and total // chunks >= 1:
             return LayoutFlags(account_embedding=emb, account_loss=loss)
     if pp > 1:
-        best: tuple[int, int, int] | None = None
+        best: tuple[tuple[int, int], int, int] | None = None
         for first in range(vpp, L + 1, vpp):
             for last in range(vpp, L - first + 1, vpp):
                 rest, middle = L - first - last, pp - 2
                 if (middle == 0 and rest != 0) or (middle and (rest % middle or (rest // middle) % vpp)):
                     continue
                 mid = rest // middle if middle else 0
-                worst = max(first + 1, last + 1, mid)  # embedding and loss weigh about one layer
-                if best is None or worst < best[0]:
-                    best = (worst, first, last)
+                # embedding and loss weigh about one layer; on ties the loss stage (logits) gets fewer
+                key = (max(first + 1, last + 1, mid), last - first)
+                if best is None or key < best[0]:
+                    best = (key, first, last)
         if best is not None:
             _, first, last = best
             return LayoutFlags(first=first, last=last)
-    return LayoutFlags(layout=_balanced_layout(L, chunks))
+    return LayoutFlags(layout=_balanced_layout(L, chunks, model.mtp_num_layers))
 
 
 def default_stages(
@@ -528,6 +534,15 @@ def _precision(r: FlagReader) -> Precision:
             "neither --bf16 nor --fp16: Megatron-LM trains in fp32, which is not modeled; predicted as bf16"
         )
     return Precision.BF16
+
+
+def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
+    recipe = r.text("--fp8-recipe", "delayed")
+    try:
+        return Fp8Recipe(recipe)
+    except ValueError:
+        r.warnings.append(f"--fp8-recipe {recipe} is not delayed, tensorwise, blockwise or mxfp8; read as delayed")
+        return Fp8Recipe.DELAYED
 
 
 def _recompute(r: FlagReader) -> tuple[Recompute, int]:
@@ -729,6 +744,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         stages=tuple(stages) if stages is not None else None,
         warnings=(),
         vocab_from_command=vocab_known,
+        fp8_recipe=_fp8_recipe(r),
     )
     if launch.world_size is not None:
         try:

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.training import TrainConfig
-from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute, check_dims
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -208,12 +208,18 @@ def enumerate_train(
                                 if problems:
                                     space.prune(problems[0].split(";")[0])
                                     continue
-                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs)
+                                _add_batch_variants(model, space, dims, job, mbss, recomputes, zeros, pins, gbs)
     return space
 
 
+def model_fp8_recipe(model: ModelSpec) -> dict:
+    """{"fp8_recipe": ...} when the model names the FP8 recipe it trains with, else {} (the default)."""
+    recipe = model.training.fp8_recipe if model.training is not None else None
+    return {"fp8_recipe": Fp8Recipe(recipe)} if recipe else {}
+
+
 def _add_batch_variants(
-    space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
+    model: ModelSpec, space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
     zeros: list[int], pins: Pins, gbs: int,
 ) -> None:
     for mbs in mbss:
@@ -238,6 +244,7 @@ def _add_batch_variants(
                         dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
                         precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
                         optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True,
+                        **model_fp8_recipe(model),
                     )
                 )
                 space.enumerated += 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -149,6 +149,9 @@ class TrainingDefaults(FrozenSpec):
     global_batch_size: PosInt | None = None
     precision: Precision | None = None
     tokens: float | None = Field(default=None, gt=0)
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] | None = None
+    """The FP8 scaling recipe the model was trained with, used whenever it trains in FP8
+    (DeepSeek-V3: blockwise, 1x128 activation and 128x128 weight tiles; Megatron --fp8-recipe)."""
 
 
 class ServingDefaults(FrozenSpec):
