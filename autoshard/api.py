@@ -133,12 +133,17 @@ def evaluate(
     zero_stage: int = 1,
     stages: tuple[Stage, ...] | None = None,
     layout: LayoutFlags | None = None,
+    recompute_modules: tuple[str, ...] = (),
     tp_comm_overlap: bool | None = None,
     overlap_grad_reduce: bool = True,
 ) -> Plan:
     """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
     `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible."""
+    if recompute is Recompute.SELECTIVE and recompute_num_layers:
+        from autoshard.search.space import SELECTIVE_AND_BLOCK
+
+        raise SpecError(SELECTIVE_AND_BLOCK, source="--recompute-num-layers")
     if stages is None:
         stages, vpp, _ = megatron_layout(model, pp=pp, vpp=vpp, flags=layout,
                                          recompute_num_layers=recompute_num_layers)
@@ -168,6 +173,7 @@ def evaluate(
             optimizer=job.optimizer,
             tp_comm_overlap=(sequence_parallel and tp > 1) if tp_comm_overlap is None else tp_comm_overlap,
             overlap_grad_reduce=overlap_grad_reduce, **model_fp8_recipe(model),
+            recompute_modules=recompute_modules if recompute is Recompute.SELECTIVE else (),
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None

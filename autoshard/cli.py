@@ -102,6 +102,7 @@ RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help=
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
+RecomputeModulesOpt = Annotated[str | None, typer.Option("--recompute-modules", help="Selective recompute of these Megatron modules (comma-separated): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Implies --recompute selective.")]
 LayoutOpt = Annotated[str | None, typer.Option("--layout", help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*10|t*10|t*10|t*10L' (sets VPP).")]
 FirstLayersOpt = Annotated[int | None, typer.Option("--decoder-first-pipeline-num-layers", min=1, help="Decoder layers on the first pipeline rank (Megatron's flag).")]
 LastLayersOpt = Annotated[int | None, typer.Option("--decoder-last-pipeline-num-layers", min=1, help="Decoder layers on the last pipeline rank (Megatron's flag).")]
@@ -131,13 +132,30 @@ def _print_plans_json(plans: list) -> None:
     _print_json(obj)
 
 
-def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage):
+def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=()):
     from autoshard.parallel import Recompute
     from autoshard.search.space import Pins
 
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
-                sequence_parallel=sp, recompute_num_layers=recompute_num_layers)
+                sequence_parallel=sp, recompute_num_layers=recompute_num_layers, recompute_modules=modules or None)
+
+
+def _recompute_modules(text: str | None, recompute):
+    """(modules, recompute mode) from --recompute-modules: selective recompute of those modules."""
+    if text is None:
+        return (), recompute
+    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+
+    modules = tuple(dict.fromkeys(m for m in text.replace(",", " ").split()))
+    bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if bad or not modules:
+        raise SpecError(f"--recompute-modules '{text}': unknown module(s) {', '.join(bad) or '(none given)'}; use "
+                        f"a comma-separated list of {', '.join(RECOMPUTE_MODULES)}", source="--recompute-modules")
+    if recompute is not None and recompute.value != "selective":
+        raise SpecError(f"--recompute-modules is selective recompute; it contradicts --recompute {recompute.value}",
+                        source="--recompute-modules")
+    return (() if modules == ("core_attn",) else modules), RecomputeOpt("selective")
 
 
 def _layout_flags(layout, first, last, acct_emb, acct_loss):
@@ -202,7 +220,7 @@ def solve(
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
     layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
     decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
-    account_for_loss_in_pipeline_split: AcctLossOpt = False,
+    account_for_loss_in_pipeline_split: AcctLossOpt = False, recompute_modules: RecomputeModulesOpt = None,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
@@ -231,7 +249,9 @@ def solve(
         return
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
-    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+    modules, recompute = _recompute_modules(recompute_modules, recompute)
+    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                       modules)
     options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
                                   memory_fraction=memory_fraction)
     flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
@@ -326,6 +346,7 @@ def evaluate(
     decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
     account_for_loss_in_pipeline_split: AcctLossOpt = False, tp_comm_overlap: TpOverlapOpt = None,
     overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
+    recompute_modules: RecomputeModulesOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     json_out: JsonOpt = False,
@@ -369,6 +390,7 @@ def evaluate(
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
                           account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    modules, recompute = _recompute_modules(recompute_modules, recompute)
     if distributed_optimizer is not None:
         if zero_stage is not None and (zero_stage >= 1) != distributed_optimizer:
             raise SpecError(f"--zero-stage {zero_stage} contradicts --{'' if distributed_optimizer else 'no-'}distributed-optimizer: "
@@ -387,17 +409,19 @@ def evaluate(
             micro_batch_size=mbs or 1, recompute=Recompute(recompute.value) if recompute else Recompute.NONE,
             recompute_num_layers=recompute_num_layers or 0,
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-            zero_stage=1 if zero_stage is None else zero_stage, layout=flags,
+            zero_stage=1 if zero_stage is None else zero_stage, layout=flags, recompute_modules=modules,
             tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
         )
     elif flags.given():
         from autoshard.api import solve_with_layout
 
-        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                           modules)
         plan = solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins,
                                  options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     else:
-        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                           modules)
         plan = api_solve(model_spec, cluster_spec, job, pins=pins,
                          options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     if json_out:

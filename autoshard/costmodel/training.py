@@ -71,6 +71,9 @@ class TrainConfig:
     """MoE token dispatcher (Megatron --moe-token-dispatcher-type); ignored for dense models."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
     """FP8 scaling recipe (Megatron --fp8-recipe); ignored unless precision is FP8."""
+    recompute_modules: tuple[str, ...] = ()
+    """Selective recompute by module (Megatron --recompute-modules; see costmodel.recompute_modules);
+    () is Megatron's default, the attention core. Ignored unless recompute is selective."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -128,9 +131,30 @@ def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConf
     stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
     The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
     cost = _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
+        cost = _with_modules(cost, model, kind, pool, _layer_key(cfg))
     if kind is LayerKind.OUTPUT and model.mtp_num_layers:
         cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
     return cost
+
+
+@lru_cache(maxsize=4096)
+def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> LayerCost:
+    """`cost` (selective recompute of the attention core) with Megatron's --recompute-modules instead."""
+    from autoshard.costmodel.recompute_modules import module_recompute
+
+    dims = cfg.dims
+    r = module_recompute(model, kind, cfg.recompute_modules, gpu=pool.gpu, dims=dims,
+                         micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
+                         precision=cfg.precision)
+    tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
+    floor = tokens * BF16 * model.hidden_size / (dims.tp if cfg.sp else 1)  # the layer input stays
+    return dataclasses.replace(
+        cost,
+        recompute_s=max(0.0, cost.recompute_s + r.extra_s),
+        ep_comm_s=cost.ep_comm_s * (1 + r.extra_comm_s_fraction),
+        activation_bytes=max(floor, cost.activation_bytes - r.saved_bytes),
+    )
 
 
 @lru_cache(maxsize=4096)

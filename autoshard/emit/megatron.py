@@ -347,7 +347,10 @@ def _recompute_args(plan: Plan) -> list[Arg]:
             ("--recompute-num-layers", str(block)),
         ]
     if plan.config.recompute is Recompute.SELECTIVE:
-        return [("--recompute-granularity", "selective")]
+        args: list[Arg] = [("--recompute-granularity", "selective")]
+        if plan.config.recompute_modules:
+            args.append(("--recompute-modules", " ".join(plan.config.recompute_modules)))
+        return args
     return []
 
 
@@ -490,7 +493,15 @@ def _quote(value: str) -> str:
 
 
 def _flag_lines(plan: Plan) -> list[str]:
-    return [flag if value is None else f"{flag} {_quote(value)}" for flag, value in megatron_args(plan)]
+    lines = []
+    for flag, value in megatron_args(plan):
+        if value is None:
+            lines.append(flag)
+        elif flag == "--recompute-modules":  # nargs='*': one word per module
+            lines.append(f"{flag} " + " ".join(_quote(v) for v in value.split()))
+        else:
+            lines.append(f"{flag} {_quote(value)}")
+    return lines
 
 
 def _join(head: list[str], lines: list[str]) -> str:

@@ -121,6 +121,7 @@ class ParsedMegatron:
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 tp_comm_overlap=self.tp_comm_overlap,
                 fp8_recipe=self.fp8_recipe,
+                recompute_modules=self.recompute_modules,
             )
         except ValueError as exc:
             raise SpecError(
@@ -545,34 +546,42 @@ def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
         return Fp8Recipe.DELAYED
 
 
-def _recompute(r: FlagReader) -> tuple[Recompute, int]:
+def _recompute(r: FlagReader) -> tuple[Recompute, int, tuple[str, ...]]:
+    """(base mode, block-recomputed layers per stage, selective modules)."""
+    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+
     granularity = r.text("--recompute-granularity")
     if r.on("--recompute-activations"):
         granularity = "selective"
     method = r.text("--recompute-method")
+    given = r.flags.get("--recompute-modules") or []
+    unknown = [m for m in given if m not in RECOMPUTE_MODULES]
+    if unknown:
+        r.warnings.append(f"--recompute-modules {' '.join(unknown)}: not modules Megatron-Core recomputes "
+                          f"({', '.join(RECOMPUTE_MODULES)}); ignored")
+    modules = tuple(dict.fromkeys(m for m in given if m in RECOMPUTE_MODULES))
     if granularity == "selective":
         if method is not None or r.on("--recompute-num-layers"):
             r.warnings.append(
                 "--recompute-method/--recompute-num-layers are rejected with selective recompute"
             )
-        modules = r.flags.get("--recompute-modules")
-        if modules and set(modules) != {"core_attn"}:
-            r.warnings.append(
-                f"--recompute-modules {' '.join(modules)}: predicted as core-attention recompute"
-            )
-        return Recompute.SELECTIVE, 0
+        if modules == ("core_attn",):
+            modules = ()  # Megatron's default
+        return Recompute.SELECTIVE, 0, modules
+    if modules:
+        r.warnings.append("--recompute-modules applies only with --recompute-granularity selective; ignored")
     if granularity == "full":
         n = r.int("--recompute-num-layers", 1) or 1
         if method == "block":
-            return Recompute.NONE, n
+            return Recompute.NONE, n, ()
         if method != "uniform":
             r.warnings.append(
                 "--recompute-granularity full needs --recompute-method uniform|block; read as uniform"
             )
-        return Recompute.FULL, 0
+        return Recompute.FULL, 0, ()
     if granularity is not None:
         r.warnings.append(f"--recompute-granularity '{granularity}' is not full or selective; ignored")
-    return Recompute.NONE, 0
+    return Recompute.NONE, 0, ()
 
 
 def _zero_stage(r: FlagReader) -> int:
@@ -702,7 +711,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         raise SpecError(f"the command describes an impossible model: {problems}", source=source) from None
     vpp = _vpp(r, num_layers, pp)
     stages, vpp = _layout(r, model, pp, vpp or 1)
-    recompute, block = _recompute(r)
+    recompute, block, modules = _recompute(r)
     if stages is not None:
         stages = _with_block(stages, model, block)
     mbs = r.int("--micro-batch-size")
@@ -745,6 +754,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         warnings=(),
         vocab_from_command=vocab_known,
         fp8_recipe=_fp8_recipe(r),
+        recompute_modules=modules,
     )
     if launch.world_size is not None:
         try:

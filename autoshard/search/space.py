@@ -23,6 +23,13 @@ __all__ = ["Pins", "SpaceOptions", "Space", "enumerate_train", "divisors"]
 PIN_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute", "zero_stage", "sequence_parallel")
 
 
+SELECTIVE_AND_BLOCK = (
+    "Megatron-LM takes one --recompute-granularity: selective recompute cannot be combined with "
+    "--recompute-num-layers (block full recompute of N layers per stage); use --recompute none "
+    "--recompute-num-layers N, or --recompute selective alone"
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pins:
     """Choices the user fixed (`solve --tp 8 …`); None leaves a knob to the solver."""
@@ -39,6 +46,8 @@ class Pins:
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
+    """Megatron --recompute-modules for selective recompute (None: the default, the attention core)."""
 
     def describe(self) -> str:
         items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers") if getattr(self, k) is not None]
@@ -102,6 +111,8 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
     from autoshard.errors import SpecError
 
     heads = model.num_attention_heads
+    if pins.recompute is Recompute.SELECTIVE and pins.recompute_num_layers:
+        raise SpecError(SELECTIVE_AND_BLOCK, source="--recompute-num-layers")
     if pins.tp and heads % pins.tp:
         raise SpecError(f"TP {pins.tp} must divide the {heads} attention heads: use one of "
                         f"{', '.join(str(d) for d in divisors(heads) if d <= 64)}", source="--tp")
@@ -245,6 +256,7 @@ def _add_batch_variants(
                         precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
                         optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True,
                         **model_fp8_recipe(model),
+                        recompute_modules=(pins.recompute_modules or ()) if rc is Recompute.SELECTIVE else (),
                     )
                 )
                 space.enumerated += 1
