@@ -227,7 +227,7 @@ def solve(
     tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
     ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
-    weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8 or int4 weights.")] = None,
+    weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8, int4, nvfp4 or mxfp4 weights (FP4 runs on FP4 tensor cores on Blackwell).")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
@@ -349,6 +349,10 @@ def evaluate(
     recompute_modules: RecomputeModulesOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
+    from_sglang: Annotated[str | None, typer.Option("--from-sglang", help="Read a serving plan from a `python -m sglang.launch_server` command.")] = None,
+    input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request (default: the model's serving: section, else 1024).")] = None,
+    output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request (default: the model's serving: section, else 1024).")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Serve: requests in flight over the deployment (default: as many as max-num-seqs and the KV cache allow).")] = None,
     json_out: JsonOpt = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule.")] = False,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit when knobs are left out.")] = 30.0,
@@ -357,14 +361,22 @@ def evaluate(
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""
     from autoshard.report.terminal import render_plan
 
-    if from_megatron is not None or from_vllm is not None:
+    if sum(x is not None for x in (from_megatron, from_vllm, from_sglang)) > 1:
+        raise SpecError("give one of --from-megatron, --from-vllm and --from-sglang", source="evaluate")
+    if from_megatron is None and (input_len is not None or output_len is not None or concurrency is not None) \
+            and from_vllm is None and from_sglang is None:
+        raise SpecError("--input-len, --output-len and --concurrency describe a serving plan: use them with "
+                        "--from-vllm or --from-sglang (or `solve --mode serve`)", source="evaluate")
+    if from_megatron is not None or from_vllm is not None or from_sglang is not None:
         if cluster is None:
             # one positional argument means the cluster when the model comes from the command
             cluster, model = model, None
         if cluster is None:
             raise SpecError("give the CLUSTER to evaluate on (bundled name or YAML path)", source="evaluate")
-    if from_vllm is not None:
-        _evaluate_vllm_cli(from_vllm, model, cluster, gpus, json_out)
+    if from_vllm is not None or from_sglang is not None:
+        _evaluate_vllm_cli(from_vllm if from_vllm is not None else from_sglang, model, cluster, gpus, json_out,
+                           input_len=input_len, output_len=output_len, concurrency=concurrency,
+                           sglang=from_sglang is not None)
         return
     if from_megatron is not None:
         plan, warnings = _evaluate_megatron(from_megatron, model, cluster, gpus)
@@ -443,7 +455,9 @@ def _explain_overflow(plan) -> None:
                   f"(over by {(m - c) / GIB:.1f} GiB); try --recompute full, more PP, or ZeRO (--zero-stage 1)")
 
 
-def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool) -> None:
+def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
+                       input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None,
+                       sglang: bool = False) -> None:
     from autoshard.api import resize
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import evaluate_vllm
@@ -452,7 +466,9 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
     model_spec = load_model(model_ref) if model_ref else None
     cluster_spec = resize(load_cluster(cluster_ref), gpus)
-    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec))
+    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
+                         concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
+                         sglang=sglang)
     if json_out:
         _print_json(plan.to_json())
     else:
