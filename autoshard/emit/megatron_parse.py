@@ -371,17 +371,21 @@ def predict_layout(model: ModelSpec, *, pp: int, vpp: int = 1) -> LayoutFlags:
         if total % chunks == 0 and total // chunks >= 1:
             return LayoutFlags(account_embedding=emb, account_loss=loss)
     if pp > 1:
+        # for each middle-rank count, the first and last ranks share the rest as evenly as VPP allows
+        # (the first takes the odd chunk: the loss stage's logits weigh more than the embedding)
         best: tuple[tuple[int, int], int, int] | None = None
-        for first in range(vpp, L + 1, vpp):
-            for last in range(vpp, L - first + 1, vpp):
-                rest, middle = L - first - last, pp - 2
-                if (middle == 0 and rest != 0) or (middle and (rest % middle or (rest // middle) % vpp)):
-                    continue
-                mid = rest // middle if middle else 0
-                # embedding and loss weigh about one layer; on ties the loss stage (logits) gets fewer
-                key = (max(first + 1, last + 1, mid), last - first)
-                if best is None or key < best[0]:
-                    best = (key, first, last)
+        middle = pp - 2
+        for mid in range(0, L + 1, vpp) if middle else (0,):
+            rest = L - middle * mid
+            if rest < 2 * vpp:
+                break
+            if rest % vpp:
+                continue
+            last = rest // vpp // 2 * vpp
+            first = rest - last
+            key = (max(first + 1, last + 1, mid), last - first)  # embedding and loss weigh about one layer
+            if best is None or key < best[0]:
+                best = (key, first, last)
         if best is not None:
             _, first, last = best
             return LayoutFlags(first=first, last=last)
