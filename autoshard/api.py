@@ -196,6 +196,9 @@ def solve_with_layout(
     from autoshard.search.space import check_pins, enumerate_train
     from autoshard.units import GIB
 
+    if cluster.is_heterogeneous:
+        raise SpecError("a pinned pipeline layout places every stage on one pool: use a homogeneous cluster, or "
+                        "leave the layout to the solver", source="--layout")
     if pins.pp is None:
         raise SpecError("a pipeline layout (--layout, --decoder-first/last-pipeline-num-layers, --account-for-*) "
                         "is written for one PP size: pin it with --pp", source="--pp")
