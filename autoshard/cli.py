@@ -408,6 +408,9 @@ def evaluate(
             raise SpecError(f"--zero-stage {zero_stage} contradicts --{'' if distributed_optimizer else 'no-'}distributed-optimizer: "
                             "give one of them", source="--distributed-optimizer")
         zero_stage = zero_stage if zero_stage is not None else int(distributed_optimizer)
+    if (tp is None or pp is None) and (tp_comm_overlap is not None or overlap_grad_reduce is not None):
+        raise SpecError("--[no-]tp-comm-overlap and --[no-]overlap-grad-reduce describe a given plan: give its "
+                        "--tp and --pp too (the solver always overlaps)", source="--tp-comm-overlap")
     if pp is None and tp is not None and flags.layout is not None:
         raise SpecError("--layout needs --pp (the layout's chunks are PP x VPP)", source="--layout")
     if tp is not None and pp is not None:

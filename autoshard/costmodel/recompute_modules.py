@@ -101,3 +101,35 @@ def module_recompute(
         # Megatron's selective default recomputes the attention core; a module list without it does not
         extra -= attention_time_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, precision=precision)
     return ModuleRecompute(saved_bytes=saved, extra_s=extra, extra_comm_s_fraction=comm, attention_recomputed=attention)
+
+
+def module_recompute_flops(model: ModelSpec, kind: LayerKind, modules: tuple[str, ...], *, tokens: int,
+                           seq_len: int) -> float:
+    """Forward FLOPs (whole layer, all ranks) that selective recompute of `modules` re-runs for `tokens`
+    tokens: the attention core (core_attn), the dense MLP (mlp), the MoE block with router and shared
+    experts (moe) or only the shared experts, and MLA's up-projections (mla_up_proj). Element-wise
+    modules (layernorm, moe_act) do no GEMM work."""
+    from autoshard.costmodel.compute import attention_dims
+
+    mods = set(modules) or {"core_attn"}
+    h = model.hidden_size
+    mats = model.mlp.num_matrices
+    flops = 0.0
+    if "core_attn" in mods:
+        qk_dim, v_dim = attention_dims(model)
+        flops += 2.0 * tokens * seq_len * model.num_attention_heads * (qk_dim + v_dim)
+    if "mla_up_proj" in mods and model.mla is not None:
+        m = model.mla
+        heads = model.num_attention_heads
+        flops += 2.0 * tokens * heads * ((m.qk_nope_head_dim + m.qk_rope_head_dim) * (m.q_lora_rank or h)
+                                         + (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank)
+    if kind is LayerKind.DENSE and "mlp" in mods:
+        flops += 2.0 * tokens * mats * h * model.ffn_hidden_size
+    if kind is LayerKind.MOE and model.moe is not None:
+        moe = model.moe
+        shared = 2.0 * tokens * mats * h * moe.shared_expert_ffn_hidden_size
+        if "moe" in mods:
+            flops += 2.0 * tokens * (moe.top_k * mats * h * moe.expert_ffn_hidden_size + h * moe.num_experts) + shared
+        elif "shared_experts" in mods:
+            flops += shared
+    return flops

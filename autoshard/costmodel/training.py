@@ -443,9 +443,23 @@ def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]
             if cfg.recompute is Recompute.FULL or left > 0:
                 total += f.total
             elif cfg.recompute is Recompute.SELECTIVE:
-                total += f.attention
+                total += _selective_flops(model, kind, cfg, tokens, f.attention)
             left -= 1
+    if model.mtp_num_layers and cfg.recompute is not Recompute.NONE:
+        # the MTP modules' decoder layer follows the base mode (costmodel: _with_mtp)
+        kind = model.mtp_layer_kind
+        f = layer_flops(model, kind, tokens=tokens, seq_len=cfg.seq_len)
+        one = f.total if cfg.recompute is Recompute.FULL else _selective_flops(model, kind, cfg, tokens, f.attention)
+        total += model.mtp_num_layers * one
     return total
+
+
+def _selective_flops(model: ModelSpec, kind: LayerKind, cfg: TrainConfig, tokens: int, attention: float) -> float:
+    if not cfg.recompute_modules:
+        return attention
+    from autoshard.costmodel.recompute_modules import module_recompute_flops
+
+    return module_recompute_flops(model, kind, cfg.recompute_modules, tokens=tokens, seq_len=cfg.seq_len)
 
 
 def _torchtitan_rank_memory(

@@ -116,3 +116,22 @@ def test_solver_never_adds_block_recompute_to_selective() -> None:
     assert all(s["full_recompute_layers"] == 0 for s in plan["plan"]["stages"])
     launch = plan["launch"]["megatron"]
     assert "--recompute-granularity selective" in launch and "--recompute-method" not in launch
+
+
+def test_hardware_flops_count_the_recomputed_modules() -> None:
+    """hw TFLOP/s counts what is re-run: the attention core by default; with `moe` the routed experts'
+    forward (top_k x 3 x h x ffn per token for SwiGLU), router and attention core too."""
+    default = _cfg(QWEN, ())
+    mods = _cfg(QWEN, ("core_attn", "moe"))
+    extra_per_step = (mods.prediction.hw_tflops_per_gpu * mods.prediction.step_time_s
+                      - default.prediction.hw_tflops_per_gpu * default.prediction.step_time_s) * 1e12 * 8
+    tokens = 64 * 4096
+    moe = QWEN.moe
+    expected = QWEN.num_moe_layers * 2.0 * tokens * (moe.top_k * 3 * QWEN.hidden_size * moe.expert_ffn_hidden_size
+                                                    + QWEN.hidden_size * moe.num_experts)
+    assert extra_per_step == pytest.approx(expected, rel=1e-6)
+
+
+def test_overlap_knobs_without_the_degrees_are_refused() -> None:
+    res = _cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--no-tp-comm-overlap")
+    assert res.exit_code == 2 and "give its --tp and --pp" in res.stderr
