@@ -188,8 +188,9 @@ def solve_with_layout(
 ) -> list[Plan]:
     """The best plans whose pipeline layout is the one Megatron-LM builds from `flags` (a layout string,
     first/last-stage layer counts or the account-for flags). The layout fixes PP (pinned) and VPP, so
-    every remaining candidate is predicted exactly on that layout: an exhaustive search (status OPTIMAL)
-    unless the time limit stops it first (FEASIBLE, bound 0)."""
+    each candidate is predicted exactly on that layout, cheapest lower bound (`search.bounds.
+    quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan found: status
+    OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
     import time
 
     from autoshard.errors import InfeasibleError
@@ -209,15 +210,24 @@ def solve_with_layout(
     space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
     block = pins.recompute_num_layers or 0
     stages, _, _ = megatron_layout(model, pp=pins.pp, vpp=vpp, flags=flags, recompute_num_layers=block)
+    from autoshard.search.bounds import quick_lower_bound
+
+    scale = vpp
+    ranked = sorted(
+        (quick_lower_bound(model, cluster, cfg, scale=scale) / (scale * 1e6), i, cfg)
+        for i, cfg in enumerate(space.candidates) if not (block and cfg.recompute is Recompute.FULL)
+    )
     found: list[tuple[float, int, TrainConfig, object]] = []
     least: tuple[float, float] | None = None
     exhaustive = True
-    for i, cfg in enumerate(space.candidates):
+    bound = 0.0
+    k = max(1, options.top_k)
+    for lb_s, i, cfg in ranked:
+        if len(found) >= k and lb_s > sorted(f[0] for f in found)[k - 1] * 1.01:  # per-layer us rounding
+            break  # every later candidate's bound is higher still
         if time.perf_counter() - start > options.time_limit_s:
-            exhaustive = False
+            exhaustive, bound = False, lb_s
             break
-        if block and cfg.recompute is Recompute.FULL:
-            continue
         pred = predict_train(model, cluster, cfg, stages)
         limit = options.memory_fraction * cluster.primary.gpu.hbm_gib * GIB
         if pred.fits and (options.memory_fraction >= 1 or pred.peak_memory_bytes <= limit):
@@ -234,7 +244,7 @@ def solve_with_layout(
     plans = []
     for step, _, cfg, pred in found[: max(1, options.top_k)]:
         stats = SolverStats(status="OPTIMAL" if exhaustive else "FEASIBLE", wall_s=time.perf_counter() - start,
-                            objective=step, bound=found[0][0] if exhaustive else 0.0,
+                            objective=step, bound=found[0][0] if exhaustive else min(bound, found[0][0]),
                             candidates=space.enumerated, candidates_in_model=len(space.candidates),
                             pruned=dict(space.pruned))
         plans.append(with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=pred,

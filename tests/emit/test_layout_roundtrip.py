@@ -118,3 +118,24 @@ def test_deepseek_61_layers_over_32_chunks_need_a_layout_string() -> None:
 def test_layouts_megatron_refuses(flags, pp, fragment) -> None:
     with pytest.raises(SpecError, match=fragment):
         layout_stages(LLAMA8, pp=pp, vpp=1, flags=flags)
+
+
+def test_solve_with_a_pinned_layout_matches_brute_force() -> None:
+    """The bound-ordered search returns the best of every candidate predicted on the pinned layout."""
+    from autoshard.api import solve_with_layout
+    from autoshard.costmodel.training import predict_train
+    from autoshard.search.run import SolverOptions
+    from autoshard.search.space import Pins, SpaceOptions, enumerate_train
+
+    cluster = H100.with_gpus(32)
+    job = train_job(LLAMA8, seq_len=4096, global_batch_size=64)
+    flags = LayoutFlags(layout="Et*9|t*7|t*8|t*8L")
+    pins = Pins(pp=4)
+    options = SolverOptions(top_k=3, time_limit_s=60, space=SpaceOptions())
+    plans = solve_with_layout(LLAMA8, cluster, job, flags, pins=pins, options=options)
+    stages, _ = layout_stages(LLAMA8, pp=4, vpp=1, flags=flags)
+    every = sorted(p.step_time_s for c in enumerate_train(LLAMA8, cluster, job, pins=Pins(pp=4, vpp=1)).candidates
+                   if (p := predict_train(LLAMA8, cluster, c, stages)).fits)
+    assert [p.prediction.step_time_s for p in plans] == pytest.approx(every[:3], rel=1e-12)
+    assert plans[0].solver.status == "OPTIMAL"
+    assert all(p.stages == stages for p in plans)
