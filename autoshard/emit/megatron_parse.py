@@ -148,6 +148,16 @@ def parse_layout(
     `mtp_num_layers` (the model's MTP modules; None: do not check) must match the layout's m count;
     MTP modules are costed with the output layer, on the last chunk."""
     flag = "--pipeline-model-parallel-layout"
+    if len(text) > 100_000:
+        raise SpecError(f"{flag}: a layout string of {len(text)} characters is not a layout", source=flag)
+    limit = num_layers + 2
+    for count in re.findall(r"\*\s*(\d+)", text):
+        if len(count) > 7 or int(count) > limit:
+            raise SpecError(
+                f"{flag} '{text[:80]}' repeats something {count} times, more than the model's {num_layers} "
+                "decoder layers (plus embedding and loss) allow: fix the repetition count",
+                source=flag,
+            )
     chunks = _expand_layout(text.strip())
     warnings: list[str] = []
     bad = sorted({c for chunk in chunks for c in chunk} - set("EtLm"))

@@ -139,3 +139,9 @@ def test_solve_with_a_pinned_layout_matches_brute_force() -> None:
     assert [p.prediction.step_time_s for p in plans] == pytest.approx(every[:3], rel=1e-12)
     assert plans[0].solver.status == "OPTIMAL"
     assert all(p.stages == stages for p in plans)
+
+
+@pytest.mark.parametrize("text", ["Et*99999999999|L", "E(t|)*10000000000,L", "E" + "t" * 200_000 + "L"])
+def test_hostile_layout_strings_are_refused_quickly(text: str) -> None:
+    with pytest.raises(SpecError, match="repeats|not a layout"):
+        layout_stages(LLAMA8, pp=2, vpp=1, flags=LayoutFlags(layout=text))
