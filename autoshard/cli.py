@@ -589,6 +589,7 @@ def models(json_out: JsonOpt = False) -> None:
     items = [(name, load_model(path)) for name, path in bundled_models().items()]
     if json_out:
         _print_json({"models": [{"name": n, "params": m.num_params, "active_params": m.num_active_params,
+                                 "params_with_mtp": m.num_params_with_mtp, "mtp_layers": m.mtp_num_layers,
                                  "layers": m.num_layers, "hidden_size": m.hidden_size, "source": m.source}
                                 for n, m in items]})
         return

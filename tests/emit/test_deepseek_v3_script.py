@@ -4,6 +4,7 @@ auxiliary-loss-free expert bias, one MTP module, blockwise FP8, and reads back t
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -108,3 +109,14 @@ def test_launch_reads_back_to_the_same_model_and_prediction() -> None:
 def test_bf16_plan_has_no_fp8_flags() -> None:
     f = _flags(megatron_command(_plan("bf16")))
     assert "--fp8-recipe" not in f and "--fp8-format" not in f
+
+
+def test_models_json_reports_mtp_parameters() -> None:
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    res = CliRunner().invoke(app, ["models", "--json"])
+    v3 = next(m for m in json.loads(res.stdout)["models"] if m["name"] == "deepseek-v3")
+    assert v3["params"] == V3.num_params and v3["mtp_layers"] == 1
+    assert v3["params_with_mtp"] - v3["params"] == V3.mtp_module_params()
