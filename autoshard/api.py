@@ -14,18 +14,18 @@ import dataclasses
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron import megatron_command
-from autoshard.emit.megatron_parse import default_stages
+from autoshard.emit.megatron_parse import LayoutFlags, default_stages, layout_stages, predict_layout
 from autoshard.errors import SpecError
 from autoshard.parallel import ParallelDims, Recompute, check_dims
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins
+from autoshard.search.space import Pins, model_fp8_recipe
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize"]
+__all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize"]
 
 
 def train_job(
@@ -87,6 +87,35 @@ def even_stages(model: ModelSpec, *, pp: int, vpp: int = 1, recompute_num_layers
     return default_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers)
 
 
+def megatron_layout(
+    model: ModelSpec, *, pp: int, vpp: int = 1, flags: LayoutFlags | None = None, recompute_num_layers: int = 0
+) -> tuple[tuple[Stage, ...], int, str | None]:
+    """(stages, VPP, note) of the layout Megatron-LM builds from these flags. Without flags, when the
+    decoder layers do not split evenly over PP x VPP, the layout Megatron-LM would need (see
+    `predict_layout`), with a note naming the flags that produce it."""
+    note = None
+    if flags is None or not flags.given():
+        if model.num_layers % (pp * vpp):
+            flags = predict_layout(model, pp=pp, vpp=vpp)
+            note = (f"{model.num_layers} decoder layers do not split evenly over PP {pp} x VPP {vpp}: Megatron-LM "
+                    f"needs a layout flag; predicted with {flags.describe()}")
+        else:
+            flags = LayoutFlags()
+    stages, vpp = layout_stages(model, pp=pp, vpp=vpp, flags=flags, recompute_num_layers=recompute_num_layers)
+    return stages, vpp, note
+
+
+def expert_grid_hint(model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int | None) -> str:
+    """A fix for an expert grid (ETP x EP) that does not divide TP x CP x DP: the expert-TP sizes that
+    make it legal (Megatron's --expert-tensor-parallel-size is independent of TP)."""
+    dense = tp * cp * dp
+    fits = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
+    if fits:
+        return f"; expert TP is independent of TP in Megatron-Core: --etp {fits[0]} makes it legal"
+    eps = [e for e in range(ep, 0, -1) if model.moe and model.moe.num_experts % e == 0 and dense % ((etp or tp) * e) == 0]
+    return f"; use a smaller --ep (e.g. {eps[0]})" if eps else ""
+
+
 def evaluate(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -105,8 +134,21 @@ def evaluate(
     sequence_parallel: bool = True,
     zero_stage: int = 1,
     stages: tuple[Stage, ...] | None = None,
+    layout: LayoutFlags | None = None,
+    recompute_modules: tuple[str, ...] = (),
+    tp_comm_overlap: bool | None = None,
+    overlap_grad_reduce: bool = True,
 ) -> Plan:
-    """Predict a plan the user already has (Megatron's even layout unless `stages` is given)."""
+    """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
+    (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
+    `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible."""
+    if recompute is Recompute.SELECTIVE and recompute_num_layers:
+        from autoshard.search.space import SELECTIVE_AND_BLOCK
+
+        raise SpecError(SELECTIVE_AND_BLOCK, source="--recompute-num-layers")
+    if stages is None:
+        stages, vpp, _ = megatron_layout(model, pp=pp, vpp=vpp, flags=layout,
+                                         recompute_num_layers=recompute_num_layers)
     gpus = cluster.num_gpus
     if gpus % (tp * cp * pp):
         raise SpecError(f"TP x CP x PP = {tp * cp * pp} does not divide the {gpus} GPUs: change the degrees or --gpus",
@@ -118,23 +160,96 @@ def evaluate(
     try:
         dims = ParallelDims(tp=tp, pp=pp, dp=world_dp, cp=cp, ep=ep, etp=etp, vpp=vpp)
     except ValueError as exc:
-        raise SpecError(str(exc), source="parallel degrees") from None
+        hint = expert_grid_hint(model, tp=tp, cp=cp, dp=world_dp, ep=ep, etp=etp) if "expert grid" in str(exc) else ""
+        raise SpecError(f"{exc}{hint}", source="parallel degrees") from None
     problems = check_dims(dims, model, seq_len=job.seq_len, precision=job.precision)
     if problems:
         raise SpecError("; ".join(problems), source="parallel degrees")
-    if zero_stage >= 2 and (pp > 1 or ep > 1):
-        raise SpecError("ZeRO-2/3 (Megatron FSDP) needs PP 1 and EP 1", source="--zero-stage")
+    if zero_stage >= 2 and pp > 1:
+        raise SpecError("ZeRO-2/3 (Megatron-FSDP) needs PP 1 (it shards over DP, with or without EP)",
+                        source="--zero-stage")
     try:
         cfg = TrainConfig(
             dims=dims, micro_batch_size=micro_batch_size, global_batch_size=job.global_batch_size, seq_len=job.seq_len,
             precision=job.precision, recompute=recompute, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
-            optimizer=job.optimizer, tp_comm_overlap=sequence_parallel and tp > 1, overlap_grad_reduce=True,
+            optimizer=job.optimizer,
+            tp_comm_overlap=(sequence_parallel and tp > 1) if tp_comm_overlap is None else tp_comm_overlap,
+            overlap_grad_reduce=overlap_grad_reduce, **model_fp8_recipe(model),
+            recompute_modules=recompute_modules if recompute is Recompute.SELECTIVE else (),
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None
-    if stages is None:
-        stages = even_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers)
     prediction = predict_train(model, cluster, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     plan = Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats)
     return with_launch(dataclasses.replace(plan, band=band_for(plan)))
+
+
+def solve_with_layout(
+    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, flags: LayoutFlags, *, pins: Pins = Pins(),
+    options: SolverOptions = SolverOptions(),
+) -> list[Plan]:
+    """The best plans whose pipeline layout is the one Megatron-LM builds from `flags` (a layout string,
+    first/last-stage layer counts or the account-for flags). The layout fixes PP (pinned) and VPP, so
+    each candidate is predicted exactly on that layout, cheapest lower bound (`search.bounds.
+    quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan found: status
+    OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
+    import time
+
+    from autoshard.errors import InfeasibleError
+    from autoshard.search.space import check_pins, enumerate_train
+    from autoshard.units import GIB
+
+    if cluster.is_heterogeneous:
+        raise SpecError("a pinned pipeline layout places every stage on one pool: use a homogeneous cluster, or "
+                        "leave the layout to the solver", source="--layout")
+    if pins.pp is None:
+        raise SpecError("a pipeline layout (--layout, --decoder-first/last-pipeline-num-layers, --account-for-*) "
+                        "is written for one PP size: pin it with --pp", source="--pp")
+    start = time.perf_counter()
+    _, vpp, _ = megatron_layout(model, pp=pins.pp, vpp=pins.vpp or 1, flags=flags)
+    pins = dataclasses.replace(pins, vpp=vpp)
+    check_pins(model, cluster, job, pins)
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
+    block = pins.recompute_num_layers or 0
+    stages, _, _ = megatron_layout(model, pp=pins.pp, vpp=vpp, flags=flags, recompute_num_layers=block)
+    from autoshard.search.bounds import quick_lower_bound
+
+    scale = vpp
+    ranked = sorted(
+        (quick_lower_bound(model, cluster, cfg, scale=scale) / (scale * 1e6), i, cfg)
+        for i, cfg in enumerate(space.candidates) if not (block and cfg.recompute is Recompute.FULL)
+    )
+    found: list[tuple[float, int, TrainConfig, object]] = []
+    least: tuple[float, float] | None = None
+    exhaustive = True
+    bound = 0.0
+    k = max(1, options.top_k)
+    for lb_s, i, cfg in ranked:
+        if len(found) >= k and lb_s > sorted(f[0] for f in found)[k - 1] * 1.01:  # per-layer us rounding
+            break  # every later candidate's bound is higher still
+        if time.perf_counter() - start > options.time_limit_s:
+            exhaustive, bound = False, lb_s
+            break
+        pred = predict_train(model, cluster, cfg, stages)
+        limit = options.memory_fraction * cluster.primary.gpu.hbm_gib * GIB
+        if pred.fits and (options.memory_fraction >= 1 or pred.peak_memory_bytes <= limit):
+            found.append((pred.step_time_s, i, cfg, pred))
+        elif least is None or pred.peak_memory_bytes < least[0]:
+            least = (pred.peak_memory_bytes, pred.capacity_bytes)
+    if not found:
+        if least is None:
+            raise InfeasibleError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs with this layout and "
+                                  f"pins ({pins.describe()}): change the pins or the layout")
+        raise InfeasibleError(f"no plan with this layout fits: the best needs {least[0] / GIB:.1f} GiB per GPU, has "
+                              f"{least[1] / GIB:.1f} GiB; try --recompute full, more GPUs or another layout")
+    found.sort(key=lambda item: (item[0], item[1]))
+    plans = []
+    for step, _, cfg, pred in found[: max(1, options.top_k)]:
+        stats = SolverStats(status="OPTIMAL" if exhaustive else "FEASIBLE", wall_s=time.perf_counter() - start,
+                            objective=step, bound=found[0][0] if exhaustive else min(bound, found[0][0]),
+                            candidates=space.enumerated, candidates_in_model=len(space.candidates),
+                            pruned=dict(space.pruned))
+        plans.append(with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=pred,
+                                      solver=stats)))
+    return mark_ties(plans)

@@ -102,6 +102,15 @@ RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help=
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
+RecomputeModulesOpt = Annotated[str | None, typer.Option("--recompute-modules", help="Selective recompute of these Megatron modules (comma-separated): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Implies --recompute selective.")]
+LayoutOpt = Annotated[str | None, typer.Option("--layout", help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*10|t*10|t*10|t*10L' (sets VPP).")]
+FirstLayersOpt = Annotated[int | None, typer.Option("--decoder-first-pipeline-num-layers", min=1, help="Decoder layers on the first pipeline rank (Megatron's flag).")]
+LastLayersOpt = Annotated[int | None, typer.Option("--decoder-last-pipeline-num-layers", min=1, help="Decoder layers on the last pipeline rank (Megatron's flag).")]
+AcctEmbOpt = Annotated[bool, typer.Option("--account-for-embedding-in-pipeline-split", help="Count the embedding as a layer when splitting (Megatron's flag).")]
+AcctLossOpt = Annotated[bool, typer.Option("--account-for-loss-in-pipeline-split", help="Count the loss as a layer when splitting (Megatron's flag).")]
+TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Evaluate: TP communication overlap (default: on with sequence parallelism).")]
+DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Evaluate: overlap DP gradient reduce / param gather with compute (default: on).")]
+DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
 
 
 def _load(model_ref: str, cluster_ref: str, gpus: int | None):
@@ -123,13 +132,36 @@ def _print_plans_json(plans: list) -> None:
     _print_json(obj)
 
 
-def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage):
+def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=()):
     from autoshard.parallel import Recompute
     from autoshard.search.space import Pins
 
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
-                sequence_parallel=sp, recompute_num_layers=recompute_num_layers)
+                sequence_parallel=sp, recompute_num_layers=recompute_num_layers, recompute_modules=modules or None)
+
+
+def _recompute_modules(text: str | None, recompute):
+    """(modules, recompute mode) from --recompute-modules: selective recompute of those modules."""
+    if text is None:
+        return (), recompute
+    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+
+    modules = tuple(dict.fromkeys(m for m in text.replace(",", " ").split()))
+    bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if bad or not modules:
+        raise SpecError(f"--recompute-modules '{text}': unknown module(s) {', '.join(bad) or '(none given)'}; use "
+                        f"a comma-separated list of {', '.join(RECOMPUTE_MODULES)}", source="--recompute-modules")
+    if recompute is not None and recompute.value != "selective":
+        raise SpecError(f"--recompute-modules is selective recompute; it contradicts --recompute {recompute.value}",
+                        source="--recompute-modules")
+    return (() if modules == ("core_attn",) else modules), RecomputeOpt("selective")
+
+
+def _layout_flags(layout, first, last, acct_emb, acct_loss):
+    from autoshard.emit.megatron_parse import LayoutFlags
+
+    return LayoutFlags(layout=layout, first=first, last=last, account_embedding=acct_emb, account_loss=acct_loss)
 
 
 def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None):
@@ -186,13 +218,16 @@ def solve(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
+    decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
+    account_for_loss_in_pipeline_split: AcctLossOpt = False, recompute_modules: RecomputeModulesOpt = None,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
     tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
     ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
-    weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8 or int4 weights.")] = None,
+    weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8, int4, nvfp4 or mxfp4 weights (FP4 runs on FP4 tensor cores on Blackwell).")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
@@ -214,10 +249,19 @@ def solve(
         return
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
-    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+    modules, recompute = _recompute_modules(recompute_modules, recompute)
+    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                       modules)
     options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
                                   memory_fraction=memory_fraction)
-    plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
+    flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+                          account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    if flags.given():
+        from autoshard.api import solve_with_layout
+
+        plans = solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins, options=options)
+    else:
+        plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
     if json_out:
         _print_plans_json(plans)
@@ -298,8 +342,17 @@ def evaluate(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
+    decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
+    account_for_loss_in_pipeline_split: AcctLossOpt = False, tp_comm_overlap: TpOverlapOpt = None,
+    overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
+    recompute_modules: RecomputeModulesOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
+    from_sglang: Annotated[str | None, typer.Option("--from-sglang", help="Read a serving plan from a `python -m sglang.launch_server` command.")] = None,
+    input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request (default: the model's serving: section, else 1024).")] = None,
+    output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request (default: the model's serving: section, else 1024).")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Serve: requests in flight over the deployment (default: as many as max-num-seqs and the KV cache allow).")] = None,
     json_out: JsonOpt = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule.")] = False,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit when knobs are left out.")] = 30.0,
@@ -308,14 +361,22 @@ def evaluate(
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""
     from autoshard.report.terminal import render_plan
 
-    if from_megatron is not None or from_vllm is not None:
+    if sum(x is not None for x in (from_megatron, from_vllm, from_sglang)) > 1:
+        raise SpecError("give one of --from-megatron, --from-vllm and --from-sglang", source="evaluate")
+    if from_megatron is None and (input_len is not None or output_len is not None or concurrency is not None) \
+            and from_vllm is None and from_sglang is None:
+        raise SpecError("--input-len, --output-len and --concurrency describe a serving plan: use them with "
+                        "--from-vllm or --from-sglang (or `solve --mode serve`)", source="evaluate")
+    if from_megatron is not None or from_vllm is not None or from_sglang is not None:
         if cluster is None:
             # one positional argument means the cluster when the model comes from the command
             cluster, model = model, None
         if cluster is None:
             raise SpecError("give the CLUSTER to evaluate on (bundled name or YAML path)", source="evaluate")
-    if from_vllm is not None:
-        _evaluate_vllm_cli(from_vllm, model, cluster, gpus, json_out)
+    if from_vllm is not None or from_sglang is not None:
+        _evaluate_vllm_cli(from_vllm if from_vllm is not None else from_sglang, model, cluster, gpus, json_out,
+                           input_len=input_len, output_len=output_len, concurrency=concurrency,
+                           sglang=from_sglang is not None)
         return
     if from_megatron is not None:
         plan, warnings = _evaluate_megatron(from_megatron, model, cluster, gpus)
@@ -327,6 +388,8 @@ def evaluate(
             _print_json(obj)
         else:
             render_plan(plan, out, show_schedule=show_schedule)
+        if not plan.prediction.fits:
+            _explain_overflow(plan)
         raise typer.Exit(0 if plan.prediction.fits else 1)
     if model is None or cluster is None:
         raise SpecError("evaluate needs MODEL and CLUSTER (or --from-megatron/--from-vllm)", source="evaluate")
@@ -337,16 +400,43 @@ def evaluate(
 
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
+    flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
+                          account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
+    modules, recompute = _recompute_modules(recompute_modules, recompute)
+    if distributed_optimizer is not None:
+        if zero_stage is not None and (zero_stage >= 1) != distributed_optimizer:
+            raise SpecError(f"--zero-stage {zero_stage} contradicts --{'' if distributed_optimizer else 'no-'}distributed-optimizer: "
+                            "give one of them", source="--distributed-optimizer")
+        zero_stage = zero_stage if zero_stage is not None else int(distributed_optimizer)
+    if (tp is None or pp is None) and (tp_comm_overlap is not None or overlap_grad_reduce is not None):
+        raise SpecError("--[no-]tp-comm-overlap and --[no-]overlap-grad-reduce describe a given plan: give its "
+                        "--tp and --pp too (the solver always overlaps)", source="--tp-comm-overlap")
+    if pp is None and tp is not None and flags.layout is not None:
+        raise SpecError("--layout needs --pp (the layout's chunks are PP x VPP)", source="--layout")
     if tp is not None and pp is not None:
+        from autoshard.api import megatron_layout
+
+        _, _, note = megatron_layout(model_spec, pp=pp, vpp=vpp or 1, flags=flags)
+        if note:
+            err.print(f"[yellow]note:[/yellow] {escape(note)}")
         plan = api_evaluate(
             model_spec, cluster_spec, job, tp=tp, pp=pp, dp=dp, cp=cp or 1, ep=ep or 1, etp=etp, vpp=vpp or 1,
             micro_batch_size=mbs or 1, recompute=Recompute(recompute.value) if recompute else Recompute.NONE,
             recompute_num_layers=recompute_num_layers or 0,
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-            zero_stage=1 if zero_stage is None else zero_stage,
+            zero_stage=1 if zero_stage is None else zero_stage, layout=flags, recompute_modules=modules,
+            tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
         )
+    elif flags.given():
+        from autoshard.api import solve_with_layout
+
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                           modules)
+        plan = solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins,
+                                 options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     else:
-        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                           modules)
         plan = api_solve(model_spec, cluster_spec, job, pins=pins,
                          options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     if json_out:
@@ -368,7 +458,9 @@ def _explain_overflow(plan) -> None:
                   f"(over by {(m - c) / GIB:.1f} GiB); try --recompute full, more PP, or ZeRO (--zero-stage 1)")
 
 
-def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool) -> None:
+def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
+                       input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None,
+                       sglang: bool = False) -> None:
     from autoshard.api import resize
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import evaluate_vllm
@@ -377,7 +469,9 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
     model_spec = load_model(model_ref) if model_ref else None
     cluster_spec = resize(load_cluster(cluster_ref), gpus)
-    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec))
+    plan = evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
+                         concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
+                         sglang=sglang)
     if json_out:
         _print_json(plan.to_json())
     else:
@@ -496,6 +590,7 @@ def models(json_out: JsonOpt = False) -> None:
     items = [(name, load_model(path)) for name, path in bundled_models().items()]
     if json_out:
         _print_json({"models": [{"name": n, "params": m.num_params, "active_params": m.num_active_params,
+                                 "params_with_mtp": m.num_params_with_mtp, "mtp_layers": m.mtp_num_layers,
                                  "layers": m.num_layers, "hidden_size": m.hidden_size, "source": m.source}
                                 for n, m in items]})
         return

@@ -138,6 +138,7 @@ class Plan:
                 "sequence_parallel": cfg.sp,
                 "recompute": cfg.recompute.value,
                 "recompute_num_layers": self.recompute_num_layers,
+                "recompute_modules": list(cfg.recompute_modules) if cfg.recompute.value == "selective" else [],
                 "zero_stage": cfg.zero_stage,
                 "seq_len": cfg.seq_len,
                 "precision": cfg.precision.value,

@@ -193,6 +193,8 @@ class ServePlan:
         gpu = self.pool.gpu
         if self.job.weight_dtype is WeightDtype.FP8 and gpu.fp8_tflops:
             return gpu.fp8_tflops
+        if self.job.weight_dtype.is_fp4 and gpu.fp4_tflops:
+            return gpu.fp4_tflops
         return gpu.bf16_tflops
 
     def latency_at_request_rate(self) -> LatencyQuantiles | None:

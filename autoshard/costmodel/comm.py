@@ -68,7 +68,15 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
     per-GPU network bandwidth, never more than NVLink's."""
     node = pool.node
     domain = node.domain_size
-    if ranks <= 1 or ranks * stride <= domain:
+    if domain > node.gpus_per_node:
+        # rack-scale domain: ranks fill `domain_used` GPUs of each, the last one possibly partly; an
+        # aligned group stays inside one domain when it divides that count (or one domain holds all)
+        used = node.domain_used
+        span = ranks * stride
+        if ranks <= 1 or pool.num_gpus <= used or (span <= used and used % span == 0):
+            return _intra(node, pool)
+        domain = used
+    elif ranks <= 1 or ranks * stride <= domain:
         return _intra(node, pool)
     eff = pool.gpu.efficiency
     members = max(1, min(ranks, domain // stride))

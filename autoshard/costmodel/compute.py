@@ -137,7 +137,21 @@ def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: i
     """Model FLOPs of one training step (forward + backward, no recomputation)."""
     tokens = seq_len * global_batch_size
     fwd = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).total for k in model.layer_kinds)
-    return 3.0 * fwd
+    return 3.0 * (fwd + mtp_forward_flops(model, tokens=tokens, seq_len=seq_len))
+
+
+def mtp_forward_flops(model: ModelSpec, *, tokens: int, seq_len: int) -> float:
+    """Forward FLOPs of the MTP modules (Megatron's num_floating_point_operations counts them too):
+    per module one decoder layer like the last, the 2h -> h projection and the shared output head."""
+    if not model.mtp_num_layers:
+        return 0.0
+    h = model.hidden_size
+    per = (
+        layer_flops(model, model.mtp_layer_kind, tokens=tokens, seq_len=seq_len).total
+        + layer_flops(model, LayerKind.OUTPUT, tokens=tokens, seq_len=seq_len).total
+        + 2.0 * tokens * 2 * h * h
+    )
+    return model.mtp_num_layers * per
 
 
 # --------------------------------------------------------------------------- time

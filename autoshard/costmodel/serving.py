@@ -192,12 +192,29 @@ def _weight_only_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
 
 def _gemm_s(g: Gemm, gpu: GpuSpec, dtype: WeightDtype) -> float:
     """Linear layers in vLLM: BF16 GEMMs; FP8 weights use FP8 GEMMs on GPUs with FP8 tensor cores
-    (W8A8, dynamic activation scales) and weight-only kernels elsewhere; int8/int4 are weight-only."""
+    (W8A8, dynamic activation scales) and weight-only kernels elsewhere; NVFP4/MXFP4 weights use FP4
+    GEMMs on GPUs with FP4 tensor cores (Blackwell) and weight-only (Marlin) kernels elsewhere;
+    int8/int4 are weight-only."""
     if dtype is WeightDtype.BF16 or not g.fp8_capable:
         return gemm_time_s(g, gpu, Precision.BF16)
     if dtype is WeightDtype.FP8 and gpu.fp8_tflops:
         return gemm_time_s(g, gpu, Precision.FP8)
+    if dtype.is_fp4 and gpu.fp4_tflops:
+        return _fp4_gemm_s(g, gpu, weight_bytes_per_param(dtype))
     return _weight_only_gemm_s(g, gpu, weight_bytes_per_param(dtype))
+
+
+def _fp4_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
+    """A W4A4 GEMM on FP4 tensor cores (Blackwell; activations quantized to the same format on the fly):
+    math at the dense FP4 peak with the FP8 GEMM efficiency (no measured FP4 fit yet), weights and
+    activations read at their FP4 size, BF16 output."""
+    eff = gpu.efficiency
+    assert gpu.fp4_tflops is not None
+    smallest = min(g.m, g.n, g.k)
+    math_s = 2.0 * g.m * g.n * g.k / (gpu.fp4_tflops * 1e12 * eff.gemm_fp8 * smallest / (smallest + eff.gemm_half_dim))
+    traffic = (g.k * g.n + g.m * g.k) * wbytes + g.m * g.n * BF16
+    mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    return g.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
 
 
 def _rows(x: float) -> int:

@@ -71,6 +71,9 @@ class TrainConfig:
     """MoE token dispatcher (Megatron --moe-token-dispatcher-type); ignored for dense models."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
     """FP8 scaling recipe (Megatron --fp8-recipe); ignored unless precision is FP8."""
+    recompute_modules: tuple[str, ...] = ()
+    """Selective recompute by module (Megatron --recompute-modules; see costmodel.recompute_modules);
+    () is Megatron's default, the attention core. Ignored unless recompute is selective."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -125,8 +128,61 @@ class LayerCost:
 def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
     only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
-    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key."""
-    return _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
+    The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
+    cost = _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
+        cost = _with_modules(cost, model, kind, pool, _layer_key(cfg))
+    if kind is LayerKind.OUTPUT and model.mtp_num_layers:
+        cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
+    return cost
+
+
+@lru_cache(maxsize=4096)
+def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> LayerCost:
+    """`cost` (selective recompute of the attention core) with Megatron's --recompute-modules instead."""
+    from autoshard.costmodel.recompute_modules import module_recompute
+
+    dims = cfg.dims
+    r = module_recompute(model, kind, cfg.recompute_modules, gpu=pool.gpu, dims=dims,
+                         micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
+                         precision=cfg.precision)
+    tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
+    floor = tokens * BF16 * model.hidden_size / (dims.tp if cfg.sp else 1)  # the layer input stays
+    return dataclasses.replace(
+        cost,
+        recompute_s=max(0.0, cost.recompute_s + r.extra_s),
+        ep_comm_s=cost.ep_comm_s * (1 + r.extra_comm_s_fraction),
+        activation_bytes=max(floor, cost.activation_bytes - r.saved_bytes),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    """The output layer plus `model.mtp_num_layers` MTP modules (DeepSeek-V3 Section 2.2): each runs one
+    decoder layer like the model's last (plus a 2h -> h projection, scaled in by parameter count) and
+    the shared output head again (logits and loss: compute and activations, no extra weights)."""
+    n = model.mtp_num_layers
+    kind = model.mtp_layer_kind
+    dec = _layer_cost(model, kind, pool, cfg, recompute)
+    scale = model.mtp_module_params() / model.layer_params(kind)
+    active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
+    return dataclasses.replace(
+        out,
+        compute_s=out.compute_s + n * (active * dec.compute_s + out.compute_s),
+        recompute_s=out.recompute_s + n * (active * dec.recompute_s + out.recompute_s),
+        tp_comm_s=out.tp_comm_s + n * (dec.tp_comm_s + out.tp_comm_s),
+        cp_comm_s=out.cp_comm_s + n * dec.cp_comm_s,
+        ep_comm_s=out.ep_comm_s + n * dec.ep_comm_s,
+        fwd_bwd_compute_s=out.fwd_bwd_compute_s + n * (active * dec.fwd_bwd_compute_s + out.fwd_bwd_compute_s),
+        weights_bytes=out.weights_bytes + n * scale * dec.weights_bytes,
+        grads_bytes=out.grads_bytes + n * scale * dec.grads_bytes,
+        optimizer_bytes=out.optimizer_bytes + n * scale * dec.optimizer_bytes,
+        activation_bytes=out.activation_bytes + n * (dec.activation_bytes + out.activation_bytes),
+        full_activation_bytes=out.full_activation_bytes + n * (dec.full_activation_bytes + out.full_activation_bytes),
+        dense_params=out.dense_params + n * (dec.dense_params * scale if not dec.expert_params else dec.dense_params),
+        expert_params=out.expert_params + n * dec.expert_params,
+    )
 
 
 @lru_cache(maxsize=65536)
@@ -387,9 +443,23 @@ def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]
             if cfg.recompute is Recompute.FULL or left > 0:
                 total += f.total
             elif cfg.recompute is Recompute.SELECTIVE:
-                total += f.attention
+                total += _selective_flops(model, kind, cfg, tokens, f.attention)
             left -= 1
+    if model.mtp_num_layers and cfg.recompute is not Recompute.NONE:
+        # the MTP modules' decoder layer follows the base mode (costmodel: _with_mtp)
+        kind = model.mtp_layer_kind
+        f = layer_flops(model, kind, tokens=tokens, seq_len=cfg.seq_len)
+        one = f.total if cfg.recompute is Recompute.FULL else _selective_flops(model, kind, cfg, tokens, f.attention)
+        total += model.mtp_num_layers * one
     return total
+
+
+def _selective_flops(model: ModelSpec, kind: LayerKind, cfg: TrainConfig, tokens: int, attention: float) -> float:
+    if not cfg.recompute_modules:
+        return attention
+    from autoshard.costmodel.recompute_modules import module_recompute_flops
+
+    return module_recompute_flops(model, kind, cfg.recompute_modules, tokens=tokens, seq_len=cfg.seq_len)
 
 
 def _torchtitan_rank_memory(

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 
 from autoshard.costmodel.training import Stage
 from autoshard.emit import megatron_flags
-from autoshard.parallel import Recompute
+from autoshard.parallel import Fp8Recipe, Recompute
 from autoshard.plan import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind
+from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
 
 __all__ = [
     "ENTRY_POINT",
@@ -103,10 +103,45 @@ def pipeline_layout(model: ModelSpec, stages: Sequence[Stage]) -> str | None:
     if default:
         return None
     parts = []
+    mtp = "m" * model.mtp_num_layers
     for dec, emb, out in counts:
         body = "t" if dec == 1 else f"t*{dec}" if dec else ""
-        parts.append(("E" if emb else "") + body + ("L" if out else ""))
+        parts.append(("E" if emb else "") + body + (mtp + "L" if out else ""))
     return _compress_stages(parts)
+
+
+def layout_flags(model: ModelSpec, stages: Sequence[Stage], pp: int) -> list[Arg]:
+    """The simplest Megatron-LM flags that build exactly `stages`: none for the default even split,
+    else --account-for-embedding/loss-in-pipeline-split, else --decoder-first/last-pipeline-num-layers,
+    else --pipeline-model-parallel-layout (which also sets VPP)."""
+    from autoshard.emit.megatron_parse import LayoutFlags, layout_stages
+
+    if len(stages) <= 1:
+        return []
+    vpp = len(stages) // pp
+    want = [(s.start, s.stop) for s in stages]
+    counts = [layer_counts(model, s)[0] for s in stages]
+    first = sum(counts[k] for k in range(0, len(stages), pp))
+    last = sum(counts[k] for k in range(pp - 1, len(stages), pp))
+    tries = [LayoutFlags(), LayoutFlags(account_embedding=True, account_loss=True),
+             LayoutFlags(account_loss=True), LayoutFlags(account_embedding=True)]
+    if pp > 1:
+        tries += [LayoutFlags(first=first, last=last), LayoutFlags(first=first), LayoutFlags(last=last)]
+    for flags in tries:
+        try:
+            got, got_vpp = layout_stages(model, pp=pp, vpp=vpp, flags=flags)
+        except Exception:  # noqa: BLE001 - this form cannot say it; try the next
+            continue
+        if got_vpp == vpp and [(s.start, s.stop) for s in got] == want:
+            if not flags.given() and vpp > 1:
+                return [("--num-virtual-stages-per-pipeline-rank", str(vpp))]
+            args = flags.args()
+            if flags.given() and vpp > 1:
+                args.append(("--num-virtual-stages-per-pipeline-rank", str(vpp)))
+            return args
+    layout = pipeline_layout(model, stages)
+    assert layout is not None
+    return [("--pipeline-model-parallel-layout", layout)]
 
 
 def _compress_stages(parts: list[str]) -> str:
@@ -243,13 +278,36 @@ def _moe_args(model: ModelSpec) -> list[Arg]:
     pattern = moe_layer_pattern(model)
     if pattern is not None:
         args.append(("--moe-layer-freq", pattern))
+    if moe.score_function is RouterScore.SIGMOID:
+        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-dtype", "fp32")]
+    if moe.num_groups is not None and moe.topk_groups is not None:
+        args += [("--moe-router-num-groups", str(moe.num_groups)), ("--moe-router-group-topk", str(moe.topk_groups))]
+    if moe.topk_scaling_factor is not None:
+        args.append(("--moe-router-topk-scaling-factor", f"{moe.topk_scaling_factor:g}"))
     args += [
         ("--moe-grouped-gemm", None),
         ("--moe-token-dispatcher-type", "alltoall"),
-        ("--moe-router-load-balancing-type", "aux_loss"),
-        ("--moe-aux-loss-coeff", "1e-2"),
     ]
+    if moe.expert_bias:
+        # auxiliary-loss-free balancing with a small sequence-wise auxiliary loss (DeepSeek-V3 Section
+        # 2.1.2: bias update speed 0.001, sequence-wise balance factor 0.0001)
+        args += [
+            ("--moe-router-enable-expert-bias", None),
+            ("--moe-router-bias-update-rate", "1e-3"),
+            ("--moe-router-load-balancing-type", "seq_aux_loss"),
+            ("--moe-aux-loss-coeff", "1e-4"),
+        ]
+    else:
+        args += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
     return args
+
+
+def _mtp_args(model: ModelSpec) -> list[Arg]:
+    """Multi-token prediction (DeepSeek-V3 Section 2.2: loss weight 0.3, then 0.1 for the last 4.8T
+    tokens; the later value is written)."""
+    if not model.mtp_num_layers:
+        return []
+    return [("--mtp-num-layers", str(model.mtp_num_layers)), ("--mtp-loss-scaling-factor", "0.1")]
 
 
 def _parallel_args(plan: Plan) -> list[Arg]:
@@ -266,11 +324,7 @@ def _parallel_args(plan: Plan) -> list[Arg]:
         ]
     if cfg.sp:
         args.append(("--sequence-parallel", None))
-    layout = pipeline_layout(model, plan.stages) if len(plan.stages) > 1 else None
-    if layout is not None:
-        args.append(("--pipeline-model-parallel-layout", layout))
-    elif dims.vpp > 1:
-        args.append(("--num-virtual-stages-per-pipeline-rank", str(dims.vpp)))
+    args += layout_flags(model, plan.stages, dims.pp)
     args += [
         ("--micro-batch-size", str(cfg.micro_batch_size)),
         ("--global-batch-size", str(cfg.global_batch_size)),
@@ -293,7 +347,10 @@ def _recompute_args(plan: Plan) -> list[Arg]:
             ("--recompute-num-layers", str(block)),
         ]
     if plan.config.recompute is Recompute.SELECTIVE:
-        return [("--recompute-granularity", "selective")]
+        args: list[Arg] = [("--recompute-granularity", "selective")]
+        if plan.config.recompute_modules:
+            args.append(("--recompute-modules", " ".join(plan.config.recompute_modules)))
+        return args
     return []
 
 
@@ -321,8 +378,13 @@ def _distributed_args(plan: Plan) -> list[Arg]:
 def _precision_args(plan: Plan) -> list[Arg]:
     args: list[Arg] = [("--bf16", None)]
     if plan.config.precision is Precision.FP8:
+        recipe = plan.config.fp8_recipe
         blackwell = all(_is_blackwell_or_newer(plan.cluster.pools[s.pool].gpu.name) for s in plan.stages)
-        if blackwell:
+        if recipe is not Fp8Recipe.DELAYED:
+            # the plan's recipe (e.g. DeepSeek-V3's blockwise scaling)
+            args += [("--fp8-format", "e4m3" if recipe is Fp8Recipe.BLOCKWISE else "hybrid"),
+                     ("--fp8-recipe", recipe.value)]
+        elif blackwell:
             args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "mxfp8")]
         else:
             args += [
@@ -343,7 +405,7 @@ def _optimizer_args(plan: Plan) -> list[Arg]:
 def megatron_args(plan: Plan) -> list[Arg]:
     """Every `pretrain_gpt.py` flag of the plan, in launch order: (flag, value or None for a switch)."""
     cfg = plan.config
-    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model)
+    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model) + _mtp_args(plan.model)
     args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
     args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
     args += _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
@@ -431,7 +493,15 @@ def _quote(value: str) -> str:
 
 
 def _flag_lines(plan: Plan) -> list[str]:
-    return [flag if value is None else f"{flag} {_quote(value)}" for flag, value in megatron_args(plan)]
+    lines = []
+    for flag, value in megatron_args(plan):
+        if value is None:
+            lines.append(flag)
+        elif flag == "--recompute-modules":  # nargs='*': one word per module
+            lines.append(f"{flag} " + " ".join(_quote(v) for v in value.split()))
+        else:
+            lines.append(f"{flag} {_quote(value)}")
+    return lines
 
 
 def _join(head: list[str], lines: list[str]) -> str:

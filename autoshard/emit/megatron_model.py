@@ -16,6 +16,7 @@ from autoshard.specs.model import (
     MoEConfig,
     NormKind,
     PositionKind,
+    RouterScore,
 )
 
 __all__ = ["FlagReader", "build_model", "moe_pattern", "eval_moe_layer_freq"]
@@ -233,12 +234,27 @@ def build_model(
     experts = r.int("--num-experts")
     if experts:
         shared = r.int("--moe-shared-expert-intermediate-size") or 0
+        score = r.text("--moe-router-score-function", "softmax")
+        if score not in ("softmax", "sigmoid"):
+            r.warnings.append(f"--moe-router-score-function {score} is not softmax or sigmoid; read as softmax")
+            score = "softmax"
+        scaling = r.text("--moe-router-topk-scaling-factor")
+        try:
+            scaling_value = float(scaling) if scaling is not None else None
+        except ValueError:
+            r.warnings.append(f"--moe-router-topk-scaling-factor '{scaling}' is not a number; ignored")
+            scaling_value = None
         moe = MoEConfig(
             num_experts=experts,
             top_k=r.int("--moe-router-topk", 2) or 2,
             expert_ffn_hidden_size=r.int("--moe-ffn-hidden-size") or ffn,
             num_shared_experts=1 if shared else 0,
             shared_expert_ffn_hidden_size=shared,
+            score_function=RouterScore(score),
+            num_groups=r.int("--moe-router-num-groups"),
+            topk_groups=r.int("--moe-router-group-topk"),
+            expert_bias=r.on("--moe-router-enable-expert-bias"),
+            topk_scaling_factor=scaling_value,
         )
         bits = eval_moe_layer_freq(r.text("--moe-layer-freq", "1") or "1", num_layers)
     elif r.on("--moe-layer-freq") or r.on("--moe-ffn-hidden-size"):
@@ -274,5 +290,6 @@ def build_model(
         mla=mla,
         moe=moe,
         layers=_groups(bits),
+        mtp_num_layers=r.int("--mtp-num-layers", 0) or 0,
     )
     return model, vocab_known

@@ -25,7 +25,7 @@ from autoshard.emit import megatron_flags as mf
 from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
 
@@ -79,6 +79,10 @@ class ParsedMegatron:
     vocab_from_command: bool
     """False when the vocabulary size came from the caller or DEFAULT_VOCAB_SIZE (the tokenizer file
     decides it at run time)."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """--fp8-recipe (Megatron's default: delayed)."""
+    recompute_modules: tuple[str, ...] = ()
+    """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -116,6 +120,8 @@ class ParsedMegatron:
                 optimizer=self.optimizer,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 tp_comm_overlap=self.tp_comm_overlap,
+                fp8_recipe=self.fp8_recipe,
+                recompute_modules=self.recompute_modules,
             )
         except ValueError as exc:
             raise SpecError(
@@ -134,34 +140,59 @@ def _expand_layout(text: str) -> list[str]:
     return s.split("|")
 
 
-def parse_layout(text: str, *, num_layers: int, pp: int) -> tuple[list[Stage], list[str]]:
+def parse_layout(
+    text: str, *, num_layers: int, pp: int, mtp_num_layers: int | None = None
+) -> tuple[list[Stage], list[str]]:
     """`--pipeline-model-parallel-layout` -> stages (layer indices: 0 = embedding, 1..L decoders,
-    L+1 output) and warnings. Raises SpecError where Megatron-LM would refuse the layout."""
+    L+1 output) and warnings. Raises SpecError where Megatron-LM would refuse the layout.
+    `mtp_num_layers` (the model's MTP modules; None: do not check) must match the layout's m count;
+    MTP modules are costed with the output layer, on the last chunk."""
     flag = "--pipeline-model-parallel-layout"
+    if len(text) > 100_000:
+        raise SpecError(f"{flag}: a layout string of {len(text)} characters is not a layout", source=flag)
+    limit = num_layers + 2
+    for count in re.findall(r"\*\s*(\d+)", text):
+        if len(count) > 7 or int(count) > limit:
+            raise SpecError(
+                f"{flag} '{text[:80]}' repeats something {count} times, more than the model's {num_layers} "
+                "decoder layers (plus embedding and loss) allow: fix the repetition count",
+                source=flag,
+            )
     chunks = _expand_layout(text.strip())
     warnings: list[str] = []
     bad = sorted({c for chunk in chunks for c in chunk} - set("EtLm"))
     if bad:
         raise SpecError(
             f"{flag} '{text}': unknown layer symbol(s) {bad}; use E (embedding), t (decoder layer), "
-            "m (MTP layer), L (loss), | between chunks"
+            "m (MTP layer), L (loss), | between chunks",
+            source=flag,
         )
     flat = "".join(chunks).replace("m", "")
-    if "m" in text:
-        warnings.append(f"{flag}: MTP layers (m) are not modeled and were left out")
+    m_count = sum(c.count("m") for c in chunks)
+    if mtp_num_layers is not None and m_count != mtp_num_layers:
+        raise SpecError(
+            f"{flag} '{text}' places {m_count} MTP layer(s) (m) but the model has {mtp_num_layers} "
+            f"(--mtp-num-layers): write {mtp_num_layers} m in the last chunk",
+            source=flag,
+        )
+    if m_count and any("m" in c for c in chunks[:-1]):
+        warnings.append(f"{flag}: MTP layers (m) outside the last chunk are predicted on the last chunk")
     if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
         raise SpecError(
-            f"{flag} '{text}': the layout must start with one E (embedding) and end with one L (loss)"
+            f"{flag} '{text}': the layout must start with one E (embedding) and end with one L (loss)",
+            source=flag,
         )
     if flat.count("t") != num_layers:
         raise SpecError(
             f"{flag} '{text}' places {flat.count('t')} decoder layers but --num-layers is {num_layers}: "
-            "make the t counts add up to --num-layers"
+            "make the t counts add up to --num-layers",
+            source=flag,
         )
     if len(chunks) % pp:
         raise SpecError(
             f"{flag} '{text}' has {len(chunks)} chunks, not a multiple of "
-            f"--pipeline-model-parallel-size {pp}: give PP x VPP chunks"
+            f"--pipeline-model-parallel-size {pp}: give PP x VPP chunks",
+            source=flag,
         )
     stages, pos = [], 0
     for chunk in chunks:
@@ -175,6 +206,17 @@ def _chunk_decoders(num_layers: int, pp: int, vpp: int, first: int | None, last:
     """Decoder layers per chunk under --decoder-first/last-pipeline-num-layers (Megatron: the first and
     last pipeline ranks get those counts, the middle ranks share the rest evenly; each rank splits its
     layers evenly over its VPP chunks)."""
+    if pp == 1:
+        raise SpecError(
+            "--decoder-first/last-pipeline-num-layers need pipeline parallelism (PP > 1)",
+            source="--decoder-first-pipeline-num-layers",
+        )
+    for name, x in (("first", first), ("last", last)):
+        if x is not None and x <= 0:
+            raise SpecError(
+                f"--decoder-{name}-pipeline-num-layers must be at least 1 (Megatron-LM), got {x}",
+                source=f"--decoder-{name}-pipeline-num-layers",
+            )
     per_rank: list[int | None] = [None] * pp
     if first is not None:
         per_rank[0] = first
@@ -185,11 +227,15 @@ def _chunk_decoders(num_layers: int, pp: int, vpp: int, first: int | None, last:
     if (rest != 0) != (middle != 0) or (middle and rest % middle) or rest < 0:
         raise SpecError(
             f"--decoder-first/last-pipeline-num-layers leave {rest} of {num_layers} layers for {middle} "
-            "other pipeline ranks: they must split evenly"
+            "other pipeline ranks: they must split evenly",
+            source="--decoder-first-pipeline-num-layers",
         )
     ranks = [x if x is not None else rest // middle for x in per_rank]
     if any(r % vpp for r in ranks):
-        raise SpecError(f"layers per pipeline rank {ranks} are not all divisible by VPP {vpp}")
+        raise SpecError(
+            f"layers per pipeline rank {ranks} are not all divisible by VPP {vpp}",
+            source="--decoder-first-pipeline-num-layers",
+        )
     return [ranks[i % pp] // vpp for i in range(pp * vpp)]
 
 
@@ -201,6 +247,159 @@ def _stages_from_counts(decoders: list[int]) -> list[Stage]:
         stages.append(Stage(pos, pos + size))
         pos += size
     return stages
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutFlags:
+    """How a Megatron-LM launch places layers on pipeline stages (all optional; none given means
+    Megatron's default even split)."""
+
+    layout: str | None = None
+    """--pipeline-model-parallel-layout, e.g. "Et*3|t*4|t*4|t*3L"."""
+    first: int | None = None
+    """--decoder-first-pipeline-num-layers."""
+    last: int | None = None
+    """--decoder-last-pipeline-num-layers."""
+    account_embedding: bool = False
+    """--account-for-embedding-in-pipeline-split."""
+    account_loss: bool = False
+    """--account-for-loss-in-pipeline-split."""
+
+    def given(self) -> bool:
+        return (
+            self.layout is not None
+            or self.first is not None
+            or self.last is not None
+            or self.account_embedding
+            or self.account_loss
+        )
+
+    def args(self) -> list[tuple[str, str | None]]:
+        """The Megatron-LM flags that say this layout."""
+        out: list[tuple[str, str | None]] = []
+        if self.layout is not None:
+            out.append(("--pipeline-model-parallel-layout", self.layout))
+        if self.first is not None:
+            out.append(("--decoder-first-pipeline-num-layers", str(self.first)))
+        if self.last is not None:
+            out.append(("--decoder-last-pipeline-num-layers", str(self.last)))
+        if self.account_embedding:
+            out.append(("--account-for-embedding-in-pipeline-split", None))
+        if self.account_loss:
+            out.append(("--account-for-loss-in-pipeline-split", None))
+        return out
+
+    def describe(self) -> str:
+        import shlex
+
+        return " ".join(f if v is None else f"{f} {shlex.quote(v)}" for f, v in self.args())
+
+
+def layout_stages(
+    model: ModelSpec, *, pp: int, vpp: int = 1, flags: LayoutFlags = LayoutFlags(), recompute_num_layers: int = 0
+) -> tuple[tuple[Stage, ...], int]:
+    """(stages, VPP) Megatron-LM builds for these layout flags; a layout string decides VPP itself
+    (chunks / PP). Raises SpecError (naming the flag) where Megatron-LM refuses the combination."""
+    L = model.num_layers
+    if flags.layout is not None:
+        others = [f for f, _ in LayoutFlags(first=flags.first, last=flags.last,
+                                            account_embedding=flags.account_embedding,
+                                            account_loss=flags.account_loss).args()]
+        if others:
+            raise SpecError(
+                f"--pipeline-model-parallel-layout cannot be combined with {', '.join(others)} "
+                "(Megatron-LM rejects it): give the layout string alone",
+                source="--pipeline-model-parallel-layout",
+            )
+        stages, _ = parse_layout(flags.layout, num_layers=L, pp=pp, mtp_num_layers=model.mtp_num_layers)
+        chunks_vpp = len(stages) // pp
+        if vpp > 1 and chunks_vpp != vpp:
+            raise SpecError(
+                f"--pipeline-model-parallel-layout has {len(stages)} chunks = PP {pp} x VPP {chunks_vpp}, "
+                f"but VPP {vpp} was given: drop the VPP setting (the layout decides it)",
+                source="--pipeline-model-parallel-layout",
+            )
+        return tuple(_with_block(stages, model, recompute_num_layers)), chunks_vpp
+    if flags.first is not None or flags.last is not None:
+        if flags.account_embedding or flags.account_loss:
+            raise SpecError(
+                "--decoder-first/last-pipeline-num-layers cannot be combined with "
+                "--account-for-embedding/loss-in-pipeline-split (Megatron-LM rejects it): pick one",
+                source="--decoder-first-pipeline-num-layers",
+            )
+        stages = _stages_from_counts(_chunk_decoders(L, pp, vpp, flags.first, flags.last))
+        return tuple(_with_block(stages, model, recompute_num_layers)), vpp
+    chunks = pp * vpp
+    if flags.account_embedding or flags.account_loss:
+        emb, loss = int(flags.account_embedding), int(flags.account_loss)
+        total = L + emb + loss
+        if total % chunks or total // chunks - emb < 0 or total // chunks - loss < 0:
+            raise SpecError(
+                f"--account-for-*-in-pipeline-split: {L} decoder layers + {emb + loss} counted "
+                f"= {total} do not split evenly over PP {pp} x VPP {vpp} = {chunks} chunks",
+                source="--account-for-embedding-in-pipeline-split",
+            )
+        per = total // chunks
+        counts = [per] * chunks
+        counts[0] -= emb
+        counts[-1] -= loss
+        return tuple(_with_block(_stages_from_counts(counts), model, recompute_num_layers)), vpp
+    return default_stages(model, pp=pp, vpp=vpp, recompute_num_layers=recompute_num_layers), vpp
+
+
+def _balanced_layout(L: int, chunks: int, mtp: int = 0) -> str:
+    """A layout string that spreads L decoder layers plus the embedding and the loss (one layer each)
+    as evenly as possible over `chunks` chunks, the extra layers on the middle chunks."""
+    total = L + 2
+    base, extra = divmod(total, chunks)
+    sizes = [base] * chunks
+    # the extra units go to the middle chunks (the first and last also host embedding and loss)
+    order = sorted(range(chunks), key=lambda i: (i in (0, chunks - 1), abs(i - (chunks - 1) / 2)))
+    for i in order[:extra]:
+        sizes[i] += 1
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    if min(sizes) < 0:  # more chunks than units: cannot happen while chunks <= L + 2
+        raise SpecError(f"{chunks} chunks cannot hold {L} decoder layers")
+    parts = []
+    for i, n in enumerate(sizes):
+        body = "t" if n == 1 else f"t*{n}" if n else ""
+        parts.append(("E" if i == 0 else "") + body + ("m" * mtp + "L" if i == chunks - 1 else ""))
+    return "|".join(parts)
+
+
+def predict_layout(model: ModelSpec, *, pp: int, vpp: int = 1) -> LayoutFlags:
+    """The layout flags Megatron-LM needs when the decoder layers do not split evenly over PP x VPP:
+    the first that works of --account-for-embedding/loss-in-pipeline-split (both, then one),
+    --decoder-first/last-pipeline-num-layers (the most balanced), then a balanced
+    --pipeline-model-parallel-layout. LayoutFlags() when the default even split works."""
+    L, chunks = model.num_layers, pp * vpp
+    if L % chunks == 0:
+        return LayoutFlags()
+    for emb, loss in ((True, True), (False, True), (True, False)):
+        total = L + emb + loss
+        if total % chunks == 0 and total // chunks >= 1:
+            return LayoutFlags(account_embedding=emb, account_loss=loss)
+    if pp > 1:
+        # for each middle-rank count, the first and last ranks share the rest as evenly as VPP allows
+        # (the first takes the odd chunk: the loss stage's logits weigh more than the embedding)
+        best: tuple[tuple[int, int], int, int] | None = None
+        middle = pp - 2
+        for mid in range(0, L + 1, vpp) if middle else (0,):
+            rest = L - middle * mid
+            if rest < 2 * vpp:
+                break
+            if rest % vpp:
+                continue
+            last = rest // vpp // 2 * vpp
+            first = rest - last
+            key = (max(first + 1, last + 1, mid), last - first)  # embedding and loss weigh about one layer
+            if best is None or key < best[0]:
+                best = (key, first, last)
+        if best is not None:
+            _, first, last = best
+            return LayoutFlags(first=first, last=last)
+    return LayoutFlags(layout=_balanced_layout(L, chunks, model.mtp_num_layers))
 
 
 def default_stages(
@@ -304,7 +503,13 @@ def _dims(tp: int, pp: int, cp: int, ep: int, etp: int | None, vpp: int, world: 
     try:
         return ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, dp=world // model_parallel)
     except ValueError as exc:
-        raise SpecError(f"{exc}: fix the parallel sizes in the command") from None
+        hint = ""
+        if "expert grid" in str(exc):
+            dense = world // (pp)
+            ok = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
+            if ok:
+                hint = f"; --expert-tensor-parallel-size {ok[0]} makes it legal (expert TP is independent of TP)"
+        raise SpecError(f"{exc}: fix the parallel sizes in the command{hint}") from None
 
 
 def _read_text(command_or_path: str) -> tuple[str, str]:
@@ -346,34 +551,51 @@ def _precision(r: FlagReader) -> Precision:
     return Precision.BF16
 
 
-def _recompute(r: FlagReader) -> tuple[Recompute, int]:
+def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
+    recipe = r.text("--fp8-recipe", "delayed")
+    try:
+        return Fp8Recipe(recipe)
+    except ValueError:
+        r.warnings.append(f"--fp8-recipe {recipe} is not delayed, tensorwise, blockwise or mxfp8; read as delayed")
+        return Fp8Recipe.DELAYED
+
+
+def _recompute(r: FlagReader) -> tuple[Recompute, int, tuple[str, ...]]:
+    """(base mode, block-recomputed layers per stage, selective modules)."""
+    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+
     granularity = r.text("--recompute-granularity")
     if r.on("--recompute-activations"):
         granularity = "selective"
     method = r.text("--recompute-method")
+    given = r.flags.get("--recompute-modules") or []
+    unknown = [m for m in given if m not in RECOMPUTE_MODULES]
+    if unknown:
+        r.warnings.append(f"--recompute-modules {' '.join(unknown)}: not modules Megatron-Core recomputes "
+                          f"({', '.join(RECOMPUTE_MODULES)}); ignored")
+    modules = tuple(dict.fromkeys(m for m in given if m in RECOMPUTE_MODULES))
     if granularity == "selective":
         if method is not None or r.on("--recompute-num-layers"):
             r.warnings.append(
                 "--recompute-method/--recompute-num-layers are rejected with selective recompute"
             )
-        modules = r.flags.get("--recompute-modules")
-        if modules and set(modules) != {"core_attn"}:
-            r.warnings.append(
-                f"--recompute-modules {' '.join(modules)}: predicted as core-attention recompute"
-            )
-        return Recompute.SELECTIVE, 0
+        if modules == ("core_attn",):
+            modules = ()  # Megatron's default
+        return Recompute.SELECTIVE, 0, modules
+    if modules:
+        r.warnings.append("--recompute-modules applies only with --recompute-granularity selective; ignored")
     if granularity == "full":
         n = r.int("--recompute-num-layers", 1) or 1
         if method == "block":
-            return Recompute.NONE, n
+            return Recompute.NONE, n, ()
         if method != "uniform":
             r.warnings.append(
                 "--recompute-granularity full needs --recompute-method uniform|block; read as uniform"
             )
-        return Recompute.FULL, 0
+        return Recompute.FULL, 0, ()
     if granularity is not None:
         r.warnings.append(f"--recompute-granularity '{granularity}' is not full or selective; ignored")
-    return Recompute.NONE, 0
+    return Recompute.NONE, 0, ()
 
 
 def _zero_stage(r: FlagReader) -> int:
@@ -425,37 +647,35 @@ def _vpp(r: FlagReader, num_layers: int, pp: int) -> int:
     return 1
 
 
-def _layout(r: FlagReader, model: ModelSpec, pp: int, vpp: int) -> tuple[list[Stage] | None, int]:
-    L = model.num_layers
-    text = r.text("--pipeline-model-parallel-layout")
-    if text is not None:
-        stages, warns = parse_layout(text, num_layers=L, pp=pp)
-        r.warnings.extend(warns)
-        return stages, len(stages) // pp
-    first, last = r.int("--decoder-first-pipeline-num-layers"), r.int("--decoder-last-pipeline-num-layers")
-    if first is not None or last is not None:
-        return _stages_from_counts(_chunk_decoders(L, pp, vpp, first, last)), vpp
-    emb, loss = (
-        r.on("--account-for-embedding-in-pipeline-split"),
-        r.on("--account-for-loss-in-pipeline-split"),
+def _layout_flags(r: FlagReader) -> LayoutFlags:
+    return LayoutFlags(
+        layout=r.text("--pipeline-model-parallel-layout"),
+        first=r.int("--decoder-first-pipeline-num-layers"),
+        last=r.int("--decoder-last-pipeline-num-layers"),
+        account_embedding=r.on("--account-for-embedding-in-pipeline-split"),
+        account_loss=r.on("--account-for-loss-in-pipeline-split"),
     )
+
+
+def _layout(r: FlagReader, model: ModelSpec, pp: int, vpp: int) -> tuple[list[Stage] | None, int]:
+    flags = _layout_flags(r)
+    if flags.layout is not None:
+        stages, warns = parse_layout(flags.layout, num_layers=model.num_layers, pp=pp,
+                                     mtp_num_layers=model.mtp_num_layers)
+        r.warnings.extend(warns)
+        vpp = 1
+    if flags.given():
+        stages_t, vpp = layout_stages(model, pp=pp, vpp=vpp, flags=flags)
+        return list(stages_t), vpp
     chunks = pp * vpp
-    if emb or loss:
-        total = L + emb + loss
-        if total % chunks:
-            raise SpecError(
-                f"--account-for-*-in-pipeline-split: {total} layers do not split over {chunks} chunks"
-            )
-        per = total // chunks
-        counts = [per] * chunks
-        counts[0] -= emb
-        counts[-1] -= loss
-        return _stages_from_counts(counts), vpp
-    if L % chunks:
+    if model.num_layers % chunks:
+        predicted = predict_layout(model, pp=pp, vpp=vpp)
         r.warnings.append(
-            f"--num-layers {L} does not split evenly over PP {pp} x VPP {vpp}: Megatron-LM will "
-            "reject it without --pipeline-model-parallel-layout"
+            f"--num-layers {model.num_layers} does not split evenly over PP {pp} x VPP {vpp}: Megatron-LM "
+            f"refuses it without a layout flag; predicted with {predicted.describe()}"
         )
+        stages_t, vpp = layout_stages(model, pp=pp, vpp=vpp, flags=predicted)
+        return list(stages_t), vpp
     return None, vpp
 
 
@@ -505,7 +725,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         raise SpecError(f"the command describes an impossible model: {problems}", source=source) from None
     vpp = _vpp(r, num_layers, pp)
     stages, vpp = _layout(r, model, pp, vpp or 1)
-    recompute, block = _recompute(r)
+    recompute, block, modules = _recompute(r)
     if stages is not None:
         stages = _with_block(stages, model, block)
     mbs = r.int("--micro-batch-size")
@@ -547,6 +767,8 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         stages=tuple(stages) if stages is not None else None,
         warnings=(),
         vocab_from_command=vocab_known,
+        fp8_recipe=_fp8_recipe(r),
+        recompute_modules=modules,
     )
     if launch.world_size is not None:
         try:

@@ -37,6 +37,8 @@ SGLANG_QUANTIZATION: dict[WeightDtype, str | None] = {
     WeightDtype.FP8: "fp8",
     WeightDtype.INT8: "w8a8_int8",
     WeightDtype.INT4: "awq_marlin",
+    WeightDtype.NVFP4: "modelopt_fp4",
+    WeightDtype.MXFP4: "mxfp4",
 }
 SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8_e4m3"}
 

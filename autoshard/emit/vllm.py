@@ -30,6 +30,8 @@ VLLM_QUANTIZATION: dict[WeightDtype, str | None] = {
     WeightDtype.FP8: "fp8",
     WeightDtype.INT8: "int8_per_channel_weight_only",
     WeightDtype.INT4: "awq_marlin",
+    WeightDtype.NVFP4: "modelopt_fp4",  # an NVFP4 checkpoint (TensorRT Model Optimizer)
+    WeightDtype.MXFP4: "mxfp4",
 }
 VLLM_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8"}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from autoshard.parallel import Recompute
 from autoshard.search.tables import CandidateTables, Layout, even_layout
 
 __all__ = ["CandidateVars", "BuiltModel", "build_model"]
@@ -183,7 +184,9 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
     extra = max(p.recompute_extra_us for p in tab.pools)
     saving = min(p.recompute_saving_mib for p in tab.pools)
     working = max(p.working_mib for p in tab.pools)
-    allow_rc = per_stage_recompute and not tab.base_full
+    # Megatron-LM takes one --recompute-granularity: block full recompute (--recompute-num-layers)
+    # cannot be added to selective recompute, so selective candidates recompute no extra layers
+    allow_rc = per_stage_recompute and not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
     uniform = model.new_int_var(0, n, "rc") if (allow_rc and uniform_recompute) else None
 
     rank_time: list[list] = [[] for _ in range(pp)]

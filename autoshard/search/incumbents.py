@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoshard.parallel import Recompute
 from autoshard.search.bounds import (
     hetero_capacity_at,
     joint_search,
@@ -70,7 +71,7 @@ def fit_recompute(tab: CandidateTables, lay: Layout | None) -> tuple[int, Layout
     if lay is None:
         return None
     smallest = min(int(tab.decoders[lay.bounds[k + 1]] - tab.decoders[lay.bounds[k]]) for k in range(tab.num_chunks))
-    max_rc = 0 if tab.base_full else smallest
+    max_rc = 0 if tab.base_full or tab.config.recompute is Recompute.SELECTIVE else smallest  # one granularity
     for rc in range(max_rc + 1):
         trial = Layout(bounds=lay.bounds, recompute=(rc,) * tab.num_chunks, pools=lay.pools)
         obj, fits = int_objective(tab, trial)

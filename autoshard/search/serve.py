@@ -10,6 +10,8 @@ solver: one index variable selects a table row and `add_element` reads its colum
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from dataclasses import dataclass
@@ -213,9 +215,12 @@ def evaluate_serve(
     max_num_batched_tokens: int | None = None,
     pool: int = 0,
     warnings: tuple[str, ...] = (),
+    concurrency: int | None = None,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
-    EP = TP x DP over one engine). Raises InfeasibleError if it would not start, SpecError if illegal."""
+    EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
+    as many as max_num_seqs and the KV cache allow). Raises InfeasibleError if it would not start,
+    SpecError if illegal."""
     if not 0 <= pool < len(cluster.pools):
         raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
     spec = cluster.pools[pool]
@@ -243,7 +248,14 @@ def evaluate_serve(
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    pred = predict_serve(model, spec, job, cfg)
+    ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
+    per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
+    if per_rank is not None and per_rank * ranks != concurrency:
+        warn.append(f"concurrency {concurrency} over {ranks} DP ranks: predicted at {per_rank} per rank")
+    pred = predict_serve(model, spec, job, cfg, concurrency=per_rank)
+    if per_rank is not None and pred.concurrency < per_rank:
+        warn.append(f"concurrency {concurrency} exceeds what max-num-seqs and the KV cache admit: "
+                    f"predicted at {pred.concurrency} running requests per DP rank (the rest queue)")
     stats = SolverStats(
         status="EVALUATED",
         wall_s=0.0,
@@ -256,13 +268,19 @@ def evaluate_serve(
     return _plan(model, cluster, job, row, stats, tuple(warn))
 
 
-def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob) -> ServePlan:
-    """`evaluate --from-vllm`: read the plan from a `vllm serve` command line and predict it. The
-    command's --max-model-len, --quantization and --kv-cache-dtype override the job's. With no model
-    given, the command's model path must name a bundled model's Hugging Face repository."""
-    from autoshard.emit.serve_parse import parse_vllm
+def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob,
+                  concurrency: int | None = None, shape_given: bool = True, sglang: bool = False) -> ServePlan:
+    """`evaluate --from-vllm` (`--from-sglang` with sglang=True): read the plan from the launch line and
+    predict it. The command's max model length, quantization and KV-cache dtype override the job's; when
+    the request shape was not given (`shape_given` False) and does not fit the command's max model
+    length, it is scaled down to fit, with a warning. With no model given, the command's model path must
+    name a bundled model's Hugging Face repository."""
+    from autoshard.emit.serve_parse import parse_sglang, parse_vllm
 
-    parsed = parse_vllm(command)
+    parsed = parse_sglang(command) if sglang else parse_vllm(command)
+    job, note = parsed.fit_request_shape(job, shape_given=shape_given)
+    if note:
+        parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
         model = model_for_path(parsed.model)
     return evaluate_serve(
@@ -277,6 +295,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         max_num_seqs=parsed.max_num_seqs,
         max_num_batched_tokens=parsed.max_num_batched_tokens,
         warnings=parsed.warnings,
+        concurrency=concurrency,
     )
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.training import TrainConfig
-from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute, check_dims
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -21,6 +21,13 @@ from autoshard.specs.model import ModelSpec
 __all__ = ["Pins", "SpaceOptions", "Space", "enumerate_train", "divisors"]
 
 PIN_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute", "zero_stage", "sequence_parallel")
+
+
+SELECTIVE_AND_BLOCK = (
+    "Megatron-LM takes one --recompute-granularity: selective recompute cannot be combined with "
+    "--recompute-num-layers (block full recompute of N layers per stage); use --recompute none "
+    "--recompute-num-layers N, or --recompute selective alone"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +46,8 @@ class Pins:
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
+    """Megatron --recompute-modules for selective recompute (None: the default, the attention core)."""
 
     def describe(self) -> str:
         items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers") if getattr(self, k) is not None]
@@ -102,6 +111,8 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
     from autoshard.errors import SpecError
 
     heads = model.num_attention_heads
+    if pins.recompute is Recompute.SELECTIVE and pins.recompute_num_layers:
+        raise SpecError(SELECTIVE_AND_BLOCK, source="--recompute-num-layers")
     if pins.tp and heads % pins.tp:
         raise SpecError(f"TP {pins.tp} must divide the {heads} attention heads: use one of "
                         f"{', '.join(str(d) for d in divisors(heads) if d <= 64)}", source="--tp")
@@ -116,6 +127,15 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"EP {pins.ep} must divide the {model.moe.num_experts} experts", source="--ep")
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
+    if pins.ep and pins.tp and pins.pp and not cluster.is_heterogeneous:
+        from autoshard.api import expert_grid_hint
+
+        dense = cluster.num_gpus // (pins.tp * pins.pp) if cluster.num_gpus % (pins.tp * pins.pp) == 0 else 0
+        grid = (pins.etp or pins.tp) * pins.ep
+        if dense and dense % grid:
+            hint = expert_grid_hint(model, tp=pins.tp, cp=1, dp=dense, ep=pins.ep, etp=pins.etp)
+            raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
+                            f"layers onto the same ranks){hint}", source="--ep/--etp")
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
@@ -132,7 +152,7 @@ def enumerate_train(
 ) -> Space:
     space = Space(candidates=[])
     seq, gbs = job.seq_len, job.global_batch_size
-    domain = min(p.node.domain_size for p in cluster.pools)
+    domain = min(p.node.domain_used for p in cluster.pools)
     heads = model.num_attention_heads
     num_layers = model.num_layers
     hetero = cluster.is_heterogeneous
@@ -199,12 +219,18 @@ def enumerate_train(
                                 if problems:
                                     space.prune(problems[0].split(";")[0])
                                     continue
-                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs)
+                                _add_batch_variants(model, space, dims, job, mbss, recomputes, zeros, pins, gbs)
     return space
 
 
+def model_fp8_recipe(model: ModelSpec) -> dict:
+    """{"fp8_recipe": ...} when the model names the FP8 recipe it trains with, else {} (the default)."""
+    recipe = model.training.fp8_recipe if model.training is not None else None
+    return {"fp8_recipe": Fp8Recipe(recipe)} if recipe else {}
+
+
 def _add_batch_variants(
-    space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
+    model: ModelSpec, space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
     zeros: list[int], pins: Pins, gbs: int,
 ) -> None:
     for mbs in mbss:
@@ -220,8 +246,8 @@ def _add_batch_variants(
                 if dims.dp * dims.cp == 1 and zero > 0 and pins.zero_stage is None:
                     space.prune("ZeRO needs data parallelism")  # (a pinned ZeRO-1 at DP 1 is harmless)
                     continue
-                if zero >= 2 and (dims.pp > 1 or dims.ep > 1):
-                    space.prune("ZeRO-2/3 (Megatron FSDP) supports neither PP nor EP here")
+                if zero >= 2 and dims.pp > 1:
+                    space.prune("ZeRO-2/3 (Megatron-FSDP) does not combine with PP")
                     continue
                 sp = dims.tp > 1 if pins.sequence_parallel is None else (pins.sequence_parallel and dims.tp > 1)
                 space.candidates.append(
@@ -229,6 +255,8 @@ def _add_batch_variants(
                         dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
                         precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
                         optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True,
+                        **model_fp8_recipe(model),
+                        recompute_modules=(pins.recompute_modules or ()) if rc is Recompute.SELECTIVE else (),
                     )
                 )
                 space.enumerated += 1

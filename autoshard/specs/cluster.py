@@ -77,6 +77,8 @@ class GpuSpec(FrozenSpec):
     """Dense (no sparsity) BF16 tensor-core peak."""
     fp8_tflops: PosFloat | None = None
     """Dense FP8 peak; None when the GPU has no FP8 tensor cores."""
+    fp4_tflops: PosFloat | None = None
+    """Dense FP4 (NVFP4/MXFP4) tensor-core peak; None when the GPU has no FP4 tensor cores (before Blackwell)."""
     hbm_tbps: PosFloat
     """HBM bandwidth, decimal TB/s."""
     efficiency: EfficiencySpec = EfficiencySpec()
@@ -93,10 +95,19 @@ class NodeSpec(FrozenSpec):
     """Network bandwidth per GPU per direction in GB/s (one 400 Gb/s NDR NIC per GPU: 50)."""
     nvlink_domain_gpus: PosInt | None = None
     """GPUs reachable at intra-node speed; defaults to gpus_per_node (72 for GB200 NVL72)."""
+    nvlink_domain_gpus_used: PosInt | None = None
+    """GPUs a job uses in each rack-scale NVLink domain (e.g. 64 of an NVL72's 72, leaving spare trays);
+    defaults to all of them. Ranks fill one domain up to this count before the next; the last domain of
+    a pool may be partly filled (any whole number of trays)."""
 
     @property
     def domain_size(self) -> int:
         return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def domain_used(self) -> int:
+        """GPUs of one NVLink domain that hold consecutive ranks."""
+        return self.nvlink_domain_gpus_used or self.domain_size
 
     @model_validator(mode="after")
     def _check(self) -> NodeSpec:
@@ -105,6 +116,18 @@ class NodeSpec(FrozenSpec):
             raise ValueError(
                 f"nvlink_domain_gpus ({d}) must be a multiple or a divisor of gpus_per_node ({self.gpus_per_node})"
             )
+        used = self.nvlink_domain_gpus_used
+        if used is not None:
+            if d <= self.gpus_per_node:
+                raise ValueError(
+                    "nvlink_domain_gpus_used is for rack-scale NVLink domains (nvlink_domain_gpus larger than "
+                    "gpus_per_node): remove it"
+                )
+            if used > d or used % self.gpus_per_node:
+                raise ValueError(
+                    f"nvlink_domain_gpus_used ({used}) must be a whole number of {self.gpus_per_node}-GPU nodes "
+                    f"(trays) and at most nvlink_domain_gpus ({d})"
+                )
         return self
 
 
@@ -122,15 +145,12 @@ class PoolSpec(FrozenSpec):
     def num_gpus(self) -> int:
         return self.num_nodes * self.node.gpus_per_node
 
-    @model_validator(mode="after")
-    def _check(self) -> PoolSpec:
-        d = self.node.domain_size
-        if d > self.node.gpus_per_node and self.num_gpus % d:
-            raise ValueError(
-                f"pool '{self.name}': {self.num_gpus} GPUs do not fill whole NVLink domains of {d}: "
-                f"use a multiple of {d // self.node.gpus_per_node} nodes"
-            )
-        return self
+    @property
+    def domain_fill(self) -> tuple[int, ...]:
+        """GPUs in each NVLink domain this pool occupies, in rank order (the last may be partial)."""
+        used = self.node.domain_used
+        full, rest = divmod(self.num_gpus, used)
+        return (used,) * full + ((rest,) if rest else ())
 
 
 class ClusterSpec(FrozenSpec):
@@ -181,13 +201,14 @@ class ClusterSpec(FrozenSpec):
     def with_gpus(self, num_gpus: int) -> ClusterSpec:
         """The same cluster resized to `num_gpus` GPUs (homogeneous clusters only).
 
-        Raises ValueError when the size does not fill whole nodes (or whole NVLink domains)."""
+        Raises ValueError when the size is not a whole number of nodes (trays, for rack-scale NVLink
+        domains: the last domain may be partly filled)."""
         if self.is_heterogeneous:
             raise ValueError("--gpus cannot resize a heterogeneous cluster; edit the pool sizes in its YAML")
         pool = self.primary
         per_node = pool.node.gpus_per_node
         domain = pool.node.domain_size
-        unit = max(per_node, domain) if num_gpus >= domain else per_node
+        unit = per_node
         lower, upper = max(unit, num_gpus // unit * unit), (num_gpus // unit + 1) * unit
         hint = f"use --gpus {lower} or --gpus {upper}" if lower != upper else f"use --gpus {lower}"
         if num_gpus < per_node:
@@ -201,11 +222,9 @@ class ClusterSpec(FrozenSpec):
         else:
             if num_gpus % per_node:
                 raise ValueError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes: {hint}")
-            if domain > per_node and num_gpus > domain and num_gpus % domain:
-                raise ValueError(f"{num_gpus} GPUs does not fill whole {domain}-GPU NVLink domains: {hint}")
-            if domain > per_node and num_gpus < domain:
+            if domain > per_node and num_gpus < pool.node.domain_used:
                 # part of one rack-scale domain (e.g. some GB200 trays): the domain is what is rented
-                node = pool.node.model_copy(update={"nvlink_domain_gpus": num_gpus})
+                node = pool.node.model_copy(update={"nvlink_domain_gpus": num_gpus, "nvlink_domain_gpus_used": None})
                 return self.model_copy(update={"pools": (pool.model_copy(update={"node": node, "num_nodes": num_gpus // per_node}),)})
             new_pool = pool.model_copy(update={"num_nodes": num_gpus // per_node})
         return self.model_copy(update={"pools": (new_pool,)})

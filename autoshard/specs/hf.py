@@ -17,8 +17,12 @@ Where the schema cannot represent a detail exactly the importer approximates, an
   ``attention_bias`` (which also covers the output projection) maps to ``qkv_bias``; ``mlp_bias`` maps to
   ``linear_bias``. The difference is ``hidden`` parameters per layer.
 * MoE router extras (Qwen2-MoE's 1-wide shared-expert gate, DeepSeek-V3's expert-score correction bias)
-  are not counted. DeepSeek-V3's multi-token-prediction module (``num_nextn_predict_layers``; the 14B that
-  make the hub's 685B out of the published 671B) is an auxiliary head and is not imported.
+  are not counted in parameters. DeepSeek-V2/V3 routing is imported: ``scoring_func`` (sigmoid/softmax),
+  group-limited routing (``n_group``, ``topk_group``; only with ``topk_method`` group_limited_greedy or
+  noaux_tc), the auxiliary-loss-free expert bias (``topk_method: noaux_tc``) and ``routed_scaling_factor``.
+  DeepSeek-V3's multi-token-prediction modules (``num_nextn_predict_layers``) become ``mtp_num_layers``:
+  trained and costed, but outside ``num_params`` (the published 671B; the hub's 685B adds the 14B MTP
+  module with its copies of the embedding and head).
 """
 
 from __future__ import annotations
@@ -346,8 +350,31 @@ def _deepseek(r: _Reader, model_type: str) -> dict[str, Any]:
             "expert_ffn_hidden_size": expert_ffn,
             "num_shared_experts": shared,
             "shared_expert_ffn_hidden_size": shared * expert_ffn,
+            **_deepseek_routing(r, v3),
         }
+    spec["mtp_num_layers"] = r.int("num_nextn_predict_layers", default=0, minimum=0, maximum=16)
     return spec
+
+
+def _deepseek_routing(r: _Reader, v3: bool) -> dict[str, Any]:
+    """DeepSeek router: score function, group-limited routing, expert bias, routed scaling."""
+    score = r.str("scoring_func", default="sigmoid" if v3 else "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise r.error("scoring_func", f"expected softmax or sigmoid (got {score!r})")
+    method = r.str("topk_method", default="noaux_tc" if v3 else "greedy")
+    out: dict[str, Any] = {"score_function": score, "expert_bias": method == "noaux_tc"}
+    if method in ("group_limited_greedy", "noaux_tc"):
+        groups = r.int("n_group", default=None)
+        topk = r.int("topk_group", default=None)
+        if groups is not None and topk is not None and groups > 1:
+            out["num_groups"], out["topk_groups"] = groups, topk
+    key, factor = r._lookup(("routed_scaling_factor",))
+    if factor is not _MISSING:
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1000:
+            raise r.error(key, f"expected a positive number (got {factor!r})")
+        if factor != 1:
+            out["topk_scaling_factor"] = float(factor)
+    return out
 
 
 def _nemotron(r: _Reader, model_type: str) -> dict[str, Any]:

@@ -35,10 +35,21 @@ class WeightDtype(StrEnum):
     FP8 = "fp8"
     INT8 = "int8"
     INT4 = "int4"
+    NVFP4 = "nvfp4"
+    """4-bit floats (E2M1) with one FP8 (E4M3) scale per 16 values (NVIDIA NVFP4, Blackwell tensor cores)."""
+    MXFP4 = "mxfp4"
+    """4-bit floats (E2M1) with one 8-bit power-of-two (E8M0) scale per 32 values (OCP Microscaling
+    Formats v1.0, Table 1)."""
 
     @property
     def bytes_per_param(self) -> float:
-        return {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}[self.value]
+        """Storage per weight, block scales included (NVFP4: 0.5 + 1/16 B; MXFP4: 0.5 + 1/32 B)."""
+        return {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "nvfp4": 0.5 + 1 / 16,
+                "mxfp4": 0.5 + 1 / 32}[self.value]
+
+    @property
+    def is_fp4(self) -> bool:
+        return self in (WeightDtype.NVFP4, WeightDtype.MXFP4)
 
 
 class TrainJob(FrozenSpec):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -17,7 +17,7 @@ from autoshard.specs.job import Precision, WeightDtype
 
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
-    "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
+    "RouterScore", "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
 ]
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -61,6 +61,11 @@ class PositionKind(StrEnum):
     ALIBI = "alibi"
 
 
+class RouterScore(StrEnum):
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+
+
 class LayerGroup(FrozenSpec):
     kind: LayerKind
     count: PosInt = 1
@@ -87,9 +92,43 @@ class MoEConfig(FrozenSpec):
     shared_expert_ffn_hidden_size: NonNegInt = 0
     """Total intermediate size of the shared experts (all of them together, as Megatron's
     --moe-shared-expert-intermediate-size)."""
+    score_function: RouterScore = RouterScore.SOFTMAX
+    """How router logits become expert scores: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3,
+    Hugging Face scoring_func; Megatron --moe-router-score-function)."""
+    num_groups: PosInt | None = None
+    """Group-limited (node-limited) routing: experts fall into this many groups (DeepSeek-V3: 8,
+    Hugging Face n_group; Megatron --moe-router-num-groups). None: plain top-k."""
+    topk_groups: PosInt | None = None
+    """Groups a token may pick its experts from (DeepSeek-V3: 4, Hugging Face topk_group; Megatron
+    --moe-router-group-topk)."""
+    expert_bias: bool = False
+    """Auxiliary-loss-free load balancing: a per-expert bias added to the scores for selection only
+    (DeepSeek-V3 noaux_tc; Megatron --moe-router-enable-expert-bias)."""
+    topk_scaling_factor: Annotated[float, Field(gt=0, le=1000)] | None = None
+    """Factor on the routed experts' weights (DeepSeek-V3 routed_scaling_factor 2.5; Megatron
+    --moe-router-topk-scaling-factor)."""
 
     @model_validator(mode="after")
     def _check(self) -> MoEConfig:
+        if (self.num_groups is None) != (self.topk_groups is None):
+            raise ValueError(
+                "moe.num_groups and moe.topk_groups go together (group-limited routing): set both or neither"
+            )
+        if self.num_groups is not None and self.topk_groups is not None:
+            if self.num_experts % self.num_groups:
+                raise ValueError(
+                    f"moe.num_groups ({self.num_groups}) must divide moe.num_experts ({self.num_experts})"
+                )
+            if self.topk_groups > self.num_groups:
+                raise ValueError(
+                    f"moe.topk_groups ({self.topk_groups}) is larger than moe.num_groups ({self.num_groups})"
+                )
+            per_group = self.num_experts // self.num_groups
+            if self.top_k > self.topk_groups * per_group:
+                raise ValueError(
+                    f"moe.top_k ({self.top_k}) experts cannot come from {self.topk_groups} groups of "
+                    f"{per_group} experts: raise moe.topk_groups"
+                )
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"moe.top_k ({self.top_k}) is larger than moe.num_experts ({self.num_experts}); "
@@ -110,6 +149,9 @@ class TrainingDefaults(FrozenSpec):
     global_batch_size: PosInt | None = None
     precision: Precision | None = None
     tokens: float | None = Field(default=None, gt=0)
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] | None = None
+    """The FP8 scaling recipe the model was trained with, used whenever it trains in FP8
+    (DeepSeek-V3: blockwise, 1x128 activation and 128x128 weight tiles; Megatron --fp8-recipe)."""
 
 
 class ServingDefaults(FrozenSpec):
@@ -151,6 +193,11 @@ class ModelSpec(FrozenSpec):
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
     layers: tuple[LayerGroup, ...] = Field(min_length=1)
+    mtp_num_layers: Annotated[int, Field(ge=0, le=16)] = 0
+    """Multi-token-prediction modules after the last decoder layer (DeepSeek-V3: 1; Hugging Face
+    num_nextn_predict_layers; Megatron --mtp-num-layers). Each holds two RMSNorms, a 2h -> h projection
+    and one decoder layer like the model's last one, and shares the embedding and the output head;
+    Megatron places them on the last pipeline stage. Counted in parameters, FLOPs and memory."""
     training: TrainingDefaults | None = None
     serving: ServingDefaults | None = None
 
@@ -307,12 +354,29 @@ class ModelSpec(FrozenSpec):
             case LayerKind.MOE:
                 return self.moe_layer_params(active_only=active_only)
 
+    @property
+    def mtp_layer_kind(self) -> LayerKind:
+        """The decoder kind an MTP module repeats: the model's last decoder layer."""
+        return next(k for k in reversed(self.layer_kinds) if k in (LayerKind.DENSE, LayerKind.MOE))
+
+    def mtp_module_params(self, *, active_only: bool = False) -> int:
+        """One MTP module: RMSNorms on the hidden state and on the embedding, the 2h -> h projection,
+        one decoder layer (embedding and output head are shared with the main model)."""
+        h = self.hidden_size
+        return 2 * self._norm_params(h) + 2 * h * h + self.layer_params(self.mtp_layer_kind, active_only=active_only)
+
     @cached_property
     def num_params(self) -> int:
-        """Total parameters (tied embeddings counted once)."""
+        """Total parameters of the main model (tied embeddings counted once), without the MTP modules:
+        the figure model cards quote (DeepSeek-V3: 671B; see `num_params_with_mtp`)."""
         return sum(self.layer_params(g.kind) * g.count for g in self.layers)
 
     @cached_property
+    def num_params_with_mtp(self) -> int:
+        """Every trained parameter, MTP modules included (DeepSeek-V3: 685B, its checkpoint size)."""
+        return self.num_params + self.mtp_num_layers * self.mtp_module_params()
+
+    @cached_property
     def num_active_params(self) -> int:
-        """Parameters touched per token (top-k routed experts plus shared experts for MoE)."""
+        """Parameters touched per token (top-k routed experts plus shared experts for MoE), main model."""
         return sum(self.layer_params(g.kind, active_only=True) * g.count for g in self.layers)

@@ -349,7 +349,7 @@ def test_did_you_mean_through_console_script() -> None:
 @pytest.mark.parametrize(("cluster", "gpus", "fixes"), [
     pytest.param("dgx-h100", 7, ["7 GPUs", "8"], id="not-a-divisor-of-a-node"),
     pytest.param("dgx-h100", 12, ["12 GPUs", "8-GPU nodes"], id="not-whole-nodes"),
-    pytest.param("gb200-nvl72", 80, ["72-GPU NVLink domains"], id="not-whole-nvlink-domains"),
+    pytest.param("gb200-nvl72", 82, ["82 GPUs", "4-GPU nodes"], id="not-whole-trays"),
     pytest.param("mixed-h100-a100", 8, ["heterogeneous", "YAML"], id="heterogeneous-cluster"),
 ])
 def test_bad_gpus(cluster: str, gpus: int, fixes: list[str]) -> None:
@@ -383,9 +383,15 @@ def test_evaluate_degrees_not_dividing_gpus(gpus: int, degrees: list[str], fixes
     assert_bad_input(run, *fixes)
 
 
-def test_evaluate_layers_not_splittable_by_pp() -> None:
-    run = cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "48", "--tp", "1", "--pp", "3")
-    assert_bad_input(run, "--pp", "32 decoder layers", "split evenly", "autoshard solve")
+def test_evaluate_layers_not_splittable_by_pp_predicts_megatrons_layout() -> None:
+    """32 layers over PP 3: Megatron-LM needs a layout flag; 32 + loss = 33 = 3 x 11 is the first that works."""
+    run = cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "48", "--tp", "1", "--pp", "3", "--json")
+    assert run.code == 0, str(run)
+    assert "32 decoder layers do not split evenly" in run.stderr
+    assert "--account-for-loss-in-pipeline-split" in run.stderr
+    plan = json.loads(run.stdout)
+    assert [len(s["layers"]) for s in plan["plan"]["stages"]] == [12, 11, 11]  # E+11 | 11 | 10+L
+    assert "--account-for-loss-in-pipeline-split" in plan["launch"]["megatron"]
 
 
 def test_evaluate_batch_not_divisible() -> None:

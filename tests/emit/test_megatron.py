@@ -79,6 +79,9 @@ SWITCHES = {
     "--tp-comm-overlap",
     "--bf16",
     "--log-throughput",
+    "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
+    "--moe-router-enable-expert-bias",
 }
 REMOVED = {
     "--standalone-embedding-stage",
@@ -174,8 +177,27 @@ def rule_violations(text: str, *, world: int, blackwell: bool) -> list[str]:
             bad.append("layout must start with E and end with L")
         if flat.count("t") != L:
             bad.append("layout decoder count != --num-layers")
-    elif L % (pp * (val("--num-virtual-stages-per-pipeline-rank", 1) or 1)):
-        bad.append("num layers not divisible by PP (x VPP)")
+        if any(x in f for x in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")):
+            bad.append("layout string combined with first/last or account-for flags")
+    elif "--decoder-first-pipeline-num-layers" in f or "--decoder-last-pipeline-num-layers" in f:
+        vpp = val("--num-virtual-stages-per-pipeline-rank", 1) or 1
+        rest, middle = L, pp
+        for name in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+            if name in f:
+                x = val(name)
+                assert x is not None
+                if x <= 0 or x % vpp:
+                    bad.append(f"{name} must be positive and divisible by VPP")
+                rest, middle = rest - x, middle - 1
+        if bool(rest) != bool(middle) or (middle and (rest % middle or (rest // middle) % vpp)):
+            bad.append("uneven pipeline: the middle ranks do not split the rest evenly")
+        if any(x in f for x in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")):
+            bad.append("first/last layers combined with account-for flags")
+    else:
+        counted = L + ("--account-for-embedding-in-pipeline-split" in f) + ("--account-for-loss-in-pipeline-split" in f)
+        if counted % (pp * (val("--num-virtual-stages-per-pipeline-rank", 1) or 1)):
+            bad.append("num layers not divisible by PP (x VPP)")
     if "--tp-comm-overlap" in f and not ("--sequence-parallel" in f and tp > 1):
         bad.append("--tp-comm-overlap needs --sequence-parallel")
     gran = f.get("--recompute-granularity", [None])[0]

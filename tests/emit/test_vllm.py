@@ -229,8 +229,9 @@ def test_removed_and_unknown_flags_warn_with_the_replacement():
 
 def test_parser_warns_on_approximated_dtypes():
     p = parse_vllm("vllm serve m --quantization mxfp4 --kv-cache-dtype nvfp4")
-    assert p.weight_dtype is WeightDtype.INT4 and p.kv_dtype is WeightDtype.FP8
-    assert len(p.warnings) == 2
+    assert p.weight_dtype is WeightDtype.MXFP4 and p.kv_dtype is WeightDtype.FP8  # FP4 weights are modelled
+    assert len(p.warnings) == 1  # the nvfp4 KV cache is approximated as fp8
+    assert parse_vllm("vllm serve m --quantization modelopt_fp4").weight_dtype is WeightDtype.NVFP4
 
 
 @pytest.mark.parametrize(

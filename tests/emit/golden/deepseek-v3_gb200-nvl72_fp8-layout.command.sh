@@ -23,10 +23,19 @@ torchrun --nproc-per-node 4 --nnodes 144 --node-rank "$NODE_RANK" \
     --moe-ffn-hidden-size 2048 \
     --moe-shared-expert-intermediate-size 2048 \
     --moe-layer-freq '([0]*3+[1]*58)' \
+    --moe-router-score-function sigmoid \
+    --moe-router-dtype fp32 \
+    --moe-router-num-groups 8 \
+    --moe-router-group-topk 4 \
+    --moe-router-topk-scaling-factor 2.5 \
     --moe-grouped-gemm \
     --moe-token-dispatcher-type alltoall \
-    --moe-router-load-balancing-type aux_loss \
-    --moe-aux-loss-coeff 1e-2 \
+    --moe-router-enable-expert-bias \
+    --moe-router-bias-update-rate 1e-3 \
+    --moe-router-load-balancing-type seq_aux_loss \
+    --moe-aux-loss-coeff 1e-4 \
+    --mtp-num-layers 1 \
+    --mtp-loss-scaling-factor 0.1 \
     --tokenizer-type HuggingFaceTokenizer \
     --tokenizer-model "$TOKENIZER_MODEL" \
     --tensor-model-parallel-size 2 \
@@ -35,7 +44,7 @@ torchrun --nproc-per-node 4 --nnodes 144 --node-rank "$NODE_RANK" \
     --expert-model-parallel-size 8 \
     --expert-tensor-parallel-size 1 \
     --sequence-parallel \
-    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14,t*2L' \
+    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14,t*2mL' \
     --micro-batch-size 1 \
     --global-batch-size 2304 \
     --recompute-granularity full \

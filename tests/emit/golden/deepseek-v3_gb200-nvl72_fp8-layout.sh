@@ -5,7 +5,7 @@
 #   TP 2, PP 8, VPP 2, CP 1, DP 36, EP 8, ETP 1, sequence parallel
 #   micro-batch 1, global batch 2304 (64 micro-batches per step), sequence length 4096
 #   recompute: selective + full recompute of the first 1 decoder layer of each stage; ZeRO-1 (distributed optimizer); fp8
-#   layer layout: Et*3|(t*4|)*14,t*2L
+#   layer layout: Et*3|(t*4|)*14,t*2mL
 #   vocabulary: 129280 tokens, read from $TOKENIZER_MODEL
 #
 # Run it from a Megatron-LM checkout (or set MEGATRON_LM) on every node:
@@ -59,10 +59,19 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --moe-ffn-hidden-size 2048 \
     --moe-shared-expert-intermediate-size 2048 \
     --moe-layer-freq '([0]*3+[1]*58)' \
+    --moe-router-score-function sigmoid \
+    --moe-router-dtype fp32 \
+    --moe-router-num-groups 8 \
+    --moe-router-group-topk 4 \
+    --moe-router-topk-scaling-factor 2.5 \
     --moe-grouped-gemm \
     --moe-token-dispatcher-type alltoall \
-    --moe-router-load-balancing-type aux_loss \
-    --moe-aux-loss-coeff 1e-2 \
+    --moe-router-enable-expert-bias \
+    --moe-router-bias-update-rate 1e-3 \
+    --moe-router-load-balancing-type seq_aux_loss \
+    --moe-aux-loss-coeff 1e-4 \
+    --mtp-num-layers 1 \
+    --mtp-loss-scaling-factor 0.1 \
     --tokenizer-type HuggingFaceTokenizer \
     --tokenizer-model "$TOKENIZER_MODEL" \
     --tensor-model-parallel-size 2 \
@@ -71,7 +80,7 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --expert-model-parallel-size 8 \
     --expert-tensor-parallel-size 1 \
     --sequence-parallel \
-    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14,t*2L' \
+    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14,t*2mL' \
     --micro-batch-size 1 \
     --global-batch-size 2304 \
     --recompute-granularity full \

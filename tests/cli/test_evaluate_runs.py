@@ -1,0 +1,112 @@
+"""`evaluate` and `solve` accept the runs people have: expert-TP apart from TP, Megatron-FSDP with EP,
+EP with CP, GB200 racks partly filled, pinned layouts, and the overlap / optimizer knobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from autoshard.cli import app
+
+FAST = ["--workers", "1", "--time-limit", "10"]
+
+
+def run(*args: str):
+    res = CliRunner().invoke(app, list(args))
+    obj = None
+    if "--json" in args and res.stdout.strip():
+        obj = json.loads(res.stdout)
+    return res.exit_code, obj, res.stderr
+
+
+QWEN_256 = ["evaluate", "qwen3-235b-a22b", "dgx-h100", "--gpus", "256", "--seq-len", "4096",
+            "--global-batch-size", "2048", "--json"]
+
+
+def test_expert_grid_that_does_not_divide_suggests_etp_1() -> None:
+    """TP 2 x PP 8 x EP 32 on 256 GPUs: ETP defaults to TP, and ETP 2 x EP 32 = 64 does not divide
+    TP x DP = 32; Megatron-Core's --expert-tensor-parallel-size 1 makes it legal."""
+    code, _, err = run(*QWEN_256, "--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "32")
+    assert code == 2 and "--etp 1 makes it legal" in err
+    code, plan, _ = run(*QWEN_256, "--tp", "2", "--pp", "8", "--vpp", "4", "--ep", "32", "--etp", "1")
+    assert code in (0, 1) and (plan["plan"]["ep"], plan["plan"]["etp"]) == (32, 1)
+
+
+def test_solve_pins_get_the_same_hint() -> None:
+    code, _, err = run("solve", "qwen3-235b-a22b", "dgx-h100", "--gpus", "256", "--tp", "2", "--pp", "8", "--ep", "32",
+                       *FAST)
+    assert code == 2 and "--etp 1" in err
+
+
+def test_megatron_fsdp_with_expert_parallelism() -> None:
+    code, plan, _ = run(*QWEN_256, "--tp", "2", "--pp", "1", "--ep", "8", "--etp", "1", "--zero-stage", "3",
+                        "--recompute", "full", "--mbs", "4")
+    assert code in (0, 1)
+    assert (plan["plan"]["zero_stage"], plan["plan"]["ep"]) == (3, 8)
+    assert "--use-megatron-fsdp" in plan["launch"]["megatron"]
+    # weights sharded over the data-parallel ranks: far less than the 470 GB of BF16 weights / TP 2
+    assert plan["predicted"]["memory_gib"]["breakdown"]["weights"] < 10
+
+
+def test_expert_parallelism_with_context_parallelism() -> None:
+    code, plan, _ = run("evaluate", "qwen3-235b-a22b", "dgx-h100", "--gpus", "256", "--seq-len", "32768",
+                        "--global-batch-size", "256", "--tp", "4", "--pp", "8", "--vpp", "4", "--cp", "2", "--ep", "8",
+                        "--recompute-modules", "layernorm,moe", "--json")
+    assert code in (0, 1)
+    assert (plan["plan"]["cp"], plan["plan"]["ep"], plan["plan"]["etp"]) == (2, 8, 4)
+
+
+def test_gb200_racks_partly_filled() -> None:
+    """256 GPUs = 64 trays: three full NVL72 racks and 40 GPUs of a fourth (refused before)."""
+    code, plan, _ = run("evaluate", "llama-3.1-70b", "gb200-nvl72", "--gpus", "256", "--tp", "4", "--pp", "2", "--json")
+    assert code in (0, 1) and plan["num_gpus"] == 256
+
+
+def test_solve_with_a_pinned_layout() -> None:
+    code, plan, _ = run("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "32", "--pp", "4", "--tp", "8",
+                        "--layout", "Et*9|t*7|t*8|t*8L", "--json", *FAST)
+    assert code == 0
+    sizes = [len(s["layers"]) for s in plan["plan"]["stages"]]
+    assert sizes == [10, 7, 8, 9]
+    assert "--pipeline-model-parallel-layout" in plan["launch"]["megatron"]
+    code, _, err = run("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "32", "--layout", "Et*16|t*16L", *FAST)
+    assert code == 2 and "pin it with --pp" in err
+
+
+def test_evaluate_with_first_and_last_stage_counts() -> None:
+    code, plan, _ = run("evaluate", "llama-3.1-405b", "dgx-h100", "--gpus", "1024", "--tp", "8", "--pp", "16",
+                        "--decoder-first-pipeline-num-layers", "7", "--decoder-last-pipeline-num-layers", "7",
+                        "--recompute", "full", "--json")
+    assert code in (0, 1)
+    decoders = [sum(1 for n in s["layers"] if n.startswith("decoder.")) for s in plan["plan"]["stages"]]
+    assert decoders == [7] + [8] * 14 + [7]
+
+
+@pytest.mark.parametrize(("flag", "worse"), [
+    ("--no-tp-comm-overlap", "step_time_s"),
+    ("--no-overlap-grad-reduce", "step_time_s"),
+])
+def test_overlap_knobs_change_the_prediction(flag: str, worse: str) -> None:
+    base = ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--tp", "8", "--pp", "2", "--json"]
+    _, on, _ = run(*base)
+    _, off, _ = run(*base, flag)
+    assert off["predicted"][worse] > on["predicted"][worse]
+    assert on["plan"]["tp_comm_overlap"] is True
+    if flag == "--no-tp-comm-overlap":
+        assert off["plan"]["tp_comm_overlap"] is False and "--tp-comm-overlap" not in off["launch"]["megatron"]
+    else:
+        assert off["plan"]["overlap_grad_reduce"] is False and "--overlap-grad-reduce" not in off["launch"]["megatron"]
+
+
+def test_distributed_optimizer_knob() -> None:
+    base = ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--tp", "8", "--pp", "2", "--json"]
+    _, on, _ = run(*base, "--distributed-optimizer")
+    _, off, _ = run(*base, "--no-distributed-optimizer")
+    assert (on["plan"]["zero_stage"], off["plan"]["zero_stage"]) == (1, 0)
+    # FP32 master weights and Adam moments (12 B/param) sharded over DP 4 vs replicated
+    ratio = off["predicted"]["memory_gib"]["breakdown"]["optimizer"] / on["predicted"]["memory_gib"]["breakdown"]["optimizer"]
+    assert ratio == pytest.approx(4, rel=1e-6)
+    code, _, err = run(*base, "--no-distributed-optimizer", "--zero-stage", "1")
+    assert code == 2 and "contradicts" in err
