@@ -10,7 +10,9 @@ Conventions (the Megatron-LM paper's, so calibration rows compare like with like
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
@@ -133,6 +135,7 @@ def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int)
     return LayerFlops(linear=linear, attention=attention)
 
 
+@lru_cache(maxsize=4096)
 def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation)."""
     tokens = seq_len * global_batch_size
@@ -178,7 +181,10 @@ def attention_time_s(
     heads = model.num_attention_heads / dims.tp
     if flash:
         flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
-        return flops / (gpu.bf16_tflops * 1e12 * gpu.efficiency.attention)
+        eff = gpu.efficiency
+        s0 = eff.attention_half_seq
+        attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
+        return flops / (gpu.bf16_tflops * 1e12 * attn_eff)
     batch = max(1, round(heads * tokens / seq_len))
     scores = Gemm(seq_len, seq_len, qk_dim, batch, fp8_capable=False)
     values = Gemm(seq_len, v_dim, seq_len, batch, fp8_capable=False)
@@ -258,6 +264,14 @@ def layer_compute_time(
         ew_bytes += sum(3.0 * g.m * g.k * g.count for g in gemms if g.fp8_capable)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
+    if kind is LayerKind.MOE and model.moe is not None and dims.ep > 1:
+        # The busiest EP rank gates the layer: its expert GEMMs carry the sampling imbalance of
+        # uniform routing (autoshard.costmodel.moe.imbalance_factor); the FLOPs stay the mean.
+        n_expert = 2  # the last two GEMMs: grouped expert up and down projections
+        expert = gemms[-n_expert:]
+        pairs = tokens * model.moe.top_k * dims.expert_tp / dims.tp
+        extra = imbalance_factor(dims.ep, pairs) - 1.0
+        gemm_s += extra * sum(gemm_time_s(g, gpu, precision) for g in expert)
     forward = gemm_s + attn_s + ew_s
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x).

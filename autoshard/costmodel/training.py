@@ -26,6 +26,7 @@ from autoshard.costmodel.memory import (
     torchtitan_loss_bytes,
 )
 from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.pipeline import schedule_time
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
@@ -180,16 +181,16 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         attn_window = 0.25 * ct.forward_s  # the attention core is roughly a quarter of a layer at long context
         cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - 2.5 * attn_window)
 
-    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward.
+    # Expert parallel: token dispatch and combine per MoE layer, forward (and recompute) and backward,
+    # priced per dispatcher on the links it crosses (autoshard.costmodel.moe).
     ep_s = 0.0
     if kind is LayerKind.MOE and model.moe is not None:
         local_tokens = tokens / dims.tp if cfg.sp else tokens
-        routed_bytes = local_tokens * model.moe.top_k * h * BF16
-        if dims.ep > 1:
-            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_TO_ALL, routed_bytes, dims.ep, links.ep)
-        if dims.expert_tp > 1:
-            gathered = routed_bytes * dims.expert_tp
-            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_GATHER, gathered, dims.expert_tp, links.etp)
+        one = dispatch_time_s(
+            cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
+            ep=dims.ep, etp=dims.expert_tp, pool=pool,
+        )
+        ep_s = (fwd_passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
     states = model_state_bytes(
