@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoshard.costmodel.moe import imbalance_factor
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.model import LayerKind, ModelSpec
@@ -21,6 +21,7 @@ from autoshard.specs.model import LayerKind, ModelSpec
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
+    "fp8_cast_bytes_per_element",
 ]
 
 BF16_BYTES = 2
@@ -251,7 +252,13 @@ def layer_compute_time(
     recompute: Recompute,
     sequence_parallel: bool,
     flash_attention: bool = True,
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED,
+    recompute_moe: bool = False,
 ) -> ComputeTime:
+    """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
+
+    recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, experts)
+    is run again in backward instead of keeping its activations."""
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
@@ -260,8 +267,9 @@ def layer_compute_time(
     gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
     ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
     if precision is Precision.FP8 and gpu.fp8_tflops:
-        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8).
-        ew_bytes += sum(3.0 * g.m * g.k * g.count for g in gemms if g.fp8_capable)
+        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8), plus
+        # what the recipe adds (fp8_cast_bytes_per_element).
+        ew_bytes += sum(fp8_cast_bytes_per_element(fp8_recipe) * g.m * g.k * g.count for g in gemms if g.fp8_capable)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
     if kind is LayerKind.MOE and model.moe is not None and dims.ep > 1:
@@ -283,4 +291,34 @@ def layer_compute_time(
             re = attn_s
         case Recompute.FULL:
             re = forward if kind in (LayerKind.DENSE, LayerKind.MOE) else 0.0
+    if recompute_moe and kind is LayerKind.MOE and recompute is not Recompute.FULL and model.moe is not None:
+        # router + expert GEMMs (with the imbalance) and the permutation copies run once more
+        moe_gemms = [g for g in gemms if not g.fp8_capable] + gemms[-2:]
+        moe_s = sum(gemm_time_s(g, gpu, precision) for g in moe_gemms)
+        if dims.ep > 1:
+            moe_s += (imbalance_factor(dims.ep, tokens * model.moe.top_k * dims.expert_tp / dims.tp) - 1.0) * sum(
+                gemm_time_s(g, gpu, precision) for g in gemms[-2:])
+        permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
+        re += moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)
+
+
+def fp8_cast_bytes_per_element(recipe: Fp8Recipe) -> float:
+    """HBM bytes per element to quantize one FP8 GEMM input in Transformer Engine.
+
+    delayed: read BF16 (2) and write FP8 (1), the scale comes from the amax history.
+    tensorwise (current scaling): an extra read pass for the tensor's amax before the cast (+2).
+    blockwise (1x128 / 128x128 scales): one fused amax-and-cast pass, but the column-wise
+    (transposed) copy the weight gradient needs is written as well (+1).
+    mxfp8 (Blackwell, 1x32 E8M0 scales in hardware): row-wise and column-wise copies (+1) and their
+    scales (1/32 each)."""
+    match recipe:
+        case Fp8Recipe.DELAYED:
+            return 3.0
+        case Fp8Recipe.TENSORWISE:
+            return 5.0
+        case Fp8Recipe.BLOCKWISE:
+            return 4.0
+        case Fp8Recipe.MXFP8:
+            return 4.0 + 2.0 / 32
+    raise AssertionError(recipe)

@@ -72,6 +72,15 @@ class TrainConfig:
     """MoE token dispatcher (Megatron --moe-token-dispatcher-type); ignored for dense models."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
     """FP8 scaling recipe (Megatron --fp8-recipe); ignored unless precision is FP8."""
+    grad_reduce_fp32: bool = True
+    """FP32 gradient buffer and reduction (Megatron-LM's default for BF16, --accumulate-allreduce-
+    grads-in-fp32); False: BF16 gradients (Megatron-Core grad_reduce_in_fp32=False, NeMo's
+    performance recipes): half the gradient memory and half the DP reduce-scatter bytes."""
+    fp8_param_gather: bool = False
+    """Keep the weights in FP8 and all-gather them in FP8 (Megatron --fp8-param-gather; FP8 only)."""
+    recompute_moe: bool = False
+    """Megatron --recompute-modules moe: MoE layers keep only their input and re-run router,
+    dispatch and experts in backward (the dispatch runs once more too)."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -146,6 +155,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
+        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
@@ -190,14 +200,16 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
             ep=dims.ep, etp=dims.expert_tp, pool=pool,
         )
-        ep_s = (fwd_passes + 1) * one
+        passes = fwd_passes + (1 if cfg.recompute_moe and fwd_passes == 1 else 0)
+        ep_s = (passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
     states = model_state_bytes(
-        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework)
+        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
+        grad_fp32=cfg.grad_reduce_fp32, fp8_params=cfg.fp8_param_gather and cfg.precision is Precision.FP8)
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
-        flash_attention=cfg.flash_attention,
+        flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,
     )
     if cfg.framework is TrainFramework.TORCHTITAN:
         tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)
@@ -207,9 +219,9 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             # Working set while the block is recomputed: what it would save without checkpointing.
             full_act = max(act, layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs))
     else:
-        act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
+        act = layer_activation_bytes(model, kind, recompute=recompute, recompute_moe=cfg.recompute_moe, **act_kwargs)
         full_act = act
-        if recompute is Recompute.FULL:
+        if recompute is Recompute.FULL or (cfg.recompute_moe and kind is LayerKind.MOE):
             full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
     return LayerCost(
         compute_s=ct.forward_s + ct.backward_s,
@@ -364,13 +376,16 @@ def _dp_time_s(cfg: TrainConfig, pool: PoolSpec, dense_params: float, expert_par
     for params, ranks, link in ((dense_params, dims.dp * dims.cp, links.dp), (expert_params, dims.expert_dp, links.edp)):
         if ranks <= 1 or params <= 0:
             continue
-        grads = params * 4  # FP32 gradient reduction (Megatron accumulates and reduces BF16 runs in FP32)
+        # FP32 gradient reduction (Megatron-LM's default for BF16) or BF16 (grad_reduce_in_fp32=False)
+        grads = params * (4 if cfg.grad_reduce_fp32 else BF16)
+        # parameter all-gather in BF16, or in FP8 with --fp8-param-gather
+        param_bytes = 1 if (cfg.fp8_param_gather and cfg.precision is Precision.FP8) else BF16
         if cfg.zero_stage == 0:
             t += collective_time_s(Collective.ALL_REDUCE, grads, ranks, link)
         else:
             t += collective_time_s(Collective.REDUCE_SCATTER, grads, ranks, link)
             gathers = 1 if cfg.zero_stage < 3 else 2 * cfg.num_microbatches
-            t += gathers * collective_time_s(Collective.ALL_GATHER, params * BF16, ranks, link)
+            t += gathers * collective_time_s(Collective.ALL_GATHER, params * param_bytes, ranks, link)
     return t
 
 

@@ -46,7 +46,7 @@ class EfficiencySpec(FrozenSpec):
     gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
     attention: Fraction = 0.25
     """Fraction of dense BF16 peak that fused (flash) attention reaches, at 4,096-token sequences."""
-    attention_half_seq: Annotated[float, Field(ge=0)] = 0.0
+    attention_half_seq: Annotated[float, Field(ge=0)] = 4096.0
     """Sequence-length dependence of fused causal training attention: at sequence length s it runs
     at attention * r(s) / r(4096), r(s) = s / (s + attention_half_seq), capped at 1 (per-query-block
     fixed work and half-empty diagonal tiles weigh less as s grows). 0: flat."""

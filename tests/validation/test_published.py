@@ -34,12 +34,28 @@ def test_no_dense_run_worse_than_25_percent(run):
 
 def test_moe_runs():
     """Fine-grained MoE (Qwen3-235B-A22B on H100/GB200/GB300, DeepSeek-V3 on GB200, Mixtral on
-    B200/GB200). Known gaps, reported in README: the intra-node EP8 plans with PP32 or TP4 run
-    22-38 % slower than predicted, and the long-context rows (16k-128k, CP 1-8) are predicted 10-74 %
-    too slow; the median holds."""
+    B200/GB200): 13 held runs, median |error| 5.2 %. Known gaps, reported in README: the intra-node
+    EP8 plans with PP32 (-22 %) or TP4 (-38 %) run slower than predicted, and Mixtral 8x7B on B200
+    is predicted 20 % fast."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert statistics.median(errs) <= 0.12
-    assert sum(e <= 0.15 for e in errs) >= 8
+    assert len(errs) == 13
+    assert statistics.median(errs) <= 0.08
+    assert sum(e <= 0.15 for e in errs) >= 10
+
+
+KNOWN_UNFIT = {
+    # NeMo 24.07 H100 FP8 rows: the run's gradient-buffer and FP8-weight settings are not published
+    # (modelled as Megatron-LM's FP32 gradients and BF16 weights); predicted 1-19 % over 80 GB.
+    "nemo2407-h100-fp8-gpt3-20b", "nemo2407-h100-fp8-nemotron-340b", "nemo2407-h100-fp8-llama3-8b",
+    # llm-foundry's Composer FSDP is modelled with Megatron's memory rules; predicted 83 GiB of 80.
+    "mpt-a100-30b-seq2048-8gpu",
+}
+
+
+def test_published_runs_fit_in_memory():
+    """Every published run ran, so each should be predicted to fit; the known exceptions above are
+    listed so that a new one fails."""
+    assert {r.id for r in RESULTS if not r.fits} <= KNOWN_UNFIT
 
 
 def test_every_skip_has_a_reason():

@@ -117,6 +117,8 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
+        grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
+        recompute_moe=run.get("recompute_moe", False),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])
