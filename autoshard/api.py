@@ -15,10 +15,10 @@ from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron import megatron_command
 from autoshard.emit.megatron_parse import default_stages
 from autoshard.errors import SpecError
-from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins
+from autoshard.search.space import Pins, check_moe_fp8_knobs, default_fp8_recipe, dispatcher_for
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
@@ -103,8 +103,12 @@ def evaluate(
     sequence_parallel: bool = True,
     zero_stage: int = 1,
     stages: tuple[Stage, ...] | None = None,
+    moe_dispatcher: MoeDispatcher | None = None,
+    fp8_recipe: Fp8Recipe | None = None,
 ) -> Plan:
-    """Predict a plan the user already has (Megatron's even layout unless `stages` is given)."""
+    """Predict a plan the user already has (Megatron's even layout unless `stages` is given). The MoE
+    dispatcher and FP8 recipe default to what the solver would pick (search.space.dispatcher_for,
+    default_fp8_recipe)."""
     gpus = cluster.num_gpus
     if gpus % (tp * cp * pp):
         raise SpecError(f"TP x CP x PP = {tp * cp * pp} does not divide the {gpus} GPUs: change the degrees or --gpus",
@@ -122,11 +126,14 @@ def evaluate(
         raise SpecError("; ".join(problems), source="parallel degrees")
     if zero_stage >= 2 and (pp > 1 or ep > 1):
         raise SpecError("ZeRO-2/3 (Megatron FSDP) needs PP 1 and EP 1", source="--zero-stage")
+    check_moe_fp8_knobs(model, cluster, job, moe_dispatcher, fp8_recipe)
     try:
         cfg = TrainConfig(
             dims=dims, micro_batch_size=micro_batch_size, global_batch_size=job.global_batch_size, seq_len=job.seq_len,
             precision=job.precision, recompute=recompute, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
             optimizer=job.optimizer, tp_comm_overlap=sequence_parallel and tp > 1, overlap_grad_reduce=True,
+            moe_dispatcher=moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+            fp8_recipe=fp8_recipe or default_fp8_recipe(cluster),
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autoshard.errors import AutoshardError, SpecError
+from autoshard.parallel import Fp8Recipe, MoeDispatcher
 
 app = typer.Typer(
     name="autoshard",
@@ -102,6 +103,8 @@ RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help=
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
+DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
+Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
 
 
 def _load(model_ref: str, cluster_ref: str, gpus: int | None):
@@ -123,13 +126,15 @@ def _print_plans_json(plans: list) -> None:
     _print_json(obj)
 
 
-def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage):
+def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage,
+                moe_dispatcher=None, fp8_recipe=None):
     from autoshard.parallel import Recompute
     from autoshard.search.space import Pins
 
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
-                sequence_parallel=sp, recompute_num_layers=recompute_num_layers)
+                sequence_parallel=sp, recompute_num_layers=recompute_num_layers,
+                moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe)
 
 
 def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None):
@@ -186,6 +191,7 @@ def solve(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
@@ -214,7 +220,8 @@ def solve(
         return
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
-    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+    pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                       moe_dispatcher, fp8_recipe)
     options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
                                   memory_fraction=memory_fraction)
     plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
@@ -298,6 +305,7 @@ def evaluate(
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     json_out: JsonOpt = False,
@@ -343,10 +351,11 @@ def evaluate(
             micro_batch_size=mbs or 1, recompute=Recompute(recompute.value) if recompute else Recompute.NONE,
             recompute_num_layers=recompute_num_layers or 0,
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
-            zero_stage=1 if zero_stage is None else zero_stage,
+            zero_stage=1 if zero_stage is None else zero_stage, moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe,
         )
     else:
-        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
+        pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
+                           moe_dispatcher, fp8_recipe)
         plan = api_solve(model_spec, cluster_spec, job, pins=pins,
                          options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     if json_out:

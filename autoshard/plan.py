@@ -10,6 +10,7 @@ from typing import Any
 from autoshard.costmodel.bands import Band
 from autoshard.costmodel.training import Stage, TrainConfig, TrainPrediction
 from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import Precision
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
@@ -140,6 +141,8 @@ class Plan:
                 "zero_stage": cfg.zero_stage,
                 "seq_len": cfg.seq_len,
                 "precision": cfg.precision.value,
+                "moe_dispatcher": cfg.moe_dispatcher.value if self.model.moe is not None else None,
+                "fp8_recipe": cfg.fp8_recipe.value if cfg.precision is Precision.FP8 else None,
                 "tp_comm_overlap": cfg.tp_comm_overlap and cfg.sp,
                 "overlap_grad_reduce": cfg.overlap_grad_reduce,
                 "stages": [

@@ -25,7 +25,7 @@ from autoshard.emit import megatron_flags as mf
 from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
 
@@ -79,6 +79,11 @@ class ParsedMegatron:
     vocab_from_command: bool
     """False when the vocabulary size came from the caller or DEFAULT_VOCAB_SIZE (the tokenizer file
     decides it at run time)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLGATHER
+    """--moe-token-dispatcher-type (Megatron's default is allgather); --moe-enable-deepep reads as flex."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
+    """--fp8-recipe (Megatron's default is delayed)."""
+    fp8_param_gather: bool = False
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -116,6 +121,10 @@ class ParsedMegatron:
                 optimizer=self.optimizer,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 tp_comm_overlap=self.tp_comm_overlap,
+                # dense models ignore the dispatcher: keep TrainConfig's default
+                moe_dispatcher=self.moe_dispatcher if self.model.moe is not None else MoeDispatcher.ALLTOALL,
+                fp8_recipe=self.fp8_recipe,
+                fp8_param_gather=self.fp8_param_gather,
             )
         except ValueError as exc:
             raise SpecError(
@@ -346,6 +355,26 @@ def _precision(r: FlagReader) -> Precision:
     return Precision.BF16
 
 
+def _dispatcher(r: FlagReader) -> MoeDispatcher:
+    if r.on("--moe-enable-deepep"):
+        return MoeDispatcher.FLEX
+    kind = r.text("--moe-token-dispatcher-type", "allgather")
+    try:
+        return MoeDispatcher(kind)
+    except ValueError:
+        r.warnings.append(f"--moe-token-dispatcher-type '{kind}' is not allgather, alltoall or flex; read as allgather")
+        return MoeDispatcher.ALLGATHER
+
+
+def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
+    recipe = r.text("--fp8-recipe", "delayed")
+    try:
+        return Fp8Recipe(recipe)
+    except ValueError:
+        r.warnings.append(f"--fp8-recipe '{recipe}' is not delayed, tensorwise, blockwise or mxfp8; predicted as delayed")
+        return Fp8Recipe.DELAYED
+
+
 def _recompute(r: FlagReader) -> tuple[Recompute, int]:
     granularity = r.text("--recompute-granularity")
     if r.on("--recompute-activations"):
@@ -547,6 +576,9 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         stages=tuple(stages) if stages is not None else None,
         warnings=(),
         vocab_from_command=vocab_known,
+        moe_dispatcher=_dispatcher(r),
+        fp8_recipe=_fp8_recipe(r),
+        fp8_param_gather=r.on("--fp8-param-gather"),
     )
     if launch.world_size is not None:
         try:

@@ -9,11 +9,12 @@ rules are Megatron-LM's (arguments.py validate_args, TransformerConfig, parallel
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.training import TrainConfig
-from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -39,6 +40,10 @@ class Pins:
     zero_stage: int | None = None
     sequence_parallel: bool | None = None
     recompute_num_layers: int | None = None
+    moe_dispatcher: MoeDispatcher | None = None
+    """MoE token dispatcher; None: the cheapest for each plan's expert grid (dispatcher_for)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """FP8 scaling recipe; None: mxfp8 on Blackwell, delayed elsewhere (default_fp8_recipe)."""
 
     def describe(self) -> str:
         items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers") if getattr(self, k) is not None]
@@ -97,6 +102,25 @@ def _world_sizes(cluster: ClusterSpec) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
+def check_moe_fp8_knobs(
+    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, dispatcher: MoeDispatcher | None, recipe: Fp8Recipe | None,
+) -> None:
+    """--moe-dispatcher needs an MoE model; --fp8-recipe needs --precision fp8, and mxfp8 Blackwell."""
+    from autoshard.errors import SpecError
+    from autoshard.specs.job import Precision
+
+    if dispatcher is not None and model.moe is None:
+        raise SpecError(f"--moe-dispatcher {dispatcher.value}: {model.name} has no experts (dense model): drop the option",
+                        source="--moe-dispatcher")
+    if recipe is not None and job.precision is not Precision.FP8:
+        raise SpecError(f"--fp8-recipe {recipe.value} needs --precision fp8 (the plan trains in {job.precision.value})",
+                        source="--fp8-recipe")
+    if recipe is Fp8Recipe.MXFP8 and default_fp8_recipe(cluster) is not Fp8Recipe.MXFP8:
+        gpus = ", ".join(sorted({p.gpu.name for p in cluster.pools}))
+        raise SpecError(f"--fp8-recipe mxfp8 needs Blackwell GPUs (block scaling in hardware), the cluster has {gpus}: "
+                        "use delayed, tensorwise or blockwise", source="--fp8-recipe")
+
+
 def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins) -> None:
     """Reject pinned degrees that break a framework rule before searching, naming the flag (SpecError)."""
     from autoshard.errors import SpecError
@@ -116,6 +140,7 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"EP {pins.ep} must divide the {model.moe.num_experts} experts", source="--ep")
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
+    check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
@@ -199,13 +224,45 @@ def enumerate_train(
                                 if problems:
                                     space.prune(problems[0].split(";")[0])
                                     continue
-                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs)
+                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs,
+                                                    extra=_moe_fp8_knobs(model, cluster, dims, job, pins))
     return space
+
+
+def default_fp8_recipe(cluster: ClusterSpec) -> Fp8Recipe:
+    """MXFP8 where every pool is Blackwell or newer (hardware block scaling), delayed scaling elsewhere."""
+    blackwell = all(re.match(r"^G?B[1-9]\d\d(?![0-9])", p.gpu.name.upper()) for p in cluster.pools)
+    return Fp8Recipe.MXFP8 if blackwell else Fp8Recipe.DELAYED
+
+
+def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, seq_len: int) -> MoeDispatcher:
+    """The cheapest MoE dispatcher for this expert grid. The dispatchers differ only in the bytes they
+    move (memory and compute are the same), so the cheapest one dominates: pick it per plan instead
+    of multiplying the candidates. Ties go to alltoall (no extra library needed)."""
+    from autoshard.costmodel.moe import dispatch_time_s
+
+    if model.moe is None or dims.ep * dims.expert_tp <= 1:
+        return MoeDispatcher.ALLTOALL
+    pool = min(cluster.pools, key=lambda p: p.node.domain_size)
+    tokens = seq_len / dims.cp / dims.tp
+    costs = {
+        d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
+                           num_experts=model.moe.num_experts, ep=dims.ep, etp=dims.expert_tp, pool=pool)
+        for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
+    }
+    return min(costs, key=costs.__getitem__)  # first of equals: alltoall
+
+
+def _moe_fp8_knobs(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, job: TrainJob, pins: Pins) -> dict:
+    return {
+        "moe_dispatcher": pins.moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+        "fp8_recipe": pins.fp8_recipe or default_fp8_recipe(cluster),
+    }
 
 
 def _add_batch_variants(
     space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
-    zeros: list[int], pins: Pins, gbs: int,
+    zeros: list[int], pins: Pins, gbs: int, extra: dict | None = None,
 ) -> None:
     for mbs in mbss:
         if gbs % (mbs * dims.dp):
@@ -228,7 +285,7 @@ def _add_batch_variants(
                     TrainConfig(
                         dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
                         precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
-                        optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True,
+                        optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True, **(extra or {}),
                     )
                 )
                 space.enumerated += 1
