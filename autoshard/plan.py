@@ -163,6 +163,8 @@ class Plan:
                 "tflops_per_gpu": pred.tflops_per_gpu,
                 "hw_tflops_per_gpu": pred.hw_tflops_per_gpu,
                 "mfu": pred.mfu,
+                "mfu_peak": pred.mfu_peak,
+                "notes": list(pred.notes),
                 "time_breakdown_s": {
                     "compute": t.compute, "tp_comm": t.tp_comm, "cp_comm": t.cp_comm, "ep_comm": t.ep_comm,
                     "pp_comm": t.pp_comm, "dp_comm_exposed": t.dp_comm_exposed, "bubble": t.bubble,

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
+from autoshard.costmodel.efficiency import efficiency_source, is_borrowed
 from autoshard.costmodel.memory import (
     BF16,
     FP32,
@@ -354,6 +355,8 @@ class TrainPrediction:
     rank_time_s: tuple[float, ...]
     num_gpus: int
     notes: tuple[str, ...] = field(default=())
+    mfu_peak: str = "bf16 dense"
+    """The peak MFU is measured against: "bf16 dense" or "fp8 dense" (no sparsity)."""
 
     @property
     def fits(self) -> bool:
@@ -547,6 +550,13 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         fp8 = cfg.precision is Precision.FP8 and gpu.fp8_tflops
         peaks.append((gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * stage_gpus)
     peak = sum(peaks) / num_gpus
+    used_gpus = {pools[st.pool].gpu for st in stages}
+    fp8_peak = cfg.precision is Precision.FP8 and all(g.fp8_tflops for g in used_gpus)
+    notes = tuple(
+        f"{g.name}: efficiency {efficiency_source(g)} (no published run of this GPU: its speed is that fit "
+        "scaled by datasheet peaks, less certain)"
+        for g in sorted(used_gpus, key=lambda g: g.name) if is_borrowed(g)
+    )
     return TrainPrediction(
         step_time_s=step,
         tokens_per_s=tokens / step,
@@ -562,4 +572,6 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         rank_capacity_bytes=tuple(rank_cap),
         rank_time_s=tuple(rank_time),
         num_gpus=num_gpus,
+        notes=notes,
+        mfu_peak="fp8 dense" if fp8_peak else "bf16 dense",
     )

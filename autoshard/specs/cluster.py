@@ -72,6 +72,11 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
+    fitted_gpu: str | None = "H100-SXM5-80GB"
+    """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
+    name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency_source)."""
+    fitted_runs: Annotated[int, Field(ge=0)] = 29
+    """How many published runs of `fitted_gpu` the fit used (tests/validation/fit_efficiency.py)."""
 
 
 class GpuSpec(FrozenSpec):

@@ -3,6 +3,8 @@ parameter gathers, MoE recompute, the sequence-length dependence of fused attent
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoshard.costmodel.compute import attention_time_s, fp8_cast_bytes_per_element, layer_compute_time
@@ -94,3 +96,27 @@ def test_attention_efficiency_grows_with_sequence_length():
     assert eff(4096) == pytest.approx(0.25)
     assert eff(131072) == pytest.approx(0.25 * (131072 / (131072 + 4096)) / 0.5)
     assert eff(1024) == pytest.approx(0.25 * 0.2 / 0.5)
+
+
+def test_efficiency_source_says_fitted_or_borrowed():
+    from autoshard.costmodel.efficiency import efficiency_source
+
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 29 runs"
+    assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
+    assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
+    for name in ("dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x"):
+        assert efficiency_source(load_cluster(name).primary.gpu) == "borrowed from H100-SXM5-80GB"
+
+
+def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
+    cfg = TrainConfig(dims=ParallelDims(tp=1, dp=8), micro_batch_size=1, global_batch_size=8, seq_len=8192,
+                      precision=Precision.FP8)
+    model = load_model("llama-3.1-8b")
+    h100 = predict_train(model, load_cluster("dgx-h100").with_gpus(8), cfg, default_stages(model, pp=1))
+    assert h100.mfu_peak == "fp8 dense" and h100.notes == ()
+    assert h100.mfu == pytest.approx(h100.tflops_per_gpu / 1979)
+    h200 = predict_train(model, load_cluster("dgx-h200").with_gpus(8), cfg, default_stages(model, pp=1))
+    assert len(h200.notes) == 1 and "borrowed from H100-SXM5-80GB" in h200.notes[0]
+    a100 = predict_train(model, load_cluster("dgx-a100-80gb").with_gpus(8),
+                         dataclasses.replace(cfg, precision=Precision.BF16), default_stages(model, pp=1))
+    assert a100.mfu_peak == "bf16 dense" and a100.mfu == pytest.approx(a100.tflops_per_gpu / 312)
