@@ -35,7 +35,8 @@ class EfficiencySpec(FrozenSpec):
     and NeMo runs; `python tests/validation/fit_efficiency.py` reproduces it). The A100 fit lives in the
     A100 cluster files. GPU types with no published run to fit on (H200, B200, GB200, MI300X, L40S,
     H100 PCIe) use these H100 defaults: their predictions scale with their datasheet peaks, not with
-    measured efficiencies. One fit per GPU type, never per run."""
+    measured efficiencies. One fit per GPU type, never per run. (fit_efficiency.py on today's larger
+    run set moves some H100 values; they are not re-shipped while serving shares gemm/hbm/attention.)"""
 
     gemm: Fraction = 0.70
     """Fraction of dense peak a large BF16 GEMM reaches (cuBLAS on big square-ish shapes)."""
