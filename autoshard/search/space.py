@@ -46,7 +46,8 @@ class Pins:
     """FP8 scaling recipe; None: mxfp8 on Blackwell, delayed elsewhere (default_fp8_recipe)."""
 
     def describe(self) -> str:
-        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers") if getattr(self, k) is not None]
+        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers", "moe_dispatcher", "fp8_recipe")
+                 if getattr(self, k) is not None]
         return ", ".join(items) or "none"
 
 
