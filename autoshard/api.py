@@ -16,10 +16,10 @@ from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron import megatron_command
 from autoshard.emit.megatron_parse import LayoutFlags, default_stages, layout_stages, predict_layout
 from autoshard.errors import SpecError
-from autoshard.parallel import ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins, model_fp8_recipe
+from autoshard.search.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
@@ -138,10 +138,13 @@ def evaluate(
     recompute_modules: tuple[str, ...] = (),
     tp_comm_overlap: bool | None = None,
     overlap_grad_reduce: bool = True,
+    moe_dispatcher: MoeDispatcher | None = None,
+    fp8_recipe: Fp8Recipe | None = None,
 ) -> Plan:
     """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
-    `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible."""
+    `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible. The MoE dispatcher
+    and FP8 recipe default to what the solver would pick (search.space.dispatcher_for, fp8_recipe_for)."""
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
         from autoshard.search.space import SELECTIVE_AND_BLOCK
 
@@ -168,14 +171,17 @@ def evaluate(
     if zero_stage >= 2 and pp > 1:
         raise SpecError("ZeRO-2/3 (Megatron-FSDP) needs PP 1 (it shards over DP, with or without EP)",
                         source="--zero-stage")
+    check_moe_fp8_knobs(model, cluster, job, moe_dispatcher, fp8_recipe)
     try:
         cfg = TrainConfig(
             dims=dims, micro_batch_size=micro_batch_size, global_batch_size=job.global_batch_size, seq_len=job.seq_len,
             precision=job.precision, recompute=recompute, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
             optimizer=job.optimizer,
             tp_comm_overlap=(sequence_parallel and tp > 1) if tp_comm_overlap is None else tp_comm_overlap,
-            overlap_grad_reduce=overlap_grad_reduce, **model_fp8_recipe(model),
+            overlap_grad_reduce=overlap_grad_reduce,
             recompute_modules=recompute_modules if recompute is Recompute.SELECTIVE else (),
+            moe_dispatcher=moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+            fp8_recipe=fp8_recipe_for(model, cluster, fp8_recipe),
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autoshard.errors import AutoshardError, SpecError
+from autoshard.parallel import Fp8Recipe, MoeDispatcher
 
 app = typer.Typer(
     name="autoshard",
@@ -111,6 +112,8 @@ AcctLossOpt = Annotated[bool, typer.Option("--account-for-loss-in-pipeline-split
 TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Evaluate: TP communication overlap (default: on with sequence parallelism).")]
 DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Evaluate: overlap DP gradient reduce / param gather with compute (default: on).")]
 DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
+DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
+Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
 
 
 def _load(model_ref: str, cluster_ref: str, gpus: int | None):
@@ -132,13 +135,15 @@ def _print_plans_json(plans: list) -> None:
     _print_json(obj)
 
 
-def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=()):
+def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=(),
+                moe_dispatcher=None, fp8_recipe=None):
     from autoshard.parallel import Recompute
     from autoshard.search.space import Pins
 
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
-                sequence_parallel=sp, recompute_num_layers=recompute_num_layers, recompute_modules=modules or None)
+                sequence_parallel=sp, recompute_num_layers=recompute_num_layers, recompute_modules=modules or None,
+                moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe)
 
 
 def _recompute_modules(text: str | None, recompute):
@@ -221,6 +226,7 @@ def solve(
     layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
     decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
     account_for_loss_in_pipeline_split: AcctLossOpt = False, recompute_modules: RecomputeModulesOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
@@ -251,7 +257,7 @@ def solve(
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     modules, recompute = _recompute_modules(recompute_modules, recompute)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
-                       modules)
+                       modules, moe_dispatcher, fp8_recipe)
     options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
                                   memory_fraction=memory_fraction)
     flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
@@ -347,6 +353,7 @@ def evaluate(
     account_for_loss_in_pipeline_split: AcctLossOpt = False, tp_comm_overlap: TpOverlapOpt = None,
     overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     from_sglang: Annotated[str | None, typer.Option("--from-sglang", help="Read a serving plan from a `python -m sglang.launch_server` command.")] = None,
@@ -426,6 +433,7 @@ def evaluate(
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
             zero_stage=1 if zero_stage is None else zero_stage, layout=flags, recompute_modules=modules,
             tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
+            moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe,
         )
     elif flags.given():
         from autoshard.api import solve_with_layout
@@ -436,7 +444,7 @@ def evaluate(
                                  options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     else:
         pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
-                           modules)
+                           modules, moe_dispatcher, fp8_recipe)
         plan = api_solve(model_spec, cluster_spec, job, pins=pins,
                          options=_solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
     if json_out:

@@ -10,6 +10,7 @@ from typing import Any
 from autoshard.costmodel.bands import Band, band_of, sanity_for
 from autoshard.costmodel.training import Stage, TrainConfig, TrainPrediction
 from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import Precision
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
@@ -142,6 +143,8 @@ class Plan:
                 "zero_stage": cfg.zero_stage,
                 "seq_len": cfg.seq_len,
                 "precision": cfg.precision.value,
+                "moe_dispatcher": cfg.moe_dispatcher.value if self.model.moe is not None else None,
+                "fp8_recipe": cfg.fp8_recipe.value if cfg.precision is Precision.FP8 else None,
                 "tp_comm_overlap": cfg.tp_comm_overlap and cfg.sp,
                 "overlap_grad_reduce": cfg.overlap_grad_reduce,
                 "stages": [
@@ -162,6 +165,8 @@ class Plan:
                 "tflops_per_gpu": pred.tflops_per_gpu,
                 "hw_tflops_per_gpu": pred.hw_tflops_per_gpu,
                 "mfu": pred.mfu,
+                "mfu_peak": pred.mfu_peak,
+                "notes": list(pred.notes),
                 "time_breakdown_s": {
                     "compute": t.compute, "tp_comm": t.tp_comm, "cp_comm": t.cp_comm, "ep_comm": t.ep_comm,
                     "pp_comm": t.pp_comm, "dp_comm_exposed": t.dp_comm_exposed, "bubble": t.bubble,

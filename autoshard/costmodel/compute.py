@@ -10,8 +10,10 @@ Conventions (the Megatron-LM paper's, so calibration rows compare like with like
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.costmodel.moe import imbalance_factor
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.model import LayerKind, ModelSpec
@@ -19,6 +21,7 @@ from autoshard.specs.model import LayerKind, ModelSpec
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
+    "fp8_cast_bytes_per_element",
 ]
 
 BF16_BYTES = 2
@@ -133,6 +136,7 @@ def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int)
     return LayerFlops(linear=linear, attention=attention)
 
 
+@lru_cache(maxsize=4096)
 def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation)."""
     tokens = seq_len * global_batch_size
@@ -192,7 +196,10 @@ def attention_time_s(
     heads = model.num_attention_heads / dims.tp
     if flash:
         flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
-        return flops / (gpu.bf16_tflops * 1e12 * gpu.efficiency.attention)
+        eff = gpu.efficiency
+        s0 = eff.attention_half_seq
+        attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
+        return flops / (gpu.bf16_tflops * 1e12 * attn_eff)
     batch = max(1, round(heads * tokens / seq_len))
     scores = Gemm(seq_len, seq_len, qk_dim, batch, fp8_capable=False)
     values = Gemm(seq_len, v_dim, seq_len, batch, fp8_capable=False)
@@ -259,7 +266,13 @@ def layer_compute_time(
     recompute: Recompute,
     sequence_parallel: bool,
     flash_attention: bool = True,
+    fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED,
+    recompute_moe: bool = False,
 ) -> ComputeTime:
+    """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
+
+    recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, experts)
+    is run again in backward instead of keeping its activations."""
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
@@ -268,10 +281,19 @@ def layer_compute_time(
     gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
     ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
     if precision is Precision.FP8 and gpu.fp8_tflops:
-        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8).
-        ew_bytes += sum(3.0 * g.m * g.k * g.count for g in gemms if g.fp8_capable)
+        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8), plus
+        # what the recipe adds (fp8_cast_bytes_per_element).
+        ew_bytes += sum(fp8_cast_bytes_per_element(fp8_recipe) * g.m * g.k * g.count for g in gemms if g.fp8_capable)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
+    if kind is LayerKind.MOE and model.moe is not None and dims.ep > 1:
+        # The busiest EP rank gates the layer: its expert GEMMs carry the sampling imbalance of
+        # uniform routing (autoshard.costmodel.moe.imbalance_factor); the FLOPs stay the mean.
+        n_expert = 2  # the last two GEMMs: grouped expert up and down projections
+        expert = gemms[-n_expert:]
+        pairs = tokens * model.moe.top_k * dims.expert_tp / dims.tp
+        extra = imbalance_factor(dims.ep, pairs) - 1.0
+        gemm_s += extra * sum(gemm_time_s(g, gpu, precision) for g in expert)
     forward = gemm_s + attn_s + ew_s
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x).
@@ -283,4 +305,34 @@ def layer_compute_time(
             re = attn_s
         case Recompute.FULL:
             re = forward if kind in (LayerKind.DENSE, LayerKind.MOE) else 0.0
+    if recompute_moe and kind is LayerKind.MOE and recompute is not Recompute.FULL and model.moe is not None:
+        # router + expert GEMMs (with the imbalance) and the permutation copies run once more
+        moe_gemms = [g for g in gemms if not g.fp8_capable] + gemms[-2:]
+        moe_s = sum(gemm_time_s(g, gpu, precision) for g in moe_gemms)
+        if dims.ep > 1:
+            moe_s += (imbalance_factor(dims.ep, tokens * model.moe.top_k * dims.expert_tp / dims.tp) - 1.0) * sum(
+                gemm_time_s(g, gpu, precision) for g in gemms[-2:])
+        permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
+        re += moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)
+
+
+def fp8_cast_bytes_per_element(recipe: Fp8Recipe) -> float:
+    """HBM bytes per element to quantize one FP8 GEMM input in Transformer Engine.
+
+    delayed: read BF16 (2) and write FP8 (1), the scale comes from the amax history.
+    tensorwise (current scaling): an extra read pass for the tensor's amax before the cast (+2).
+    blockwise (1x128 / 128x128 scales): one fused amax-and-cast pass, but the column-wise
+    (transposed) copy the weight gradient needs is written as well (+1).
+    mxfp8 (Blackwell, 1x32 E8M0 scales in hardware): row-wise and column-wise copies (+1) and their
+    scales (1/32 each)."""
+    match recipe:
+        case Fp8Recipe.DELAYED:
+            return 3.0
+        case Fp8Recipe.TENSORWISE:
+            return 5.0
+        case Fp8Recipe.BLOCKWISE:
+            return 4.0
+        case Fp8Recipe.MXFP8:
+            return 4.0 + 2.0 / 32
+    raise AssertionError(recipe)

@@ -111,21 +111,25 @@ class ModelStateBytes:
 
 def model_state_bytes(
     shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM,
-    framework: TrainFramework = TrainFramework.MEGATRON,
+    framework: TrainFramework = TrainFramework.MEGATRON, grad_fp32: bool = True, fp8_params: bool = False,
 ) -> ModelStateBytes:
     """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards.
 
-    Megatron: BF16 weights, FP32 gradient buffer, FP32 master + moments. torchtitan (FSDP2 mixed
-    precision): the FP32 parameters are the master copy (4 B), gradients are FP32 (4 B) and the
-    optimizer holds only its moments; the BF16 compute copies are transient (see training.py)."""
+    Megatron: BF16 weights, FP32 gradient buffer, FP32 master + moments. `grad_fp32=False` is
+    Megatron-Core's grad_reduce_in_fp32=False (BF16 gradient buffer, what NeMo's performance recipes
+    run); `fp8_params=True` is --fp8-param-gather (the model weights are held in FP8, 1 B, the FP32
+    master copy stays in the optimizer). torchtitan (FSDP2 mixed precision): the FP32 parameters are
+    the master copy (4 B), gradients are FP32 (4 B) and the optimizer holds only its moments; the
+    BF16 compute copies are transient (see training.py)."""
     state = optimizer.state_bytes_per_param
-    w_bytes = BF16
+    w_bytes = 1 if fp8_params else BF16
+    g_bytes = FP32 if grad_fp32 else BF16
     if framework is TrainFramework.TORCHTITAN:
-        w_bytes, state = FP32, state - FP32  # FP32 params are the master weights
+        w_bytes, g_bytes, state = FP32, FP32, state - FP32  # FP32 params are the master weights
     weights = grads = opt = 0.0
     for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):
         # Megatron's distributed optimizer shards over the DP x CP group (both replicate weights).
-        w, g, o = w_bytes * params, FP32 * params, state * params
+        w, g, o = w_bytes * params, g_bytes * params, state * params
         if zero_stage >= 1:
             o /= dp
         if zero_stage >= 2:
@@ -170,11 +174,23 @@ def layer_activation_bytes(
     sequence_parallel: bool,
     flash_attention: bool = True,
     dropout: bool = False,
+    fp8: bool = False,
+    recompute_moe: bool = False,
 ) -> float:
     """Bytes one micro-batch leaves saved for backward in one layer on one GPU.
 
+    recompute_moe (Megatron --recompute-modules moe): an MoE layer keeps only the MoE block's input
+    (already counted with the norm outputs); router, permuted tokens and expert intermediates are
+    recomputed.
+
     Korthikanti's GPT layer (MHA, 4h GeLU MLP, dropout) gives sbh(34 + 5as/h) without parallelism;
-    this function reproduces that with `flash_attention=False, dropout=True`."""
+    this function reproduces that with `flash_attention=False, dropout=True`.
+
+    fp8: Transformer Engine keeps the input of every FP8 GEMM for its weight gradient in FP8 (1 B,
+    the cast it already made) instead of BF16: the QKV and MLP inputs (norm outputs), the attention
+    output feeding the output projection, the down-projection input and the routed experts'
+    permuted inputs. Norm inputs, Q/K/V and the activation-function inputs stay BF16."""
+    saved_gemm_input = 1 if fp8 else BF16
     tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
     tokens = s * b
     h = model.hidden_size
@@ -188,23 +204,30 @@ def layer_activation_bytes(
         return tokens * BF16 * h / rep
     # Outside the TP region: two norm inputs and the inputs of QKV and of the MLP (4 x 2 B x h),
     # plus two 1-byte dropout masks.
-    outside = (4 * BF16 + (2 if dropout else 0)) * h / rep
+    outside = (2 * BF16 + 2 * saved_gemm_input + (2 if dropout else 0)) * h / rep
     inside = _attention_saved_per_token(model, tp)
+    if fp8:
+        # the attention output (input of the output projection) is kept in FP8
+        _, v_dim = (model.mla.v_head_dim, model.mla.v_head_dim) if model.mla is not None else (0, model.kv_channels)
+        inside -= (BF16 - saved_gemm_input) * model.num_attention_heads / tp * v_dim
     if not flash_attention and recompute is Recompute.NONE:
         heads = model.num_attention_heads / tp
         scores = 2 + 2 if dropout else 2  # softmax output (+ dropout output); mask below
         inside += heads * seq_len * (scores + (1 if dropout else 0))
+    def mlp(ffn_local: float) -> float:  # the down-projection input is one of the num_matrices saved tensors
+        return _mlp_saved_per_token(model, ffn_local) - (BF16 - saved_gemm_input) * ffn_local
+
     if kind is LayerKind.DENSE:
-        inside += _mlp_saved_per_token(model, model.ffn_hidden_size / tp)
-    else:
+        inside += mlp(model.ffn_hidden_size / tp)
+    elif not recompute_moe:
         assert model.moe is not None
         moe = model.moe
-        inside += _mlp_saved_per_token(model, moe.shared_expert_ffn_hidden_size / tp)
+        inside += mlp(moe.shared_expert_ffn_hidden_size / tp)
         inside += FP32 * moe.num_experts  # router logits / probabilities
         # token-expert pairs per token of this rank: top_k x ETP / TP (see compute.layer_gemms), each
         # saving its permuted input (h) and the expert MLP intermediates (1/ETP of the FFN)
         routed = moe.top_k * dims.expert_tp / tp
-        inside += routed * (BF16 * h + _mlp_saved_per_token(model, moe.expert_ffn_hidden_size / dims.expert_tp))
+        inside += routed * (saved_gemm_input * h + mlp(moe.expert_ffn_hidden_size / dims.expert_tp))
     return tokens * (outside + inside)
 
 

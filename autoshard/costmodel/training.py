@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
+from autoshard.costmodel.efficiency import efficiency_source, is_borrowed
 from autoshard.costmodel.memory import (
     BF16,
     FP32,
@@ -26,6 +27,7 @@ from autoshard.costmodel.memory import (
     torchtitan_loss_bytes,
 )
 from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.pipeline import schedule_time
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
@@ -74,6 +76,16 @@ class TrainConfig:
     recompute_modules: tuple[str, ...] = ()
     """Selective recompute by module (Megatron --recompute-modules; see costmodel.recompute_modules);
     () is Megatron's default, the attention core. Ignored unless recompute is selective."""
+
+    grad_reduce_fp32: bool = True
+    """FP32 gradient buffer and reduction (Megatron-LM's default for BF16, --accumulate-allreduce-
+    grads-in-fp32); False: BF16 gradients (Megatron-Core grad_reduce_in_fp32=False, NeMo's
+    performance recipes): half the gradient memory and half the DP reduce-scatter bytes."""
+    fp8_param_gather: bool = False
+    """Keep the weights in FP8 and all-gather them in FP8 (Megatron --fp8-param-gather; FP8 only)."""
+    recompute_moe: bool = False
+    """Megatron --recompute-modules moe: MoE layers keep only their input and re-run router,
+    dispatch and experts in backward (the dispatch runs once more too)."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -201,6 +213,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
+        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
@@ -236,23 +249,25 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         attn_window = 0.25 * ct.forward_s  # the attention core is roughly a quarter of a layer at long context
         cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - 2.5 * attn_window)
 
-    # Expert parallel: all-to-all dispatch and combine per MoE layer, forward and backward.
+    # Expert parallel: token dispatch and combine per MoE layer, forward (and recompute) and backward,
+    # priced per dispatcher on the links it crosses (autoshard.costmodel.moe).
     ep_s = 0.0
     if kind is LayerKind.MOE and model.moe is not None:
         local_tokens = tokens / dims.tp if cfg.sp else tokens
-        routed_bytes = local_tokens * model.moe.top_k * h * BF16
-        if dims.ep > 1:
-            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_TO_ALL, routed_bytes, dims.ep, links.ep)
-        if dims.expert_tp > 1:
-            gathered = routed_bytes * dims.expert_tp
-            ep_s += 2 * (fwd_passes + 1) * collective_time_s(Collective.ALL_GATHER, gathered, dims.expert_tp, links.etp)
+        one = dispatch_time_s(
+            cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
+            ep=dims.ep, etp=dims.expert_tp, pool=pool,
+        )
+        passes = fwd_passes + (1 if cfg.recompute_moe and fwd_passes == 1 else 0)
+        ep_s = (passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
     states = model_state_bytes(
-        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework)
+        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
+        grad_fp32=cfg.grad_reduce_fp32, fp8_params=cfg.fp8_param_gather and cfg.precision is Precision.FP8)
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
-        flash_attention=cfg.flash_attention,
+        flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,
     )
     if cfg.framework is TrainFramework.TORCHTITAN:
         tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)
@@ -262,9 +277,9 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             # Working set while the block is recomputed: what it would save without checkpointing.
             full_act = max(act, layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs))
     else:
-        act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
+        act = layer_activation_bytes(model, kind, recompute=recompute, recompute_moe=cfg.recompute_moe, **act_kwargs)
         full_act = act
-        if recompute is Recompute.FULL:
+        if recompute is Recompute.FULL or (cfg.recompute_moe and kind is LayerKind.MOE):
             full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
     return LayerCost(
         compute_s=ct.forward_s + ct.backward_s,
@@ -397,6 +412,8 @@ class TrainPrediction:
     rank_time_s: tuple[float, ...]
     num_gpus: int
     notes: tuple[str, ...] = field(default=())
+    mfu_peak: str = "bf16 dense"
+    """The peak MFU is measured against: "bf16 dense" or "fp8 dense" (no sparsity)."""
 
     @property
     def fits(self) -> bool:
@@ -419,13 +436,16 @@ def _dp_time_s(cfg: TrainConfig, pool: PoolSpec, dense_params: float, expert_par
     for params, ranks, link in ((dense_params, dims.dp * dims.cp, links.dp), (expert_params, dims.expert_dp, links.edp)):
         if ranks <= 1 or params <= 0:
             continue
-        grads = params * 4  # FP32 gradient reduction (Megatron accumulates and reduces BF16 runs in FP32)
+        # FP32 gradient reduction (Megatron-LM's default for BF16) or BF16 (grad_reduce_in_fp32=False)
+        grads = params * (4 if cfg.grad_reduce_fp32 else BF16)
+        # parameter all-gather in BF16, or in FP8 with --fp8-param-gather
+        param_bytes = 1 if (cfg.fp8_param_gather and cfg.precision is Precision.FP8) else BF16
         if cfg.zero_stage == 0:
             t += collective_time_s(Collective.ALL_REDUCE, grads, ranks, link)
         else:
             t += collective_time_s(Collective.REDUCE_SCATTER, grads, ranks, link)
             gathers = 1 if cfg.zero_stage < 3 else 2 * cfg.num_microbatches
-            t += gathers * collective_time_s(Collective.ALL_GATHER, params * BF16, ranks, link)
+            t += gathers * collective_time_s(Collective.ALL_GATHER, params * param_bytes, ranks, link)
     return t
 
 
@@ -601,6 +621,13 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         fp8 = cfg.precision is Precision.FP8 and gpu.fp8_tflops
         peaks.append((gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * stage_gpus)
     peak = sum(peaks) / num_gpus
+    used_gpus = {pools[st.pool].gpu for st in stages}
+    fp8_peak = cfg.precision is Precision.FP8 and all(g.fp8_tflops for g in used_gpus)
+    notes = tuple(
+        f"{g.name}: efficiency {efficiency_source(g)} (no published run of this GPU: its speed is that fit "
+        "scaled by datasheet peaks, less certain)"
+        for g in sorted(used_gpus, key=lambda g: g.name) if is_borrowed(g)
+    )
     return TrainPrediction(
         step_time_s=step,
         tokens_per_s=tokens / step,
@@ -616,4 +643,6 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         rank_capacity_bytes=tuple(rank_cap),
         rank_time_s=tuple(rank_time),
         num_gpus=num_gpus,
+        notes=notes,
+        mfu_peak="fp8 dense" if fp8_peak else "bf16 dense",
     )

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from autoshard.costmodel.training import Stage
 from autoshard.emit import megatron_flags
-from autoshard.parallel import Fp8Recipe, Recompute
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plan import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
@@ -264,7 +264,19 @@ def _model_args(model: ModelSpec, seq_len: int) -> list[Arg]:
     return args
 
 
-def _moe_args(model: ModelSpec) -> list[Arg]:
+def _dispatcher_args(plan: Plan) -> list[Arg]:
+    """--moe-token-dispatcher-type; flex names its backend: HybridEP where the NVLink domain spans
+    several nodes (GB200/GB300 NVL72), DeepEP elsewhere."""
+    dispatcher = plan.config.moe_dispatcher
+    args: list[Arg] = [("--moe-token-dispatcher-type", dispatcher.value)]
+    if dispatcher is MoeDispatcher.FLEX:
+        multi_node_nvlink = all(plan.cluster.pools[s.pool].node.domain_size > plan.cluster.pools[s.pool].node.gpus_per_node
+                                for s in plan.stages)
+        args.append(("--moe-flex-dispatcher-backend", "hybridep" if multi_node_nvlink else "deepep"))
+    return args
+
+
+def _moe_args(model: ModelSpec, plan: Plan | None = None) -> list[Arg]:
     moe = model.moe
     if moe is None:
         return []
@@ -286,7 +298,7 @@ def _moe_args(model: ModelSpec) -> list[Arg]:
         args.append(("--moe-router-topk-scaling-factor", f"{moe.topk_scaling_factor:g}"))
     args += [
         ("--moe-grouped-gemm", None),
-        ("--moe-token-dispatcher-type", "alltoall"),
+        *(_dispatcher_args(plan) if plan is not None else [("--moe-token-dispatcher-type", "alltoall")]),
     ]
     if moe.expert_bias:
         # auxiliary-loss-free balancing with a small sequence-wise auxiliary loss (DeepSeek-V3 Section
@@ -379,20 +391,11 @@ def _precision_args(plan: Plan) -> list[Arg]:
     args: list[Arg] = [("--bf16", None)]
     if plan.config.precision is Precision.FP8:
         recipe = plan.config.fp8_recipe
-        blackwell = all(_is_blackwell_or_newer(plan.cluster.pools[s.pool].gpu.name) for s in plan.stages)
-        if recipe is not Fp8Recipe.DELAYED:
-            # the plan's recipe (e.g. DeepSeek-V3's blockwise scaling)
-            args += [("--fp8-format", "e4m3" if recipe is Fp8Recipe.BLOCKWISE else "hybrid"),
-                     ("--fp8-recipe", recipe.value)]
-        elif blackwell:
-            args += [("--fp8-format", "hybrid"), ("--fp8-recipe", "mxfp8")]
-        else:
-            args += [
-                ("--fp8-format", "hybrid"),
-                ("--fp8-recipe", "delayed"),
-                ("--fp8-amax-history-len", "1024"),
-                ("--fp8-amax-compute-algo", "max"),
-            ]
+        args += [("--fp8-format", "e4m3" if recipe is Fp8Recipe.BLOCKWISE else "hybrid"), ("--fp8-recipe", recipe.value)]
+        if recipe is Fp8Recipe.DELAYED:
+            args += [("--fp8-amax-history-len", "1024"), ("--fp8-amax-compute-algo", "max")]
+        if plan.config.fp8_param_gather:
+            args.append(("--fp8-param-gather", None))
     return args
 
 
@@ -405,7 +408,7 @@ def _optimizer_args(plan: Plan) -> list[Arg]:
 def megatron_args(plan: Plan) -> list[Arg]:
     """Every `pretrain_gpt.py` flag of the plan, in launch order: (flag, value or None for a switch)."""
     cfg = plan.config
-    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model) + _mtp_args(plan.model)
+    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model, plan) + _mtp_args(plan.model)
     args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
     args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
     args += _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]

@@ -25,7 +25,7 @@ from autoshard.emit import megatron_flags as mf
 from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
-from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
 
@@ -79,8 +79,11 @@ class ParsedMegatron:
     vocab_from_command: bool
     """False when the vocabulary size came from the caller or DEFAULT_VOCAB_SIZE (the tokenizer file
     decides it at run time)."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLGATHER
+    """--moe-token-dispatcher-type (Megatron's default is allgather); --moe-enable-deepep reads as flex."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
-    """--fp8-recipe (Megatron's default: delayed)."""
+    """--fp8-recipe (Megatron's default is delayed)."""
+    fp8_param_gather: bool = False
     recompute_modules: tuple[str, ...] = ()
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
 
@@ -120,7 +123,10 @@ class ParsedMegatron:
                 optimizer=self.optimizer,
                 overlap_grad_reduce=self.overlap_grad_reduce,
                 tp_comm_overlap=self.tp_comm_overlap,
+                # dense models ignore the dispatcher: keep TrainConfig's default
+                moe_dispatcher=self.moe_dispatcher if self.model.moe is not None else MoeDispatcher.ALLTOALL,
                 fp8_recipe=self.fp8_recipe,
+                fp8_param_gather=self.fp8_param_gather,
                 recompute_modules=self.recompute_modules,
             )
         except ValueError as exc:
@@ -551,6 +557,17 @@ def _precision(r: FlagReader) -> Precision:
     return Precision.BF16
 
 
+def _dispatcher(r: FlagReader) -> MoeDispatcher:
+    if r.on("--moe-enable-deepep"):
+        return MoeDispatcher.FLEX
+    kind = r.text("--moe-token-dispatcher-type", "allgather")
+    try:
+        return MoeDispatcher(kind)
+    except ValueError:
+        r.warnings.append(f"--moe-token-dispatcher-type '{kind}' is not allgather, alltoall or flex; read as allgather")
+        return MoeDispatcher.ALLGATHER
+
+
 def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
     recipe = r.text("--fp8-recipe", "delayed")
     try:
@@ -767,7 +784,9 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         stages=tuple(stages) if stages is not None else None,
         warnings=(),
         vocab_from_command=vocab_known,
+        moe_dispatcher=_dispatcher(r),
         fp8_recipe=_fp8_recipe(r),
+        fp8_param_gather=r.on("--fp8-param-gather"),
         recompute_modules=modules,
     )
     if launch.world_size is not None:

@@ -9,11 +9,12 @@ rules are Megatron-LM's (arguments.py validate_args, TransformerConfig, parallel
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.training import TrainConfig
-from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute, check_dims
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -48,9 +49,14 @@ class Pins:
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] | None = None
     """Megatron --recompute-modules for selective recompute (None: the default, the attention core)."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """MoE token dispatcher; None: the cheapest for each plan's expert grid (dispatcher_for)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """FP8 scaling recipe; None: mxfp8 on Blackwell, delayed elsewhere (default_fp8_recipe)."""
 
     def describe(self) -> str:
-        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers") if getattr(self, k) is not None]
+        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers", "moe_dispatcher", "fp8_recipe")
+                 if getattr(self, k) is not None]
         return ", ".join(items) or "none"
 
 
@@ -106,6 +112,25 @@ def _world_sizes(cluster: ClusterSpec) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
+def check_moe_fp8_knobs(
+    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, dispatcher: MoeDispatcher | None, recipe: Fp8Recipe | None,
+) -> None:
+    """--moe-dispatcher needs an MoE model; --fp8-recipe needs --precision fp8, and mxfp8 Blackwell."""
+    from autoshard.errors import SpecError
+    from autoshard.specs.job import Precision
+
+    if dispatcher is not None and model.moe is None:
+        raise SpecError(f"--moe-dispatcher {dispatcher.value}: {model.name} has no experts (dense model): drop the option",
+                        source="--moe-dispatcher")
+    if recipe is not None and job.precision is not Precision.FP8:
+        raise SpecError(f"--fp8-recipe {recipe.value} needs --precision fp8 (the plan trains in {job.precision.value})",
+                        source="--fp8-recipe")
+    if recipe is Fp8Recipe.MXFP8 and default_fp8_recipe(cluster) is not Fp8Recipe.MXFP8:
+        gpus = ", ".join(sorted({p.gpu.name for p in cluster.pools}))
+        raise SpecError(f"--fp8-recipe mxfp8 needs Blackwell GPUs (block scaling in hardware), the cluster has {gpus}: "
+                        "use delayed, tensorwise or blockwise", source="--fp8-recipe")
+
+
 def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins) -> None:
     """Reject pinned degrees that break a framework rule before searching, naming the flag (SpecError)."""
     from autoshard.errors import SpecError
@@ -136,6 +161,7 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             hint = expert_grid_hint(model, tp=pins.tp, cp=1, dp=dense, ep=pins.ep, etp=pins.etp)
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
+    check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
@@ -219,19 +245,54 @@ def enumerate_train(
                                 if problems:
                                     space.prune(problems[0].split(";")[0])
                                     continue
-                                _add_batch_variants(model, space, dims, job, mbss, recomputes, zeros, pins, gbs)
+                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs,
+                                                    extra=_moe_fp8_knobs(model, cluster, dims, job, pins))
     return space
 
 
-def model_fp8_recipe(model: ModelSpec) -> dict:
-    """{"fp8_recipe": ...} when the model names the FP8 recipe it trains with, else {} (the default)."""
+def default_fp8_recipe(cluster: ClusterSpec) -> Fp8Recipe:
+    """MXFP8 where every pool is Blackwell or newer (hardware block scaling), delayed scaling elsewhere."""
+    blackwell = all(re.match(r"^G?B[1-9]\d\d(?![0-9])", p.gpu.name.upper()) for p in cluster.pools)
+    return Fp8Recipe.MXFP8 if blackwell else Fp8Recipe.DELAYED
+
+
+def fp8_recipe_for(model: ModelSpec, cluster: ClusterSpec, pinned: Fp8Recipe | None = None) -> Fp8Recipe:
+    """The FP8 recipe of a plan: the pinned one, else the one the model trains with (its `training.fp8_recipe`,
+    e.g. DeepSeek-V3's blockwise), else the cluster's default (default_fp8_recipe)."""
+    if pinned is not None:
+        return pinned
     recipe = model.training.fp8_recipe if model.training is not None else None
-    return {"fp8_recipe": Fp8Recipe(recipe)} if recipe else {}
+    return Fp8Recipe(recipe) if recipe else default_fp8_recipe(cluster)
+
+
+def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, seq_len: int) -> MoeDispatcher:
+    """The cheapest MoE dispatcher for this expert grid. The dispatchers differ only in the bytes they
+    move (memory and compute are the same), so the cheapest one dominates: pick it per plan instead
+    of multiplying the candidates. Ties go to alltoall (no extra library needed)."""
+    from autoshard.costmodel.moe import dispatch_time_s
+
+    if model.moe is None or dims.ep * dims.expert_tp <= 1:
+        return MoeDispatcher.ALLTOALL
+    pool = min(cluster.pools, key=lambda p: p.node.domain_size)
+    tokens = seq_len / dims.cp / dims.tp
+    costs = {
+        d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
+                           num_experts=model.moe.num_experts, ep=dims.ep, etp=dims.expert_tp, pool=pool)
+        for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
+    }
+    return min(costs, key=costs.__getitem__)  # first of equals: alltoall
+
+
+def _moe_fp8_knobs(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, job: TrainJob, pins: Pins) -> dict:
+    return {
+        "moe_dispatcher": pins.moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+        "fp8_recipe": fp8_recipe_for(model, cluster, pins.fp8_recipe),
+    }
 
 
 def _add_batch_variants(
-    model: ModelSpec, space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
-    zeros: list[int], pins: Pins, gbs: int,
+    space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
+    zeros: list[int], pins: Pins, gbs: int, extra: dict | None = None,
 ) -> None:
     for mbs in mbss:
         if gbs % (mbs * dims.dp):
@@ -254,8 +315,7 @@ def _add_batch_variants(
                     TrainConfig(
                         dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
                         precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
-                        optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True,
-                        **model_fp8_recipe(model),
+                        optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True, **(extra or {}),
                         recompute_modules=(pins.recompute_modules or ()) if rc is Recompute.SELECTIVE else (),
                     )
                 )

@@ -35,7 +35,8 @@ class EfficiencySpec(FrozenSpec):
     and NeMo runs; `python tests/validation/fit_efficiency.py` reproduces it). The A100 fit lives in the
     A100 cluster files. GPU types with no published run to fit on (H200, B200, GB200, MI300X, L40S,
     H100 PCIe) use these H100 defaults: their predictions scale with their datasheet peaks, not with
-    measured efficiencies. One fit per GPU type, never per run."""
+    measured efficiencies. One fit per GPU type, never per run. (fit_efficiency.py on today's larger
+    run set moves some H100 values; they are not re-shipped while serving shares gemm/hbm/attention.)"""
 
     gemm: Fraction = 0.70
     """Fraction of dense peak a large BF16 GEMM reaches (cuBLAS on big square-ish shapes)."""
@@ -45,7 +46,11 @@ class EfficiencySpec(FrozenSpec):
     """Small-shape fall-off: a GEMM whose smallest per-GPU dimension is d runs at
     gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
     attention: Fraction = 0.25
-    """Fraction of dense BF16 peak that fused (flash) attention reaches."""
+    """Fraction of dense BF16 peak that fused (flash) attention reaches, at 4,096-token sequences."""
+    attention_half_seq: Annotated[float, Field(ge=0)] = 4096.0
+    """Sequence-length dependence of fused causal training attention: at sequence length s it runs
+    at attention * r(s) / r(4096), r(s) = s / (s + attention_half_seq), capped at 1 (per-query-block
+    fixed work and half-empty diagonal tiles weigh less as s grows). 0: flat."""
     hbm: Fraction = 0.80
     """Fraction of HBM bandwidth element-wise kernels (norms, activations, softmax, optimizer) reach."""
     intra_node_bw: Fraction = 0.90
@@ -68,6 +73,12 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
+    fitted_gpu: str | None = "H100-SXM5-80GB"
+    """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
+    name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency_source)."""
+    fitted_runs: Annotated[int, Field(ge=0)] = 21
+    """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
+    Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE)."""
 
 
 class GpuSpec(FrozenSpec):

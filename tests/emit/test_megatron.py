@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.emit import megatron_command, megatron_notes, megatron_script, parse_megatron
 from autoshard.emit import megatron_flags as mf
+from autoshard.search.space import default_fp8_recipe
 from autoshard.emit.megatron import pipeline_layout
 from autoshard.emit.megatron_parse import default_stages, model_shape_differences, parse_layout
 from autoshard.errors import SpecError
@@ -276,6 +277,7 @@ def make_plan(
         zero_stage=zero,
         tp_comm_overlap=tp_overlap,
         overlap_grad_reduce=overlap,
+        fp8_recipe=default_fp8_recipe(c),  # what solve/evaluate pick: mxfp8 on Blackwell, delayed elsewhere
     )
     n = dims.num_stages
     if decoders is None:

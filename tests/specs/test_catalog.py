@@ -158,7 +158,8 @@ def test_every_expected_cluster_is_bundled() -> None:
     assert set(CLUSTERS) | {"mixed-h100-a100"} <= set(bundled_clusters())
 
 
-A100_FIT = EfficiencySpec(gemm=0.85, gemm_half_dim=64, attention=0.30, hbm=0.90, intra_node_bw=0.70, inter_node_bw=0.90)
+A100_FIT = EfficiencySpec(gemm=0.85, gemm_half_dim=64, attention=0.30, attention_half_seq=2048, hbm=0.90, intra_node_bw=0.70,
+                         inter_node_bw=0.90, fitted_gpu="A100-SXM4-80GB", fitted_runs=22)
 
 
 @pytest.mark.parametrize("name", sorted(bundled_clusters()))

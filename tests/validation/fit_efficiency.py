@@ -3,8 +3,12 @@
     python tests/validation/fit_efficiency.py
 
 prints the fitted EfficiencySpec fields for each GPU type, to be copied into the `efficiency:`
-block of every bundled cluster with that GPU. One fit per GPU type, shared by all its runs: no
-per-run factors. Objective: mean squared log error plus a penalty on errors beyond 15 %.
+block of every bundled cluster with that GPU (with `fitted_runs:` set to the number of runs). One
+fit per GPU type, shared by all its runs: no per-run factors. Objective: mean squared log error
+plus a penalty on errors beyond 15 %. Every fit starts from the same neutral point (the
+EfficiencySpec defaults) so that a leave-one-source-out fit (validate_published.py) sees nothing of
+the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted: it borrows
+the H100 fit of the same fold.
 """
 
 from __future__ import annotations
@@ -15,24 +19,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_published import _cluster, evaluate_runs, load_runs  # noqa: E402
+from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
 
 from autoshard.specs import EfficiencySpec  # noqa: E402
 
 GRID = {
     "gemm": [0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90],
     "gemm_fp8": [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70],
-    "gemm_half_dim": [0, 32, 64, 128, 192, 256, 384],
-    "attention": [0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65],
-    "hbm": [0.50, 0.60, 0.70, 0.80, 0.90],
-    "tp_overlap": [0.0, 0.2, 0.4, 0.6, 0.8],
-    "intra_node_bw": [0.6, 0.7, 0.8, 0.9],
-    "inter_node_bw": [0.6, 0.7, 0.8, 0.9],
+    "gemm_half_dim": [0, 64, 128, 256],
+    "attention": [0.20, 0.25, 0.30, 0.35, 0.40, 0.50],
+    "attention_half_seq": [0, 2048, 8192],
+    "hbm": [0.60, 0.80, 0.90],
+    "tp_overlap": [0.0, 0.4, 0.8],
+    "intra_node_bw": [0.7, 0.9],
+    "inter_node_bw": [0.7, 0.9],
 }
+START = EfficiencySpec()
+MIN_RUNS = 5
+REFERENCE_GPU = "H100-SXM5-80GB"
 
 
-def loss(gpu: str, eff: EfficiencySpec) -> float:
-    results = [r for r in evaluate_runs({gpu: eff}) if r.gpu == gpu and not r.skip_throughput]
+def loss(gpu: str, eff: EfficiencySpec, runs: list[dict]) -> float:
+    results = evaluate_runs({gpu: eff}, runs)
     total = 0.0
     for r in results:
         e = math.log(r.predicted / r.measured)
@@ -40,14 +48,17 @@ def loss(gpu: str, eff: EfficiencySpec) -> float:
     return total / max(len(results), 1)
 
 
-def fit(gpu: str, start: EfficiencySpec, rounds: int = 3) -> EfficiencySpec:
-    best, best_loss = start, loss(gpu, start)
+def fit(gpu: str, runs: list[dict], start: EfficiencySpec = START, rounds: int = 2) -> EfficiencySpec:
+    """Coordinate descent over GRID on `runs` (held runs of `gpu`)."""
+    best, best_loss = start, loss(gpu, start, runs)
     for _ in range(rounds):
         improved = False
         for knob, values in GRID.items():
             for v in values:
+                if v == getattr(best, knob):
+                    continue
                 trial = best.model_copy(update={knob: v})
-                trial_loss = loss(gpu, trial)
+                trial_loss = loss(gpu, trial, runs)
                 if trial_loss < best_loss - 1e-9:
                     best, best_loss, improved = trial, trial_loss, True
         if not improved:
@@ -55,19 +66,47 @@ def fit(gpu: str, start: EfficiencySpec, rounds: int = 3) -> EfficiencySpec:
     return best
 
 
+_FITS: dict[tuple[str, tuple[str, ...]], EfficiencySpec] = {}
+
+
+def _fit_cached(gpu: str, key: tuple[str, ...], runs: list[dict]) -> EfficiencySpec:
+    """A fold that leaves out a source without runs of `gpu` reuses that GPU's fit on the same runs."""
+    if (gpu, key) not in _FITS:
+        _FITS[gpu, key] = fit(gpu, runs)
+    return _FITS[gpu, key]
+
+
+def held(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if not r.get("skip_throughput")]
+
+
+def fit_all(runs: list[dict]) -> tuple[dict[str, EfficiencySpec], dict[str, int]]:
+    """One fit per GPU type with at least MIN_RUNS held runs among `runs`; every other GPU type
+    that has runs borrows the reference (H100) fit. Returns the efficiencies and, per GPU type, how
+    many runs its fit used (0: borrowed)."""
+    by_gpu: dict[str, list[dict]] = {}
+    for r in held(runs):
+        by_gpu.setdefault(run_gpu(r), []).append(r)
+    out: dict[str, EfficiencySpec] = {}
+    counts: dict[str, int] = {}
+    for gpu, rs in by_gpu.items():
+        if len(rs) >= MIN_RUNS:
+            out[gpu] = _fit_cached(gpu, tuple(sorted(r["id"] for r in rs)), rs)
+            counts[gpu] = len(rs)
+    reference = out.get(REFERENCE_GPU, START)
+    for r in runs:
+        gpu = run_gpu(r)
+        if gpu not in out:
+            out[gpu], counts[gpu] = reference, 0
+    return out, counts
+
+
 def main() -> int:
-    gpus: dict[str, EfficiencySpec] = {}
-    for run in load_runs():
-        if run.get("skip_throughput"):
-            continue
-        p = run["parallel"]
-        cluster = _cluster(run["cluster"], p["tp"] * p["pp"] * p["dp"] * p["cp"])
-        gpus.setdefault(cluster.primary.gpu.name, cluster.primary.gpu.efficiency)
-    for gpu, start in gpus.items():
-        fitted = fit(gpu, start)
-        changed = {k: getattr(fitted, k) for k in GRID if getattr(fitted, k) != getattr(start, k)}
-        print(f"{gpu}: loss {loss(gpu, start):.4f} -> {loss(gpu, fitted):.4f}")
-        print("  efficiency:", {k: getattr(fitted, k) for k in GRID}, " changed:", changed)
+    fitted, counts = fit_all(load_runs())
+    for gpu, eff in fitted.items():
+        how = f"fitted on {counts[gpu]} runs" if counts[gpu] else f"borrowed from {REFERENCE_GPU}"
+        print(f"{gpu} ({how}):")
+        print("  efficiency:", {k: getattr(eff, k) for k in GRID})
     return 0
 
 

@@ -9,22 +9,27 @@ throughput and for per-GPU memory where the source reports it. The pytest suite 
 
 from __future__ import annotations
 
+import copy
+import json
 import statistics
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from autoshard.costmodel.compute import layer_flops, model_flops_per_step
 from autoshard.costmodel.memory import TrainFramework, allocator_reported_bytes
 from autoshard.costmodel.training import TrainConfig, predict_train
-from autoshard.emit.megatron_parse import default_stages
-from autoshard.parallel import ParallelDims, Recompute
-from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster
+from autoshard.emit.megatron_parse import default_stages, parse_layout
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster, load_model
 from autoshard.units import GIB
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "training_runs.yaml"
+RESIDUALS = HERE / "residuals_train.json"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class RunResult:
     predicted: float
     measured_memory_gib: float | None
     predicted_memory_gib: float
+    fits: bool = True
+    """Whether the plan is predicted to fit in GPU memory (every published run did)."""
 
     @property
     def error(self) -> float:
@@ -51,15 +58,31 @@ class RunResult:
 
 
 def _model(run: dict) -> ModelSpec:
+    if "model_file" in run:  # a bundled model (models/<name>.yaml), e.g. the MoE and MLA models
+        return _bundled_model(run["model_file"])
     arch = dict(run["model"])
     n = arch.pop("num_layers")
     arch["layers"] = [{"kind": "embedding"}, {"kind": "dense", "count": n}, {"kind": "output"}]
     return ModelSpec.model_validate({"name": run["id"], **arch})
 
 
-def _cluster(name: str, gpus: int, efficiency: dict[str, EfficiencySpec] | None = None) -> ClusterSpec:
+@lru_cache(maxsize=None)
+def _bundled_model(name: str) -> ModelSpec:
+    return load_model(name)
+
+
+@lru_cache(maxsize=None)
+def _base_cluster(name: str) -> ClusterSpec:
     local = HERE / "clusters" / f"{name}.yaml"
-    cluster = load_cluster(local if local.is_file() else name).with_gpus(gpus)
+    return load_cluster(local if local.is_file() else name)
+
+
+def _cluster(name: str, gpus: int, efficiency: dict[str, EfficiencySpec] | None = None) -> ClusterSpec:
+    cluster = _base_cluster(name)
+    # Runs may use part of the last NVLink domain (256 GPUs of four NVL72 racks): size the cluster in
+    # whole domains; the prediction only uses the plan's own world size.
+    domain = cluster.primary.node.domain_size
+    cluster = cluster.with_gpus(-(-gpus // domain) * domain)
     if efficiency and cluster.primary.gpu.name in efficiency:
         pool = cluster.primary
         gpu = pool.gpu.model_copy(update={"efficiency": efficiency[pool.gpu.name]})
@@ -72,10 +95,19 @@ def _narayanan96_flops(model: ModelSpec, run: dict) -> float:
     return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
 
 
+def _causal_model_flops(model: ModelSpec, run: dict) -> float:
+    """Model FLOPs of a step with the attention core counted over the causal half (Megatron-Core's
+    num_floating_point_operations since 2025, e.g. Megatron-MoE-ModelZoo's logs)."""
+    seq, gbs = run["seq_len"], run["global_batch_size"]
+    full = model_flops_per_step(model, seq_len=seq, global_batch_size=gbs)
+    attn = sum(layer_flops(model, k, tokens=seq * gbs, seq_len=seq).attention for k in model.layer_kinds)
+    return full - 3.0 * 0.5 * attn
+
+
 def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) -> RunResult:
     model = _model(run)
     p = run["parallel"]
-    dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], vpp=p["vpp"])
+    dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], vpp=p["vpp"], ep=p.get("ep", 1), etp=p.get("etp"))
     cluster = _cluster(run["cluster"], dims.world_size, efficiency)
     cfg = TrainConfig(
         dims=dims, micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
@@ -83,8 +115,16 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         sequence_parallel=run["sequence_parallel"], zero_stage=run["zero_stage"],
         tp_comm_overlap=run["tp_comm_overlap"], overlap_grad_reduce=run["overlap_grad_reduce"],
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
+        moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
+        fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
+        grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
+        recompute_moe=run.get("recompute_moe", False),
     )
-    pred = predict_train(model, cluster, cfg, default_stages(model, pp=dims.pp, vpp=dims.vpp))
+    if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
+        stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])
+    else:
+        stages = default_stages(model, pp=dims.pp, vpp=dims.vpp)
+    pred = predict_train(model, cluster, cfg, stages)
     predicted_memory = pred.peak_memory_bytes
     if cfg.framework is TrainFramework.TORCHTITAN:
         # torchtitan logs the caching allocator's peak reservation (no CUDA context, no NCCL).
@@ -95,6 +135,11 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         # Convert the paper's hardware TFLOP/s to the step time it implies, compare step times.
         metric = "step_time_s"
         measured = _narayanan96_flops(model, run) / (measured * 1e12 * dims.world_size)
+    elif metric == "tflops_per_gpu" and m.get("convention", "").startswith("megatron-causal"):
+        # Current Megatron-Core halves the causal attention core in its logged TFLOP/s: convert to
+        # the step time it implies, compare step times.
+        metric = "step_time_s"
+        measured = _causal_model_flops(model, run) / (measured * 1e12 * dims.world_size)
     predicted = {
         "tflops_per_gpu": pred.tflops_per_gpu,
         "step_time_s": pred.step_time_s,
@@ -103,19 +148,90 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
     return RunResult(
         id=run["id"], gpu=cluster.primary.gpu.name, skip_throughput=run.get("skip_throughput"), metric=metric, measured=measured, predicted=predicted,
         measured_memory_gib=run.get("measured_memory_gib"), predicted_memory_gib=predicted_memory / GIB,
+        fits=pred.fits,
     )
 
 
+@lru_cache(maxsize=1)
+def _runs_text_parsed() -> tuple[dict, ...]:
+    return tuple(yaml.safe_load(RUNS.read_text()))
+
+
 def load_runs() -> list[dict]:
-    return yaml.safe_load(RUNS.read_text())
+    return [copy.deepcopy(r) for r in _runs_text_parsed()]
 
 
-def evaluate_runs(efficiency: dict[str, EfficiencySpec] | None = None) -> list[RunResult]:
-    return [predict_run(r, efficiency) for r in load_runs()]
+def evaluate_runs(efficiency: dict[str, EfficiencySpec] | None = None, runs: list[dict] | None = None) -> list[RunResult]:
+    return [predict_run(r, efficiency) for r in (load_runs() if runs is None else runs)]
 
 
-def main() -> int:
-    results = evaluate_runs()
+def source_key(run: dict) -> str:
+    """The source a run comes from, for leave-one-source-out: the id's first dash-separated word
+    (mlm = Megatron-LM README, megatron2021 = Narayanan et al. Table 1, nemo2407 = NeMo 24.07, ...)."""
+    return run["id"].split("-")[0]
+
+
+def run_gpu(run: dict) -> str:
+    return _base_cluster(run["cluster"]).primary.gpu.name
+
+
+def run_family(run: dict) -> str:
+    return "moe" if _model(run).moe is not None else "dense"
+
+
+def run_precision(run: dict) -> str:
+    return run["precision"]
+
+
+def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunResult, RunResult]]:
+    """For every run: (prediction with its source left out of the efficiency fit, prediction with
+    the all-in fit). Fits are the ones fit_efficiency.py makes (same start, grid and objective)."""
+    from fit_efficiency import fit_all
+
+    runs = load_runs() if runs is None else runs
+    all_in, _ = fit_all(runs)
+    out: dict[str, tuple[RunResult, RunResult]] = {}
+    for source in sorted({source_key(r) for r in runs}):
+        mine = [r for r in runs if source_key(r) == source]
+        rest = [r for r in runs if source_key(r) != source]
+        if all(r.get("skip_throughput") for r in mine):
+            fold = all_in  # nothing of this source is fitted on: the all-in fit already leaves it out
+        else:
+            fold, _ = fit_all(rest)
+            for r in mine:  # a GPU type left with no runs borrows the fold's reference fit
+                fold.setdefault(run_gpu(r), fold.get("H100-SXM5-80GB", EfficiencySpec()))
+        loso = evaluate_runs(fold, mine)
+        fit = evaluate_runs(all_in, mine)
+        for r, a, b in zip(mine, loso, fit, strict=True):
+            out[r["id"]] = (a, b)
+    return out
+
+
+def residual_rows(runs: list[dict], loso: dict[str, tuple[RunResult, RunResult]]) -> list[dict]:
+    """One row per run and metric: the interface tests/validation/residuals_train.json holds."""
+    rows = []
+    for r in runs:
+        a, b = loso[r["id"]]
+        rows.append({
+            "id": r["id"], "source": source_key(r), "mode": "train", "gpu": a.gpu, "family": run_family(r),
+            "precision": run_precision(r), "metric": a.metric, "measured": a.measured,
+            "predicted_loso": a.predicted, "predicted_fit": b.predicted,
+            "mem_measured_gib": a.measured_memory_gib,
+            "mem_predicted_gib": a.predicted_memory_gib if a.measured_memory_gib is not None else None,
+            "held": not r.get("skip_throughput"),
+        })
+    return rows
+
+
+def _summary(label: str, errs: list[float]) -> str:
+    return f"{label:42} {len(errs):4} {statistics.median(errs):8.1%} {max(errs):8.1%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    runs = load_runs()
+    results = evaluate_runs(runs=runs)
+    print("In-sample (the efficiencies the bundled clusters ship):")
     print(f"{'run':45} {'metric':22} {'measured':>10} {'predicted':>10} {'error':>8}{'':21} {'mem meas':>8} {'mem pred':>8} {'error':>7}")
     for r in results:
         mem = ""
@@ -131,6 +247,28 @@ def main() -> int:
     mem_errs = [abs(r.memory_error) for r in results if r.memory_error is not None]
     if mem_errs:
         print(f"memory:     {len(mem_errs)} runs, median |error| {statistics.median(mem_errs):.1%}, max |error| {max(mem_errs):.1%}")
+    unfit = [r.id for r in results if not r.fits]
+    print(f"published runs predicted not to fit in memory: {len(unfit)} {unfit if unfit else ''}")
+
+    loso = leave_one_source_out(runs)
+    held = [r for r in runs if not r.get("skip_throughput")]
+    print("\nLeave-one-source-out (fit the efficiencies on every other source, predict this one; held runs):")
+    print(f"{'source':42} {'runs':>4} {'median':>8} {'max':>8}")
+    for source in sorted({source_key(r) for r in held}):
+        e = [abs(loso[r["id"]][0].error) for r in held if source_key(r) == source]
+        print(_summary(source, e))
+    print(_summary("all", [abs(loso[r["id"]][0].error) for r in held]))
+    print("\nPer family (GPU x dense/MoE x precision), leave-one-source-out:")
+    fams: dict[str, list[float]] = {}
+    for r in held:
+        a = loso[r["id"]][0]
+        fams.setdefault(f"{a.gpu} {run_family(r)} {run_precision(r)}", []).append(a.error)
+    print(f"{'family':42} {'runs':>4} {'median':>8} {'max':>8}   signed median")
+    for fam, e in sorted(fams.items()):
+        print(_summary(fam, [abs(x) for x in e]) + f"   {statistics.median(e):+.1%}")
+    if "--write-residuals" in argv:
+        RESIDUALS.write_text(json.dumps(residual_rows(runs, loso), indent=1) + "\n")
+        print(f"\nwrote {RESIDUALS.relative_to(HERE.parent.parent)}")
     return 0
 
 

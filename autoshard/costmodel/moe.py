@@ -1,0 +1,114 @@
+"""MoE token dispatch in Megatron-Core training, priced on the links each byte crosses.
+
+Per MoE layer and micro-batch, every GPU holds T tokens after attention (b*s/CP, divided by TP with
+sequence parallelism), each routed to top_k of E experts spread over an EP group of n ranks
+(consecutive in Megatron's rank order, `stride` = ETP apart). A GPU's NVLink domain holds d of
+the group's ranks, so the group spans G = n / d domains.
+
+- alltoall (NCCL all-to-all): each token-expert pair is one h-vector sent to the expert's rank:
+  S = T * top_k * h * 2 bytes per rank. The (d-1)/n part that stays inside the domain goes over
+  NVLink, the (n-d)/n part that leaves it goes through this GPU's own NIC; both run at once, so
+  time = max(NVLink part, NIC part). Combine sends the same bytes back.
+- allgather: every rank all-gathers the T*h tokens of the whole EP (x ETP) group and picks its
+  own; combine is the matching reduce-scatter. Volume n*T*h*2, independent of top_k, ring priced.
+- flex (DeepEP / HybridEP): a token crosses the network once per *remote domain* that hosts at
+  least one of its experts, then fans out over NVLink inside that domain. With experts spread
+  evenly over G domains (E/G each) and top_k distinct experts, the expected number of remote
+  domains touched is (G-1) * (1 - C(E - E/G, k) / C(E, k)). Inside one domain it is an NVLink
+  all-to-all with the same pair volume as alltoall.
+
+Load imbalance: routing the P pairs of one micro-batch over n EP ranks leaves the busiest rank with
+about P/n * (1 + sqrt(2 ln n * n / P)) pairs (the expected maximum of n near-Poisson loads), which
+gates the layer. This is sampling noise only; learned router skew is not modelled (the published
+MoE runs in tests/validation force balanced routing).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link
+from autoshard.parallel import MoeDispatcher
+from autoshard.specs.cluster import PoolSpec
+
+__all__ = ["remote_domains_per_token", "dispatch_time_s", "imbalance_factor"]
+
+BF16 = 2
+
+
+def remote_domains_per_token(num_experts: int, top_k: int, domains: int) -> float:
+    """Expected number of NVLink domains other than the sender's holding at least one of a token's
+    top_k experts, experts spread evenly over `domains` domains and routing uniform."""
+    if domains <= 1:
+        return 0.0
+    per = num_experts // domains
+    k = min(top_k, num_experts)
+    if num_experts - per < k:
+        miss = 0.0
+    else:
+        miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
+    return (domains - 1) * (1.0 - miss)
+
+
+def imbalance_factor(ep: int, pairs_per_rank: float) -> float:
+    """Busiest EP rank's load over the mean, for uniform routing (1 with one rank)."""
+    if ep <= 1 or pairs_per_rank <= 0:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * math.log(ep) / pairs_per_rank)
+
+
+def _nic(pool: PoolSpec) -> Link:
+    eff = pool.gpu.efficiency
+    return Link(pool.node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
+
+
+def _nvlink(pool: PoolSpec) -> Link:
+    return group_link(pool, ranks=1)
+
+
+def _split_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) -> float:
+    """One all-to-all of `size` bytes per rank: intra-domain part over NVLink, the rest over the NIC."""
+    nvl, nic = _nvlink(pool), _nic(pool)
+    local = (per_domain - 1) / ranks * size / nvl.bytes_per_s
+    remote = (ranks - per_domain) / ranks * size / nic.bytes_per_s
+    lat = nvl.latency_s if ranks <= per_domain else nic.latency_s
+    return max(local, remote) + math.ceil(math.log2(ranks)) * lat
+
+
+def dispatch_time_s(
+    dispatcher: MoeDispatcher, *, tokens: float, hidden: int, top_k: int, num_experts: int, ep: int, etp: int,
+    pool: PoolSpec,
+) -> float:
+    """Dispatch + combine of one MoE layer's forward pass on one GPU (the backward pass moves the
+    same bytes again). `tokens` are this GPU's tokens entering the layer."""
+    if ep * etp <= 1 or tokens <= 0:
+        return 0.0
+    domain = pool.node.domain_size
+    pairs_bytes = tokens * top_k * hidden * BF16
+    t = 0.0
+    if dispatcher is MoeDispatcher.ALLGATHER:
+        ranks = ep * etp
+        link = group_link(pool, ranks=ranks)
+        gathered = ranks * tokens * hidden * BF16
+        t += collective_time_s(Collective.ALL_GATHER, gathered, ranks, link)
+        t += collective_time_s(Collective.REDUCE_SCATTER, gathered, ranks, link)
+        return t
+    if ep > 1:
+        per_domain = max(1, min(ep, domain // etp))
+        if dispatcher is MoeDispatcher.FLEX and ep > per_domain:
+            domains = ep // per_domain
+            remote = tokens * remote_domains_per_token(num_experts, top_k, domains) * hidden * BF16
+            nvl_s = (per_domain - 1) / per_domain * pairs_bytes / _nvlink(pool).bytes_per_s
+            nic = _nic(pool)
+            one = max(nvl_s, remote / nic.bytes_per_s) + math.ceil(math.log2(ep)) * nic.latency_s
+        else:
+            one = _split_all_to_all_s(pairs_bytes, ep, per_domain, pool)
+        t += 2 * one
+    if etp > 1:
+        # Expert tensor parallelism: the ETP group all-gathers its members' pairs and reduce-scatters
+        # the expert outputs (Megatron's ETP all-gather / reduce-scatter around the expert MLP).
+        gathered = pairs_bytes * etp
+        link = group_link(pool, ranks=etp)
+        t += collective_time_s(Collective.ALL_GATHER, gathered, etp, link)
+        t += collective_time_s(Collective.REDUCE_SCATTER, gathered, etp, link)
+    return t

@@ -1,0 +1,122 @@
+"""Training physics added for cost model v2: FP8 activations and casts, BF16 gradients and FP8
+parameter gathers, MoE recompute, the sequence-length dependence of fused attention."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoshard.costmodel.compute import attention_time_s, fp8_cast_bytes_per_element, layer_compute_time
+from autoshard.costmodel.memory import ParamShards, layer_activation_bytes, model_state_bytes
+from autoshard.costmodel.training import TrainConfig, predict_train
+from autoshard.emit.megatron_parse import default_stages
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
+from autoshard.specs import EfficiencySpec, LayerKind, ModelSpec, Precision, load_cluster, load_model
+
+LLAMA70 = load_model("llama-3.1-70b")
+QWEN = load_model("qwen3-235b-a22b")
+H100 = load_cluster("dgx-h100").with_gpus(64)
+
+
+def test_fp8_keeps_gemm_inputs_in_one_byte():
+    """Llama-3.1-70B, TP 1, per token: BF16 saves 4h (two norm inputs, QKV and MLP inputs) x 2 B,
+    Q + K + V + attention output, and SwiGLU gate, up and down-projection inputs. FP8 keeps the QKV
+    and MLP inputs, the attention output and the down-projection input in 1 B."""
+    h, ffn, d, heads, kv = 8192, 28672, 128, 64, 8
+    kw = dict(dims=ParallelDims(), micro_batch_size=1, seq_len=8192, recompute=Recompute.NONE, sequence_parallel=False)
+    bf16 = layer_activation_bytes(LLAMA70, LayerKind.DENSE, **kw) / 8192
+    fp8 = layer_activation_bytes(LLAMA70, LayerKind.DENSE, fp8=True, **kw) / 8192
+    assert bf16 == 2 * (4 * h + heads * d + 2 * kv * d + heads * d + 3 * ffn)
+    assert bf16 - fp8 == 2 * h + heads * d + ffn
+
+
+def test_bf16_gradients_and_fp8_weights_halve_their_bytes():
+    shards = ParamShards(dense=1e9, expert=0.0)
+    dims = ParallelDims(dp=8)
+    base = model_state_bytes(shards, dims=dims, zero_stage=1)
+    lean = model_state_bytes(shards, dims=dims, zero_stage=1, grad_fp32=False, fp8_params=True)
+    assert (base.weights, base.grads) == (2e9, 4e9)
+    assert (lean.weights, lean.grads) == (1e9, 2e9)
+    assert lean.optimizer == base.optimizer == 12e9 / 8
+
+
+def test_bf16_gradients_shorten_the_data_parallel_tail():
+    cfg = dict(dims=ParallelDims(tp=8, pp=1, dp=8), micro_batch_size=1, global_batch_size=8, seq_len=8192,
+               overlap_grad_reduce=False)
+    stages = default_stages(LLAMA70, pp=1)
+    fp32 = predict_train(LLAMA70, H100, TrainConfig(**cfg), stages)
+    bf16 = predict_train(LLAMA70, H100, TrainConfig(grad_reduce_fp32=False, **cfg), stages)
+    assert bf16.time.dp_comm_exposed < fp32.time.dp_comm_exposed
+    assert bf16.time.compute == pytest.approx(fp32.time.compute)
+
+
+def test_fp8_recipes_cast_costs():
+    assert fp8_cast_bytes_per_element(Fp8Recipe.DELAYED) == 3.0  # read BF16, write FP8
+    assert fp8_cast_bytes_per_element(Fp8Recipe.TENSORWISE) == 5.0  # + the amax read pass
+    assert fp8_cast_bytes_per_element(Fp8Recipe.BLOCKWISE) == 4.0  # + the column-wise copy
+    assert fp8_cast_bytes_per_element(Fp8Recipe.MXFP8) == pytest.approx(4.0625)  # + E8M0 scales per 32
+    gpu = H100.primary.gpu
+    kw = dict(gpu=gpu, dims=ParallelDims(tp=4), micro_batch_size=1, seq_len=8192, precision=Precision.FP8,
+              recompute=Recompute.NONE, sequence_parallel=True)
+    delayed = layer_compute_time(LLAMA70, LayerKind.DENSE, fp8_recipe=Fp8Recipe.DELAYED, **kw)
+    current = layer_compute_time(LLAMA70, LayerKind.DENSE, fp8_recipe=Fp8Recipe.TENSORWISE, **kw)
+    assert current.forward_s > delayed.forward_s
+
+
+def test_moe_recompute_keeps_only_the_block_input_and_reruns_the_experts():
+    kw = dict(dims=ParallelDims(tp=4, ep=8, etp=1, dp=8), micro_batch_size=1, seq_len=4096, recompute=Recompute.NONE,
+              sequence_parallel=True)
+    full = layer_activation_bytes(QWEN, LayerKind.MOE, **kw)
+    lean = layer_activation_bytes(QWEN, LayerKind.MOE, recompute_moe=True, **kw)
+    moe = QWEN.moe
+    routed = moe.top_k / 4 * (2 * 4096 + 2 * 3 * moe.expert_ffn_hidden_size)  # per token: pairs x (input + SwiGLU)
+    assert full - lean == pytest.approx(4096 * (routed + 4 * moe.num_experts))
+    gpu = H100.primary.gpu
+    ckw = dict(gpu=gpu, dims=kw["dims"], micro_batch_size=1, seq_len=4096, precision=Precision.BF16,
+               recompute=Recompute.NONE, sequence_parallel=True)
+    assert layer_compute_time(QWEN, LayerKind.MOE, recompute_moe=True, **ckw).recompute_s > 0
+    assert layer_compute_time(QWEN, LayerKind.MOE, **ckw).recompute_s == 0
+
+
+def test_attention_efficiency_grows_with_sequence_length():
+    """attention is the efficiency at 4,096 tokens; with attention_half_seq s0 it scales as
+    s/(s+s0) relative to 4,096, capped at 1."""
+    gpu = H100.primary.gpu.model_copy(update={"efficiency": EfficiencySpec(attention=0.25, attention_half_seq=4096)})
+    model = ModelSpec.model_validate({
+        "name": "m", "hidden_size": 4096, "ffn_hidden_size": 16384, "num_attention_heads": 32, "vocab_size": 32000,
+        "max_position_embeddings": 131072,
+        "layers": [{"kind": "embedding"}, {"kind": "dense", "count": 1}, {"kind": "output"}],
+    })
+
+    def eff(s: int) -> float:
+        flops = 2.0 * s * s * 32 * 256 * 0.5
+        return flops / (attention_time_s(model, tokens=s, seq_len=s, dims=ParallelDims(), gpu=gpu) * 989e12)
+
+    assert eff(4096) == pytest.approx(0.25)
+    assert eff(131072) == pytest.approx(0.25 * (131072 / (131072 + 4096)) / 0.5)
+    assert eff(1024) == pytest.approx(0.25 * 0.2 / 0.5)
+
+
+def test_efficiency_source_says_fitted_or_borrowed():
+    from autoshard.costmodel.efficiency import efficiency_source
+
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 21 runs"
+    assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
+    assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
+    for name in ("dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x"):
+        assert efficiency_source(load_cluster(name).primary.gpu) == "borrowed from H100-SXM5-80GB"
+
+
+def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
+    cfg = TrainConfig(dims=ParallelDims(tp=1, dp=8), micro_batch_size=1, global_batch_size=8, seq_len=8192,
+                      precision=Precision.FP8)
+    model = load_model("llama-3.1-8b")
+    h100 = predict_train(model, load_cluster("dgx-h100").with_gpus(8), cfg, default_stages(model, pp=1))
+    assert h100.mfu_peak == "fp8 dense" and h100.notes == ()
+    assert h100.mfu == pytest.approx(h100.tflops_per_gpu / 1979)
+    h200 = predict_train(model, load_cluster("dgx-h200").with_gpus(8), cfg, default_stages(model, pp=1))
+    assert len(h200.notes) == 1 and "borrowed from H100-SXM5-80GB" in h200.notes[0]
+    a100 = predict_train(model, load_cluster("dgx-a100-80gb").with_gpus(8),
+                         dataclasses.replace(cfg, precision=Precision.BF16), default_stages(model, pp=1))
+    assert a100.mfu_peak == "bf16 dense" and a100.mfu == pytest.approx(a100.tflops_per_gpu / 312)

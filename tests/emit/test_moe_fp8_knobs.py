@@ -1,0 +1,99 @@
+"""The MoE dispatcher and FP8 recipe, end to end: solver choice, plan JSON, Megatron flags, parser
+round trip, CLI options and their errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_megatron import make_plan, rule_violations, split_command
+
+from autoshard.api import evaluate, train_job
+from autoshard.emit.megatron import megatron_command, megatron_script
+from autoshard.emit.megatron_parse import parse_megatron
+from autoshard.errors import SpecError
+from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims
+from autoshard.search.space import default_fp8_recipe, dispatcher_for
+from autoshard.specs import Precision, load_cluster, load_model
+
+
+def _with(plan, **kw):
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, **kw))
+
+
+@pytest.mark.parametrize(("cluster", "backend"), [("dgx-h100", "deepep"), ("gb200-nvl72", "hybridep")])
+@pytest.mark.parametrize("dispatcher", list(MoeDispatcher))
+def test_dispatcher_flags_obey_megatron_rules_and_round_trip(cluster, backend, dispatcher):
+    plan = _with(make_plan("qwen3-30b-a3b", cluster, tp=1, dp=8, ep=8), moe_dispatcher=dispatcher)
+    for text in (megatron_command(plan), megatron_script(plan)):
+        flags = split_command(text)[2]
+        assert flags["--moe-token-dispatcher-type"] == [dispatcher.value]
+        if dispatcher is MoeDispatcher.FLEX:
+            assert flags["--moe-flex-dispatcher-backend"] == [backend]
+        else:
+            assert "--moe-flex-dispatcher-backend" not in flags
+        assert rule_violations(text, world=plan.num_gpus, blackwell=cluster == "gb200-nvl72") == []
+        assert parse_megatron(text).moe_dispatcher is dispatcher
+
+
+@pytest.mark.parametrize("recipe", list(Fp8Recipe))
+def test_fp8_recipe_flags_round_trip(recipe):
+    cluster = "dgx-b200" if recipe is Fp8Recipe.MXFP8 else "dgx-h100"
+    plan = _with(make_plan("llama-3.1-8b", cluster, tp=2, dp=4, precision="fp8"), fp8_recipe=recipe)
+    text = megatron_command(plan)
+    flags = split_command(text)[2]
+    assert flags["--fp8-recipe"] == [recipe.value]
+    assert ("--fp8-amax-history-len" in flags) == (recipe is Fp8Recipe.DELAYED)
+    assert rule_violations(text, world=plan.num_gpus, blackwell=cluster == "dgx-b200") == []
+    parsed = parse_megatron(text)
+    assert parsed.fp8_recipe is recipe and parsed.precision is Precision.FP8
+
+
+def test_parser_reads_megatron_defaults_and_deepep():
+    base = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+            "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8")
+    assert parse_megatron(base).moe_dispatcher is MoeDispatcher.ALLGATHER  # Megatron's default
+    assert parse_megatron(base + " --moe-enable-deepep").moe_dispatcher is MoeDispatcher.FLEX
+    fp8 = parse_megatron(base + " --fp8-format hybrid --fp8-param-gather")
+    assert fp8.fp8_recipe is Fp8Recipe.DELAYED and fp8.fp8_param_gather
+    assert fp8.with_world_size(8).train_config().fp8_param_gather
+
+
+def test_solver_picks_the_cheapest_dispatcher():
+    qwen = load_model("qwen3-235b-a22b")
+    h100 = load_cluster("dgx-h100").with_gpus(256)
+    # EP 32 crosses four nodes: DeepEP/HybridEP sends each token once per remote node
+    assert dispatcher_for(qwen, h100, ParallelDims(tp=2, pp=8, dp=16, ep=32, etp=1), 4096) is MoeDispatcher.FLEX
+    # inside one node flex moves the same bytes: alltoall (no extra library)
+    assert dispatcher_for(qwen, h100, ParallelDims(tp=2, pp=8, dp=16, ep=8, etp=1), 4096) is MoeDispatcher.ALLTOALL
+    # EP 4 < top-8: gathering every token (3 T h) beats sending 8 copies (6 T h)
+    assert dispatcher_for(qwen, h100, ParallelDims(tp=1, pp=8, dp=32, ep=4), 4096) is MoeDispatcher.ALLGATHER
+    assert default_fp8_recipe(h100) is Fp8Recipe.DELAYED
+    assert default_fp8_recipe(load_cluster("gb200-nvl72")) is Fp8Recipe.MXFP8
+
+
+def test_evaluate_reports_the_knobs_in_plan_json():
+    qwen = load_model("qwen3-30b-a3b")
+    cluster = load_cluster("dgx-h100").with_gpus(16)
+    job = train_job(qwen, seq_len=4096, global_batch_size=64, precision=Precision.FP8)
+    plan = evaluate(qwen, cluster, job, tp=1, pp=1, ep=16, fp8_recipe=Fp8Recipe.TENSORWISE)
+    p = plan.to_json()["plan"]
+    assert p["moe_dispatcher"] == "flex" and p["fp8_recipe"] == "tensorwise"
+    flags = split_command(megatron_command(plan))[2]
+    assert flags["--moe-token-dispatcher-type"] == ["flex"] and flags["--fp8-recipe"] == ["tensorwise"]
+    dense = evaluate(load_model("llama-3.1-8b"), load_cluster("dgx-h100").with_gpus(8),
+                     train_job(load_model("llama-3.1-8b"), seq_len=4096, global_batch_size=32), tp=1, pp=1)
+    assert dense.to_json()["plan"]["moe_dispatcher"] is None and dense.to_json()["plan"]["fp8_recipe"] is None
+
+
+@pytest.mark.parametrize(("model", "cluster", "precision", "kw", "message"), [
+    ("llama-3.1-8b", "dgx-h100", Precision.BF16, dict(moe_dispatcher=MoeDispatcher.FLEX), "has no experts"),
+    ("llama-3.1-8b", "dgx-h100", Precision.BF16, dict(fp8_recipe=Fp8Recipe.DELAYED), "needs --precision fp8"),
+    ("llama-3.1-8b", "dgx-h100", Precision.FP8, dict(fp8_recipe=Fp8Recipe.MXFP8), "needs Blackwell"),
+])
+def test_bad_knobs_are_spec_errors(model, cluster, precision, kw, message):
+    spec = load_model(model)
+    with pytest.raises(SpecError, match=message):
+        evaluate(spec, load_cluster(cluster).with_gpus(8), train_job(spec, seq_len=4096, global_batch_size=32,
+                                                                      precision=precision), tp=1, pp=1, **kw)
