@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -141,20 +142,46 @@ def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbos
                          space=SpaceOptions(zero_stages=zeros))
 
 
-def _write_emit(plan, emit: Target | None, output: Path | None) -> None:
+def _check_output(output: Path | None, emit: Target | None) -> None:
+    """Refuse an -o that cannot be written before any solving starts."""
+    if output is None:
+        return
+    if emit is None:
+        raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
+    where = str(output)
+    try:
+        if output.is_dir():
+            raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
+        parent = output.parent
+        if not parent.is_dir():
+            raise SpecError(f"the directory {parent} does not exist: create it or write elsewhere", source="-o")
+        if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+            raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
+    except OSError as exc:
+        raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def _write_script(text: str, output: Path | None, json_out: bool) -> None:
+    """The launch script to -o, else to stdout (to stderr under --json: stdout holds the JSON object only)."""
+    if output is None:
+        (sys.stderr if json_out else sys.stdout).write(text)
+        return
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as exc:
+        raise SpecError(f"cannot write {str(output)[:120]}: {exc.strerror}: choose another path", source="-o") from None
+    err.print(f"wrote {escape(str(output))}", highlight=False)
+
+
+def _write_emit(plan, emit: Target | None, output: Path | None, json_out: bool = False) -> None:
     if emit is None:
         return
     if emit is not Target.MEGATRON:
         raise SpecError(f"--emit {emit.value} is for serving plans: use --mode serve", source="--emit")
     from autoshard.emit.megatron import megatron_script
 
-    script = megatron_script(plan)
-    if output is None:
-        sys.stdout.write(script)
-        return
-    output.write_text(script)
-    output.chmod(0o755)
-    err.print(f"wrote {output}")
+    _write_script(megatron_script(plan), output, json_out)
 
 
 # ----------------------------------------------------------------------------- solve
@@ -196,6 +223,7 @@ def solve(
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
+    _check_output(output, emit)
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
@@ -227,7 +255,7 @@ def solve(
 
         render_plan(best, render_console, runners=plans[1:], show_schedule=show_schedule, explain=explain,
                     notes=megatron_notes(best))
-    _write_emit(best, emit, output)
+    _write_emit(best, emit, output, json_out)
 
 
 def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose) -> None:
@@ -403,23 +431,9 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     else:
         render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
     if emit is not None:
-        from autoshard.emit.sglang import sglang_node_commands
-        from autoshard.emit.vllm import vllm_node_commands
+        from autoshard.emit.serve_script import serve_script
 
-        commands = vllm_node_commands(best) if emit is Target.VLLM else sglang_node_commands(best)
-        if len(commands) == 1:
-            body = commands[0] + "\n"
-        else:
-            body = "".join(f'if [ "${{NODE_RANK:?set NODE_RANK}}" = {i} ]; then\n  {cmd}\nfi\n'
-                           for i, cmd in enumerate(commands))
-        text = (f"#!/usr/bin/env bash\n# {emit.value} deployment of {best.model.name} on {best.num_gpus} GPUs "
-                f"({best.describe()}), written by autoshard.\nset -euo pipefail\n" + body)
-        if output is None:
-            sys.stdout.write(text)
-        else:
-            output.write_text(text)
-            output.chmod(0o755)
-            err.print(f"wrote {output}")
+        _write_script(serve_script(best, emit.value), output, json_out)
 
 
 # ----------------------------------------------------------------------------- study

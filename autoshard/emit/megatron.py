@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 import textwrap
 from collections.abc import Sequence
 
 from autoshard.costmodel.training import Stage
 from autoshard.emit import megatron_flags
+from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Recompute
 from autoshard.plan import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
@@ -421,13 +421,8 @@ def _node_pools(plan: Plan) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 
-_SAFE = re.compile(r"^[\w@%+=:,./-]+$")
-
-
 def _quote(value: str) -> str:
-    if value.startswith("$"):
-        return f'"{value}"'
-    return value if _SAFE.match(value) else shlex.quote(value)
+    return shell_word(value)
 
 
 def _flag_lines(plan: Plan) -> list[str]:
@@ -497,9 +492,9 @@ def megatron_script(plan: Plan) -> str:
     multi = nnodes > 1
     out = [
         "#!/usr/bin/env bash",
-        f"# Megatron-LM training launch for {plan.model.name} on {plan.cluster.name}, written by autoshard.",
+        comment(f"# Megatron-LM training launch for {plan.model.name} on {plan.cluster.name}, written by autoshard."),
         "#",
-        *(f"#   {line}" for line in _summary(plan)),
+        *(comment(f"#   {line}") for line in _summary(plan)),
         "#",
         "# Run it from a Megatron-LM checkout (or set MEGATRON_LM)" + (" on every node:" if multi else ":"),
         ("#   MASTER_ADDR=<node 0> NODE_RANK=<0.." + str(nnodes - 1) + "> " if multi else "#   ")
@@ -508,7 +503,7 @@ def megatron_script(plan: Plan) -> str:
     ]
     for note in megatron_notes(plan):
         out += textwrap.wrap(
-            note,
+            comment(note),
             width=100,
             initial_indent="# NOTE: ",
             subsequent_indent="#       ",
@@ -537,7 +532,7 @@ def megatron_script(plan: Plan) -> str:
         "(path/to/corpus_text_document)}",
         "TOKENIZER_MODEL=${TOKENIZER_MODEL:?set TOKENIZER_MODEL to a Hugging Face tokenizer name "
         "or directory}",
-        f"CKPT_DIR=${{CKPT_DIR:-checkpoints/{plan.model.name}}}",
+        f"CKPT_DIR=${{CKPT_DIR:-{shell_word('checkpoints/' + path_component(plan.model.name))}}}",
         "MEGATRON_LM=${MEGATRON_LM:-$PWD}",
         "",
     ]

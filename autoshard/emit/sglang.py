@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from autoshard.emit.vllm import HEAD_ADDRESS
+from autoshard.emit.shell import shell_join
 from autoshard.serve_plan import ServePlan
 from autoshard.specs.job import WeightDtype
 
@@ -88,7 +89,7 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
 
 def _multi_node(base: list[str], nodes: int, head: str) -> list[str]:
     return [
-        " ".join(
+        shell_join(
             base
             + ["--nnodes", str(nodes), "--node-rank", str(k), "--dist-init-addr", f"{head}:{DIST_INIT_PORT}"]
         )
@@ -100,14 +101,14 @@ def sglang_node_commands(plan: ServePlan) -> list[str]:
     """The command for every node of the deployment, head node first."""
     per_node = plan.pool.node.gpus_per_node
     if plan.num_gpus <= per_node:
-        return [" ".join(_base(plan, dp=plan.replicas))]
+        return [shell_join(_base(plan, dp=plan.replicas))]
     engine = plan.engine_gpus
     if plan.expert_parallel:
         return _multi_node(_base(plan, dp=1), -(-engine // per_node), HEAD_ADDRESS)
     if engine <= per_node:
         local = per_node // engine
         nodes = -(-plan.replicas // local)
-        return [" ".join(_base(plan, dp=min(local, plan.replicas - k * local))) for k in range(nodes)]
+        return [shell_join(_base(plan, dp=min(local, plan.replicas - k * local))) for k in range(nodes)]
     out: list[str] = []
     for i in range(plan.replicas):
         head = HEAD_ADDRESS if i == 0 else f"{HEAD_ADDRESS}_{i}"

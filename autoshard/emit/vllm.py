@@ -16,6 +16,7 @@ model as the model path. The KV cache is `auto` (the model dtype) or `fp8`.
 
 from __future__ import annotations
 
+from autoshard.emit.shell import shell_join
 from autoshard.serve_plan import ServePlan
 from autoshard.specs.job import WeightDtype
 
@@ -72,7 +73,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
     rank_gpus = plan.tp * plan.pp
     base = _base(plan)
     if plan.num_gpus <= per_node:
-        return [" ".join(base)]
+        return [shell_join(base)]
     if rank_gpus <= per_node:
         local = per_node // rank_gpus
         nodes = -(-plan.dp // local)
@@ -88,7 +89,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
             ]
             if k:
                 words += ["--headless", "--data-parallel-start-rank", str(k * local)]
-            out.append(" ".join(words))
+            out.append(shell_join(words))
         return out
     nodes = -(-plan.num_gpus // per_node)
     out = []
@@ -107,7 +108,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
         ]
         if k:
             words.append("--headless")
-        out.append(" ".join(words))
+        out.append(shell_join(words))
     return out
 
 

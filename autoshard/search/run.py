@@ -4,6 +4,7 @@ decode, re-check in floats, and return the best plans with their certificate."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -284,6 +285,9 @@ def solve_train(
     params.random_seed = options.seed
     params.relative_gap_limit = options.relative_gap
     params.log_search_progress = options.log
+    if options.log:  # the log goes to stderr: stdout may hold the one --json object
+        params.log_to_stdout = False
+        solver.log_callback = lambda line: print(line, file=sys.stderr)
     scale_s = prep.scale * US_PER_S
     plans: list[Plan] = []
     returned: set[int] = set()

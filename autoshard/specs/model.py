@@ -12,7 +12,10 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import FrozenSpec
+from autoshard.specs.base import (
+    MAX_CONTEXT, MAX_EXPERTS, MAX_FFN, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_NAME_LEN,
+    MAX_SEQ_LEN, MAX_TOKENS, MAX_VOCAB, NAME_PATTERN, FrozenSpec,
+)
 from autoshard.specs.job import Precision, WeightDtype
 
 __all__ = [
@@ -22,6 +25,12 @@ __all__ = [
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
+# size caps (autoshard.specs.base): beyond them no model exists and the planner would not finish
+Hidden = Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
+Ffn = Annotated[int, Field(gt=0, le=MAX_FFN)]
+Heads = Annotated[int, Field(gt=0, le=MAX_HEADS)]
+Experts = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+Context = Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
 
 
 class LayerKind(StrEnum):
@@ -63,28 +72,28 @@ class PositionKind(StrEnum):
 
 class LayerGroup(FrozenSpec):
     kind: LayerKind
-    count: PosInt = 1
+    count: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = 1
     """Number of consecutive identical layers in this group."""
 
 
 class MLAConfig(FrozenSpec):
     """DeepSeek-V2/V3 multi-head latent attention dimensions (Hugging Face names)."""
 
-    q_lora_rank: PosInt | None = None
+    q_lora_rank: Hidden | None = None
     """Rank of the query down-projection; None means queries are projected directly (V2-Lite)."""
-    kv_lora_rank: PosInt
-    qk_nope_head_dim: PosInt
-    qk_rope_head_dim: PosInt
-    v_head_dim: PosInt
+    kv_lora_rank: Hidden
+    qk_nope_head_dim: Hidden
+    qk_rope_head_dim: Hidden
+    v_head_dim: Hidden
 
 
 class MoEConfig(FrozenSpec):
-    num_experts: PosInt
-    top_k: PosInt
-    expert_ffn_hidden_size: PosInt
+    num_experts: Experts
+    top_k: Experts
+    expert_ffn_hidden_size: Ffn
     """Intermediate size of one routed expert."""
-    num_shared_experts: NonNegInt = 0
-    shared_expert_ffn_hidden_size: NonNegInt = 0
+    num_shared_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)] = 0
+    shared_expert_ffn_hidden_size: Annotated[int, Field(ge=0, le=MAX_FFN)] = 0
     """Total intermediate size of the shared experts (all of them together, as Megatron's
     --moe-shared-expert-intermediate-size)."""
 
@@ -106,16 +115,16 @@ class MoEConfig(FrozenSpec):
 class TrainingDefaults(FrozenSpec):
     """Job defaults stored with a model; CLI flags override them."""
 
-    seq_len: PosInt | None = None
-    global_batch_size: PosInt | None = None
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] | None = None
+    global_batch_size: Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)] | None = None
     precision: Precision | None = None
-    tokens: float | None = Field(default=None, gt=0)
+    tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
 class ServingDefaults(FrozenSpec):
-    max_model_len: PosInt | None = None
-    input_len: PosInt | None = None
-    output_len: PosInt | None = None
+    max_model_len: Context | None = None
+    input_len: Context | None = None
+    output_len: Context | None = None
     precision: WeightDtype | None = None
     """Weight storage for serving (bf16, fp8, int8, int4)."""
 
@@ -123,25 +132,25 @@ class ServingDefaults(FrozenSpec):
 class ModelSpec(FrozenSpec):
     """A transformer LLM. All sizes are element counts (not bytes)."""
 
-    name: str = Field(min_length=1)
-    source: str | None = None
+    name: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
     """Where the numbers come from (config URL or paper)."""
 
-    hidden_size: PosInt
-    ffn_hidden_size: PosInt
+    hidden_size: Hidden
+    ffn_hidden_size: Ffn
     """Intermediate size of the dense MLP (used by `dense` layers)."""
-    num_attention_heads: PosInt
-    num_kv_heads: PosInt | None = None
+    num_attention_heads: Heads
+    num_kv_heads: Heads | None = None
     """Key/value heads (GQA/MQA). Defaults to num_attention_heads (MHA)."""
-    head_dim: PosInt | None = None
+    head_dim: Hidden | None = None
     """Defaults to hidden_size // num_attention_heads."""
-    vocab_size: PosInt
+    vocab_size: Annotated[int, Field(gt=0, le=MAX_VOCAB)]
     tied_embeddings: bool = False
     mlp: MlpKind = MlpKind.SWIGLU
     norm: NormKind = NormKind.RMSNORM
     attention: AttentionKind = AttentionKind.GQA
     position_embedding: PositionKind = PositionKind.ROPE
-    max_position_embeddings: PosInt
+    max_position_embeddings: Context
     linear_bias: bool = False
     """Every linear layer has a bias (GPT-2/3, BLOOM, OPT, GPT-NeoX)."""
     qkv_bias: bool = False
@@ -150,7 +159,7 @@ class ModelSpec(FrozenSpec):
     """Per-head RMSNorm on queries and keys (Qwen3)."""
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
-    layers: tuple[LayerGroup, ...] = Field(min_length=1)
+    layers: tuple[LayerGroup, ...] = Field(min_length=1, max_length=MAX_LAYERS + 2)
     training: TrainingDefaults | None = None
     serving: ServingDefaults | None = None
 
@@ -180,6 +189,9 @@ class ModelSpec(FrozenSpec):
             raise ValueError("layers needs at least one `dense` or `moe` decoder group")
         if LayerKind.MOE in kinds and self.moe is None:
             raise ValueError("layers has `moe` layers but the model has no `moe:` section")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"{self.num_layers} decoder layers is more than autoshard plans for (at most "
+                             f"{MAX_LAYERS}): lower the layer counts")
         return self
 
     # ----------------------------------------------------------------- derived shape facts
