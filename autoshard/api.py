@@ -24,7 +24,7 @@ from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize"]
+__all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize", "check_precision"]
 
 
 def train_job(
@@ -60,14 +60,28 @@ def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
 
 
 def with_launch(plan: Plan) -> Plan:
-    """The plan with its Megatron-LM launch command attached (training plans)."""
+    """The plan with its Megatron-LM launch command attached (training plans). A plan that does not fit
+    gets none: a command that would run out of memory is not printed as runnable."""
+    if not plan.prediction.fits:
+        return dataclasses.replace(plan, launch={k: v for k, v in plan.launch.items() if k != "megatron"})
     return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
+
+
+def check_precision(cluster: ClusterSpec, precision: Precision, *, source: str = "--precision") -> None:
+    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300): refuse it where a pool has none."""
+    if precision is not Precision.FP8:
+        return
+    lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp8_tflops is None]
+    if lacking:
+        raise SpecError(f"FP8 needs FP8 tensor cores and {', '.join(dict.fromkeys(lacking))} has none (no fp8_tflops "
+                        f"in {cluster.name}): train in bf16", source=source)
 
 
 def solve(
     model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
 ) -> list[Plan]:
     """The best training plans (best first), each with its launch command."""
+    check_precision(cluster, job.precision)
     return [with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)]
 
 
@@ -105,6 +119,7 @@ def evaluate(
     stages: tuple[Stage, ...] | None = None,
 ) -> Plan:
     """Predict a plan the user already has (Megatron's even layout unless `stages` is given)."""
+    check_precision(cluster, job.precision)
     gpus = cluster.num_gpus
     if gpus % (tp * cp * pp):
         raise SpecError(f"TP x CP x PP = {tp * cp * pp} does not divide the {gpus} GPUs: change the degrees or --gpus",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autoshard.errors import AutoshardError, SpecError
+from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 
 app = typer.Typer(
     name="autoshard",
@@ -62,11 +64,19 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _finite_options(kwargs)
             return fn(*args, **kwargs)
         except AutoshardError as exc:
             _fail(exc)
 
     return wrapper
+
+
+def _finite_options(kwargs: dict[str, Any]) -> None:
+    """NaN and infinities pass click's range checks (every comparison with NaN is false): refuse them."""
+    for name, value in kwargs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"{value} is not a finite number: give a number", source="--" + name.replace("_", "-"))
 
 
 def _version(value: bool) -> None:
@@ -86,21 +96,21 @@ def main_options(
 
 # ----------------------------------------------------------------------------- shared option types
 
-GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="Use this many GPUs (resizes a homogeneous cluster).")]
-SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Training sequence length (default: the model's training: section, else 4096).")]
-GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, help="Sequences per optimizer step.")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Use this many GPUs (resizes a homogeneous cluster).")]
+SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]
+GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp8.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
-TpOpt = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor parallel size.")]
-PpOpt = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline parallel size.")]
-DpOpt = Annotated[int | None, typer.Option("--dp", min=1, help="Data parallel size.")]
-CpOpt = Annotated[int | None, typer.Option("--cp", min=1, help="Context parallel size.")]
-EpOpt = Annotated[int | None, typer.Option("--ep", min=1, help="Expert parallel size.")]
-EtpOpt = Annotated[int | None, typer.Option("--etp", min=1, help="Expert tensor parallel size (default: TP).")]
-VppOpt = Annotated[int | None, typer.Option("--vpp", min=1, help="Virtual pipeline stages per rank (interleaving).")]
-MbsOpt = Annotated[int | None, typer.Option("--mbs", min=1, help="Micro-batch size.")]
+TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
+PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]
+DpOpt = Annotated[int | None, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data parallel size.")]
+CpOpt = Annotated[int | None, typer.Option("--cp", min=1, max=MAX_GPUS, help="Context parallel size.")]
+EpOpt = Annotated[int | None, typer.Option("--ep", min=1, max=MAX_GPUS, help="Expert parallel size.")]
+EtpOpt = Annotated[int | None, typer.Option("--etp", min=1, max=MAX_GPUS, help="Expert tensor parallel size (default: TP).")]
+VppOpt = Annotated[int | None, typer.Option("--vpp", min=1, max=MAX_LAYERS, help="Virtual pipeline stages per rank (interleaving).")]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", min=1, max=MAX_GLOBAL_BATCH, help="Micro-batch size.")]
 RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help="Activation recomputation.")]
-RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
+RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, max=MAX_LAYERS, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
 
@@ -116,12 +126,47 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
-def _print_plans_json(plans: list) -> None:
+def _plans_json(plans: list) -> dict:
     """The best plan's JSON object, with the runner-ups (--top) under "alternatives"."""
     obj = plans[0].to_json()
     if len(plans) > 1:
         obj["alternatives"] = [p.to_json() for p in plans[1:]]
-    _print_json(obj)
+    return obj
+
+
+def _print_plans_json(plans: list) -> None:
+    _print_json(_plans_json(plans))
+
+
+def _headroom(plan, fraction: float) -> dict:
+    """How much of HBM the plan was allowed to fill, and what is left for the memory model's error."""
+    from autoshard.units import GIB
+
+    pred = plan.prediction
+    hbm, peak = pred.capacity_bytes / GIB, pred.peak_memory_bytes / GIB
+    note = (f"planned to {fraction:.0%} of HBM: predicted peak {peak:.1f} of {hbm:.1f} GiB, {hbm - peak:.1f} GiB "
+            f"headroom for the memory model's error (--memory-fraction changes it)")
+    return {"memory_fraction": fraction, "peak_gib": round(peak, 2), "hbm_gib": round(hbm, 2),
+            "headroom_gib": round(hbm - peak, 2), "note": note}
+
+
+_TRAIN_ONLY = ("seq_len", "global_batch_size", "precision", "from_megatron", "verbose", "memory_fraction", "cp",
+               "etp", "vpp", "mbs", "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage",
+               "show_schedule")
+_SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", "request_rate", "weight_dtype",
+               "kv_cache_dtype")
+
+
+def _check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
+    """A flag the other mode owns would be silently ignored: refuse it, naming the flag."""
+    wrong = _TRAIN_ONLY if mode is Mode.SERVE else _SERVE_ONLY
+    for name in wrong:
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            other = "train" if mode is Mode.SERVE else "serve"
+            hint = " (serving weights: --weight-dtype)" if name == "precision" else ""
+            raise SpecError(f"{flag} applies to --mode {other} only; with --mode {mode.value} it would be ignored: "
+                            f"drop it{hint}", source=flag)
 
 
 def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage):
@@ -199,9 +244,9 @@ def solve(
     precision: PrecisionOpt = None,
     target: Annotated[Target | None, typer.Option("--target", help="Launcher to emit for (train: megatron; serve: vllm or sglang).")] = None,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="Return the K best distinct plans.")] = 1,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver time limit in seconds.")] = 30.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver time limit in seconds.")] = 30.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="CP-SAT worker threads.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**31 - 1, help="CP-SAT random seed.")] = 0,
     json_out: JsonOpt = False,
     explain: Annotated[bool, typer.Option("--explain", help="Show how many candidates each rule discarded.")] = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule of the plan.")] = False,
@@ -209,21 +254,23 @@ def solve(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="File for --emit (default: stdout).")] = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Start from an existing Megatron-LM command or script: compare it with the best plan.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log CP-SAT search progress to stderr.")] = False,
-    memory_fraction: Annotated[float, typer.Option("--memory-fraction", min=0.3, max=1.0, help="Train: keep each GPU's predicted peak under this fraction of HBM (headroom).")] = 1.0,
+    memory_fraction: Annotated[float | None, typer.Option("--memory-fraction", min=0.3, max=1.0, help="Train: keep each GPU's predicted peak under this fraction of HBM (default 0.87: headroom for the memory model's measured error).")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
-    input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
-    output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
-    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
-    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
+    input_len: Annotated[int | None, typer.Option("--input-len", min=1, max=MAX_CONTEXT, help="Serve: prompt tokens per request.")] = None,
+    output_len: Annotated[int | None, typer.Option("--output-len", min=1, max=MAX_CONTEXT, help="Serve: generated tokens per request.")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, max=MAX_CONTEXT, help="Serve: longest context.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
     weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8 or int4 weights.")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
     _check_output(output, emit)
+    given = {k: v for k, v in locals().items() if v is not None and not (v is False and k in ("verbose", "show_schedule"))}
+    _check_mode_flags(mode, given)
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
@@ -243,18 +290,22 @@ def solve(
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
-    options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
-                                  memory_fraction=memory_fraction)
+    options = _solver_options(top, time_limit, workers, seed, verbose, zero_stage)
+    if memory_fraction is not None:
+        options = dataclasses.replace(options, memory_fraction=memory_fraction)
     plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
+    headroom = _headroom(best, options.memory_fraction)
     if json_out:
-        _print_plans_json(plans)
+        obj = _plans_json(plans)
+        obj["memory_headroom"] = headroom
+        _print_json(obj)
     else:
         render_console = err if emit is not None and output is None else out
         from autoshard.report.terminal import render_plan
 
         render_plan(best, render_console, runners=plans[1:], show_schedule=show_schedule, explain=explain,
-                    notes=megatron_notes(best))
+                    notes=[*megatron_notes(best), headroom["note"]])
     _write_emit(best, emit, output, json_out)
 
 
@@ -284,7 +335,7 @@ def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gp
     """(plan, warnings) for an existing Megatron-LM command."""
     import dataclasses
 
-    from autoshard.api import resize, with_launch
+    from autoshard.api import check_precision, resize, with_launch
     from autoshard.costmodel.training import predict_train
     from autoshard.emit.megatron_parse import model_shape_differences, parse_megatron
     from autoshard.plan import Plan, SolverStats
@@ -302,6 +353,7 @@ def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gp
     parsed = parsed.with_world_size(world)
     cluster_spec = resize(load_cluster(cluster_ref), world)
     cfg = parsed.train_config()
+    check_precision(cluster_spec, cfg.precision, source="--from-megatron")
     stages = parsed.layout()
     prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
@@ -330,8 +382,8 @@ def evaluate(
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     json_out: JsonOpt = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule.")] = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit when knobs are left out.")] = 30.0,
-    workers: Annotated[int, typer.Option("--workers", min=1)] = 8,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit when knobs are left out.")] = 30.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 8,
 ) -> None:
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""
     from autoshard.report.terminal import render_plan
@@ -445,9 +497,9 @@ def study(
     model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or config.json.")],
     cluster: Annotated[list[str], typer.Option("--cluster", help="Cluster kind to compare (repeat).")],
     gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU counts, e.g. 64,128,256.")],
-    tokens: Annotated[float | None, typer.Option("--tokens", min=1, help="Training tokens (default: the model's training: tokens).")] = None,
-    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, help="Finish within this many days.")] = None,
-    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, help="Spend at most this many dollars.")] = None,
+    tokens: Annotated[float | None, typer.Option("--tokens", min=1, max=MAX_TOKENS, help="Training tokens (default: the model's training: tokens).")] = None,
+    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, max=1e7, help="Finish within this many days.")] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, max=1e12, help="Spend at most this many dollars.")] = None,
     price: Annotated[list[str] | None, typer.Option("--price", help="Override a price: CLUSTER=USD_PER_GPU_HOUR (repeat).")] = None,
     mode: Annotated[Mode, typer.Option("--mode", help="train or serve.")] = Mode.TRAIN,
     seq_len: SeqOpt = None,
@@ -455,11 +507,11 @@ def study(
     precision: PrecisionOpt = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit per size.")] = 20.0,
-    jobs: Annotated[int, typer.Option("--jobs", min=0, help="Parallel solver processes (0: one per CPU).")] = 0,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain.")] = None,
-    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
-    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit per size.")] = 20.0,
+    jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
 ) -> None:
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = _parse_sizes(gpus)

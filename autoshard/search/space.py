@@ -116,6 +116,23 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"EP {pins.ep} must divide the {model.moe.num_experts} experts", source="--ep")
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
+    # pins that contradict each other or the model: bad input (exit 2), not an infeasible search
+    if pins.vpp and pins.vpp > 1 and pins.pp == 1:
+        raise SpecError(f"--vpp {pins.vpp} interleaves pipeline stages but --pp 1 has one stage: drop --vpp or "
+                        "use --pp 2 or more", source="--vpp")
+    if pins.etp and pins.etp > 1 and model.moe is None:
+        raise SpecError(f"expert tensor parallelism (--etp {pins.etp}) needs a mixture-of-experts model; "
+                        f"{model.name} is dense: drop --etp", source="--etp")
+    if (pins.zero_stage or 0) >= 2 and ((pins.pp or 1) > 1 or (pins.ep or 1) > 1):
+        raise SpecError(f"ZeRO-{pins.zero_stage} (Megatron FSDP) needs PP 1 and EP 1: drop --zero-stage or the "
+                        "--pp/--ep pin", source="--zero-stage")
+    if pins.recompute_num_layers:
+        chunks = (pins.pp or 1) * (pins.vpp or 1)
+        most = model.num_layers - (chunks - 1)
+        if pins.recompute_num_layers > most:
+            raise SpecError(f"--recompute-num-layers {pins.recompute_num_layers} is more than the decoder layers a "
+                            f"pipeline stage can hold (at most {most} of {model.num_layers} over {chunks} chunks)",
+                            source="--recompute-num-layers")
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
