@@ -36,7 +36,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
         head.append(f"\nsolver: {s.status}, objective {s.objective:,.1f} ({plan.objective_unit}), bound {s.bound:,.1f}, "
                     f"gap {100 * s.gap:.2f}%, {s.wall_s:.2f} s wall")
     title = f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})"
-    console.print(Panel(head, title=title, expand=False))
+    console.print(Panel(head, title=Text(title), expand=False))
     table = Table(title="Memory per GPU (GiB)", header_style="bold")
     table.add_column("component")
     table.add_column("GiB", justify="right")

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
 
 from autoshard.study import Row, ServeRow, StudyResult, TrainRow, money
 
@@ -96,7 +97,7 @@ def render_study(result: StudyResult, console: Console) -> None:
     """Answers first, then the table, the skipped sizes and the notes. Off a terminal (a pipe or a
     file) nothing is wrapped or cut: lines and the table take the width they need."""
     soft = not console.is_terminal
-    console.print(f"[bold]{_title(result)}[/bold]", highlight=False)
+    console.print(Text(_title(result), style="bold"), highlight=False)
     for a in result.answers:
         head, _, rest = a.text.partition(": ")
         console.print(f"  [bold green]{head}:[/bold green] {rest}", highlight=False, soft_wrap=soft)

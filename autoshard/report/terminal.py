@@ -150,7 +150,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
     if s.status != "EVALUATED":
         head.append(f"\nsolver: {s.status} objective {s.objective:.4f} s, bound {s.bound:.4f} s, gap {100 * s.gap:.2f}%, "
                     f"{s.wall_s:.2f} s wall, {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
-    console.print(Panel(head, title=title, expand=False))
+    console.print(Panel(head, title=Text(title), expand=False))
     console.print(Group(_time_table(plan), _memory_table(plan)))
     console.print(_stage_table(plan))
     if runners:
