@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from autoshard.specs.job import ServeJob
+from autoshard.errors import SpecError
+from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
@@ -37,4 +38,11 @@ def serve_job_for(
     }
     data.update({k: v for k, v in given.items() if v is not None})
     name = model.name if model is not None else "the command's model"
-    return validate(ServeJob, data, source=f"serving job for {name}")
+    job = validate(ServeJob, data, source=f"serving job for {name}")
+    wd = job.weight_dtype
+    if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4) and not any(
+            c.weights is wd for c in model.checkpoints):
+        raise SpecError(f"{wd.value} weights need a published {wd.value} checkpoint of {model.name} (vLLM and SGLang "
+                        "only quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, "
+                        "or use --weight-dtype fp8 or bf16", source="--weight-dtype")
+    return job

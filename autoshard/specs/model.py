@@ -20,7 +20,7 @@ from autoshard.specs.job import Precision, WeightDtype
 
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
-    "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
+    "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "Checkpoint", "ModelSpec",
 ]
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -129,6 +129,26 @@ class ServingDefaults(FrozenSpec):
     """Weight storage for serving (bf16, fp8, int8, int4)."""
 
 
+class Checkpoint(FrozenSpec):
+    """A published checkpoint of the model with quantized weights, which serving launchers load instead of
+    quantizing the BF16 weights themselves (int8/int4 need one: vLLM and SGLang cannot make them online)."""
+
+    weights: WeightDtype
+    """Storage of the checkpoint's weights (fp8, int8 or int4)."""
+    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", max_length=200)
+    """Hugging Face repo id, e.g. Qwen/Qwen3-235B-A22B-FP8."""
+    quantization: str = Field(pattern=r"^[a-z0-9_-]+$", max_length=40)
+    """The --quantization method its quantization_config selects in vLLM (fp8, fbgemm_fp8, modelopt,
+    gptq_marlin, awq_marlin, compressed-tensors)."""
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
+
+    @model_validator(mode="after")
+    def _check(self) -> Checkpoint:
+        if self.weights is WeightDtype.BF16:
+            raise ValueError("checkpoints list quantized weights (fp8, int8, int4); the BF16 one is the model's source")
+        return self
+
+
 class ModelSpec(FrozenSpec):
     """A transformer LLM. All sizes are element counts (not bytes)."""
 
@@ -162,6 +182,8 @@ class ModelSpec(FrozenSpec):
     layers: tuple[LayerGroup, ...] = Field(min_length=1, max_length=MAX_LAYERS + 2)
     training: TrainingDefaults | None = None
     serving: ServingDefaults | None = None
+    checkpoints: tuple[Checkpoint, ...] = Field(default=(), max_length=32)
+    """Published quantized checkpoints (serving loads the one matching the weight dtype)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
