@@ -394,7 +394,12 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
         raise SystemExit(130) from None
     finally:
         bar.stop()
-    written = write_study_set(result, out_dir) if out_dir is not None else []
+    try:
+        written = write_study_set(result, out_dir) if out_dir is not None else []
+    except KeyboardInterrupt:
+        err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
+                  markup=False)
+        raise SystemExit(130) from None
     if json_out:
         import json
 
