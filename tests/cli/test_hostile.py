@@ -92,6 +92,8 @@ CASES = [
                                     "--request-rate", "inf"], 2, ["--request-rate"]),
     ("tokens-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tokens", "inf"], 2,
      ["--tokens"]),
+    ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
+     ["--gpus", "at most 131072"]),
     ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                              "--price", "dgx-h100=nan"], 2, ["--price", "finite", "nan"]),
     ("price-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
