@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from autoshard.errors import SpecError
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
@@ -42,7 +41,7 @@ def serve_job_for(
     wd = job.weight_dtype
     if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4) and not any(
             c.weights is wd for c in model.checkpoints):
-        raise SpecError(f"{wd.value} weights need a published {wd.value} checkpoint of {model.name} (vLLM and SGLang "
-                        "only quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, "
-                        "or use --weight-dtype fp8 or bf16", source="--weight-dtype")
+        from autoshard.emit.vllm import no_checkpoint
+
+        raise no_checkpoint(model.name, wd)  # refused before solving, not when the command is written
     return job

@@ -23,8 +23,8 @@ from autoshard.errors import SpecError
 from autoshard.serve_plan import ServePlan
 from autoshard.specs.job import WeightDtype
 
-__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "VLLM_QUANTIZATION", "VLLM_KV_CACHE_DTYPE",
-           "HEAD_ADDRESS"]
+__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
+           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS"]
 
 HEAD_ADDRESS = "$HEAD_IP"
 DP_RPC_PORT = 13345
@@ -77,11 +77,16 @@ def vllm_quantization(plan: ServePlan) -> str | None:
         return ckpt.quantization
     wd = plan.job.weight_dtype
     if wd not in VLLM_QUANTIZATION:
-        raise SpecError(
-            f"{wd.value} weights need a published {wd.value} checkpoint of {plan.model.name} (vLLM and SGLang only "
-            f"quantize BF16 weights online to fp8): name one under `checkpoints:` in the model file, or serve "
-            "with --weight-dtype fp8 or bf16", source="--weight-dtype")
+        raise no_checkpoint(plan.model.name, wd)
     return VLLM_QUANTIZATION[wd]
+
+
+def no_checkpoint(model_name: str, weights: WeightDtype) -> SpecError:
+    """The error for int8/int4 weights with no published checkpoint to load."""
+    return SpecError(
+        f"{weights.value} weights need a published {weights.value} checkpoint of {model_name} (vLLM and SGLang only "
+        "quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, or use "
+        "--weight-dtype fp8 or bf16", source="--weight-dtype")
 
 
 def vllm_node_commands(plan: ServePlan) -> list[str]:
