@@ -26,7 +26,7 @@ __all__ = ["Launch", "read_launch", "shell_word", "shell_join", "comment", "path
 
 _SAFE_WORD = re.compile(r"^[\w@%+=:,./-]+$")
 _VARIABLE_WORD = re.compile(r"^(?:\$[A-Za-z_]\w*|\$\{[A-Za-z_]\w*\})[\w@%+=:,./-]*$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+")
 
 
 def shell_word(value: str) -> str:
@@ -46,7 +46,7 @@ def shell_join(words: list[str]) -> str:
 
 def comment(text: str) -> str:
     """Text for a one-line `# ...` comment: control characters (a newline would end the comment and
-    start a command) become single spaces."""
+    start a command), Unicode line separators and bidirectional overrides become single spaces."""
     return _CONTROL.sub(" ", text)
 
 

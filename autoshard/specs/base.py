@@ -18,9 +18,10 @@ __all__ = ["FrozenSpec", "NAME_PATTERN", "MAX_NAME_LEN", "MAX_GPUS", "MAX_GPUS_P
            "MAX_HIDDEN", "MAX_FFN", "MAX_HEADS", "MAX_VOCAB", "MAX_CONTEXT", "MAX_SEQ_LEN",
            "MAX_GLOBAL_BATCH", "MAX_EXPERTS", "MAX_TOKENS"]
 
-NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
-"""Names (model, cluster, pool, GPU) are one line of printable text: no newline, tab or other
-control character (they end up in launch-script comments, report titles and file names)."""
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+$"
+"""Names (model, cluster, pool, GPU) are one line of printable text: no newline, tab or other C0/C1
+control character, no Unicode line separator and no bidirectional override (which makes a script read
+differently from how it runs). They end up in launch-script comments, report titles and file names."""
 MAX_NAME_LEN = 200
 
 MAX_GPUS = 131_072

@@ -121,10 +121,11 @@ def test_shell_word_round_trips_through_a_posix_split() -> None:
     assert shlex.split(shell_join(words)) == words
     assert shell_word("$HEAD_IP:5000") == '"$HEAD_IP:5000"'  # a script variable still expands
     assert shell_word("$X$(id)") == "'$X$(id)'"  # ... but nothing else does
-    assert comment("a\nb\r\x1bc") == "a b c"
+    assert comment("a\nb\r\x1bc\u202ed") == "a b c d"
 
 
-@pytest.mark.parametrize("name", ["bad\nname", "tab\there", "bell\x07", "cr\rname", "esc\x1b[31m"])
+@pytest.mark.parametrize("name", ["bad\nname", "tab\there", "bell\x07", "cr\rname", "esc\x1b[31m", "nel\x85x",
+                                  "ls\u2028x", "rtl\u202eexe.hs"])
 @pytest.mark.parametrize("where", ["yaml", "hf"])
 def test_control_characters_in_names_are_refused(tmp_path: Path, name: str, where: str) -> None:
     if where == "yaml":
