@@ -285,7 +285,9 @@ def solve(
     from autoshard.emit.megatron import megatron_notes
 
     if from_megatron is not None:
-        _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out, verbose)
+        best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
+                                 verbose, console=err if emit is not None and output is None else out)
+        _write_emit(best, emit, output, json_out)
         return
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
@@ -309,7 +311,9 @@ def solve(
     _write_emit(best, emit, output, json_out)
 
 
-def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose) -> None:
+def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose,
+                      console: Console = out):
+    """Compare an existing Megatron-LM command with the best plan; returns the best plan."""
     from autoshard.api import solve as api_solve
     from autoshard.api import train_job
     from autoshard.report.compare import compare_plans, render_comparison
@@ -325,10 +329,11 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
         obj["comparison"] = comparison
         obj["warnings"] = warnings
         _print_json(obj)
-        return
+        return best[0]
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    render_comparison(yours, best[0], comparison, out)
+    render_comparison(yours, best[0], comparison, console)
+    return best[0]
 
 
 def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None):

@@ -290,3 +290,12 @@ def test_interrupted_solve_says_nothing_was_written(tmp_path: Path, monkeypatch:
     assert code == 130
     assert "interrupted" in stderr and "nothing was written" in " ".join(stderr.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_compare_with_megatron_still_emits_the_best_plan(tmp_path: Path) -> None:
+    """`solve --from-megatron ... --emit megatron -o F` used to drop --emit without a word."""
+    out = tmp_path / "best.sh"
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST, "--emit", "megatron",
+                                   "-o", out, "--from-megatron", MEGATRON + " --micro-batch-size 1")
+    assert code == 0, stderr
+    assert out.read_text().startswith("#!/usr/bin/env bash") and "pretrain_gpt.py" in out.read_text()
