@@ -22,7 +22,7 @@ from autoshard.search.space import Pins
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
-from autoshard.specs.model import ModelSpec
+from autoshard.specs.model import ModelSpec, PositionKind
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "with_launch", "resize", "check_precision"]
 
@@ -47,7 +47,12 @@ def train_job(
                        ("precision", precision), ("tokens", tokens)):
         if value is not None:
             data[key] = value
-    return validate(TrainJob, data, source=f"training job for {model.name}")
+    job = validate(TrainJob, data, source=f"training job for {model.name}")
+    if model.position_embedding is PositionKind.LEARNED and job.seq_len > model.max_position_embeddings:
+        raise SpecError(f"sequence length {job.seq_len} is longer than the {model.max_position_embeddings} learned "
+                        f"position embeddings of {model.name}: use --seq-len {model.max_position_embeddings} or less, or "
+                        "raise max_position_embeddings in the model file", source="--seq-len")
+    return job
 
 
 def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:

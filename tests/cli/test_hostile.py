@@ -153,6 +153,8 @@ CASES = [
     ("recompute-layers-beyond-stage", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
                                                  "--recompute-num-layers", "100", *FAST], 2,
      ["--recompute-num-layers", "at most 31"]),
+    ("seq-beyond-learned-positions", lambda t: ["solve", "gpt3-175b", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
+                                                *FAST], 2, ["--seq-len", "2048 learned position embeddings"]),
     ("fp8-on-a100", lambda t: ["solve", "llama-3.1-8b", "dgx-a100-80gb", "--gpus", "8", "--precision", "fp8", *FAST],
      2, ["FP8", "A100"]),
     *[(f"serve-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
