@@ -157,6 +157,10 @@ _SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", 
                "kv_cache_dtype")
 
 
+_PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs",
+               "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage")
+
+
 def _check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
     """A flag the other mode owns would be silently ignored: refuse it, naming the flag."""
     wrong = _TRAIN_ONLY if mode is Mode.SERVE else _SERVE_ONLY
@@ -394,6 +398,12 @@ def evaluate(
     from autoshard.report.terminal import render_plan
 
     if from_megatron is not None or from_vllm is not None:
+        knobs = {k: v for k, v in locals().items() if v is not None and k in _PLAN_KNOBS}
+        if knobs:
+            flag = "--" + next(iter(knobs)).replace("_", "-")
+            source = "--from-megatron" if from_megatron is not None else "--from-vllm"
+            raise SpecError(f"{flag} would be ignored: the plan comes from the {source} command; change it there "
+                            "(or evaluate without the command)", source=flag)
         if cluster is None:
             # one positional argument means the cluster when the model comes from the command
             cluster, model = model, None
