@@ -421,12 +421,8 @@ def _node_pools(plan: Plan) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 
-def _quote(value: str) -> str:
-    return shell_word(value)
-
-
 def _flag_lines(plan: Plan) -> list[str]:
-    return [flag if value is None else f"{flag} {_quote(value)}" for flag, value in megatron_args(plan)]
+    return [flag if value is None else f"{flag} {shell_word(value)}" for flag, value in megatron_args(plan)]
 
 
 def _join(head: list[str], lines: list[str]) -> str:
