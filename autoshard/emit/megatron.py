@@ -421,6 +421,7 @@ def _node_pools(plan: Plan) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 
+
 def _flag_lines(plan: Plan) -> list[str]:
     return [flag if value is None else f"{flag} {shell_word(value)}" for flag, value in megatron_args(plan)]
 
