@@ -23,9 +23,10 @@ from autoshard.search.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
-from autoshard.specs.model import ModelSpec
+from autoshard.specs.model import ModelSpec, PositionKind
 
-__all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize"]
+__all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
+           "check_precision"]
 
 
 def train_job(
@@ -48,7 +49,12 @@ def train_job(
                        ("precision", precision), ("tokens", tokens)):
         if value is not None:
             data[key] = value
-    return validate(TrainJob, data, source=f"training job for {model.name}")
+    job = validate(TrainJob, data, source=f"training job for {model.name}")
+    if model.position_embedding is PositionKind.LEARNED and job.seq_len > model.max_position_embeddings:
+        raise SpecError(f"sequence length {job.seq_len} is longer than the {model.max_position_embeddings} learned "
+                        f"position embeddings of {model.name}: use --seq-len {model.max_position_embeddings} or less, or "
+                        "raise max_position_embeddings in the model file", source="--seq-len")
+    return job
 
 
 def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
@@ -61,8 +67,21 @@ def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
 
 
 def with_launch(plan: Plan) -> Plan:
-    """The plan with its Megatron-LM launch command attached (training plans)."""
+    """The plan with its Megatron-LM launch command attached (training plans). A plan that does not fit
+    gets none: a command that would run out of memory is not printed as runnable."""
+    if not plan.prediction.fits:
+        return dataclasses.replace(plan, launch={k: v for k, v in plan.launch.items() if k != "megatron"})
     return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
+
+
+def check_precision(cluster: ClusterSpec, precision: Precision, *, source: str = "--precision") -> None:
+    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300): refuse it where a pool has none."""
+    if precision is not Precision.FP8:
+        return
+    lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp8_tflops is None]
+    if lacking:
+        raise SpecError(f"FP8 needs FP8 tensor cores and {', '.join(dict.fromkeys(lacking))} has none (no fp8_tflops "
+                        f"in {cluster.name}): train in bf16", source=source)
 
 
 def solve(
@@ -70,6 +89,7 @@ def solve(
 ) -> list[Plan]:
     """The best training plans (best first), each with its launch command and prediction band
     (runner-ups marked statistically tied with the best or not)."""
+    check_precision(cluster, job.precision)
     return mark_ties([with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)])
 
 
@@ -145,6 +165,7 @@ def evaluate(
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
     `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible. The MoE dispatcher
     and FP8 recipe default to what the solver would pick (search.space.dispatcher_for, fp8_recipe_for)."""
+    check_precision(cluster, job.precision)
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
         from autoshard.search.space import SELECTIVE_AND_BLOCK
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -20,6 +22,7 @@ from rich.markup import escape
 
 from autoshard.errors import AutoshardError, SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher
+from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 
 app = typer.Typer(
     name="autoshard",
@@ -62,11 +65,19 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _finite_options(kwargs)
             return fn(*args, **kwargs)
         except AutoshardError as exc:
             _fail(exc)
 
     return wrapper
+
+
+def _finite_options(kwargs: dict[str, Any]) -> None:
+    """NaN and infinities pass click's range checks (every comparison with NaN is false): refuse them."""
+    for name, value in kwargs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"{value} is not a finite number: give a number", source="--" + name.replace("_", "-"))
 
 
 def _version(value: bool) -> None:
@@ -86,21 +97,21 @@ def main_options(
 
 # ----------------------------------------------------------------------------- shared option types
 
-GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="Use this many GPUs (resizes a homogeneous cluster).")]
-SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, help="Training sequence length (default: the model's training: section, else 4096).")]
-GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, help="Sequences per optimizer step.")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Use this many GPUs (resizes a homogeneous cluster).")]
+SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]
+GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp8.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
-TpOpt = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor parallel size.")]
-PpOpt = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline parallel size.")]
-DpOpt = Annotated[int | None, typer.Option("--dp", min=1, help="Data parallel size.")]
-CpOpt = Annotated[int | None, typer.Option("--cp", min=1, help="Context parallel size.")]
-EpOpt = Annotated[int | None, typer.Option("--ep", min=1, help="Expert parallel size.")]
-EtpOpt = Annotated[int | None, typer.Option("--etp", min=1, help="Expert tensor parallel size (default: TP).")]
-VppOpt = Annotated[int | None, typer.Option("--vpp", min=1, help="Virtual pipeline stages per rank (interleaving).")]
-MbsOpt = Annotated[int | None, typer.Option("--mbs", min=1, help="Micro-batch size.")]
+TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
+PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]
+DpOpt = Annotated[int | None, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data parallel size.")]
+CpOpt = Annotated[int | None, typer.Option("--cp", min=1, max=MAX_GPUS, help="Context parallel size.")]
+EpOpt = Annotated[int | None, typer.Option("--ep", min=1, max=MAX_GPUS, help="Expert parallel size.")]
+EtpOpt = Annotated[int | None, typer.Option("--etp", min=1, max=MAX_GPUS, help="Expert tensor parallel size (default: TP).")]
+VppOpt = Annotated[int | None, typer.Option("--vpp", min=1, max=MAX_LAYERS, help="Virtual pipeline stages per rank (interleaving).")]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", min=1, max=MAX_GLOBAL_BATCH, help="Micro-batch size.")]
 RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help="Activation recomputation.")]
-RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, help="Decoder layers per stage fully recomputed on top of --recompute.")]
+RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, max=MAX_LAYERS, help="Decoder layers per stage fully recomputed on top of --recompute.")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
 ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
 RecomputeModulesOpt = Annotated[str | None, typer.Option("--recompute-modules", help="Selective recompute of these Megatron modules (comma-separated): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Implies --recompute selective.")]
@@ -127,12 +138,55 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
-def _print_plans_json(plans: list) -> None:
+def _plans_json(plans: list) -> dict:
     """The best plan's JSON object, with the runner-ups (--top) under "alternatives"."""
     obj = plans[0].to_json()
     if len(plans) > 1:
         obj["alternatives"] = [p.to_json() for p in plans[1:]]
-    _print_json(obj)
+    return obj
+
+
+def _print_plans_json(plans: list) -> None:
+    _print_json(_plans_json(plans))
+
+
+def _headroom(plan, fraction: float) -> dict:
+    """How much of HBM the plan was allowed to fill, and what is left for the memory model's error."""
+    from autoshard.units import GIB
+
+    pred = plan.prediction
+    hbm, peak = pred.capacity_bytes / GIB, pred.peak_memory_bytes / GIB
+    note = (f"planned to {fraction:.0%} of HBM: predicted peak {peak:.1f} of {hbm:.1f} GiB, {hbm - peak:.1f} GiB "
+            f"headroom for the memory model's error (--memory-fraction changes it)")
+    return {"memory_fraction": fraction, "peak_gib": round(peak, 2), "hbm_gib": round(hbm, 2),
+            "headroom_gib": round(hbm - peak, 2), "note": note}
+
+
+_TRAIN_ONLY = ("seq_len", "global_batch_size", "precision", "from_megatron", "verbose", "memory_fraction", "cp",
+               "etp", "vpp", "mbs", "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage",
+               "show_schedule", "layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "recompute_modules",
+               "moe_dispatcher", "fp8_recipe")
+_SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", "request_rate", "weight_dtype",
+               "kv_cache_dtype")
+
+
+_PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs",
+               "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage", "layout",
+               "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_modules",
+               "moe_dispatcher", "fp8_recipe", "tp_comm_overlap", "overlap_grad_reduce", "distributed_optimizer")
+
+
+def _check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
+    """A flag the other mode owns would be silently ignored: refuse it, naming the flag."""
+    wrong = _TRAIN_ONLY if mode is Mode.SERVE else _SERVE_ONLY
+    for name in wrong:
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            other = "train" if mode is Mode.SERVE else "serve"
+            hint = " (serving weights: --weight-dtype)" if name == "precision" else ""
+            raise SpecError(f"{flag} applies to --mode {other} only; with --mode {mode.value} it would be ignored: "
+                            f"drop it{hint}", source=flag)
 
 
 def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=(),
@@ -178,20 +232,46 @@ def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbos
                          space=SpaceOptions(zero_stages=zeros))
 
 
-def _write_emit(plan, emit: Target | None, output: Path | None) -> None:
+def _check_output(output: Path | None, emit: Target | None) -> None:
+    """Refuse an -o that cannot be written before any solving starts."""
+    if output is None:
+        return
+    if emit is None:
+        raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
+    where = str(output)
+    try:
+        if output.is_dir():
+            raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
+        parent = output.parent
+        if not parent.is_dir():
+            raise SpecError(f"the directory {parent} does not exist: create it or write elsewhere", source="-o")
+        if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+            raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
+    except OSError as exc:
+        raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def _write_script(text: str, output: Path | None, json_out: bool) -> None:
+    """The launch script to -o, else to stdout (to stderr under --json: stdout holds the JSON object only)."""
+    if output is None:
+        (sys.stderr if json_out else sys.stdout).write(text)
+        return
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as exc:
+        raise SpecError(f"cannot write {str(output)[:120]}: {exc.strerror}: choose another path", source="-o") from None
+    err.print(f"wrote {escape(str(output))}", highlight=False)
+
+
+def _write_emit(plan, emit: Target | None, output: Path | None, json_out: bool = False) -> None:
     if emit is None:
         return
     if emit is not Target.MEGATRON:
         raise SpecError(f"--emit {emit.value} is for serving plans: use --mode serve", source="--emit")
     from autoshard.emit.megatron import megatron_script
 
-    script = megatron_script(plan)
-    if output is None:
-        sys.stdout.write(script)
-        return
-    output.write_text(script)
-    output.chmod(0o755)
-    err.print(f"wrote {output}")
+    _write_script(megatron_script(plan), output, json_out)
 
 
 # ----------------------------------------------------------------------------- solve
@@ -209,9 +289,9 @@ def solve(
     precision: PrecisionOpt = None,
     target: Annotated[Target | None, typer.Option("--target", help="Launcher to emit for (train: megatron; serve: vllm or sglang).")] = None,
     top: Annotated[int, typer.Option("--top", min=1, max=20, help="Return the K best distinct plans.")] = 1,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver time limit in seconds.")] = 30.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT worker threads.")] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="CP-SAT random seed.")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver time limit in seconds.")] = 30.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="CP-SAT worker threads.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**31 - 1, help="CP-SAT random seed.")] = 0,
     json_out: JsonOpt = False,
     explain: Annotated[bool, typer.Option("--explain", help="Show how many candidates each rule discarded.")] = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule of the plan.")] = False,
@@ -219,7 +299,7 @@ def solve(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="File for --emit (default: stdout).")] = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Start from an existing Megatron-LM command or script: compare it with the best plan.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log CP-SAT search progress to stderr.")] = False,
-    memory_fraction: Annotated[float, typer.Option("--memory-fraction", min=0.3, max=1.0, help="Train: keep each GPU's predicted peak under this fraction of HBM (headroom).")] = 1.0,
+    memory_fraction: Annotated[float | None, typer.Option("--memory-fraction", min=0.3, max=1.0, help="Train: keep each GPU's predicted peak under this fraction of HBM (default 0.87: headroom for the memory model's measured error).")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None, etp: EtpOpt = None,
     vpp: VppOpt = None, mbs: MbsOpt = None, recompute: RecomputeOptT = None,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = None, zero_stage: ZeroOpt = None,
@@ -227,16 +307,19 @@ def solve(
     decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
     account_for_loss_in_pipeline_split: AcctLossOpt = False, recompute_modules: RecomputeModulesOpt = None,
     moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
-    input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="Serve: prompt tokens per request.")] = None,
-    output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="Serve: generated tokens per request.")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Serve: longest context.")] = None,
-    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
-    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
+    input_len: Annotated[int | None, typer.Option("--input-len", min=1, max=MAX_CONTEXT, help="Serve: prompt tokens per request.")] = None,
+    output_len: Annotated[int | None, typer.Option("--output-len", min=1, max=MAX_CONTEXT, help="Serve: generated tokens per request.")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, max=MAX_CONTEXT, help="Serve: longest context.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
     weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8, int4, nvfp4 or mxfp4 weights (FP4 runs on FP4 tensor cores on Blackwell).")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
+    _check_output(output, emit)
+    given = {k: v for k, v in locals().items() if v is not None and v is not False}
+    _check_mode_flags(mode, given)
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
@@ -251,15 +334,18 @@ def solve(
     from autoshard.emit.megatron import megatron_notes
 
     if from_megatron is not None:
-        _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out, verbose)
+        best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
+                                 verbose, console=err if emit is not None and output is None else out)
+        _write_emit(best, emit, output, json_out)
         return
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     modules, recompute = _recompute_modules(recompute_modules, recompute)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
                        modules, moe_dispatcher, fp8_recipe)
-    options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
-                                  memory_fraction=memory_fraction)
+    options = _solver_options(top, time_limit, workers, seed, verbose, zero_stage)
+    if memory_fraction is not None:
+        options = dataclasses.replace(options, memory_fraction=memory_fraction)
     flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
                           account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
     if flags.given():
@@ -269,18 +355,23 @@ def solve(
     else:
         plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
+    headroom = _headroom(best, options.memory_fraction)
     if json_out:
-        _print_plans_json(plans)
+        obj = _plans_json(plans)
+        obj["memory_headroom"] = headroom
+        _print_json(obj)
     else:
         render_console = err if emit is not None and output is None else out
         from autoshard.report.terminal import render_plan
 
         render_plan(best, render_console, runners=plans[1:], show_schedule=show_schedule, explain=explain,
-                    notes=megatron_notes(best), time_limit_s=time_limit)
-    _write_emit(best, emit, output)
+                    notes=[*megatron_notes(best), headroom["note"]], time_limit_s=time_limit)
+    _write_emit(best, emit, output, json_out)
 
 
-def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose) -> None:
+def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose,
+                      console: Console = out):
+    """Compare an existing Megatron-LM command with the best plan; returns the best plan."""
     from autoshard.api import solve as api_solve
     from autoshard.api import train_job
     from autoshard.report.compare import compare_plans, render_comparison
@@ -296,17 +387,18 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
         obj["comparison"] = comparison
         obj["warnings"] = warnings
         _print_json(obj)
-        return
+        return best[0]
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    render_comparison(yours, best[0], comparison, out, time_limit_s=time_limit)
+    render_comparison(yours, best[0], comparison, console, time_limit_s=time_limit)
+    return best[0]
 
 
 def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None):
     """(plan, warnings) for an existing Megatron-LM command."""
     import dataclasses
 
-    from autoshard.api import resize, with_launch
+    from autoshard.api import check_precision, resize, with_launch
     from autoshard.costmodel.training import predict_train
     from autoshard.emit.megatron_parse import model_shape_differences, parse_megatron
     from autoshard.plan import Plan, SolverStats
@@ -324,6 +416,7 @@ def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gp
     parsed = parsed.with_world_size(world)
     cluster_spec = resize(load_cluster(cluster_ref), world)
     cfg = parsed.train_config()
+    check_precision(cluster_spec, cfg.precision, source="--from-megatron")
     stages = parsed.layout()
     prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
@@ -362,8 +455,8 @@ def evaluate(
     concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Serve: requests in flight over the deployment (default: as many as max-num-seqs and the KV cache allow).")] = None,
     json_out: JsonOpt = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule.")] = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit when knobs are left out.")] = 30.0,
-    workers: Annotated[int, typer.Option("--workers", min=1)] = 8,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit when knobs are left out.")] = 30.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 8,
 ) -> None:
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""
     from autoshard.report.terminal import render_plan
@@ -375,6 +468,13 @@ def evaluate(
         raise SpecError("--input-len, --output-len and --concurrency describe a serving plan: use them with "
                         "--from-vllm or --from-sglang (or `solve --mode serve`)", source="evaluate")
     if from_megatron is not None or from_vllm is not None or from_sglang is not None:
+        knobs = {k: v for k, v in locals().items() if v is not None and k in _PLAN_KNOBS}
+        if knobs:
+            flag = "--" + next(iter(knobs)).replace("_", "-")
+            source = ("--from-megatron" if from_megatron is not None else "--from-vllm" if from_vllm is not None
+                      else "--from-sglang")
+            raise SpecError(f"{flag} would be ignored: the plan comes from the {source} command; change it there "
+                            "(or evaluate without the command)", source=flag)
         if cluster is None:
             # one positional argument means the cluster when the model comes from the command
             cluster, model = model, None
@@ -506,23 +606,9 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
         render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain,
                           time_limit_s=time_limit)
     if emit is not None:
-        from autoshard.emit.sglang import sglang_node_commands
-        from autoshard.emit.vllm import vllm_node_commands
+        from autoshard.emit.serve_script import serve_script
 
-        commands = vllm_node_commands(best) if emit is Target.VLLM else sglang_node_commands(best)
-        if len(commands) == 1:
-            body = commands[0] + "\n"
-        else:
-            body = "".join(f'if [ "${{NODE_RANK:?set NODE_RANK}}" = {i} ]; then\n  {cmd}\nfi\n'
-                           for i, cmd in enumerate(commands))
-        text = (f"#!/usr/bin/env bash\n# {emit.value} deployment of {best.model.name} on {best.num_gpus} GPUs "
-                f"({best.describe()}), written by autoshard.\nset -euo pipefail\n" + body)
-        if output is None:
-            sys.stdout.write(text)
-        else:
-            output.write_text(text)
-            output.chmod(0o755)
-            err.print(f"wrote {output}")
+        _write_script(serve_script(best, emit.value), output, json_out)
 
 
 # ----------------------------------------------------------------------------- study
@@ -534,9 +620,9 @@ def study(
     model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or config.json.")],
     cluster: Annotated[list[str], typer.Option("--cluster", help="Cluster kind to compare (repeat).")],
     gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU counts, e.g. 64,128,256.")],
-    tokens: Annotated[float | None, typer.Option("--tokens", min=1, help="Training tokens (default: the model's training: tokens).")] = None,
-    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, help="Finish within this many days.")] = None,
-    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, help="Spend at most this many dollars.")] = None,
+    tokens: Annotated[float | None, typer.Option("--tokens", min=1, max=MAX_TOKENS, help="Training tokens (default: the model's training: tokens).")] = None,
+    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, max=1e7, help="Finish within this many days.")] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, max=1e12, help="Spend at most this many dollars.")] = None,
     price: Annotated[list[str] | None, typer.Option("--price", help="Override a price: CLUSTER=USD_PER_GPU_HOUR (repeat).")] = None,
     mode: Annotated[Mode, typer.Option("--mode", help="train or serve.")] = Mode.TRAIN,
     seq_len: SeqOpt = None,
@@ -544,11 +630,11 @@ def study(
     precision: PrecisionOpt = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, help="Solver limit per size.")] = 20.0,
-    jobs: Annotated[int, typer.Option("--jobs", min=0, help="Parallel solver processes (0: one per CPU).")] = 0,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain.")] = None,
-    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, help="Serve: time per output token target (ms).")] = None,
-    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, help="Serve: time to first token target (s).")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit per size.")] = 20.0,
+    jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
 ) -> None:
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = _parse_sizes(gpus)

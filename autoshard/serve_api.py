@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoshard.specs.job import ServeJob
+from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
@@ -37,4 +37,11 @@ def serve_job_for(
     }
     data.update({k: v for k, v in given.items() if v is not None})
     name = model.name if model is not None else "the command's model"
-    return validate(ServeJob, data, source=f"serving job for {name}")
+    job = validate(ServeJob, data, source=f"serving job for {name}")
+    wd = job.weight_dtype
+    if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4) and not any(
+            c.weights is wd for c in model.checkpoints):
+        from autoshard.emit.vllm import no_checkpoint
+
+        raise no_checkpoint(model.name, wd)  # refused before solving, not when the command is written
+    return job

@@ -27,7 +27,7 @@ from autoshard.costmodel.serving import (
 from autoshard.plan import SCHEMA, SolverStats, SolveStatus
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob, WeightDtype
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.model import Checkpoint, LayerKind, ModelSpec
 from autoshard.units import GIB
 
 __all__ = ["ServePlan", "model_path"]
@@ -112,8 +112,17 @@ class ServePlan:
         return self.throughput_tokens_per_s / self.num_gpus
 
     @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The published checkpoint whose weights match the job's weight dtype (from the model's
+        `checkpoints:`), which the launchers load instead of the BF16 one."""
+        if self.job.weight_dtype is WeightDtype.BF16:
+            return None
+        return next((c for c in self.model.checkpoints if c.weights is self.job.weight_dtype), None)
+
+    @property
     def model_path(self) -> str:
-        return model_path(self.model)
+        ckpt = self.checkpoint
+        return ckpt.repo if ckpt is not None else model_path(self.model)
 
     @property
     def nodes(self) -> int:

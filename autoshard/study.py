@@ -14,13 +14,17 @@ live in `autoshard.study_costs`, re-exported here; rendering lives in `autoshard
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autoshard.errors import InfeasibleError, SpecError
+from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, TrainJob, WeightDtype
 from autoshard.specs.model import ModelSpec
@@ -50,6 +54,12 @@ __all__ = [
     "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline", "fastest_within_budget",
     "money", "ProgressFn", "run_study", "run_study_cli",
 ]
+
+MAX_PRICE = 10_000.0
+"""Dollars per GPU-hour a --price may say (list prices are a few dollars)."""
+STUDY_FILES = ("study.csv", "study.md", "pareto.png", "study.json")
+"""The set `--out` holds, in the order it is moved into place: study.json last, so a set without it is
+not a complete study."""
 
 STUDY_RELATIVE_GAP = 0.01
 """CP-SAT stops once the plan is proven within 1 % of the best possible step time: far below the cost
@@ -82,8 +92,9 @@ def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> di
         if key is None:
             raise SpecError(f"'{name}' is not one of the studied clusters ({', '.join(clusters)}): "
                             "name a cluster given with --cluster", source="--price")
-        if usd <= 0:
-            raise SpecError(f"price for '{name}' must be positive, got {usd}", source="--price")
+        if not math.isfinite(usd) or usd <= 0 or usd > MAX_PRICE:
+            raise SpecError(f"price for '{name}' must be a positive finite number of dollars per GPU-hour, at most "
+                            f"{MAX_PRICE:g}; got {usd}", source="--price")
         prices[key] = usd
     return prices
 
@@ -122,6 +133,11 @@ def run_study(
     sizes = sorted(set(sizes))
     if not sizes or min(sizes) < 1:
         raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
+    if max(sizes) > MAX_GPUS:
+        raise SpecError(f"{max(sizes)} GPUs is more than autoshard plans for (at most {MAX_GPUS})", source="--gpus")
+    for flag, value in (("--deadline-days", deadline_days), ("--budget-usd", budget_usd)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SpecError(f"must be a positive finite number, got {value}", source=flag)
     if mode not in ("train", "serve"):
         raise SpecError(f"mode must be train or serve, got '{mode}'", source="--mode")
     job: TrainJob | ServeJob
@@ -303,6 +319,54 @@ def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict
     return out
 
 
+# ----------------------------------------------------------------------------- output set
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that cannot receive the study before any solving starts."""
+    where = str(out_dir)[:200]
+    try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise SpecError(f"{where} is a file: --out takes a directory for {', '.join(STUDY_FILES)}", source="--out")
+        existing = out_dir
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SpecError(f"{existing} is a file, so {where} cannot be created: choose another directory",
+                            source="--out")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise SpecError(f"{existing} is not writable: choose a directory you can write to", source="--out")
+    except OSError as exc:
+        raise SpecError(f"cannot use {where}: {exc.strerror}: choose another directory", source="--out") from None
+
+
+def write_study_set(result: StudyResult, out_dir: Path) -> list[Path]:
+    """Write study.csv, study.md, pareto.png and study.json as one set: all of them go to a temporary
+    directory beside `out_dir` first. A new (or empty) `out_dir` is then that directory renamed, in one
+    step; into an existing one the files are moved one by one with study.json, the marker of a complete
+    set, removed first and moved last. An interruption leaves either no new set or one without its
+    study.json, never one that looks complete."""
+    from autoshard.report.study_report import write_outputs
+
+    check_out_dir(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        written = {p.name for p in write_outputs(result, tmp)}
+        assert written == set(STUDY_FILES), written
+        if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+            os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
+        else:
+            (out_dir / "study.json").unlink(missing_ok=True)
+            for name in STUDY_FILES:
+                os.replace(tmp / name, out_dir / name)
+    except OSError as exc:
+        raise SpecError(f"cannot write the study to {str(out_dir)[:200]}: {exc.strerror}", source="--out") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / name for name in STUDY_FILES]
+
+
 # ----------------------------------------------------------------------------- CLI entry
 
 
@@ -315,8 +379,10 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     `console` (or one JSON object with `json_out`), and write the report files under `out_dir`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autoshard.report.study_report import render_study, write_outputs
+    from autoshard.report.study_report import render_study
 
+    if out_dir is not None:
+        check_out_dir(out_dir)
     bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=err, transient=True,
                    disable=json_out or not err.is_terminal)
@@ -332,9 +398,19 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
                            budget_usd=budget_usd, prices=prices, seq_len=seq_len, global_batch_size=global_batch_size,
                            precision=precision, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
                            time_limit_s=time_limit, jobs=jobs, progress=progress)
+    except KeyboardInterrupt:
+        bar.stop()
+        where = f"; nothing was written to {out_dir}" if out_dir is not None else ""
+        err.print(f"study interrupted before it finished{where}", highlight=False, markup=False)
+        raise SystemExit(130) from None
     finally:
         bar.stop()
-    written = write_outputs(result, out_dir) if out_dir is not None else []
+    try:
+        written = write_study_set(result, out_dir) if out_dir is not None else []
+    except KeyboardInterrupt:
+        err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
+                  markup=False)
+        raise SystemExit(130) from None
     if json_out:
         import json
 

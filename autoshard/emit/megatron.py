@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 import textwrap
 from collections.abc import Sequence
 
 from autoshard.costmodel.training import Stage
 from autoshard.emit import megatron_flags
+from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plan import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
@@ -486,14 +486,6 @@ def _node_pools(plan: Plan) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 
-_SAFE = re.compile(r"^[\w@%+=:,./-]+$")
-
-
-def _quote(value: str) -> str:
-    if value.startswith("$"):
-        return f'"{value}"'
-    return value if _SAFE.match(value) else shlex.quote(value)
-
 
 def _flag_lines(plan: Plan) -> list[str]:
     lines = []
@@ -501,9 +493,9 @@ def _flag_lines(plan: Plan) -> list[str]:
         if value is None:
             lines.append(flag)
         elif flag == "--recompute-modules":  # nargs='*': one word per module
-            lines.append(f"{flag} " + " ".join(_quote(v) for v in value.split()))
+            lines.append(f"{flag} " + " ".join(shell_word(v) for v in value.split()))
         else:
-            lines.append(f"{flag} {_quote(value)}")
+            lines.append(f"{flag} {shell_word(value)}")
     return lines
 
 
@@ -570,9 +562,9 @@ def megatron_script(plan: Plan) -> str:
     multi = nnodes > 1
     out = [
         "#!/usr/bin/env bash",
-        f"# Megatron-LM training launch for {plan.model.name} on {plan.cluster.name}, written by autoshard.",
+        comment(f"# Megatron-LM training launch for {plan.model.name} on {plan.cluster.name}, written by autoshard."),
         "#",
-        *(f"#   {line}" for line in _summary(plan)),
+        *(comment(f"#   {line}") for line in _summary(plan)),
         "#",
         "# Run it from a Megatron-LM checkout (or set MEGATRON_LM)" + (" on every node:" if multi else ":"),
         ("#   MASTER_ADDR=<node 0> NODE_RANK=<0.." + str(nnodes - 1) + "> " if multi else "#   ")
@@ -581,7 +573,7 @@ def megatron_script(plan: Plan) -> str:
     ]
     for note in megatron_notes(plan):
         out += textwrap.wrap(
-            note,
+            comment(note),
             width=100,
             initial_indent="# NOTE: ",
             subsequent_indent="#       ",
@@ -610,7 +602,7 @@ def megatron_script(plan: Plan) -> str:
         "(path/to/corpus_text_document)}",
         "TOKENIZER_MODEL=${TOKENIZER_MODEL:?set TOKENIZER_MODEL to a Hugging Face tokenizer name "
         "or directory}",
-        f"CKPT_DIR=${{CKPT_DIR:-checkpoints/{plan.model.name}}}",
+        f"CKPT_DIR=${{CKPT_DIR:-{shell_word('checkpoints/' + path_component(plan.model.name))}}}",
         "MEGATRON_LM=${MEGATRON_LM:-$PWD}",
         "",
     ]

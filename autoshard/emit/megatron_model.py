@@ -25,6 +25,14 @@ __all__ = ["FlagReader", "build_model", "moe_pattern", "eval_moe_layer_freq"]
 _FIXED_VOCAB = {"GPT2BPETokenizer": 50257}
 # Tokenizers that honour --vocab-size (the others read the vocabulary from their files).
 _VOCAB_SIZE_TOKENIZERS = {"NullTokenizer", "NullMultimodalTokenizer", "TikTokenizer"}
+# Sizes and degrees Megatron-LM itself rejects at 0 (a 0 here would divide by zero downstream).
+_POSITIVE = {
+    "--micro-batch-size", "--global-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+    "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--seq-length",
+    "--encoder-seq-length", "--max-position-embeddings", "--num-layers", "--hidden-size", "--num-attention-heads",
+    "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
+}
+_MAX_FLAG_INT = 1 << 40  # beyond every size the specs accept: refused before anything is allocated
 
 
 class FlagReader:
@@ -56,8 +64,11 @@ class FlagReader:
                 ) from None
             self.warnings.append(f"{msg}; read as {default}")
             return default
-        if number < 0 or (number == 0 and required is not None):
+        if number < 0 or (number == 0 and (required is not None or name in _POSITIVE)):
             raise SpecError(f"{name} must be positive, got {number}", source=self.source)
+        if number > _MAX_FLAG_INT:
+            raise SpecError(f"{name} {number} is beyond any real run (at most {_MAX_FLAG_INT}): fix the value",
+                            source=self.source)
         return number
 
 

@@ -26,6 +26,7 @@ from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.specs.base import MAX_LAYERS
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
 
@@ -719,6 +720,8 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
 
     num_layers = r.int("--num-layers", required="decoder layers")
     assert num_layers is not None
+    if num_layers > MAX_LAYERS:
+        raise SpecError(f"--num-layers {num_layers} is more than autoshard plans for (at most {MAX_LAYERS})", source=source)
     tp = r.int("--tensor-model-parallel-size", 1) or 1
     pp = r.int("--pipeline-model-parallel-size", 1) or 1
     cp = r.int("--context-parallel-size", 1) or 1
@@ -745,6 +748,11 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
     recompute, block, modules = _recompute(r)
     if stages is not None:
         stages = _with_block(stages, model, block)
+    per_chunk = min(sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop])
+                    for st in stages) if stages else num_layers // (pp * (vpp or 1))
+    if block > per_chunk:
+        warnings.append(f"--recompute-num-layers {block} is more than the {per_chunk} decoder layers of a pipeline "
+                        f"stage: Megatron-LM recomputes all of them (read as {per_chunk})")
     mbs = r.int("--micro-batch-size")
     if mbs is None:
         warnings.append("no --micro-batch-size (Megatron-LM requires it); read as 1")

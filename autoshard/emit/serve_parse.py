@@ -216,6 +216,10 @@ _INT4 = {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "m
 _NVFP4 = {"modelopt_fp4", "nvfp4_per_token", "modelopt_nvfp4"}
 _MXFP4 = {"mxfp4", "gpt_oss_mxfp4", "quark_mxfp4"}
 _KV_BF16 = {"auto", "bfloat16", "float16", "half"}
+# the rest of vLLM's QuantizationMethods (vllm/model_executor/layers/quantization/__init__.py): vLLM
+# refuses any other --quantization, and so does the parser
+_OTHER_QUANT = {"fp_quant", "modelopt_mixed", "gguf", "humming", "compressed-tensors", "bitsandbytes", "quark",
+                "torchao", "inc", "cpu_awq", "online"}
 _KV_FP8 = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "fp8_per_token_head"}
 
 
@@ -506,6 +510,12 @@ def parse_vllm(command: str) -> ParsedServe:
     dpl = get("--data-parallel-size-local")
     quant = get("--quantization")
     kv = get("--kv-cache-dtype") or "auto"
+    if quant is not None and quant.lower() not in _FP8 | _INT8 | _INT4 | _NVFP4 | _MXFP4 | _OTHER_QUANT:
+        raise SpecError(f"vLLM {VLLM_VERSION} has no --quantization {quant}: use one of fp8, awq_marlin, "
+                        "gptq_marlin, compressed-tensors, ... (or leave it out for BF16 weights)", field="--quantization")
+    if kv.lower() not in _KV_BF16 | _KV_FP8 | {"nvfp4"}:  # nvfp4: modelled as fp8, with a warning
+        raise SpecError(f"vLLM {VLLM_VERSION} has no --kv-cache-dtype {kv}: use auto, bfloat16 or fp8 "
+                        "(fp8_e4m3, fp8_e5m2)", field="--kv-cache-dtype")
     for note in (weight_dtype_of(quant)[1], kv_cache_dtype_of(kv)[1]):
         if note:
             warnings.append(note)

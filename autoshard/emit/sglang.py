@@ -11,15 +11,18 @@ One line per node (head first). SGLang rejects `--dp-size > 1` with `--nnodes > 
   i > 0 uses its own head address `$HEAD_IP_<i>`.
 
 `--mem-fraction-static` is the share of HBM for weights plus the KV pool: the plan's vLLM budget minus
-the activation and graph memory SGLang keeps outside it. Weights: fp8 -> `--quantization fp8`, int8 ->
-`w8a8_int8`, int4 -> `awq_marlin` (the last two need a quantized checkpoint). KV cache: `auto` or `fp8_e4m3`.
+the activation and graph memory SGLang keeps outside it. Weights: the same checkpoint as vLLM
+(`autoshard.emit.vllm.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
+name for is left to SGLang, which reads it from the checkpoint's quantization_config. KV cache: `auto`
+or `fp8_e4m3`.
 """
 
 from __future__ import annotations
 
 import math
 
-from autoshard.emit.vllm import HEAD_ADDRESS
+from autoshard.emit.vllm import HEAD_ADDRESS, vllm_quantization
+from autoshard.emit.shell import shell_join
 from autoshard.serve_plan import ServePlan
 from autoshard.specs.job import WeightDtype
 
@@ -32,13 +35,15 @@ __all__ = [
 ]
 
 DIST_INIT_PORT = 5000
-SGLANG_QUANTIZATION: dict[WeightDtype, str | None] = {
-    WeightDtype.BF16: None,
-    WeightDtype.FP8: "fp8",
-    WeightDtype.INT8: "w8a8_int8",
-    WeightDtype.INT4: "awq_marlin",
-    WeightDtype.NVFP4: "modelopt_fp4",
-    WeightDtype.MXFP4: "mxfp4",
+SGLANG_QUANTIZATION: dict[str, str] = {  # vLLM method -> SGLang 0.5 --quantization
+    "fp8": "fp8",
+    "modelopt": "modelopt_fp8",
+    "gptq_marlin": "gptq_marlin",
+    "awq_marlin": "awq_marlin",
+    "compressed-tensors": "compressed-tensors",
+    "moe_wna16": "moe_wna16",
+    "modelopt_fp4": "modelopt_fp4",
+    "mxfp4": "mxfp4",
 }
 SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8_e4m3"}
 
@@ -82,7 +87,7 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
         "--kv-cache-dtype",
         SGLANG_KV_CACHE_DTYPE[plan.job.kv_cache_dtype],
     ]
-    quant = SGLANG_QUANTIZATION[plan.job.weight_dtype]
+    quant = SGLANG_QUANTIZATION.get(vllm_quantization(plan) or "")
     if quant:
         words += ["--quantization", quant]
     return words
@@ -90,7 +95,7 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
 
 def _multi_node(base: list[str], nodes: int, head: str) -> list[str]:
     return [
-        " ".join(
+        shell_join(
             base
             + ["--nnodes", str(nodes), "--node-rank", str(k), "--dist-init-addr", f"{head}:{DIST_INIT_PORT}"]
         )
@@ -102,14 +107,14 @@ def sglang_node_commands(plan: ServePlan) -> list[str]:
     """The command for every node of the deployment, head node first."""
     per_node = plan.pool.node.gpus_per_node
     if plan.num_gpus <= per_node:
-        return [" ".join(_base(plan, dp=plan.replicas))]
+        return [shell_join(_base(plan, dp=plan.replicas))]
     engine = plan.engine_gpus
     if plan.expert_parallel:
         return _multi_node(_base(plan, dp=1), -(-engine // per_node), HEAD_ADDRESS)
     if engine <= per_node:
         local = per_node // engine
         nodes = -(-plan.replicas // local)
-        return [" ".join(_base(plan, dp=min(local, plan.replicas - k * local))) for k in range(nodes)]
+        return [shell_join(_base(plan, dp=min(local, plan.replicas - k * local))) for k in range(nodes)]
     out: list[str] = []
     for i in range(plan.replicas):
         head = HEAD_ADDRESS if i == 0 else f"{HEAD_ADDRESS}_{i}"

@@ -9,6 +9,10 @@ those are resolved: `$NAME` / `${NAME}` become the literal value a script assign
 else is expanded: no environment lookups, command substitution or other expansions;
 such words stay as written (`"$DATA_PATH"` is kept as the text `$DATA_PATH`). Of an
 `if ... elif/else ... fi` block only the first branch is read.
+
+And the other way, for the emitters: `shell_word` quotes one word of a generated command so that the
+shell reads it back as exactly that text (never running anything in it), and `comment` makes any text
+safe for a one-line `# ...` comment.
 """
 
 from __future__ import annotations
@@ -18,7 +22,39 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = ["Launch", "read_launch"]
+__all__ = ["Launch", "read_launch", "shell_word", "shell_join", "comment", "path_component"]
+
+_SAFE_WORD = re.compile(r"^[\w@%+=:,./-]+$")
+_VARIABLE_WORD = re.compile(r"^(?:\$[A-Za-z_]\w*|\$\{[A-Za-z_]\w*\})[\w@%+=:,./-]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+")
+
+
+def shell_word(value: str) -> str:
+    """`value` as one shell word. A reference to a script variable (`$DATA_PATH`, `$HEAD_IP:5000`) is
+    double-quoted so the shell expands that variable and nothing else; every other word is left bare
+    only when it holds no shell syntax at all, else single-quoted (shlex.quote): `$(...)`, backticks,
+    `;`, quotes, spaces and newlines in a name are then text, never commands."""
+    if _VARIABLE_WORD.match(value):
+        return f'"{value}"'
+    return value if _SAFE_WORD.match(value) else shlex.quote(value)
+
+
+def shell_join(words: list[str]) -> str:
+    """A command line whose words the shell splits back into exactly `words`."""
+    return " ".join(shell_word(w) for w in words)
+
+
+def comment(text: str) -> str:
+    """Text for a one-line `# ...` comment: control characters (a newline would end the comment and
+    start a command), Unicode line separators and bidirectional overrides become single spaces."""
+    return _CONTROL.sub(" ", text)
+
+
+def path_component(name: str) -> str:
+    """A file-name-safe form of a model name for default directories: letters, digits, `.`, `_` and
+    `-` kept, every other run of characters one `_`."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return cleaned[:100]
 
 _ASSIGN = re.compile(
     r"^\s*(?:export\s+|readonly\s+|local\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_]\w*)(\+?)=(.*)$"

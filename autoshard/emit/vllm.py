@@ -9,29 +9,30 @@ One line per node. A deployment that fits one node is one command. Beyond one no
   --distributed-executor-backend mp`, `--headless` on all but the head.
 `$HEAD_IP` is left for the shell to expand: export it on every node before running the line.
 
-Weights: fp8 is `--quantization fp8` (vLLM quantizes a BF16 checkpoint on load); int8 is vLLM's
-weight-only `int8_per_channel_weight_only`; int4 is `awq_marlin`, which needs an AWQ checkpoint of the
-model as the model path. The KV cache is `auto` (the model dtype) or `fp8`.
+Weights: a published checkpoint with the plan's weight dtype (the model file's `checkpoints:`) is the
+model path, with the --quantization its quantization_config selects; without one, fp8 is
+`--quantization fp8` on the BF16 checkpoint (vLLM quantizes it online, on load). int8 and int4 have no
+online path for a BF16 checkpoint: without a published checkpoint there is no command (SpecError).
+The KV cache is `auto` (the model dtype) or `fp8`.
 """
 
 from __future__ import annotations
 
+from autoshard.emit.shell import shell_join
+from autoshard.errors import SpecError
 from autoshard.serve_plan import ServePlan
 from autoshard.specs.job import WeightDtype
 
-__all__ = ["vllm_command", "vllm_node_commands", "VLLM_QUANTIZATION", "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS"]
+__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
+           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS"]
 
 HEAD_ADDRESS = "$HEAD_IP"
 DP_RPC_PORT = 13345
 MASTER_PORT = 29501
 
-VLLM_QUANTIZATION: dict[WeightDtype, str | None] = {
+VLLM_QUANTIZATION: dict[WeightDtype, str | None] = {  # on the BF16 checkpoint (online quantization)
     WeightDtype.BF16: None,
     WeightDtype.FP8: "fp8",
-    WeightDtype.INT8: "int8_per_channel_weight_only",
-    WeightDtype.INT4: "awq_marlin",
-    WeightDtype.NVFP4: "modelopt_fp4",  # an NVFP4 checkpoint (TensorRT Model Optimizer)
-    WeightDtype.MXFP4: "mxfp4",
 }
 VLLM_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8"}
 
@@ -62,10 +63,30 @@ def _base(plan: ServePlan) -> list[str]:
         "--kv-cache-dtype",
         VLLM_KV_CACHE_DTYPE[plan.job.kv_cache_dtype],
     ]
-    quant = VLLM_QUANTIZATION[plan.job.weight_dtype]
+    quant = vllm_quantization(plan)
     if quant:
         words += ["--quantization", quant]
     return words
+
+
+def vllm_quantization(plan: ServePlan) -> str | None:
+    """--quantization for the plan's weights: the published checkpoint's method, else online FP8 on the
+    BF16 checkpoint. SpecError for int8/int4 without a published checkpoint."""
+    ckpt = plan.checkpoint
+    if ckpt is not None:
+        return ckpt.quantization
+    wd = plan.job.weight_dtype
+    if wd not in VLLM_QUANTIZATION:
+        raise no_checkpoint(plan.model.name, wd)
+    return VLLM_QUANTIZATION[wd]
+
+
+def no_checkpoint(model_name: str, weights: WeightDtype) -> SpecError:
+    """The error for int8/int4 weights with no published checkpoint to load."""
+    return SpecError(
+        f"{weights.value} weights need a published {weights.value} checkpoint of {model_name} (vLLM and SGLang only "
+        "quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, or use "
+        "--weight-dtype fp8 or bf16", source="--weight-dtype")
 
 
 def vllm_node_commands(plan: ServePlan) -> list[str]:
@@ -74,7 +95,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
     rank_gpus = plan.tp * plan.pp
     base = _base(plan)
     if plan.num_gpus <= per_node:
-        return [" ".join(base)]
+        return [shell_join(base)]
     if rank_gpus <= per_node:
         local = per_node // rank_gpus
         nodes = -(-plan.dp // local)
@@ -90,7 +111,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
             ]
             if k:
                 words += ["--headless", "--data-parallel-start-rank", str(k * local)]
-            out.append(" ".join(words))
+            out.append(shell_join(words))
         return out
     nodes = -(-plan.num_gpus // per_node)
     out = []
@@ -109,7 +130,7 @@ def vllm_node_commands(plan: ServePlan) -> list[str]:
         ]
         if k:
             words.append("--headless")
-        out.append(" ".join(words))
+        out.append(shell_join(words))
     return out
 
 

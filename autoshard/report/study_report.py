@@ -157,7 +157,7 @@ def render_study(result: StudyResult, console: Console) -> None:
     """Answers first, then the table, the skipped sizes and the notes, all within the console's
     width: a table too wide for it stacks related figures in one cell and lists the plans below."""
     width = console.width
-    console.print(f"[bold]{_title(result)}[/bold]", highlight=False)
+    console.print(Text(_title(result), style="bold"), highlight=False)
     for a in result.answers:
         head, _, rest = a.text.partition(": ")
         console.print(_indent(f"[bold green]{escape(head)}:[/bold green] {escape(rest)}", width), highlight=False)

@@ -195,7 +195,14 @@ def _plan(
         pool_index=e.pool,
         warnings=warnings,
     )
-    return plan.with_launch({"vllm": vllm_command(plan), "sglang": sglang_command(plan)})
+    launch = {"vllm": vllm_command(plan), "sglang": sglang_command(plan)}
+    if plan.nodes > 1:  # every node's line, head first (the single keys hold the head node's)
+        from autoshard.emit.sglang import sglang_node_commands
+        from autoshard.emit.vllm import vllm_node_commands
+
+        launch |= {"vllm_nodes": "\n".join(vllm_node_commands(plan)),
+                   "sglang_nodes": "\n".join(sglang_node_commands(plan))}
+    return plan.with_launch(launch)
 
 
 # --------------------------------------------------------------------------- evaluate a given plan
@@ -283,10 +290,17 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
         model = model_for_path(parsed.model)
+    applied = parsed.apply_to(job)
+    if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
+        # the command loads its own quantized checkpoint: relaunch exactly that one
+        from autoshard.specs.model import Checkpoint
+
+        own = Checkpoint.model_construct(weights=applied.weight_dtype, repo=parsed.model, quantization=parsed.quantization)
+        model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     return evaluate_serve(
         model,
         cluster,
-        parsed.apply_to(job),
+        applied,
         tp=parsed.tp,
         pp=parsed.pp,
         dp=parsed.dp,

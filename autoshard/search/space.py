@@ -162,6 +162,23 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
     check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
+    # pins that contradict each other or the model: bad input (exit 2), not an infeasible search
+    if pins.vpp and pins.vpp > 1 and pins.pp == 1:
+        raise SpecError(f"--vpp {pins.vpp} interleaves pipeline stages but --pp 1 has one stage: drop --vpp or "
+                        "use --pp 2 or more", source="--vpp")
+    if pins.etp and pins.etp > 1 and model.moe is None:
+        raise SpecError(f"expert tensor parallelism (--etp {pins.etp}) needs a mixture-of-experts model; "
+                        f"{model.name} is dense: drop --etp", source="--etp")
+    if (pins.zero_stage or 0) >= 2 and (pins.pp or 1) > 1:
+        raise SpecError(f"ZeRO-{pins.zero_stage} (Megatron-FSDP) needs PP 1 (it shards over DP, with or without EP): "
+                        "drop --zero-stage or the --pp pin", source="--zero-stage")
+    if pins.recompute_num_layers:
+        chunks = (pins.pp or 1) * (pins.vpp or 1)
+        most = model.num_layers - (chunks - 1)
+        if pins.recompute_num_layers > most:
+            raise SpecError(f"--recompute-num-layers {pins.recompute_num_layers} is more than the decoder layers a "
+                            f"pipeline stage can hold (at most {most} of {model.num_layers} over {chunks} chunks)",
+                            source="--recompute-num-layers")
     product = (pins.tp or 1) * (pins.cp or 1) * (pins.pp or 1) * (pins.dp or 1)
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "

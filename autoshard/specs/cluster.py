@@ -12,13 +12,18 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import FrozenSpec
+from autoshard.specs.base import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NAME_LEN, NAME_PATTERN, FrozenSpec
 
 __all__ = ["LinkKind", "EfficiencySpec", "GpuSpec", "NodeSpec", "PoolSpec", "ClusterSpec"]
 
 PosFloat = Annotated[float, Field(gt=0)]
 PosInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
+# size caps: beyond them no hardware exists and the planner's integer tables overflow or never finish
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)]
+Micros = Annotated[float, Field(ge=0, le=1e6)]  # at most one second
+Bandwidth = Annotated[float, Field(ge=0.01, le=1e5)]  # GB/s per GPU per direction
+Tflops = Annotated[float, Field(ge=1, le=1e6)]
 
 
 class LinkKind(StrEnum):
@@ -42,7 +47,7 @@ class EfficiencySpec(FrozenSpec):
     """Fraction of dense peak a large BF16 GEMM reaches (cuBLAS on big square-ish shapes)."""
     gemm_fp8: Fraction = 0.55
     """Fraction of dense FP8 peak a large FP8 GEMM reaches (scaling and casts cost more)."""
-    gemm_half_dim: Annotated[float, Field(ge=0)] = 128.0
+    gemm_half_dim: Annotated[float, Field(ge=0, le=1e6)] = 128.0
     """Small-shape fall-off: a GEMM whose smallest per-GPU dimension is d runs at
     gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
     attention: Fraction = 0.25
@@ -57,13 +62,13 @@ class EfficiencySpec(FrozenSpec):
     """Achieved NCCL bus bandwidth over the intra-node link, as a fraction of the link figure."""
     inter_node_bw: Fraction = 0.90
     """Achieved NCCL bus bandwidth across nodes, as a fraction of the per-GPU NIC figure."""
-    intra_node_latency_us: Annotated[float, Field(ge=0)] = 8.0
+    intra_node_latency_us: Micros = 8.0
     """Per-step latency of a collective inside the node."""
-    inter_node_latency_us: Annotated[float, Field(ge=0)] = 20.0
+    inter_node_latency_us: Micros = 20.0
     """Per-step latency of a collective across nodes."""
-    kernel_overhead_us: Annotated[float, Field(ge=0)] = 4.0
+    kernel_overhead_us: Micros = 4.0
     """Launch/tail cost of one kernel; bounds tiny GEMMs from below."""
-    reserved_memory_gib: Annotated[float, Field(ge=0)] = 4.0
+    reserved_memory_gib: Annotated[float, Field(ge=0, le=1024)] = 4.0
     """CUDA context, NCCL buffers and cuBLAS workspace, per GPU."""
     fragmentation: Annotated[float, Field(ge=0, lt=1)] = 0.07
     """Fraction of HBM lost to caching-allocator fragmentation (plan for ~90 % of HBM)."""
@@ -82,29 +87,29 @@ class EfficiencySpec(FrozenSpec):
 
 
 class GpuSpec(FrozenSpec):
-    name: str = Field(min_length=1)
-    hbm_gib: PosFloat
-    bf16_tflops: PosFloat
+    name: Name
+    hbm_gib: Annotated[float, Field(gt=0, le=65536)]
+    bf16_tflops: Tflops
     """Dense (no sparsity) BF16 tensor-core peak."""
-    fp8_tflops: PosFloat | None = None
+    fp8_tflops: Tflops | None = None
     """Dense FP8 peak; None when the GPU has no FP8 tensor cores."""
-    fp4_tflops: PosFloat | None = None
+    fp4_tflops: Tflops | None = None
     """Dense FP4 (NVFP4/MXFP4) tensor-core peak; None when the GPU has no FP4 tensor cores (before Blackwell)."""
-    hbm_tbps: PosFloat
+    hbm_tbps: Annotated[float, Field(ge=0.01, le=1000)]
     """HBM bandwidth, decimal TB/s."""
     efficiency: EfficiencySpec = EfficiencySpec()
-    source: str | None = None
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
 
 
 class NodeSpec(FrozenSpec):
-    gpus_per_node: PosInt
+    gpus_per_node: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)]
     intra_node_link: LinkKind
-    intra_node_gbps: PosFloat
+    intra_node_gbps: Bandwidth
     """GPU-to-GPU bandwidth inside the NVLink domain, GB/s per GPU per direction
     (H100 NVLink 4: 450; PCIe Gen5 x16: ~64 minus the host bridge)."""
-    inter_node_gbps: PosFloat
+    inter_node_gbps: Bandwidth
     """Network bandwidth per GPU per direction in GB/s (one 400 Gb/s NDR NIC per GPU: 50)."""
-    nvlink_domain_gpus: PosInt | None = None
+    nvlink_domain_gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] | None = None
     """GPUs reachable at intra-node speed; defaults to gpus_per_node (72 for GB200 NVL72)."""
     nvlink_domain_gpus_used: PosInt | None = None
     """GPUs a job uses in each rack-scale NVLink domain (e.g. 64 of an NVL72's 72, leaving spare trays);
@@ -145,11 +150,11 @@ class NodeSpec(FrozenSpec):
 class PoolSpec(FrozenSpec):
     """A homogeneous set of nodes."""
 
-    name: str = Field(min_length=1)
+    name: Name
     gpu: GpuSpec
     node: NodeSpec
-    num_nodes: PosInt
-    price_per_gpu_hour: PosFloat | None = None
+    num_nodes: Annotated[int, Field(gt=0, le=MAX_GPUS)]
+    price_per_gpu_hour: Annotated[float, Field(gt=0, le=10000)] | None = None
     """US dollars per GPU-hour (a public on-demand or reserved cloud list price; cite it)."""
 
     @property
@@ -163,14 +168,21 @@ class PoolSpec(FrozenSpec):
         full, rest = divmod(self.num_gpus, used)
         return (used,) * full + ((rest,) if rest else ())
 
+    @model_validator(mode="after")
+    def _check(self) -> PoolSpec:
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"pool '{self.name}' has {self.num_gpus} GPUs, more than autoshard plans for "
+                             f"(at most {MAX_GPUS}): lower num_nodes")
+        return self
+
 
 class ClusterSpec(FrozenSpec):
     """One or more pools. A single-pool cluster may be written flat (gpu/node/num_nodes at the top)."""
 
-    name: str = Field(min_length=1)
-    source: str | None = None
-    pools: tuple[PoolSpec, ...] = Field(min_length=1)
-    inter_pool_gbps: PosFloat | None = None
+    name: Name
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
+    pools: tuple[PoolSpec, ...] = Field(min_length=1, max_length=64)
+    inter_pool_gbps: Bandwidth | None = None
     """Bandwidth per GPU per direction between pools (GB/s); defaults to the slower pool's network."""
 
     @model_validator(mode="before")
@@ -190,6 +202,9 @@ class ClusterSpec(FrozenSpec):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names must be unique, got {names}")
+        if sum(p.num_gpus for p in self.pools) > MAX_GPUS:
+            raise ValueError(f"the cluster has {sum(p.num_gpus for p in self.pools)} GPUs, more than autoshard "
+                             f"plans for (at most {MAX_GPUS}): lower num_nodes")
         return self
 
     @property
@@ -216,6 +231,8 @@ class ClusterSpec(FrozenSpec):
         domains: the last domain may be partly filled)."""
         if self.is_heterogeneous:
             raise ValueError("--gpus cannot resize a heterogeneous cluster; edit the pool sizes in its YAML")
+        if not 0 < num_gpus <= MAX_GPUS:
+            raise ValueError(f"{num_gpus} GPUs is outside what autoshard plans for: use 1 to {MAX_GPUS} GPUs")
         pool = self.primary
         per_node = pool.node.gpus_per_node
         domain = pool.node.domain_size

@@ -7,11 +7,14 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import FrozenSpec
+from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, FrozenSpec
 
 __all__ = ["Precision", "Optimizer", "TrainJob", "ServeJob", "WeightDtype"]
 
 PosInt = Annotated[int, Field(gt=0)]
+Context = Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
+MAX_REQUEST_RATE = 1e6
+"""Requests per second one plan may be asked to sustain."""
 
 
 class Precision(StrEnum):
@@ -53,12 +56,12 @@ class WeightDtype(StrEnum):
 
 
 class TrainJob(FrozenSpec):
-    seq_len: PosInt = 4096
-    global_batch_size: PosInt = 1024
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] = 4096
+    global_batch_size: Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)] = 1024
     """Sequences per optimizer step."""
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAM
-    tokens: float | None = Field(default=None, gt=0)
+    tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
     """Total training tokens, for time and cost estimates."""
 
     @property
@@ -67,15 +70,15 @@ class TrainJob(FrozenSpec):
 
 
 class ServeJob(FrozenSpec):
-    input_len: PosInt = 1024
-    output_len: PosInt = 1024
-    max_model_len: PosInt | None = None
+    input_len: Context = 1024
+    output_len: Context = 1024
+    max_model_len: Context | None = None
     """Longest context a request may use; defaults to input_len + output_len."""
     weight_dtype: WeightDtype = WeightDtype.BF16
     kv_cache_dtype: WeightDtype = WeightDtype.BF16
-    ttft_target_s: float | None = Field(default=None, gt=0)
-    tpot_target_s: float | None = Field(default=None, gt=0)
-    request_rate: float | None = Field(default=None, gt=0)
+    ttft_target_s: float | None = Field(default=None, gt=0, le=86400)
+    tpot_target_s: float | None = Field(default=None, gt=0, le=3600)
+    request_rate: float | None = Field(default=None, gt=0, le=MAX_REQUEST_RATE)
     """Requests per second to sustain (then the plan minimizes GPUs)."""
 
     @model_validator(mode="after")

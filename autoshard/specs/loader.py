@@ -4,7 +4,9 @@ file, the field and the fix."""
 from __future__ import annotations
 
 import difflib
+import errno
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,10 +19,94 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
-    "read_mapping", "validate", "format_validation_error",
+    "read_mapping", "validate", "format_validation_error", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH",
 ]
 
 T = TypeVar("T", bound=BaseModel)
+
+MAX_FILE_BYTES = 1 << 20
+"""Largest model/cluster file read (the biggest Hugging Face config.json files are ~100 KB)."""
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a spec file may have (specs nest four levels)."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 core-schema scalars and no duplicate keys.
+
+    PyYAML implements YAML 1.1, where `yes`/`no`/`on`/`off` are booleans, `64:00` is the base-60
+    integer 3840, `0777` octal and `1_000` an integer, and a repeated key silently replaces the first.
+    Here only `true`/`false` are booleans, integers are decimal (or 0x/0o), floats are decimal with an
+    optional exponent (`1e3` included) or `.inf`/`.nan` (which the specs then refuse), and a repeated
+    key is an error."""
+
+
+StrictLoader.yaml_implicit_resolvers = {}
+for _tag, _pattern, _first in (
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    ("tag:yaml.org,2002:float",
+     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+     "-+.0123456789"),
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+):
+    StrictLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+
+
+def _construct_yaml12_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    try:
+        if text.startswith("0o"):
+            return int(text[2:], 8)
+        return int(text, 0) if text.startswith("0x") else int(text, 10)
+    except ValueError:  # more digits than Python converts
+        raise yaml.constructor.ConstructorError(None, None, f"the integer has {len(text)} digits: far beyond any "
+                                                "size autoshard accepts", node.start_mark) from None
+
+
+def _construct_yaml12_float(loader: yaml.SafeLoader, node: yaml.Node) -> float:
+    text = str(loader.construct_scalar(node)).lower()  # type: ignore[arg-type]
+    return float(text.replace(".inf", "inf").replace(".nan", "nan"))
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node)
+        if not isinstance(key, str | int | float | bool) and key is not None:
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be plain text", key_node.start_mark)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}' (also at line {seen[key] + 1}): keep one of them", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return {loader.construct_object(k): loader.construct_object(v) for k, v in node.value}
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_yaml12_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_yaml12_float)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key '{key}': keep one of them")
+        out[key] = value
+    return out
+
+
+def _depth(data: Any, limit: int) -> int:
+    """Nesting depth of lists and mappings, counting no further than `limit + 1` (no recursion)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level > limit:
+                return level
+            stack += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def catalog_dir(kind: str) -> Path:
@@ -48,8 +134,15 @@ def bundled_clusters() -> dict[str, Path]:
 
 def _resolve(ref: str | Path, kind: str) -> Path:
     path = Path(ref)
-    if path.is_file():
-        return path
+    try:
+        if path.is_file():
+            return path
+    except OSError as exc:  # e.g. ENAMETOOLONG, which pathlib does not swallow
+        reason = "the file name is too long" if exc.errno == errno.ENAMETOOLONG else exc.strerror
+        raise SpecError(f"cannot open the {kind[:-1]} file: {reason} (check the path)", source=_short(str(ref))) from None
+    if path.is_dir():
+        raise SpecError(f"this is a directory, not a {kind[:-1]} file: give the path of the YAML/JSON file inside it",
+                        source=str(path))
     looks_like_path = path.suffix in (".yaml", ".yml", ".json") or "/" in str(ref) or "\\" in str(ref)
     if looks_like_path:
         raise SpecError(f"file not found: {path} (check the path, or give a bundled {kind[:-1]} name)")
@@ -64,16 +157,28 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     )
 
 
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file that must hold a mapping."""
+    """Parse a YAML or JSON file that must hold a mapping (YAML 1.2 scalars, no duplicate keys, at most
+    MAX_FILE_BYTES and MAX_DEPTH levels)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError(f"the file is {size / 2**20:.1f} MiB; a model or cluster file is at most "
+                            f"{MAX_FILE_BYTES >> 20} MiB: give the right file", source=str(path))
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read the file ({exc.strerror})", source=str(path)) from None
     except UnicodeDecodeError:
         raise SpecError("the file is not UTF-8 text", source=str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if path.suffix == ".json":
+            data = json.loads(text, object_pairs_hook=_json_object)
+        else:
+            data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as exc:
         raise SpecError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}", source=str(path)) from None
     except yaml.YAMLError as exc:
@@ -81,6 +186,13 @@ def read_mapping(path: Path) -> dict[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"invalid YAML{where}: {problem}", source=str(path)) from None
+    except RecursionError:
+        raise SpecError(f"nested too deeply (a spec file has at most {MAX_DEPTH} levels)", source=str(path)) from None
+    except ValueError as exc:  # a duplicate JSON key, or a number Python cannot hold
+        raise SpecError(f"invalid JSON: {exc}", source=str(path)) from None
+    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+        raise SpecError(f"nested more than {MAX_DEPTH} levels deep: a spec file nests at most a few levels",
+                        source=str(path))
     if not isinstance(data, dict):
         raise SpecError(
             f"expected a mapping of fields at the top level, got {type(data).__name__}", source=str(path)
@@ -125,11 +237,17 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tup
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     if kind in ("greater_than", "greater_than_equal"):
-        msg += f" (got {err.get('input')!r}): sizes must be positive"
+        bound = (err.get("ctx") or {}).get("gt", (err.get("ctx") or {}).get("ge"))
+        msg += f" (got {_short(repr(err.get('input')), 60)})" + (": sizes must be positive" if bound == 0 else "")
     elif kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type",
                   "int_from_float", "enum", "literal_error", "string_type", "list_type", "model_type",
-                  "dict_type", "less_than_equal", "less_than"):
-        msg += f" (got {err.get('input')!r})"
+                  "dict_type", "less_than_equal", "less_than", "finite_number", "string_pattern_mismatch",
+                  "string_too_long", "too_long"):
+        msg += f" (got {_short(repr(err.get('input')), 60)})"
+    if kind == "string_pattern_mismatch":
+        msg = f"must be one line of printable text, without control characters (got {_short(repr(err.get('input')), 60)})"
+    elif kind == "finite_number":
+        msg += ": NaN and infinities are not sizes, write a finite number"
     if not field:
         field = "(top level)"
     return field, msg
@@ -138,6 +256,8 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tup
 def validate(model: type[T], data: dict[str, Any], *, source: str) -> T:
     try:
         return model.model_validate(data)
+    except RecursionError:
+        raise SpecError(f"nested too deeply (a spec nests at most {MAX_DEPTH} levels)", source=source) from None
     except ValidationError as exc:
         field, msg = format_validation_error(exc, model)
         if model is ClusterSpec and "pools" not in data and field.startswith("pools[0]."):

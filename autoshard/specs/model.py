@@ -12,16 +12,26 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import FrozenSpec
+from autoshard.specs.base import (
+    MAX_CONTEXT, MAX_EXPERTS, MAX_FFN, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_NAME_LEN,
+    MAX_SEQ_LEN, MAX_TOKENS, MAX_VOCAB, NAME_PATTERN, FrozenSpec,
+)
 from autoshard.specs.job import Precision, WeightDtype
 
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
-    "RouterScore", "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "ModelSpec",
+    "RouterScore", "LayerGroup", "MLAConfig", "MoEConfig", "TrainingDefaults", "ServingDefaults", "Checkpoint",
+    "ModelSpec",
 ]
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
+# size caps (autoshard.specs.base): beyond them no model exists and the planner would not finish
+Hidden = Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
+Ffn = Annotated[int, Field(gt=0, le=MAX_FFN)]
+Heads = Annotated[int, Field(gt=0, le=MAX_HEADS)]
+Experts = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+Context = Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
 
 
 class LayerKind(StrEnum):
@@ -68,28 +78,28 @@ class RouterScore(StrEnum):
 
 class LayerGroup(FrozenSpec):
     kind: LayerKind
-    count: PosInt = 1
+    count: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = 1
     """Number of consecutive identical layers in this group."""
 
 
 class MLAConfig(FrozenSpec):
     """DeepSeek-V2/V3 multi-head latent attention dimensions (Hugging Face names)."""
 
-    q_lora_rank: PosInt | None = None
+    q_lora_rank: Hidden | None = None
     """Rank of the query down-projection; None means queries are projected directly (V2-Lite)."""
-    kv_lora_rank: PosInt
-    qk_nope_head_dim: PosInt
-    qk_rope_head_dim: PosInt
-    v_head_dim: PosInt
+    kv_lora_rank: Hidden
+    qk_nope_head_dim: Hidden
+    qk_rope_head_dim: Hidden
+    v_head_dim: Hidden
 
 
 class MoEConfig(FrozenSpec):
-    num_experts: PosInt
-    top_k: PosInt
-    expert_ffn_hidden_size: PosInt
+    num_experts: Experts
+    top_k: Experts
+    expert_ffn_hidden_size: Ffn
     """Intermediate size of one routed expert."""
-    num_shared_experts: NonNegInt = 0
-    shared_expert_ffn_hidden_size: NonNegInt = 0
+    num_shared_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)] = 0
+    shared_expert_ffn_hidden_size: Annotated[int, Field(ge=0, le=MAX_FFN)] = 0
     """Total intermediate size of the shared experts (all of them together, as Megatron's
     --moe-shared-expert-intermediate-size)."""
     score_function: RouterScore = RouterScore.SOFTMAX
@@ -145,45 +155,65 @@ class MoEConfig(FrozenSpec):
 class TrainingDefaults(FrozenSpec):
     """Job defaults stored with a model; CLI flags override them."""
 
-    seq_len: PosInt | None = None
-    global_batch_size: PosInt | None = None
+    seq_len: Annotated[int, Field(gt=0, le=MAX_SEQ_LEN)] | None = None
+    global_batch_size: Annotated[int, Field(gt=0, le=MAX_GLOBAL_BATCH)] | None = None
     precision: Precision | None = None
-    tokens: float | None = Field(default=None, gt=0)
+    tokens: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
     fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] | None = None
     """The FP8 scaling recipe the model was trained with, used whenever it trains in FP8
     (DeepSeek-V3: blockwise, 1x128 activation and 128x128 weight tiles; Megatron --fp8-recipe)."""
 
 
 class ServingDefaults(FrozenSpec):
-    max_model_len: PosInt | None = None
-    input_len: PosInt | None = None
-    output_len: PosInt | None = None
+    max_model_len: Context | None = None
+    input_len: Context | None = None
+    output_len: Context | None = None
     precision: WeightDtype | None = None
     """Weight storage for serving (bf16, fp8, int8, int4)."""
+
+
+class Checkpoint(FrozenSpec):
+    """A published checkpoint of the model with quantized weights, which serving launchers load instead of
+    quantizing the BF16 weights themselves (int8/int4 need one: vLLM and SGLang cannot make them online)."""
+
+    weights: WeightDtype
+    """Storage of the checkpoint's weights (fp8, int8 or int4)."""
+    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", max_length=200)
+    """Hugging Face repo id, e.g. Qwen/Qwen3-235B-A22B-FP8."""
+    quantization: str = Field(pattern=r"^[a-z0-9_-]+$", max_length=40)
+    """The --quantization method its quantization_config selects in vLLM (fp8, fbgemm_fp8, modelopt,
+    gptq_marlin, awq_marlin, compressed-tensors)."""
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
+
+    @model_validator(mode="after")
+    def _check(self) -> Checkpoint:
+        if self.weights is WeightDtype.BF16:
+            raise ValueError("checkpoints list quantized weights (fp8, int8, int4); the BF16 one is the model's source")
+        return self
 
 
 class ModelSpec(FrozenSpec):
     """A transformer LLM. All sizes are element counts (not bytes)."""
 
-    name: str = Field(min_length=1)
-    source: str | None = None
+    name: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)
+    source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
     """Where the numbers come from (config URL or paper)."""
 
-    hidden_size: PosInt
-    ffn_hidden_size: PosInt
+    hidden_size: Hidden
+    ffn_hidden_size: Ffn
     """Intermediate size of the dense MLP (used by `dense` layers)."""
-    num_attention_heads: PosInt
-    num_kv_heads: PosInt | None = None
+    num_attention_heads: Heads
+    num_kv_heads: Heads | None = None
     """Key/value heads (GQA/MQA). Defaults to num_attention_heads (MHA)."""
-    head_dim: PosInt | None = None
+    head_dim: Hidden | None = None
     """Defaults to hidden_size // num_attention_heads."""
-    vocab_size: PosInt
+    vocab_size: Annotated[int, Field(gt=0, le=MAX_VOCAB)]
     tied_embeddings: bool = False
     mlp: MlpKind = MlpKind.SWIGLU
     norm: NormKind = NormKind.RMSNORM
     attention: AttentionKind = AttentionKind.GQA
     position_embedding: PositionKind = PositionKind.ROPE
-    max_position_embeddings: PosInt
+    max_position_embeddings: Context
     linear_bias: bool = False
     """Every linear layer has a bias (GPT-2/3, BLOOM, OPT, GPT-NeoX)."""
     qkv_bias: bool = False
@@ -192,7 +222,7 @@ class ModelSpec(FrozenSpec):
     """Per-head RMSNorm on queries and keys (Qwen3)."""
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
-    layers: tuple[LayerGroup, ...] = Field(min_length=1)
+    layers: tuple[LayerGroup, ...] = Field(min_length=1, max_length=MAX_LAYERS + 2)
     mtp_num_layers: Annotated[int, Field(ge=0, le=16)] = 0
     """Multi-token-prediction modules after the last decoder layer (DeepSeek-V3: 1; Hugging Face
     num_nextn_predict_layers; Megatron --mtp-num-layers). Each holds two RMSNorms, a 2h -> h projection
@@ -200,6 +230,8 @@ class ModelSpec(FrozenSpec):
     Megatron places them on the last pipeline stage. Counted in parameters, FLOPs and memory."""
     training: TrainingDefaults | None = None
     serving: ServingDefaults | None = None
+    checkpoints: tuple[Checkpoint, ...] = Field(default=(), max_length=32)
+    """Published quantized checkpoints (serving loads the one matching the weight dtype)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -227,6 +259,9 @@ class ModelSpec(FrozenSpec):
             raise ValueError("layers needs at least one `dense` or `moe` decoder group")
         if LayerKind.MOE in kinds and self.moe is None:
             raise ValueError("layers has `moe` layers but the model has no `moe:` section")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"{self.num_layers} decoder layers is more than autoshard plans for (at most "
+                             f"{MAX_LAYERS}): lower the layer counts")
         return self
 
     # ----------------------------------------------------------------- derived shape facts

@@ -16,7 +16,8 @@ from autoshard.specs import TrainJob
 from autoshard.units import US_PER_S
 from conftest import hetero_cluster, tiny_cluster, tiny_model
 
-OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=4, max_vpp=2))
+OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, memory_fraction=1.0,
+                        space=SpaceOptions(max_micro_batch=4, max_vpp=2))
 
 
 def brute_force(model, cluster, job, options: SolverOptions) -> tuple[int, int]:
@@ -25,7 +26,7 @@ def brute_force(model, cluster, job, options: SolverOptions) -> tuple[int, int]:
     scale = math.lcm(*{c.dims.vpp for c in space.candidates})
     best = None
     for cfg in space.candidates:
-        tab = build_tables(model, cluster, cfg, scale=scale)
+        tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
         s, n, pp = tab.num_chunks, tab.num_layers, cfg.dims.pp
         pool_choices = list(itertools.product(range(len(cluster.pools)), repeat=pp))
         stage_gpus = cfg.dims.tp * cfg.dims.cp * cfg.dims.dp

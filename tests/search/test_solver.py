@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -106,7 +108,7 @@ def test_uneven_layout_beats_even_split_with_large_vocabulary():
 def test_memory_fraction_keeps_headroom():
     model, cluster = load_model("llama-3.1-70b"), load_cluster("dgx-h100").with_gpus(64)
     job = TrainJob(seq_len=8192, global_batch_size=512)
-    tight = solve_train(model, cluster, job, options=FAST)[0]
+    tight = solve_train(model, cluster, job, options=dataclasses.replace(FAST, memory_fraction=1.0))[0]
     options = SolverOptions(num_workers=1, seed=0, time_limit_s=30, memory_fraction=0.85,
                             space=SpaceOptions(max_micro_batch=4, max_vpp=4))
     roomy = solve_train(model, cluster, job, options=options)[0]

@@ -1,0 +1,307 @@
+"""Hostile input: one table of inputs that used to crash, hang or be silently accepted, each with the exit
+code and the message fragment it must now give (bad input: exit 2 naming the field/flag and the bound),
+plus the --json stdout contract, default memory headroom and atomic study output.
+
+Every case runs the real CLI in-process (typer's CliRunner); an exception escaping the app fails the
+test (it would be a traceback). Files are written by editing the bundled YAML text line by line, so
+YAML 1.1 spellings (`64:00`, `yes`, duplicate keys) reach the loader exactly as a user would type them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autoshard.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = (REPO / "models" / "llama-3.1-8b.yaml").read_text()
+CLUSTER = (REPO / "clusters" / "dgx-h100.yaml").read_text()
+FAST = ["--time-limit", "5", "--workers", "1"]
+MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+            "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --global-batch-size 64 --bf16")
+
+
+def run_cli(*args: object) -> tuple[int, str, str]:
+    argv = [str(a) for a in args]
+    result = CliRunner().invoke(app, argv)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        tb = "".join(traceback.format_exception(*result.exc_info))
+        pytest.fail(f"`autoshard {' '.join(argv)}` raised instead of reporting:\n{tb}")
+    assert "Traceback" not in result.stdout + result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def model_file(tmp: Path, old: str = "", new: str = "", *, extra: str = "") -> Path:
+    path = tmp / "model.yaml"
+    path.write_text((_replace(MODEL, old, new) if old else MODEL) + extra)
+    return path
+
+
+def cluster_file(tmp: Path, old: str = "", new: str = "") -> Path:
+    path = tmp / "cluster.yaml"
+    path.write_text(_replace(CLUSTER, old, new) if old else CLUSTER)
+    return path
+
+
+# (id, builder(tmp) -> argv, exit code, fragments that must all appear in stderr)
+def _m(old: str, new: str):
+    return lambda t: ["solve", model_file(t, old, new), "dgx-h100", "--gpus", "8", *FAST]
+
+
+def _c(old: str, new: str):
+    return lambda t: ["solve", "llama-3.1-8b", cluster_file(t, old, new), "--gpus", "8", *FAST]
+
+
+def _nested(t: Path, suffix: str) -> list:
+    path = t / f"deep{suffix}"
+    path.write_text("[" * 500 + "]" * 500 if suffix == ".json" else "a: " + "[" * 500 + "]" * 500 + "\n")
+    return ["solve", path, "dgx-h100", "--gpus", "8"]
+
+
+def _huge(t: Path) -> list:
+    path = t / "huge.yaml"
+    path.write_text(MODEL + "".join(f"# padding line {i} {'x' * 80}\n" for i in range(30_000)))
+    return ["solve", path, "dgx-h100", "--gpus", "8"]
+
+
+CASES = [
+    # --- CLI numbers: bounds and NaN/inf
+    ("gpus-1e30", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", str(10**30)], 2, ["--gpus", "131072"]),
+    ("seq-len-1e9", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--seq-len", str(10**9)], 2,
+     ["--seq-len", "1048576"]),
+    ("gbs-1e18", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--global-batch-size", str(10**18)], 2,
+     ["--global-batch-size", "1048576"]),
+    ("seed-2^32", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--seed", str(2**32)], 2,
+     ["--seed", "2147483647"]),
+    ("workers-2^31", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--workers", str(2**31)], 2,
+     ["--workers", "256"]),
+    ("time-limit-nan", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--time-limit", "nan"], 2,
+     ["--time-limit"]),
+    ("request-rate-inf", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                    "--request-rate", "inf"], 2, ["--request-rate"]),
+    ("tokens-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tokens", "inf"], 2,
+     ["--tokens"]),
+    ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
+     ["--gpus", "at most 131072"]),
+    ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                             "--price", "dgx-h100=nan"], 2, ["--price", "finite", "nan"]),
+    ("price-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                             "--price", "dgx-h100=inf"], 2, ["--price", "finite", "inf"]),
+    # --- model file fields
+    ("hidden-1e400", _m("hidden_size: 4096", "hidden_size: 1e400"), 2, ["hidden_size", "finite"]),
+    ("hidden-huge-int", _m("hidden_size: 4096", f"hidden_size: {10**40}"), 2,
+     ["hidden_size", "less than or equal to 131072"]),
+    ("layers-1e6", _m("count: 32", "count: 1000000"), 2, ["layers[1].count", "less than or equal to 1024"]),
+    ("vocab-huge", _m("vocab_size: 128256", "vocab_size: 99999999999"), 2, ["vocab_size", "4194304"]),
+    ("sexagesimal", _m("ffn_hidden_size: 14336", "ffn_hidden_size: 64:00"), 2, ["ffn_hidden_size", "'64:00'"]),
+    ("yes-as-number", _m("num_kv_heads: 8", "num_kv_heads: yes"), 2, ["num_kv_heads", "'yes'"]),
+    ("true-as-number", _m("num_kv_heads: 8", "num_kv_heads: true"), 2, ["num_kv_heads", "boolean"]),
+    ("duplicate-key", _m("hidden_size: 4096", "hidden_size: 4096\nhidden_size: 8192"), 2,
+     ["duplicate key 'hidden_size'", "line"]),
+    ("tokens-inf-yaml", _m("tokens: 1.5e13", "tokens: .inf"), 2, ["training.tokens", "finite"]),
+    ("control-char-name", _m("name: llama-3.1-8b", 'name: "a\\nb"'), 2, ["field 'name'", "control characters"]),
+    ("nested-yaml", lambda t: _nested(t, ".yaml"), 2, ["nested", "32"]),
+    ("nested-json", lambda t: _nested(t, ".json"), 2, ["nested", "32"]),
+    ("file-2mb", _huge, 2, ["MiB", "at most 1 MiB"]),
+    ("file-name-too-long", lambda t: ["solve", "x" * 5000 + ".yaml", "dgx-h100"], 2, ["too long"]),
+    ("model-is-a-directory", lambda t: ["solve", str(t) + "/", "dgx-h100"], 2, ["directory"]),
+    # --- cluster file fields
+    ("gpus-per-node-1e6", _c("gpus_per_node: 8", "gpus_per_node: 1e6"), 2, ["gpus_per_node", "576"]),
+    ("num-nodes-2^40", _c("num_nodes: 128", f"num_nodes: {2**40}"), 2, ["num_nodes", "131072"]),
+    ("bf16-tflops-1e-12", _c("bf16_tflops: 989", "bf16_tflops: 1e-12"), 2,
+     ["bf16_tflops", "greater than or equal to 1"]),
+    ("hbm-1e30", _c("hbm_gib: 79.6", "hbm_gib: 1e30"), 2, ["hbm_gib", "65536"]),
+    ("hbm-inf", _c("hbm_gib: 79.6", "hbm_gib: .inf"), 2, ["hbm_gib", "finite"]),
+    ("gemm-half-dim-inf", _c("  hbm_tbps: 3.35", "  hbm_tbps: 3.35\n  efficiency:\n    gemm_half_dim: .inf"), 2,
+     ["gemm_half_dim", "finite"]),
+    ("latency-inf", _c("  hbm_tbps: 3.35", "  hbm_tbps: 3.35\n  efficiency:\n    inter_node_latency_us: .inf"), 2,
+     ["inter_node_latency_us", "finite"]),
+    # --- --from-megatron / --from-vllm
+    ("megatron-mbs-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 0"], 2,
+     ["--micro-batch-size must be positive"]),
+    ("megatron-solve-mbs-0", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST,
+                                        "--from-megatron", MEGATRON + " --micro-batch-size 0"], 2,
+     ["--micro-batch-size must be positive"]),
+    ("megatron-tp-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                 MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 0"], 2,
+     ["--tensor-model-parallel-size must be positive"]),
+    ("megatron-layers-1e9", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                       MEGATRON.replace("--num-layers 32", "--num-layers 1000000000")], 2,
+     ["--num-layers 1000000000", "at most 1024"]),
+    ("megatron-with-tp-pin", lambda t: ["evaluate", "dgx-h100", "--tp", "4", "--from-megatron",
+                                        MEGATRON + " --micro-batch-size 1"], 2, ["--tp would be ignored"]),
+    ("vllm-with-pp-pin", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--pp", "2", "--from-vllm",
+                                    "vllm serve meta-llama/Llama-3.1-8B"], 2, ["--pp would be ignored", "--from-vllm"]),
+    ("vllm-unknown-quantization", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                             "vllm serve meta-llama/Llama-3.1-8B --quantization foo"], 2,
+     ["--quantization foo"]),
+    ("vllm-kv-int4", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype int4"], 2,
+     ["--kv-cache-dtype int4"]),
+    # --- contradictions that used to be exit 1 or silently ignored
+    ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
+     2, ["--vpp", "--pp 1"]),
+    ("etp-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--etp", "8", *FAST],
+     2, ["--etp", "dense"]),
+    ("recompute-layers-beyond-stage", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
+                                                 "--recompute-num-layers", "100", *FAST], 2,
+     ["--recompute-num-layers", "at most 31"]),
+    ("seq-beyond-learned-positions", lambda t: ["solve", "gpt3-175b", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
+                                                *FAST], 2, ["--seq-len", "2048 learned position embeddings"]),
+    ("fp8-on-a100", lambda t: ["solve", "llama-3.1-8b", "dgx-a100-80gb", "--gpus", "8", "--precision", "fp8", *FAST],
+     2, ["FP8", "A100"]),
+    *[(f"serve-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
+                                                            "--mode", "serve", f, *v, *FAST], 2, [flag, "--mode train"])
+      for flag, value in (("--mbs", ["2"]), ("--recompute", ["full"]), ("--cp", ["2"]), ("--zero-stage", ["1"]),
+                          ("--vpp", ["2"]), ("--memory-fraction", ["0.8"]), ("--from-megatron", [MEGATRON]))],
+    *[(f"train-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", f, *v,
+                                                            *FAST], 2, [flag, "--mode serve"])
+      for flag, value in (("--input-len", ["100"]), ("--request-rate", ["5"]), ("--weight-dtype", ["fp8"]),
+                          ("--kv-cache-dtype", ["fp8"]))],
+    ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                           "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
+    # --- output paths, checked before solving
+    ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
+     2, ["-o", "is a directory"]),
+    ("o-missing-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron",
+                                       "-o", t / "nope" / "x.sh"], 2, ["does not exist"]),
+    ("o-without-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "-o", t / "x.sh"], 2,
+     ["--emit"]),
+    ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                                     "--out", model_file(t)], 2, ["--out", "is a file"]),
+]
+
+
+@pytest.mark.parametrize(("build", "code", "fragments"), [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_hostile_input(tmp_path: Path, build, code: int, fragments: list[str]) -> None:
+    argv = build(tmp_path)
+    start = time.perf_counter()
+    got, stdout, stderr = run_cli(*argv)
+    elapsed = time.perf_counter() - start
+    flat = " ".join(stderr.split())
+    assert got == code, f"exit {got}\n{stdout}\n{stderr}"
+    for fragment in fragments:
+        assert fragment.lower() in flat.lower(), f"{fragment!r} not in: {flat}"
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # refused before any long solve (the hangs of the issue)
+
+
+def test_rich_markup_in_names_prints_verbatim(tmp_path: Path) -> None:
+    model = model_file(tmp_path, "name: llama-3.1-8b", 'name: "x[/bold]"')
+    cluster = cluster_file(tmp_path, "name: dgx-h100", 'name: "[red]c[/red]"')
+    for mode in ("train", "serve"):
+        code, stdout, stderr = run_cli("solve", model, cluster, "--gpus", "8", "--mode", mode, *FAST)
+        assert code == 0, stderr
+        assert "x[/bold]" in stdout and "[red]c[/red]" in stdout
+
+
+# ----------------------------------------------------------------------------- the --json contract
+
+
+@pytest.mark.parametrize("extra", [["--verbose"], ["--emit", "megatron"], ["--mode", "serve", "--emit", "vllm"],
+                                   ["--mode", "serve", "--emit", "sglang"]])
+def test_json_stdout_is_exactly_one_object(extra: list[str]) -> None:
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--json", *FAST, *extra)
+    assert code == 0, stderr
+    obj = json.loads(stdout)  # raises on anything else around the object
+    assert obj["schema"].startswith("autoshard.plan/")
+    if "--emit" in extra:
+        assert stderr.startswith("#!/usr/bin/env bash")  # the script still comes out, on stderr
+    if "--verbose" in extra:
+        assert "CpSolverResponse" in stderr or "#Bound" in stderr or "Starting" in stderr
+
+
+# ----------------------------------------------------------------------------- plans that launch
+
+
+def test_default_plan_keeps_headroom_and_says_so() -> None:
+    code, stdout, _ = run_cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--json", *FAST)
+    assert code == 0
+    obj = json.loads(stdout)
+    head = obj["memory_headroom"]
+    assert head["memory_fraction"] == 0.87
+    assert head["peak_gib"] <= 0.87 * head["hbm_gib"] + 1e-9
+    assert head["headroom_gib"] == pytest.approx(head["hbm_gib"] - head["peak_gib"], abs=0.02)
+    code, stdout, _ = run_cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "64", *FAST)
+    assert "planned to 87% of HBM" in " ".join(stdout.split())
+    code, stdout, _ = run_cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--json", "--memory-fraction",
+                              "1.0", *FAST)
+    brim = json.loads(stdout)["memory_headroom"]
+    assert brim["memory_fraction"] == 1.0 and brim["peak_gib"] > 0.87 * brim["hbm_gib"]
+
+
+def test_a_plan_that_does_not_fit_has_no_launch_command() -> None:
+    code, stdout, stderr = run_cli("evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                   "--json")
+    assert code == 1
+    obj = json.loads(stdout)
+    assert obj["predicted"]["memory_gib"]["fits"] is False
+    assert "megatron" not in obj["launch"]
+    code, stdout, stderr = run_cli("evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1")
+    assert "torchrun" not in stdout and "pretrain_gpt.py" not in stdout
+
+
+# ----------------------------------------------------------------------------- study output as a set
+
+
+STUDY = ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--time-limit", "5", "--jobs", "1"]
+SET = {"study.csv", "study.json", "study.md", "pareto.png"}
+
+
+def test_study_set_lands_whole_beside_other_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, stderr = run_cli(*STUDY, "--out", out)
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == SET | {"notes.txt"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    code, _, stderr = run_cli(*STUDY, "--out", tmp_path / "new" / "deeper")
+    assert code == 0 and {p.name for p in (tmp_path / "new" / "deeper").iterdir()} == SET
+
+
+def test_interrupted_study_leaves_no_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoshard.report.study_report as report
+
+    def interrupted(result, out_dir):
+        (out_dir / "study.csv").write_text("half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_outputs", interrupted)
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(*STUDY, "--out", out)
+    assert code == 130 and "no complete set" in " ".join(stderr.split())
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_solve_says_nothing_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoshard.study as study
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "run_study", interrupted)
+    code, _, stderr = run_cli(*STUDY, "--out", tmp_path / "out")
+    assert code == 130
+    assert "interrupted" in stderr and "nothing was written" in " ".join(stderr.split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_with_megatron_still_emits_the_best_plan(tmp_path: Path) -> None:
+    """`solve --from-megatron ... --emit megatron -o F` used to drop --emit without a word."""
+    out = tmp_path / "best.sh"
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST, "--emit", "megatron",
+                                   "-o", out, "--from-megatron", MEGATRON + " --micro-batch-size 1")
+    assert code == 0, stderr
+    assert out.read_text().startswith("#!/usr/bin/env bash") and "pretrain_gpt.py" in out.read_text()
