@@ -43,6 +43,12 @@ class Target(StrEnum):
     SGLANG = "sglang"
 
 
+class Disaggregate(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 class RecomputeOpt(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
@@ -194,13 +200,16 @@ def solve(
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
     weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8 or int4 weights.")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
+    disaggregate: Annotated[Disaggregate, typer.Option("--disaggregate", help="Serve: prefill/decode disaggregation: auto (the solver chooses), on (xPyD only) or off (aggregated replicas only).")] = Disaggregate.AUTO,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
-                     request_rate, weight_dtype, kv_cache_dtype, emit, output)
+                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value)
         return
+    if disaggregate is not Disaggregate.AUTO:
+        raise SpecError("--disaggregate is for serving plans: add --mode serve", source="--disaggregate")
     if target not in (None, Target.MEGATRON):
         raise SpecError(f"--target {target.value} is a serving launcher: add --mode serve", source="--target")
     if emit not in (None, Target.MEGATRON):
@@ -385,7 +394,8 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
 
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
-                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output) -> None:
+                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
+                 disaggregate: str = "auto") -> None:
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
     from autoshard.serve_api import serve_job_for
@@ -396,13 +406,18 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     job = serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype,
                         kv_cache_dtype)
     plans = solve_serve(model_spec, cluster_spec, job, pins={k: v for k, v in pins.items() if v is not None},
-                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed)
+                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed,
+                        disaggregate=disaggregate)
     best = plans[0]
     if json_out:
         _print_plans_json(plans)
     else:
         render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
-    if emit is not None:
+    if emit is not None and best.disaggregated:
+        from autoshard.emit.pd import pd_script
+
+        _write_text(pd_script(best, emit.value), output)
+    elif emit is not None:
         from autoshard.emit.sglang import sglang_node_commands
         from autoshard.emit.vllm import vllm_node_commands
 
@@ -420,6 +435,15 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
             output.write_text(text)
             output.chmod(0o755)
             err.print(f"wrote {output}")
+
+
+def _write_text(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    output.write_text(text)
+    output.chmod(0o755)
+    err.print(f"wrote {output}")
 
 
 # ----------------------------------------------------------------------------- study

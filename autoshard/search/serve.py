@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoshard.costmodel.serving import predict_serve, total_weight_bytes
+from autoshard.costmodel.disagg import disagg_ttft_s
+from autoshard.costmodel.serving import ServePrediction, predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plan import SolverStats
 from autoshard.search.serve_space import (
@@ -31,7 +33,15 @@ from autoshard.search.serve_space import (
     enumerate_serve,
     tabulate,
 )
-from autoshard.serve_plan import ServePlan
+from autoshard.search.serve_disagg import (
+    MILLI,
+    DecodeRow,
+    DisaggTables,
+    PrefillRow,
+    tabulate_disagg,
+    transfer_for,
+)
+from autoshard.serve_plan import Disaggregation, Role, ServePlan
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import ModelSpec
@@ -61,30 +71,151 @@ class _Model:
     row: cp_model.IntVar
     engine: cp_model.IntVar
     objective: cp_model.IntVar
+    dis: cp_model.IntVar
+    """1 when the deployment is disaggregated (xPyD)."""
+    p: cp_model.IntVar | None = None
+    d: cp_model.IntVar | None = None
+    x: cp_model.IntVar | None = None
+    y: cp_model.IntVar | None = None
+    nvl: cp_model.IntVar | None = None
+    p_engine: cp_model.IntVar | None = None
+    d_engine: cp_model.IntVar | None = None
+    served: cp_model.IntVar | None = None
 
 
-def _build(rows: list[Row], engines: list[Engine], job: ServeJob) -> _Model:
+DISAGGREGATE = ("auto", "on", "off")
+
+
+def _element(cp: cp_model.CpModel, index: cp_model.IntVar, values: list[int], name: str) -> cp_model.IntVar:
+    var = cp.new_int_var(min(values), max(values), name)
+    cp.add_element(index, values, var)
+    return var
+
+
+def _product(cp: cp_model.CpModel, a: cp_model.IntVar, b: cp_model.IntVar, hi: int, name: str) -> cp_model.IntVar:
+    var = cp.new_int_var(0, hi, name)
+    cp.add_multiplication_equality(var, [a, b])
+    return var
+
+
+def _build(
+    rows: list[Row],
+    engines: list[Engine],
+    job: ServeJob,
+    tables: DisaggTables | None = None,
+    cluster: ClusterSpec | None = None,
+) -> _Model:
+    """One model over both deployment kinds: `dis` = 0 picks one aggregated row (engine, concurrency,
+    replicas); `dis` = 1 picks a prefill row, a decode row and their instance counts x and y, with
+    x * prefill rate >= y * decode rate (prefill keeps up with decode at its planned utilization),
+    x * prefill GPUs + y * decode GPUs within the pool, and the TTFT target met with the KV transfer
+    priced on NVLink only when the whole deployment sits in one NVLink domain."""
     cp = cp_model.CpModel()
-    row = cp.new_int_var(0, len(rows) - 1, "row")
-    engine_ids = [engines.index(r.engine) for r in rows]
-    engine = cp.new_int_var(0, len(engines) - 1, "engine")
-    cp.add_element(row, engine_ids, engine)
-    if job.tpot_target_s is not None:
-        tpot = cp.new_int_var(0, max(r.tpot_us for r in rows), "tpot_us")
-        cp.add_element(row, [r.tpot_us for r in rows], tpot)
-        cp.add(tpot <= time_to_us(job.tpot_target_s))
-    if job.ttft_target_s is not None:
-        ttft = cp.new_int_var(0, max(r.ttft_us for r in rows), "ttft_us")
-        cp.add_element(row, [r.ttft_us for r in rows], ttft)
-        cp.add(ttft <= time_to_us(job.ttft_target_s))
-    values = [r.objective for r in rows]
-    objective = cp.new_int_var(min(values), max(values), "objective")
-    cp.add_element(row, values, objective)
+    dis = cp.new_bool_var("disaggregated")
+    use_agg = bool(rows)
+    use_dis = tables is not None and bool(tables.prefill) and bool(tables.decode)
+    if not use_agg:
+        cp.add(dis == 1)
+    if not use_dis:
+        cp.add(dis == 0)
+    if use_agg:
+        row = cp.new_int_var(0, len(rows) - 1, "row")
+        engine = _element(cp, row, [engines.index(r.engine) for r in rows], "engine")
+        if job.tpot_target_s is not None:
+            tpot = _element(cp, row, [r.tpot_us for r in rows], "tpot_us")
+            cp.add(tpot <= time_to_us(job.tpot_target_s)).only_enforce_if(~dis)
+        if job.ttft_target_s is not None:
+            ttft = _element(cp, row, [r.ttft_us for r in rows], "ttft_us")
+            cp.add(ttft <= time_to_us(job.ttft_target_s)).only_enforce_if(~dis)
+        agg = _element(cp, row, [r.objective for r in rows], "agg_objective")
+    else:
+        row = cp.new_int_var(0, 0, "row")
+        engine = cp.new_int_var(0, 0, "engine")
+        agg = cp.new_int_var(0, 0, "agg_objective")
+    lo, hi = (min(r.objective for r in rows), max(r.objective for r in rows)) if use_agg else (0, 0)
+    built = _Model(cp, row, engine, agg, dis)
+    value = None
+    if use_dis:
+        assert tables is not None and cluster is not None
+        lo, hi, value = _build_disagg(built, tables, engines, job, cluster, lo, hi)
+    objective = cp.new_int_var(lo, hi, "objective")
+    cp.add(objective == agg).only_enforce_if(~dis)
+    if value is not None:
+        cp.add(objective == value).only_enforce_if(dis)
+    built.objective = objective
     if job.request_rate is None:
         cp.maximize(objective)
     else:
         cp.minimize(objective)
-    return _Model(cp, row, engine, objective)
+    return built
+
+
+def _build_disagg(
+    m: _Model, t: DisaggTables, engines: list[Engine], job: ServeJob, cluster: ClusterSpec, lo: int, hi: int
+) -> tuple[int, int, cp_model.LinearExprT]:
+    """Add the xPyD half of the model; returns the objective's widened bounds and its xPyD value."""
+    cp, dis = m.cp, m.dis
+    pools = cluster.pools
+    most = max(p.num_gpus for p in pools)
+    p = cp.new_int_var(0, len(t.prefill) - 1, "prefill_row")
+    d = cp.new_int_var(0, len(t.decode) - 1, "decode_row")
+    gp = _element(cp, p, [r.engine.gpus for r in t.prefill], "prefill_gpus")
+    gd = _element(cp, d, [r.engine.gpus for r in t.decode], "decode_gpus")
+    xmax = most // min(r.engine.gpus for r in t.prefill)
+    ymax = most // min(r.engine.gpus for r in t.decode)
+    x = cp.new_int_var(0, xmax, "prefill_instances")
+    y = cp.new_int_var(0, ymax, "decode_instances")
+    cp.add(x >= 1).only_enforce_if(dis)
+    cp.add(y >= 1).only_enforce_if(dis)
+    cp.add(x == 0).only_enforce_if(~dis)
+    cp.add(y == 0).only_enforce_if(~dis)
+    pool = _element(cp, p, [r.engine.pool for r in t.prefill], "prefill_pool")
+    cp.add_element(d, [r.engine.pool for r in t.decode], pool)  # both roles in one pool
+    size = _element(cp, pool, [q.num_gpus for q in pools], "pool_gpus")
+    domain = _element(cp, pool, [q.node.domain_size for q in pools], "pool_domain")
+    xgp = _product(cp, x, gp, most, "prefill_gpus_total")
+    ygd = _product(cp, y, gd, most, "decode_gpus_total")
+    used = xgp + ygd
+    cp.add(used <= size)
+    rp = _element(cp, p, [r.rate_milli for r in t.prefill], "prefill_rate")
+    rd = _element(cp, d, [r.rate_milli for r in t.decode], "decode_rate")
+    xrp = _product(cp, x, rp, xmax * max(r.rate_milli for r in t.prefill), "prefill_capacity")
+    yrd = _product(cp, y, rd, ymax * max(r.rate_milli for r in t.decode), "decode_capacity")
+    served_hi = ymax * max(r.rate_milli for r in t.decode)
+    served = cp.new_int_var(0, served_hi, "served_rate")
+    cp.add(served <= xrp)
+    cp.add(served <= yrd)
+    m.served = served
+    nvl = cp.new_bool_var("kv_over_nvlink")
+    cp.add(used <= domain).only_enforce_if(nvl)
+    cp.add(used > domain).only_enforce_if(~nvl)
+    if job.ttft_target_s is not None:
+        tr_hi = max(max(r.send_us) for r in t.prefill) + max(max(r.recv_us) for r in t.decode)
+        tr = cp.new_int_var(0, tr_hi, "kv_transfer_us")
+        for k, lit in ((0, nvl), (1, ~nvl)):
+            send = _element(cp, p, [r.send_us[k] for r in t.prefill], f"send_us_{k}")
+            recv = _element(cp, d, [r.recv_us[k] for r in t.decode], f"recv_us_{k}")
+            cp.add(tr >= send + t.latency_us[k]).only_enforce_if(lit)
+            cp.add(tr >= recv + t.latency_us[k]).only_enforce_if(lit)
+        ttft_p = _element(cp, p, [r.ttft_us for r in t.prefill], "prefill_ttft_us")
+        tpot_d = _element(cp, d, [r.tpot_us for r in t.decode], "decode_tpot_us")
+        cp.add(ttft_p + tr + tpot_d <= time_to_us(job.ttft_target_s)).only_enforce_if(dis)
+    m.p, m.d, m.x, m.y, m.nvl = p, d, x, y, nvl
+    m.p_engine = _element(cp, p, [engines.index(r.engine) for r in t.prefill], "prefill_engine")
+    m.d_engine = _element(cp, d, [engines.index(r.engine) for r in t.decode], "decode_engine")
+    if job.request_rate is None:
+        # output tokens/s per cluster GPU x 1000 = served (milli-requests/s) x output_len / GPUs
+        top = served_hi * job.output_len // cluster.num_gpus
+        per_gpu = cp.new_int_var(0, top, "disagg_objective")
+        cp.add_division_equality(per_gpu, served * job.output_len, cluster.num_gpus)
+        value: cp_model.LinearExprT = per_gpu
+        hi = max(hi, top)
+    else:
+        cp.add(served >= int(job.request_rate * MILLI + 0.999999))
+        value = used * TIE_SCALE
+        hi = max(hi, most * TIE_SCALE)
+        lo = min(lo, TIE_SCALE)
+    return lo, hi, value
 
 
 def _objective_units(job: ServeJob, value: float) -> float:
@@ -104,12 +235,19 @@ def solve_serve(
     time_limit_s: float,
     num_workers: int = 8,
     seed: int = 0,
+    disaggregate: str = "off",
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
+
+    `disaggregate`: "off" plans aggregated replicas only, "on" prefill/decode (xPyD) deployments only,
+    "auto" lets the solver choose between both in one model.
 
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
     when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
     start = time.perf_counter()
+    if disaggregate not in DISAGGREGATE:
+        raise SpecError(f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
+                        field="--disaggregate")
     if job.context_len > model.max_position_embeddings:
         raise SpecError(
             f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
@@ -120,14 +258,26 @@ def solve_serve(
     space = enumerate_serve(model, cluster, job, pins=pins)
     if not space.engines:
         raise InfeasibleError(_no_engine_message(model, cluster, job, space))
-    rows, dropped = tabulate(model, cluster, job, space, pins=pins)
-    if not rows:
+    rows: list[Row] = []
+    dropped: Counter[str] = Counter()
+    if disaggregate != "on":
+        rows, dropped = tabulate(model, cluster, job, space, pins=pins)
+    tables = None
+    if disaggregate != "off":
+        tables = tabulate_disagg(model, cluster, job, space)
+        dropped.update(tables.dropped)
+        if not (tables.prefill and tables.decode):
+            tables = None
+    if not rows and tables is None:
+        if disaggregate == "on" or job.request_rate is None:
+            raise InfeasibleError(_target_message(job, rows) if rows else _disagg_message(model, cluster, job, space))
         raise InfeasibleError(_rate_message(model, cluster, job, space))
     pruned = space.reasons() + dropped
-    built = _build(rows, space.engines, job)
+    built = _build(rows, space.engines, job, tables, cluster)
     setup_s = time.perf_counter() - start
     sign = 1 if job.request_rate is None else -1
-    built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    if rows:
+        built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
     plans: list[ServePlan] = []
     while len(plans) < top_k:
         solver = cp_model.CpSolver()
@@ -142,11 +292,10 @@ def solve_serve(
             if plans and status == cp_model.INFEASIBLE:
                 break
             if status == cp_model.INFEASIBLE:
-                raise InfeasibleError(_target_message(job, rows))
+                raise InfeasibleError(_target_message(job, rows) if rows else _disagg_message(model, cluster, job, space))
             raise SolverError(
                 f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s: raise --time-limit"
             )
-        chosen = rows[solver.value(built.row)]
         stats = SolverStats(
             status=solver.status_name(status),
             wall_s=wall,
@@ -155,12 +304,100 @@ def solve_serve(
             conflicts=solver.num_conflicts,
             branches=solver.num_branches,
             candidates=space.enumerated,
-            candidates_in_model=len(rows),
+            candidates_in_model=len(rows) + (len(tables.prefill) + len(tables.decode) if tables else 0),
             pruned=dict(pruned),
         )
-        plans.append(_plan(model, cluster, job, chosen, stats))
-        built.cp.add(built.engine != space.engines.index(chosen.engine))
+        if solver.value(built.dis):
+            assert tables is not None and built.p is not None and built.d is not None
+            assert built.x is not None and built.y is not None and built.nvl is not None
+            assert built.p_engine is not None and built.d_engine is not None
+            prow, drow = tables.prefill[solver.value(built.p)], tables.decode[solver.value(built.d)]
+            x, y = solver.value(built.x), solver.value(built.y)
+            served = solver.value(built.served) / MILLI
+            plans.append(
+                _disagg_plan(model, cluster, job, prow, drow, x, y, bool(solver.value(built.nvl)), stats, served)
+            )
+            pe, de = solver.value(built.p_engine), solver.value(built.d_engine)
+            same_p = built.cp.new_bool_var("")
+            same_d = built.cp.new_bool_var("")
+            built.cp.add(built.p_engine == pe).only_enforce_if(same_p)
+            built.cp.add(built.p_engine != pe).only_enforce_if(~same_p)
+            built.cp.add(built.d_engine == de).only_enforce_if(same_d)
+            built.cp.add(built.d_engine != de).only_enforce_if(~same_d)
+            built.cp.add_bool_or([~built.dis, ~same_p, ~same_d])
+        else:
+            chosen = rows[solver.value(built.row)]
+            plans.append(_plan(model, cluster, job, chosen, stats))
+            built.cp.add(built.engine != space.engines.index(chosen.engine)).only_enforce_if(~built.dis)
     return plans
+
+
+def _disagg_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    prow: PrefillRow,
+    drow: DecodeRow,
+    x: int,
+    y: int,
+    same_domain: bool,
+    stats: SolverStats,
+    served: float,
+    warnings: tuple[str, ...] = (),
+) -> ServePlan:
+    """The ServePlan of a chosen xPyD deployment, its figures recomputed in floats. `served`: the
+    requests/s it is planned to take (at most what either role sustains at its planned load)."""
+    from autoshard.emit.pd import pd_launch
+
+    pi, di = prow.instance, drow.instance
+    transfer = transfer_for(model, cluster, job, prow, drow, same_domain=same_domain)
+    load = min(served, y * di.requests_per_s, x * pi.requests_per_s * prow.utilization)
+    if job.request_rate is not None:
+        load = min(load, job.request_rate)
+    util = load / (x * pi.requests_per_s)
+    ttft = disagg_ttft_s(pi, transfer, di.tpot_s, util)
+    prefill_pred = ServePrediction(
+        config=pi.config, concurrency=pi.config.max_num_seqs, memory=pi.memory, decode=pi.step,
+        prefill=pi.prompt, tpot_s=pi.step.total_s, ttft_s=ttft, throughput_tokens_per_s=pi.requests_per_s,
+        input_len=job.input_len, output_len=job.output_len,
+    )
+    decode_pred = ServePrediction(
+        config=di.config, concurrency=di.concurrency, memory=di.memory, decode=di.step, prefill=pi.prompt,
+        tpot_s=di.tpot_s, ttft_s=ttft, throughput_tokens_per_s=di.throughput_tokens_per_s,
+        input_len=job.input_len, output_len=job.output_len,
+    )
+    roles = tuple(
+        Role(
+            role=name, instances=n, tp=e.tp, pp=e.pp, ep=e.ep, attention_dp=e.dp_attention,
+            max_num_seqs=pred.config.max_num_seqs, max_num_batched_tokens=pred.config.max_num_batched_tokens,
+            gpu_memory_utilization=pred.config.gpu_memory_utilization, prediction=pred, requests_per_s=rate,
+            utilization=u,
+        )
+        for name, n, e, pred, rate, u in (
+            ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),
+            ("decode", y, drow.engine, decode_pred, di.requests_per_s, load / (y * di.requests_per_s)),
+        )
+    )
+    e = drow.engine
+    plan = ServePlan(
+        model=model,
+        cluster=cluster,
+        job=job,
+        tp=e.tp,
+        pp=e.pp,
+        dp=e.dp_attention if e.expert_parallel else 1,
+        ep=e.ep,
+        gpu_memory_utilization=di.config.gpu_memory_utilization,
+        max_num_seqs=di.config.max_num_seqs,
+        max_num_batched_tokens=di.config.max_num_batched_tokens,
+        prediction=decode_pred,
+        solver=stats,
+        pool_index=e.pool,
+        warnings=warnings,
+        roles=roles,
+        disaggregation=Disaggregation(throughput_tokens_per_s=load * job.output_len, ttft_s=ttft, transfer=transfer),
+    )
+    return plan.with_launch(pd_launch(plan))
 
 
 def _plan(
@@ -400,4 +637,20 @@ def _target_message(job: ServeJob, rows: list[Row]) -> str:
         "no plan meets "
         + " and ".join(parts)
         + ": nearest fix: relax the target, quantize the weights, or use faster GPUs"
+    )
+
+
+def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    wants = []
+    if job.tpot_target_s is not None:
+        wants.append(f"TPOT <= {job.tpot_target_s * 1e3:g} ms")
+    if job.ttft_target_s is not None:
+        wants.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
+    if job.request_rate is not None:
+        wants.append(f"{job.request_rate:g} requests/s")
+    need = " and ".join(wants) or "the job"
+    return (
+        f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) meets {need}: "
+        "it needs at least one prefill and one decode instance of the legal engines side by side; "
+        "nearest fix: relax the targets, use more GPUs (--gpus), or --disaggregate auto"
     )
