@@ -41,6 +41,7 @@ class Target(StrEnum):
     MEGATRON = "megatron"
     VLLM = "vllm"
     SGLANG = "sglang"
+    K8S = "k8s"
 
 
 class Disaggregate(StrEnum):
@@ -396,24 +397,74 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
                  output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
                  disaggregate: str = "auto") -> None:
+    from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
-    from autoshard.serve_api import serve_job_for
+    from autoshard.serve_api import INTERACTIVE_TPOT_MS, interactive_job, serve_job_for
 
+    if target is Target.K8S:
+        raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
+                        source="--target")
+    if emit is Target.K8S and output is None:
+        raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype,
                         kv_cache_dtype)
-    plans = solve_serve(model_spec, cluster_spec, job, pins={k: v for k, v in pins.items() if v is not None},
-                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed,
-                        disaggregate=disaggregate)
+    run = dict(pins={k: v for k, v in pins.items() if v is not None}, time_limit_s=time_limit, num_workers=workers,
+               seed=seed, disaggregate=disaggregate)
+    interactive = interactive_job(job)
+    alternative, sla_note = None, ""
+    if interactive is None:
+        plans = solve_serve(model_spec, cluster_spec, job, top_k=top, **run)
+    else:
+        alternative = solve_serve(model_spec, cluster_spec, job, top_k=1, **run)[0]
+        try:
+            plans = solve_serve(model_spec, cluster_spec, interactive, top_k=top, **run)
+            sla_note = (f"SLA: TPOT <= {INTERACTIVE_TPOT_MS:g} ms (the interactive default; set --tpot-ms, --ttft-s "
+                        "or --request-rate to plan for your own)")
+        except InfeasibleError as exc:
+            plans, alternative = [alternative], None
+            sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
+                        "showing the throughput-optimal plan")
     best = plans[0]
     if json_out:
-        _print_plans_json(plans)
+        obj = best.to_json()
+        if len(plans) > 1:
+            obj["alternatives"] = [p.to_json() for p in plans[1:]]
+        if interactive is not None:
+            obj["sla"] = {"tpot_ms": INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
+                          "note": sla_note}
+        if alternative is not None:
+            obj["throughput_optimal"] = alternative.to_json()
+        _print_json(obj)
     else:
-        render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain)
-    if emit is not None and best.disaggregated:
+        console = out if emit is None or output is not None else err
+        render_serve_plan(best, console, runners=plans[1:], explain=explain)
+        if sla_note:
+            console.print(f"[bold]{escape(sla_note)}[/bold]")
+        if alternative is not None:
+            console.print(
+                f"throughput-optimal alternative (no TPOT target): {escape(alternative.describe())}, "
+                f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
+                f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
+                highlight=False)
+    if emit is Target.K8S:
+        from autoshard.emit.k8s import k8s_manifests, k8s_yaml
+
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+        output.mkdir(parents=True, exist_ok=True)
+        if target in (Target.VLLM, Target.SGLANG):
+            framework = target.value
+        else:  # SGLang's router ships in its image; vLLM's PD proxy is an example script
+            framework = "sglang" if best.disaggregated else "vllm"
+        files = k8s_manifests(best, framework)
+        for name, objects in files.items():
+            (output / name).write_text(k8s_yaml(objects))
+        err.print(f"wrote {len(files)} manifest(s) to {output}: kubectl apply -f {output}")
+    elif emit is not None and best.disaggregated:
         from autoshard.emit.pd import pd_script
 
         _write_text(pd_script(best, emit.value), output)

@@ -104,8 +104,6 @@ class Disaggregation:
     ttft_s: float
     """Mean TTFT at the planned load: prefill queue + prompt + KV transfer + first decode step."""
     transfer: KvTransfer
-    why: str = ""
-    """Why the planner chose (or would choose) disaggregation over aggregated replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +132,8 @@ class ServePlan:
     """Prefill and decode roles of a disaggregated plan; empty for aggregated replicas. The plan's
     tp/pp/dp/ep and `prediction` then describe one decode instance."""
     disaggregation: Disaggregation | None = None
+    choice: str = ""
+    """Why this kind of deployment (aggregated or xPyD) won, against the best of the other kind."""
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp * self.dp):
@@ -264,7 +264,6 @@ class ServePlan:
             "kv_transfer_bytes_per_request": t.bytes_per_request,
             "kv_transfer_link": t.link,
             "prefill_utilization": self.role("prefill").utilization,
-            "why": d.why,
         }
 
     def _stages(self) -> list[dict[str, Any]]:
@@ -353,6 +352,7 @@ class ServePlan:
                 "pool": self.pool.name,
                 "unused_gpus": self.cluster.num_gpus - self.num_gpus,
                 "disaggregated": self.disaggregated,
+                "deployment_choice": self.choice,
                 **({"roles": [r.to_json() for r in self.roles]} if self.roles else {}),
             },
             "predicted": {

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from autoshard.report.disagg import render_choice, render_roles
 from autoshard.report.terminal import prune_table
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
@@ -25,7 +26,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
-                f"TPOT {1e3 * p.tpot_s:.1f} ms | TTFT {p.ttft_s:.2f} s | {p.concurrency} running requests per DP rank\n",
+                f"TPOT {1e3 * p.tpot_s:.1f} ms | TTFT {plan.ttft_s:.2f} s | {p.concurrency} running requests per DP rank\n",
                 style="bold")
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per GPU = {mem.kv_cache_tokens:,} tokens "
                 f"(max concurrency {mem.max_concurrency:.0f} at {mem.context_len} tokens)")
@@ -37,6 +38,8 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
                     f"gap {100 * s.gap:.2f}%, {s.wall_s:.2f} s wall")
     title = f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})"
     console.print(Panel(head, title=title, expand=False))
+    render_roles(plan, console)
+    render_choice(plan, console)
     table = Table(title="Memory per GPU (GiB)", header_style="bold")
     table.add_column("component")
     table.add_column("GiB", justify="right")

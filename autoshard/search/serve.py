@@ -10,6 +10,7 @@ solver: one index variable selects a table row and `add_element` reads its colum
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -329,7 +330,85 @@ def solve_serve(
             chosen = rows[solver.value(built.row)]
             plans.append(_plan(model, cluster, job, chosen, stats))
             built.cp.add(built.engine != space.engines.index(chosen.engine)).only_enforce_if(~built.dis)
+    if disaggregate == "auto" and rows and tables is not None:
+        other = _best_other(model, cluster, job, rows, tables, space, plans[0], time_limit_s, num_workers, seed)
+        plans[0] = dataclasses.replace(plans[0], choice=_choice(job, plans[0], other))
     return plans
+
+
+def _best_other(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    rows: list[Row],
+    tables: DisaggTables,
+    space: ServeSpace,
+    best: ServePlan,
+    time_limit_s: float,
+    num_workers: int,
+    seed: int,
+) -> ServePlan | None:
+    """The best plan of the kind `best` is not (None when that kind has no plan meeting the job)."""
+    if best.disaggregated:
+        built = _build(rows, space.engines, job)
+    else:
+        built = _build([], space.engines, job, tables, cluster)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(built.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    stats = SolverStats(
+        status=solver.status_name(status), wall_s=solver.wall_time,
+        objective=_objective_units(job, solver.objective_value), bound=_objective_units(job, solver.best_objective_bound),
+    )
+    if best.disaggregated:
+        return _plan(model, cluster, job, rows[solver.value(built.row)], stats)
+    assert built.p is not None and built.d is not None and built.x is not None and built.y is not None
+    assert built.nvl is not None and built.served is not None
+    return _disagg_plan(
+        model, cluster, job, tables.prefill[solver.value(built.p)], tables.decode[solver.value(built.d)],
+        solver.value(built.x), solver.value(built.y), bool(solver.value(built.nvl)), stats,
+        solver.value(built.served) / MILLI,
+    )
+
+
+def _choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
+    """One sentence: which kind won and by how much, or why the other kind had no plan."""
+    kind = "disaggregated" if best.disaggregated else "aggregated"
+    other_kind = "aggregated replicas" if best.disaggregated else "a prefill/decode split"
+    if other is None:
+        return f"{kind}: no plan with {other_kind} meets the targets on these GPUs"
+
+    def figures(p: ServePlan) -> str:
+        return f"TPOT {1e3 * p.prediction.tpot_s:.1f} ms, TTFT {p.ttft_s:.2f} s"
+
+    if job.request_rate is not None:
+        return (
+            f"{kind}: {best.num_gpus} GPUs sustain {job.request_rate:g} req/s ({figures(best)}); "
+            f"{other_kind} need {other.num_gpus} ({other.describe()}; {figures(other)})"
+        )
+    a = best.throughput_tokens_per_s / best.cluster.num_gpus
+    b = other.throughput_tokens_per_s / other.cluster.num_gpus
+    split = best if best.disaggregated else other
+    pre = split.role("prefill")
+    idle = split.cluster.num_gpus - split.num_gpus
+    cost = (
+        f"the split gives {pre.gpus} of {split.num_gpus} GPUs to prefill ({100 * pre.utilization:.0f}% busy)"
+        + (f" and leaves {idle} idle" if idle else "")
+    )
+    if best.disaggregated:
+        reason = (
+            f"its decode steps carry no prefill chunks, which outweighs the cost: {cost}"
+        )
+    else:
+        reason = f"chunked prefill inside each engine costs less than the split: {cost}"
+    return (
+        f"{kind}: {a:,.0f} output tokens/s per GPU ({figures(best)}) vs {b:,.0f} for the best plan with "
+        f"{other_kind} ({other.describe()}; {figures(other)}); {reason}"
+    )
 
 
 def _disagg_plan(
