@@ -201,16 +201,20 @@ def solve(
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
     weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8 or int4 weights.")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Serve: print the Pareto front of output tokens/s per GPU against tokens/s per user over every deployment, and where each TPOT SLA cuts it.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Serve --pareto: write pareto.png here.")] = None,
     disaggregate: Annotated[Disaggregate, typer.Option("--disaggregate", help="Serve: prefill/decode disaggregation: auto (the solver chooses), on (xPyD only) or off (aggregated replicas only).")] = Disaggregate.AUTO,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
-                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value)
+                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value, pareto, out_dir)
         return
     if disaggregate is not Disaggregate.AUTO:
         raise SpecError("--disaggregate is for serving plans: add --mode serve", source="--disaggregate")
+    if pareto or out_dir is not None:
+        raise SpecError("--pareto and --out are for serving plans: add --mode serve", source="--pareto")
     if target not in (None, Target.MEGATRON):
         raise SpecError(f"--target {target.value} is a serving launcher: add --mode serve", source="--target")
     if emit not in (None, Target.MEGATRON):
@@ -396,7 +400,7 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
                  output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
-                 disaggregate: str = "auto") -> None:
+                 disaggregate: str = "auto", pareto: bool = False, out_dir: Path | None = None) -> None:
     from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
@@ -405,6 +409,8 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     if target is Target.K8S:
         raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
                         source="--target")
+    if out_dir is not None and not pareto:
+        raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
     if emit is Target.K8S and output is None:
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
@@ -429,10 +435,23 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
             sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
                         "showing the throughput-optimal plan")
     best = plans[0]
+    front = None
+    if pareto:
+        from autoshard.report.pareto import front_json, render_front, write_front_png
+        from autoshard.search.serve_front import serve_front
+
+        front = serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate)
+        if out_dir is not None:
+            png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
+                                  title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
+                                        f"{job.input_len} in / {job.output_len} out")
+            err.print(f"wrote {png}")
     if json_out:
         obj = best.to_json()
         if len(plans) > 1:
             obj["alternatives"] = [p.to_json() for p in plans[1:]]
+        if front is not None:
+            obj["pareto"] = front_json(front, best.job.tpot_target_s)
         if interactive is not None:
             obj["sla"] = {"tpot_ms": INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
                           "note": sla_note}
@@ -450,6 +469,9 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
                 f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
                 f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
                 highlight=False)
+        if front is not None:
+            render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
+                         tpot_target_s=best.job.tpot_target_s)
     if emit is Target.K8S:
         from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 

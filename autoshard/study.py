@@ -324,16 +324,36 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     finally:
         bar.stop()
     written = write_outputs(result, out_dir) if out_dir is not None else []
+    fronts = None
+    if mode == "serve":
+        from autoshard.specs import load_model
+        from autoshard.study_front import serve_fronts, write_fronts_png
+
+        model_spec = load_model(model)
+        serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
+        specs = _load_clusters(clusters)
+        fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})))
+        if out_dir is not None and fronts:
+            written.append(write_fronts_png(fronts, out_dir / "serve_front.png", tpot_target_s=serve.tpot_target_s,
+                                            title=f"{model_spec.name}: {serve.input_len} in / {serve.output_len} out"))
     if json_out:
         import json
 
         obj = result.to_json()
+        if fronts is not None:
+            from autoshard.study_front import fronts_json
+
+            obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
         if written:
             obj["files"] = [str(p) for p in written]
         console.file.write(json.dumps(obj, indent=2) + "\n")
         console.file.flush()
     else:
         render_study(result, console)
+        if fronts:
+            from autoshard.study_front import render_fronts
+
+            render_fronts(fronts, console, tpot_ms / 1e3 if tpot_ms else None)
         for path in written:
             err.print(f"wrote {path}", highlight=False)
     return result

@@ -86,8 +86,10 @@ def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) 
 
 
 def tabulate_disagg(
-    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False
 ) -> DisaggTables:
+    """Prefill and decode rows of every engine in `space`, dominated rows dropped (with a count)
+    unless `keep_all` (the Pareto front wants every decode concurrency)."""
     dropped: Counter[str] = Counter()
     prefill: list[PrefillRow] = []
     decode: list[DecodeRow] = []
@@ -144,6 +146,8 @@ def tabulate_disagg(
                 )
             )
     latency = (time_to_us(links[0].latency_s), time_to_us(links[1].latency_s))
+    if keep_all:
+        return DisaggTables(prefill, decode, dropped, latency)
     if job.ttft_target_s is None:  # then TTFT, TPOT and transfer times are not in the model
         kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli))
         kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli))

@@ -104,3 +104,35 @@ def test_bad_input(args, fragment):
     r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *args, *FAST)
     assert r.exit_code == 2
     assert fragment.lower() in " ".join((r.stdout + r.stderr).split()).lower()
+
+
+def test_pareto_json_and_png(tmp_path):
+    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--pareto", "--out", tmp_path,
+            "--json", *FAST)
+    assert r.exit_code == 0, r.stderr
+    obj = json.loads(r.stdout)
+    front = obj["pareto"]["front"]
+    assert front and {p["kind"] for p in front} <= {"aggregated", "disaggregated"}
+    cut50 = next(c for c in obj["pareto"]["sla_cuts"] if c["tpot_ms"] == 50.0)
+    assert cut50["best"]["tpot_s"] <= 0.05
+    assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_out_needs_pareto(tmp_path):
+    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--out", tmp_path, *FAST)
+    assert r.exit_code == 2 and "--pareto" in r.stdout + r.stderr
+
+
+def test_study_serve_front(tmp_path):
+    r = cli("study", "llama-3.1-8b", "--cluster", "dgx-h100", "--cluster", "dgx-a100-80gb", "--gpus", "8",
+            "--mode", "serve", "--jobs", "1", "--time-limit", "10", "--out", tmp_path, "--json")
+    assert r.exit_code == 0, r.stderr
+    obj = json.loads(r.stdout)
+    fronts = {f["cluster"]: f for f in obj["serve_front"]}
+    assert set(fronts) == {"dgx-h100", "dgx-a100-80gb"}
+    for f in fronts.values():
+        for cut in f["sla_cuts"]:
+            if cut["best"]:  # dollars per million tokens = price / (tokens/s/GPU x 3600) x 1e6
+                want = f["price_per_gpu_hour"] / (cut["best"]["tokens_per_s_per_gpu"] * 3600) * 1e6
+                assert cut["usd_per_million_output_tokens"] == pytest.approx(want)
+    assert (tmp_path / "serve_front.png").exists()
