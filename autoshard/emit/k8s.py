@@ -10,7 +10,8 @@ example proxy) as a Deployment and a Service named `<name>-router`, the deployme
 
 Commands are the launch lines of `autoshard.emit.vllm` / `autoshard.emit.sglang` (and the
 disaggregation words of `autoshard.emit.pd`) run through `/bin/sh -c` with every word shell-quoted;
-only the LWS variables and arithmetic on them are left for the shell to expand. GPUs come from
+only the leader's address is left for the shell to expand. LWS has one worker template, so workers
+pick their node's literal line with `case "$LWS_WORKER_INDEX"`. GPUs come from
 `resources.limits["nvidia.com/gpu"]` (the NVIDIA device plugin), /dev/shm is a memory-backed volume
 (NCCL needs more than the container default). Image tags are the projects' published images; pin
 the version you test.
@@ -70,20 +71,19 @@ def _sh(words: list[str]) -> str:
     return " ".join(out)
 
 
-def _dynamic(line: str, rank: bool) -> list[str]:
-    """A builder's line as words, with the head address and (for a worker) node-specific values
-    replaced by the LWS variables."""
-    words = shlex.split(line)
-    out: list[str] = []
-    for i, w in enumerate(words):
-        prev = words[i - 1] if i else ""
-        if rank and prev == "--node-rank":
-            w = "$LWS_WORKER_INDEX"
-        elif rank and prev == "--data-parallel-start-rank":
-            local = int(words[words.index("--data-parallel-size-local") + 1])
-            w = f"$((LWS_WORKER_INDEX * {local}))"
-        out.append(w.replace(HEAD_ADDRESS, "$LWS_LEADER_ADDRESS"))
-    return out
+def _dynamic(line: str) -> list[str]:
+    """A builder's line as words, the head address replaced by the leader's (LWS sets it)."""
+    return [w.replace(HEAD_ADDRESS, "$LWS_LEADER_ADDRESS") for w in shlex.split(line)]
+
+
+def _by_worker_index(lines: list[str]) -> str:
+    """The workers' shell script: each worker runs its own node's line (node rank, DP start rank),
+    chosen by the LWS_WORKER_INDEX LeaderWorkerSet sets; every line stays a literal command."""
+    cases = [f"  {k}) exec {_sh(_dynamic(line))} ;;" for k, line in enumerate(lines, start=1)]
+    return "\n".join(
+        ['case "$LWS_WORKER_INDEX" in', *cases,
+         '  *) echo "unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2; exit 1 ;;', "esac"]
+    )
 
 
 def _units(plan: ServePlan, framework: str) -> list[_Unit]:
@@ -205,7 +205,7 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
         labels = {"app": u.name, "autoshard/role": u.role}
         extra = [BOOTSTRAP_PORT] if u.role == "prefill" and framework == "sglang" else []
         if u.pods == 1:
-            command = _sh(_dynamic(u.lines[0], rank=False))
+            command = _sh(_dynamic(u.lines[0]))
             workload = {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
@@ -215,8 +215,8 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
             }
             files[f"{u.name}.yaml"] = [workload, _service(u.name, labels, u.port, extra)]
             continue
-        leader = _sh(_dynamic(u.lines[0], rank=False))
-        worker = _sh(_dynamic(u.lines[1], rank=True))
+        leader = "exec " + _sh(_dynamic(u.lines[0]))
+        worker = _by_worker_index(u.lines[1:])
         workload = {
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",

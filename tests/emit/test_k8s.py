@@ -133,3 +133,26 @@ def test_manifests_pass_the_schema(model, gpus, mode, job, framework):
         kinds = {k for k, *_ in seen}
         if any(r.gpus_per_instance > 8 for r in plan.roles):
             assert "LeaderWorkerSet" in kinds
+
+
+def test_lws_workers_run_their_own_node_line():
+    import subprocess
+
+    plan = plan_for("llama-3.1-405b", 32, "off")
+    (objs,) = k8s_manifests(plan, "vllm").values()
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
+    size = lws["spec"]["leaderWorkerTemplate"]["size"]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"][2]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["command"][2]
+    for script in (leader, worker):  # POSIX shell syntax
+        assert subprocess.run(["/bin/sh", "-n", "-c", script], capture_output=True).returncode == 0
+    assert "--node-rank 0" in leader and "--headless" not in leader
+    branches = [line for line in worker.splitlines() if ") exec " in line]
+    assert len(branches) == size - 1
+    for k, line in enumerate(branches, start=1):
+        words = shlex.split(line.split(") exec ", 1)[1].rsplit(" ;;", 1)[0])
+        assert line.strip().startswith(f"{k})")
+        assert words[words.index("--node-rank") + 1] == str(k)
+        assert words[words.index("--nnodes") + 1] == str(size)
+        assert words[words.index("--master-addr") + 1] == "$LWS_LEADER_ADDRESS"
+        assert "--headless" in words
