@@ -212,7 +212,7 @@ def _build_disagg(
         value: cp_model.LinearExprT = per_gpu
         hi = max(hi, top)
     else:
-        cp.add(served >= int(job.request_rate * MILLI + 0.999999))
+        cp.add(served >= int(job.request_rate * MILLI + 0.999999)).only_enforce_if(dis)
         value = used * TIE_SCALE
         hi = max(hi, most * TIE_SCALE)
         lo = min(lo, TIE_SCALE)

@@ -144,6 +144,13 @@ def test_auto_is_never_worse_than_either_kind():
     assert auto.solver.objective == pytest.approx(max(on, off))
 
 
+def test_auto_with_a_request_rate_takes_the_fewest_gpus():
+    cluster = H100.with_gpus(64)
+    job = JOB.model_copy(update={"request_rate": 20.0})
+    gpus = {mode: solve(LLAMA70, cluster, job, mode)[0].num_gpus for mode in ("on", "off", "auto")}
+    assert gpus["auto"] == min(gpus["on"], gpus["off"])
+
+
 def test_ttft_target_is_met_with_the_transfer():
     cluster = H100.with_gpus(16)
     free = solve(LLAMA70, cluster)[0]
