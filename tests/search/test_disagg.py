@@ -20,7 +20,7 @@ from autoshard.costmodel.disagg import (
 )
 from autoshard.costmodel.serving import ServeConfig
 from autoshard.emit.pd import pd_commands, pd_script, place
-from autoshard.errors import SpecError
+from autoshard.errors import InfeasibleError, SpecError
 from autoshard.search.serve import enumerate_serve, solve_serve
 from autoshard.search.serve_disagg import MILLI, tabulate_disagg
 from autoshard.specs import load_cluster, load_model
@@ -95,9 +95,13 @@ def test_max_utilization_inverts_the_ttft():
 
 
 def brute_force(model, cluster, job):
+    """Every (prefill row, decode row, x, y) of the same tables, the TTFT target checked with the
+    link the deployment's size implies."""
     space = enumerate_serve(model, cluster, job)
     t = tabulate_disagg(model, cluster, job, space)
     n = cluster.num_gpus
+    domain = cluster.pools[0].node.domain_size
+    target = None if job.ttft_target_s is None else round(job.ttft_target_s * 1e6)
     best = 0
     for p in t.prefill:
         for d in t.decode:
@@ -105,6 +109,11 @@ def brute_force(model, cluster, job):
                 continue
             for y in range(1, n // d.engine.gpus + 1):
                 for x in range(1, (n - y * d.engine.gpus) // p.engine.gpus + 1):
+                    used = x * p.engine.gpus + y * d.engine.gpus
+                    k = 0 if used <= domain else 1
+                    ttft = p.ttft_us + max(p.send_us[k], d.recv_us[k]) + t.latency_us[k] + d.tpot_us
+                    if target is not None and ttft > target:
+                        continue
                     served = min(x * p.rate_milli, y * d.rate_milli)
                     best = max(best, served * job.output_len // n)
     return best / 1000
@@ -116,6 +125,20 @@ def test_cp_sat_matches_brute_force(model, gpus):
     plan = solve(model, cluster)[0]
     assert plan.disaggregated and plan.solver.status == "OPTIMAL"
     assert plan.solver.objective == pytest.approx(brute_force(model, cluster, JOB), rel=1e-9)
+
+
+@pytest.mark.parametrize("ttft", [0.8, 0.5, 0.4, 0.2])
+def test_cp_sat_matches_brute_force_with_a_ttft_target(ttft):
+    cluster = H100.with_gpus(8)
+    job = JOB.model_copy(update={"ttft_target_s": ttft})
+    want = brute_force(LLAMA70, cluster, job)
+    if want == 0:
+        with pytest.raises(InfeasibleError):
+            solve(LLAMA70, cluster, job)
+        return
+    plan = solve(LLAMA70, cluster, job)[0]
+    assert plan.solver.objective == pytest.approx(want, rel=1e-9)
+    assert plan.ttft_s <= ttft
 
 
 def test_chosen_deployment_balances_and_fits():
