@@ -411,6 +411,26 @@ def _choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
     )
 
 
+def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):
+    """The decode instance at the fewest running requests that sustain `rate` requests/s (Little's
+    law with TPOT growing with the batch): below capacity it runs a smaller batch, so a lower TPOT
+    than at its max_num_seqs. Its config (max_num_seqs) stays the planned cap."""
+    from autoshard.costmodel.disagg import decode_instance
+
+    full = drow.instance
+    if rate >= full.requests_per_s * (1 - 1e-9):
+        return full
+    pool = cluster.pools[drow.engine.pool]
+    lo, hi = 1, full.concurrency  # hi sustains the rate
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if decode_instance(model, pool, job, full.config, full.memory, concurrency=mid).requests_per_s >= rate:
+            hi = mid
+        else:
+            lo = mid + 1
+    return decode_instance(model, pool, job, full.config, full.memory, concurrency=lo)
+
+
 def _disagg_plan(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -434,6 +454,7 @@ def _disagg_plan(
     if job.request_rate is not None:
         load = min(load, job.request_rate)
     util = load / (x * pi.requests_per_s)
+    di = _decode_at_load(model, cluster, job, drow, load / y)
     ttft = disagg_ttft_s(pi, transfer, di.tpot_s, util)
     prefill_pred = ServePrediction(
         config=pi.config, concurrency=pi.config.max_num_seqs, memory=pi.memory, decode=pi.step,
@@ -454,7 +475,8 @@ def _disagg_plan(
         )
         for name, n, e, pred, rate, u in (
             ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),
-            ("decode", y, drow.engine, decode_pred, di.requests_per_s, load / (y * di.requests_per_s)),
+            ("decode", y, drow.engine, decode_pred, drow.instance.requests_per_s,
+             load / (y * drow.instance.requests_per_s)),
         )
     )
     e = drow.engine
