@@ -742,16 +742,32 @@ def _target_message(job: ServeJob, rows: list[Row]) -> str:
 
 
 def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
-    wants = []
+    """Why no xPyD deployment exists: too few GPUs for two instances, or the targets out of reach."""
+    from autoshard.costmodel.disagg import decode_instance
+    from autoshard.costmodel.serving import serve_memory
+
+    smallest = min(e.gpus for e in space.engines)
+    if 2 * smallest > max(p.num_gpus for p in cluster.pools):
+        return (
+            f"a prefill/decode split of {model.name} needs at least {2 * smallest} GPUs (one prefill and one "
+            f"decode instance of {smallest}, the smallest legal engine); {cluster.name} has {cluster.num_gpus}: "
+            f"nearest fix: --gpus {2 * smallest}, or --disaggregate auto/off"
+        )
+    parts = []
     if job.tpot_target_s is not None:
-        wants.append(f"TPOT <= {job.tpot_target_s * 1e3:g} ms")
+        best = math.inf
+        for e in space.engines:
+            pool = cluster.pools[e.pool]
+            cfg = _config(model, pool, job, e, max_num_seqs=1)
+            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+            best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
+        parts.append(f"TPOT <= {job.tpot_target_s * 1e3:g} ms (the fastest decode instance reaches {best * 1e3:.1f} ms)")
     if job.ttft_target_s is not None:
-        wants.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
+        parts.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
     if job.request_rate is not None:
-        wants.append(f"{job.request_rate:g} requests/s")
-    need = " and ".join(wants) or "the job"
+        parts.append(f"{job.request_rate:g} requests/s")
+    need = " and ".join(parts) or "the job"
     return (
         f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) meets {need}: "
-        "it needs at least one prefill and one decode instance of the legal engines side by side; "
-        "nearest fix: relax the targets, use more GPUs (--gpus), or --disaggregate auto"
+        "nearest fix: relax the targets, use more or faster GPUs (--gpus), or --disaggregate auto"
     )

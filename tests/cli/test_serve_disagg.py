@@ -136,3 +136,19 @@ def test_study_serve_front(tmp_path):
                 want = f["price_per_gpu_hour"] / (cut["best"]["tokens_per_s_per_gpu"] * 3600) * 1e6
                 assert cut["usd_per_million_output_tokens"] == pytest.approx(want)
     assert (tmp_path / "serve_front.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["llama-3.1-405b", "dgx-h100", "--gpus", "16"], ["needs at least 32 GPUs", "has 16", "--gpus 32"]),
+        (["llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tpot-ms", "5"],
+         ["TPOT <= 5 ms", "the fastest decode instance reaches"]),
+    ],
+)
+def test_no_split_says_what_is_missing(args, fragments):
+    r = cli("solve", *args, "--mode", "serve", "--disaggregate", "on", *FAST)
+    assert r.exit_code == 1
+    flat = " ".join(r.stderr.split())
+    for frag in fragments:
+        assert frag in flat, flat
