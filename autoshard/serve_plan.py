@@ -104,6 +104,8 @@ class Disaggregation:
     ttft_s: float
     """Mean TTFT at the planned load: prefill queue + prompt + KV transfer + first decode step."""
     transfer: KvTransfer
+    ttft_p90_s: float | None = None
+    """90th percentile TTFT (the queue wait's tail; the rest deterministic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +266,8 @@ class ServePlan:
             "kv_transfer_bytes_per_request": t.bytes_per_request,
             "kv_transfer_link": t.link,
             "prefill_utilization": self.role("prefill").utilization,
+            "ttft_p90_s": d.ttft_p90_s,
+            "tpot_p90_s": self.prediction.tpot_s,  # decode-only steps: no prefill chunk makes a slow one
         }
 
     def _stages(self) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ refinement there flows into these figures. Pure functions: no I/O, no solver.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autoshard.costmodel.comm import Link, pool_link
@@ -49,6 +50,7 @@ __all__ = [
     "prefill_instance",
     "decode_instance",
     "md1_wait_s",
+    "md1_wait_quantile_s",
     "max_utilization_for_ttft",
     "disagg_ttft_s",
 ]
@@ -213,13 +215,25 @@ def md1_wait_s(service_s: float, utilization: float) -> float:
     return utilization * service_s / (2.0 * (1.0 - utilization))
 
 
+def md1_wait_quantile_s(service_s: float, utilization: float, q: float) -> float:
+    """The q-quantile of the M/D/1 wait from the exponential tail approximation of the M/G/1
+    waiting time, P(W > t) ~= rho exp(-t rho / E[W]) (exact mean; exact probability of waiting,
+    rho): t_q = E[W] / rho x ln(rho / (1 - q)), zero when rho <= 1 - q."""
+    if utilization <= (1 - q) * (1 + 1e-9):
+        return 0.0
+    mean = md1_wait_s(service_s, utilization)
+    return mean / utilization * math.log(utilization / (1 - q))
+
+
 def disagg_ttft_s(
-    prefill: PrefillInstance, transfer: KvTransfer, decode_tpot_s: float, utilization: float
+    prefill: PrefillInstance, transfer: KvTransfer, decode_tpot_s: float, utilization: float, q: float | None = None
 ) -> float:
-    """Mean TTFT at the given prefill utilization (see the module docstring)."""
+    """Mean TTFT at the given prefill utilization (see the module docstring); with `q`, its
+    q-quantile (the queue wait's quantile, the rest deterministic)."""
     service = 1.0 / prefill.requests_per_s
+    wait = md1_wait_s(service, utilization) if q is None else md1_wait_quantile_s(service, utilization, q)
     return (
-        md1_wait_s(service, utilization)
+        wait
         + prefill.step.total_s / 2
         + prefill.prompt.total_s
         + transfer.seconds

@@ -496,7 +496,8 @@ def _disagg_plan(
         pool_index=e.pool,
         warnings=warnings,
         roles=roles,
-        disaggregation=Disaggregation(throughput_tokens_per_s=load * job.output_len, ttft_s=ttft, transfer=transfer),
+        disaggregation=Disaggregation(throughput_tokens_per_s=load * job.output_len, ttft_s=ttft, transfer=transfer,
+                                      ttft_p90_s=disagg_ttft_s(pi, transfer, di.tpot_s, util, q=0.9)),
     )
     return plan.with_launch(pd_launch(plan))
 

@@ -262,3 +262,21 @@ def test_pd_commands(framework):
             assert cfg == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     script = pd_script(plan, framework)
     assert script.startswith("#!/usr/bin/env bash") and "NODE_RANK" in script
+
+
+def test_md1_wait_quantile():
+    from autoshard.costmodel.disagg import md1_wait_quantile_s
+
+    # P(W > t) = rho exp(-t rho / E[W]): no wait at the 90th percentile when rho <= 0.1
+    assert md1_wait_quantile_s(1.0, 0.1, 0.9) == 0.0
+    # rho 0.5, S 1: E[W] = 0.5, t90 = 0.5 / 0.5 x ln(0.5 / 0.1) = ln 5
+    assert md1_wait_quantile_s(1.0, 0.5, 0.9) == pytest.approx(1.6094379124341003)
+    # the median wait at rho 0.8: E[W] = 2, t50 = 2 / 0.8 x ln(1.6)
+    assert md1_wait_quantile_s(1.0, 0.8, 0.5) == pytest.approx(2 / 0.8 * 0.47000362924573563)
+
+
+def test_plan_reports_p90():
+    plan = solve(LLAMA70, H100.with_gpus(16))[0]
+    serve = plan.to_json()["predicted"]["serve"]
+    assert serve["ttft_p90_s"] >= serve["ttft_s"] * 0.999
+    assert serve["tpot_p90_s"] == pytest.approx(serve["tpot_s"])
