@@ -5,8 +5,9 @@ One workload per engine instance, so every instance has a stable Service name th
 - an instance spanning nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, group size = its
   nodes) and a Service on its leader pod. Workers read the leader's address and their index from
   the LWS_LEADER_ADDRESS and LWS_WORKER_INDEX variables LWS sets in every pod.
-A disaggregated plan adds the router (SGLang's sglang_router with --pd-disaggregation, or vLLM's
-example proxy) as a Deployment and a Service named `<name>-router`, the deployment's entry point.
+A disaggregated plan adds the router (SGLang's sglang_router with --pd-disaggregation, or the vLLM
+Router with --vllm-pd-disaggregation, pip-installed at start since vLLM's image lacks it) as a
+Deployment and a Service named `<name>-router`, the deployment's entry point.
 
 Commands are the launch lines of `autoshard.emit.vllm` / `autoshard.emit.sglang` (and the
 disaggregation words of `autoshard.emit.pd`) run through `/bin/sh -c` with every word shell-quoted;
@@ -161,6 +162,12 @@ def _service(name: str, selector: dict[str, str], port: int, extra: list[int] = 
             "spec": {"selector": dict(selector), "ports": ports}}
 
 
+def _router_prefix(framework: str) -> str:
+    """SGLang's image ships sglang_router; vLLM's does not ship the vLLM Router (a separate PyPI
+    package, vllm-router), so its container installs it first (or bake it into your image)."""
+    return "" if framework == "sglang" else "pip install vllm-router && exec "
+
+
 def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[str, Any]]:
     base = workload_name(plan)
     pre = [u for u in units if u.role == "prefill"]
@@ -173,9 +180,12 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
             words += ["--decode", f"http://{u.name}:{u.port}"]
         words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
     else:
-        words = ["python", "toy_proxy_server.py", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
-        for flag, group in (("--prefiller", pre), ("--decoder", dec)):
-            words += [flag + "-hosts"] + [u.name for u in group] + [flag + "-ports"] + [str(u.port) for u in group]
+        words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
+        for u in pre:
+            words += ["--prefill", f"http://{u.name}:{u.port}"]
+        for u in dec:
+            words += ["--decode", f"http://{u.name}:{u.port}"]
+        words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
     labels = {"app": f"{base}-router"}
     deployment = {
         "apiVersion": "apps/v1",
@@ -187,7 +197,7 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {"containers": [{"name": "router", "image": IMAGES[framework],
-                                         "command": ["/bin/sh", "-c", _sh(words)],
+                                         "command": ["/bin/sh", "-c", _router_prefix(framework) + _sh(words)],
                                          "ports": [{"containerPort": ROUTER_PORT, "name": "http"}]}]},
             },
         },

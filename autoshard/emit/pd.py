@@ -7,8 +7,9 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
 
 - vLLM (KV connector docs, docs.vllm.ai "NixlConnector Usage Guide"): every instance runs
   `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`, with its own
-  VLLM_NIXL_SIDE_CHANNEL_PORT; the proxy is vLLM's example `toy_proxy_server.py` (from the vLLM
-  source tree, tests/v1/kv_connector/nixl_integration) given the prefill and decode hosts and ports.
+  VLLM_NIXL_SIDE_CHANNEL_PORT; the front end is the vLLM Router (github.com/vllm-project/router,
+  `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
+  ... --decode URL ... --kv-connector nixl`.
 - SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
   `--disaggregation-transfer-backend` (mooncake over RDMA, nixl also documented), a bootstrap port per
   prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
@@ -159,10 +160,12 @@ def _router(framework: str, instances: list[Instance]) -> str:
             words += ["--decode", _url(i.nodes[0], SGLANG_PORT + i.slot)]
         words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
         return " ".join(words)
-    words = ["python", "toy_proxy_server.py", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
-    for flag, group in (("--prefiller", pre), ("--decoder", dec)):
-        words += [flag + "-hosts"] + [f'"${{NODE{i.nodes[0]}_IP}}"' for i in group]
-        words += [flag + "-ports"] + [str(VLLM_PORT + i.slot) for i in group]
+    words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
+    for i in pre:
+        words += ["--prefill", _url(i.nodes[0], VLLM_PORT + i.slot)]
+    for i in dec:
+        words += ["--decode", _url(i.nodes[0], VLLM_PORT + i.slot)]
+    words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
     return " ".join(words)
 
 

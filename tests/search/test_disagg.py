@@ -249,7 +249,9 @@ def test_pd_commands(framework):
         assert words[:4] == ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
         assert words.count("--prefill") == pre.instances and words.count("--decode") == dec.instances
     else:
-        assert words.count("--prefiller-hosts") == 1
+        assert words[:4] == ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
+        assert words.count("--prefill") == pre.instances and words.count("--decode") == dec.instances
+        assert words[words.index("--kv-connector") + 1] == "nixl"
     for _, what, cmd in lines:
         if what == "router":
             continue
