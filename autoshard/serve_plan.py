@@ -56,6 +56,8 @@ class Role:
     """What one instance sustains at full load."""
     utilization: float
     """Planned load / capacity of the role."""
+    pool_index: int = 0
+    """The cluster pool its instances run on (roles may use different GPU types)."""
 
     @property
     def gpus_per_instance(self) -> int:
@@ -92,6 +94,7 @@ class Role:
             "utilization": self.utilization,
             "memory_gib_peak": self.prediction.memory.used_bytes / GIB,
             "kv_cache_tokens": self.prediction.memory.kv_cache_tokens,
+            "pool_index": self.pool_index,
         }
 
 
@@ -261,10 +264,11 @@ class ServePlan:
         if d is None:
             return {}
         t = d.transfer
+        pools = {r.pool_index for r in self.roles}
         return {
             "kv_transfer_s": t.seconds,
             "kv_transfer_bytes_per_request": t.bytes_per_request,
-            "kv_transfer_link": t.link,
+            "kv_transfer_link": t.link if len(pools) == 1 else "inter-pool",
             "prefill_utilization": self.role("prefill").utilization,
             "ttft_p90_s": d.ttft_p90_s,
             "tpot_p90_s": self.prediction.tpot_s,  # decode-only steps: no prefill chunk makes a slow one
@@ -357,7 +361,8 @@ class ServePlan:
                 "unused_gpus": self.cluster.num_gpus - self.num_gpus,
                 "disaggregated": self.disaggregated,
                 "deployment_choice": self.choice,
-                **({"roles": [r.to_json() for r in self.roles]} if self.roles else {}),
+                **({"roles": [{**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles]}
+                   if self.roles else {}),
             },
             "predicted": {
                 "step_time_s": p.tpot_s,

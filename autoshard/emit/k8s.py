@@ -14,7 +14,8 @@ disaggregation words of `autoshard.emit.pd`) run through `/bin/sh -c` with every
 only the leader's address is left for the shell to expand. LWS has one worker template, so workers
 pick their node's literal line with `case "$LWS_WORKER_INDEX"`. GPUs come from
 `resources.limits["nvidia.com/gpu"]` (the NVIDIA device plugin), /dev/shm is a memory-backed volume
-(NCCL needs more than the container default). Image tags are the projects' published images; pin
+(NCCL needs more than the container default). In a heterogeneous cluster every pod carries a
+nodeSelector `autoshard/pool: <pool>`: label each pool's nodes with it. Image tags are the projects' published images; pin
 the version you test.
 """
 
@@ -59,6 +60,7 @@ class _Unit:
     pods: int
     lines: list[str]
     port: int
+    pool: str
 
 
 def _sh(words: list[str]) -> str:
@@ -88,7 +90,6 @@ def _by_worker_index(lines: list[str]) -> str:
 
 
 def _units(plan: ServePlan, framework: str) -> list[_Unit]:
-    per_node = plan.pool.node.gpus_per_node
     base = workload_name(plan)
     roles = plan.roles or ()
     units: list[_Unit] = []
@@ -96,12 +97,15 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
     port = VLLM_PORT if framework == "vllm" else SGLANG_PORT
     if not roles:
         one = role_plan(plan, _AggRole(plan))  # type: ignore[arg-type]
+        per_node = plan.pool.node.gpus_per_node
         for i in range(plan.replicas):
             lines = builder(one)
-            units.append(_Unit(f"{base}-{i}", "serve", min(one.engine_gpus, per_node), len(lines), lines, port))
+            units.append(_Unit(f"{base}-{i}", "serve", min(one.engine_gpus, per_node), len(lines), lines, port,
+                               plan.pool.name))
         return units
     for role in roles:
         one = role_plan(plan, role)
+        per_node = one.pool.node.gpus_per_node
         for i in range(role.instances):
             lines = builder(one)
             extra = ["--host", "0.0.0.0", "--port", str(port)]
@@ -116,7 +120,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                     extra += ["--moe-a2a-backend", "deepep"]
             lines = [line + " " + " ".join(shlex.quote(w) for w in extra) for line in lines]
             gpus = min(role.gpus_per_instance, per_node)
-            units.append(_Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port))
+            units.append(_Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name))
     return units
 
 
@@ -128,6 +132,7 @@ class _AggRole:
         self.attention_dp = plan.dp_attention
         self.ep = plan.ep
         self.prediction = plan.prediction
+        self.pool_index = plan.pool_index
 
 
 def _json(obj: dict) -> str:
@@ -136,10 +141,17 @@ def _json(obj: dict) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def _pod(unit: _Unit, framework: str, command: str, labels: dict[str, str]) -> dict[str, Any]:
+POOL_LABEL = "autoshard/pool"
+"""Node label that pins pods to a pool's GPU type in a heterogeneous cluster: label the nodes of
+each pool `kubectl label node NODE autoshard/pool=<pool name>`."""
+
+
+def _pod(unit: _Unit, framework: str, command: str, labels: dict[str, str], pinned: bool = False) -> dict[str, Any]:
+    spec_extra: dict[str, Any] = {"nodeSelector": {POOL_LABEL: unit.pool}} if pinned else {}
     return {
         "metadata": {"labels": dict(labels)},
         "spec": {
+            **spec_extra,
             "containers": [
                 {
                     "name": "engine",
@@ -211,6 +223,7 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
         raise ValueError(f"framework must be vllm or sglang, got {framework!r}")
     files: dict[str, list[dict[str, Any]]] = {}
     units = _units(plan, framework)
+    pinned = plan.cluster.is_heterogeneous
     for u in units:
         labels = {"app": u.name, "autoshard/role": u.role}
         extra = [BOOTSTRAP_PORT] if u.role == "prefill" and framework == "sglang" else []
@@ -221,7 +234,7 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
                 "kind": "Deployment",
                 "metadata": {"name": u.name, "labels": dict(labels)},
                 "spec": {"replicas": 1, "selector": {"matchLabels": dict(labels)},
-                         "template": _pod(u, framework, command, labels)},
+                         "template": _pod(u, framework, command, labels, pinned)},
             }
             files[f"{u.name}.yaml"] = [workload, _service(u.name, labels, u.port, extra)]
             continue
@@ -236,8 +249,8 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
                 "leaderWorkerTemplate": {
                     "size": u.pods,
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": _pod(u, framework, leader, {**labels, "autoshard/pod": "leader"}),
-                    "workerTemplate": _pod(u, framework, worker, {**labels, "autoshard/pod": "worker"}),
+                    "leaderTemplate": _pod(u, framework, leader, {**labels, "autoshard/pod": "leader"}, pinned),
+                    "workerTemplate": _pod(u, framework, worker, {**labels, "autoshard/pod": "worker"}, pinned),
                 },
             },
         }

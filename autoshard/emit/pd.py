@@ -63,6 +63,8 @@ class Instance:
     """GPU indices on its node when it uses part of one; None for whole nodes."""
     slot: int
     """Its position among the instances sharing its head node (offsets its ports)."""
+    pool: str = ""
+    """The pool (GPU type) its nodes belong to."""
 
 
 def role_plan(plan: ServePlan, role: Role) -> ServePlan:
@@ -81,27 +83,34 @@ def role_plan(plan: ServePlan, role: Role) -> ServePlan:
         launch={},
         roles=(),
         disaggregation=None,
+        pool_index=getattr(role, "pool_index", plan.pool_index),
     )
 
 
 def place(plan: ServePlan) -> list[Instance]:
-    """Instances on nodes: prefill then decode, packed in order."""
-    per_node = plan.pool.node.gpus_per_node
+    """Instances on nodes: prefill then decode, packed in order (a role on another pool starts on a
+    fresh node: nodes of different GPU types are numbered one after the other)."""
     out: list[Instance] = []
     node, used, slot = 0, 0, 0
+    last_pool = None
     for role in plan.roles:
+        per_node = plan.cluster.pools[role.pool_index].node.gpus_per_node
+        pool_name = plan.cluster.pools[role.pool_index].name
+        if last_pool is not None and role.pool_index != last_pool and used:
+            node, used, slot = node + 1, 0, 0
+        last_pool = role.pool_index
         g = role.gpus_per_instance
         for i in range(role.instances):
             if g >= per_node:
                 if used:
                     node, used, slot = node + 1, 0, 0
                 span = -(-g // per_node)
-                out.append(Instance(role.role, i, tuple(range(node, node + span)), None, 0))
+                out.append(Instance(role.role, i, tuple(range(node, node + span)), None, 0, pool_name))
                 node += span
                 continue
             if used + g > per_node:
                 node, used, slot = node + 1, 0, 0
-            out.append(Instance(role.role, i, (node,), tuple(range(used, used + g)), slot))
+            out.append(Instance(role.role, i, (node,), tuple(range(used, used + g)), slot, pool_name))
             used += g
             slot += 1
             if used == per_node:
@@ -176,9 +185,10 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
         raise ValueError(f"framework must be vllm or sglang, got {framework!r}")
     instances = place(plan)
     out: list[tuple[int, str, str]] = []
+    pools = plan.cluster.is_heterogeneous
     for inst in instances:
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
-            out.append((node, f"{inst.role} {inst.index}", line))
+            out.append((node, f"{inst.role} {inst.index}" + (f" ({inst.pool} node)" if pools else ""), line))
     out.append((0, "router", _router(framework, instances)))
     return out
 
@@ -191,7 +201,7 @@ def pd_launch(plan: ServePlan) -> dict[str, str]:
         lines = pd_commands(plan, fw)
         launch[fw] = "\n".join(f"# node {n}: {what}\n{cmd}" for n, what, cmd in lines)
         for n, what, cmd in lines:
-            launch[f"{fw}:{what.replace(' ', '')}:node{n}"] = cmd
+            launch[f"{fw}:{what.split(' (')[0].replace(' ', '')}:node{n}"] = cmd
     return launch
 
 

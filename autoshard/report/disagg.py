@@ -17,15 +17,19 @@ def render_roles(plan: ServePlan, console: Console) -> None:
     if not plan.roles or plan.disaggregation is None:
         return
     table = Table(title="Prefill / decode roles", header_style="bold")
-    for col in ("role", "inst", "TP", "PP", "EP", "attn DP", "GPUs", "batch", "req/s each", "load"):
-        table.add_column(col, justify="left" if col == "role" else "right")
+    pools = plan.cluster.is_heterogeneous
+    cols = ("role", "inst", "TP", "PP", "EP", "attn DP", "GPUs", "batch", "req/s each", "load") + (("pool",) if pools else ())
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("role", "pool") else "right")
     for r in plan.roles:
+        where = (plan.cluster.pools[r.pool_index].name,) if pools else ()
         table.add_row(r.role, str(r.instances), str(r.tp), str(r.pp), str(r.ep), str(r.attention_dp), str(r.gpus),
-                      str(r.max_batch), f"{r.requests_per_s:,.2f}", f"{100 * r.utilization:.0f}%")
+                      str(r.max_batch), f"{r.requests_per_s:,.2f}", f"{100 * r.utilization:.0f}%", *where)
     console.print(table)
     t = plan.disaggregation.transfer
     console.print(
-        f"KV hand-off: {t.bytes_per_request / GIB * 1024:,.0f} MiB per request over {t.link} "
+        f"KV hand-off: {t.bytes_per_request / GIB * 1024:,.0f} MiB per request over "
+        f"{'the inter-pool network' if len({r.pool_index for r in plan.roles}) > 1 else t.link} "
         f"({t.streams} link(s) in parallel), {1e3 * t.seconds:.2f} ms; TTFT {plan.ttft_s:.2f} s = prefill "
         f"queue + prompt + transfer + first decode step",
         highlight=False,

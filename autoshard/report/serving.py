@@ -36,7 +36,8 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     if s.status != "EVALUATED":
         head.append(f"\nsolver: {s.status}, objective {s.objective:,.1f} ({plan.objective_unit}), bound {s.bound:,.1f}, "
                     f"gap {100 * s.gap:.2f}%, {s.wall_s:.2f} s wall")
-    title = f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})"
+    gpus = " + ".join(dict.fromkeys(plan.cluster.pools[r.pool_index].gpu.name for r in plan.roles)) or plan.pool.gpu.name
+    title = f"{plan.model.name} serving on {plan.num_gpus} x {gpus} ({plan.cluster.name})"
     console.print(Panel(head, title=title, expand=False))
     render_roles(plan, console)
     render_choice(plan, console)

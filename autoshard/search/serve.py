@@ -154,7 +154,9 @@ def _build(
 def _build_disagg(
     m: _Model, t: DisaggTables, engines: list[Engine], job: ServeJob, cluster: ClusterSpec, lo: int, hi: int
 ) -> tuple[int, int, cp_model.LinearExprT]:
-    """Add the xPyD half of the model; returns the objective's widened bounds and its xPyD value."""
+    """Add the xPyD half of the model; returns the objective's widened bounds and its xPyD value.
+    Instances may sit on different pools (e.g. prefill on H100s, decode on A100s), each role within
+    its pool's GPUs; the KV transfer then crosses the inter-pool network."""
     cp, dis = m.cp, m.dis
     pools = cluster.pools
     most = max(p.num_gpus for p in pools)
@@ -171,13 +173,24 @@ def _build_disagg(
     cp.add(x == 0).only_enforce_if(~dis)
     cp.add(y == 0).only_enforce_if(~dis)
     pool = _element(cp, p, [r.engine.pool for r in t.prefill], "prefill_pool")
-    cp.add_element(d, [r.engine.pool for r in t.decode], pool)  # both roles in one pool
-    size = _element(cp, pool, [q.num_gpus for q in pools], "pool_gpus")
-    domain = _element(cp, pool, [q.node.domain_size for q in pools], "pool_domain")
-    xgp = _product(cp, x, gp, most, "prefill_gpus_total")
-    ygd = _product(cp, y, gd, most, "decode_gpus_total")
+    total = sum(q.num_gpus for q in pools)
+    xgp = _product(cp, x, gp, total, "prefill_gpus_total")
+    ygd = _product(cp, y, gd, total, "decode_gpus_total")
     used = xgp + ygd
-    cp.add(used <= size)
+    same = cp.new_bool_var("same_pool")
+    if len(pools) == 1:
+        cp.add(same == 1)
+        cp.add(used <= pools[0].num_gpus)
+    else:  # each role on its own pool's GPUs; prefill on one GPU type, decode on another is allowed
+        dpool = _element(cp, d, [r.engine.pool for r in t.decode], "decode_pool")
+        cp.add(pool == dpool).only_enforce_if(same)
+        cp.add(pool != dpool).only_enforce_if(~same)
+        for k, q in enumerate(pools):
+            gpk = _element(cp, p, [r.engine.gpus if r.engine.pool == k else 0 for r in t.prefill], f"prefill_gpus_{k}")
+            gdk = _element(cp, d, [r.engine.gpus if r.engine.pool == k else 0 for r in t.decode], f"decode_gpus_{k}")
+            cp.add(_product(cp, x, gpk, q.num_gpus, f"prefill_on_{k}") + _product(cp, y, gdk, q.num_gpus, f"decode_on_{k}")
+                   <= q.num_gpus)
+    domain = _element(cp, pool, [q.node.domain_size for q in pools], "pool_domain")
     rp = _element(cp, p, [r.rate_milli for r in t.prefill], "prefill_rate")
     rd = _element(cp, d, [r.rate_milli for r in t.decode], "decode_rate")
     xrp = _product(cp, x, rp, xmax * max(r.rate_milli for r in t.prefill), "prefill_capacity")
@@ -187,17 +200,18 @@ def _build_disagg(
     cp.add(served <= xrp)
     cp.add(served <= yrd)
     m.served = served
-    nvl = cp.new_bool_var("kv_over_nvlink")
+    nvl = cp.new_bool_var("kv_over_nvlink")  # the whole deployment in one NVLink domain of one pool
     cp.add(used <= domain).only_enforce_if(nvl)
-    cp.add(used > domain).only_enforce_if(~nvl)
+    cp.add(same == 1).only_enforce_if(nvl)
+    cp.add(used > domain).only_enforce_if([~nvl, same])
     if job.ttft_target_s is not None:
         tr_hi = max(max(r.send_us) for r in t.prefill) + max(max(r.recv_us) for r in t.decode)
         tr = cp.new_int_var(0, tr_hi, "kv_transfer_us")
-        for k, lit in ((0, nvl), (1, ~nvl)):
+        for k, lits in ((0, [nvl]), (1, [~nvl, same]), (2, [~same])):
             send = _element(cp, p, [r.send_us[k] for r in t.prefill], f"send_us_{k}")
             recv = _element(cp, d, [r.recv_us[k] for r in t.decode], f"recv_us_{k}")
-            cp.add(tr >= send + t.latency_us[k]).only_enforce_if(lit)
-            cp.add(tr >= recv + t.latency_us[k]).only_enforce_if(lit)
+            cp.add(tr >= send + t.latency_us[k]).only_enforce_if(lits)
+            cp.add(tr >= recv + t.latency_us[k]).only_enforce_if(lits)
         ttft_p = _element(cp, p, [r.ttft_us for r in t.prefill], "prefill_ttft_us")
         tpot_d = _element(cp, d, [r.tpot_us for r in t.decode], "decode_tpot_us")
         cp.add(ttft_p + tr + tpot_d <= time_to_us(job.ttft_target_s)).only_enforce_if(dis)
@@ -214,7 +228,7 @@ def _build_disagg(
     else:
         cp.add(served >= int(job.request_rate * MILLI + 0.999999)).only_enforce_if(dis)
         value = used * TIE_SCALE
-        hi = max(hi, most * TIE_SCALE)
+        hi = max(hi, total * TIE_SCALE)
         lo = min(lo, TIE_SCALE)
     return lo, hi, value
 
@@ -471,7 +485,7 @@ def _disagg_plan(
             role=name, instances=n, tp=e.tp, pp=e.pp, ep=e.ep, attention_dp=e.dp_attention,
             max_num_seqs=pred.config.max_num_seqs, max_num_batched_tokens=pred.config.max_num_batched_tokens,
             gpu_memory_utilization=pred.config.gpu_memory_utilization, prediction=pred, requests_per_s=rate,
-            utilization=u,
+            utilization=u, pool_index=e.pool,
         )
         for name, n, e, pred, rate, u in (
             ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),

@@ -57,8 +57,8 @@ class PrefillRow:
     """Requests/s it is planned to take (rate x utilization), in thousandths, rounded down."""
     ttft_us: int
     """TTFT before the KV transfer and the first decode step: queue wait, half a step, the prompt."""
-    send_us: tuple[int, int]
-    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA), microseconds."""
+    send_us: tuple[int, int, int]
+    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA, across pools), us."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,8 @@ class DecodeRow:
     rate_milli: int
     """Requests/s of one instance, in thousandths, rounded down."""
     tpot_us: int
-    recv_us: tuple[int, int]
-    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA), microseconds."""
+    recv_us: tuple[int, int, int]
+    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA, across pools), us."""
 
 
 @dataclass(slots=True)
@@ -77,8 +77,8 @@ class DisaggTables:
     prefill: list[PrefillRow]
     decode: list[DecodeRow]
     dropped: Counter[str]
-    latency_us: tuple[int, int]
-    """Per-transfer link latency (NVLink, RDMA)."""
+    latency_us: tuple[int, ...]
+    """Per-transfer link latency (NVLink, RDMA, across pools)."""
 
 
 def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) -> int:
@@ -93,12 +93,11 @@ def tabulate_disagg(
     dropped: Counter[str] = Counter()
     prefill: list[PrefillRow] = []
     decode: list[DecodeRow] = []
-    pool0 = cluster.pools[0]
-    links = (kv_link(pool0, same_domain=True), kv_link(pool0, same_domain=False))
+    all_links = [_links(cluster, q) for q in cluster.pools]
     levels = UTILIZATION_LADDER if job.ttft_target_s is not None else (MAX_PREFILL_UTILIZATION,)
     for e in space.engines:
         pool = cluster.pools[e.pool]
-        plinks = (kv_link(pool, same_domain=True), kv_link(pool, same_domain=False))
+        plinks = all_links[e.pool]
         # ---- prefill side
         budget_cfg = _config(model, pool, job, e, max_num_seqs=1)
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
@@ -145,7 +144,8 @@ def tabulate_disagg(
                     recv,  # type: ignore[arg-type]
                 )
             )
-    latency = (time_to_us(links[0].latency_s), time_to_us(links[1].latency_s))
+    # one latency per kind of link, the slowest pool's (the transfer time itself is per row)
+    latency = tuple(max(time_to_us(lk[k].latency_s) for lk in all_links) for k in range(3))
     if keep_all:
         return DisaggTables(prefill, decode, dropped, latency)
     if job.ttft_target_s is None:  # then TTFT, TPOT and transfer times are not in the model
@@ -175,6 +175,14 @@ def _pareto(rows: list, key) -> list:  # type: ignore[no-untyped-def]
     return out
 
 
+def _links(cluster: ClusterSpec, pool):  # type: ignore[no-untyped-def]
+    """(NVLink, RDMA inside the pool, the inter-pool network) per-GPU links of a pool's instances."""
+    cross = kv_link(pool, same_domain=False, other=cluster.pools[-1] if pool is cluster.pools[0] else cluster.pools[0],
+                    inter_pool_gbps=cluster.pool_link_gbps) if cluster.is_heterogeneous else None
+    rdma = kv_link(pool, same_domain=False)
+    return (kv_link(pool, same_domain=True), rdma, cross or rdma)
+
+
 def _zero_transfer() -> KvTransfer:
     return KvTransfer(bytes_per_request=0.0, link="nvlink", streams=1, bytes_per_s=1.0, seconds=0.0)
 
@@ -182,6 +190,9 @@ def _zero_transfer() -> KvTransfer:
 def transfer_for(
     model: ModelSpec, cluster: ClusterSpec, job: ServeJob, p: PrefillRow, d: DecodeRow, *, same_domain: bool
 ) -> KvTransfer:
-    """The KV transfer of a chosen prefill/decode pair."""
-    pool = cluster.pools[p.engine.pool]
-    return kv_transfer(model, job, p.instance.config, d.instance.config, kv_link(pool, same_domain=same_domain))
+    """The KV transfer of a chosen prefill/decode pair (over the inter-pool network when their pools
+    differ)."""
+    pool, other = cluster.pools[p.engine.pool], cluster.pools[d.engine.pool]
+    link = kv_link(pool, same_domain=same_domain and pool is other, other=other,
+                   inter_pool_gbps=cluster.pool_link_gbps)
+    return kv_transfer(model, job, p.instance.config, d.instance.config, link)

@@ -95,33 +95,36 @@ def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # typ
 
     tables = tabulate_disagg(model, cluster, free, space, keep_all=True)
     out: list[FrontPoint] = []
-    for pool_index, pool in enumerate(cluster.pools):
-        prefill = [r for r in tables.prefill if r.engine.pool == pool_index]
+    for a, pa in enumerate(cluster.pools):  # prefill pool
+        prefill = [r for r in tables.prefill if r.engine.pool == a]
         if not prefill:
             continue
         p = max(prefill, key=lambda r: r.instance.requests_per_s * r.utilization / r.engine.gpus)
         rp = p.instance.requests_per_s * p.utilization
-        for d in (r for r in tables.decode if r.engine.pool == pool_index):
-            rd = d.instance.requests_per_s
-            best = None
-            for y in range(1, pool.num_gpus // d.engine.gpus + 1):
-                x = math.ceil(y * rd / rp - 1e-9)
-                used = x * p.engine.gpus + y * d.engine.gpus
-                if used > pool.num_gpus:
-                    break
-                per_gpu = y * rd * free.output_len / used
-                if best is None or per_gpu > best[0]:
-                    best = (per_gpu, x, y, used)
-            if best is None:
-                continue
-            per_gpu, x, y, used = best
-            link = kv_link(pool, same_domain=used <= pool.node.domain_size)
-            tr = kv_transfer(model, free, p.instance.config, d.instance.config, link)
-            ttft = disagg_ttft_s(p.instance, tr, d.instance.tpot_s, y * rd / (x * p.instance.requests_per_s))
-            if job.ttft_target_s is not None and ttft > job.ttft_target_s:
-                continue
-            where = f"{pool.name} " if len(cluster.pools) > 1 else ""
-            label = f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()} x{d.instance.concurrency}"
-            out.append(FrontPoint("disaggregated", label, per_gpu, 1.0 / d.instance.tpot_s, d.instance.tpot_s, ttft,
-                                  used))
+        for b, pb in enumerate(cluster.pools):  # decode pool
+            same = a == b
+            for d in (r for r in tables.decode if r.engine.pool == b):
+                rd = d.instance.requests_per_s
+                best = None
+                for y in range(1, pb.num_gpus // d.engine.gpus + 1):
+                    x = math.ceil(y * rd / rp - 1e-9)
+                    used = x * p.engine.gpus + y * d.engine.gpus
+                    if (used if same else x * p.engine.gpus) > pa.num_gpus:
+                        break
+                    per_gpu = y * rd * free.output_len / used
+                    if best is None or per_gpu > best[0]:
+                        best = (per_gpu, x, y, used)
+                if best is None:
+                    continue
+                per_gpu, x, y, used = best
+                link = kv_link(pa, same_domain=same and used <= pa.node.domain_size, other=pb,
+                               inter_pool_gbps=cluster.pool_link_gbps)
+                tr = kv_transfer(model, free, p.instance.config, d.instance.config, link)
+                ttft = disagg_ttft_s(p.instance, tr, d.instance.tpot_s, y * rd / (x * p.instance.requests_per_s))
+                if job.ttft_target_s is not None and ttft > job.ttft_target_s:
+                    continue
+                where = (f"{pa.name}->{pb.name} " if not same else f"{pa.name} ") if cluster.is_heterogeneous else ""
+                label = f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()} x{d.instance.concurrency}"
+                out.append(FrontPoint("disaggregated", label, per_gpu, 1.0 / d.instance.tpot_s, d.instance.tpot_s,
+                                      ttft, used))
     return out

@@ -156,3 +156,20 @@ def test_lws_workers_run_their_own_node_line():
         assert words[words.index("--nnodes") + 1] == str(size)
         assert words[words.index("--master-addr") + 1] == "$LWS_LEADER_ADDRESS"
         assert "--headless" in words
+
+
+def test_heterogeneous_pods_are_pinned_to_their_pool():
+    mixed = load_cluster("mixed-h100-a100")
+    plan = solve_serve(load_model("llama-3.1-70b"), mixed, ServeJob(input_len=1000, output_len=1000,
+                       tpot_target_s=0.1), pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on")[0]
+    pools = {f"{r.role}": mixed.pools[r.pool_index].name for r in plan.roles}
+    files = k8s_manifests(plan, "sglang")
+    seen = 0
+    for objs in files.values():
+        for o in objs:
+            check_object(o)
+            if o["kind"] == "Deployment" and not o["metadata"]["name"].endswith("-router"):
+                role = o["metadata"]["labels"]["autoshard/role"]
+                assert o["spec"]["template"]["spec"]["nodeSelector"] == {"autoshard/pool": pools[role]}
+                seen += 1
+    assert seen == sum(r.instances for r in plan.roles if r.gpus_per_instance <= 8)

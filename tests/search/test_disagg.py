@@ -95,22 +95,23 @@ def test_max_utilization_inverts_the_ttft():
 
 
 def brute_force(model, cluster, job):
-    """Every (prefill row, decode row, x, y) of the same tables, the TTFT target checked with the
-    link the deployment's size implies."""
+    """Every (prefill row, decode row, x, y) of the same tables, each role within its pool's GPUs, the
+    TTFT target checked with the link the deployment implies (NVLink inside one domain, RDMA inside a
+    pool, the inter-pool network across pools)."""
     space = enumerate_serve(model, cluster, job)
     t = tabulate_disagg(model, cluster, job, space)
     n = cluster.num_gpus
-    domain = cluster.pools[0].node.domain_size
     target = None if job.ttft_target_s is None else round(job.ttft_target_s * 1e6)
     best = 0
     for p in t.prefill:
         for d in t.decode:
-            if p.engine.pool != d.engine.pool:
-                continue
-            for y in range(1, n // d.engine.gpus + 1):
-                for x in range(1, (n - y * d.engine.gpus) // p.engine.gpus + 1):
+            a, b = cluster.pools[p.engine.pool], cluster.pools[d.engine.pool]
+            same = a is b
+            for y in range(1, b.num_gpus // d.engine.gpus + 1):
+                room = (b.num_gpus - y * d.engine.gpus) if same else a.num_gpus
+                for x in range(1, room // p.engine.gpus + 1):
                     used = x * p.engine.gpus + y * d.engine.gpus
-                    k = 0 if used <= domain else 1
+                    k = 2 if not same else (0 if used <= a.node.domain_size else 1)
                     ttft = p.ttft_us + max(p.send_us[k], d.recv_us[k]) + t.latency_us[k] + d.tpot_us
                     if target is not None and ttft > target:
                         continue
@@ -125,6 +126,19 @@ def test_cp_sat_matches_brute_force(model, gpus):
     plan = solve(model, cluster)[0]
     assert plan.disaggregated and plan.solver.status == "OPTIMAL"
     assert plan.solver.objective == pytest.approx(brute_force(model, cluster, JOB), rel=1e-9)
+
+
+@pytest.mark.parametrize("ttft", [None, 1.0])
+def test_cp_sat_matches_brute_force_across_pools(ttft):
+    mixed = load_cluster("mixed-h100-a100")
+    job = JOB.model_copy(update={"ttft_target_s": ttft})
+    plan = solve(LLAMA70, mixed, job)[0]
+    assert plan.solver.status == "OPTIMAL"
+    assert plan.solver.objective == pytest.approx(brute_force(LLAMA70, mixed, job), rel=1e-9)
+    for role in plan.roles:  # each role within its own pool
+        assert role.gpus <= mixed.pools[role.pool_index].num_gpus
+    if len({r.pool_index for r in plan.roles}) == 2:
+        assert plan.to_json()["predicted"]["serve"]["kv_transfer_link"] == "inter-pool"
 
 
 @pytest.mark.parametrize("ttft", [0.8, 0.5, 0.4, 0.2])
