@@ -71,7 +71,7 @@ class _Model:
     cp: cp_model.CpModel
     row: cp_model.IntVar
     engine: cp_model.IntVar
-    objective: cp_model.IntVar
+    objective: cp_model.LinearExprT
     dis: cp_model.IntVar
     """1 when the deployment is disaggregated (xPyD)."""
     p: cp_model.IntVar | None = None
@@ -119,30 +119,34 @@ def _build(
         cp.add(dis == 1)
     if not use_dis:
         cp.add(dis == 0)
+    # With both kinds, aggregated row len(rows) is "none" (objective, TPOT and TTFT 0): chosen exactly
+    # when the deployment is disaggregated, so objective = aggregated row + xPyD value (0 when not
+    # split) stays one linear sum, which CP-SAT bounds far better than two enforced equalities.
+    extra = 1 if use_agg and use_dis else 0
+    values = [r.objective for r in rows] + [0] * extra
     if use_agg:
-        row = cp.new_int_var(0, len(rows) - 1, "row")
-        engine = _element(cp, row, [engines.index(r.engine) for r in rows], "engine")
+        row = cp.new_int_var(0, len(rows) - 1 + extra, "row")
+        engine = _element(cp, row, [engines.index(r.engine) for r in rows] + [len(engines)] * extra, "engine")
+        if extra:
+            cp.add(row == len(rows)).only_enforce_if(dis)
+            cp.add(row != len(rows)).only_enforce_if(~dis)
         if job.tpot_target_s is not None:
-            tpot = _element(cp, row, [r.tpot_us for r in rows], "tpot_us")
-            cp.add(tpot <= time_to_us(job.tpot_target_s)).only_enforce_if(~dis)
+            tpot = _element(cp, row, [r.tpot_us for r in rows] + [0] * extra, "tpot_us")
+            cp.add(tpot <= time_to_us(job.tpot_target_s))
         if job.ttft_target_s is not None:
-            ttft = _element(cp, row, [r.ttft_us for r in rows], "ttft_us")
-            cp.add(ttft <= time_to_us(job.ttft_target_s)).only_enforce_if(~dis)
-        agg = _element(cp, row, [r.objective for r in rows], "agg_objective")
+            ttft = _element(cp, row, [r.ttft_us for r in rows] + [0] * extra, "ttft_us")
+            cp.add(ttft <= time_to_us(job.ttft_target_s))
+        agg = _element(cp, row, values, "agg_objective")
     else:
         row = cp.new_int_var(0, 0, "row")
         engine = cp.new_int_var(0, 0, "engine")
         agg = cp.new_int_var(0, 0, "agg_objective")
-    lo, hi = (min(r.objective for r in rows), max(r.objective for r in rows)) if use_agg else (0, 0)
     built = _Model(cp, row, engine, agg, dis)
-    value = None
+    objective: cp_model.LinearExprT = agg
     if use_dis:
         assert tables is not None and cluster is not None
-        lo, hi, value = _build_disagg(built, tables, engines, job, cluster, lo, hi)
-    objective = cp.new_int_var(lo, hi, "objective")
-    cp.add(objective == agg).only_enforce_if(~dis)
-    if value is not None:
-        cp.add(objective == value).only_enforce_if(dis)
+        value = _build_disagg(built, tables, engines, job, cluster)
+        objective = agg + value
     built.objective = objective
     if job.request_rate is None:
         cp.maximize(objective)
@@ -152,9 +156,9 @@ def _build(
 
 
 def _build_disagg(
-    m: _Model, t: DisaggTables, engines: list[Engine], job: ServeJob, cluster: ClusterSpec, lo: int, hi: int
-) -> tuple[int, int, cp_model.LinearExprT]:
-    """Add the xPyD half of the model; returns the objective's widened bounds and its xPyD value.
+    m: _Model, t: DisaggTables, engines: list[Engine], job: ServeJob, cluster: ClusterSpec
+) -> cp_model.LinearExprT:
+    """Add the xPyD half of the model; returns its objective term (0 unless disaggregated).
     Instances may sit on different pools (e.g. prefill on H100s, decode on A100s), each role within
     its pool's GPUs; the KV transfer then crosses the inter-pool network."""
     cp, dis = m.cp, m.dis
@@ -172,6 +176,8 @@ def _build_disagg(
     cp.add(y >= 1).only_enforce_if(dis)
     cp.add(x == 0).only_enforce_if(~dis)
     cp.add(y == 0).only_enforce_if(~dis)
+    cp.add(p == 0).only_enforce_if(~dis)  # unused choices pinned: no search over them
+    cp.add(d == 0).only_enforce_if(~dis)
     pool = _element(cp, p, [r.engine.pool for r in t.prefill], "prefill_pool")
     total = sum(q.num_gpus for q in pools)
     xgp = _product(cp, x, gp, total, "prefill_gpus_total")
@@ -223,14 +229,9 @@ def _build_disagg(
         top = served_hi * job.output_len // cluster.num_gpus
         per_gpu = cp.new_int_var(0, top, "disagg_objective")
         cp.add_division_equality(per_gpu, served * job.output_len, cluster.num_gpus)
-        value: cp_model.LinearExprT = per_gpu
-        hi = max(hi, top)
-    else:
-        cp.add(served >= int(job.request_rate * MILLI + 0.999999)).only_enforce_if(dis)
-        value = used * TIE_SCALE
-        hi = max(hi, total * TIE_SCALE)
-        lo = min(lo, TIE_SCALE)
-    return lo, hi, value
+        return per_gpu
+    cp.add(served >= int(job.request_rate * MILLI + 0.999999)).only_enforce_if(dis)
+    return used * TIE_SCALE
 
 
 def _objective_units(job: ServeJob, value: float) -> float:
