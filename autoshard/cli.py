@@ -411,6 +411,8 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
                         source="--target")
     if out_dir is not None and not pareto:
         raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
     if emit is Target.K8S and output is None:
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:

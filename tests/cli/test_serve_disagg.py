@@ -98,6 +98,7 @@ def test_emit_k8s(tmp_path):
         (["--mode", "serve", "--target", "k8s"], "--emit k8s"),
         (["--disaggregate", "on"], "--mode serve"),
         (["--mode", "serve", "--disaggregate", "sometimes"], "sometimes"),
+        (["--pareto"], "--mode serve"),
     ],
 )
 def test_bad_input(args, fragment):
@@ -152,3 +153,13 @@ def test_no_split_says_what_is_missing(args, fragments):
     flat = " ".join(r.stderr.split())
     for frag in fragments:
         assert frag in flat, flat
+
+
+def test_out_must_be_a_directory(tmp_path):
+    afile = tmp_path / "x.png"
+    afile.write_text("")
+    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--pareto", "--out", afile, *FAST)
+    assert r.exit_code == 2 and "is a file" in " ".join((r.stdout + r.stderr).split())
+    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--disaggregate", "on",
+            "--emit", "k8s", "-o", afile, *FAST)
+    assert r.exit_code == 2 and "is a file" in " ".join((r.stdout + r.stderr).split())
