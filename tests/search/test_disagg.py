@@ -296,3 +296,18 @@ def test_plan_reports_p90():
     serve = plan.to_json()["predicted"]["serve"]
     assert serve["ttft_p90_s"] >= serve["ttft_s"] * 0.999
     assert serve["tpot_p90_s"] == pytest.approx(serve["tpot_s"])
+
+
+def test_multi_node_instances_get_one_line_per_node():
+    plan = solve(DSV3, H100.with_gpus(96), JOB.model_copy(update={"weight_dtype": WeightDtype.FP8}))[0]
+    for framework in ("vllm", "sglang"):
+        lines = [(n, what) for n, what, _ in pd_commands(plan, framework) if what != "router"]
+        nodes = sorted({n for n, _ in lines})
+        # every GPU node of the deployment runs exactly one engine line (instances here fill whole nodes)
+        assert nodes == list(range(plan.num_gpus // 8)) and len(lines) == len(nodes)
+        per_instance = {}
+        for n, what in lines:
+            per_instance.setdefault(what, []).append(n)
+        for role in plan.roles:
+            for i in range(role.instances):
+                assert len(per_instance[f"{role.role} {i}"]) == role.gpus_per_instance // 8
