@@ -361,8 +361,15 @@ class ServePlan:
                 "unused_gpus": self.cluster.num_gpus - self.num_gpus,
                 "disaggregated": self.disaggregated,
                 "deployment_choice": self.choice,
-                **({"roles": [{**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles]}
-                   if self.roles else {}),
+                **(
+                    {
+                        "roles": [
+                            {**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles
+                        ]
+                    }
+                    if self.roles
+                    else {}
+                ),
             },
             "predicted": {
                 "step_time_s": p.tpot_s,

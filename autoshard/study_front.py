@@ -30,8 +30,13 @@ class ClusterFront:
         return self.price_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6
 
 
-def serve_fronts(model: ModelSpec, clusters: dict[str, ClusterSpec], sizes: list[int], job: ServeJob,
-                 prices: dict[str, float | None]) -> list[ClusterFront]:
+def serve_fronts(
+    model: ModelSpec,
+    clusters: dict[str, ClusterSpec],
+    sizes: list[int],
+    job: ServeJob,
+    prices: dict[str, float | None],
+) -> list[ClusterFront]:
     """One front per cluster kind at the largest studied size it can be resized to."""
     out = []
     for key, spec in clusters.items():
@@ -64,15 +69,23 @@ def fronts_json(fronts: list[ClusterFront], tpot_target_s: float | None) -> list
             cut["usd_per_million_output_tokens"] = (
                 cf.usd_per_million(best["tokens_per_s_per_gpu"]) if best else None
             )
-        out.append({"cluster": cf.cluster, "num_gpus": cf.num_gpus, "price_per_gpu_hour": cf.price_per_gpu_hour,
-                    **obj})
+        out.append(
+            {
+                "cluster": cf.cluster,
+                "num_gpus": cf.num_gpus,
+                "price_per_gpu_hour": cf.price_per_gpu_hour,
+                **obj,
+            }
+        )
     return out
 
 
 def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float | None) -> None:
     from rich.table import Table
 
-    table = Table(title="Serving front across GPU types: the best deployment at each TPOT SLA", header_style="bold")
+    table = Table(
+        title="Serving front across GPU types: the best deployment at each TPOT SLA", header_style="bold"
+    )
     for col in ("cluster", "GPUs", "TPOT <= ms", "tok/s/GPU", "$/M out tokens", "deployment"):
         table.add_column(col, justify="left" if col in ("cluster", "deployment") else "right")
     for cf in fronts:
@@ -81,12 +94,20 @@ def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float
                 table.add_row(cf.cluster, str(cf.num_gpus), f"{ms:g}", "-", "-", "no deployment reaches it")
                 continue
             usd = cf.usd_per_million(p.tokens_per_s_per_gpu)
-            table.add_row(cf.cluster, str(cf.num_gpus), f"{ms:g}", f"{p.tokens_per_s_per_gpu:,.0f}",
-                          "-" if usd is None else f"{usd:,.2f}", p.label)
+            table.add_row(
+                cf.cluster,
+                str(cf.num_gpus),
+                f"{ms:g}",
+                f"{p.tokens_per_s_per_gpu:,.0f}",
+                "-" if usd is None else f"{usd:,.2f}",
+                p.label,
+            )
     console.print(table)
 
 
-def write_fronts_png(fronts: list[ClusterFront], path: Path, *, title: str, tpot_target_s: float | None) -> Path:
+def write_fronts_png(
+    fronts: list[ClusterFront], path: Path, *, title: str, tpot_target_s: float | None
+) -> Path:
     """Output tokens per dollar (priced clusters) or per GPU-second against tokens/s per user."""
     from autoshard.report.pareto import write_front_png
 
@@ -95,6 +116,8 @@ def write_fronts_png(fronts: list[ClusterFront], path: Path, *, title: str, tpot
     scale = None
     label = "output tokens/s per GPU"
     if priced:
-        scale = {f"{cf.cluster} x{cf.num_gpus}": 3600.0 / (cf.price_per_gpu_hour or 1.0) / 1e3 for cf in fronts}
+        scale = {
+            f"{cf.cluster} x{cf.num_gpus}": 3600.0 / (cf.price_per_gpu_hour or 1.0) / 1e3 for cf in fronts
+        }
         label = "thousand output tokens per dollar"
     return write_front_png(named, path, title=title, tpot_target_s=tpot_target_s, y_label=label, scale=scale)

@@ -127,7 +127,9 @@ def holders(cfg: ServeConfig) -> int:
     return cfg.tp * cfg.pp
 
 
-def kv_link(pool: PoolSpec, *, same_domain: bool, other: PoolSpec | None = None, inter_pool_gbps: float = 0.0) -> Link:
+def kv_link(
+    pool: PoolSpec, *, same_domain: bool, other: PoolSpec | None = None, inter_pool_gbps: float = 0.0
+) -> Link:
     """Per-GPU link of the hand-off: NVLink inside one domain, the GPU's NIC across nodes, the
     inter-pool network between pools."""
     eff = pool.gpu.efficiency
@@ -179,7 +181,13 @@ def prefill_instance(
 
 
 def decode_instance(
-    model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig, memory: ServeMemory, *, concurrency: int
+    model: ModelSpec,
+    pool: PoolSpec,
+    job: ServeJob,
+    cfg: ServeConfig,
+    memory: ServeMemory,
+    *,
+    concurrency: int,
 ) -> DecodeInstance:
     """Decode-only steps of `concurrency` requests per DP rank attending to the mean context."""
     per_mb = concurrency / cfg.pp
@@ -226,19 +234,17 @@ def md1_wait_quantile_s(service_s: float, utilization: float, q: float) -> float
 
 
 def disagg_ttft_s(
-    prefill: PrefillInstance, transfer: KvTransfer, decode_tpot_s: float, utilization: float, q: float | None = None
+    prefill: PrefillInstance,
+    transfer: KvTransfer,
+    decode_tpot_s: float,
+    utilization: float,
+    q: float | None = None,
 ) -> float:
     """Mean TTFT at the given prefill utilization (see the module docstring); with `q`, its
     q-quantile (the queue wait's quantile, the rest deterministic)."""
     service = 1.0 / prefill.requests_per_s
     wait = md1_wait_s(service, utilization) if q is None else md1_wait_quantile_s(service, utilization, q)
-    return (
-        wait
-        + prefill.step.total_s / 2
-        + prefill.prompt.total_s
-        + transfer.seconds
-        + decode_tpot_s
-    )
+    return wait + prefill.step.total_s / 2 + prefill.prompt.total_s + transfer.seconds + decode_tpot_s
 
 
 def max_utilization_for_ttft(

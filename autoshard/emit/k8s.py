@@ -15,8 +15,8 @@ only the leader's address is left for the shell to expand. LWS has one worker te
 pick their node's literal line with `case "$LWS_WORKER_INDEX"`. GPUs come from
 `resources.limits["nvidia.com/gpu"]` (the NVIDIA device plugin), /dev/shm is a memory-backed volume
 (NCCL needs more than the container default). In a heterogeneous cluster every pod carries a
-nodeSelector `autoshard/pool: <pool>`: label each pool's nodes with it. Image tags are the projects' published images; pin
-the version you test.
+nodeSelector `autoshard/pool: <pool>`: label each pool's nodes with it. Image tags are the projects'
+published images; pin the version you test.
 """
 
 from __future__ import annotations
@@ -84,8 +84,12 @@ def _by_worker_index(lines: list[str]) -> str:
     chosen by the LWS_WORKER_INDEX LeaderWorkerSet sets; every line stays a literal command."""
     cases = [f"  {k}) exec {_sh(_dynamic(line))} ;;" for k, line in enumerate(lines, start=1)]
     return "\n".join(
-        ['case "$LWS_WORKER_INDEX" in', *cases,
-         '  *) echo "unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2; exit 1 ;;', "esac"]
+        [
+            'case "$LWS_WORKER_INDEX" in',
+            *cases,
+            '  *) echo "unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2; exit 1 ;;',
+            "esac",
+        ]
     )
 
 
@@ -100,8 +104,17 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
         per_node = plan.pool.node.gpus_per_node
         for i in range(plan.replicas):
             lines = builder(one)
-            units.append(_Unit(f"{base}-{i}", "serve", min(one.engine_gpus, per_node), len(lines), lines, port,
-                               plan.pool.name))
+            units.append(
+                _Unit(
+                    f"{base}-{i}",
+                    "serve",
+                    min(one.engine_gpus, per_node),
+                    len(lines),
+                    lines,
+                    port,
+                    plan.pool.name,
+                )
+            )
         return units
     for role in roles:
         one = role_plan(plan, role)
@@ -112,15 +125,21 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             if framework == "vllm":
                 extra += ["--kv-transfer-config", _json(VLLM_KV_TRANSFER_CONFIG)]
             else:
-                extra += ["--disaggregation-mode", role.role, "--disaggregation-transfer-backend",
-                          SGLANG_TRANSFER_BACKEND]
+                extra += [
+                    "--disaggregation-mode",
+                    role.role,
+                    "--disaggregation-transfer-backend",
+                    SGLANG_TRANSFER_BACKEND,
+                ]
                 if role.role == "prefill":
                     extra += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
                 if role.ep > 1 and len(lines) > 1:
                     extra += ["--moe-a2a-backend", "deepep"]
             lines = [line + " " + " ".join(shlex.quote(w) for w in extra) for line in lines]
             gpus = min(role.gpus_per_instance, per_node)
-            units.append(_Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name))
+            units.append(
+                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name)
+            )
     return units
 
 
@@ -146,7 +165,9 @@ POOL_LABEL = "autoshard/pool"
 each pool `kubectl label node NODE autoshard/pool=<pool name>`."""
 
 
-def _pod(unit: _Unit, framework: str, command: str, labels: dict[str, str], pinned: bool = False) -> dict[str, Any]:
+def _pod(
+    unit: _Unit, framework: str, command: str, labels: dict[str, str], pinned: bool = False
+) -> dict[str, Any]:
     spec_extra: dict[str, Any] = {"nodeSelector": {POOL_LABEL: unit.pool}} if pinned else {}
     return {
         "metadata": {"labels": dict(labels)},
@@ -170,8 +191,12 @@ def _pod(unit: _Unit, framework: str, command: str, labels: dict[str, str], pinn
 def _service(name: str, selector: dict[str, str], port: int, extra: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     ports = [{"name": "http", "port": port, "targetPort": port}]
     ports += [{"name": f"p{p}", "port": p, "targetPort": p} for p in extra]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": dict(selector), "ports": ports}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": dict(selector), "ports": ports},
+    }
 
 
 def _router_prefix(framework: str) -> str:
@@ -208,9 +233,16 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
             "selector": {"matchLabels": dict(labels)},
             "template": {
                 "metadata": {"labels": dict(labels)},
-                "spec": {"containers": [{"name": "router", "image": IMAGES[framework],
-                                         "command": ["/bin/sh", "-c", _router_prefix(framework) + _sh(words)],
-                                         "ports": [{"containerPort": ROUTER_PORT, "name": "http"}]}]},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": IMAGES[framework],
+                            "command": ["/bin/sh", "-c", _router_prefix(framework) + _sh(words)],
+                            "ports": [{"containerPort": ROUTER_PORT, "name": "http"}],
+                        }
+                    ]
+                },
             },
         },
     }
@@ -233,8 +265,11 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
                 "metadata": {"name": u.name, "labels": dict(labels)},
-                "spec": {"replicas": 1, "selector": {"matchLabels": dict(labels)},
-                         "template": _pod(u, framework, command, labels, pinned)},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": dict(labels)},
+                    "template": _pod(u, framework, command, labels, pinned),
+                },
             }
             files[f"{u.name}.yaml"] = [workload, _service(u.name, labels, u.port, extra)]
             continue
@@ -249,8 +284,12 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
                 "leaderWorkerTemplate": {
                     "size": u.pods,
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": _pod(u, framework, leader, {**labels, "autoshard/pod": "leader"}, pinned),
-                    "workerTemplate": _pod(u, framework, worker, {**labels, "autoshard/pod": "worker"}, pinned),
+                    "leaderTemplate": _pod(
+                        u, framework, leader, {**labels, "autoshard/pod": "leader"}, pinned
+                    ),
+                    "workerTemplate": _pod(
+                        u, framework, worker, {**labels, "autoshard/pod": "worker"}, pinned
+                    ),
                 },
             },
         }

@@ -139,12 +139,25 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
             env = "CUDA_VISIBLE_DEVICES=" + _q(",".join(map(str, inst.devices))) + " "
         if framework == "vllm":
             env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + inst.slot} "
-            words = ["--host", "0.0.0.0", "--port", str(VLLM_PORT + inst.slot),
-                     "--kv-transfer-config", json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":"))]
+            words = [
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(VLLM_PORT + inst.slot),
+                "--kv-transfer-config",
+                json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":")),
+            ]
         else:
-            words = ["--host", "0.0.0.0", "--port", str(SGLANG_PORT + inst.slot),
-                     "--disaggregation-mode", inst.role,
-                     "--disaggregation-transfer-backend", SGLANG_TRANSFER_BACKEND]
+            words = [
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SGLANG_PORT + inst.slot),
+                "--disaggregation-mode",
+                inst.role,
+                "--disaggregation-transfer-backend",
+                SGLANG_TRANSFER_BACKEND,
+            ]
             if inst.role == "prefill":
                 words += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT + inst.slot)]
             if role.ep > 1 and len(inst.nodes) > 1:

@@ -16,19 +16,36 @@ def render_roles(plan: ServePlan, console: Console) -> None:
     """The prefill and decode roles, one row each, and the KV transfer line."""
     if not plan.roles or plan.disaggregation is None:
         return
-    table = Table(title="Prefill / decode roles (n instances; req/s and batch per instance)", header_style="bold")
+    table = Table(
+        title="Prefill / decode roles (n instances; req/s and batch per instance)", header_style="bold"
+    )
     pools = plan.cluster.is_heterogeneous
     # n: instances, aDP: attention DP ranks, req/s: what one instance sustains, GiB: memory per GPU
     cols = ("role", "n", "TP", "PP", "EP", "aDP", "GPUs", "batch", "req/s", "load", "GiB") + (
-        ("pool",) if pools else ())
+        ("pool",) if pools else ()
+    )
     for col in cols:
-        table.add_column(col, justify="left" if col in ("role", "pool") else "right",
-                         min_width=7 if col == "role" else None)
+        table.add_column(
+            col,
+            justify="left" if col in ("role", "pool") else "right",
+            min_width=7 if col == "role" else None,
+        )
     for r in plan.roles:
         where = (plan.cluster.pools[r.pool_index].name,) if pools else ()
-        table.add_row(r.role, str(r.instances), str(r.tp), str(r.pp), str(r.ep), str(r.attention_dp), str(r.gpus),
-                      str(r.max_batch), f"{r.requests_per_s:,.2f}", f"{100 * r.utilization:.0f}%",
-                      f"{r.prediction.memory.used_bytes / GIB:.1f}", *where)
+        table.add_row(
+            r.role,
+            str(r.instances),
+            str(r.tp),
+            str(r.pp),
+            str(r.ep),
+            str(r.attention_dp),
+            str(r.gpus),
+            str(r.max_batch),
+            f"{r.requests_per_s:,.2f}",
+            f"{100 * r.utilization:.0f}%",
+            f"{r.prediction.memory.used_bytes / GIB:.1f}",
+            *where,
+        )
     console.print(table)
     t = plan.disaggregation.transfer
     console.print(

@@ -22,6 +22,14 @@ from autoshard.costmodel.disagg import disagg_ttft_s
 from autoshard.costmodel.serving import ServePrediction, predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plan import SolverStats
+from autoshard.search.serve_disagg import (
+    MILLI,
+    DecodeRow,
+    DisaggTables,
+    PrefillRow,
+    tabulate_disagg,
+    transfer_for,
+)
 from autoshard.search.serve_space import (
     GPU_MEMORY_UTILIZATION,
     MAX_CONCURRENCY,
@@ -33,14 +41,6 @@ from autoshard.search.serve_space import (
     _engine_rules,
     enumerate_serve,
     tabulate,
-)
-from autoshard.search.serve_disagg import (
-    MILLI,
-    DecodeRow,
-    DisaggTables,
-    PrefillRow,
-    tabulate_disagg,
-    transfer_for,
 )
 from autoshard.serve_plan import Disaggregation, Role, ServePlan
 from autoshard.specs.cluster import ClusterSpec
@@ -93,7 +93,9 @@ def _element(cp: cp_model.CpModel, index: cp_model.IntVar, values: list[int], na
     return var
 
 
-def _product(cp: cp_model.CpModel, a: cp_model.IntVar, b: cp_model.IntVar, hi: int, name: str) -> cp_model.IntVar:
+def _product(
+    cp: cp_model.CpModel, a: cp_model.IntVar, b: cp_model.IntVar, hi: int, name: str
+) -> cp_model.IntVar:
     var = cp.new_int_var(0, hi, name)
     cp.add_multiplication_equality(var, [a, b])
     return var
@@ -192,10 +194,17 @@ def _build_disagg(
         cp.add(pool == dpool).only_enforce_if(same)
         cp.add(pool != dpool).only_enforce_if(~same)
         for k, q in enumerate(pools):
-            gpk = _element(cp, p, [r.engine.gpus if r.engine.pool == k else 0 for r in t.prefill], f"prefill_gpus_{k}")
-            gdk = _element(cp, d, [r.engine.gpus if r.engine.pool == k else 0 for r in t.decode], f"decode_gpus_{k}")
-            cp.add(_product(cp, x, gpk, q.num_gpus, f"prefill_on_{k}") + _product(cp, y, gdk, q.num_gpus, f"decode_on_{k}")
-                   <= q.num_gpus)
+            gpk = _element(
+                cp, p, [r.engine.gpus if r.engine.pool == k else 0 for r in t.prefill], f"prefill_gpus_{k}"
+            )
+            gdk = _element(
+                cp, d, [r.engine.gpus if r.engine.pool == k else 0 for r in t.decode], f"decode_gpus_{k}"
+            )
+            cp.add(
+                _product(cp, x, gpk, q.num_gpus, f"prefill_on_{k}")
+                + _product(cp, y, gdk, q.num_gpus, f"decode_on_{k}")
+                <= q.num_gpus
+            )
     domain = _element(cp, pool, [q.node.domain_size for q in pools], "pool_domain")
     rp = _element(cp, p, [r.rate_milli for r in t.prefill], "prefill_rate")
     rd = _element(cp, d, [r.rate_milli for r in t.decode], "decode_rate")
@@ -262,8 +271,10 @@ def solve_serve(
     when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
     start = time.perf_counter()
     if disaggregate not in DISAGGREGATE:
-        raise SpecError(f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
-                        field="--disaggregate")
+        raise SpecError(
+            f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
+            field="--disaggregate",
+        )
     if job.context_len > model.max_position_embeddings:
         raise SpecError(
             f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
@@ -286,7 +297,9 @@ def solve_serve(
             tables = None
     if not rows and tables is None:
         if disaggregate == "on" or job.request_rate is None:
-            raise InfeasibleError(_target_message(job, rows) if rows else _disagg_message(model, cluster, job, space))
+            raise InfeasibleError(
+                _target_message(job, rows) if rows else _disagg_message(model, cluster, job, space)
+            )
         raise InfeasibleError(_rate_message(model, cluster, job, space))
     pruned = space.reasons() + dropped
     built = _build(rows, space.engines, job, tables, cluster)
@@ -308,7 +321,9 @@ def solve_serve(
             if plans and status == cp_model.INFEASIBLE:
                 break
             if status == cp_model.INFEASIBLE:
-                raise InfeasibleError(_target_message(job, rows) if rows else _disagg_message(model, cluster, job, space))
+                raise InfeasibleError(
+                    _target_message(job, rows) if rows else _disagg_message(model, cluster, job, space)
+                )
             raise SolverError(
                 f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s: raise --time-limit"
             )
@@ -331,7 +346,9 @@ def solve_serve(
             x, y = solver.value(built.x), solver.value(built.y)
             served = solver.value(built.served) / MILLI
             plans.append(
-                _disagg_plan(model, cluster, job, prow, drow, x, y, bool(solver.value(built.nvl)), stats, served)
+                _disagg_plan(
+                    model, cluster, job, prow, drow, x, y, bool(solver.value(built.nvl)), stats, served
+                )
             )
             pe, de = solver.value(built.p_engine), solver.value(built.d_engine)
             same_p = built.cp.new_bool_var("")
@@ -346,7 +363,9 @@ def solve_serve(
             plans.append(_plan(model, cluster, job, chosen, stats))
             built.cp.add(built.engine != space.engines.index(chosen.engine)).only_enforce_if(~built.dis)
     if disaggregate == "auto" and rows and tables is not None:
-        other = _best_other(model, cluster, job, rows, tables, space, plans[0], time_limit_s, num_workers, seed)
+        other = _best_other(
+            model, cluster, job, rows, tables, space, plans[0], time_limit_s, num_workers, seed
+        )
         plans[0] = dataclasses.replace(plans[0], choice=_choice(job, plans[0], other))
     return plans
 
@@ -376,16 +395,25 @@ def _best_other(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     stats = SolverStats(
-        status=solver.status_name(status), wall_s=solver.wall_time,
-        objective=_objective_units(job, solver.objective_value), bound=_objective_units(job, solver.best_objective_bound),
+        status=solver.status_name(status),
+        wall_s=solver.wall_time,
+        objective=_objective_units(job, solver.objective_value),
+        bound=_objective_units(job, solver.best_objective_bound),
     )
     if best.disaggregated:
         return _plan(model, cluster, job, rows[solver.value(built.row)], stats)
     assert built.p is not None and built.d is not None and built.x is not None and built.y is not None
     assert built.nvl is not None and built.served is not None
     return _disagg_plan(
-        model, cluster, job, tables.prefill[solver.value(built.p)], tables.decode[solver.value(built.d)],
-        solver.value(built.x), solver.value(built.y), bool(solver.value(built.nvl)), stats,
+        model,
+        cluster,
+        job,
+        tables.prefill[solver.value(built.p)],
+        tables.decode[solver.value(built.d)],
+        solver.value(built.x),
+        solver.value(built.y),
+        bool(solver.value(built.nvl)),
+        stats,
         solver.value(built.served) / MILLI,
     )
 
@@ -415,9 +443,7 @@ def _choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
         + (f" and leaves {idle} idle" if idle else "")
     )
     if best.disaggregated:
-        reason = (
-            f"its decode steps carry no prefill chunks, which outweighs the cost: {cost}"
-        )
+        reason = f"its decode steps carry no prefill chunks, which outweighs the cost: {cost}"
     else:
         reason = f"chunked prefill inside each engine costs less than the split: {cost}"
     return (
@@ -439,7 +465,10 @@ def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow:
     lo, hi = 1, full.concurrency  # hi sustains the rate
     while lo < hi:
         mid = (lo + hi) // 2
-        if decode_instance(model, pool, job, full.config, full.memory, concurrency=mid).requests_per_s >= rate:
+        if (
+            decode_instance(model, pool, job, full.config, full.memory, concurrency=mid).requests_per_s
+            >= rate
+        ):
             hi = mid
         else:
             lo = mid + 1
@@ -472,26 +501,55 @@ def _disagg_plan(
     di = _decode_at_load(model, cluster, job, drow, load / y)
     ttft = disagg_ttft_s(pi, transfer, di.tpot_s, util)
     prefill_pred = ServePrediction(
-        config=pi.config, concurrency=pi.config.max_num_seqs, memory=pi.memory, decode=pi.step,
-        prefill=pi.prompt, tpot_s=pi.step.total_s, ttft_s=ttft, throughput_tokens_per_s=pi.requests_per_s,
-        input_len=job.input_len, output_len=job.output_len,
+        config=pi.config,
+        concurrency=pi.config.max_num_seqs,
+        memory=pi.memory,
+        decode=pi.step,
+        prefill=pi.prompt,
+        tpot_s=pi.step.total_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=pi.requests_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
     )
     decode_pred = ServePrediction(
-        config=di.config, concurrency=di.concurrency, memory=di.memory, decode=di.step, prefill=pi.prompt,
-        tpot_s=di.tpot_s, ttft_s=ttft, throughput_tokens_per_s=di.throughput_tokens_per_s,
-        input_len=job.input_len, output_len=job.output_len,
+        config=di.config,
+        concurrency=di.concurrency,
+        memory=di.memory,
+        decode=di.step,
+        prefill=pi.prompt,
+        tpot_s=di.tpot_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=di.throughput_tokens_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
     )
     roles = tuple(
         Role(
-            role=name, instances=n, tp=e.tp, pp=e.pp, ep=e.ep, attention_dp=e.dp_attention,
-            max_num_seqs=pred.config.max_num_seqs, max_num_batched_tokens=pred.config.max_num_batched_tokens,
-            gpu_memory_utilization=pred.config.gpu_memory_utilization, prediction=pred, requests_per_s=rate,
-            utilization=u, pool_index=e.pool,
+            role=name,
+            instances=n,
+            tp=e.tp,
+            pp=e.pp,
+            ep=e.ep,
+            attention_dp=e.dp_attention,
+            max_num_seqs=pred.config.max_num_seqs,
+            max_num_batched_tokens=pred.config.max_num_batched_tokens,
+            gpu_memory_utilization=pred.config.gpu_memory_utilization,
+            prediction=pred,
+            requests_per_s=rate,
+            utilization=u,
+            pool_index=e.pool,
         )
         for name, n, e, pred, rate, u in (
             ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),
-            ("decode", y, drow.engine, decode_pred, drow.instance.requests_per_s,
-             load / (y * drow.instance.requests_per_s)),
+            (
+                "decode",
+                y,
+                drow.engine,
+                decode_pred,
+                drow.instance.requests_per_s,
+                load / (y * drow.instance.requests_per_s),
+            ),
         )
     )
     e = drow.engine
@@ -511,8 +569,12 @@ def _disagg_plan(
         pool_index=e.pool,
         warnings=warnings,
         roles=roles,
-        disaggregation=Disaggregation(throughput_tokens_per_s=load * job.output_len, ttft_s=ttft, transfer=transfer,
-                                      ttft_p90_s=disagg_ttft_s(pi, transfer, di.tpot_s, util, q=0.9)),
+        disaggregation=Disaggregation(
+            throughput_tokens_per_s=load * job.output_len,
+            ttft_s=ttft,
+            transfer=transfer,
+            ttft_p90_s=disagg_ttft_s(pi, transfer, di.tpot_s, util, q=0.9),
+        ),
     )
     return plan.with_launch(pd_launch(plan))
 
@@ -765,9 +827,9 @@ def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space
     smallest = min(e.gpus for e in space.engines)
     if 2 * smallest > max(p.num_gpus for p in cluster.pools):
         return (
-            f"a prefill/decode split of {model.name} needs at least {2 * smallest} GPUs (one prefill and one "
-            f"decode instance of {smallest}, the smallest legal engine); {cluster.name} has {cluster.num_gpus}: "
-            f"nearest fix: --gpus {2 * smallest}, or --disaggregate auto/off"
+            f"a prefill/decode split of {model.name} needs at least {2 * smallest} GPUs (one prefill and "
+            f"one decode instance of {smallest}, the smallest legal engine); {cluster.name} has "
+            f"{cluster.num_gpus}: nearest fix: --gpus {2 * smallest}, or --disaggregate auto/off"
         )
     parts = []
     if job.tpot_target_s is not None:
@@ -777,13 +839,17 @@ def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space
             cfg = _config(model, pool, job, e, max_num_seqs=1)
             mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
             best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
-        parts.append(f"TPOT <= {job.tpot_target_s * 1e3:g} ms (the fastest decode instance reaches {best * 1e3:.1f} ms)")
+        parts.append(
+            f"TPOT <= {job.tpot_target_s * 1e3:g} ms "
+            f"(the fastest decode instance reaches {best * 1e3:.1f} ms)"
+        )
     if job.ttft_target_s is not None:
         parts.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
     if job.request_rate is not None:
         parts.append(f"{job.request_rate:g} requests/s")
     need = " and ".join(parts) or "the job"
     return (
-        f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) meets {need}: "
-        "nearest fix: relax the targets, use more or faster GPUs (--gpus), or --disaggregate auto"
+        f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) "
+        f"meets {need}: nearest fix: relax the targets, use more or faster GPUs (--gpus), "
+        "or --disaggregate auto"
     )

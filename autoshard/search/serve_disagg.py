@@ -120,7 +120,10 @@ def tabulate_disagg(
             prefill.append(PrefillRow(e, inst, u, rate, time_to_us(ttft), send))  # type: ignore[arg-type]
         # ---- decode side
         top = serve_memory(
-            model, pool.gpu, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY), context_len=job.context_len
+            model,
+            pool.gpu,
+            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY),
+            context_len=job.context_len,
         )
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
         for b in concurrency_ladder(limit):
@@ -154,8 +157,12 @@ def tabulate_disagg(
     else:
         kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli, r.ttft_us, *r.send_us))
         kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli, r.tpot_us, *r.recv_us))
-    dropped["prefill instance dominated (as many GPUs or more, no faster, no sooner)"] += len(prefill) - len(kept_p)
-    dropped["decode instance dominated (as many GPUs or more, no faster, no lower TPOT)"] += len(decode) - len(kept_d)
+    dropped["prefill instance dominated (as many GPUs or more, no faster, no sooner)"] += len(prefill) - len(
+        kept_p
+    )
+    dropped["decode instance dominated (as many GPUs or more, no faster, no lower TPOT)"] += len(
+        decode
+    ) - len(kept_d)
     return DisaggTables(kept_p, kept_d, dropped, latency)
 
 
@@ -177,8 +184,16 @@ def _pareto(rows: list, key) -> list:  # type: ignore[no-untyped-def]
 
 def _links(cluster: ClusterSpec, pool):  # type: ignore[no-untyped-def]
     """(NVLink, RDMA inside the pool, the inter-pool network) per-GPU links of a pool's instances."""
-    cross = kv_link(pool, same_domain=False, other=cluster.pools[-1] if pool is cluster.pools[0] else cluster.pools[0],
-                    inter_pool_gbps=cluster.pool_link_gbps) if cluster.is_heterogeneous else None
+    cross = (
+        kv_link(
+            pool,
+            same_domain=False,
+            other=cluster.pools[-1] if pool is cluster.pools[0] else cluster.pools[0],
+            inter_pool_gbps=cluster.pool_link_gbps,
+        )
+        if cluster.is_heterogeneous
+        else None
+    )
     rdma = kv_link(pool, same_domain=False)
     return (kv_link(pool, same_domain=True), rdma, cross or rdma)
 
@@ -193,6 +208,7 @@ def transfer_for(
     """The KV transfer of a chosen prefill/decode pair (over the inter-pool network when their pools
     differ)."""
     pool, other = cluster.pools[p.engine.pool], cluster.pools[d.engine.pool]
-    link = kv_link(pool, same_domain=same_domain and pool is other, other=other,
-                   inter_pool_gbps=cluster.pool_link_gbps)
+    link = kv_link(
+        pool, same_domain=same_domain and pool is other, other=other, inter_pool_gbps=cluster.pool_link_gbps
+    )
     return kv_transfer(model, job, p.instance.config, d.instance.config, link)

@@ -14,7 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.costmodel.serving import concurrency_ladder, kv_limited_concurrency, predict_serve, serve_memory
+from autoshard.costmodel.serving import (
+    concurrency_ladder,
+    kv_limited_concurrency,
+    predict_serve,
+    serve_memory,
+)
 from autoshard.errors import InfeasibleError
 from autoshard.search.serve_disagg import tabulate_disagg
 from autoshard.search.serve_space import MAX_CONCURRENCY, _config, enumerate_serve
@@ -62,7 +67,9 @@ def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
     return tuple(out)
 
 
-def serve_front(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto") -> Front:
+def serve_front(
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto"
+) -> Front:
     """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front. The job's TPOT
     target is ignored (the front spans all TPOTs); its TTFT target filters points."""
     free = job.model_copy(update={"tpot_target_s": None})
@@ -72,8 +79,12 @@ def serve_front(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disagg
     if disaggregate != "on":
         for e in space.engines:
             pool = cluster.pools[e.pool]
-            top = serve_memory(model, pool.gpu, _config(model, pool, free, e, max_num_seqs=MAX_CONCURRENCY),
-                               context_len=free.context_len)
+            top = serve_memory(
+                model,
+                pool.gpu,
+                _config(model, pool, free, e, max_num_seqs=MAX_CONCURRENCY),
+                context_len=free.context_len,
+            )
             for b in concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, free)))):
                 cfg = _config(model, pool, free, e, max_num_seqs=b)
                 try:
@@ -83,8 +94,17 @@ def serve_front(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disagg
                 if pred.concurrency < b or not ttft_ok(pred.ttft_s):
                     continue
                 where = f"{pool.name} " if len(cluster.pools) > 1 else ""
-                points.append(FrontPoint("aggregated", f"{where}{e.label()} x{b}", pred.tokens_per_s_per_gpu,
-                                         1.0 / pred.tpot_s, pred.tpot_s, pred.ttft_s, e.gpus))
+                points.append(
+                    FrontPoint(
+                        "aggregated",
+                        f"{where}{e.label()} x{b}",
+                        pred.tokens_per_s_per_gpu,
+                        1.0 / pred.tpot_s,
+                        pred.tpot_s,
+                        pred.ttft_s,
+                        e.gpus,
+                    )
+                )
     if disaggregate != "off":
         points += _disagg_points(model, cluster, free, job, space)
     return Front(tuple(points), _pareto(points))
@@ -117,14 +137,33 @@ def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # typ
                 if best is None:
                     continue
                 per_gpu, x, y, used = best
-                link = kv_link(pa, same_domain=same and used <= pa.node.domain_size, other=pb,
-                               inter_pool_gbps=cluster.pool_link_gbps)
+                link = kv_link(
+                    pa,
+                    same_domain=same and used <= pa.node.domain_size,
+                    other=pb,
+                    inter_pool_gbps=cluster.pool_link_gbps,
+                )
                 tr = kv_transfer(model, free, p.instance.config, d.instance.config, link)
-                ttft = disagg_ttft_s(p.instance, tr, d.instance.tpot_s, y * rd / (x * p.instance.requests_per_s))
+                ttft = disagg_ttft_s(
+                    p.instance, tr, d.instance.tpot_s, y * rd / (x * p.instance.requests_per_s)
+                )
                 if job.ttft_target_s is not None and ttft > job.ttft_target_s:
                     continue
-                where = (f"{pa.name}->{pb.name} " if not same else f"{pa.name} ") if cluster.is_heterogeneous else ""
+                where = (
+                    (f"{pa.name}->{pb.name} " if not same else f"{pa.name} ")
+                    if cluster.is_heterogeneous
+                    else ""
+                )
                 label = f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()} x{d.instance.concurrency}"
-                out.append(FrontPoint("disaggregated", label, per_gpu, 1.0 / d.instance.tpot_s, d.instance.tpot_s,
-                                      ttft, used))
+                out.append(
+                    FrontPoint(
+                        "disaggregated",
+                        label,
+                        per_gpu,
+                        1.0 / d.instance.tpot_s,
+                        d.instance.tpot_s,
+                        ttft,
+                        used,
+                    )
+                )
     return out

@@ -40,7 +40,19 @@ def test_interactive_default_and_throughput_alternative():
 
 
 def test_explicit_target_has_no_default_sla():
-    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--tpot-ms", "30", "--json", *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-8b",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--mode",
+        "serve",
+        "--tpot-ms",
+        "30",
+        "--json",
+        *FAST,
+    )
     obj = json.loads(r.stdout)
     assert "sla" not in obj and "throughput_optimal" not in obj
     assert obj["predicted"]["serve"]["tpot_s"] <= 0.030
@@ -54,8 +66,21 @@ def test_interactive_text_names_the_sla():
 
 
 def test_disaggregate_on_json_roles():
-    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--disaggregate", "on",
-            "--tpot-ms", "60", "--json", *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-70b",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--mode",
+        "serve",
+        "--disaggregate",
+        "on",
+        "--tpot-ms",
+        "60",
+        "--json",
+        *FAST,
+    )
     obj = json.loads(r.stdout)
     roles = obj["plan"]["roles"]
     assert {x["role"] for x in roles} == {"prefill", "decode"}
@@ -65,16 +90,45 @@ def test_disaggregate_on_json_roles():
 
 
 def test_disaggregate_off_never_splits():
-    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--mode", "serve", "--disaggregate", "off",
-            "--tpot-ms", "50", "--json", *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-70b",
+        "dgx-h100",
+        "--gpus",
+        "64",
+        "--mode",
+        "serve",
+        "--disaggregate",
+        "off",
+        "--tpot-ms",
+        "50",
+        "--json",
+        *FAST,
+    )
     obj = json.loads(r.stdout)
     assert obj["plan"]["disaggregated"] is False and "roles" not in obj["plan"]
 
 
 def test_emit_script_for_disaggregated_plan(tmp_path):
     out = tmp_path / "pd.sh"
-    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--disaggregate", "on",
-            "--tpot-ms", "60", "--emit", "sglang", "-o", out, *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-70b",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--mode",
+        "serve",
+        "--disaggregate",
+        "on",
+        "--tpot-ms",
+        "60",
+        "--emit",
+        "sglang",
+        "-o",
+        out,
+        *FAST,
+    )
     assert r.exit_code == 0, r.stderr
     text = out.read_text()
     assert text.startswith("#!/usr/bin/env bash") and "sglang_router.launch_router" in text
@@ -82,8 +136,24 @@ def test_emit_script_for_disaggregated_plan(tmp_path):
 
 
 def test_emit_k8s(tmp_path):
-    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--disaggregate", "on",
-            "--tpot-ms", "60", "--emit", "k8s", "-o", tmp_path / "k8s", *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-70b",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--mode",
+        "serve",
+        "--disaggregate",
+        "on",
+        "--tpot-ms",
+        "60",
+        "--emit",
+        "k8s",
+        "-o",
+        tmp_path / "k8s",
+        *FAST,
+    )
     assert r.exit_code == 0, r.stderr
     files = sorted((tmp_path / "k8s").glob("*.yaml"))
     assert any(f.name.endswith("-router.yaml") for f in files)
@@ -108,8 +178,20 @@ def test_bad_input(args, fragment):
 
 
 def test_pareto_json_and_png(tmp_path):
-    r = cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--pareto", "--out", tmp_path,
-            "--json", *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-70b",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--mode",
+        "serve",
+        "--pareto",
+        "--out",
+        tmp_path,
+        "--json",
+        *FAST,
+    )
     assert r.exit_code == 0, r.stderr
     obj = json.loads(r.stdout)
     front = obj["pareto"]["front"]
@@ -125,8 +207,25 @@ def test_out_needs_pareto(tmp_path):
 
 
 def test_study_serve_front(tmp_path):
-    r = cli("study", "llama-3.1-8b", "--cluster", "dgx-h100", "--cluster", "dgx-a100-80gb", "--gpus", "8",
-            "--mode", "serve", "--jobs", "1", "--time-limit", "10", "--out", tmp_path, "--json")
+    r = cli(
+        "study",
+        "llama-3.1-8b",
+        "--cluster",
+        "dgx-h100",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--mode",
+        "serve",
+        "--jobs",
+        "1",
+        "--time-limit",
+        "10",
+        "--out",
+        tmp_path,
+        "--json",
+    )
     assert r.exit_code == 0, r.stderr
     obj = json.loads(r.stdout)
     fronts = {f["cluster"]: f for f in obj["serve_front"]}
@@ -143,8 +242,10 @@ def test_study_serve_front(tmp_path):
     ("args", "fragments"),
     [
         (["llama-3.1-405b", "dgx-h100", "--gpus", "16"], ["needs at least 32 GPUs", "has 16", "--gpus 32"]),
-        (["llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tpot-ms", "5"],
-         ["TPOT <= 5 ms", "the fastest decode instance reaches"]),
+        (
+            ["llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tpot-ms", "5"],
+            ["TPOT <= 5 ms", "the fastest decode instance reaches"],
+        ),
     ],
 )
 def test_no_split_says_what_is_missing(args, fragments):
@@ -158,8 +259,34 @@ def test_no_split_says_what_is_missing(args, fragments):
 def test_out_must_be_a_directory(tmp_path):
     afile = tmp_path / "x.png"
     afile.write_text("")
-    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--pareto", "--out", afile, *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-8b",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--mode",
+        "serve",
+        "--pareto",
+        "--out",
+        afile,
+        *FAST,
+    )
     assert r.exit_code == 2 and "is a file" in " ".join((r.stdout + r.stderr).split())
-    r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--disaggregate", "on",
-            "--emit", "k8s", "-o", afile, *FAST)
+    r = cli(
+        "solve",
+        "llama-3.1-8b",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--mode",
+        "serve",
+        "--disaggregate",
+        "on",
+        "--emit",
+        "k8s",
+        "-o",
+        afile,
+        *FAST,
+    )
     assert r.exit_code == 2 and "is a file" in " ".join((r.stdout + r.stderr).split())

@@ -23,8 +23,16 @@ H100 = load_cluster("dgx-h100")
 
 def plan_for(model, gpus, mode, **job):
     j = ServeJob(input_len=1000, output_len=1000, **job)
-    return solve_serve(load_model(model), H100.with_gpus(gpus), j, pins=None, top_k=1, time_limit_s=20,
-                       num_workers=2, disaggregate=mode)[0]
+    return solve_serve(
+        load_model(model),
+        H100.with_gpus(gpus),
+        j,
+        pins=None,
+        top_k=1,
+        time_limit_s=20,
+        num_workers=2,
+        disaggregate=mode,
+    )[0]
 
 
 def check_type(obj, key, kind):
@@ -37,7 +45,9 @@ def check_labels(labels):
     assert isinstance(labels, dict) and labels
     for k, v in labels.items():
         assert LABEL_KEY.match(k) and len(k.split("/")[-1]) <= 63, k
-        assert isinstance(v, str) and len(v) <= 63 and re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", v), v
+        assert (
+            isinstance(v, str) and len(v) <= 63 and re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", v)
+        ), v
 
 
 def check_pod_template(tpl, gpus=None):
@@ -55,7 +65,9 @@ def check_pod_template(tpl, gpus=None):
         assert cmd[:2] == ["/bin/sh", "-c"] and len(cmd) == 3
         shlex.split(cmd[2])  # the shell line parses: every word quoted
         for port in c.get("ports", []):
-            assert isinstance(check_type(port, "containerPort", int), int) and 0 < port["containerPort"] < 65536
+            assert (
+                isinstance(check_type(port, "containerPort", int), int) and 0 < port["containerPort"] < 65536
+            )
         limits = c.get("resources", {}).get("limits", {})
         if "nvidia.com/gpu" in limits:
             assert isinstance(limits["nvidia.com/gpu"], int)
@@ -98,7 +110,9 @@ def check_object(obj):
         names = [check_type(p, "name", str) for p in ports]
         assert len(set(names)) == len(names)
         for p in ports:
-            assert isinstance(check_type(p, "port", int), int) and isinstance(check_type(p, "targetPort", int), int)
+            assert isinstance(check_type(p, "port", int), int) and isinstance(
+                check_type(p, "targetPort", int), int
+            )
         return kind, name, spec["selector"], 0
     raise AssertionError(f"unexpected kind {kind}")
 
@@ -126,7 +140,9 @@ def test_manifests_pass_the_schema(model, gpus, mode, job, framework):
     engine_gpus = sum(g for k, n, _, g in seen if k != "Service" and not n.endswith("-router"))
     assert engine_gpus == plan.num_gpus
     if plan.disaggregated:
-        router = next(o for o in objects if o["metadata"]["name"].endswith("-router") and o["kind"] == "Deployment")
+        router = next(
+            o for o in objects if o["metadata"]["name"].endswith("-router") and o["kind"] == "Deployment"
+        )
         line = router["spec"]["template"]["spec"]["containers"][0]["command"][2]
         for inst in (n for n in names if "-prefill-" in n or "-decode-" in n):
             assert f"{inst}" in line
@@ -160,8 +176,16 @@ def test_lws_workers_run_their_own_node_line():
 
 def test_heterogeneous_pods_are_pinned_to_their_pool():
     mixed = load_cluster("mixed-h100-a100")
-    plan = solve_serve(load_model("llama-3.1-70b"), mixed, ServeJob(input_len=1000, output_len=1000,
-                       tpot_target_s=0.1), pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on")[0]
+    plan = solve_serve(
+        load_model("llama-3.1-70b"),
+        mixed,
+        ServeJob(input_len=1000, output_len=1000, tpot_target_s=0.1),
+        pins=None,
+        top_k=1,
+        time_limit_s=20,
+        num_workers=2,
+        disaggregate="on",
+    )[0]
     pools = {f"{r.role}": mixed.pools[r.pool_index].name for r in plan.roles}
     files = k8s_manifests(plan, "sglang")
     seen = 0

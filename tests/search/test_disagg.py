@@ -22,7 +22,7 @@ from autoshard.costmodel.serving import ServeConfig
 from autoshard.emit.pd import pd_commands, pd_script, place
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.search.serve import enumerate_serve, solve_serve
-from autoshard.search.serve_disagg import MILLI, tabulate_disagg
+from autoshard.search.serve_disagg import tabulate_disagg
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 
@@ -34,8 +34,9 @@ JOB = ServeJob(input_len=1000, output_len=1000)
 
 
 def solve(model, cluster, job=JOB, mode="on", top_k=1):
-    return solve_serve(model, cluster, job, pins=None, top_k=top_k, time_limit_s=20, num_workers=2,
-                       disaggregate=mode)
+    return solve_serve(
+        model, cluster, job, pins=None, top_k=top_k, time_limit_s=20, num_workers=2, disaggregate=mode
+    )
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -66,7 +67,9 @@ def test_kv_transfer_time_rdma_and_nvlink():
     assert rdma.seconds == pytest.approx(expect)
     nvl = kv_transfer(LLAMA70, JOB, tp4, tp2, kv_link(pool, same_domain=True))
     assert nvl.link == "nvlink"
-    assert nvl.seconds == pytest.approx(size / (2 * 450e9 * eff.intra_node_bw) + eff.intra_node_latency_us * 1e-6)
+    assert nvl.seconds == pytest.approx(
+        size / (2 * 450e9 * eff.intra_node_bw) + eff.intra_node_latency_us * 1e-6
+    )
     assert nvl.seconds < rdma.seconds / 5
 
 

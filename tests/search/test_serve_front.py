@@ -52,8 +52,9 @@ def test_sla_cut_is_the_brute_force_best(front, tpot_ms):
 
 def test_front_matches_the_aggregated_solver():
     job = JOB.model_copy(update={"tpot_target_s": 0.05})
-    plan = solve_serve(LLAMA70, H100_16, job, pins=None, top_k=1, time_limit_s=10, num_workers=1,
-                       disaggregate="off")[0]
+    plan = solve_serve(
+        LLAMA70, H100_16, job, pins=None, top_k=1, time_limit_s=10, num_workers=1, disaggregate="off"
+    )[0]
     agg = serve_front(LLAMA70, H100_16, job, disaggregate="off")
     assert {p.kind for p in agg.points} == {"aggregated"}
     # the plan's engine fills the 16 GPUs with replicas, so per GPU it is the front's cut

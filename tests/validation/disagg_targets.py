@@ -30,19 +30,38 @@ def main() -> None:
         for nodes in (12, 13):
             job = ServeJob(input_len=isl, output_len=osl, weight_dtype=WeightDtype.FP8)
             t0 = time.perf_counter()
-            plan = solve_serve(dsv3, h100.with_gpus(8 * nodes), job, pins=None, top_k=1, time_limit_s=60,
-                               num_workers=args.workers, disaggregate="on")[0]
+            plan = solve_serve(
+                dsv3,
+                h100.with_gpus(8 * nodes),
+                job,
+                pins=None,
+                top_k=1,
+                time_limit_s=60,
+                num_workers=args.workers,
+                disaggregate="on",
+            )[0]
             wall = time.perf_counter() - t0
-            print(f"  {isl}/{osl} {nodes} nodes: {wall:.2f} s, {plan.solver.status}, {plan.describe()}, "
-                  f"{plan.throughput_tokens_per_s / nodes:,.0f} output tok/s per node "
-                  f"({plan.num_gpus} GPUs used), TPOT {1e3 * plan.prediction.tpot_s:.0f} ms, TTFT {plan.ttft_s:.2f} s")
+            print(
+                f"  {isl}/{osl} {nodes} nodes: {wall:.2f} s, {plan.solver.status}, {plan.describe()}, "
+                f"{plan.throughput_tokens_per_s / nodes:,.0f} output tok/s per node "
+                f"({plan.num_gpus} GPUs used), TPOT {1e3 * plan.prediction.tpot_s:.0f} ms, "
+                f"TTFT {plan.ttft_s:.2f} s"
+            )
     llama = load_model("llama-3.1-70b")
     print("\nLlama-3.1-70B, BF16, 1000/1000, TPOT <= 50 ms, --disaggregate auto")
     for gpus in (8, 16, 32, 64):
         job = ServeJob(input_len=1000, output_len=1000, tpot_target_s=0.05)
         t0 = time.perf_counter()
-        plan = solve_serve(llama, h100.with_gpus(gpus), job, pins=None, top_k=1, time_limit_s=60,
-                           num_workers=args.workers, disaggregate="auto")[0]
+        plan = solve_serve(
+            llama,
+            h100.with_gpus(gpus),
+            job,
+            pins=None,
+            top_k=1,
+            time_limit_s=60,
+            num_workers=args.workers,
+            disaggregate="auto",
+        )[0]
         print(f"  {gpus} GPUs ({time.perf_counter() - t0:.2f} s): {plan.choice}")
 
 

@@ -52,16 +52,37 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
     e = Engine(0, d["tp"], d["pp"], d["attention_dp"], d["expert_parallel"])
     cluster = load_cluster(run["cluster"]).with_gpus(max(e.gpus, 8))
     pool = cluster.pools[0]
-    job = ServeJob(input_len=input_len, output_len=output_len, weight_dtype=WeightDtype(run["weight_dtype"]),
-                   kv_cache_dtype=WeightDtype(run["kv_cache_dtype"]))
-    top = serve_memory(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]),
-                       context_len=job.context_len)
+    job = ServeJob(
+        input_len=input_len,
+        output_len=output_len,
+        weight_dtype=WeightDtype(run["weight_dtype"]),
+        kv_cache_dtype=WeightDtype(run["kv_cache_dtype"]),
+    )
+    top = serve_memory(
+        model,
+        pool.gpu,
+        _config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]),
+        context_len=job.context_len,
+    )
     batch = max(1, min(run["max_num_seqs"], kv_limited_concurrency(top, job)))
     cfg = _config(model, pool, job, e, max_num_seqs=batch)
-    inst = decode_instance(model, pool, job, cfg, serve_memory(model, pool.gpu, cfg, context_len=job.context_len),
-                           concurrency=batch)
-    return DisaggResult(run["id"], input_len, output_len, batch, inst.tpot_s, inst.throughput_tokens_per_s / e.gpus,
-                        float(run["measured_decode_tokens_per_s_per_gpu"]))
+    inst = decode_instance(
+        model,
+        pool,
+        job,
+        cfg,
+        serve_memory(model, pool.gpu, cfg, context_len=job.context_len),
+        concurrency=batch,
+    )
+    return DisaggResult(
+        run["id"],
+        input_len,
+        output_len,
+        batch,
+        inst.tpot_s,
+        inst.throughput_tokens_per_s / e.gpus,
+        float(run["measured_decode_tokens_per_s_per_gpu"]),
+    )
 
 
 def evaluate_runs() -> list[DisaggResult]:
@@ -76,13 +97,19 @@ def evaluate_runs() -> list[DisaggResult]:
 
 def main() -> int:
     results = evaluate_runs()
-    print(f"{'run':<44} {'ISL':>5} {'OSL':>5} {'batch':>6} {'TPOT ms':>8} {'pred tok/s/GPU':>15} "
-          f"{'measured':>9} {'error':>7}")
+    print(
+        f"{'run':<44} {'ISL':>5} {'OSL':>5} {'batch':>6} {'TPOT ms':>8} {'pred tok/s/GPU':>15} "
+        f"{'measured':>9} {'error':>7}"
+    )
     for r in results:
-        print(f"{r.id:<44} {r.input_len:>5} {r.output_len:>5} {r.concurrency:>6} {1e3 * r.tpot_s:>8.1f} "
-              f"{r.predicted:>15,.0f} {r.measured:>9,.0f} {100 * r.error:>+6.1f}%")
-    print("\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
-          "should fall inside the predicted range, not match one row.")
+        print(
+            f"{r.id:<44} {r.input_len:>5} {r.output_len:>5} {r.concurrency:>6} {1e3 * r.tpot_s:>8.1f} "
+            f"{r.predicted:>15,.0f} {r.measured:>9,.0f} {100 * r.error:>+6.1f}%"
+        )
+    print(
+        "\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
+        "should fall inside the predicted range, not match one row."
+    )
     return 0
 
 
