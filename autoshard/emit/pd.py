@@ -132,13 +132,16 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
     base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one)
     head = _addr(inst.nodes[0])
     lines = []
-    for k, line in enumerate(base):
+    for line in base:
         line = line.replace(HEAD_ADDRESS, head)
         env = ""
         if inst.devices is not None:
             env = "CUDA_VISIBLE_DEVICES=" + _q(",".join(map(str, inst.devices))) + " "
         if framework == "vllm":
-            env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + inst.slot} "
+            # NIXL's side channel listens on this port plus the DP rank: instances sharing a node get
+            # port ranges a node's worth of ranks apart
+            stride = one.pool.node.gpus_per_node
+            env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + stride * inst.slot} "
             words = [
                 "--host",
                 "0.0.0.0",
@@ -163,7 +166,6 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
             if role.ep > 1 and len(inst.nodes) > 1:
                 words += ["--moe-a2a-backend", "deepep"]
         lines.append(env + line + " " + " ".join(_q(w) for w in words))
-        del k
     return lines
 
 

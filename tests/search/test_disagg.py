@@ -314,3 +314,22 @@ def test_multi_node_instances_get_one_line_per_node():
         for role in plan.roles:
             for i in range(role.instances):
                 assert len(per_instance[f"{role.role} {i}"]) == role.gpus_per_instance // 8
+
+
+def test_instances_sharing_a_node_never_share_a_port():
+    plan = solve(LLAMA70, H100.with_gpus(16))[0]
+    for framework in ("vllm", "sglang"):
+        taken: dict[int, set[int]] = {}
+        for node, what, cmd in pd_commands(plan, framework):
+            if what == "router":
+                continue
+            words = shlex.split(cmd)
+            env = dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+            ports = {int(words[words.index("--port") + 1])}
+            if "VLLM_NIXL_SIDE_CHANNEL_PORT" in env:  # NIXL adds the DP rank (< 8 per node) to it
+                base = int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"])
+                ports |= set(range(base, base + 8))
+            if "--disaggregation-bootstrap-port" in words:
+                ports.add(int(words[words.index("--disaggregation-bootstrap-port") + 1]))
+            assert not ports & taken.get(node, set()), (node, what)
+            taken.setdefault(node, set()).update(ports)
