@@ -45,6 +45,13 @@ class Target(StrEnum):
     MEGATRON = "megatron"
     VLLM = "vllm"
     SGLANG = "sglang"
+    K8S = "k8s"
+
+
+class Disaggregate(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
 
 
 class RecomputeOpt(StrEnum):
@@ -315,6 +322,9 @@ def solve(
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain (minimizes GPUs).")] = None,
     weight_dtype: Annotated[str | None, typer.Option("--weight-dtype", help="Serve: bf16, fp8, int8, int4, nvfp4 or mxfp4 weights (FP4 runs on FP4 tensor cores on Blackwell).")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Serve: print the Pareto front of output tokens/s per GPU against tokens/s per user over every deployment, and where each TPOT SLA cuts it.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Serve --pareto: write pareto.png here.")] = None,
+    disaggregate: Annotated[Disaggregate, typer.Option("--disaggregate", help="Serve: prefill/decode disaggregation: auto (the solver chooses), on (xPyD only) or off (aggregated replicas only).")] = Disaggregate.AUTO,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
     _check_output(output, emit)
@@ -323,8 +333,12 @@ def solve(
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
-                     request_rate, weight_dtype, kv_cache_dtype, emit, output)
+                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value, pareto, out_dir)
         return
+    if disaggregate is not Disaggregate.AUTO:
+        raise SpecError("--disaggregate is for serving plans: add --mode serve", source="--disaggregate")
+    if pareto or out_dir is not None:
+        raise SpecError("--pareto and --out are for serving plans: add --mode serve", source="--pareto")
     if target not in (None, Target.MEGATRON):
         raise SpecError(f"--target {target.value} is a serving launcher: add --mode serve", source="--target")
     if emit not in (None, Target.MEGATRON):
@@ -587,25 +601,101 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
 
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
-                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output) -> None:
+                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
+                 disaggregate: str = "auto", pareto: bool = False, out_dir: Path | None = None) -> None:
+    from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
-    from autoshard.serve_api import serve_job_for
+    from autoshard.serve_api import INTERACTIVE_TPOT_MS, interactive_job, serve_job_for
 
+    if target is Target.K8S:
+        raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
+                        source="--target")
+    if out_dir is not None and not pareto:
+        raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
+    if emit is Target.K8S and output is None:
+        raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype,
                         kv_cache_dtype)
-    plans = solve_serve(model_spec, cluster_spec, job, pins={k: v for k, v in pins.items() if v is not None},
-                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed)
-    best = plans[0]
-    if json_out:
-        _print_plans_json(plans)
+    run = dict(pins={k: v for k, v in pins.items() if v is not None}, time_limit_s=time_limit, num_workers=workers,
+               seed=seed, disaggregate=disaggregate)
+    interactive = interactive_job(job)
+    alternative, sla_note = None, ""
+    if interactive is None:
+        plans = solve_serve(model_spec, cluster_spec, job, top_k=top, **run)
     else:
-        render_serve_plan(best, out if emit is None or output is not None else err, runners=plans[1:], explain=explain,
-                          time_limit_s=time_limit)
-    if emit is not None:
+        alternative = solve_serve(model_spec, cluster_spec, job, top_k=1, **run)[0]
+        try:
+            plans = solve_serve(model_spec, cluster_spec, interactive, top_k=top, **run)
+            sla_note = (f"SLA: TPOT <= {INTERACTIVE_TPOT_MS:g} ms (the interactive default; set --tpot-ms, --ttft-s "
+                        "or --request-rate to plan for your own)")
+        except InfeasibleError as exc:
+            plans, alternative = [alternative], None
+            sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
+                        "showing the throughput-optimal plan")
+    best = plans[0]
+    front = None
+    if pareto:
+        from autoshard.report.pareto import front_json, render_front, write_front_png
+        from autoshard.search.serve_front import serve_front
+
+        front = serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate)
+        if out_dir is not None:
+            png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
+                                  title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
+                                        f"{job.input_len} in / {job.output_len} out")
+            err.print(f"wrote {png}")
+    if json_out:
+        obj = best.to_json()
+        if len(plans) > 1:
+            obj["alternatives"] = [p.to_json() for p in plans[1:]]
+        if front is not None:
+            obj["pareto"] = front_json(front, best.job.tpot_target_s)
+        if interactive is not None:
+            obj["sla"] = {"tpot_ms": INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
+                          "note": sla_note}
+        if alternative is not None:
+            obj["throughput_optimal"] = alternative.to_json()
+        _print_json(obj)
+    else:
+        console = out if emit is None or output is not None else err
+        render_serve_plan(best, console, runners=plans[1:], explain=explain, time_limit_s=time_limit)
+        if sla_note:
+            console.print(f"[bold]{escape(sla_note)}[/bold]")
+        if alternative is not None:
+            console.print(
+                f"throughput-optimal alternative (no TPOT target): {escape(alternative.describe())}, "
+                f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
+                f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
+                highlight=False)
+        if front is not None:
+            render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
+                         tpot_target_s=best.job.tpot_target_s)
+    if emit is Target.K8S:
+        from autoshard.emit.k8s import k8s_manifests, k8s_yaml
+
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+        output.mkdir(parents=True, exist_ok=True)
+        if target in (Target.VLLM, Target.SGLANG):
+            framework = target.value
+        else:  # SGLang's router ships in its image; vLLM's PD proxy is an example script
+            framework = "sglang" if best.disaggregated else "vllm"
+        files = k8s_manifests(best, framework)
+        for name, objects in files.items():
+            (output / name).write_text(k8s_yaml(objects))
+        err.print(f"wrote {len(files)} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
+                  highlight=False)
+    elif emit is not None and best.disaggregated:
+        from autoshard.emit.pd import pd_script
+
+        _write_script(pd_script(best, emit.value), output, json_out)
+    elif emit is not None:
         from autoshard.emit.serve_script import serve_script
 
         _write_script(serve_script(best, emit.value), output, json_out)

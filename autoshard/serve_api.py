@@ -6,7 +6,11 @@ from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["serve_job_for"]
+__all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job"]
+
+INTERACTIVE_TPOT_MS = 50.0
+"""The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
+user, faster than people read), the interactive tier serving benchmarks report beside max throughput."""
 
 
 def serve_job_for(
@@ -39,9 +43,16 @@ def serve_job_for(
     name = model.name if model is not None else "the command's model"
     job = validate(ServeJob, data, source=f"serving job for {name}")
     wd = job.weight_dtype
-    if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4) and not any(
+    if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4, WeightDtype.NVFP4, WeightDtype.MXFP4) and not any(
             c.weights is wd for c in model.checkpoints):
         from autoshard.emit.vllm import no_checkpoint
 
         raise no_checkpoint(model.name, wd)  # refused before solving, not when the command is written
     return job
+
+
+def interactive_job(job: ServeJob) -> ServeJob | None:
+    """The job with the interactive TPOT target when it has no target and no request rate; else None."""
+    if job.tpot_target_s is not None or job.ttft_target_s is not None or job.request_rate is not None:
+        return None
+    return job.model_copy(update={"tpot_target_s": INTERACTIVE_TPOT_MS / 1000.0})

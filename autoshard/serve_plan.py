@@ -17,6 +17,7 @@ from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.compute import layer_flops
+from autoshard.costmodel.disagg import KvTransfer
 from autoshard.costmodel.serving import (
     LatencyQuantiles,
     ServePrediction,
@@ -30,7 +31,7 @@ from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import Checkpoint, LayerKind, ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["ServePlan", "model_path"]
+__all__ = ["ServePlan", "Role", "Disaggregation", "model_path"]
 
 _HF = re.compile(r"^https?://huggingface\.co/([^/]+/[^/]+?)(?:/|$)")
 
@@ -39,6 +40,83 @@ def model_path(model: ModelSpec) -> str:
     """What to pass to the launcher: the Hugging Face repo id when the spec cites one, else its name."""
     match = _HF.match(model.source or "")
     return match.group(1) if match else model.name
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """One role of a disaggregated deployment: `instances` identical engines doing only prefill or
+    only decode. Degrees per instance, vLLM naming (EP = TP x attention DP with expert parallelism)."""
+
+    role: str
+    """"prefill" or "decode"."""
+    instances: int
+    tp: int
+    pp: int
+    ep: int
+    attention_dp: int
+    max_num_seqs: int
+    """Running requests per attention-DP rank (vLLM --max-num-seqs)."""
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    prediction: ServePrediction
+    """One instance (for prefill: `decode` holds one full prefill step, `prefill` one prompt alone)."""
+    requests_per_s: float
+    """What one instance sustains at full load."""
+    utilization: float
+    """Planned load / capacity of the role."""
+    pool_index: int = 0
+    """The cluster pool its instances run on (roles may use different GPU types)."""
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tp * self.pp * self.attention_dp
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_instance * self.instances
+
+    @property
+    def max_batch(self) -> int:
+        """Running requests per instance (all attention-DP ranks)."""
+        return self.max_num_seqs * self.attention_dp
+
+    def label(self) -> str:
+        ep = f" EP{self.ep} (attention DP{self.attention_dp})" if self.ep > 1 else ""
+        return f"{self.instances} x {self.role} TP{self.tp} PP{self.pp}{ep}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "instances": self.instances,
+            "tp": self.tp,
+            "pp": self.pp,
+            "ep": self.ep,
+            "attention_dp": self.attention_dp,
+            "gpus": self.gpus,
+            "gpus_per_instance": self.gpus_per_instance,
+            "max_batch": self.max_batch,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "requests_per_s_per_instance": self.requests_per_s,
+            "utilization": self.utilization,
+            "memory_gib_peak": self.prediction.memory.used_bytes / GIB,
+            "kv_cache_tokens": self.prediction.memory.kv_cache_tokens,
+            "pool_index": self.pool_index,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Disaggregation:
+    """Deployment-level figures of an xPyD plan."""
+
+    throughput_tokens_per_s: float
+    """Output tokens/s the deployment serves (the decode instances at their planned batch)."""
+    ttft_s: float
+    """Mean TTFT at the planned load: prefill queue + prompt + KV transfer + first decode step."""
+    transfer: KvTransfer
+    ttft_p90_s: float | None = None
+    """90th percentile TTFT (the queue wait's tail; the rest deterministic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +144,12 @@ class ServePlan:
     band: Band | None = None
     """Where the measured throughput is expected to fall; None: the band table's band for the plan's
     kind (`autoshard.costmodel.bands.band_of`)."""
+    roles: tuple[Role, ...] = ()
+    """Prefill and decode roles of a disaggregated plan; empty for aggregated replicas. The plan's
+    tp/pp/dp/ep and `prediction` then describe one decode instance."""
+    disaggregation: Disaggregation | None = None
+    choice: str = ""
+    """Why this kind of deployment (aggregated or xPyD) won, against the best of the other kind."""
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp * self.dp):
@@ -83,8 +167,17 @@ class ServePlan:
         return self.dp if self.expert_parallel else 1
 
     @property
+    def disaggregated(self) -> bool:
+        return bool(self.roles)
+
+    def role(self, name: str) -> Role:
+        return next(r for r in self.roles if r.role == name)
+
+    @property
     def replicas(self) -> int:
-        """Independent engines."""
+        """Independent engines (decode instances of a disaggregated plan)."""
+        if self.roles:
+            return self.role("decode").instances
         return 1 if self.expert_parallel else self.dp
 
     @property
@@ -93,6 +186,8 @@ class ServePlan:
 
     @property
     def num_gpus(self) -> int:
+        if self.roles:
+            return sum(r.gpus for r in self.roles)
         return self.tp * self.pp * self.dp
 
     @property
@@ -105,7 +200,24 @@ class ServePlan:
 
     @property
     def throughput_tokens_per_s(self) -> float:
+        if self.disaggregation is not None:
+            return self.disaggregation.throughput_tokens_per_s
         return self.prediction.throughput_tokens_per_s * self.replicas
+
+    @property
+    def running_requests(self) -> int:
+        """Requests decoding at once over the deployment."""
+        if self.roles:
+            d = self.role("decode")
+            return d.prediction.concurrency * d.attention_dp * d.instances
+        return self.prediction.concurrency * self.dp
+
+    @property
+    def ttft_s(self) -> float:
+        """Mean TTFT of the deployment."""
+        if self.disaggregation is not None:
+            return self.disaggregation.ttft_s
+        return self.prediction.ttft_s
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -150,6 +262,9 @@ class ServePlan:
         return SolveStatus.FEASIBLE
 
     def describe(self) -> str:
+        if self.roles:
+            p, d = self.role("prefill"), self.role("decode")
+            return f"{p.instances}P{d.instances}D: " + " + ".join(r.label() for r in self.roles)
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
         if self.expert_parallel:
             parts.append(f"EP{self.ep}")
@@ -158,12 +273,27 @@ class ServePlan:
     def meets_targets(self) -> bool:
         p, j = self.prediction, self.job
         ok = j.tpot_target_s is None or p.tpot_s <= j.tpot_target_s
-        ok = ok and (j.ttft_target_s is None or p.ttft_s <= j.ttft_target_s)
+        ok = ok and (j.ttft_target_s is None or self.ttft_s <= j.ttft_target_s)
         if j.request_rate is not None:
             ok = ok and self.throughput_tokens_per_s / j.output_len >= j.request_rate
         return ok
 
     # ------------------------------------------------------------------ JSON
+    def _disagg_json(self) -> dict[str, Any]:
+        d = self.disaggregation
+        if d is None:
+            return {}
+        t = d.transfer
+        pools = {r.pool_index for r in self.roles}
+        return {
+            "kv_transfer_s": t.seconds,
+            "kv_transfer_bytes_per_request": t.bytes_per_request,
+            "kv_transfer_link": t.link if len(pools) == 1 else "inter-pool",
+            "prefill_utilization": self.role("prefill").utilization,
+            "ttft_p90_s": d.ttft_p90_s,
+            "tpot_p90_s": self.prediction.tpot_s,  # decode-only steps: no prefill chunk makes a slow one
+        }
+
     def _stages(self) -> list[dict[str, Any]]:
         names = self.model.layer_names
         pool = self.pool
@@ -286,6 +416,17 @@ class ServePlan:
                 "concurrency_per_dp_rank": p.concurrency,
                 "pool": self.pool.name,
                 "unused_gpus": self.cluster.num_gpus - self.num_gpus,
+                "disaggregated": self.disaggregated,
+                "deployment_choice": self.choice,
+                **(
+                    {
+                        "roles": [
+                            {**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles
+                        ]
+                    }
+                    if self.roles
+                    else {}
+                ),
             },
             "predicted": {
                 "step_time_s": p.tpot_s,
@@ -325,13 +466,13 @@ class ServePlan:
                 "band": band_of(self).to_json(),
                 "serve": {
                     "throughput_tokens_per_s": self.throughput_tokens_per_s,
-                    "ttft_s": p.ttft_s,
+                    "ttft_s": self.ttft_s,
                     "tpot_s": p.tpot_s,
                     "max_concurrency": mem.max_concurrency,
                     "kv_cache_gib": max(mem.kv_cache_bytes, 0.0) / GIB,
                     "max_model_len": self.max_model_len,
                     "kv_cache_tokens": mem.kv_cache_tokens,
-                    "concurrency": p.concurrency * self.dp,
+                    "concurrency": self.running_requests,
                     "requests_per_s": self.throughput_tokens_per_s / self.job.output_len,
                     "throughput_per_engine_tokens_per_s": p.throughput_tokens_per_s,
                     "prefill_s": p.prefill.total_s,
@@ -344,6 +485,7 @@ class ServePlan:
                     "ttft_p90_s": p.ttft_p90_s,
                     "tpot_p90_s": p.tpot_p90_s,
                     **self._at_request_rate(),
+                    **self._disagg_json(),
                 },
             },
             "launch": dict(self.launch),

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -340,12 +340,12 @@ def check_out_dir(out_dir: Path) -> None:
         raise SpecError(f"cannot use {where}: {exc.strerror}: choose another directory", source="--out") from None
 
 
-def write_study_set(result: StudyResult, out_dir: Path) -> list[Path]:
+def write_study_set(result: StudyResult, out_dir: Path, extra: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
     """Write study.csv, study.md, pareto.png and study.json as one set: all of them go to a temporary
     directory beside `out_dir` first. A new (or empty) `out_dir` is then that directory renamed, in one
     step; into an existing one the files are moved one by one with study.json, the marker of a complete
     set, removed first and moved last. An interruption leaves either no new set or one without its
-    study.json, never one that looks complete."""
+    study.json, never one that looks complete. `extra` writers add files (e.g. serving fronts) to the set."""
     from autoshard.report.study_report import write_outputs
 
     check_out_dir(out_dir)
@@ -354,17 +354,18 @@ def write_study_set(result: StudyResult, out_dir: Path) -> list[Path]:
     try:
         written = {p.name for p in write_outputs(result, tmp)}
         assert written == set(STUDY_FILES), written
+        names = [*(write(tmp).name for write in extra), *STUDY_FILES]
         if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
             os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
         else:
             (out_dir / "study.json").unlink(missing_ok=True)
-            for name in STUDY_FILES:
+            for name in names:  # study.json last
                 os.replace(tmp / name, out_dir / name)
     except OSError as exc:
         raise SpecError(f"cannot write the study to {str(out_dir)[:200]}: {exc.strerror}", source="--out") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return [out_dir / name for name in STUDY_FILES]
+    return [out_dir / name for name in names]
 
 
 # ----------------------------------------------------------------------------- CLI entry
@@ -405,8 +406,24 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
         raise SystemExit(130) from None
     finally:
         bar.stop()
+    fronts = None
+    extra = []
+    if mode == "serve":
+        from autoshard.specs import load_model
+        from autoshard.study_front import serve_fronts, write_fronts_png
+
+        model_spec = load_model(model)
+        serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
+        specs = _load_clusters(clusters)
+        fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})))
+        if fronts:
+            def _front_png(directory: Path) -> Path:
+                return write_fronts_png(fronts, directory / "serve_front.png", tpot_target_s=serve.tpot_target_s,
+                                        title=f"{model_spec.name}: {serve.input_len} in / {serve.output_len} out")
+
+            extra.append(_front_png)
     try:
-        written = write_study_set(result, out_dir) if out_dir is not None else []
+        written = write_study_set(result, out_dir, extra=extra) if out_dir is not None else []
     except KeyboardInterrupt:
         err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
                   markup=False)
@@ -415,12 +432,20 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
         import json
 
         obj = result.to_json()
+        if fronts is not None:
+            from autoshard.study_front import fronts_json
+
+            obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
         if written:
             obj["files"] = [str(p) for p in written]
         console.file.write(json.dumps(obj, indent=2) + "\n")
         console.file.flush()
     else:
         render_study(result, console)
+        if fronts:
+            from autoshard.study_front import render_fronts
+
+            render_fronts(fronts, console, tpot_ms / 1e3 if tpot_ms else None)
         for path in written:
             err.print(f"wrote {path}", highlight=False)
     return result

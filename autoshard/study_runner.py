@@ -57,11 +57,11 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
             from autoshard.search.serve import solve_serve
 
             sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=_WORKER["time_limit_s"],
-                             num_workers=1, seed=0)[0]
+                             num_workers=1, seed=0, disaggregate="auto")[0]
             p = sp.prediction
             return key, num_gpus, {
                 "gpu": sp.pool.gpu.name, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
-                "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": p.ttft_s, "tpot_s": p.tpot_s,
+                "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": sp.ttft_s, "tpot_s": p.tpot_s,
                 "meets_targets": sp.meets_targets(), "throughput_band": band_of(sp).tokens_per_s,
                 "band_basis": band_of(sp).basis,
             }, None

@@ -13,10 +13,18 @@ from autoshard.costmodel.bands import band_text, tie_text
 from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.terminal import prune_table, solver_text
+from autoshard.report.disagg import render_choice, render_roles
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
 
 __all__ = ["render_serve_plan"]
+
+
+def _ttft_p90(plan: ServePlan) -> float:
+    """p90 TTFT of the deployment: the prefill/decode split's own estimate, else the engine's."""
+    if plan.disaggregation is not None:
+        return plan.disaggregation.ttft_p90_s
+    return plan.prediction.ttft_p90_s or plan.prediction.ttft_s
 
 
 def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[ServePlan] = (), explain: bool = False,
@@ -31,8 +39,8 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
-                f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {p.ttft_s:.2f} s "
-                f"(p90 {p.ttft_p90_s or p.ttft_s:.2f}) | {p.concurrency} running requests per DP rank\n",
+                f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {plan.ttft_s:.2f} s "
+                f"(p90 {_ttft_p90(plan):.2f}) | {p.concurrency} running requests per DP rank\n",
                 style="bold")
     head.append(band_text(plan) + "\n")
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per GPU = {mem.kv_cache_tokens:,} tokens "
@@ -49,6 +57,8 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     if s.status != "EVALUATED":
         head.append(f"\n{solver_text(s, time_limit_s=time_limit_s)}; objective: {plan.objective_unit}")
     console.print(Panel(head, expand=False))
+    render_roles(plan, console)
+    render_choice(plan, console)
     table = compact_table("Memory per GPU")
     add_columns(table, "component|GiB:r")
     for name, value in (("weights", mem.weights_bytes), ("activations (profiled peak)", mem.activation_bytes),

@@ -14,14 +14,24 @@ import dataclasses
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from autoshard.costmodel.bands import mark_ties
-from autoshard.costmodel.serving import predict_serve, total_weight_bytes
+from autoshard.costmodel.disagg import disagg_ttft_s
+from autoshard.costmodel.serving import ServePrediction, predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plan import SolverStats
+from autoshard.search.serve_disagg import (
+    MILLI,
+    DecodeRow,
+    DisaggTables,
+    PrefillRow,
+    tabulate_disagg,
+    transfer_for,
+)
 from autoshard.search.serve_space import (
     GPU_MEMORY_UTILIZATION,
     MAX_CONCURRENCY,
@@ -34,7 +44,7 @@ from autoshard.search.serve_space import (
     enumerate_serve,
     tabulate,
 )
-from autoshard.serve_plan import ServePlan
+from autoshard.serve_plan import Disaggregation, Role, ServePlan
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import ModelSpec
@@ -63,31 +73,176 @@ class _Model:
     cp: cp_model.CpModel
     row: cp_model.IntVar
     engine: cp_model.IntVar
-    objective: cp_model.IntVar
+    objective: cp_model.LinearExprT
+    dis: cp_model.IntVar
+    """1 when the deployment is disaggregated (xPyD)."""
+    p: cp_model.IntVar | None = None
+    d: cp_model.IntVar | None = None
+    x: cp_model.IntVar | None = None
+    y: cp_model.IntVar | None = None
+    nvl: cp_model.IntVar | None = None
+    p_engine: cp_model.IntVar | None = None
+    d_engine: cp_model.IntVar | None = None
+    served: cp_model.IntVar | None = None
 
 
-def _build(rows: list[Row], engines: list[Engine], job: ServeJob) -> _Model:
+DISAGGREGATE = ("auto", "on", "off")
+
+
+def _element(cp: cp_model.CpModel, index: cp_model.IntVar, values: list[int], name: str) -> cp_model.IntVar:
+    var = cp.new_int_var(min(values), max(values), name)
+    cp.add_element(index, values, var)
+    return var
+
+
+def _product(
+    cp: cp_model.CpModel, a: cp_model.IntVar, b: cp_model.IntVar, hi: int, name: str
+) -> cp_model.IntVar:
+    var = cp.new_int_var(0, hi, name)
+    cp.add_multiplication_equality(var, [a, b])
+    return var
+
+
+def _build(
+    rows: list[Row],
+    engines: list[Engine],
+    job: ServeJob,
+    tables: DisaggTables | None = None,
+    cluster: ClusterSpec | None = None,
+) -> _Model:
+    """One model over both deployment kinds: `dis` = 0 picks one aggregated row (engine, concurrency,
+    replicas); `dis` = 1 picks a prefill row, a decode row and their instance counts x and y, with
+    x * prefill rate >= y * decode rate (prefill keeps up with decode at its planned utilization),
+    x * prefill GPUs + y * decode GPUs within the pool, and the TTFT target met with the KV transfer
+    priced on NVLink only when the whole deployment sits in one NVLink domain."""
     cp = cp_model.CpModel()
-    row = cp.new_int_var(0, len(rows) - 1, "row")
-    engine_ids = [engines.index(r.engine) for r in rows]
-    engine = cp.new_int_var(0, len(engines) - 1, "engine")
-    cp.add_element(row, engine_ids, engine)
-    if job.tpot_target_s is not None:
-        tpot = cp.new_int_var(0, max(r.tpot_us for r in rows), "tpot_us")
-        cp.add_element(row, [r.tpot_us for r in rows], tpot)
-        cp.add(tpot <= time_to_us(job.tpot_target_s))
-    if job.ttft_target_s is not None:
-        ttft = cp.new_int_var(0, max(r.ttft_us for r in rows), "ttft_us")
-        cp.add_element(row, [r.ttft_us for r in rows], ttft)
-        cp.add(ttft <= time_to_us(job.ttft_target_s))
-    values = [r.objective for r in rows]
-    objective = cp.new_int_var(min(values), max(values), "objective")
-    cp.add_element(row, values, objective)
+    dis = cp.new_bool_var("disaggregated")
+    use_agg = bool(rows)
+    use_dis = tables is not None and bool(tables.prefill) and bool(tables.decode)
+    if not use_agg:
+        cp.add(dis == 1)
+    if not use_dis:
+        cp.add(dis == 0)
+    # With both kinds, aggregated row len(rows) is "none" (objective, TPOT and TTFT 0): chosen exactly
+    # when the deployment is disaggregated, so objective = aggregated row + xPyD value (0 when not
+    # split) stays one linear sum, which CP-SAT bounds far better than two enforced equalities.
+    extra = 1 if use_agg and use_dis else 0
+    values = [r.objective for r in rows] + [0] * extra
+    if use_agg:
+        row = cp.new_int_var(0, len(rows) - 1 + extra, "row")
+        engine = _element(cp, row, [engines.index(r.engine) for r in rows] + [len(engines)] * extra, "engine")
+        if extra:
+            cp.add(row == len(rows)).only_enforce_if(dis)
+            cp.add(row != len(rows)).only_enforce_if(~dis)
+        if job.tpot_target_s is not None:
+            tpot = _element(cp, row, [r.tpot_us for r in rows] + [0] * extra, "tpot_us")
+            cp.add(tpot <= time_to_us(job.tpot_target_s))
+        if job.ttft_target_s is not None:
+            ttft = _element(cp, row, [r.ttft_us for r in rows] + [0] * extra, "ttft_us")
+            cp.add(ttft <= time_to_us(job.ttft_target_s))
+        agg = _element(cp, row, values, "agg_objective")
+    else:
+        row = cp.new_int_var(0, 0, "row")
+        engine = cp.new_int_var(0, 0, "engine")
+        agg = cp.new_int_var(0, 0, "agg_objective")
+    built = _Model(cp, row, engine, agg, dis)
+    objective: cp_model.LinearExprT = agg
+    if use_dis:
+        assert tables is not None and cluster is not None
+        value = _build_disagg(built, tables, engines, job, cluster)
+        objective = agg + value
+    built.objective = objective
     if job.request_rate is None:
         cp.maximize(objective)
     else:
         cp.minimize(objective)
-    return _Model(cp, row, engine, objective)
+    return built
+
+
+def _build_disagg(
+    m: _Model, t: DisaggTables, engines: list[Engine], job: ServeJob, cluster: ClusterSpec
+) -> cp_model.LinearExprT:
+    """Add the xPyD half of the model; returns its objective term (0 unless disaggregated).
+    Instances may sit on different pools (e.g. prefill on H100s, decode on A100s), each role within
+    its pool's GPUs; the KV transfer then crosses the inter-pool network."""
+    cp, dis = m.cp, m.dis
+    pools = cluster.pools
+    most = max(p.num_gpus for p in pools)
+    p = cp.new_int_var(0, len(t.prefill) - 1, "prefill_row")
+    d = cp.new_int_var(0, len(t.decode) - 1, "decode_row")
+    gp = _element(cp, p, [r.engine.gpus for r in t.prefill], "prefill_gpus")
+    gd = _element(cp, d, [r.engine.gpus for r in t.decode], "decode_gpus")
+    xmax = most // min(r.engine.gpus for r in t.prefill)
+    ymax = most // min(r.engine.gpus for r in t.decode)
+    x = cp.new_int_var(0, xmax, "prefill_instances")
+    y = cp.new_int_var(0, ymax, "decode_instances")
+    cp.add(x >= 1).only_enforce_if(dis)
+    cp.add(y >= 1).only_enforce_if(dis)
+    cp.add(x == 0).only_enforce_if(~dis)
+    cp.add(y == 0).only_enforce_if(~dis)
+    cp.add(p == 0).only_enforce_if(~dis)  # unused choices pinned: no search over them
+    cp.add(d == 0).only_enforce_if(~dis)
+    pool = _element(cp, p, [r.engine.pool for r in t.prefill], "prefill_pool")
+    total = sum(q.num_gpus for q in pools)
+    xgp = _product(cp, x, gp, total, "prefill_gpus_total")
+    ygd = _product(cp, y, gd, total, "decode_gpus_total")
+    used = xgp + ygd
+    same = cp.new_bool_var("same_pool")
+    if len(pools) == 1:
+        cp.add(same == 1)
+        cp.add(used <= pools[0].num_gpus)
+    else:  # each role on its own pool's GPUs; prefill on one GPU type, decode on another is allowed
+        dpool = _element(cp, d, [r.engine.pool for r in t.decode], "decode_pool")
+        cp.add(pool == dpool).only_enforce_if(same)
+        cp.add(pool != dpool).only_enforce_if(~same)
+        for k, q in enumerate(pools):
+            gpk = _element(
+                cp, p, [r.engine.gpus if r.engine.pool == k else 0 for r in t.prefill], f"prefill_gpus_{k}"
+            )
+            gdk = _element(
+                cp, d, [r.engine.gpus if r.engine.pool == k else 0 for r in t.decode], f"decode_gpus_{k}"
+            )
+            cp.add(
+                _product(cp, x, gpk, q.num_gpus, f"prefill_on_{k}")
+                + _product(cp, y, gdk, q.num_gpus, f"decode_on_{k}")
+                <= q.num_gpus
+            )
+    domain = _element(cp, pool, [q.node.domain_size for q in pools], "pool_domain")
+    rp = _element(cp, p, [r.rate_milli for r in t.prefill], "prefill_rate")
+    rd = _element(cp, d, [r.rate_milli for r in t.decode], "decode_rate")
+    xrp = _product(cp, x, rp, xmax * max(r.rate_milli for r in t.prefill), "prefill_capacity")
+    yrd = _product(cp, y, rd, ymax * max(r.rate_milli for r in t.decode), "decode_capacity")
+    served_hi = ymax * max(r.rate_milli for r in t.decode)
+    served = cp.new_int_var(0, served_hi, "served_rate")
+    cp.add(served <= xrp)
+    cp.add(served <= yrd)
+    m.served = served
+    nvl = cp.new_bool_var("kv_over_nvlink")  # the whole deployment in one NVLink domain of one pool
+    cp.add(used <= domain).only_enforce_if(nvl)
+    cp.add(same == 1).only_enforce_if(nvl)
+    cp.add(used > domain).only_enforce_if([~nvl, same])
+    if job.ttft_target_s is not None:
+        tr_hi = max(max(r.send_us) for r in t.prefill) + max(max(r.recv_us) for r in t.decode)
+        tr = cp.new_int_var(0, tr_hi, "kv_transfer_us")
+        for k, lits in ((0, [nvl]), (1, [~nvl, same]), (2, [~same])):
+            send = _element(cp, p, [r.send_us[k] for r in t.prefill], f"send_us_{k}")
+            recv = _element(cp, d, [r.recv_us[k] for r in t.decode], f"recv_us_{k}")
+            cp.add(tr >= send + t.latency_us[k]).only_enforce_if(lits)
+            cp.add(tr >= recv + t.latency_us[k]).only_enforce_if(lits)
+        ttft_p = _element(cp, p, [r.ttft_us for r in t.prefill], "prefill_ttft_us")
+        tpot_d = _element(cp, d, [r.tpot_us for r in t.decode], "decode_tpot_us")
+        cp.add(ttft_p + tr + tpot_d <= time_to_us(job.ttft_target_s)).only_enforce_if(dis)
+    m.p, m.d, m.x, m.y, m.nvl = p, d, x, y, nvl
+    m.p_engine = _element(cp, p, [engines.index(r.engine) for r in t.prefill], "prefill_engine")
+    m.d_engine = _element(cp, d, [engines.index(r.engine) for r in t.decode], "decode_engine")
+    if job.request_rate is None:
+        # output tokens/s per cluster GPU x 1000 = served (milli-requests/s) x output_len / GPUs
+        top = served_hi * job.output_len // cluster.num_gpus
+        per_gpu = cp.new_int_var(0, top, "disagg_objective")
+        cp.add_division_equality(per_gpu, served * job.output_len, cluster.num_gpus)
+        return per_gpu
+    cp.add(served >= int(job.request_rate * MILLI + 0.999999)).only_enforce_if(dis)
+    return used * TIE_SCALE
 
 
 def _objective_units(job: ServeJob, value: float) -> float:
@@ -107,12 +262,21 @@ def solve_serve(
     time_limit_s: float,
     num_workers: int = 8,
     seed: int = 0,
+    disaggregate: str = "off",
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
+
+    `disaggregate`: "off" plans aggregated replicas only, "on" prefill/decode (xPyD) deployments only,
+    "auto" lets the solver choose between both in one model.
 
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
     when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
     start = time.perf_counter()
+    if disaggregate not in DISAGGREGATE:
+        raise SpecError(
+            f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
+            field="--disaggregate",
+        )
     if job.context_len > model.max_position_embeddings:
         raise SpecError(
             f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
@@ -123,14 +287,28 @@ def solve_serve(
     space = enumerate_serve(model, cluster, job, pins=pins)
     if not space.engines:
         raise InfeasibleError(_no_engine_message(model, cluster, job, space))
-    rows, dropped = tabulate(model, cluster, job, space, pins=pins)
-    if not rows:
+    rows: list[Row] = []
+    dropped: Counter[str] = Counter()
+    if disaggregate != "on":
+        rows, dropped = tabulate(model, cluster, job, space, pins=pins)
+    tables = None
+    if disaggregate != "off":
+        tables = tabulate_disagg(model, cluster, job, space)
+        dropped.update(tables.dropped)
+        if not (tables.prefill and tables.decode):
+            tables = None
+    if not rows and tables is None:
+        if disaggregate == "on" or job.request_rate is None:
+            raise InfeasibleError(
+                _target_message(job, rows) if rows else _disagg_message(model, cluster, job, space)
+            )
         raise InfeasibleError(_rate_message(model, cluster, job, space))
     pruned = space.reasons() + dropped
-    built = _build(rows, space.engines, job)
+    built = _build(rows, space.engines, job, tables, cluster)
     setup_s = time.perf_counter() - start
     sign = 1 if job.request_rate is None else -1
-    built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    if rows:
+        built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
     plans: list[ServePlan] = []
     while len(plans) < top_k:
         solver = cp_model.CpSolver()
@@ -145,11 +323,12 @@ def solve_serve(
             if plans and status == cp_model.INFEASIBLE:
                 break
             if status == cp_model.INFEASIBLE:
-                raise InfeasibleError(_target_message(job, rows))
+                raise InfeasibleError(
+                    _target_message(job, rows) if rows else _disagg_message(model, cluster, job, space)
+                )
             raise SolverError(
                 f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s: raise --time-limit"
             )
-        chosen = rows[solver.value(built.row)]
         stats = SolverStats(
             status=solver.status_name(status),
             wall_s=wall,
@@ -158,12 +337,248 @@ def solve_serve(
             conflicts=solver.num_conflicts,
             branches=solver.num_branches,
             candidates=space.enumerated,
-            candidates_in_model=len(rows),
+            candidates_in_model=len(rows) + (len(tables.prefill) + len(tables.decode) if tables else 0),
             pruned=dict(pruned),
         )
-        plans.append(_plan(model, cluster, job, chosen, stats))
-        built.cp.add(built.engine != space.engines.index(chosen.engine))
+        if solver.value(built.dis):
+            assert tables is not None and built.p is not None and built.d is not None
+            assert built.x is not None and built.y is not None and built.nvl is not None
+            assert built.p_engine is not None and built.d_engine is not None
+            prow, drow = tables.prefill[solver.value(built.p)], tables.decode[solver.value(built.d)]
+            x, y = solver.value(built.x), solver.value(built.y)
+            served = solver.value(built.served) / MILLI
+            plans.append(
+                _disagg_plan(
+                    model, cluster, job, prow, drow, x, y, bool(solver.value(built.nvl)), stats, served
+                )
+            )
+            pe, de = solver.value(built.p_engine), solver.value(built.d_engine)
+            same_p = built.cp.new_bool_var("")
+            same_d = built.cp.new_bool_var("")
+            built.cp.add(built.p_engine == pe).only_enforce_if(same_p)
+            built.cp.add(built.p_engine != pe).only_enforce_if(~same_p)
+            built.cp.add(built.d_engine == de).only_enforce_if(same_d)
+            built.cp.add(built.d_engine != de).only_enforce_if(~same_d)
+            built.cp.add_bool_or([~built.dis, ~same_p, ~same_d])
+        else:
+            chosen = rows[solver.value(built.row)]
+            plans.append(_plan(model, cluster, job, chosen, stats))
+            built.cp.add(built.engine != space.engines.index(chosen.engine)).only_enforce_if(~built.dis)
+    if disaggregate == "auto" and rows and tables is not None:
+        other = _best_other(
+            model, cluster, job, rows, tables, space, plans[0], time_limit_s, num_workers, seed
+        )
+        plans[0] = dataclasses.replace(plans[0], choice=_choice(job, plans[0], other))
     return mark_ties(plans)
+
+
+def _best_other(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    rows: list[Row],
+    tables: DisaggTables,
+    space: ServeSpace,
+    best: ServePlan,
+    time_limit_s: float,
+    num_workers: int,
+    seed: int,
+) -> ServePlan | None:
+    """The best plan of the kind `best` is not (None when that kind has no plan meeting the job)."""
+    if best.disaggregated:
+        built = _build(rows, space.engines, job)
+    else:
+        built = _build([], space.engines, job, tables, cluster)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(built.cp)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    stats = SolverStats(
+        status=solver.status_name(status),
+        wall_s=solver.wall_time,
+        objective=_objective_units(job, solver.objective_value),
+        bound=_objective_units(job, solver.best_objective_bound),
+    )
+    if best.disaggregated:
+        return _plan(model, cluster, job, rows[solver.value(built.row)], stats)
+    assert built.p is not None and built.d is not None and built.x is not None and built.y is not None
+    assert built.nvl is not None and built.served is not None
+    return _disagg_plan(
+        model,
+        cluster,
+        job,
+        tables.prefill[solver.value(built.p)],
+        tables.decode[solver.value(built.d)],
+        solver.value(built.x),
+        solver.value(built.y),
+        bool(solver.value(built.nvl)),
+        stats,
+        solver.value(built.served) / MILLI,
+    )
+
+
+def _choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
+    """One sentence: which kind won and by how much, or why the other kind had no plan."""
+    kind = "disaggregated" if best.disaggregated else "aggregated"
+    other_kind = "aggregated replicas" if best.disaggregated else "a prefill/decode split"
+    if other is None:
+        return f"{kind}: no plan with {other_kind} meets the targets on these GPUs"
+
+    def figures(p: ServePlan) -> str:
+        return f"TPOT {1e3 * p.prediction.tpot_s:.1f} ms, TTFT {p.ttft_s:.2f} s"
+
+    if job.request_rate is not None:
+        return (
+            f"{kind}: {best.num_gpus} GPUs sustain {job.request_rate:g} req/s ({figures(best)}); "
+            f"{other_kind} need {other.num_gpus} ({other.describe()}; {figures(other)})"
+        )
+    a = best.throughput_tokens_per_s / best.cluster.num_gpus
+    b = other.throughput_tokens_per_s / other.cluster.num_gpus
+    split = best if best.disaggregated else other
+    pre = split.role("prefill")
+    idle = split.cluster.num_gpus - split.num_gpus
+    cost = (
+        f"the split gives {pre.gpus} of {split.num_gpus} GPUs to prefill ({100 * pre.utilization:.0f}% busy)"
+        + (f" and leaves {idle} idle" if idle else "")
+    )
+    if best.disaggregated:
+        reason = f"its decode steps carry no prefill chunks, which outweighs the cost: {cost}"
+    else:
+        reason = f"chunked prefill inside each engine costs less than the split: {cost}"
+    return (
+        f"{kind}: {a:,.0f} output tokens/s per GPU ({figures(best)}) vs {b:,.0f} for the best plan with "
+        f"{other_kind} ({other.describe()}; {figures(other)}); {reason}"
+    )
+
+
+def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):
+    """The decode instance at the fewest running requests that sustain `rate` requests/s (Little's
+    law with TPOT growing with the batch): below capacity it runs a smaller batch, so a lower TPOT
+    than at its max_num_seqs. Its config (max_num_seqs) stays the planned cap."""
+    from autoshard.costmodel.disagg import decode_instance
+
+    full = drow.instance
+    if rate >= full.requests_per_s * (1 - 1e-9):
+        return full
+    pool = cluster.pools[drow.engine.pool]
+    lo, hi = 1, full.concurrency  # hi sustains the rate
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (
+            decode_instance(model, pool, job, full.config, full.memory, concurrency=mid).requests_per_s
+            >= rate
+        ):
+            hi = mid
+        else:
+            lo = mid + 1
+    return decode_instance(model, pool, job, full.config, full.memory, concurrency=lo)
+
+
+def _disagg_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    prow: PrefillRow,
+    drow: DecodeRow,
+    x: int,
+    y: int,
+    same_domain: bool,
+    stats: SolverStats,
+    served: float,
+    warnings: tuple[str, ...] = (),
+) -> ServePlan:
+    """The ServePlan of a chosen xPyD deployment, its figures recomputed in floats. `served`: the
+    requests/s it is planned to take (at most what either role sustains at its planned load)."""
+    from autoshard.emit.pd import pd_launch
+
+    pi, di = prow.instance, drow.instance
+    transfer = transfer_for(model, cluster, job, prow, drow, same_domain=same_domain)
+    load = min(served, y * di.requests_per_s, x * pi.requests_per_s * prow.utilization)
+    if job.request_rate is not None:
+        load = min(load, job.request_rate)
+    util = load / (x * pi.requests_per_s)
+    di = _decode_at_load(model, cluster, job, drow, load / y)
+    ttft = disagg_ttft_s(pi, transfer, di.tpot_s, util)
+    prefill_pred = ServePrediction(
+        config=pi.config,
+        concurrency=pi.config.max_num_seqs,
+        memory=pi.memory,
+        decode=pi.step,
+        prefill=pi.prompt,
+        tpot_s=pi.step.total_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=pi.requests_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
+    )
+    decode_pred = ServePrediction(
+        config=di.config,
+        concurrency=di.concurrency,
+        memory=di.memory,
+        decode=di.step,
+        prefill=pi.prompt,
+        tpot_s=di.tpot_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=di.throughput_tokens_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
+    )
+    roles = tuple(
+        Role(
+            role=name,
+            instances=n,
+            tp=e.tp,
+            pp=e.pp,
+            ep=e.ep,
+            attention_dp=e.dp_attention,
+            max_num_seqs=pred.config.max_num_seqs,
+            max_num_batched_tokens=pred.config.max_num_batched_tokens,
+            gpu_memory_utilization=pred.config.gpu_memory_utilization,
+            prediction=pred,
+            requests_per_s=rate,
+            utilization=u,
+            pool_index=e.pool,
+        )
+        for name, n, e, pred, rate, u in (
+            ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),
+            (
+                "decode",
+                y,
+                drow.engine,
+                decode_pred,
+                drow.instance.requests_per_s,
+                load / (y * drow.instance.requests_per_s),
+            ),
+        )
+    )
+    e = drow.engine
+    plan = ServePlan(
+        model=model,
+        cluster=cluster,
+        job=job,
+        tp=e.tp,
+        pp=e.pp,
+        dp=e.dp_attention if e.expert_parallel else 1,
+        ep=e.ep,
+        gpu_memory_utilization=di.config.gpu_memory_utilization,
+        max_num_seqs=di.config.max_num_seqs,
+        max_num_batched_tokens=di.config.max_num_batched_tokens,
+        prediction=decode_pred,
+        solver=stats,
+        pool_index=e.pool,
+        warnings=warnings,
+        roles=roles,
+        disaggregation=Disaggregation(
+            throughput_tokens_per_s=load * job.output_len,
+            ttft_s=ttft,
+            transfer=transfer,
+            ttft_p90_s=disagg_ttft_s(pi, transfer, di.tpot_s, util, q=0.9),
+        ),
+    )
+    return plan.with_launch(pd_launch(plan))
 
 
 def _plan(
@@ -434,4 +849,40 @@ def _target_message(job: ServeJob, rows: list[Row]) -> str:
         "no plan meets "
         + " and ".join(parts)
         + ": nearest fix: relax the target, quantize the weights, or use faster GPUs"
+    )
+
+
+def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    """Why no xPyD deployment exists: too few GPUs for two instances, or the targets out of reach."""
+    from autoshard.costmodel.disagg import decode_instance
+    from autoshard.costmodel.serving import serve_memory
+
+    smallest = min(e.gpus for e in space.engines)
+    if 2 * smallest > max(p.num_gpus for p in cluster.pools):
+        return (
+            f"a prefill/decode split of {model.name} needs at least {2 * smallest} GPUs (one prefill and "
+            f"one decode instance of {smallest}, the smallest legal engine); {cluster.name} has "
+            f"{cluster.num_gpus}: nearest fix: --gpus {2 * smallest}, or --disaggregate auto/off"
+        )
+    parts = []
+    if job.tpot_target_s is not None:
+        best = math.inf
+        for e in space.engines:
+            pool = cluster.pools[e.pool]
+            cfg = _config(model, pool, job, e, max_num_seqs=1)
+            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+            best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
+        parts.append(
+            f"TPOT <= {job.tpot_target_s * 1e3:g} ms "
+            f"(the fastest decode instance reaches {best * 1e3:.1f} ms)"
+        )
+    if job.ttft_target_s is not None:
+        parts.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
+    if job.request_rate is not None:
+        parts.append(f"{job.request_rate:g} requests/s")
+    need = " and ".join(parts) or "the job"
+    return (
+        f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) "
+        f"meets {need}: nearest fix: relax the targets, use more or faster GPUs (--gpus), "
+        "or --disaggregate auto"
     )

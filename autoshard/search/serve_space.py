@@ -142,6 +142,9 @@ def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bo
         (e.gpus < per_node and per_node % e.gpus) or (e.gpus > per_node and e.gpus % per_node)
     ):
         return f"an engine of {e.gpus} GPUs does not pack into {per_node}-GPU nodes"
+    rank = e.tp * e.pp
+    if e.gpus > per_node and e.dp_attention > 1 and per_node % rank and rank % per_node:
+        return f"data-parallel ranks of TP x PP = {rank} GPUs do not pack into {per_node}-GPU nodes"
     return None
 
 

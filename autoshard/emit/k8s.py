@@ -1,0 +1,304 @@
+"""ServePlan -> Kubernetes manifests a user can `kubectl apply -f DIR`.
+
+One workload per engine instance, so every instance has a stable Service name the router can address:
+- an instance that fits one node: a Deployment (replicas 1) and a Service;
+- an instance spanning nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, group size = its
+  nodes) and a Service on its leader pod. Workers read the leader's address and their index from
+  the LWS_LEADER_ADDRESS and LWS_WORKER_INDEX variables LWS sets in every pod.
+A disaggregated plan adds the router (SGLang's sglang_router with --pd-disaggregation, or the vLLM
+Router with --vllm-pd-disaggregation, pip-installed at start since vLLM's image lacks it) as a
+Deployment and a Service named `<name>-router`, the deployment's entry point.
+
+Commands are the launch lines of `autoshard.emit.vllm` / `autoshard.emit.sglang` (and the
+disaggregation words of `autoshard.emit.pd`) run through `/bin/sh -c` with every word shell-quoted;
+only the leader's address is left for the shell to expand. LWS has one worker template, so workers
+pick their node's literal line with `case "$LWS_WORKER_INDEX"`. GPUs come from
+`resources.limits["nvidia.com/gpu"]` (the NVIDIA device plugin), /dev/shm is a memory-backed volume
+(NCCL needs more than the container default). In a heterogeneous cluster every pod carries a
+nodeSelector `autoshard/pool: <pool>`: label each pool's nodes with it. Image tags are the projects'
+published images; pin the version you test.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from autoshard.emit.pd import (
+    BOOTSTRAP_PORT,
+    ROUTER_PORT,
+    SGLANG_PORT,
+    SGLANG_TRANSFER_BACKEND,
+    VLLM_KV_TRANSFER_CONFIG,
+    VLLM_PORT,
+    role_plan,
+)
+from autoshard.emit.sglang import sglang_node_commands
+from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
+from autoshard.serve_plan import ServePlan
+
+__all__ = ["k8s_manifests", "k8s_yaml", "IMAGES", "workload_name"]
+
+IMAGES = {"vllm": "vllm/vllm-openai:latest", "sglang": "lmsysorg/sglang:latest"}
+_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def workload_name(plan: ServePlan) -> str:
+    """A DNS-1123 label from the model name."""
+    return _NAME.sub("-", plan.model.name.lower()).strip("-")[:40] or "model"
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    name: str
+    role: str
+    gpus_per_pod: int
+    pods: int
+    lines: list[str]
+    port: int
+    pool: str
+
+
+def _sh(words: list[str]) -> str:
+    """Quote every word; words holding LWS variables go in double quotes so the shell expands them."""
+    out = []
+    for w in words:
+        if "$" in w:
+            out.append('"' + w.replace('"', '\\"') + '"')
+        else:
+            out.append(shlex.quote(w))
+    return " ".join(out)
+
+
+def _dynamic(line: str) -> list[str]:
+    """A builder's line as words, the head address replaced by the leader's (LWS sets it)."""
+    return [w.replace(HEAD_ADDRESS, "$LWS_LEADER_ADDRESS") for w in shlex.split(line)]
+
+
+def _by_worker_index(lines: list[str]) -> str:
+    """The workers' shell script: each worker runs its own node's line (node rank, DP start rank),
+    chosen by the LWS_WORKER_INDEX LeaderWorkerSet sets; every line stays a literal command."""
+    cases = [f"  {k}) exec {_sh(_dynamic(line))} ;;" for k, line in enumerate(lines, start=1)]
+    return "\n".join(
+        [
+            'case "$LWS_WORKER_INDEX" in',
+            *cases,
+            '  *) echo "unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2; exit 1 ;;',
+            "esac",
+        ]
+    )
+
+
+def _units(plan: ServePlan, framework: str) -> list[_Unit]:
+    base = workload_name(plan)
+    roles = plan.roles or ()
+    units: list[_Unit] = []
+    builder = vllm_node_commands if framework == "vllm" else sglang_node_commands
+    port = VLLM_PORT if framework == "vllm" else SGLANG_PORT
+    if not roles:
+        one = role_plan(plan, _AggRole(plan))  # type: ignore[arg-type]
+        per_node = plan.pool.node.gpus_per_node
+        for i in range(plan.replicas):
+            lines = builder(one)
+            units.append(
+                _Unit(
+                    f"{base}-{i}",
+                    "serve",
+                    min(one.engine_gpus, per_node),
+                    len(lines),
+                    lines,
+                    port,
+                    plan.pool.name,
+                )
+            )
+        return units
+    for role in roles:
+        one = role_plan(plan, role)
+        per_node = one.pool.node.gpus_per_node
+        for i in range(role.instances):
+            lines = builder(one)
+            extra = ["--host", "0.0.0.0", "--port", str(port)]
+            if framework == "vllm":
+                extra += ["--kv-transfer-config", _json(VLLM_KV_TRANSFER_CONFIG)]
+            else:
+                extra += [
+                    "--disaggregation-mode",
+                    role.role,
+                    "--disaggregation-transfer-backend",
+                    SGLANG_TRANSFER_BACKEND,
+                ]
+                if role.role == "prefill":
+                    extra += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
+                if role.ep > 1 and len(lines) > 1:
+                    extra += ["--moe-a2a-backend", "deepep"]
+            lines = [line + " " + " ".join(shlex.quote(w) for w in extra) for line in lines]
+            gpus = min(role.gpus_per_instance, per_node)
+            units.append(
+                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name)
+            )
+    return units
+
+
+class _AggRole:
+    """The one-engine view of an aggregated plan (role_plan's fields)."""
+
+    def __init__(self, plan: ServePlan) -> None:
+        self.tp, self.pp = plan.tp, plan.pp
+        self.attention_dp = plan.dp_attention
+        self.ep = plan.ep
+        self.prediction = plan.prediction
+        self.pool_index = plan.pool_index
+
+
+def _json(obj: dict) -> str:
+    import json
+
+    return json.dumps(obj, separators=(",", ":"))
+
+
+POOL_LABEL = "autoshard/pool"
+"""Node label that pins pods to a pool's GPU type in a heterogeneous cluster: label the nodes of
+each pool `kubectl label node NODE autoshard/pool=<pool name>`."""
+
+
+def _pod(
+    unit: _Unit, framework: str, command: str, labels: dict[str, str], pinned: bool = False
+) -> dict[str, Any]:
+    spec_extra: dict[str, Any] = {"nodeSelector": {POOL_LABEL: unit.pool}} if pinned else {}
+    return {
+        "metadata": {"labels": dict(labels)},
+        "spec": {
+            **spec_extra,
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": IMAGES[framework],
+                    "command": ["/bin/sh", "-c", command],
+                    "ports": [{"containerPort": unit.port, "name": "http"}],
+                    "resources": {"limits": {"nvidia.com/gpu": unit.gpus_per_pod}},
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                }
+            ],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+
+
+def _service(name: str, selector: dict[str, str], port: int, extra: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    ports = [{"name": "http", "port": port, "targetPort": port}]
+    ports += [{"name": f"p{p}", "port": p, "targetPort": p} for p in extra]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": dict(selector), "ports": ports},
+    }
+
+
+def _router_prefix(framework: str) -> str:
+    """SGLang's image ships sglang_router; vLLM's does not ship the vLLM Router (a separate PyPI
+    package, vllm-router), so its container installs it first (or bake it into your image)."""
+    return "" if framework == "sglang" else "pip install vllm-router && exec "
+
+
+def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[str, Any]]:
+    base = workload_name(plan)
+    pre = [u for u in units if u.role == "prefill"]
+    dec = [u for u in units if u.role == "decode"]
+    if framework == "sglang":
+        words = ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        for u in pre:
+            words += ["--prefill", f"http://{u.name}:{u.port}", str(BOOTSTRAP_PORT)]
+        for u in dec:
+            words += ["--decode", f"http://{u.name}:{u.port}"]
+        words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    else:
+        words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
+        for u in pre:
+            words += ["--prefill", f"http://{u.name}:{u.port}"]
+        for u in dec:
+            words += ["--decode", f"http://{u.name}:{u.port}"]
+        words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    labels = {"app": f"{base}-router"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{base}-router", "labels": dict(labels)},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": dict(labels)},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": IMAGES[framework],
+                            "command": ["/bin/sh", "-c", _router_prefix(framework) + _sh(words)],
+                            "ports": [{"containerPort": ROUTER_PORT, "name": "http"}],
+                        }
+                    ]
+                },
+            },
+        },
+    }
+    return [deployment, _service(f"{base}-router", labels, ROUTER_PORT)]
+
+
+def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[dict[str, Any]]]:
+    """File name -> the objects it holds (one workload and its Service per instance, then the router)."""
+    if framework not in IMAGES:
+        raise ValueError(f"framework must be vllm or sglang, got {framework!r}")
+    files: dict[str, list[dict[str, Any]]] = {}
+    units = _units(plan, framework)
+    pinned = plan.cluster.is_heterogeneous
+    for u in units:
+        labels = {"app": u.name, "autoshard/role": u.role}
+        extra = [BOOTSTRAP_PORT] if u.role == "prefill" and framework == "sglang" else []
+        if u.pods == 1:
+            command = _sh(_dynamic(u.lines[0]))
+            workload = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": u.name, "labels": dict(labels)},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": dict(labels)},
+                    "template": _pod(u, framework, command, labels, pinned),
+                },
+            }
+            files[f"{u.name}.yaml"] = [workload, _service(u.name, labels, u.port, extra)]
+            continue
+        leader = "exec " + _sh(_dynamic(u.lines[0]))
+        worker = _by_worker_index(u.lines[1:])
+        workload = {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": u.name, "labels": dict(labels)},
+            "spec": {
+                "replicas": 1,
+                "leaderWorkerTemplate": {
+                    "size": u.pods,
+                    "restartPolicy": "RecreateGroupOnPodRestart",
+                    "leaderTemplate": _pod(
+                        u, framework, leader, {**labels, "autoshard/pod": "leader"}, pinned
+                    ),
+                    "workerTemplate": _pod(
+                        u, framework, worker, {**labels, "autoshard/pod": "worker"}, pinned
+                    ),
+                },
+            },
+        }
+        selector = {"app": u.name, "autoshard/pod": "leader"}
+        files[f"{u.name}.yaml"] = [workload, _service(u.name, selector, u.port, extra)]
+    if plan.roles:
+        files[f"{workload_name(plan)}-router.yaml"] = _router(plan, framework, units)
+    return files
+
+
+def k8s_yaml(objects: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,242 @@
+"""Disaggregated ServePlan -> launch lines for vLLM and SGLang prefill/decode instances and a router.
+
+Placement: prefill instances first, then decode instances, packed onto nodes 0, 1, ... in order. An
+instance smaller than a node gets a slice of the node's GPUs (CUDA_VISIBLE_DEVICES) and its own
+ports; an instance of one node or more gets whole nodes. Node k's address is `$NODE<k>_IP`: export
+NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in the script form).
+
+- vLLM (KV connector docs, docs.vllm.ai "NixlConnector Usage Guide"): every instance runs
+  `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`, with its own
+  VLLM_NIXL_SIDE_CHANNEL_PORT; the front end is the vLLM Router (github.com/vllm-project/router,
+  `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
+  ... --decode URL ... --kv-connector nixl`.
+- SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
+  `--disaggregation-transfer-backend` (mooncake over RDMA, nixl also documented), a bootstrap port per
+  prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
+  --prefill URL BOOTSTRAP_PORT ... --decode URL ...`. MoE instances with expert parallelism over
+  more than one node use DeepEP (`--moe-a2a-backend deepep`), as SGLang's large-EP deployments do.
+
+Instance commands come from the aggregated builders (`vllm_node_commands`, `sglang_node_commands`)
+applied to a one-instance plan; this module only appends the disaggregation words. Every word this
+module adds is shell-quoted; node addresses stay expandable inside double quotes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from dataclasses import dataclass
+
+from autoshard.emit.sglang import sglang_node_commands
+from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
+from autoshard.serve_plan import Role, ServePlan
+
+__all__ = [
+    "Instance",
+    "place",
+    "role_plan",
+    "pd_commands",
+    "pd_launch",
+    "pd_script",
+    "VLLM_KV_TRANSFER_CONFIG",
+    "SGLANG_TRANSFER_BACKEND",
+    "ROUTER_PORT",
+]
+
+VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+SGLANG_TRANSFER_BACKEND = "mooncake"
+VLLM_PORT = 8100
+NIXL_SIDE_CHANNEL_PORT = 5600
+SGLANG_PORT = 30000
+BOOTSTRAP_PORT = 8998
+ROUTER_PORT = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    role: str
+    index: int
+    nodes: tuple[int, ...]
+    """Nodes it occupies (the first is its head)."""
+    devices: tuple[int, ...] | None
+    """GPU indices on its node when it uses part of one; None for whole nodes."""
+    slot: int
+    """Its position among the instances sharing its head node (offsets its ports)."""
+    pool: str = ""
+    """The pool (GPU type) its nodes belong to."""
+
+
+def role_plan(plan: ServePlan, role: Role) -> ServePlan:
+    """One instance of a role as an aggregated one-engine plan (for the aggregated builders)."""
+    cfg = role.prediction.config
+    return dataclasses.replace(
+        plan,
+        tp=role.tp,
+        pp=role.pp,
+        dp=role.attention_dp,
+        ep=role.ep,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        prediction=role.prediction,
+        launch={},
+        roles=(),
+        disaggregation=None,
+        pool_index=getattr(role, "pool_index", plan.pool_index),
+    )
+
+
+def place(plan: ServePlan) -> list[Instance]:
+    """Instances on nodes: prefill then decode, packed in order (a role on another pool starts on a
+    fresh node: nodes of different GPU types are numbered one after the other)."""
+    out: list[Instance] = []
+    node, used, slot = 0, 0, 0
+    last_pool = None
+    for role in plan.roles:
+        per_node = plan.cluster.pools[role.pool_index].node.gpus_per_node
+        pool_name = plan.cluster.pools[role.pool_index].name
+        if last_pool is not None and role.pool_index != last_pool and used:
+            node, used, slot = node + 1, 0, 0
+        last_pool = role.pool_index
+        g = role.gpus_per_instance
+        for i in range(role.instances):
+            if g >= per_node:
+                if used:
+                    node, used, slot = node + 1, 0, 0
+                span = -(-g // per_node)
+                out.append(Instance(role.role, i, tuple(range(node, node + span)), None, 0, pool_name))
+                node += span
+                continue
+            if used + g > per_node:
+                node, used, slot = node + 1, 0, 0
+            out.append(Instance(role.role, i, (node,), tuple(range(used, used + g)), slot, pool_name))
+            used += g
+            slot += 1
+            if used == per_node:
+                node, used, slot = node + 1, 0, 0
+    return out
+
+
+def _addr(node: int) -> str:
+    return f"$NODE{node}_IP"
+
+
+def _q(word: str) -> str:
+    return shlex.quote(word)
+
+
+def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str]:
+    role = plan.role(inst.role)
+    one = role_plan(plan, role)
+    base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one)
+    head = _addr(inst.nodes[0])
+    lines = []
+    for line in base:
+        line = line.replace(HEAD_ADDRESS, head)
+        env = ""
+        if inst.devices is not None:
+            env = "CUDA_VISIBLE_DEVICES=" + _q(",".join(map(str, inst.devices))) + " "
+        if framework == "vllm":
+            # NIXL's side channel listens on this port plus the DP rank: instances sharing a node get
+            # port ranges a node's worth of ranks apart
+            stride = one.pool.node.gpus_per_node
+            env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + stride * inst.slot} "
+            words = [
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(VLLM_PORT + inst.slot),
+                "--kv-transfer-config",
+                json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":")),
+            ]
+        else:
+            words = [
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(SGLANG_PORT + inst.slot),
+                "--disaggregation-mode",
+                inst.role,
+                "--disaggregation-transfer-backend",
+                SGLANG_TRANSFER_BACKEND,
+            ]
+            if inst.role == "prefill":
+                words += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT + inst.slot)]
+            if role.ep > 1 and len(inst.nodes) > 1:
+                words += ["--moe-a2a-backend", "deepep"]
+        lines.append(env + line + " " + " ".join(_q(w) for w in words))
+    return lines
+
+
+def _url(node: int, port: int) -> str:
+    return f'"http://${{NODE{node}_IP}}:{port}"'
+
+
+def _router(framework: str, instances: list[Instance]) -> str:
+    pre = [i for i in instances if i.role == "prefill"]
+    dec = [i for i in instances if i.role == "decode"]
+    if framework == "sglang":
+        words = ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        for i in pre:
+            words += ["--prefill", _url(i.nodes[0], SGLANG_PORT + i.slot), str(BOOTSTRAP_PORT + i.slot)]
+        for i in dec:
+            words += ["--decode", _url(i.nodes[0], SGLANG_PORT + i.slot)]
+        words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        return " ".join(words)
+    words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
+    for i in pre:
+        words += ["--prefill", _url(i.nodes[0], VLLM_PORT + i.slot)]
+    for i in dec:
+        words += ["--decode", _url(i.nodes[0], VLLM_PORT + i.slot)]
+    words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    return " ".join(words)
+
+
+def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
+    """(node, what, command) for every line of the deployment, prefill first, the router last (on
+    node 0). `what` is e.g. "prefill 0" or "router"."""
+    if framework not in ("vllm", "sglang"):
+        raise ValueError(f"framework must be vllm or sglang, got {framework!r}")
+    instances = place(plan)
+    out: list[tuple[int, str, str]] = []
+    pools = plan.cluster.is_heterogeneous
+    for inst in instances:
+        for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
+            out.append((node, f"{inst.role} {inst.index}" + (f" ({inst.pool} node)" if pools else ""), line))
+    out.append((0, "router", _router(framework, instances)))
+    return out
+
+
+def pd_launch(plan: ServePlan) -> dict[str, str]:
+    """The plan's `launch` block: per framework all lines (commented with node and role), and one
+    key per role, instance and node ("vllm:prefill0:node0")."""
+    launch: dict[str, str] = {}
+    for fw in ("vllm", "sglang"):
+        lines = pd_commands(plan, fw)
+        launch[fw] = "\n".join(f"# node {n}: {what}\n{cmd}" for n, what, cmd in lines)
+        for n, what, cmd in lines:
+            launch[f"{fw}:{what.split(' (')[0].replace(' ', '')}:node{n}"] = cmd
+    return launch
+
+
+def pd_script(plan: ServePlan, framework: str) -> str:
+    """A bash script for every node: run it with NODE_RANK and NODE0_IP, NODE1_IP, ... exported."""
+    lines = pd_commands(plan, framework)
+    nodes = max(n for n, _, _ in lines) + 1
+    body = [
+        "#!/usr/bin/env bash",
+        f"# {framework} prefill/decode deployment of {plan.model.name} on {plan.num_gpus} GPUs "
+        f"({plan.describe()}), written by autoshard.",
+        f"# Run on each of the {nodes} nodes with NODE_RANK set and NODE0_IP..NODE{nodes - 1}_IP exported.",
+        "set -euo pipefail",
+    ]
+    for k in range(nodes):
+        mine = [(what, cmd) for n, what, cmd in lines if n == k]
+        body.append(f'if [ "${{NODE_RANK:?set NODE_RANK}}" = {k} ]; then')
+        for what, cmd in mine:
+            body.append(f"  # {what}")
+            body.append(f"  {cmd} &")
+        body.append("  wait")
+        body.append("fi")
+    return "\n".join(body) + "\n"

@@ -1,0 +1,163 @@
+"""The serving Pareto front (output tokens/s per GPU against tokens/s per user) as a table, the
+points where TPOT SLAs cut it, and a PNG."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from autoshard.search.serve_front import STANDARD_TPOT_MS, Front, FrontPoint
+
+__all__ = ["sla_cuts", "render_front", "write_front_png", "front_json"]
+
+
+def sla_cuts(front: Front, tpot_target_s: float | None = None) -> list[tuple[float, FrontPoint | None]]:
+    """(TPOT ms, the best deployment meeting it) for the standard SLAs and the job's own."""
+    levels = set(STANDARD_TPOT_MS)
+    if tpot_target_s is not None:
+        levels.add(round(tpot_target_s * 1e3, 6))
+    return [(ms, front.best_at(ms / 1e3)) for ms in sorted(levels)]
+
+
+def front_json(front: Front, tpot_target_s: float | None = None) -> dict:
+    def point(p: FrontPoint) -> dict:
+        return {
+            "kind": p.kind,
+            "deployment": p.label,
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+            "tokens_per_s_per_user": p.tokens_per_s_per_user,
+            "tpot_s": p.tpot_s,
+            "ttft_s": p.ttft_s,
+            "gpus": p.gpus,
+        }
+
+    return {
+        "front": [point(p) for p in front.front],
+        "points_evaluated": len(front.points),
+        "sla_cuts": [
+            {"tpot_ms": ms, "best": point(p) if p else None} for ms, p in sla_cuts(front, tpot_target_s)
+        ],
+    }
+
+
+def _kind(p: FrontPoint) -> str:
+    return "P/D" if p.kind == "disaggregated" else "agg"
+
+
+def render_front(
+    front: Front, console: Console, *, title: str, tpot_target_s: float | None = None, rows: int = 24
+) -> None:
+    shown: Sequence[FrontPoint] = front.front
+    if len(shown) > rows:  # keep both ends and an even spread between
+        step = (len(shown) - 1) / (rows - 1)
+        shown = [shown[round(i * step)] for i in range(rows)]
+    table = Table(
+        title=f"Pareto front: {title} ({len(front.front)} of {len(front.points)} deployments)",
+        header_style="bold",
+    )
+    for col in ("tok/s/user", "TPOT ms", "tok/s/GPU", "TTFT s", "kind", "deployment"):
+        table.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
+    for p in shown:
+        table.add_row(
+            f"{p.tokens_per_s_per_user:.1f}",
+            f"{1e3 * p.tpot_s:.1f}",
+            f"{p.tokens_per_s_per_gpu:,.0f}",
+            f"{p.ttft_s:.2f}",
+            _kind(p),
+            p.label,
+        )
+    console.print(table)
+    cuts = Table(title="Where each TPOT SLA cuts the front", header_style="bold")
+    for col in ("TPOT <= ms", "tok/s/GPU", "tok/s/user", "kind", "deployment"):
+        cuts.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
+    for ms, p in sla_cuts(front, tpot_target_s):
+        if p is None:
+            cuts.add_row(f"{ms:g}", "-", "-", "-", "no deployment reaches it")
+        else:
+            cuts.add_row(
+                f"{ms:g}",
+                f"{p.tokens_per_s_per_gpu:,.0f}",
+                f"{p.tokens_per_s_per_user:.1f}",
+                _kind(p),
+                p.label,
+            )
+    console.print(cuts)
+
+
+def write_front_png(
+    fronts: dict[str, Front],
+    path: Path,
+    *,
+    title: str,
+    tpot_target_s: float | None = None,
+    y_label: str = "output tokens/s per GPU",
+    scale: dict[str, float] | None = None,
+) -> Path:
+    """One curve per front (e.g. per cluster), every point faint, the front drawn, aggregated and
+    disaggregated front points marked apart, TPOT SLAs as vertical lines. `scale` multiplies a
+    front's y values (e.g. 1/price for tokens per dollar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, front) in enumerate(fronts.items()):
+        k = (scale or {}).get(name, 1.0)
+        c = colors[i % len(colors)]
+        ax.scatter(
+            [p.tokens_per_s_per_user for p in front.points],
+            [k * p.tokens_per_s_per_gpu for p in front.points],
+            s=4,
+            color=c,
+            alpha=0.15,
+            linewidths=0,
+        )
+        xs = [p.tokens_per_s_per_user for p in front.front]
+        ys = [k * p.tokens_per_s_per_gpu for p in front.front]
+        ax.step(xs, ys, where="post", color=c, label=name)
+        for kind, marker in (("aggregated", "o"), ("disaggregated", "s")):
+            pts = [
+                (p.tokens_per_s_per_user, k * p.tokens_per_s_per_gpu) for p in front.front if p.kind == kind
+            ]
+            if pts:
+                ax.scatter(
+                    *zip(*pts, strict=True),
+                    marker=marker,
+                    s=22,
+                    color=c,
+                    edgecolors="black",
+                    linewidths=0.4,
+                    label=f"{name}: {kind}",
+                    zorder=3,
+                )
+    levels = set(STANDARD_TPOT_MS) | ({round(tpot_target_s * 1e3, 6)} if tpot_target_s else set())
+    top = ax.get_ylim()[1]
+    for ms in sorted(levels):
+        ax.axvline(
+            1e3 / ms, color="gray", linestyle="--" if ms != (tpot_target_s or 0) * 1e3 else "-", linewidth=0.8
+        )
+        ax.text(
+            1e3 / ms,
+            top * 0.98,
+            f"TPOT {ms:g} ms",
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="gray",
+        )
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel(y_label)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

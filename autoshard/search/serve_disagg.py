@@ -1,0 +1,214 @@
+"""Disaggregated (xPyD) serving: tables of prefill and decode instances for the CP-SAT model.
+
+Every legal engine of the serving space (`autoshard.search.serve_space.enumerate_serve`) can be a
+prefill instance or a decode instance. A prefill row is an engine at one planned utilization (a
+ladder of levels when a TTFT target needs headroom, else `MAX_PREFILL_UTILIZATION`); a decode row is
+an engine at one concurrency of its ladder, meeting the TPOT target. `autoshard.search.serve` adds
+the instance counts and the balance between them to the same CP-SAT model that picks aggregated
+rows. Physics in `autoshard.costmodel.disagg`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from autoshard.costmodel.disagg import (
+    MAX_PREFILL_UTILIZATION,
+    DecodeInstance,
+    KvTransfer,
+    PrefillInstance,
+    decode_instance,
+    disagg_ttft_s,
+    holders,
+    kv_link,
+    kv_transfer,
+    kv_transfer_bytes,
+    prefill_instance,
+)
+from autoshard.costmodel.serving import concurrency_ladder, kv_limited_concurrency, serve_memory
+from autoshard.search.serve_space import MAX_CONCURRENCY, Engine, ServeSpace, _config
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
+from autoshard.units import time_to_us
+
+__all__ = [
+    "UTILIZATION_LADDER",
+    "PrefillRow",
+    "DecodeRow",
+    "DisaggTables",
+    "tabulate_disagg",
+    "transfer_for",
+    "MILLI",
+]
+
+UTILIZATION_LADDER = (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+"""Planned prefill utilizations tried when a TTFT target is set (the highest that meets it wins)."""
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRow:
+    engine: Engine
+    instance: PrefillInstance
+    utilization: float
+    rate_milli: int
+    """Requests/s it is planned to take (rate x utilization), in thousandths, rounded down."""
+    ttft_us: int
+    """TTFT before the KV transfer and the first decode step: queue wait, half a step, the prompt."""
+    send_us: tuple[int, int, int]
+    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA, across pools), us."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRow:
+    engine: Engine
+    instance: DecodeInstance
+    rate_milli: int
+    """Requests/s of one instance, in thousandths, rounded down."""
+    tpot_us: int
+    recv_us: tuple[int, int, int]
+    """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA, across pools), us."""
+
+
+@dataclass(slots=True)
+class DisaggTables:
+    prefill: list[PrefillRow]
+    decode: list[DecodeRow]
+    dropped: Counter[str]
+    latency_us: tuple[int, ...]
+    """Per-transfer link latency (NVLink, RDMA, across pools)."""
+
+
+def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) -> int:
+    return time_to_us(kv_transfer_bytes(model, job) / (streams * bytes_per_s))
+
+
+def tabulate_disagg(
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False
+) -> DisaggTables:
+    """Prefill and decode rows of every engine in `space`, dominated rows dropped (with a count)
+    unless `keep_all` (the Pareto front wants every decode concurrency)."""
+    dropped: Counter[str] = Counter()
+    prefill: list[PrefillRow] = []
+    decode: list[DecodeRow] = []
+    all_links = [_links(cluster, q) for q in cluster.pools]
+    levels = UTILIZATION_LADDER if job.ttft_target_s is not None else (MAX_PREFILL_UTILIZATION,)
+    for e in space.engines:
+        pool = cluster.pools[e.pool]
+        plinks = all_links[e.pool]
+        # ---- prefill side
+        budget_cfg = _config(model, pool, job, e, max_num_seqs=1)
+        seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
+        cfg = _config(model, pool, job, e, max_num_seqs=seqs)
+        mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+        if mem.problem() or kv_limited_concurrency(mem, job) < 1:
+            cfg = budget_cfg
+            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+        inst = prefill_instance(model, pool, job, cfg, mem)
+        send = tuple(_side_us(model, job, holders(cfg), lk.bytes_per_s) for lk in plinks)
+        for u in levels:
+            ttft = disagg_ttft_s(inst, _zero_transfer(), 0.0, u)
+            if job.ttft_target_s is not None and time_to_us(ttft) > time_to_us(job.ttft_target_s):
+                dropped["prefill utilization too high for the TTFT target"] += 1
+                continue
+            rate = int(inst.requests_per_s * u * MILLI)
+            if rate < 1:
+                dropped["prefill instance too slow"] += 1
+                continue
+            prefill.append(PrefillRow(e, inst, u, rate, time_to_us(ttft), send))  # type: ignore[arg-type]
+        # ---- decode side
+        top = serve_memory(
+            model,
+            pool.gpu,
+            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY),
+            context_len=job.context_len,
+        )
+        limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
+        for b in concurrency_ladder(limit):
+            dcfg = _config(model, pool, job, e, max_num_seqs=b)
+            dmem = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)
+            if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
+                dropped["decode concurrency beyond the KV cache"] += 1
+                continue
+            d = decode_instance(model, pool, job, dcfg, dmem, concurrency=b)
+            tpot = time_to_us(d.tpot_s)
+            if job.tpot_target_s is not None and tpot > time_to_us(job.tpot_target_s):
+                dropped["decode instance misses the TPOT target"] += 1
+                continue
+            recv = tuple(_side_us(model, job, holders(dcfg), lk.bytes_per_s) for lk in plinks)
+            decode.append(
+                DecodeRow(
+                    e,
+                    d,
+                    int(d.requests_per_s * MILLI),
+                    tpot,
+                    recv,  # type: ignore[arg-type]
+                )
+            )
+    # one latency per kind of link, the slowest pool's (the transfer time itself is per row)
+    latency = tuple(max(time_to_us(lk[k].latency_s) for lk in all_links) for k in range(3))
+    if keep_all:
+        return DisaggTables(prefill, decode, dropped, latency)
+    if job.ttft_target_s is None:  # then TTFT, TPOT and transfer times are not in the model
+        kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli))
+        kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli))
+    else:
+        kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli, r.ttft_us, *r.send_us))
+        kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli, r.tpot_us, *r.recv_us))
+    dropped["prefill instance dominated (as many GPUs or more, no faster, no sooner)"] += len(prefill) - len(
+        kept_p
+    )
+    dropped["decode instance dominated (as many GPUs or more, no faster, no lower TPOT)"] += len(
+        decode
+    ) - len(kept_d)
+    return DisaggTables(kept_p, kept_d, dropped, latency)
+
+
+def _pareto(rows: list, key) -> list:  # type: ignore[no-untyped-def]
+    """Rows no other row of the same pool beats or ties on every coordinate of `key` (smaller is
+    better). A dominated instance can be swapped for its dominator in any deployment without using
+    more GPUs, losing rate, or lengthening TTFT/TPOT (the deployment serves min(prefill, decode)
+    capacity, so spare rate is never a cost), and the optimum is unchanged."""
+    keyed = sorted(((r.engine.pool, key(r)), i) for i, r in enumerate(rows))
+    kept: list[tuple[int, tuple]] = []
+    out = []
+    for (pool, k), i in keyed:
+        if any(q == pool and all(a <= b for a, b in zip(kk, k, strict=True)) for q, kk in kept):
+            continue
+        kept.append((pool, k))
+        out.append(rows[i])
+    return out
+
+
+def _links(cluster: ClusterSpec, pool):  # type: ignore[no-untyped-def]
+    """(NVLink, RDMA inside the pool, the inter-pool network) per-GPU links of a pool's instances."""
+    cross = (
+        kv_link(
+            pool,
+            same_domain=False,
+            other=cluster.pools[-1] if pool is cluster.pools[0] else cluster.pools[0],
+            inter_pool_gbps=cluster.pool_link_gbps,
+        )
+        if cluster.is_heterogeneous
+        else None
+    )
+    rdma = kv_link(pool, same_domain=False)
+    return (kv_link(pool, same_domain=True), rdma, cross or rdma)
+
+
+def _zero_transfer() -> KvTransfer:
+    return KvTransfer(bytes_per_request=0.0, link="nvlink", streams=1, bytes_per_s=1.0, seconds=0.0)
+
+
+def transfer_for(
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, p: PrefillRow, d: DecodeRow, *, same_domain: bool
+) -> KvTransfer:
+    """The KV transfer of a chosen prefill/decode pair (over the inter-pool network when their pools
+    differ)."""
+    pool, other = cluster.pools[p.engine.pool], cluster.pools[d.engine.pool]
+    link = kv_link(
+        pool, same_domain=same_domain and pool is other, other=other, inter_pool_gbps=cluster.pool_link_gbps
+    )
+    return kv_transfer(model, job, p.instance.config, d.instance.config, link)

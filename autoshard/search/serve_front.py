@@ -1,0 +1,169 @@
+"""The serving Pareto front: output tokens/s per GPU against tokens/s per user (1 / TPOT) over every
+deployment the planner can build, aggregated replicas and prefill/decode splits alike.
+
+Aggregated points: every legal engine at every concurrency of its ladder (replicas scale throughput
+and GPUs alike, so one engine's point is its own tokens/s per GPU). Disaggregated points: every
+decode instance at every concurrency of its ladder, paired with the prefill instance that gives the
+most planned prompt rate per GPU, in the integer xPyD mix that fits the cluster and serves the most
+tokens/s per GPU used. Points missing a TTFT target are left out; TPOT targets are what the front is
+cut at. Figures come from the same tables the CP-SAT model reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoshard.costmodel.serving import (
+    concurrency_ladder,
+    kv_limited_concurrency,
+    predict_serve,
+    serve_memory,
+)
+from autoshard.errors import InfeasibleError
+from autoshard.search.serve_disagg import tabulate_disagg
+from autoshard.search.serve_space import MAX_CONCURRENCY, _config, enumerate_serve
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
+
+__all__ = ["FrontPoint", "Front", "serve_front", "STANDARD_TPOT_MS"]
+
+STANDARD_TPOT_MS = (20.0, 33.0, 50.0, 100.0)
+"""TPOT SLAs the front is cut at besides the job's own (50 tokens/s per user down to 10)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrontPoint:
+    kind: str
+    """"aggregated" or "disaggregated"."""
+    label: str
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    tpot_s: float
+    ttft_s: float
+    gpus: int
+    """GPUs of one engine (aggregated) or of the whole xPyD mix (disaggregated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Front:
+    points: tuple[FrontPoint, ...]
+    """Every deployment evaluated."""
+    front: tuple[FrontPoint, ...]
+    """The Pareto-optimal ones, fastest per user first."""
+
+    def best_at(self, tpot_s: float) -> FrontPoint | None:
+        """The most tokens/s per GPU with TPOT <= tpot_s (where the SLA cuts the front)."""
+        ok = [p for p in self.front if p.tpot_s <= tpot_s * (1 + 1e-9)]
+        return max(ok, key=lambda p: p.tokens_per_s_per_gpu, default=None)
+
+
+def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
+    out: list[FrontPoint] = []
+    for p in sorted(points, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu)):
+        if not out or p.tokens_per_s_per_gpu > out[-1].tokens_per_s_per_gpu:
+            out.append(p)
+    return tuple(out)
+
+
+def serve_front(
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto"
+) -> Front:
+    """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front. The job's TPOT
+    target is ignored (the front spans all TPOTs); its TTFT target filters points."""
+    free = job.model_copy(update={"tpot_target_s": None})
+    space = enumerate_serve(model, cluster, free)
+    points: list[FrontPoint] = []
+    ttft_ok = (lambda t: True) if job.ttft_target_s is None else (lambda t: t <= job.ttft_target_s)
+    if disaggregate != "on":
+        for e in space.engines:
+            pool = cluster.pools[e.pool]
+            top = serve_memory(
+                model,
+                pool.gpu,
+                _config(model, pool, free, e, max_num_seqs=MAX_CONCURRENCY),
+                context_len=free.context_len,
+            )
+            for b in concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, free)))):
+                cfg = _config(model, pool, free, e, max_num_seqs=b)
+                try:
+                    pred = predict_serve(model, pool, free, cfg, concurrency=b)
+                except InfeasibleError:
+                    continue
+                if pred.concurrency < b or not ttft_ok(pred.ttft_s):
+                    continue
+                where = f"{pool.name} " if len(cluster.pools) > 1 else ""
+                points.append(
+                    FrontPoint(
+                        "aggregated",
+                        f"{where}{e.label()} x{b}",
+                        pred.tokens_per_s_per_gpu,
+                        1.0 / pred.tpot_s,
+                        pred.tpot_s,
+                        pred.ttft_s,
+                        e.gpus,
+                    )
+                )
+    if disaggregate != "off":
+        points += _disagg_points(model, cluster, free, job, space)
+    return Front(tuple(points), _pareto(points))
+
+
+def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # type: ignore[no-untyped-def]
+    from autoshard.costmodel.disagg import disagg_ttft_s, kv_link, kv_transfer
+
+    tables = tabulate_disagg(model, cluster, free, space, keep_all=True)
+    out: list[FrontPoint] = []
+    for a, pa in enumerate(cluster.pools):  # prefill pool
+        prefill = [r for r in tables.prefill if r.engine.pool == a]
+        if not prefill:
+            continue
+        p = max(prefill, key=lambda r: r.instance.requests_per_s * r.utilization / r.engine.gpus)
+        rp = p.instance.requests_per_s * p.utilization
+        for b, pb in enumerate(cluster.pools):  # decode pool
+            same = a == b
+            for d in (r for r in tables.decode if r.engine.pool == b):
+                rd = d.instance.requests_per_s
+                best = None
+                for y in range(1, pb.num_gpus // d.engine.gpus + 1):
+                    x = math.ceil(y * rd / rp - 1e-9)
+                    used = x * p.engine.gpus + y * d.engine.gpus
+                    if (used if same else x * p.engine.gpus) > pa.num_gpus:
+                        break
+                    per_gpu = y * rd * free.output_len / used
+                    if best is None or per_gpu > best[0]:
+                        best = (per_gpu, x, y, used)
+                if best is None:
+                    continue
+                per_gpu, x, y, used = best
+                link = kv_link(
+                    pa,
+                    same_domain=same and used <= pa.node.domain_size,
+                    other=pb,
+                    inter_pool_gbps=cluster.pool_link_gbps,
+                )
+                tr = kv_transfer(model, free, p.instance.config, d.instance.config, link)
+                ttft = disagg_ttft_s(
+                    p.instance, tr, d.instance.tpot_s, y * rd / (x * p.instance.requests_per_s)
+                )
+                if job.ttft_target_s is not None and ttft > job.ttft_target_s:
+                    continue
+                where = (
+                    (f"{pa.name}->{pb.name} " if not same else f"{pa.name} ")
+                    if cluster.is_heterogeneous
+                    else ""
+                )
+                label = f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()} x{d.instance.concurrency}"
+                out.append(
+                    FrontPoint(
+                        "disaggregated",
+                        label,
+                        per_gpu,
+                        1.0 / d.instance.tpot_s,
+                        d.instance.tpot_s,
+                        ttft,
+                        used,
+                    )
+                )
+    return out

@@ -1,0 +1,123 @@
+"""The serving Pareto front across GPU types and prices for `study --mode serve`: for each studied
+cluster kind, at its largest studied size, every deployment's output tokens/s per GPU against
+tokens/s per user (`autoshard.search.serve_front`), priced as output tokens per dollar, and where
+each TPOT SLA cuts each front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoshard.search.serve_front import Front, serve_front
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
+
+__all__ = ["ClusterFront", "serve_fronts", "render_fronts", "fronts_json", "write_fronts_png"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterFront:
+    cluster: str
+    num_gpus: int
+    price_per_gpu_hour: float | None
+    front: Front
+
+    def usd_per_million(self, tokens_per_s_per_gpu: float) -> float | None:
+        if self.price_per_gpu_hour is None or tokens_per_s_per_gpu <= 0:
+            return None
+        return self.price_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6
+
+
+def serve_fronts(
+    model: ModelSpec,
+    clusters: dict[str, ClusterSpec],
+    sizes: list[int],
+    job: ServeJob,
+    prices: dict[str, float | None],
+) -> list[ClusterFront]:
+    """One front per cluster kind at the largest studied size it can be resized to."""
+    out = []
+    for key, spec in clusters.items():
+        for n in sorted(sizes, reverse=True):
+            try:
+                sized = spec if n == spec.num_gpus else spec.with_gpus(n)
+            except ValueError:
+                continue
+            front = serve_front(model, sized, job)
+            if front.front:
+                out.append(ClusterFront(key, n, prices.get(key), front))
+            break
+    return out
+
+
+def _cuts(cf: ClusterFront, tpot_target_s: float | None) -> list[tuple[float, Any]]:
+    from autoshard.report.pareto import sla_cuts
+
+    return sla_cuts(cf.front, tpot_target_s)
+
+
+def fronts_json(fronts: list[ClusterFront], tpot_target_s: float | None) -> list[dict[str, Any]]:
+    from autoshard.report.pareto import front_json
+
+    out = []
+    for cf in fronts:
+        obj = front_json(cf.front, tpot_target_s)
+        for cut in obj["sla_cuts"]:
+            best = cut["best"]
+            cut["usd_per_million_output_tokens"] = (
+                cf.usd_per_million(best["tokens_per_s_per_gpu"]) if best else None
+            )
+        out.append(
+            {
+                "cluster": cf.cluster,
+                "num_gpus": cf.num_gpus,
+                "price_per_gpu_hour": cf.price_per_gpu_hour,
+                **obj,
+            }
+        )
+    return out
+
+
+def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float | None) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title="Serving front across GPU types: the best deployment at each TPOT SLA", header_style="bold"
+    )
+    for col in ("cluster", "GPUs", "TPOT <= ms", "tok/s/GPU", "$/M out tokens", "deployment"):
+        table.add_column(col, justify="left" if col in ("cluster", "deployment") else "right")
+    for cf in fronts:
+        for ms, p in _cuts(cf, tpot_target_s):
+            if p is None:
+                table.add_row(cf.cluster, str(cf.num_gpus), f"{ms:g}", "-", "-", "no deployment reaches it")
+                continue
+            usd = cf.usd_per_million(p.tokens_per_s_per_gpu)
+            table.add_row(
+                cf.cluster,
+                str(cf.num_gpus),
+                f"{ms:g}",
+                f"{p.tokens_per_s_per_gpu:,.0f}",
+                "-" if usd is None else f"{usd:,.2f}",
+                p.label,
+            )
+    console.print(table)
+
+
+def write_fronts_png(
+    fronts: list[ClusterFront], path: Path, *, title: str, tpot_target_s: float | None
+) -> Path:
+    """Output tokens per dollar (priced clusters) or per GPU-second against tokens/s per user."""
+    from autoshard.report.pareto import write_front_png
+
+    priced = all(cf.price_per_gpu_hour for cf in fronts)
+    named = {f"{cf.cluster} x{cf.num_gpus}": cf.front for cf in fronts}
+    scale = None
+    label = "output tokens/s per GPU"
+    if priced:
+        scale = {
+            f"{cf.cluster} x{cf.num_gpus}": 3600.0 / (cf.price_per_gpu_hour or 1.0) / 1e3 for cf in fronts
+        }
+        label = "thousand output tokens per dollar"
+    return write_front_png(named, path, title=title, tpot_target_s=tpot_target_s, y_label=label, scale=scale)
