@@ -347,7 +347,7 @@ def test_band_is_capped_at_the_sanity_ceiling(h100_plan, table: dict) -> None:
     if want.high > ceiling > want.low:
         assert band.tokens_per_s == pytest.approx((tps * want.low, tps * ceiling))
         ref = 100 * s.reference_mfu
-        assert f"capped at {1.1 * ref:.1f} % MFU, the best measured {ref:.1f} % + 10 %" in band.basis
+        assert f"capped at {1.1 * ref:.1f} % useful MFU, the best measured {ref:.1f} % + 10 %" in band.basis
     # a plan whose whole band lies above the ceiling keeps its width, moved under it
     absurd = dataclasses.replace(h100_plan, prediction=dataclasses.replace(h100_plan.prediction, mfu=0.95), band=None)
     top = s.reference_mfu * 1.1 / (0.95 * s.useful_mfu / s.mfu)
@@ -501,7 +501,7 @@ def test_make_bands_writes_the_table_from_residual_files(tmp_path, monkeypatch, 
     assert written == json.loads(json.dumps(build_table(FIXTURE, residuals="out-of-source",
                                                         sources=sorted({r["source"] for r in FIXTURE}))))
     text = capsys.readouterr().out
-    assert "throughput train coverage: in-table 8/8 = 100%; leave-one-source-out 6/8 = 75%" in text
+    assert "throughput train coverage: in-table 7/8 = 88%; leave-one-source-out 6/8 = 75%" in text
     assert "throughput serve coverage: in-table 3/3 = 100%; leave-one-source-out 3/3 = 100%" in text
     monkeypatch.setattr(make_bands, "RESIDUALS", (tmp_path / "none.json",))
     assert make_bands.main(["--check"]) == 2
@@ -534,11 +534,11 @@ def test_packaged_table_is_built_from_the_shipped_residuals(shipped_rows) -> Non
 
 def test_shipped_bands_cover_unseen_sources_and_no_more_than_needed(shipped_rows) -> None:
     """Calibrated, not maximal: at the shipped central probability each mode's throughput bands hold
-    >= 80 % of the runs of sources they were built without; 0.05 less misses that in each mode."""
+    >= 80 % of the runs of sources they were built without; one grid step (0.025) less misses that."""
     sys.path.insert(0, str(ROOT / "tests" / "validation"))
     import make_bands
 
-    narrower = {m: p - 0.05 for m, p in COVERAGE.items()}
+    narrower = {m: p - 0.025 for m, p in COVERAGE.items()}
     for mode in ("train", "serve"):
         inside, total = make_bands.coverage(shipped_rows, "loso", mode=mode)
         assert total >= {"train": 70, "serve": 700}[mode] and inside / total >= 0.80, (mode, inside, total)

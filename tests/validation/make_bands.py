@@ -181,11 +181,11 @@ def report(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any], *, held_
 
 
 def choose_coverage(rows: Sequence[Mapping[str, Any]], *, held_only: bool = True) -> dict[str, float]:
-    """Per mode the smallest central probability of 0.70, 0.75, ..., 0.95 whose throughput bands cover
+    """Per mode the smallest central probability of 0.700, 0.725, ..., 0.950 whose throughput bands cover
     >= TARGET of the runs leave-one-source-out (printed as it goes)."""
     chosen: dict[str, float] = {}
     modes = sorted({residual_kind(r).mode for r in rows})
-    for p in (0.70, 0.75, 0.80, 0.85, 0.90, 0.95):
+    for p in [round(0.70 + 0.025 * i, 3) for i in range(11)]:
         got = coverage_runs(rows, "loso", held_only=held_only, cover={m: p for m in modes})
         for mode in modes:
             mine = [x for x in got if residual_kind(x[0]).mode == mode]
@@ -193,7 +193,7 @@ def choose_coverage(rows: Sequence[Mapping[str, Any]], *, held_only: bool = True
                 continue
             share = sum(x[1] for x in mine) / len(mine)
             width = _median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in mine])
-            print(f"P = {p:.2f} {mode:6}: leave-one-source-out coverage {share:.0%} ({len(mine)} runs), "
+            print(f"P = {p:.3f} {mode:6}: leave-one-source-out coverage {share:.0%} ({len(mine)} runs), "
                   f"median half-width +-{width:.1%}")
             if share >= TARGET and mode not in chosen:
                 chosen[mode] = p
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all-runs", action="store_true",
                         help='also use runs not held to the accuracy target ("held": false, e.g. another framework)')
     parser.add_argument("--choose-coverage", action="store_true",
-                        help="print leave-one-source-out coverage for central probabilities 0.70-0.95 per mode "
+                        help="print leave-one-source-out coverage for central probabilities 0.700-0.950 per mode "
                              "and the smallest reaching the target (the shipped COVERAGE is that choice)")
     parser.add_argument("--mfu-reference", action="store_true",
                         help="also regenerate autoshard/costmodel/mfu_reference.json (best measured useful MFU per "
