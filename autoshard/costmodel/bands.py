@@ -497,7 +497,11 @@ def band_text(plan: Any) -> str:
     n = plan.num_gpus
     lo, hi = band.tokens_per_s[0] / n, band.tokens_per_s[1] / n
     unit = "output tokens/s per GPU" if getattr(plan, "mode", "train") == "serve" else "tokens/s per GPU"
-    return f"likely {_sig3(lo)}-{_sig3(hi)} {unit} ({band.basis.split('; memory:')[0]})"
+    text = f"likely {_sig3(lo)}-{_sig3(hi)} {unit} ({band.basis.split('; memory:')[0]})"
+    if band.ttft_s is not None and band.tpot_s is not None:
+        text += (f"; mean TTFT likely {_sig3(band.ttft_s[0])}-{_sig3(band.ttft_s[1])} s, mean TPOT "
+                 f"{_sig3(1e3 * band.tpot_s[0])}-{_sig3(1e3 * band.tpot_s[1])} ms")
+    return text
 
 
 # ----------------------------------------------------------------------------- physical sanity

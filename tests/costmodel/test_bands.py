@@ -401,8 +401,18 @@ def test_serve_plan_band(table: dict) -> None:
                                                plan.throughput_tokens_per_s * want.high))
     assert band.step_time_s == pytest.approx((plan.prediction.tpot_s / want.high, plan.prediction.tpot_s / want.low))
     b = plan.to_json()["predicted"]["band"]
-    assert set(b) >= {"tokens_per_s", "step_time_s", "memory_gib_peak", "basis", "runs"}
+    assert set(b) >= {"tokens_per_s", "step_time_s", "memory_gib_peak", "basis", "runs", "ttft_s", "tpot_s"}
     assert "serving" in b["basis"]
+    # latency bands: their own sections, measured / predicted time
+    for name, value in (("ttft", plan.prediction.ttft_s), ("tpot", plan.prediction.tpot_s)):
+        got = lookup(Kind("hopper", "dense", "fp8", "serve"), table, section=name)
+        assert getattr(band, f"{name}_s") == pytest.approx((value * got.low, value * got.high))
+    shipped = band_for(plan)
+    ttft = lookup(Kind("hopper", "dense", "fp8", "serve"), section="ttft")
+    assert ttft.level == "generation" and "TTFT: no measured hopper dense fp8 serving run" in shipped.basis
+    text = bands.band_text(dataclasses.replace(plan, band=shipped))
+    assert f"mean TTFT likely {bands._sig3(shipped.ttft_s[0])}-{bands._sig3(shipped.ttft_s[1])} s" in text
+    assert "mean TPOT" in text and "memory:" not in text
 
 
 # ----------------------------------------------------------------------------- ties in --top
