@@ -563,3 +563,11 @@ def test_shipped_bands_keep_latency_out_of_throughput(shipped_rows) -> None:
     runs = sum(b["runs"] for b in t["throughput"]["kinds"].values()) + sum(t["throughput"]["single_run_kinds"].values())
     assert runs == sum(1 for r in shipped_rows if r.get("held", True) and r["metric"] in bands.THROUGHPUT_METRICS)
     assert t["ttft"]["kinds"] and t["tpot"]["kinds"]
+
+
+def test_shipped_central_probability_is_the_scan_choice(shipped_rows, capsys) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "validation"))
+    import make_bands
+
+    assert make_bands.choose_coverage(shipped_rows) == COVERAGE
+    assert "P = 0.925 train : leave-one-source-out coverage 80% (76 runs)" in capsys.readouterr().out

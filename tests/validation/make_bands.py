@@ -4,6 +4,8 @@
     python tests/validation/make_bands.py --in-sample  # no residual files: predict the runs with the
                                                        # current model (in-sample; a weaker check)
     python tests/validation/make_bands.py --check     # print coverage only, write nothing
+    python tests/validation/make_bands.py --choose-coverage  # the central-probability scan per mode
+    python tests/validation/make_bands.py --mfu-reference    # also regenerate mfu_reference.json
 
 Reads tests/validation/residuals_train.json and residuals_serve.json (the leave-one-source-out
 predictions written by the validation scripts: one object per run with "id", "source", "mode", "gpu",
@@ -16,7 +18,14 @@ power-capped hosts) are left out unless --all-runs is given.
 
 Coverage is printed two ways: in-table (each run against the table built from all runs, optimistic)
 and leave-one-source-out (each source's runs against a table built without that source: how the
-bands do on runs they have never seen). The target is >= 80 % of runs inside their band.
+bands do on runs they have never seen), per section (throughput, memory, TTFT, TPOT) and mode. The
+target is >= 80 % of runs inside their band out-of-source; the exit status is 1 when throughput
+misses it in a mode.
+
+--mfu-reference rebuilds autoshard/costmodel/mfu_reference.json, the physical-sanity references: per
+GPU class x precision x dense/MoE the held training run with the best measured useful MFU (causal
+attention core counted once), with its run id and citation, and prints how many held runs the flag
+would fire on against it (must be 0) and against a table built without their own source.
 """
 
 from __future__ import annotations
