@@ -20,6 +20,7 @@ from autoshard.specs.model import LayerKind, ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
+    "causal_model_flops_per_step",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "fp8_cast_bytes_per_element",
 ]
@@ -142,6 +143,20 @@ def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: i
     tokens = seq_len * global_batch_size
     fwd = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).total for k in model.layer_kinds)
     return 3.0 * (fwd + mtp_forward_flops(model, tokens=tokens, seq_len=seq_len))
+
+
+def causal_model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
+    """*Useful* FLOPs of one training step: `model_flops_per_step` with the attention core (QK^T
+    scores and the AV product, 2 x 2 s^2 d per head and sequence forward) counted over the causal
+    half of the s x s square, the work a causal decoder cannot skip. This is the convention of
+    Megatron-Core's logged TFLOP/s since 2025 and of the physical-sanity check: non-causal model
+    FLOPs grow with context by work nobody does."""
+    tokens = seq_len * global_batch_size
+    attn = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).attention for k in model.layer_kinds)
+    if model.mtp_num_layers:
+        mtp = layer_flops(model, model.mtp_layer_kind, tokens=tokens, seq_len=seq_len)
+        attn += model.mtp_num_layers * mtp.attention
+    return model_flops_per_step(model, seq_len=seq_len, global_batch_size=global_batch_size) - 3.0 * 0.5 * attn
 
 
 def mtp_forward_flops(model: ModelSpec, *, tokens: int, seq_len: int) -> float:
