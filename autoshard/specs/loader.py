@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from autoshard.errors import SpecError
+from autoshard.specs.base import NAME_PATTERN
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
 
@@ -244,7 +245,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tup
                   "dict_type", "less_than_equal", "less_than", "finite_number", "string_pattern_mismatch",
                   "string_too_long", "too_long"):
         msg += f" (got {_short(repr(err.get('input')), 60)})"
-    if kind == "string_pattern_mismatch":
+    if kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:
         msg = f"must be one line of printable text, without control characters (got {_short(repr(err.get('input')), 60)})"
     elif kind == "finite_number":
         msg += ": NaN and infinities are not sizes, write a finite number"
