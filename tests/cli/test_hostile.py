@@ -94,6 +94,8 @@ CASES = [
      ["--tokens"]),
     ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
      ["--gpus", "at most 131072"]),
+    ("study-too-many-sizes", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus",
+                                        ",".join(str(8 * k) for k in range(1, 200))], 2, ["at most", "64 sizes"]),
     ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                              "--price", "dgx-h100=nan"], 2, ["--price", "finite", "nan"]),
     ("price-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
