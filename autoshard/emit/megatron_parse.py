@@ -308,6 +308,9 @@ def _dims(tp: int, pp: int, cp: int, ep: int, etp: int | None, vpp: int, world: 
         raise SpecError(f"{exc}: fix the parallel sizes in the command") from None
 
 
+MAX_SCRIPT_BYTES = 1 << 20
+
+
 def _read_text(command_or_path: str) -> tuple[str, str]:
     text = command_or_path.strip()
     if not text:
@@ -322,6 +325,10 @@ def _read_text(command_or_path: str) -> tuple[str, str]:
             is_file = False
         if is_file:
             try:
+                if path.stat().st_size > MAX_SCRIPT_BYTES:
+                    raise SpecError(f"the launch script is {path.stat().st_size / 2**20:.1f} MiB, more than a launch "
+                                    f"script holds (at most {MAX_SCRIPT_BYTES >> 20} MiB): give the right file",
+                                    source=str(path))
                 return path.read_text(encoding="utf-8"), str(path)
             except (OSError, UnicodeDecodeError) as exc:
                 raise SpecError(f"cannot read the launch script ({exc})", source=str(path)) from None

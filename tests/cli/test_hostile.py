@@ -42,6 +42,11 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new, 1)
 
 
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def model_file(tmp: Path, old: str = "", new: str = "", *, extra: str = "") -> Path:
     path = tmp / "model.yaml"
     path.write_text((_replace(MODEL, old, new) if old else MODEL) + extra)
@@ -138,6 +143,9 @@ CASES = [
     ("megatron-solve-mbs-0", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST,
                                         "--from-megatron", MEGATRON + " --micro-batch-size 0"], 2,
      ["--micro-batch-size must be positive"]),
+    ("megatron-script-2mb", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                       _write(t / "big.sh", MEGATRON + " --micro-batch-size 1\n" + "# pad\n" * 400_000)],
+     2, ["MiB", "at most 1 MiB"]),
     ("megatron-tp-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                  MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 0"], 2,
      ["--tensor-model-parallel-size must be positive"]),
