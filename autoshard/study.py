@@ -417,5 +417,5 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     else:
         render_study(result, console)
         for path in written:
-            err.print(f"wrote {path}", highlight=False)
+            err.print(f"wrote {path}", highlight=False, markup=False)
     return result

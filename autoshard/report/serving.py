@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -66,7 +67,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     if explain and s.pruned:
         console.print(prune_table(s.pruned))
     for w in plan.warnings:
-        console.print(f"[yellow]note:[/yellow] {w}", highlight=False)
+        console.print(f"[yellow]note:[/yellow] {escape(w)}", highlight=False)
     for name in ("vllm", "sglang"):
         if name in plan.launch:
             console.print(f"\n[bold]{name} launch:[/bold]")

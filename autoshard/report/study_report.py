@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
@@ -100,7 +101,7 @@ def render_study(result: StudyResult, console: Console) -> None:
     console.print(Text(_title(result), style="bold"), highlight=False)
     for a in result.answers:
         head, _, rest = a.text.partition(": ")
-        console.print(f"  [bold green]{head}:[/bold green] {rest}", highlight=False, soft_wrap=soft)
+        console.print(f"  [bold green]{escape(head)}:[/bold green] {escape(rest)}", highlight=False, soft_wrap=soft)
     table = Table(show_header=True, header_style="bold", title=None)
     right = {"GPUs", "MFU", "tokens/s", "days", "GPU-hours", "total $", "$/M tokens", "GPUs used", "out tok/s",
              "req/s", "TTFT ms", "TPOT ms", "$/hour", "$/M out tokens"}
@@ -108,7 +109,7 @@ def render_study(result: StudyResult, console: Console) -> None:
         table.add_column(h, justify="right" if h in right else "left", no_wrap=h != "plan",
                          min_width=16 if h == "plan" else None)
     for cells in table_rows(result):
-        table.add_row(*cells, style="bold" if cells[-1] else None)
+        table.add_row(*(Text(c) for c in cells), style="bold" if cells[-1] else None)
     if soft:  # Console.print caps the width at the console's: render at the table's own width
         width = max(console.width, console.measure(table, options=console.options.update_width(400)).maximum)
         console.print(Segments(list(console.render(table, console.options.update_width(width)))), soft_wrap=True)
@@ -119,9 +120,9 @@ def render_study(result: StudyResult, console: Console) -> None:
         console.print("[bold]Sizes that cannot run:[/bold]")
         for s in result.skipped:
             reason = " ".join(s.reason.split())
-            console.print(f"  {s.cluster} x {s.num_gpus:,}: {reason}", highlight=False, soft_wrap=soft)
+            console.print(f"  {escape(s.cluster)} x {s.num_gpus:,}: {escape(reason)}", highlight=False, soft_wrap=soft)
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=soft)
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False, soft_wrap=soft)
 
 
 # ----------------------------------------------------------------------------- files

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -169,7 +170,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
         width = max(40, min(120, console.width - 24))
         console.print(schedule_chart(plan, width=width), markup=False, highlight=False, soft_wrap=True)
     for note in notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if "megatron" in plan.launch:
         console.print("\n[bold]Megatron-LM launch[/bold] (fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL):")
         console.print(plan.launch["megatron"], markup=False, highlight=False, soft_wrap=True)

@@ -318,3 +318,18 @@ def test_compare_with_megatron_still_emits_the_best_plan(tmp_path: Path) -> None
                                    "-o", out, "--from-megatron", MEGATRON + " --micro-batch-size 1")
     assert code == 0, stderr
     assert out.read_text().startswith("#!/usr/bin/env bash") and "pretrain_gpt.py" in out.read_text()
+
+
+def test_rich_markup_in_warnings_paths_and_study_labels(tmp_path: Path) -> None:
+    """User text reaches the report through warnings (an unknown vLLM flag), file paths and study labels."""
+    code, stdout, stderr = run_cli("evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                   "vllm serve meta-llama/Llama-3.1-8B --[/bold]")
+    assert code == 0 and "--[/bold]" in " ".join(stdout.split()), stderr
+    (tmp_path / "q[").mkdir()
+    cluster = tmp_path / "q[" / "b]z.yaml"  # the path holds the closing tag "[/b]"
+    cluster.write_text(CLUSTER)
+    out = tmp_path / "q[" / "o]"
+    code, stdout, stderr = run_cli("study", "llama-3.1-8b", "--cluster", cluster, "--gpus", "8,12", "--time-limit",
+                                   "5", "--jobs", "1", "--out", out)
+    assert code == 0, stderr
+    assert str(cluster) in stdout and f"wrote {out}" in stderr
