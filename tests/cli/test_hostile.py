@@ -339,6 +339,7 @@ def test_rich_markup_in_pool_and_gpu_names(tmp_path: Path) -> None:
     text = (REPO / "clusters" / "mixed-h100-a100.yaml").read_text()
     text = _replace(_replace(text, "name: h100\n", 'name: "h[/x]"\n'), "name: H100-SXM5-80GB", 'name: "G[/y]"')
     cluster = _write(tmp_path / "mixed.yaml", text)
-    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", cluster, "--time-limit", "2", "--workers", "1")
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", cluster, "--time-limit", "2", "--workers", "1", "--tp", "4",
+                                   "--pp", "2", "--cp", "1", "--mbs", "1")
     assert code == 0, stderr
     assert "h[/x]" in stdout and "G[/y]" in stdout
