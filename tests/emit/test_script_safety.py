@@ -146,7 +146,8 @@ def test_control_characters_in_names_are_refused(tmp_path: Path, name: str, wher
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     flat = " ".join(result.stderr.split())
-    assert "field 'name'" in flat and "control characters" in flat, flat
+    key = "name" if where == "yaml" else "_name_or_path"
+    assert f"field '{key}'" in flat and "control characters" in flat, flat
 
 
 def test_cli_script_from_hostile_hf_name_is_inert(tmp_path: Path) -> None:
