@@ -12,12 +12,14 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NAME_LEN, NAME_PATTERN, FrozenSpec
+from autoshard.specs.base import (
+    MAX_COUNT, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NAME_LEN, MAX_QUANTITY, NAME_PATTERN, FrozenSpec,
+)
 
 __all__ = ["LinkKind", "EfficiencySpec", "GpuSpec", "NodeSpec", "PoolSpec", "ClusterSpec"]
 
-PosFloat = Annotated[float, Field(gt=0)]
-PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0, le=MAX_QUANTITY)]
+PosInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 # size caps: beyond them no hardware exists and the planner's integer tables overflow or never finish
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)]
