@@ -6,7 +6,6 @@ from __future__ import annotations
 from types import UnionType
 from typing import Annotated, Union, get_args, get_origin
 
-import annotated_types
 import pytest
 
 from autoshard.specs.base import FrozenSpec, _is_number_annotation
@@ -22,10 +21,9 @@ SPECS = [ModelSpec, LayerGroup, MLAConfig, MoEConfig, TrainingDefaults, ServingD
 
 def _upper_bound(metadata) -> float | None:
     for m in metadata:
-        if isinstance(m, annotated_types.Le):
-            return m.le
-        if isinstance(m, annotated_types.Lt):
-            return m.lt
+        for attr in ("le", "lt"):  # annotated_types.Le / Lt, as pydantic's Field(le=/lt=) stores them
+            if type(m).__name__ == attr.capitalize() and getattr(m, attr, None) is not None:
+                return getattr(m, attr)
         inner = _upper_bound(getattr(m, "metadata", ()))  # a FieldInfo inside Annotated[...]
         if inner is not None:
             return inner
