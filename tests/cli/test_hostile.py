@@ -124,6 +124,9 @@ CASES = [
     ("nested-yaml", lambda t: _nested(t, ".yaml"), 2, ["nested", "32"]),
     ("nested-json", lambda t: _nested(t, ".json"), 2, ["nested", "32"]),
     ("file-2mb", _huge, 2, ["MiB", "at most 1 MiB"]),
+    ("billion-laughs", lambda t: ["solve", _write(t / "lol.yaml", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "name: *a8\n"), "dgx-h100"], 2,
+     ["expands to more than 100000 values"]),
     ("file-name-too-long", lambda t: ["solve", "x" * 5000 + ".yaml", "dgx-h100"], 2, ["too long"]),
     ("model-is-a-directory", lambda t: ["solve", str(t) + "/", "dgx-h100"], 2, ["directory"]),
     # --- cluster file fields
