@@ -128,11 +128,26 @@ class ParsedMegatron:
 
 
 def _expand_layout(text: str) -> list[str]:
-    """Megatron's parse_str_to_list: drop commas, unroll `(...)*n`, then `x*n`, split on `|`."""
-    s = text.replace(",", "")
-    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    return s.split("|")
+    """Megatron's parse_str_to_list: drop commas, unroll `(...)*n`, then `x*n`, split on `|`. An unrolled
+    layout longer than any model's (MAX_LAYERS layers) is refused before it is built."""
+    limit = 8 * MAX_LAYERS + len(text)
+
+    def unroll(s: str, pattern: str) -> str:
+        grown = len(s)
+
+        def repeat(m: re.Match[str]) -> str:
+            nonlocal grown
+            n = int(m.group(2)) if len(m.group(2)) < 10 else limit + 1
+            grown += len(m.group(1)) * n - len(m.group(0))
+            if grown > limit:
+                raise SpecError(f"--pipeline-model-parallel-layout unrolls to more layers than any model has (at most "
+                                f"{MAX_LAYERS}): check the repeat counts", source="--pipeline-model-parallel-layout")
+            return m.group(1) * n
+
+        return re.sub(pattern, repeat, s)
+
+    s = unroll(text.replace(",", ""), r"\(([^)]+)\)\*(\d+)")
+    return unroll(s, r"(.)\*(\d+)").split("|")
 
 
 def parse_layout(text: str, *, num_layers: int, pp: int) -> tuple[list[Stage], list[str]]:

@@ -149,6 +149,9 @@ CASES = [
     ("megatron-script-2mb", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                        _write(t / "big.sh", MEGATRON + " --micro-batch-size 1\n" + "# pad\n" * 400_000)],
      2, ["MiB", "at most 1 MiB"]),
+    ("megatron-layout-1e11", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
+                                        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
+                                        "'Et*16|t*100000000000L'"], 2, ["unrolls to more layers", "1024"]),
     ("megatron-tp-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                  MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 0"], 2,
      ["--tensor-model-parallel-size must be positive"]),
