@@ -152,6 +152,9 @@ CASES = [
     ("megatron-layout-1e11", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
                                         "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
                                         "'Et*16|t*100000000000L'"], 2, ["unrolls to more layers", "1024"]),
+    ("megatron-moe-freq-1e10", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
+                                          "--num-experts 8 --moe-layer-freq '([0]*100000)*100000'"], 2,
+     ["--moe-layer-freq"]),
     ("megatron-tp-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                  MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 0"], 2,
      ["--tensor-model-parallel-size must be positive"]),
