@@ -393,10 +393,13 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
     yours, warnings = _evaluate_megatron(command, model_ref, cluster_ref, gpus)
     job = train_job(yours.model, seq_len=yours.config.seq_len, global_batch_size=yours.config.global_batch_size,
                     precision=yours.config.precision)
-    best = api_solve(yours.model, yours.cluster, job, options=_solver_options(top, time_limit, workers, seed, verbose, None))
+    options = _solver_options(top, time_limit, workers, seed, verbose, None)
+    best = api_solve(yours.model, yours.cluster, job, options=options)
     comparison = compare_plans(yours, best[0])
+    headroom = _headroom(best[0], options.memory_fraction)
     if json_out:
         obj = best[0].to_json()
+        obj["memory_headroom"] = headroom
         obj["yours"] = yours.to_json()
         obj["comparison"] = comparison
         obj["warnings"] = warnings
@@ -405,6 +408,7 @@ def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, wo
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(w)}")
     render_comparison(yours, best[0], comparison, console, time_limit_s=time_limit)
+    console.print(f"note: the best plan was {headroom['note']}", markup=False, highlight=False)
     return best[0]
 
 

@@ -55,6 +55,9 @@ __all__ = [
     "money", "ProgressFn", "run_study", "run_study_cli",
 ]
 
+MAX_STUDY_SIZES = 64
+MAX_STUDY_CLUSTERS = 16
+"""A study solves every (cluster, size): at most 16 x 64 solves, each up to --time-limit."""
 MAX_PRICE = 10_000.0
 """Dollars per GPU-hour a --price may say (list prices are a few dollars)."""
 STUDY_FILES = ("study.csv", "study.md", "pareto.png", "study.json")
@@ -135,6 +138,9 @@ def run_study(
         raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
     if max(sizes) > MAX_GPUS:
         raise SpecError(f"{max(sizes)} GPUs is more than autoshard plans for (at most {MAX_GPUS})", source="--gpus")
+    if len(sizes) > MAX_STUDY_SIZES or len(specs) > MAX_STUDY_CLUSTERS:
+        raise SpecError(f"{len(specs)} clusters x {len(sizes)} sizes is more than one study solves (at most "
+                        f"{MAX_STUDY_CLUSTERS} clusters and {MAX_STUDY_SIZES} sizes): split it", source="--gpus/--cluster")
     for flag, value in (("--deadline-days", deadline_days), ("--budget-usd", budget_usd)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise SpecError(f"must be a positive finite number, got {value}", source=flag)
@@ -447,5 +453,5 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
 
             render_fronts(fronts, console, tpot_ms / 1e3 if tpot_ms else None)
         for path in written:
-            err.print(f"wrote {path}", highlight=False)
+            err.print(f"wrote {path}", highlight=False, markup=False)
     return result

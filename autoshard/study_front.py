@@ -81,7 +81,7 @@ def fronts_json(fronts: list[ClusterFront], tpot_target_s: float | None) -> list
 
 
 def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float | None) -> None:
-    from rich.table import Table
+    from autoshard.report.fit import PlainTable as Table
 
     table = Table(
         title="Serving front across GPU types: the best deployment at each TPOT SLA", header_style="bold"

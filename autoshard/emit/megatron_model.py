@@ -104,12 +104,14 @@ def eval_moe_layer_freq(text: str, num_layers: int) -> list[int]:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                if len(left) + len(right) > 100_000:
+                    raise ValueError("too long")
                 return left + right
             if isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
                 times = right if isinstance(left, list) else left
                 seq = left if isinstance(left, list) else right
-                if isinstance(times, int) and isinstance(seq, list) and 0 <= times <= 100_000:
-                    return seq * times
+                if isinstance(times, int) and isinstance(seq, list) and 0 <= times and len(seq) * times <= 100_000:
+                    return seq * times  # bounded by the product: ([0]*1e5)*1e5 would be 1e10 items
             if isinstance(left, int) and isinstance(right, int):
                 return left + right if isinstance(node.op, ast.Add) else left * right
         raise ValueError(type(node).__name__)

@@ -140,11 +140,26 @@ class ParsedMegatron:
 
 
 def _expand_layout(text: str) -> list[str]:
-    """Megatron's parse_str_to_list: drop commas, unroll `(...)*n`, then `x*n`, split on `|`."""
-    s = text.replace(",", "")
-    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    return s.split("|")
+    """Megatron's parse_str_to_list: drop commas, unroll `(...)*n`, then `x*n`, split on `|`. An unrolled
+    layout longer than any model's (MAX_LAYERS layers) is refused before it is built."""
+    limit = 8 * MAX_LAYERS + len(text)
+
+    def unroll(s: str, pattern: str) -> str:
+        grown = len(s)
+
+        def repeat(m: re.Match[str]) -> str:
+            nonlocal grown
+            n = int(m.group(2)) if len(m.group(2)) < 10 else limit + 1
+            grown += len(m.group(1)) * n - len(m.group(0))
+            if grown > limit:
+                raise SpecError(f"--pipeline-model-parallel-layout unrolls to more layers than any model has (at most "
+                                f"{MAX_LAYERS}): check the repeat counts", source="--pipeline-model-parallel-layout")
+            return m.group(1) * n
+
+        return re.sub(pattern, repeat, s)
+
+    s = unroll(text.replace(",", ""), r"\(([^)]+)\)\*(\d+)")
+    return unroll(s, r"(.)\*(\d+)").split("|")
 
 
 def parse_layout(
@@ -519,6 +534,9 @@ def _dims(tp: int, pp: int, cp: int, ep: int, etp: int | None, vpp: int, world: 
         raise SpecError(f"{exc}: fix the parallel sizes in the command{hint}") from None
 
 
+MAX_SCRIPT_BYTES = 1 << 20
+
+
 def _read_text(command_or_path: str) -> tuple[str, str]:
     text = command_or_path.strip()
     if not text:
@@ -533,6 +551,10 @@ def _read_text(command_or_path: str) -> tuple[str, str]:
             is_file = False
         if is_file:
             try:
+                if path.stat().st_size > MAX_SCRIPT_BYTES:
+                    raise SpecError(f"the launch script is {path.stat().st_size / 2**20:.1f} MiB, more than a launch "
+                                    f"script holds (at most {MAX_SCRIPT_BYTES >> 20} MiB): give the right file",
+                                    source=str(path))
                 return path.read_text(encoding="utf-8"), str(path)
             except (OSError, UnicodeDecodeError) as exc:
                 raise SpecError(f"cannot read the launch script ({exc})", source=str(path)) from None

@@ -4,7 +4,8 @@ planner chose this kind of deployment."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+
+from autoshard.report.fit import PlainTable
 
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
@@ -16,7 +17,7 @@ def render_roles(plan: ServePlan, console: Console) -> None:
     """The prefill and decode roles, one row each, and the KV transfer line."""
     if not plan.roles or plan.disaggregation is None:
         return
-    table = Table(
+    table = PlainTable(
         title="Prefill / decode roles (n instances; req/s and batch per instance)", header_style="bold"
     )
     pools = plan.cluster.is_heterogeneous

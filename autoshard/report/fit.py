@@ -2,7 +2,8 @@
 
 Every table the CLI prints is built by `table()`: no vertical rules, two spaces between columns, so
 that 8-10 columns fit in 80. Numeric and name columns never wrap (rich would cut them with `…`);
-free-text columns wrap at spaces instead.
+free-text columns wrap at spaces instead. Cells are plain text: a name with `[brackets]` (a model,
+cluster, pool or GPU name, a path) is printed as written, never read as Rich markup.
 """
 
 from __future__ import annotations
@@ -10,13 +11,21 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["table", "add_columns", "wrap_command", "shell_words", "print_command"]
+__all__ = ["PlainTable", "table", "add_columns", "wrap_command", "shell_words", "print_command"]
+
+
+class PlainTable(Table):
+    """A rich Table whose string cells are plain text, not markup."""
+
+    def add_row(self, *renderables, **kwargs) -> None:  # type: ignore[override]
+        super().add_row(*(Text(r) if isinstance(r, str) else r for r in renderables), **kwargs)
 
 
 def table(title: str | None = None, *, caption: str | None = None) -> Table:
     """A compact table: a rule under the header, no vertical lines, no outer edge."""
-    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, header_style="bold",
+    return PlainTable(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, header_style="bold",
                  padding=(0, 1, 0, 1), collapse_padding=True, pad_edge=False, title_justify="left",
                  caption_justify="left")
 

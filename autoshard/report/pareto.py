@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+from autoshard.report.fit import PlainTable
 
 from autoshard.search.serve_front import STANDARD_TPOT_MS, Front, FrontPoint
 
@@ -54,7 +55,7 @@ def render_front(
     if len(shown) > rows:  # keep both ends and an even spread between
         step = (len(shown) - 1) / (rows - 1)
         shown = [shown[round(i * step)] for i in range(rows)]
-    table = Table(
+    table = PlainTable(
         title=f"Pareto front: {title} ({len(front.front)} of {len(front.points)} deployments)",
         header_style="bold",
     )
@@ -70,7 +71,7 @@ def render_front(
             p.label,
         )
     console.print(table)
-    cuts = Table(title="Where each TPOT SLA cuts the front", header_style="bold")
+    cuts = PlainTable(title="Where each TPOT SLA cuts the front", header_style="bold")
     for col in ("TPOT <= ms", "tok/s/GPU", "tok/s/user", "kind", "deployment"):
         cuts.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
     for ms, p in sla_cuts(front, tpot_target_s):

@@ -83,7 +83,7 @@ def _stage_table(plan: Plan) -> Table:
         dec, _, _ = layer_counts(plan.model, stage)
         cost = stage_cost(plan.model, stage, plan.cluster.pools[stage.pool], plan.config)
         table.add_row(str(i), str(i % pp), _layer_span(plan, i), str(dec), str(stage.full_recompute_layers),
-                      f"{cost.time_s * 1e3:.1f}", f"{pred.rank_memory_bytes[i % pp] / GIB:.1f}", devices[i])
+                      f"{cost.time_s * 1e3:.1f}", f"{pred.rank_memory_bytes[i % pp] / GIB:.1f}", Text(devices[i]))
     return table
 
 

@@ -589,8 +589,8 @@ def _plan(
     stats: SolverStats,
     warnings: tuple[str, ...] = (),
 ) -> ServePlan:
-    from autoshard.emit.sglang import sglang_command
-    from autoshard.emit.vllm import vllm_command
+    from autoshard.emit.sglang import sglang_node_commands
+    from autoshard.emit.vllm import vllm_node_commands
 
     e, cfg = row.engine, row.config
     dp = e.dp_attention if e.expert_parallel else row.replicas
@@ -610,13 +610,11 @@ def _plan(
         pool_index=e.pool,
         warnings=warnings,
     )
-    launch = {"vllm": vllm_command(plan), "sglang": sglang_command(plan)}
-    if plan.nodes > 1:  # every node's line, head first (the single keys hold the head node's)
-        from autoshard.emit.sglang import sglang_node_commands
-        from autoshard.emit.vllm import vllm_node_commands
-
-        launch |= {"vllm_nodes": "\n".join(vllm_node_commands(plan)),
-                   "sglang_nodes": "\n".join(sglang_node_commands(plan))}
+    launch: dict[str, str] = {}
+    for name, lines in (("vllm", vllm_node_commands(plan)), ("sglang", sglang_node_commands(plan))):
+        launch[name] = lines[0]  # the head node's line
+        if len(lines) > 1:
+            launch[f"{name}_nodes"] = "\n".join(lines)  # every node's line, head first
     return plan.with_launch(launch)
 
 

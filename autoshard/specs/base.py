@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 __all__ = ["FrozenSpec", "NAME_PATTERN", "MAX_NAME_LEN", "MAX_GPUS", "MAX_GPUS_PER_NODE", "MAX_LAYERS",
            "MAX_HIDDEN", "MAX_FFN", "MAX_HEADS", "MAX_VOCAB", "MAX_CONTEXT", "MAX_SEQ_LEN",
-           "MAX_GLOBAL_BATCH", "MAX_EXPERTS", "MAX_TOKENS"]
+           "MAX_GLOBAL_BATCH", "MAX_EXPERTS", "MAX_TOKENS", "MAX_COUNT", "MAX_QUANTITY"]
 
 NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+$"
 """Names (model, cluster, pool, GPU) are one line of printable text: no newline, tab or other C0/C1
@@ -48,6 +48,10 @@ MAX_EXPERTS = 4096
 """Routed experts per MoE layer."""
 MAX_TOKENS = 1e17
 """Training tokens of one run (published runs are below 1e14)."""
+MAX_COUNT = 1 << 40
+"""The cap of a count or size with no tighter bound of its own (PosInt and friends)."""
+MAX_QUANTITY = 1e12
+"""The cap of a positive float with no tighter bound of its own (PosFloat)."""
 
 
 def _is_number_annotation(annotation: Any) -> bool:

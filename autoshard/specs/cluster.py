@@ -12,12 +12,14 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NAME_LEN, NAME_PATTERN, FrozenSpec
+from autoshard.specs.base import (
+    MAX_COUNT, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NAME_LEN, MAX_QUANTITY, NAME_PATTERN, FrozenSpec,
+)
 
 __all__ = ["LinkKind", "EfficiencySpec", "GpuSpec", "NodeSpec", "PoolSpec", "ClusterSpec"]
 
-PosFloat = Annotated[float, Field(gt=0)]
-PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0, le=MAX_QUANTITY)]
+PosInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 # size caps: beyond them no hardware exists and the planner's integer tables overflow or never finish
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)]
@@ -52,7 +54,7 @@ class EfficiencySpec(FrozenSpec):
     gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
     attention: Fraction = 0.25
     """Fraction of dense BF16 peak that fused (flash) attention reaches, at 4,096-token sequences."""
-    attention_half_seq: Annotated[float, Field(ge=0)] = 4096.0
+    attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] = 4096.0
     """Sequence-length dependence of fused causal training attention: at sequence length s it runs
     at attention * r(s) / r(4096), r(s) = s / (s + attention_half_seq), capped at 1 (per-query-block
     fixed work and half-empty diagonal tiles weigh less as s grows). 0: flat."""
@@ -81,7 +83,7 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0)] = 21
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
     """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
     Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE)."""
 

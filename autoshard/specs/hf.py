@@ -548,6 +548,8 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
     fields = _CONVERTERS[model_type](reader, model_type)
     name = data.get("_name_or_path")
     fields["name"] = name.rstrip("/") if isinstance(name, str) and name.strip("/ ") else _default_name(source)
+    if isinstance(name, str) and name.strip("/ "):
+        reader.origin["name"] = "_name_or_path"  # a bad name is named by its config key
     fields["source"] = source
     try:
         return ModelSpec.model_validate(fields)

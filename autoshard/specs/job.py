@@ -7,11 +7,11 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, FrozenSpec
+from autoshard.specs.base import MAX_CONTEXT, MAX_COUNT, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, FrozenSpec
 
 __all__ = ["Precision", "Optimizer", "TrainJob", "ServeJob", "WeightDtype"]
 
-PosInt = Annotated[int, Field(gt=0)]
+PosInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 Context = Annotated[int, Field(gt=0, le=MAX_CONTEXT)]
 MAX_REQUEST_RATE = 1e6
 """Requests per second one plan may be asked to sustain."""

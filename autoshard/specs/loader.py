@@ -14,12 +14,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from autoshard.errors import SpecError
+from autoshard.specs.base import NAME_PATTERN
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
-    "read_mapping", "validate", "format_validation_error", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH",
+    "read_mapping", "validate", "format_validation_error", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES",
 ]
 
 T = TypeVar("T", bound=BaseModel)
@@ -28,6 +29,8 @@ MAX_FILE_BYTES = 1 << 20
 """Largest model/cluster file read (the biggest Hugging Face config.json files are ~100 KB)."""
 MAX_DEPTH = 32
 """Deepest nesting of mappings and lists a spec file may have (specs nest four levels)."""
+MAX_VALUES = 100_000
+"""Most values (scalars, lists and mappings) a spec file may expand to."""
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -96,17 +99,21 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _depth(data: Any, limit: int) -> int:
-    """Nesting depth of lists and mappings, counting no further than `limit + 1` (no recursion)."""
-    deepest, stack = 0, [(data, 1)]
+def _check_shape(data: Any, source: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and more than MAX_VALUES values in all (YAML aliases can make
+    a small file expand exponentially: the "billion laughs"). Iterative, and stops at the first excess."""
+    stack, seen = [(data, 1)], 0
     while stack:
         item, level = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise SpecError(f"the file expands to more than {MAX_VALUES} values (YAML aliases?): a spec file holds a "
+                            "few hundred", source=source)
         if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            if level > limit:
-                return level
+            if level > MAX_DEPTH:
+                raise SpecError(f"nested more than {MAX_DEPTH} levels deep: a spec file nests at most a few levels",
+                                source=source)
             stack += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
 
 
 def catalog_dir(kind: str) -> Path:
@@ -190,9 +197,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
         raise SpecError(f"nested too deeply (a spec file has at most {MAX_DEPTH} levels)", source=str(path)) from None
     except ValueError as exc:  # a duplicate JSON key, or a number Python cannot hold
         raise SpecError(f"invalid JSON: {exc}", source=str(path)) from None
-    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
-        raise SpecError(f"nested more than {MAX_DEPTH} levels deep: a spec file nests at most a few levels",
-                        source=str(path))
+    _check_shape(data, str(path))
     if not isinstance(data, dict):
         raise SpecError(
             f"expected a mapping of fields at the top level, got {type(data).__name__}", source=str(path)
@@ -244,7 +249,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tup
                   "dict_type", "less_than_equal", "less_than", "finite_number", "string_pattern_mismatch",
                   "string_too_long", "too_long"):
         msg += f" (got {_short(repr(err.get('input')), 60)})"
-    if kind == "string_pattern_mismatch":
+    if kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:
         msg = f"must be one line of printable text, without control characters (got {_short(repr(err.get('input')), 60)})"
     elif kind == "finite_number":
         msg += ": NaN and infinities are not sizes, write a finite number"

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from autoshard.specs.base import (
-    MAX_CONTEXT, MAX_EXPERTS, MAX_FFN, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_NAME_LEN,
+    MAX_CONTEXT, MAX_COUNT, MAX_EXPERTS, MAX_FFN, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_NAME_LEN,
     MAX_SEQ_LEN, MAX_TOKENS, MAX_VOCAB, NAME_PATTERN, FrozenSpec,
 )
 from autoshard.specs.job import Precision, WeightDtype
@@ -24,8 +24,8 @@ __all__ = [
     "ModelSpec",
 ]
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 # size caps (autoshard.specs.base): beyond them no model exists and the planner would not finish
 Hidden = Annotated[int, Field(gt=0, le=MAX_HIDDEN)]
 Ffn = Annotated[int, Field(gt=0, le=MAX_FFN)]

@@ -42,6 +42,11 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new, 1)
 
 
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def model_file(tmp: Path, old: str = "", new: str = "", *, extra: str = "") -> Path:
     path = tmp / "model.yaml"
     path.write_text((_replace(MODEL, old, new) if old else MODEL) + extra)
@@ -94,6 +99,8 @@ CASES = [
      ["--tokens"]),
     ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
      ["--gpus", "at most 131072"]),
+    ("study-too-many-sizes", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus",
+                                        ",".join(str(8 * k) for k in range(1, 200))], 2, ["at most", "64 sizes"]),
     ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                              "--price", "dgx-h100=nan"], 2, ["--price", "finite", "nan"]),
     ("price-inf", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
@@ -111,9 +118,15 @@ CASES = [
      ["duplicate key 'hidden_size'", "line"]),
     ("tokens-inf-yaml", _m("tokens: 1.5e13", "tokens: .inf"), 2, ["training.tokens", "finite"]),
     ("control-char-name", _m("name: llama-3.1-8b", 'name: "a\\nb"'), 2, ["field 'name'", "control characters"]),
+    ("checkpoint-bf16", _m("weights: fp8", "weights: bf16"), 2, ["checkpoints[0]", "quantized weights"]),
+    ("checkpoint-repo-with-shell", _m("repo: nvidia/Llama-3.1-8B-Instruct-FP8", "repo: 'a/b; touch x'"), 2,
+     ["checkpoints[0].repo", "pattern"]),
     ("nested-yaml", lambda t: _nested(t, ".yaml"), 2, ["nested", "32"]),
     ("nested-json", lambda t: _nested(t, ".json"), 2, ["nested", "32"]),
     ("file-2mb", _huge, 2, ["MiB", "at most 1 MiB"]),
+    ("billion-laughs", lambda t: ["solve", _write(t / "lol.yaml", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "name: *a8\n"), "dgx-h100"], 2,
+     ["expands to more than 100000 values"]),
     ("file-name-too-long", lambda t: ["solve", "x" * 5000 + ".yaml", "dgx-h100"], 2, ["too long"]),
     ("model-is-a-directory", lambda t: ["solve", str(t) + "/", "dgx-h100"], 2, ["directory"]),
     # --- cluster file fields
@@ -133,6 +146,15 @@ CASES = [
     ("megatron-solve-mbs-0", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST,
                                         "--from-megatron", MEGATRON + " --micro-batch-size 0"], 2,
      ["--micro-batch-size must be positive"]),
+    ("megatron-script-2mb", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                       _write(t / "big.sh", MEGATRON + " --micro-batch-size 1\n" + "# pad\n" * 400_000)],
+     2, ["MiB", "at most 1 MiB"]),
+    ("megatron-layout-1e11", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
+                                        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
+                                        "'Et*16|t*100000000000L'"], 2, ["repeats something", "decoder layers"]),
+    ("megatron-moe-freq-1e10", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
+                                          "--num-experts 8 --moe-layer-freq '([0]*100000)*100000'"], 2,
+     ["--moe-layer-freq"]),
     ("megatron-tp-0", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                  MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 0"], 2,
      ["--tensor-model-parallel-size must be positive"]),
@@ -305,3 +327,28 @@ def test_compare_with_megatron_still_emits_the_best_plan(tmp_path: Path) -> None
                                    "-o", out, "--from-megatron", MEGATRON + " --micro-batch-size 1")
     assert code == 0, stderr
     assert out.read_text().startswith("#!/usr/bin/env bash") and "pretrain_gpt.py" in out.read_text()
+
+
+def test_rich_markup_in_warnings_paths_and_study_labels(tmp_path: Path) -> None:
+    """User text reaches the report through warnings (an unknown vLLM flag), file paths and study labels."""
+    code, stdout, stderr = run_cli("evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                   "vllm serve meta-llama/Llama-3.1-8B --[/bold]")
+    assert code == 0 and "--[/bold]" in " ".join(stdout.split()), stderr
+    (tmp_path / "q[").mkdir()
+    cluster = tmp_path / "q[" / "b]z.yaml"  # the path holds the closing tag "[/b]"
+    cluster.write_text(CLUSTER)
+    out = tmp_path / "q[" / "o]"
+    code, stdout, stderr = run_cli("study", "llama-3.1-8b", "--cluster", cluster, "--gpus", "8,12", "--time-limit",
+                                   "5", "--jobs", "1", "--out", out)
+    assert code == 0, stderr
+    assert str(cluster) in stdout and f"wrote {out}" in stderr
+
+
+def test_rich_markup_in_pool_and_gpu_names(tmp_path: Path) -> None:
+    text = (REPO / "clusters" / "mixed-h100-a100.yaml").read_text()
+    text = _replace(_replace(text, "name: h100\n", 'name: "h[/x]"\n'), "name: H100-SXM5-80GB", 'name: "G[/y]"')
+    cluster = _write(tmp_path / "mixed.yaml", text)
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", cluster, "--time-limit", "2", "--workers", "1", "--tp", "4",
+                                   "--pp", "2", "--cp", "1", "--mbs", "1")
+    assert code == 0, stderr
+    assert "h[/x]" in stdout and "G[/y]" in stdout
