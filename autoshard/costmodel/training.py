@@ -213,7 +213,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
-        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe,
+        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe, tp_comm_overlap=cfg.tp_comm_overlap,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp

@@ -120,3 +120,43 @@ def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
     a100 = predict_train(model, load_cluster("dgx-a100-80gb").with_gpus(8),
                          dataclasses.replace(cfg, precision=Precision.BF16), default_stages(model, pp=1))
     assert a100.mfu_peak == "bf16 dense" and a100.mfu == pytest.approx(a100.tflops_per_gpu / 312)
+
+
+def test_tp_overlap_splits_gemms_as_userbuffers_do():
+    """Llama-3.1-70B dense layer, TP 8, 4,096 tokens, no kernel overhead, no HBM bound: with
+    --tp-comm-overlap QKV and FC1 run as 8 GEMMs of 512 rows (ring exchange), proj and FC2 as 4 of
+    1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. At efficiency
+    e(d) = 0.7 d / (d + 128) (d the smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
+    from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, layer_gemms, tp_overlap_gemm_extra_s
+
+    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0)
+    gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
+    dims = ParallelDims(tp=8)
+    gemms = layer_gemms(LLAMA70, LayerKind.DENSE, tokens=4096, dims=dims)
+    peak = gpu.bf16_tflops * 1e12
+
+    def t(flops: float, d: int) -> float:
+        return flops / (peak * 0.7 * d / (d + 128))
+
+    qkv, proj, fc1, fc2 = gemms
+    assert proj.k == 1024 and fc2.k == 28672 // 8  # proj's smallest whole dimension is its k = 8192/8
+    whole = {g: t(g.flops, min(g.m, g.n, g.k)) for g in gemms}
+    ring = {g: t(g.flops, min(512, g.n, g.k)) for g in gemms}
+    piped = {g: t(g.flops, min(1024, g.n, g.k)) / UB_PIPELINE_SM_FRACTION for g in gemms}
+    fwd, bwd = tp_overlap_gemm_extra_s(LLAMA70, LayerKind.DENSE, gemms, gpu=gpu, tp=8, precision=Precision.BF16)
+    assert fwd == pytest.approx(ring[qkv] - whole[qkv] + ring[fc1] - whole[fc1] + piped[proj] - whole[proj]
+                                + piped[fc2] - whole[fc2], rel=1e-9)
+    assert bwd == pytest.approx(ring[proj] - whole[proj] + ring[fc2] - whole[fc2], rel=1e-9)
+    assert UB_PIPELINE_SM_FRACTION == pytest.approx(112 / 132)
+    # the layer's compute carries it only with sequence parallelism and TP > 1
+    kw = dict(gpu=gpu, micro_batch_size=1, seq_len=4096, precision=Precision.BF16, recompute=Recompute.NONE)
+    on = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=True, tp_comm_overlap=True, **kw)
+    off = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=True, **kw)
+    assert on.forward_s - off.forward_s == pytest.approx(fwd) and on.backward_s - off.backward_s == pytest.approx(bwd)
+    no_sp = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=False, tp_comm_overlap=True, **kw)
+    assert no_sp.forward_s == pytest.approx(off.forward_s)
+    tp1 = ParallelDims(tp=1)
+    assert tp_overlap_gemm_extra_s(LLAMA70, LayerKind.EMBEDDING, [], gpu=gpu, tp=8, precision=Precision.BF16) == (0.0, 0.0)
+    a = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, tp_comm_overlap=True, **kw)
+    b = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, **kw)
+    assert a == b
