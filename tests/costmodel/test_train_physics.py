@@ -160,3 +160,19 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     a = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, tp_comm_overlap=True, **kw)
     b = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, **kw)
     assert a == b
+
+
+def test_pytorch_fsdp_keeps_fp32_shards_as_master():
+    """PyTorch FSDP with a BF16 MixedPrecision policy, ZeRO-3 over 8 ranks, Adam: per parameter the
+    FP32 shard (4 B), its FP32 gradient (4 B) and Adam's two moments (8 B), all over 8: 2 B per
+    parameter, where Megatron's layout (BF16 weights, FP32 grads, FP32 master + moments) needs 18/8."""
+    from autoshard.costmodel.memory import TrainFramework
+
+    shards = ParamShards(dense=8e9, expert=0.0)
+    dims = ParallelDims(dp=8)
+    fsdp = model_state_bytes(shards, dims=dims, zero_stage=3, framework=TrainFramework.FSDP)
+    mega = model_state_bytes(shards, dims=dims, zero_stage=3)
+    assert (fsdp.weights, fsdp.grads, fsdp.optimizer) == (4e9, 4e9, 8e9)
+    assert (mega.weights, mega.grads, mega.optimizer) == (2e9, 4e9, 12e9)
+    # BF16 gradient reduction (Composer's PURE policy) changes the wire bytes, not the FP32 shard
+    assert model_state_bytes(shards, dims=dims, zero_stage=3, framework=TrainFramework.FSDP, grad_fp32=False) == fsdp

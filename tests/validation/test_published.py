@@ -37,14 +37,16 @@ def test_no_dense_run_worse_than_25_percent(run):
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
     Megatron-FSDP Llama-3 70B on GB200; 12 held):
-    every one is predicted faster than measured, median 10.8 %, worst 33 % (13B on 8 H100 with a
-    single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind). A
-    known bias, reported in README; it is why ZeRO-3 plans are only offered when asked for."""
+    every one is predicted faster than measured, median 10.8 %, worst 35 % (13B on 8 H100 with a
+    single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind; it was
+    33 % before the H100 rows' gradients were reduce-scattered in BF16, as the benchmark sweep's
+    '--fsdp_config_mixed_precision PURE' ran them). A known bias, reported in README; it is why
+    ZeRO-3 plans are only offered when asked for."""
     errs = [r.error for r in FSDP]
     assert len(errs) == 12
     assert all(e > 0 for e in errs)
     assert statistics.median(errs) <= 0.15
-    assert max(errs) <= 0.35
+    assert max(errs) <= 0.36
 
 
 def test_moe_runs():
@@ -62,9 +64,6 @@ KNOWN_UNFIT = {
     # NeMo 24.07 H100 FP8 rows: the run's gradient-buffer and FP8-weight settings are not published
     # (modelled as Megatron-LM's FP32 gradients and BF16 weights); predicted 1-19 % over 80 GB.
     "nemo2407-h100-fp8-gpt3-20b", "nemo2407-h100-fp8-nemotron-340b", "nemo2407-h100-fp8-llama3-8b",
-    # llm-foundry's Composer FSDP is modelled with Megatron's memory rules; 30B on 8 GPUs is predicted
-    # a few GiB over 80.
-    "mpt-a100-30b-seq2048-8gpu", "mpt-h100-30b-seq2048-8gpu",
 }
 
 
