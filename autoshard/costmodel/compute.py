@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -276,6 +277,7 @@ def layer_compute_time(
     is run again in backward instead of keeping its activations.
     tp_comm_overlap: Transformer Engine's userbuffer TP overlap (Megatron --tp-comm-overlap, with
     sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s)."""
+    gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):

@@ -129,7 +129,7 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     e(d) = 0.7 d / (d + 128) (d the smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
     from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, layer_gemms, tp_overlap_gemm_extra_s
 
-    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0)
+    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None)
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
     dims = ParallelDims(tp=8)
     gemms = layer_gemms(LLAMA70, LayerKind.DENSE, tokens=4096, dims=dims)
@@ -176,3 +176,26 @@ def test_pytorch_fsdp_keeps_fp32_shards_as_master():
     assert (mega.weights, mega.grads, mega.optimizer) == (2e9, 4e9, 12e9)
     # BF16 gradient reduction (Composer's PURE policy) changes the wire bytes, not the FP32 shard
     assert model_state_bytes(shards, dims=dims, zero_stage=3, framework=TrainFramework.FSDP, grad_fp32=False) == fsdp
+
+
+def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones():
+    """EfficiencySpec.train_*: the training step's GEMMs run at train_gemm, serving's at gemm. A
+    large BF16 GEMM (smallest dimension 8,192, no overhead) takes F / (peak x knob x d/(d+128))."""
+    from autoshard.costmodel.compute import Gemm, gemm_time_s
+    from autoshard.costmodel.efficiency import training_gpu
+
+    eff = EfficiencySpec(gemm=0.80, train_gemm=0.60, kernel_overhead_us=0.0)
+    gpu = H100.primary.gpu.model_copy(update={"efficiency": eff})
+    g = Gemm(8192, 8192, 8192)
+    shape = 8192 / (8192 + 128)
+    assert gemm_time_s(g, gpu, Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.80 * shape))
+    assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * shape))
+    assert training_gpu(gpu).efficiency.train_gemm is None  # applied once, idempotent
+    assert training_gpu(training_gpu(gpu)) == training_gpu(gpu)
+    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(train_gemm=None, train_gemm_fp8=None, train_hbm=None)})
+    assert training_gpu(neutral) is neutral
+    # the bundled H100 ships the training refit; A100 files carry their own
+    h100 = load_cluster("dgx-h100").primary.gpu
+    a100 = load_cluster("dgx-a100-80gb").primary.gpu
+    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.65, 0.70)
+    assert training_gpu(a100).efficiency.attention == 0.20 and a100.efficiency.attention == 0.30
