@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -22,7 +23,7 @@ __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
     "causal_model_flops_per_step",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
-    "fp8_cast_bytes_per_element",
+    "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s",
 ]
 
 BF16_BYTES = 2
@@ -283,11 +284,15 @@ def layer_compute_time(
     flash_attention: bool = True,
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED,
     recompute_moe: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> ComputeTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
 
     recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, experts)
-    is run again in backward instead of keeping its activations."""
+    is run again in backward instead of keeping its activations.
+    tp_comm_overlap: Transformer Engine's userbuffer TP overlap (Megatron --tp-comm-overlap, with
+    sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s)."""
+    gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
@@ -309,10 +314,13 @@ def layer_compute_time(
         pairs = tokens * model.moe.top_k * dims.expert_tp / dims.tp
         extra = imbalance_factor(dims.ep, pairs) - 1.0
         gemm_s += extra * sum(gemm_time_s(g, gpu, precision) for g in expert)
-    forward = gemm_s + attn_s + ew_s
+    ub_fwd = ub_bwd = 0.0
+    if tp_comm_overlap and sequence_parallel and dims.tp > 1:
+        ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
+    forward = gemm_s + attn_s + ew_s + ub_fwd
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x).
-    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s
+    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd
     match recompute:
         case Recompute.NONE:
             re = 0.0
@@ -330,6 +338,47 @@ def layer_compute_time(
         permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
         re += moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)
+
+
+# Transformer Engine userbuffer overlap as NeMo / Megatron-Bridge configure it on Hopper and Blackwell
+# (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py, every H100/B200 config): QKV and
+# FC1 forward and proj/FC2 dgrad use "ring_exchange" (the all-gather or reduce-scatter is a ring of
+# TP point-to-point copies by the copy engines; the GEMM runs as TP chunks of m/TP rows, one per
+# step); proj/FC2 forward use "pipeline" with num_splits 4 and 16-24 of the H100's 132 SMs reserved
+# for the reduce-scatter kernels (set_sm_margin): four m/4-row GEMMs on ~85 % of the SMs. QKV/FC1
+# dgrad and wgrad overlap in "bulk" (unsplit GEMMs, 2-16 SMs shared, not reserved).
+UB_PIPELINE_SPLITS = 4
+UB_PIPELINE_SM_FRACTION = 1.0 - 20.0 / 132.0
+
+
+def _chunked_s(g: Gemm, chunks: int, gpu: GpuSpec, precision: Precision) -> float:
+    rows = max(1, g.m // chunks)
+    return chunks * gemm_time_s(Gemm(rows, g.n, g.k, g.count, g.fp8_capable), gpu, precision)
+
+
+def tp_overlap_gemm_extra_s(
+    model: ModelSpec, kind: LayerKind, gemms: list[Gemm], *, gpu: GpuSpec, tp: int, precision: Precision,
+) -> tuple[float, float]:
+    """Extra (forward, backward) seconds the userbuffer TP overlap costs one layer's GEMMs over
+    running them whole: the split GEMMs see m/TP (ring exchange) or m/4 rows on fewer SMs (pipeline),
+    so they fall down the small-shape curve and pay a kernel launch per chunk. The communication
+    itself is priced (mostly hidden) in the training step's TP term. Applies to the attention QKV/proj
+    GEMMs of every decoder layer (not MLA, whose projections Megatron does not overlap this way) and
+    to the dense MLP's FC1/FC2; routed expert GEMMs are not TP-overlapped."""
+    if kind not in (LayerKind.DENSE, LayerKind.MOE) or model.mla is not None:
+        return 0.0, 0.0
+    pairs = [(gemms[0], gemms[1])]  # attention: (column-parallel QKV, row-parallel proj)
+    if kind is LayerKind.DENSE:
+        pairs.append((gemms[2], gemms[3]))  # MLP: (FC1, FC2)
+    fwd = bwd = 0.0
+    for col, row in pairs:
+        whole_col = gemm_time_s(col, gpu, precision)
+        whole_row = gemm_time_s(row, gpu, precision)
+        fwd += _chunked_s(col, tp, gpu, precision) - whole_col
+        fwd += _chunked_s(row, UB_PIPELINE_SPLITS, gpu, precision) / UB_PIPELINE_SM_FRACTION - whole_row
+        # dgrad of the row-parallel GEMM (same FLOPs as its forward) runs ring exchange
+        bwd += _chunked_s(row, tp, gpu, precision) - whole_row
+    return max(0.0, fwd), max(0.0, bwd)
 
 
 def fp8_cast_bytes_per_element(recipe: Fp8Recipe) -> float:

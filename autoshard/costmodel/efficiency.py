@@ -3,9 +3,21 @@ from another GPU's fit (its predictions then scale that fit by datasheet peaks a
 
 from __future__ import annotations
 
-from autoshard.specs.cluster import GpuSpec
+from functools import lru_cache
 
-__all__ = ["efficiency_source", "is_borrowed"]
+from autoshard.specs.cluster import TRAIN_KNOBS, GpuSpec
+
+__all__ = ["efficiency_source", "is_borrowed", "training_gpu"]
+
+
+@lru_cache(maxsize=1024)
+def training_gpu(gpu: GpuSpec) -> GpuSpec:
+    """`gpu` with the efficiencies a training step uses (EfficiencySpec.training(): the train_*
+    overrides in place of the shared knobs serving uses)."""
+    eff = gpu.efficiency
+    if all(getattr(eff, "train_" + k) is None for k in TRAIN_KNOBS):
+        return gpu
+    return gpu.model_copy(update={"efficiency": eff.training()})
 
 
 def is_borrowed(gpu: GpuSpec) -> bool:

@@ -60,6 +60,13 @@ class TrainFramework(StrEnum):
     """Megatron-LM / Megatron-Core: 18 B/param states, distributed optimizer, Korthikanti activations."""
     TORCHTITAN = "torchtitan"
     """torchtitan: FSDP2 mixed-precision states, unfused FP32 loss, op-level selective checkpointing."""
+    FSDP = "fsdp"
+    """PyTorch FSDP outside torchtitan (e.g. MosaicML Composer / llm-foundry, FSDP1 FULL_SHARD with a
+    MixedPrecision policy): the sharded FP32 parameters are the master copy and the BF16 compute
+    copy exists only while a unit is gathered (torch.distributed.fsdp docs, MixedPrecision: "the
+    sharded parameters are kept in full precision"; the low-precision shard is freed after the
+    all-gather), gradients are cast back to the FP32 parameter dtype after the reduce-scatter.
+    States as torchtitan's; activations, loss and transients as Megatron's accounting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +125,13 @@ def model_state_bytes(
     Megatron: BF16 weights, FP32 gradient buffer, FP32 master + moments. `grad_fp32=False` is
     Megatron-Core's grad_reduce_in_fp32=False (BF16 gradient buffer, what NeMo's performance recipes
     run); `fp8_params=True` is --fp8-param-gather (the model weights are held in FP8, 1 B, the FP32
-    master copy stays in the optimizer). torchtitan (FSDP2 mixed precision): the FP32 parameters are
-    the master copy (4 B), gradients are FP32 (4 B) and the optimizer holds only its moments; the
-    BF16 compute copies are transient (see training.py)."""
+    master copy stays in the optimizer). torchtitan (FSDP2 mixed precision) and PyTorch FSDP: the FP32
+    parameters are the master copy (4 B), gradients are FP32 (4 B) and the optimizer holds only its
+    moments; the BF16 compute copies are transient (see training.py)."""
     state = optimizer.state_bytes_per_param
     w_bytes = 1 if fp8_params else BF16
     g_bytes = FP32 if grad_fp32 else BF16
-    if framework is TrainFramework.TORCHTITAN:
+    if framework in (TrainFramework.TORCHTITAN, TrainFramework.FSDP):
         w_bytes, g_bytes, state = FP32, FP32, state - FP32  # FP32 params are the master weights
     weights = grads = opt = 0.0
     for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):

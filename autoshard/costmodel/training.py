@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
-from autoshard.costmodel.efficiency import efficiency_source, is_borrowed
+from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu
 from autoshard.costmodel.memory import (
     BF16,
     FP32,
@@ -156,7 +156,7 @@ def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: Pool
     from autoshard.costmodel.recompute_modules import module_recompute
 
     dims = cfg.dims
-    r = module_recompute(model, kind, cfg.recompute_modules, gpu=pool.gpu, dims=dims,
+    r = module_recompute(model, kind, cfg.recompute_modules, gpu=training_gpu(pool.gpu), dims=dims,
                          micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
                          precision=cfg.precision)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
@@ -213,7 +213,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
-        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe,
+        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe, tp_comm_overlap=cfg.tp_comm_overlap,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp

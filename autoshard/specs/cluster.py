@@ -42,8 +42,9 @@ class EfficiencySpec(FrozenSpec):
     and NeMo runs; `python tests/validation/fit_efficiency.py` reproduces it). The A100 fit lives in the
     A100 cluster files. GPU types with no published run to fit on (H200, B200, GB200, MI300X, L40S,
     H100 PCIe) use these H100 defaults: their predictions scale with their datasheet peaks, not with
-    measured efficiencies. One fit per GPU type, never per run. (fit_efficiency.py on today's larger
-    run set moves some H100 values; they are not re-shipped while serving shares gemm/hbm/attention.)"""
+    measured efficiencies. One fit per GPU type, never per run. The shared knobs are what serving
+    prices with; the training step takes its compute knobs from the train_* overrides, refitted on
+    today's larger run set (fit_efficiency.py), so that refit leaves serving predictions unchanged."""
 
     gemm: Fraction = 0.70
     """Fraction of dense peak a large BF16 GEMM reaches (cuBLAS on big square-ish shapes)."""
@@ -80,12 +81,42 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
+    train_gemm: Fraction | None = 0.65
+    """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
+    but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
+    training step's compute knobs are fitted on the published training runs on their own, and
+    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 41 held H100 runs."""
+    train_gemm_fp8: Fraction | None = 0.65
+    """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
+    train_hbm: Fraction | None = 0.60
+    """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts and recompute
+    (None: use `hbm`). The optimizer step, priced identically by the solver, keeps `hbm`."""
+    train_attention: Fraction | None = None
+    """Training-only override of `attention` (None: use `attention`)."""
+    train_attention_half_seq: Annotated[float, Field(ge=0)] | None = None
+    """Training-only override of `attention_half_seq` (None: use `attention_half_seq`)."""
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency_source)."""
     fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
     """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
-    Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE)."""
+    Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;
+    the train_* overrides on all 41 held H100 runs)."""
+
+    def training(self) -> EfficiencySpec:
+        """These efficiencies as the training step uses them: each train_* override that is set
+        replaces its shared knob (and the overrides are cleared)."""
+        update: dict[str, Any] = {}
+        for knob in TRAIN_KNOBS:
+            value = getattr(self, "train_" + knob)
+            if value is not None:
+                update[knob] = value
+            update["train_" + knob] = None
+        return self.model_copy(update=update)
+
+
+TRAIN_KNOBS = ("gemm", "gemm_fp8", "hbm", "attention", "attention_half_seq")
+"""Knobs with a training-only override (EfficiencySpec.train_<knob>)."""
 
 
 class GpuSpec(FrozenSpec):

@@ -120,3 +120,82 @@ def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
     a100 = predict_train(model, load_cluster("dgx-a100-80gb").with_gpus(8),
                          dataclasses.replace(cfg, precision=Precision.BF16), default_stages(model, pp=1))
     assert a100.mfu_peak == "bf16 dense" and a100.mfu == pytest.approx(a100.tflops_per_gpu / 312)
+
+
+def test_tp_overlap_splits_gemms_as_userbuffers_do():
+    """Llama-3.1-70B dense layer, TP 8, 4,096 tokens, no kernel overhead, no HBM bound: with
+    --tp-comm-overlap QKV and FC1 run as 8 GEMMs of 512 rows (ring exchange), proj and FC2 as 4 of
+    1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. At efficiency
+    e(d) = 0.7 d / (d + 128) (d the smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
+    from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, layer_gemms, tp_overlap_gemm_extra_s
+
+    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None)
+    gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
+    dims = ParallelDims(tp=8)
+    gemms = layer_gemms(LLAMA70, LayerKind.DENSE, tokens=4096, dims=dims)
+    peak = gpu.bf16_tflops * 1e12
+
+    def t(flops: float, d: int) -> float:
+        return flops / (peak * 0.7 * d / (d + 128))
+
+    qkv, proj, fc1, fc2 = gemms
+    assert proj.k == 1024 and fc2.k == 28672 // 8  # proj's smallest whole dimension is its k = 8192/8
+    whole = {g: t(g.flops, min(g.m, g.n, g.k)) for g in gemms}
+    ring = {g: t(g.flops, min(512, g.n, g.k)) for g in gemms}
+    piped = {g: t(g.flops, min(1024, g.n, g.k)) / UB_PIPELINE_SM_FRACTION for g in gemms}
+    fwd, bwd = tp_overlap_gemm_extra_s(LLAMA70, LayerKind.DENSE, gemms, gpu=gpu, tp=8, precision=Precision.BF16)
+    assert fwd == pytest.approx(ring[qkv] - whole[qkv] + ring[fc1] - whole[fc1] + piped[proj] - whole[proj]
+                                + piped[fc2] - whole[fc2], rel=1e-9)
+    assert bwd == pytest.approx(ring[proj] - whole[proj] + ring[fc2] - whole[fc2], rel=1e-9)
+    assert UB_PIPELINE_SM_FRACTION == pytest.approx(112 / 132)
+    # the layer's compute carries it only with sequence parallelism and TP > 1
+    kw = dict(gpu=gpu, micro_batch_size=1, seq_len=4096, precision=Precision.BF16, recompute=Recompute.NONE)
+    on = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=True, tp_comm_overlap=True, **kw)
+    off = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=True, **kw)
+    assert on.forward_s - off.forward_s == pytest.approx(fwd) and on.backward_s - off.backward_s == pytest.approx(bwd)
+    no_sp = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=dims, sequence_parallel=False, tp_comm_overlap=True, **kw)
+    assert no_sp.forward_s == pytest.approx(off.forward_s)
+    tp1 = ParallelDims(tp=1)
+    assert tp_overlap_gemm_extra_s(LLAMA70, LayerKind.EMBEDDING, [], gpu=gpu, tp=8, precision=Precision.BF16) == (0.0, 0.0)
+    a = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, tp_comm_overlap=True, **kw)
+    b = layer_compute_time(LLAMA70, LayerKind.DENSE, dims=tp1, sequence_parallel=True, **kw)
+    assert a == b
+
+
+def test_pytorch_fsdp_keeps_fp32_shards_as_master():
+    """PyTorch FSDP with a BF16 MixedPrecision policy, ZeRO-3 over 8 ranks, Adam: per parameter the
+    FP32 shard (4 B), its FP32 gradient (4 B) and Adam's two moments (8 B), all over 8: 2 B per
+    parameter, where Megatron's layout (BF16 weights, FP32 grads, FP32 master + moments) needs 18/8."""
+    from autoshard.costmodel.memory import TrainFramework
+
+    shards = ParamShards(dense=8e9, expert=0.0)
+    dims = ParallelDims(dp=8)
+    fsdp = model_state_bytes(shards, dims=dims, zero_stage=3, framework=TrainFramework.FSDP)
+    mega = model_state_bytes(shards, dims=dims, zero_stage=3)
+    assert (fsdp.weights, fsdp.grads, fsdp.optimizer) == (4e9, 4e9, 8e9)
+    assert (mega.weights, mega.grads, mega.optimizer) == (2e9, 4e9, 12e9)
+    # BF16 gradient reduction (Composer's PURE policy) changes the wire bytes, not the FP32 shard
+    assert model_state_bytes(shards, dims=dims, zero_stage=3, framework=TrainFramework.FSDP, grad_fp32=False) == fsdp
+
+
+def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones():
+    """EfficiencySpec.train_*: the training step's GEMMs run at train_gemm, serving's at gemm. A
+    large BF16 GEMM (smallest dimension 8,192, no overhead) takes F / (peak x knob x d/(d+128))."""
+    from autoshard.costmodel.compute import Gemm, gemm_time_s
+    from autoshard.costmodel.efficiency import training_gpu
+
+    eff = EfficiencySpec(gemm=0.80, train_gemm=0.60, kernel_overhead_us=0.0)
+    gpu = H100.primary.gpu.model_copy(update={"efficiency": eff})
+    g = Gemm(8192, 8192, 8192)
+    shape = 8192 / (8192 + 128)
+    assert gemm_time_s(g, gpu, Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.80 * shape))
+    assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * shape))
+    assert training_gpu(gpu).efficiency.train_gemm is None  # applied once, idempotent
+    assert training_gpu(training_gpu(gpu)) == training_gpu(gpu)
+    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(train_gemm=None, train_gemm_fp8=None, train_hbm=None)})
+    assert training_gpu(neutral) is neutral
+    # the bundled H100 ships the training refit; A100 files carry their own
+    h100 = load_cluster("dgx-h100").primary.gpu
+    a100 = load_cluster("dgx-a100-80gb").primary.gpu
+    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.65, 0.70)
+    assert training_gpu(a100).efficiency.attention == 0.20 and a100.efficiency.attention == 0.30

@@ -159,7 +159,8 @@ def test_every_expected_cluster_is_bundled() -> None:
 
 
 A100_FIT = EfficiencySpec(gemm=0.85, gemm_half_dim=64, attention=0.30, attention_half_seq=2048, hbm=0.90, intra_node_bw=0.70,
-                         inter_node_bw=0.90, fitted_gpu="A100-SXM4-80GB", fitted_runs=22)
+                         inter_node_bw=0.90, train_gemm=0.85, train_gemm_fp8=0.55, train_hbm=0.90, train_attention=0.20,
+                         train_attention_half_seq=4096, fitted_gpu="A100-SXM4-80GB", fitted_runs=22)
 
 
 @pytest.mark.parametrize("name", sorted(bundled_clusters()))

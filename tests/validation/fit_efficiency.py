@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
 
 from autoshard.specs import EfficiencySpec  # noqa: E402
+from autoshard.specs.cluster import TRAIN_KNOBS  # noqa: E402
 
 GRID = {
     "gemm": [0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90],
@@ -34,7 +35,9 @@ GRID = {
     "intra_node_bw": [0.7, 0.9],
     "inter_node_bw": [0.7, 0.9],
 }
-START = EfficiencySpec()
+# Neutral start: the shared defaults with no training-only override (the shipped train_* values are
+# this script's output and must not leak into a leave-one-source-out fold).
+START = EfficiencySpec(**{"train_" + k: None for k in TRAIN_KNOBS})
 MIN_RUNS = 5
 REFERENCE_GPU = "H100-SXM5-80GB"
 

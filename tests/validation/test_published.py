@@ -36,25 +36,27 @@ def test_no_dense_run_worse_than_25_percent(run):
 
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
-    Megatron-FSDP Llama-3 70B on GB200; 12 held):
-    every one is predicted faster than measured, median 10.8 %, worst 33 % (13B on 8 H100 with a
-    single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind). A
-    known bias, reported in README; it is why ZeRO-3 plans are only offered when asked for."""
-    errs = [r.error for r in FSDP]
+    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +25 % (13B on 8 H100 with
+    a single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind).
+    Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
+    +10.8 %): the serving-era H100 GEMM knob was too high for training."""
+    errs = [abs(r.error) for r in FSDP]
     assert len(errs) == 12
-    assert all(e > 0 for e in errs)
-    assert statistics.median(errs) <= 0.15
-    assert max(errs) <= 0.35
+    assert statistics.median(errs) <= 0.06
+    assert max(errs) <= 0.26
+    worst = max(FSDP, key=lambda r: abs(r.error))
+    assert worst.id == "mpt-h100-13b-seq2048-8gpu" and worst.error > 0
 
 
 def test_moe_runs():
     """Fine-grained MoE (Qwen3-235B-A22B on H100/GB200/GB300, DeepSeek-V3 on GB200, Mixtral on
-    B200/GB200): 13 held runs, median |error| 5.2 %. Known gaps, reported in README: the intra-node
-    EP8 plans with PP32 (-22 %) or TP4 (-38 %) run slower than predicted, and Mixtral 8x7B on B200
-    is predicted 20 % fast."""
+    B200/GB200): 13 held runs, median |error| 9.5 % (5.2 % with the serving-era H100 knobs: the
+    training refit is dominated by dense runs). Known gaps, reported in README: the intra-node EP8
+    plans with PP32 (-14 %) or TP4 (-34 %) run slower than predicted, and Mixtral 8x7B on B200 (no
+    B200 fit is shipped: borrowed H100 training knobs) is predicted 24 % fast."""
     errs = sorted(abs(r.error) for r in MOE)
     assert len(errs) == 13
-    assert statistics.median(errs) <= 0.08
+    assert statistics.median(errs) <= 0.10
     assert sum(e <= 0.15 for e in errs) >= 10
 
 
@@ -62,9 +64,6 @@ KNOWN_UNFIT = {
     # NeMo 24.07 H100 FP8 rows: the run's gradient-buffer and FP8-weight settings are not published
     # (modelled as Megatron-LM's FP32 gradients and BF16 weights); predicted 1-19 % over 80 GB.
     "nemo2407-h100-fp8-gpt3-20b", "nemo2407-h100-fp8-nemotron-340b", "nemo2407-h100-fp8-llama3-8b",
-    # llm-foundry's Composer FSDP is modelled with Megatron's memory rules; 30B on 8 GPUs is predicted
-    # a few GiB over 80.
-    "mpt-a100-30b-seq2048-8gpu", "mpt-h100-30b-seq2048-8gpu",
 }
 
 

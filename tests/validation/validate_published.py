@@ -186,7 +186,7 @@ def run_precision(run: dict) -> str:
 def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunResult, RunResult]]:
     """For every run: (prediction with its source left out of the efficiency fit, prediction with
     the all-in fit). Fits are the ones fit_efficiency.py makes (same start, grid and objective)."""
-    from fit_efficiency import fit_all
+    from fit_efficiency import START, fit_all
 
     runs = load_runs() if runs is None else runs
     all_in, _ = fit_all(runs)
@@ -199,7 +199,7 @@ def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunR
         else:
             fold, _ = fit_all(rest)
             for r in mine:  # a GPU type left with no runs borrows the fold's reference fit
-                fold.setdefault(run_gpu(r), fold.get("H100-SXM5-80GB", EfficiencySpec()))
+                fold.setdefault(run_gpu(r), fold.get("H100-SXM5-80GB", START))
         loso = evaluate_runs(fold, mine)
         fit = evaluate_runs(all_in, mine)
         for r, a, b in zip(mine, loso, fit, strict=True):
