@@ -93,7 +93,7 @@ class EfficiencySpec(FrozenSpec):
     (None: use `hbm`). The optimizer step, priced identically by the solver, keeps `hbm`."""
     train_attention: Fraction | None = None
     """Training-only override of `attention` (None: use `attention`)."""
-    train_attention_half_seq: Annotated[float, Field(ge=0)] | None = None
+    train_attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] | None = None
     """Training-only override of `attention_half_seq` (None: use `attention_half_seq`)."""
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
