@@ -68,6 +68,15 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
+    serve_gemm: Fraction | None = None
+    """Serving only (autoshard/costmodel/serving.py): fraction of dense BF16 peak an inference
+    engine's GEMMs reach at serving shapes (decode batches, grouped MoE GEMMs); its FP8 GEMMs keep the
+    ratio gemm_fp8 / gemm. None: the training `gemm`. Fitted per GPU type on published serving runs
+    by tests/validation/validate_serving.py (leave-one-source-out there)."""
+    serve_attention_hbm: Fraction | None = None
+    """Serving only: fraction of HBM bandwidth the engine's paged decode-attention kernel reaches
+    reading the KV cache (block tables, scattered pages, the FP8 dequantize). None: `hbm`. Fitted with
+    serve_gemm."""
 
 
 class GpuSpec(FrozenSpec):

@@ -1,16 +1,26 @@
 """The serving cost model against published inference runs (TensorRT-LLM numbers, a different engine
-from vLLM; see validate_serving.py). Nothing is fitted on these rows, so every error is out of sample.
+from vLLM; see validate_serving.py). Two knobs per GPU type (serve_gemm, serve_attention_hbm) are
+fitted on the offline rows; the offline thresholds here hold the bundled (all-source) fit, the
+leave-one-source-out figures come from the script (too slow for the suite: ~2 min) and land in
+residuals_serve.json. The online and burst sources are never fitted on: out of sample here too.
 The thresholds are the levels the model reaches today (regression guards), not the issue's targets
 (8 % median per source, 20 % worst run), which the README reports against."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
 from validate_serving import (
     RESIDUALS,
+    SERVE_ATTENTION_HBM_GRID,
+    SERVE_GEMM_GRID,
+    RunResult,
+    bundled_knobs,
+    fit_loss,
+    fit_serving_knobs,
     evaluate_burst,
     evaluate_online,
     evaluate_runs,
@@ -67,10 +77,11 @@ def test_published_row_copied_exactly():
 
 @pytest.mark.parametrize(
     ("source", "median_max"),
-    [("trtllm-0.17-offline", 0.13), ("trtllm-0.15-offline", 0.10), ("trtllm-0.14-offline", 0.16)],
+    [("trtllm-0.17-offline", 0.09), ("trtllm-0.15-offline", 0.09), ("trtllm-0.14-offline", 0.11)],
 )
 def test_errors_per_source_hold(source, median_max):
-    """Out of sample (nothing is fitted on serving runs): median |error| per source."""
+    """With the bundled (all-source) knobs: median |error| per source (the script prints the
+    leave-one-source-out figures: 11.1 / 8.5 / 8.2 % for 0.14 / 0.15 / 0.17)."""
     n, med, _, _ = summary(RESULTS, lambda r: r.source)[source]
     assert n >= 80 and med <= median_max
 
@@ -122,9 +133,39 @@ def test_trtllm_engine_settings_round_like_the_tool():
     assert bs == 64 and tokens == 2048
 
 
-def test_leave_one_source_out_equals_fit_because_nothing_is_fitted():
-    loso = loso_predictions(RESULTS)
-    assert all(loso[r.id] == r.predicted for r in RESULTS)
+def _fake(source: str, gpu: str, measured: float, predicted: float, rid: str) -> RunResult:
+    return RunResult(
+        id=rid, source=source, model="m", family="dense", gpu=gpu, precision="fp8", tp=1, input_len=1,
+        output_len=1, measured=measured, predicted=predicted, concurrency=1, tpot_s=1.0,
+    )
+
+
+def test_fit_picks_the_lowest_mean_log_error_per_gpu_and_refits_without_each_source():
+    """Two grid points; GPU "X" has a row of source A that point (0.5, 0.5) predicts exactly and two rows
+    of source B that (0.9, 0.9) predicts exactly. All sources: B's two rows win. Without B, A's row
+    decides; A's row is then predicted with the knobs fitted on B alone (held out), not with its own."""
+    rows = [("a1", "A", 100.0), ("b1", "B", 100.0), ("b2", "B", 100.0)]
+    table = {
+        (0.5, 0.5): {i: _fake(s, "X", m, {"A": 100.0, "B": 150.0}[s], i) for i, s, m in rows},
+        (0.9, 0.9): {i: _fake(s, "X", m, {"A": 130.0, "B": 100.0}[s], i) for i, s, m in rows},
+    }
+    assert fit_serving_knobs(table) == {"X": (0.9, 0.9)}
+    assert fit_serving_knobs(table, without="B") == {"X": (0.5, 0.5)}
+    assert fit_serving_knobs(table, without="A") == {"X": (0.9, 0.9)}
+    loso, folds = loso_predictions(table)
+    assert folds == {"A": {"X": (0.9, 0.9)}, "B": {"X": (0.5, 0.5)}}
+    assert loso["a1"].predicted == 130.0  # held out: B's knobs, 30 % off
+    assert loso["b1"].predicted == loso["b2"].predicted == 150.0  # held out: A's knobs, 50 % off
+    assert fit_loss([table[(0.5, 0.5)]["b1"]]) == pytest.approx(math.log(1.5))
+
+
+def test_bundled_serving_knobs_lie_on_the_fit_grid():
+    """Every GPU type with offline rows carries serve_gemm and serve_attention_hbm in its cluster files,
+    values on the fit grid (validate_serving.py prints whether they are the all-source fit)."""
+    knobs = bundled_knobs()
+    assert set(knobs) == {r.gpu for r in RESULTS}
+    for gemm, attention_hbm in knobs.values():
+        assert gemm in SERVE_GEMM_GRID and attention_hbm in SERVE_ATTENTION_HBM_GRID
 
 
 def test_residuals_rows_have_the_bands_interface():
@@ -149,7 +190,9 @@ def test_committed_residuals_file_is_current():
     fresh = residuals(RESULTS, ONLINE + BURST)
     assert [r["id"] for r in committed] == [r["id"] for r in fresh]
     for old, new in zip(committed, fresh, strict=True):
-        assert old["predicted_loso"] == pytest.approx(new["predicted_loso"], rel=1e-6), old["id"]
+        assert old["predicted_fit"] == pytest.approx(new["predicted_fit"], rel=1e-6), old["id"]
+    # the held-out predictions come from refitted knobs: on some rows they differ from the fit
+    assert sum(r["predicted_loso"] != r["predicted_fit"] for r in committed) >= 100
 
 
 def test_online_rows_are_the_ones_the_engine_absorbed():
@@ -162,12 +205,12 @@ def test_online_rows_are_the_ones_the_engine_absorbed():
     assert "trtllm-v014-online-llama31-70b-h100-tp4-467-256-qps32" not in ids
 
 
-@pytest.mark.parametrize(("metric", "median_max"), [("ttft_mean_s", 0.12), ("itl_mean_s", 0.16)])
+@pytest.mark.parametrize(("metric", "median_max"), [("ttft_mean_s", 0.13), ("itl_mean_s", 0.17)])
 def test_latency_at_a_request_rate(metric, median_max):
     """Mean TTFT and mean ITL of TensorRT-LLM 0.14 behind Triton at 2-32 QPS (out of sample)."""
     errs = [r.error for r in ONLINE if r.metric == metric]
     assert statistics.median(abs(e) for e in errs) <= median_max
-    assert max(abs(e) for e in errs) <= 0.40
+    assert max(abs(e) for e in errs) <= 0.45
     assert all(r.utilization < 1 for r in ONLINE)
 
 
@@ -194,9 +237,9 @@ def test_burst_rows_cover_vllm_moe_and_mla():
 
 
 def test_burst_throughput_and_latency():
-    """Out of sample: total tokens/s median within 16 %, every checked row within 50 % (the worst:
+    """Out of sample: total tokens/s median within 16 %, every checked row within 52 % (the worst:
     DeepSeek-R1 on H200 at 2K/4K prompts, predicted too fast)."""
     for metric, median_max in (("total_tokens_per_s", 0.16), ("ttft_mean_s", 0.15), ("tpot_mean_s", 0.25)):
         errs = [abs(r.error) for r in BURST if r.metric == metric]
         assert statistics.median(errs) <= median_max, metric
-        assert max(errs) <= 0.50, metric
+        assert max(errs) <= 0.52, metric

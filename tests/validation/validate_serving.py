@@ -1,18 +1,24 @@
 """Predict the published inference runs in serving_runs.yaml and compare with what was measured.
 
-    python tests/validation/validate_serving.py [--write-residuals]
+    python tests/validation/validate_serving.py [--write-residuals] [--quiet] [--no-fit]
 
-prints one row per run (measured and predicted output tokens/s of the instance, error), then the
-errors per source, per model family (dense / MoE) and per GPU, the leave-one-source-out table, and
+fits the serving knobs (~2 min, see below), then prints one row per run (measured and predicted
+output tokens/s of the instance, error), the errors per source (out of sample and in sample), per
+model family (dense / MoE) and per GPU, and
 whether the predicted TP1 -> TP8 ordering of the Llama-3.1-70B H100 runs (1000/1000) matches the
 measured one. `--write-residuals` writes residuals_serve.json (one object per run and metric) for the
 prediction bands. The pytest suite imports `evaluate_runs` and holds the errors to the targets.
 
-Leave-one-source-out: NOTHING in the serving model is fitted on serving runs. Its knobs are the
-bundled clusters' GpuSpec.efficiency values (fitted on training runs, or H100 defaults) and the
-physics constants in autoshard/costmodel/serving*.py, none tuned on these rows. So the prediction of a
-source made without that source is the same number as the prediction made with all of them
-(`predicted_loso == predicted_fit`), and every error printed here is out of sample.
+What is fitted, and leave-one-source-out: two serving knobs per GPU type and nothing else,
+`EfficiencySpec.serve_gemm` (fraction of dense peak the engine's GEMMs reach at serving shapes) and
+`serve_attention_hbm` (fraction of HBM bandwidth the paged decode-attention kernel reaches reading the
+KV cache). They are chosen on a grid (SERVE_GEMM_GRID x SERVE_ATTENTION_HBM_GRID) to minimize the mean
+|log(predicted / measured)| over that GPU type's offline rows; the bundled cluster files carry the fit
+on all offline sources (this script says when they do not). The "out of sample" tables refit the knobs
+without each source and predict that source with them (`loso_predictions`), so every out-of-sample
+figure comes from a model that never saw the source. The online and burst sources are never fitted
+on: their rows use the bundled knobs. Everything else (the physics constants in
+autoshard/costmodel/serving*.py, the training-fitted efficiencies) is tuned on no serving row.
 
 PLAINLY: these are TensorRT-LLM numbers, a different engine from vLLM. autoshard's serving model is
 written for vLLM/SGLang; the rows check the physics any engine shares (weight and KV-cache memory,
@@ -92,6 +98,30 @@ def load_data() -> dict:
     return yaml.safe_load(RUNS.read_text())
 
 
+@functools.cache
+def _model(name: str) -> ModelSpec:
+    return load_model(name)
+
+
+@functools.cache
+def _cluster(name: str):
+    return load_cluster(name)
+
+
+ServeKnobs = tuple[float, float]
+"""(serve_gemm, serve_attention_hbm) of one GPU type (EfficiencySpec fields)."""
+
+
+def _pool(cluster: str, gpus: int, knobs: ServeKnobs | None = None):
+    """The run's pool; with `knobs`, its GPU's serving efficiencies replaced (the fit's trial values)."""
+    pool = _cluster(cluster).with_gpus(gpus).primary
+    if knobs is None:
+        return pool
+    gemm, attention_hbm = knobs
+    eff = pool.gpu.efficiency.model_copy(update={"serve_gemm": gemm, "serve_attention_hbm": attention_hbm})
+    return pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"efficiency": eff})})
+
+
 def load_runs() -> list[dict]:
     """One flat dict per measured number: a run group's engine with one ISL/OSL and its measurement."""
     out = []
@@ -142,10 +172,11 @@ def trtllm_engine_settings(
     return bs, tokens
 
 
-def predict_run(run: dict) -> RunResult:
-    model = load_model(run["model"])
+def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
+    """One offline row predicted with the bundled cluster's serving efficiencies, or with `knobs`."""
+    model = _model(run["model"])
     tp, pp = run["tp"], run["pp"]
-    pool = load_cluster(run["cluster"]).with_gpus(tp * pp).primary
+    pool = _pool(run["cluster"], tp * pp, knobs)
     gpu = pool.gpu
     wdt, kvdt = WeightDtype(run["weight_dtype"]), WeightDtype(run["kv_cache_dtype"])
     job = ServeJob(
@@ -238,9 +269,9 @@ def load_online_runs() -> list[dict]:
 
 
 def predict_online(run: dict) -> list[LatencyResult]:
-    model = load_model(run["model"])
+    model = _model(run["model"])
     tp, pp = run["tp"], run["pp"]
-    pool = load_cluster(run["cluster"]).with_gpus(tp * pp).primary
+    pool = _pool(run["cluster"], tp * pp)
     gpu = pool.gpu
     wdt, kvdt = WeightDtype(run["weight_dtype"]), WeightDtype(run["kv_cache_dtype"])
     job = ServeJob(
@@ -314,9 +345,9 @@ def load_burst_runs(*, checked_only: bool = True) -> list[dict]:
 
 
 def predict_burst(run: dict) -> list[LatencyResult]:
-    model = load_model(run["model"])
+    model = _model(run["model"])
     tp = run["tp"]
-    pool = load_cluster(run["cluster"]).with_gpus(tp).primary
+    pool = _pool(run["cluster"], tp)
     wdt, kvdt = WeightDtype(run["weight_dtype"]), WeightDtype(run["kv_cache_dtype"])
     job = ServeJob(
         input_len=run["input_len"], output_len=run["output_len"], weight_dtype=wdt, kv_cache_dtype=kvdt
@@ -358,10 +389,74 @@ def evaluate_burst(*, checked_only: bool = True) -> list[LatencyResult]:
     return [r for run in load_burst_runs(checked_only=checked_only) for r in predict_burst(run)]
 
 
-def loso_predictions(results: list[RunResult]) -> dict[str, float]:
-    """Prediction of every run made without its own source. Nothing is fitted on serving runs, so
-    leaving a source out changes no knob: the prediction is the one `evaluate_runs` made."""
-    return {r.id: r.predicted for r in results}
+SERVE_GEMM_GRID = tuple(round(0.30 + 0.05 * i, 2) for i in range(14))
+"""Trial values of `serve_gemm` (0.30 .. 0.95)."""
+SERVE_ATTENTION_HBM_GRID = tuple(round(0.45 + 0.05 * i, 2) for i in range(11))
+"""Trial values of `serve_attention_hbm` (0.45 .. 0.95)."""
+FITTED_GPUS = {
+    "A100-SXM4-80GB": ("dgx-a100-80gb",),
+    "H100-SXM5-80GB": ("dgx-h100",),
+    "H200-SXM-141GB": ("dgx-h200",),
+    "L40S-48GB": ("l40s-pcie",),
+}
+"""GPU types with offline serving rows, and the bundled cluster files that carry their fitted values."""
+
+Table = dict[ServeKnobs, dict[str, RunResult]]
+
+
+def grid_table(runs: list[dict] | None = None) -> Table:
+    """Every offline row predicted at every grid point of its GPU type's two serving knobs."""
+    runs = load_runs() if runs is None else runs
+    return {
+        (g, a): {run["id"]: predict_run(run, (g, a)) for run in runs}
+        for g in SERVE_GEMM_GRID
+        for a in SERVE_ATTENTION_HBM_GRID
+    }
+
+
+def fit_loss(results: list[RunResult]) -> float:
+    """Mean |log(predicted / measured)|: the fit's objective (an L1 loss, robust to a few odd rows)."""
+    return sum(abs(math.log(r.predicted / r.measured)) for r in results) / len(results)
+
+
+def fit_serving_knobs(table: Table, *, without: str | None = None) -> dict[str, ServeKnobs]:
+    """Per GPU type, the grid point of (serve_gemm, serve_attention_hbm) with the lowest `fit_loss`
+    over that GPU's rows of every source except `without` (ties: the first grid point). One pair per
+    GPU type, never per run or per family."""
+    first = next(iter(table.values()))
+    fitted = {}
+    for gpu in sorted({r.gpu for r in first.values()}):
+        ids = [i for i, r in first.items() if r.gpu == gpu and r.source != without]
+        if ids:
+            fitted[gpu] = min(table, key=lambda k: fit_loss([table[k][i] for i in ids]))
+    return fitted
+
+
+def bundled_knobs() -> dict[str, ServeKnobs | None]:
+    """(serve_gemm, serve_attention_hbm) each fitted GPU type carries in its bundled cluster files
+    (None when a file lacks them)."""
+    out: dict[str, ServeKnobs | None] = {}
+    for gpu, clusters in FITTED_GPUS.items():
+        for name in clusters:
+            eff = _cluster(name).primary.gpu.efficiency
+            knobs = (eff.serve_gemm, eff.serve_attention_hbm)
+            out[gpu] = None if None in knobs else knobs
+    return out
+
+
+def loso_predictions(table: Table) -> tuple[dict[str, RunResult], dict[str, dict[str, ServeKnobs]]]:
+    """Prediction of every run made without its own source: for each source, the knobs refitted on
+    the other sources' rows, that source's rows predicted with them. Returns the predictions and the
+    knobs of each fold."""
+    first = next(iter(table.values()))
+    out: dict[str, RunResult] = {}
+    folds = {}
+    for source in sorted({r.source for r in first.values()}):
+        knobs = folds[source] = fit_serving_knobs(table, without=source)
+        for i, r in first.items():
+            if r.source == source:
+                out[i] = table[knobs[r.gpu]][i]
+    return out, folds
 
 
 def tp_ordering(results: list[RunResult]) -> tuple[list[int], list[int]]:
@@ -391,10 +486,13 @@ def summary(results, key) -> dict[str, tuple[int, float, float, float]]:
     }
 
 
-def residuals(results: list[RunResult], online: list[LatencyResult] = ()) -> list[dict]:
-    """The rows residuals_serve.json holds: one per run and metric (throughput rows, then the online
-    rows' mean TTFT and mean ITL)."""
-    loso = loso_predictions(results)
+def residuals(
+    results: list[RunResult], online: list[LatencyResult] = (), loso: dict[str, RunResult] | None = None
+) -> list[dict]:
+    """The rows residuals_serve.json holds: one per run and metric (throughput rows with their
+    leave-one-source-out prediction from `loso`, then the online and burst rows, whose sources the
+    fit never sees)."""
+    loso_values = {r.id: (loso[r.id] if loso else r).predicted for r in results}
     latency = [
         {
             "id": r.id,
@@ -413,7 +511,7 @@ def residuals(results: list[RunResult], online: list[LatencyResult] = ()) -> lis
         }
         for r in online
     ]
-    return latency_free(results, loso) + latency
+    return latency_free(results, loso_values) + latency
 
 
 def latency_free(results: list[RunResult], loso: dict[str, float]) -> list[dict]:
@@ -428,7 +526,7 @@ def latency_free(results: list[RunResult], loso: dict[str, float]) -> list[dict]
             "metric": METRIC,
             "measured": r.measured,
             "predicted_loso": loso[r.id],
-            "predicted_fit": r.predicted,
+            "predicted_fit": r.predicted,  # the bundled (all-source) knobs
             "mem_measured_gib": None,
             "mem_predicted_gib": None,
             "held": True,  # every row here is held to the accuracy target
@@ -480,32 +578,61 @@ def print_burst(*, verbose: bool) -> None:
     _print_table("metric x model", summary(ok, lambda r: f"{r.metric} {r.model} {r.gpu[:4]}"))
 
 
+def print_fit(full: dict[str, ServeKnobs], folds: dict[str, dict[str, ServeKnobs]]) -> bool:
+    """The knobs per GPU type: bundled, fitted on every source, and refitted without each source.
+    Returns whether the bundled values are the all-source fit."""
+    bundled = bundled_knobs()
+    print("\nServing knobs per GPU type (serve_gemm, serve_attention_hbm), fitted on the offline rows")
+    print(f"{'GPU':18} {'bundled':>12} {'all sources':>12} " + " ".join(f"{'w/o ' + s[7:11]:>12}" for s in folds))
+    for gpu in sorted(full):
+        cells = [bundled.get(gpu), full[gpu], *(f.get(gpu) for f in folds.values())]
+        print(f"{gpu:18} " + " ".join(f"{'-' if c is None else f'{c[0]:.2f}, {c[1]:.2f}':>12}" for c in cells))
+    same = all(bundled.get(g) == k for g, k in full.items())
+    if not same:
+        print("WARNING: the bundled cluster files do not carry the all-source fit: copy it there")
+    return same
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-residuals", action="store_true", help=f"write {RESIDUALS.name}")
     parser.add_argument("--quiet", action="store_true", help="only the summary tables")
+    parser.add_argument(
+        "--no-fit", action="store_true", help="skip the knob fit and leave-one-source-out (~2 min): bundled values only"
+    )
     args = parser.parse_args(argv)
+    if args.write_residuals and args.no_fit:
+        parser.error("--write-residuals needs the leave-one-source-out fit (drop --no-fit)")
     results = evaluate_runs()
     online = evaluate_online()
     burst = evaluate_burst()
+    loso = {r.id: r for r in results}
+    if not args.no_fit:
+        table = grid_table()
+        loso, folds = loso_predictions(table)
+        print_fit(fit_serving_knobs(table), folds)
+    held_out = [loso[r.id] for r in results]
     if not args.quiet:
-        print("Output tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM)")
-        print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'batch':>6} {'TPOT ms':>8}")
-        for r in results:
+        print("\nOutput tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM);")
+        print("predicted: leave-one-source-out (knobs refitted without the row's source); fit: all sources")
+        print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'fit err':>8} {'batch':>6} {'TPOT ms':>8}")
+        for r, h in zip(results, held_out, strict=True):
             print(
-                f"{r.id:52} {r.measured:9.0f} {r.predicted:9.0f} {r.error:+8.1%} {r.concurrency:6d} "
-                f"{r.tpot_s * 1e3:8.1f}"
+                f"{r.id:52} {r.measured:9.0f} {h.predicted:9.0f} {h.error:+8.1%} {r.error:+8.1%} "
+                f"{h.concurrency:6d} {h.tpot_s * 1e3:8.1f}"
             )
-    errs = [abs(r.error) for r in results]
-    print(f"\n{len(errs)} runs: median |error| {statistics.median(errs):.1%}, max |error| {max(errs):.1%}")
+    errs = [abs(r.error) for r in held_out]
     print(
-        "\nLeave-one-source-out: nothing in the serving model is fitted on serving runs, so each source's"
-        "\npredictions made without it equal the ones above; every figure here is out of sample."
+        f"\n{len(errs)} runs, leave-one-source-out: median |error| {statistics.median(errs):.1%}, "
+        f"max |error| {max(errs):.1%}"
     )
-    _print_table("source (out of sample)", summary(results, lambda r: r.source))
-    _print_table("family", summary(results, lambda r: r.family))
-    _print_table("GPU x precision", summary(results, lambda r: f"{r.gpu} {r.precision}"))
-    _print_table("source x family", summary(results, lambda r: f"{r.source} {r.family}"))
+    if args.no_fit:
+        print("(--no-fit: the 'out of sample' tables below use the bundled, all-source knobs)")
+    _print_table("source (out of sample)", summary(held_out, lambda r: r.source))
+    _print_table("source (in sample: knobs fitted on all sources)", summary(results, lambda r: r.source))
+    _print_table("family (out of sample)", summary(held_out, lambda r: r.family))
+    _print_table("GPU x precision (out of sample)", summary(held_out, lambda r: f"{r.gpu} {r.precision}"))
+    _print_table("source x family (out of sample)", summary(held_out, lambda r: f"{r.source} {r.family}"))
     measured, predicted = tp_ordering(results)
     verdict = "matches" if measured == predicted else "DOES NOT match"
     print(
@@ -516,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     print_online(online, verbose=not args.quiet)
     print_burst(verbose=not args.quiet)
     if args.write_residuals:
-        rows = residuals(results, online + burst)
+        rows = residuals(results, online + burst, loso)
         RESIDUALS.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {RESIDUALS} ({len(rows)} rows)")
     return 0
