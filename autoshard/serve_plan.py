@@ -296,6 +296,7 @@ class ServePlan:
                     "attention": step.attention_s,
                     "elementwise": step.elementwise_s,
                     "logits": step.logits_s,
+                    "host": step.host_s,
                 },
                 "memory_gib": {
                     "peak": mem.used_bytes / GIB,

@@ -26,6 +26,8 @@ Facts modelled (sources in the docstrings below):
 - Continuous batching with chunked prefill: each step carries the decode tokens of the running requests
   plus, on average, `batch * input_len / output_len` prefill tokens (every finished request is replaced).
   With PP, vLLM keeps PP micro-batches in flight, so a token advances once every PP stage ticks.
+- Every step also pays the engine's serial host work per request in it (scheduling, stop checks,
+  responses: ServeConfig.host_us_per_seq, fitted on the published offline runs).
 
 Pure functions of the specs: no I/O, no solver.
 """
@@ -148,6 +150,8 @@ class StepTime:
     tp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
     pp_comm_s: float = 0.0
+    host_s: float = 0.0
+    """Serial host (CPU) work of the engine's steps (ServeConfig.host_us_per_seq per request)."""
 
     @property
     def compute_s(self) -> float:
@@ -155,7 +159,7 @@ class StepTime:
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s
+        return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s + self.host_s
 
     def __add__(self, other: StepTime) -> StepTime:
         return StepTime(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
@@ -172,6 +176,7 @@ class StepTime:
             self.tp_comm_s,
             self.ep_comm_s,
             self.pp_comm_s,
+            self.host_s,
         )
 
 
@@ -509,7 +514,7 @@ def step_time(
     if cfg.pp > 1:
         hop = collective_time_s(Collective.P2P, tokens * model.hidden_size * BF16, 2, links[2])
         worst = replace(worst, pp_comm_s=hop)
-    return worst
+    return replace(worst, host_s=cfg.host_us_per_seq * 1e-6 * (decode_seqs + prefills))
 
 
 def _decoder_kinds(model: ModelSpec) -> list[LayerKind]:
@@ -547,7 +552,7 @@ def prefill_time(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, prompt_l
     if cfg.pp > 1:
         hop = collective_time_s(Collective.P2P, chunk * model.hidden_size * BF16, 2, links[2])
         total = replace(total, pp_comm_s=(cfg.pp - 1) * chunks * hop)
-    return total
+    return replace(total, host_s=cfg.host_us_per_seq * 1e-6 * chunks)
 
 
 # --------------------------------------------------------------------------- prediction

@@ -14,6 +14,7 @@ import statistics
 
 import pytest
 from validate_serving import (
+    HOST_US_GRID,
     RESIDUALS,
     SERVE_ATTENTION_HBM_GRID,
     SERVE_GEMM_GRID,
@@ -77,11 +78,11 @@ def test_published_row_copied_exactly():
 
 @pytest.mark.parametrize(
     ("source", "median_max"),
-    [("trtllm-0.17-offline", 0.09), ("trtllm-0.15-offline", 0.09), ("trtllm-0.14-offline", 0.11)],
+    [("trtllm-0.17-offline", 0.07), ("trtllm-0.15-offline", 0.07), ("trtllm-0.14-offline", 0.10)],
 )
 def test_errors_per_source_hold(source, median_max):
     """With the bundled (all-source) knobs: median |error| per source (the script prints the
-    leave-one-source-out figures: 11.1 / 8.5 / 8.2 % for 0.14 / 0.15 / 0.17)."""
+    leave-one-source-out figures: 10.1 / 5.8 / 8.1 % for 0.14 / 0.15 / 0.17)."""
     n, med, _, _ = summary(RESULTS, lambda r: r.source)[source]
     assert n >= 80 and med <= median_max
 
@@ -140,31 +141,49 @@ def _fake(source: str, gpu: str, measured: float, predicted: float, rid: str) ->
     )
 
 
-def test_fit_picks_the_lowest_mean_log_error_per_gpu_and_refits_without_each_source():
-    """Two grid points; GPU "X" has a row of source A that point (0.5, 0.5) predicts exactly and two rows
-    of source B that (0.9, 0.9) predicts exactly. All sources: B's two rows win. Without B, A's row
-    decides; A's row is then predicted with the knobs fitted on B alone (held out), not with its own."""
+def test_fit_picks_the_lowest_log_error_per_gpu_and_refits_without_each_source():
+    """Two grid points at one host cost; GPU "X" has a row of source A that point (5, 0.5, 0.5)
+    predicts exactly and two rows of source B that (5, 0.9, 0.9) predicts exactly. All sources: B's
+    two rows win. Without B, A's row decides; A's row is then predicted with the knobs fitted on B
+    alone (held out), not with its own."""
     rows = [("a1", "A", 100.0), ("b1", "B", 100.0), ("b2", "B", 100.0)]
+    lo, hi = (5.0, 0.5, 0.5), (5.0, 0.9, 0.9)
     table = {
-        (0.5, 0.5): {i: _fake(s, "X", m, {"A": 100.0, "B": 150.0}[s], i) for i, s, m in rows},
-        (0.9, 0.9): {i: _fake(s, "X", m, {"A": 130.0, "B": 100.0}[s], i) for i, s, m in rows},
+        lo: {i: _fake(s, "X", m, {"A": 100.0, "B": 150.0}[s], i) for i, s, m in rows},
+        hi: {i: _fake(s, "X", m, {"A": 130.0, "B": 100.0}[s], i) for i, s, m in rows},
     }
-    assert fit_serving_knobs(table) == {"X": (0.9, 0.9)}
-    assert fit_serving_knobs(table, without="B") == {"X": (0.5, 0.5)}
-    assert fit_serving_knobs(table, without="A") == {"X": (0.9, 0.9)}
+    assert fit_serving_knobs(table) == {"X": hi}
+    assert fit_serving_knobs(table, without="B") == {"X": lo}
+    assert fit_serving_knobs(table, without="A") == {"X": hi}
     loso, folds = loso_predictions(table)
-    assert folds == {"A": {"X": (0.9, 0.9)}, "B": {"X": (0.5, 0.5)}}
+    assert folds == {"A": {"X": hi}, "B": {"X": lo}}
     assert loso["a1"].predicted == 130.0  # held out: B's knobs, 30 % off
     assert loso["b1"].predicted == loso["b2"].predicted == 150.0  # held out: A's knobs, 50 % off
-    assert fit_loss([table[(0.5, 0.5)]["b1"]]) == pytest.approx(math.log(1.5))
+    assert fit_loss([table[lo]["b1"]]) == pytest.approx(math.log(1.5))
+
+
+def test_the_host_cost_is_one_value_for_every_gpu_type():
+    """GPU "X" alone would pick host 0, GPU "Y" (three rows) host 5: the fit takes the host cost with
+    the lowest summed loss (5: Y's three exact rows beat X's one) for both, and X's best pair there."""
+    table = {
+        (0.0, 0.5, 0.5): {"x": _fake("A", "X", 100.0, 100.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 120.0, f"y{k}") for k in range(3)},
+        (5.0, 0.5, 0.5): {"x": _fake("A", "X", 100.0, 125.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 100.0, f"y{k}") for k in range(3)},
+        (5.0, 0.9, 0.9): {"x": _fake("A", "X", 100.0, 110.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 101.0, f"y{k}") for k in range(3)},
+    }
+    assert fit_serving_knobs(table) == {"X": (5.0, 0.9, 0.9), "Y": (5.0, 0.5, 0.5)}
 
 
 def test_bundled_serving_knobs_lie_on_the_fit_grid():
     """Every GPU type with offline rows carries serve_gemm and serve_attention_hbm in its cluster files,
-    values on the fit grid (validate_serving.py prints whether they are the all-source fit)."""
+    values on the fit grid, and the host cost is on its grid (validate_serving.py prints whether they
+    are the all-source fit)."""
     knobs = bundled_knobs()
     assert set(knobs) == {r.gpu for r in RESULTS}
-    for gemm, attention_hbm in knobs.values():
+    for host, gemm, attention_hbm in knobs.values():
+        assert host in HOST_US_GRID
         assert gemm in SERVE_GEMM_GRID and attention_hbm in SERVE_ATTENTION_HBM_GRID
 
 
@@ -237,9 +256,9 @@ def test_burst_rows_cover_vllm_moe_and_mla():
 
 
 def test_burst_throughput_and_latency():
-    """Out of sample: total tokens/s median within 16 %, every checked row within 52 % (the worst:
+    """Out of sample: total tokens/s median within 16 %, every checked row within 55 % (the worst:
     DeepSeek-R1 on H200 at 2K/4K prompts, predicted too fast)."""
     for metric, median_max in (("total_tokens_per_s", 0.16), ("ttft_mean_s", 0.15), ("tpot_mean_s", 0.25)):
         errs = [abs(r.error) for r in BURST if r.metric == metric]
         assert statistics.median(errs) <= median_max, metric
-        assert max(errs) <= 0.52, metric
+        assert max(errs) <= 0.55, metric

@@ -9,12 +9,14 @@ whether the predicted TP1 -> TP8 ordering of the Llama-3.1-70B H100 runs (1000/1
 measured one. `--write-residuals` writes residuals_serve.json (one object per run and metric) for the
 prediction bands. The pytest suite imports `evaluate_runs` and holds the errors to the targets.
 
-What is fitted, and leave-one-source-out: two serving knobs per GPU type and nothing else,
+What is fitted, and leave-one-source-out: the engine's serial host work per request per step
+(`ServeConfig.host_us_per_seq`, one value for all GPUs) and two serving knobs per GPU type,
 `EfficiencySpec.serve_gemm` (fraction of dense peak the engine's GEMMs reach at serving shapes) and
 `serve_attention_hbm` (fraction of HBM bandwidth the paged decode-attention kernel reaches reading the
-KV cache). They are chosen on a grid (SERVE_GEMM_GRID x SERVE_ATTENTION_HBM_GRID) to minimize the mean
-|log(predicted / measured)| over that GPU type's offline rows; the bundled cluster files carry the fit
-on all offline sources (this script says when they do not). The "out of sample" tables refit the knobs
+KV cache), nothing else. They are chosen on a grid (HOST_US_GRID x SERVE_GEMM_GRID x
+SERVE_ATTENTION_HBM_GRID) to minimize the summed |log(predicted / measured)| over the offline rows;
+the bundled defaults (HOST_US_PER_SEQ, the cluster files) carry the fit on all offline sources (this
+script says when they do not). The "out of sample" tables refit the knobs
 without each source and predict that source with them (`loso_predictions`), so every out-of-sample
 figure comes from a model that never saw the source. The online and burst sources are never fitted
 on: their rows use the bundled knobs. Everything else (the physics constants in
@@ -58,6 +60,7 @@ from autoshard.costmodel.serving import (
     serve_memory,
     total_weight_bytes,
 )
+from autoshard.costmodel.serving_memory import HOST_US_PER_SEQ
 from autoshard.costmodel.serving_sim import simulate_burst
 from autoshard.specs import ModelSpec, load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -108,8 +111,10 @@ def _cluster(name: str):
     return load_cluster(name)
 
 
-ServeKnobs = tuple[float, float]
-"""(serve_gemm, serve_attention_hbm) of one GPU type (EfficiencySpec fields)."""
+ServeKnobs = tuple[float, float, float]
+"""(host_us_per_seq, serve_gemm, serve_attention_hbm): the engine's host work per request per step
+(ServeConfig, one value for every GPU type) and one GPU type's two serving efficiencies
+(EfficiencySpec fields)."""
 
 
 def _pool(cluster: str, gpus: int, knobs: ServeKnobs | None = None):
@@ -117,7 +122,7 @@ def _pool(cluster: str, gpus: int, knobs: ServeKnobs | None = None):
     pool = _cluster(cluster).with_gpus(gpus).primary
     if knobs is None:
         return pool
-    gemm, attention_hbm = knobs
+    _, gemm, attention_hbm = knobs
     eff = pool.gpu.efficiency.model_copy(update={"serve_gemm": gemm, "serve_attention_hbm": attention_hbm})
     return pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"efficiency": eff})})
 
@@ -201,6 +206,8 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         max_num_batched_tokens=tokens,
         cuda_graphs=False,
     )
+    if knobs is not None:
+        settings["host_us_per_seq"] = knobs[0]
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=tokens, num_seqs=0)
     free = gpu.hbm_gib * GIB - gpu.efficiency.reserved_memory_gib * GIB - mem.weights_bytes - act
@@ -389,10 +396,12 @@ def evaluate_burst(*, checked_only: bool = True) -> list[LatencyResult]:
     return [r for run in load_burst_runs(checked_only=checked_only) for r in predict_burst(run)]
 
 
-SERVE_GEMM_GRID = tuple(round(0.30 + 0.05 * i, 2) for i in range(14))
-"""Trial values of `serve_gemm` (0.30 .. 0.95)."""
-SERVE_ATTENTION_HBM_GRID = tuple(round(0.45 + 0.05 * i, 2) for i in range(11))
-"""Trial values of `serve_attention_hbm` (0.45 .. 0.95)."""
+HOST_US_GRID = (0.0, 2.5, 5.0, 7.5, 10.0)
+"""Trial values of the host work per request per step, microseconds (one for every GPU type)."""
+SERVE_GEMM_GRID = tuple(round(0.30 + 0.10 * i, 2) for i in range(7))
+"""Trial values of `serve_gemm` (0.30 .. 0.90)."""
+SERVE_ATTENTION_HBM_GRID = tuple(round(0.40 + 0.10 * i, 2) for i in range(6))
+"""Trial values of `serve_attention_hbm` (0.40 .. 0.90)."""
 FITTED_GPUS = {
     "A100-SXM4-80GB": ("dgx-a100-80gb",),
     "H100-SXM5-80GB": ("dgx-h100",),
@@ -408,7 +417,8 @@ def grid_table(runs: list[dict] | None = None) -> Table:
     """Every offline row predicted at every grid point of its GPU type's two serving knobs."""
     runs = load_runs() if runs is None else runs
     return {
-        (g, a): {run["id"]: predict_run(run, (g, a)) for run in runs}
+        (h, g, a): {run["id"]: predict_run(run, (h, g, a)) for run in runs}
+        for h in HOST_US_GRID
         for g in SERVE_GEMM_GRID
         for a in SERVE_ATTENTION_HBM_GRID
     }
@@ -420,26 +430,37 @@ def fit_loss(results: list[RunResult]) -> float:
 
 
 def fit_serving_knobs(table: Table, *, without: str | None = None) -> dict[str, ServeKnobs]:
-    """Per GPU type, the grid point of (serve_gemm, serve_attention_hbm) with the lowest `fit_loss`
-    over that GPU's rows of every source except `without` (ties: the first grid point). One pair per
-    GPU type, never per run or per family."""
+    """The grid point with the lowest summed `fit_loss` over the rows of every source except
+    `without`: one host cost for every GPU type, and per GPU type the (serve_gemm,
+    serve_attention_hbm) pair best at that host cost (ties: the first grid point). Never per run or
+    per family."""
     first = next(iter(table.values()))
-    fitted = {}
-    for gpu in sorted({r.gpu for r in first.values()}):
-        ids = [i for i, r in first.items() if r.gpu == gpu and r.source != without]
-        if ids:
-            fitted[gpu] = min(table, key=lambda k: fit_loss([table[k][i] for i in ids]))
-    return fitted
+    gpus = sorted({r.gpu for r in first.values()})
+    ids = {g: [i for i, r in first.items() if r.gpu == g and r.source != without] for g in gpus}
+    ids = {g: v for g, v in ids.items() if v}
+    best: tuple[float, dict[str, ServeKnobs]] | None = None
+    for host in dict.fromkeys(k[0] for k in table):
+        points = [k for k in table if k[0] == host]
+        fitted, total = {}, 0.0
+        for gpu, rows in ids.items():
+            losses = {k: fit_loss([table[k][i] for i in rows]) * len(rows) for k in points}
+            fitted[gpu] = min(points, key=losses.__getitem__)
+            total += losses[fitted[gpu]]
+        if best is None or total < best[0]:
+            best = (total, fitted)
+    assert best is not None
+    return best[1]
 
 
 def bundled_knobs() -> dict[str, ServeKnobs | None]:
-    """(serve_gemm, serve_attention_hbm) each fitted GPU type carries in its bundled cluster files
-    (None when a file lacks them)."""
+    """(host_us_per_seq, serve_gemm, serve_attention_hbm) each fitted GPU type runs with by default:
+    ServeConfig's host cost and the efficiencies in its bundled cluster files (None when a file
+    lacks them)."""
     out: dict[str, ServeKnobs | None] = {}
     for gpu, clusters in FITTED_GPUS.items():
         for name in clusters:
             eff = _cluster(name).primary.gpu.efficiency
-            knobs = (eff.serve_gemm, eff.serve_attention_hbm)
+            knobs = (HOST_US_PER_SEQ, eff.serve_gemm, eff.serve_attention_hbm)
             out[gpu] = None if None in knobs else knobs
     return out
 
@@ -582,11 +603,15 @@ def print_fit(full: dict[str, ServeKnobs], folds: dict[str, dict[str, ServeKnobs
     """The knobs per GPU type: bundled, fitted on every source, and refitted without each source.
     Returns whether the bundled values are the all-source fit."""
     bundled = bundled_knobs()
-    print("\nServing knobs per GPU type (serve_gemm, serve_attention_hbm), fitted on the offline rows")
-    print(f"{'GPU':18} {'bundled':>12} {'all sources':>12} " + " ".join(f"{'w/o ' + s[7:11]:>12}" for s in folds))
+    print(
+        "\nServing knobs (host us per request per step; serve_gemm, serve_attention_hbm per GPU type),"
+        "\nfitted on the offline rows: bundled, all sources, and refitted without each source"
+    )
+    print(f"{'GPU':18} {'bundled':>16} {'all sources':>16} " + " ".join(f"{'w/o ' + s[7:11]:>16}" for s in folds))
     for gpu in sorted(full):
         cells = [bundled.get(gpu), full[gpu], *(f.get(gpu) for f in folds.values())]
-        print(f"{gpu:18} " + " ".join(f"{'-' if c is None else f'{c[0]:.2f}, {c[1]:.2f}':>12}" for c in cells))
+        text = (f"{'-' if c is None else f'{c[0]:.1f}; {c[1]:.2f}, {c[2]:.2f}':>16}" for c in cells)
+        print(f"{gpu:18} " + " ".join(text))
     same = all(bundled.get(g) == k for g, k in full.items())
     if not same:
         print("WARNING: the bundled cluster files do not carry the all-source fit: copy it there")
