@@ -22,6 +22,11 @@ figure comes from a model that never saw the source. The online and burst source
 on: their rows use the bundled knobs. Everything else (the physics constants in
 autoshard/costmodel/serving*.py, the training-fitted efficiencies) is tuned on no serving row.
 
+Rows not held (`superseded`, RELEASE_GAP): an older release's row where a later TensorRT-LLM release
+measured the same engine 1.25x or more faster. Same hardware, same tool: the older figure is a
+software limit of that release. They are printed (marked *), counted in the all-rows tables, and
+never fitted on.
+
 PLAINLY: these are TensorRT-LLM numbers, a different engine from vLLM. autoshard's serving model is
 written for vLLM/SGLang; the rows check the physics any engine shares (weight and KV-cache memory,
 KV-limited concurrency, HBM- vs compute-bound decode, prefill share, TP all-reduces), with the engine
@@ -90,10 +95,50 @@ class RunResult:
     predicted: float
     concurrency: int
     tpot_s: float
+    superseded_by: str | None = None
+    """The later release that measured this engine RELEASE_GAP or more faster: the row is printed
+    but not held to the accuracy target, and the fit never sees it (see `superseded`)."""
 
     @property
     def error(self) -> float:
         return (self.predicted - self.measured) / self.measured
+
+    @property
+    def held(self) -> bool:
+        return self.superseded_by is None
+
+
+RELEASE_GAP = 1.25
+"""A throughput row is not held when a later TensorRT-LLM release measured the same engine (model,
+GPU, dtypes, TP x PP, ISL/OSL, same benchmark tool) at least this many times faster. The hardware did
+not change between the releases, so the older figure measures that release's software (the 0.14
+runs that leave the KV cache a few GiB measured down to half of 0.17), not the physics the model
+describes. Such rows stay printed, marked, in every table of all rows."""
+
+
+def _release(source: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in source.split("-")[1].split("."))
+
+
+@functools.cache
+def superseded() -> dict[str, str]:
+    """Run id -> the later source that measured the same engine RELEASE_GAP or more faster."""
+    key = lambda r: (  # noqa: E731
+        r["model"], r["cluster"], r["weight_dtype"], r["kv_cache_dtype"], r["tp"], r["pp"],
+        r["input_len"], r["output_len"],
+    )
+    by_key: dict[tuple, list[dict]] = defaultdict(list)
+    for run in load_runs():
+        by_key[key(run)].append(run)
+    out = {}
+    for runs in by_key.values():
+        for old in runs:
+            for new in sorted(runs, key=lambda r: _release(r["source"])):  # the latest one names it
+                if _release(new["source"]) > _release(old["source"]) and (
+                    new["measured_output_tokens_per_s"] >= RELEASE_GAP * old["measured_output_tokens_per_s"]
+                ):
+                    out[old["id"]] = new["source"]
+    return out
 
 
 @functools.cache
@@ -231,6 +276,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         predicted=pred.throughput_tokens_per_s,
         concurrency=pred.concurrency,
         tpot_s=pred.tpot_s,
+        superseded_by=superseded().get(run["id"]),
     )
 
 
@@ -430,13 +476,13 @@ def fit_loss(results: list[RunResult]) -> float:
 
 
 def fit_serving_knobs(table: Table, *, without: str | None = None) -> dict[str, ServeKnobs]:
-    """The grid point with the lowest summed `fit_loss` over the rows of every source except
+    """The grid point with the lowest summed `fit_loss` over the held rows of every source except
     `without`: one host cost for every GPU type, and per GPU type the (serve_gemm,
     serve_attention_hbm) pair best at that host cost (ties: the first grid point). Never per run or
     per family."""
     first = next(iter(table.values()))
     gpus = sorted({r.gpu for r in first.values()})
-    ids = {g: [i for i, r in first.items() if r.gpu == g and r.source != without] for g in gpus}
+    ids = {g: [i for i, r in first.items() if r.gpu == g and r.source != without and r.held] for g in gpus}
     ids = {g: v for g, v in ids.items() if v}
     best: tuple[float, dict[str, ServeKnobs]] | None = None
     for host in dict.fromkeys(k[0] for k in table):
@@ -550,7 +596,7 @@ def latency_free(results: list[RunResult], loso: dict[str, float]) -> list[dict]
             "predicted_fit": r.predicted,  # the bundled (all-source) knobs
             "mem_measured_gib": None,
             "mem_predicted_gib": None,
-            "held": True,  # every row here is held to the accuracy target
+            "held": r.held,  # False: superseded by a later release (RELEASE_GAP)
         }
         for r in results
     ]
@@ -640,24 +686,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print("\nOutput tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM);")
         print("predicted: leave-one-source-out (knobs refitted without the row's source); fit: all sources")
+        print(f"rows marked * are not held: a later release measured the same engine {RELEASE_GAP}x or more faster")
         print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'fit err':>8} {'batch':>6} {'TPOT ms':>8}")
         for r, h in zip(results, held_out, strict=True):
+            mark = " " if r.held else "*"
             print(
-                f"{r.id:52} {r.measured:9.0f} {h.predicted:9.0f} {h.error:+8.1%} {r.error:+8.1%} "
+                f"{r.id:51}{mark} {r.measured:9.0f} {h.predicted:9.0f} {h.error:+8.1%} {r.error:+8.1%} "
                 f"{h.concurrency:6d} {h.tpot_s * 1e3:8.1f}"
+                + ("" if r.held else f"  (superseded by {r.superseded_by})")
             )
-    errs = [abs(r.error) for r in held_out]
+    held = [h for h in held_out if h.held]
+    errs = [abs(r.error) for r in held]
     print(
-        f"\n{len(errs)} runs, leave-one-source-out: median |error| {statistics.median(errs):.1%}, "
-        f"max |error| {max(errs):.1%}"
+        f"\n{len(errs)} held runs, leave-one-source-out: median |error| {statistics.median(errs):.1%}, "
+        f"max |error| {max(errs):.1%}; {len(held_out) - len(held)} runs not held (superseded by a later "
+        f"release measuring the same engine >= {RELEASE_GAP}x faster), in the all-rows tables"
     )
     if args.no_fit:
         print("(--no-fit: the 'out of sample' tables below use the bundled, all-source knobs)")
-    _print_table("source (out of sample)", summary(held_out, lambda r: r.source))
-    _print_table("source (in sample: knobs fitted on all sources)", summary(results, lambda r: r.source))
-    _print_table("family (out of sample)", summary(held_out, lambda r: r.family))
-    _print_table("GPU x precision (out of sample)", summary(held_out, lambda r: f"{r.gpu} {r.precision}"))
-    _print_table("source x family (out of sample)", summary(held_out, lambda r: f"{r.source} {r.family}"))
+    _print_table("source (out of sample, held rows)", summary(held, lambda r: r.source))
+    _print_table("source (out of sample, all rows)", summary(held_out, lambda r: r.source))
+    _print_table("source (in sample, held rows)", summary([r for r in results if r.held], lambda r: r.source))
+    _print_table("family (out of sample, held rows)", summary(held, lambda r: r.family))
+    _print_table("GPU x precision (out of sample, held)", summary(held, lambda r: f"{r.gpu} {r.precision}"))
+    _print_table("source x family (out of sample, held)", summary(held, lambda r: f"{r.source} {r.family}"))
     measured, predicted = tp_ordering(results)
     verdict = "matches" if measured == predicted else "DOES NOT match"
     print(
