@@ -412,10 +412,12 @@ def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
     assert seen.gemm == eff.serve_gemm
     assert seen.gemm_fp8 == pytest.approx(eff.gemm_fp8 * eff.serve_gemm / eff.gemm)
     assert seen.hbm == eff.hbm  # weights and element-wise kernels keep the training HBM fraction
-    bare = gpu.model_copy(update={"efficiency": eff.model_copy(update={"serve_gemm": None, "serve_attention_hbm": None})})
+    bare_eff = eff.model_copy(update={"serve_gemm": None, "serve_attention_hbm": None})
+    bare = gpu.model_copy(update={"efficiency": bare_eff})
     assert serving_gpu(bare) is bare
     # decode attention reads the KV cache at serve_attention_hbm: halve it, the HBM-bound part doubles
-    slow = gpu.model_copy(update={"efficiency": eff.model_copy(update={"serve_attention_hbm": eff.serve_attention_hbm / 2})})
+    slow_eff = eff.model_copy(update={"serve_attention_hbm": eff.serve_attention_hbm / 2})
+    slow = gpu.model_copy(update={"efficiency": slow_eff})
     pool_slow = POOL1.model_copy(update={"gpu": slow})
     cfg = ServeConfig(weight_dtype=WeightDtype.FP8, kv_cache_dtype=WeightDtype.FP8)
     a, b = decode(LLAMA8, POOL1, cfg, 256, 4000.0), decode(LLAMA8, pool_slow, cfg, 256, 4000.0)

@@ -212,6 +212,7 @@ def test_rows_a_later_release_measured_much_faster_are_not_held():
     H100 at 1000/1000 (410 tokens/s against 840 in 0.17) is one; the H100 FP16 column has no later
     counterpart and stays held."""
     gone = superseded()
+    SAME_ENGINE = ("model", "cluster", "tp", "pp", "input_len", "output_len")  # noqa: N806
     assert gone["trtllm-v014-llama31-70b-h100-tp1-1000-1000"] == "trtllm-0.17-offline"
     assert "trtllm-v017-llama31-70b-h100-tp1-1000-1000" not in gone
     assert "trtllm-v014-llama31-70b-h100-fp16-tp2-2048-2048" not in gone
@@ -221,9 +222,10 @@ def test_rows_a_later_release_measured_much_faster_are_not_held():
         later = [
             r for r in by_id.values()
             if r["source"] == source
-            and all(r[k] == by_id[old][k] for k in ("model", "cluster", "tp", "pp", "input_len", "output_len"))
+            and all(r[k] == by_id[old][k] for k in SAME_ENGINE)
         ]
-        assert later and later[0]["measured_output_tokens_per_s"] >= 1.25 * by_id[old]["measured_output_tokens_per_s"]
+        faster = later[0]["measured_output_tokens_per_s"] if later else 0.0
+        assert faster >= 1.25 * by_id[old]["measured_output_tokens_per_s"]
     assert {r.id for r in RESULTS if not r.held} == set(gone)
 
 
@@ -235,7 +237,10 @@ def test_the_fit_skips_rows_that_are_not_held():
     }
     table = {
         (5.0, 0.5, 0.5): rows,
-        (5.0, 0.9, 0.9): {"ok": replace(rows["ok"], predicted=120.0), "old": replace(rows["old"], predicted=100.0)},
+        (5.0, 0.9, 0.9): {
+            "ok": replace(rows["ok"], predicted=120.0),
+            "old": replace(rows["old"], predicted=100.0),
+        },
     }
     assert fit_serving_knobs(table) == {"X": (5.0, 0.5, 0.5)}
     counted = {k: {i: replace(r, superseded_by=None) for i, r in v.items()} for k, v in table.items()}

@@ -653,7 +653,8 @@ def print_fit(full: dict[str, ServeKnobs], folds: dict[str, dict[str, ServeKnobs
         "\nServing knobs (host us per request per step; serve_gemm, serve_attention_hbm per GPU type),"
         "\nfitted on the offline rows: bundled, all sources, and refitted without each source"
     )
-    print(f"{'GPU':18} {'bundled':>16} {'all sources':>16} " + " ".join(f"{'w/o ' + s[7:11]:>16}" for s in folds))
+    heads = " ".join(f"{'w/o ' + s[7:11]:>16}" for s in folds)
+    print(f"{'GPU':18} {'bundled':>16} {'all sources':>16} {heads}")
     for gpu in sorted(full):
         cells = [bundled.get(gpu), full[gpu], *(f.get(gpu) for f in folds.values())]
         text = (f"{'-' if c is None else f'{c[0]:.1f}; {c[1]:.2f}, {c[2]:.2f}':>16}" for c in cells)
@@ -669,7 +670,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-residuals", action="store_true", help=f"write {RESIDUALS.name}")
     parser.add_argument("--quiet", action="store_true", help="only the summary tables")
     parser.add_argument(
-        "--no-fit", action="store_true", help="skip the knob fit and leave-one-source-out (~2 min): bundled values only"
+        "--no-fit",
+        action="store_true",
+        help="skip the knob fit and leave-one-source-out (~3 min): bundled values only",
     )
     args = parser.parse_args(argv)
     if args.write_residuals and args.no_fit:
@@ -685,9 +688,15 @@ def main(argv: list[str] | None = None) -> int:
     held_out = [loso[r.id] for r in results]
     if not args.quiet:
         print("\nOutput tokens/s of the instance (TensorRT-LLM measurements; a different engine from vLLM);")
-        print("predicted: leave-one-source-out (knobs refitted without the row's source); fit: all sources")
-        print(f"rows marked * are not held: a later release measured the same engine {RELEASE_GAP}x or more faster")
-        print(f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'fit err':>8} {'batch':>6} {'TPOT ms':>8}")
+        if args.no_fit:
+            print("predicted and fit: the bundled knobs (--no-fit: no leave-one-source-out refit)")
+        else:
+            print("predicted: leave-one-source-out (knobs refitted without the row's source); fit: all sources")
+        print(f"rows marked * are not held: a later release measured the same engine {RELEASE_GAP}x+ faster")
+        print(
+            f"{'run':52} {'measured':>9} {'predicted':>9} {'error':>8} {'fit err':>8} "
+            f"{'batch':>6} {'TPOT ms':>8}"
+        )
         for r, h in zip(results, held_out, strict=True):
             mark = " " if r.held else "*"
             print(
@@ -698,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     held = [h for h in held_out if h.held]
     errs = [abs(r.error) for r in held]
     print(
-        f"\n{len(errs)} held runs, leave-one-source-out: median |error| {statistics.median(errs):.1%}, "
+        f"\n{len(errs)} held runs, {'bundled knobs' if args.no_fit else 'leave-one-source-out'}: "
+        f"median |error| {statistics.median(errs):.1%}, "
         f"max |error| {max(errs):.1%}; {len(held_out) - len(held)} runs not held (superseded by a later "
         f"release measuring the same engine >= {RELEASE_GAP}x faster), in the all-rows tables"
     )
