@@ -448,6 +448,7 @@ class ServePlan:
                     "attention": step.attention_s,
                     "elementwise": step.elementwise_s,
                     "logits": step.logits_s,
+                    "host": step.host_s,
                 },
                 "memory_gib": {
                     "peak": mem.used_bytes / GIB,

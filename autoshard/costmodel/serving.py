@@ -26,12 +26,15 @@ Facts modelled (sources in the docstrings below):
 - Continuous batching with chunked prefill: each step carries the decode tokens of the running requests
   plus, on average, `batch * input_len / output_len` prefill tokens (every finished request is replaced).
   With PP, vLLM keeps PP micro-batches in flight, so a token advances once every PP stage ticks.
+- Every step also pays the engine's serial host work per request in it (scheduling, stop checks,
+  responses: ServeConfig.host_us_per_seq, fitted on the published offline runs).
 
 Pure functions of the specs: no I/O, no solver.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -130,6 +133,7 @@ __all__ = [
     "LatencyQuantiles",
     "expected_max_prefill_tokens",
     "prefill_attention_s",
+    "serving_gpu",
 ]
 
 # --------------------------------------------------------------------------- step time
@@ -146,6 +150,8 @@ class StepTime:
     tp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
     pp_comm_s: float = 0.0
+    host_s: float = 0.0
+    """Serial host (CPU) work of the engine's steps (ServeConfig.host_us_per_seq per request)."""
 
     @property
     def compute_s(self) -> float:
@@ -153,7 +159,7 @@ class StepTime:
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s
+        return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s + self.host_s
 
     def __add__(self, other: StepTime) -> StepTime:
         return StepTime(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
@@ -170,7 +176,21 @@ class StepTime:
             self.tp_comm_s,
             self.ep_comm_s,
             self.pp_comm_s,
+            self.host_s,
         )
+
+
+@functools.lru_cache(maxsize=64)
+def serving_gpu(gpu: GpuSpec) -> GpuSpec:
+    """The GPU as an inference engine's GEMMs see it: the efficiency field `serve_gemm` (fitted per
+    GPU type on published serving runs) in place of the training-fitted `gemm`, FP8 GEMMs at the
+    training ratio gemm_fp8 / gemm. A GPU type without it keeps its training values (no serving run
+    of it to learn from)."""
+    eff = gpu.efficiency
+    if eff.serve_gemm is None:
+        return gpu
+    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, eff.gemm_fp8 * eff.serve_gemm / eff.gemm)}
+    return gpu.model_copy(update={"efficiency": eff.model_copy(update=update)})
 
 
 def _weight_only_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
@@ -329,7 +349,8 @@ def _decode_attention_s(
     model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float
 ) -> float:
     """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
-    tokens (HBM-bound), or the score/value math if larger. MLA decodes in the absorbed latent form."""
+    tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
+    larger. MLA decodes in the absorbed latent form."""
     if seqs <= 0:
         return 0.0
     kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
@@ -340,7 +361,8 @@ def _decode_attention_s(
         qk, v = attention_dims(model)
         dims = qk + v
     eff = gpu.efficiency
-    mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    hbm = eff.serve_attention_hbm if eff.serve_attention_hbm is not None else eff.hbm
+    mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
     math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
 
@@ -392,7 +414,7 @@ def _layer_time(
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
     `expert_tokens` (default `tokens`): the DP rank's mean tokens the MoE layer routes when `tokens`
     is the busiest attention-DP rank's load."""
-    gpu = pool.gpu
+    gpu = serving_gpu(pool.gpu)
     rows = _rows(tokens)
     gemms = attention_gemms(model, rows, cfg.tp)
     if kind is LayerKind.DENSE:
@@ -438,7 +460,7 @@ def _edge_time(
     logit_rows: float,
 ) -> StepTime:
     """Embedding lookup on the first stage; output projection, logit gather and sampling on the last."""
-    gpu = pool.gpu
+    gpu = serving_gpu(pool.gpu)
     bw = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
     ew = 0.0
     logits = tp = 0.0
@@ -509,7 +531,7 @@ def step_time(
     if cfg.pp > 1:
         hop = collective_time_s(Collective.P2P, tokens * model.hidden_size * BF16, 2, links[2])
         worst = replace(worst, pp_comm_s=hop)
-    return worst
+    return replace(worst, host_s=cfg.host_us_per_seq * 1e-6 * (decode_seqs + prefills))
 
 
 def _decoder_kinds(model: ModelSpec) -> list[LayerKind]:
@@ -547,7 +569,7 @@ def prefill_time(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, prompt_l
     if cfg.pp > 1:
         hop = collective_time_s(Collective.P2P, chunk * model.hidden_size * BF16, 2, links[2])
         total = replace(total, pp_comm_s=(cfg.pp - 1) * chunks * hop)
-    return total
+    return replace(total, host_s=cfg.host_us_per_seq * 1e-6 * chunks)
 
 
 # --------------------------------------------------------------------------- prediction

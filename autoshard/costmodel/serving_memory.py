@@ -63,6 +63,15 @@ SAMPLER_FP32_COPIES = 3
 """Sampler tensors of [rows, vocab] in FP32 (logits, probabilities, log-probabilities)."""
 
 
+HOST_US_PER_SEQ = 5.0
+"""Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
+scheduling, stop-criteria checks, updating each request's response (what TensorRT-LLM's later
+"overlap scheduler" hides: nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html; the
+0.14-0.17 engines in tests/validation/serving_runs.yaml run it serially). Fitted, with the serving
+GPU efficiencies, on the published offline runs by tests/validation/validate_serving.py (a grid of
+0 / 2.5 / 5 / 7.5 / 10, leave-one-source-out there)."""
+
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -91,6 +100,9 @@ class ServeConfig:
     custom_all_reduce: bool = True
     """The engine's custom all-reduce for small TP messages on NVLink (False: vLLM
     --disable-custom-all-reduce, NCCL only)."""
+    host_us_per_seq: float = HOST_US_PER_SEQ
+    """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
+    with the GPU work)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):
@@ -105,6 +117,8 @@ class ServeConfig:
             )
         if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8")
+        if not self.host_us_per_seq >= 0:
+            raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 
     @property
     def ep(self) -> int:

@@ -72,7 +72,9 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     step = p.decode
     t = compact_table("Decode step (one TPOT)")
     add_columns(t, "component|ms:r")
-    for name in ("gemm_s", "attention_s", "elementwise_s", "logits_s", "tp_comm_s", "ep_comm_s", "pp_comm_s"):
+    names = ("gemm_s", "attention_s", "elementwise_s", "logits_s")
+    names += ("tp_comm_s", "ep_comm_s", "pp_comm_s", "host_s")
+    for name in names:
         value = getattr(step, name, 0.0)
         if value:
             t.add_row(name.removesuffix("_s").replace("_", " "), f"{1e3 * value:.2f}")

@@ -103,6 +103,16 @@ class EfficiencySpec(FrozenSpec):
     Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;
     the train_* overrides on all 41 held H100 runs)."""
 
+    serve_gemm: Fraction | None = None
+    """Serving only (autoshard/costmodel/serving.py): fraction of dense BF16 peak an inference
+    engine's GEMMs reach at serving shapes (decode batches, grouped MoE GEMMs); its FP8 GEMMs keep the
+    ratio gemm_fp8 / gemm. None: the training `gemm`. Fitted per GPU type on published serving runs
+    by tests/validation/validate_serving.py (leave-one-source-out there)."""
+    serve_attention_hbm: Fraction | None = None
+    """Serving only: fraction of HBM bandwidth the engine's paged decode-attention kernel reaches
+    reading the KV cache (block tables, scattered pages, the FP8 dequantize). None: `hbm`. Fitted with
+    serve_gemm."""
+
     def training(self) -> EfficiencySpec:
         """These efficiencies as the training step uses them: each train_* override that is set
         replaces its shared knob (and the overrides are cleared)."""

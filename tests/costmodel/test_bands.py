@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -570,4 +571,8 @@ def test_shipped_central_probability_is_the_scan_choice(shipped_rows, capsys) ->
     import make_bands
 
     assert make_bands.choose_coverage(shipped_rows) == COVERAGE
-    assert "P = 0.925 train : leave-one-source-out coverage 80% (76 runs)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for mode, p in COVERAGE.items():  # the shipped P reaches the target; the step below it does not
+        cov = {float(m[1]): int(m[2]) for m in re.finditer(rf"P = ([0-9.]+) {mode}\s*: leave-one-source-out coverage (\d+)%", out)}
+        assert cov[p] >= 80, (mode, cov)
+        assert p == min(cov) or cov[round(p - 0.025, 3)] < 80, (mode, cov)

@@ -379,3 +379,48 @@ def test_prefill_attention_elsewhere_uses_the_gpu_attention_efficiency():
     flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * 256 * 0.5
     expected = flops / (a100.bf16_tflops * 1e12 * a100.efficiency.attention)
     assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- host work and serving knobs
+
+
+def test_host_work_is_per_request_per_step():
+    """ServeConfig.host_us_per_seq x (decode requests + prompts in the step), serial with the GPU work;
+    0 removes it and nothing else changes."""
+    cfg = ServeConfig(tp=8, weight_dtype=WeightDtype.FP8, host_us_per_seq=5.0)
+    off = ServeConfig(tp=8, weight_dtype=WeightDtype.FP8, host_us_per_seq=0.0)
+    kw = dict(decode_seqs=512, prefill_tokens=2048, prefills=2.0, prefill_len=1024, context_len=1500.0)
+    on_t, off_t = step_time(LLAMA70, POOL8, cfg, **kw), step_time(LLAMA70, POOL8, off, **kw)
+    assert on_t.host_s == pytest.approx(5e-6 * (512 + 2))
+    assert off_t.host_s == 0
+    assert on_t.total_s - off_t.total_s == pytest.approx(on_t.host_s)
+    assert on_t.compute_s == off_t.compute_s
+    assert prefill_time(LLAMA70, POOL8, cfg, prompt_len=20000).host_s == pytest.approx(5e-6 * 3)  # 3 chunks
+    with pytest.raises(ValueError, match="host_us_per_seq"):
+        ServeConfig(host_us_per_seq=-1.0)
+
+
+def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
+    """serve_gemm replaces the GEMM efficiency (FP8 at the training FP8/BF16 ratio), serve_attention_hbm
+    the HBM fraction of paged decode attention; a GPU without them keeps its training values."""
+    from autoshard.costmodel.serving import serving_gpu
+
+    gpu = POOL1.gpu
+    eff = gpu.efficiency
+    assert eff.serve_gemm is not None and eff.serve_attention_hbm is not None
+    seen = serving_gpu(gpu).efficiency
+    assert seen.gemm == eff.serve_gemm
+    assert seen.gemm_fp8 == pytest.approx(eff.gemm_fp8 * eff.serve_gemm / eff.gemm)
+    assert seen.hbm == eff.hbm  # weights and element-wise kernels keep the training HBM fraction
+    bare_eff = eff.model_copy(update={"serve_gemm": None, "serve_attention_hbm": None})
+    bare = gpu.model_copy(update={"efficiency": bare_eff})
+    assert serving_gpu(bare) is bare
+    # decode attention reads the KV cache at serve_attention_hbm: halve it, the HBM-bound part doubles
+    slow_eff = eff.model_copy(update={"serve_attention_hbm": eff.serve_attention_hbm / 2})
+    slow = gpu.model_copy(update={"efficiency": slow_eff})
+    pool_slow = POOL1.model_copy(update={"gpu": slow})
+    cfg = ServeConfig(weight_dtype=WeightDtype.FP8, kv_cache_dtype=WeightDtype.FP8)
+    a, b = decode(LLAMA8, POOL1, cfg, 256, 4000.0), decode(LLAMA8, pool_slow, cfg, 256, 4000.0)
+    overhead = 32 * eff.kernel_overhead_us * 1e-6
+    assert b.attention_s - overhead == pytest.approx(2 * (a.attention_s - overhead), rel=1e-9)
+    assert b.gemm_s == a.gemm_s

@@ -1,16 +1,28 @@
 """The serving cost model against published inference runs (TensorRT-LLM numbers, a different engine
-from vLLM; see validate_serving.py). Nothing is fitted on these rows, so every error is out of sample.
+from vLLM; see validate_serving.py). Two knobs per GPU type (serve_gemm, serve_attention_hbm) are
+fitted on the offline rows; the offline thresholds here hold the bundled (all-source) fit, the
+leave-one-source-out figures come from the script (too slow for the suite: ~2 min) and land in
+residuals_serve.json. The online and burst sources are never fitted on: out of sample here too.
 The thresholds are the levels the model reaches today (regression guards), not the issue's targets
 (8 % median per source, 20 % worst run), which the README reports against."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from dataclasses import replace
 
 import pytest
 from validate_serving import (
+    HOST_US_GRID,
     RESIDUALS,
+    SERVE_ATTENTION_HBM_GRID,
+    SERVE_GEMM_GRID,
+    RunResult,
+    bundled_knobs,
+    fit_loss,
+    fit_serving_knobs,
     evaluate_burst,
     evaluate_online,
     evaluate_runs,
@@ -19,6 +31,7 @@ from validate_serving import (
     load_data,
     load_runs,
     loso_predictions,
+    superseded,
     residuals,
     summary,
     tp_ordering,
@@ -67,11 +80,12 @@ def test_published_row_copied_exactly():
 
 @pytest.mark.parametrize(
     ("source", "median_max"),
-    [("trtllm-0.17-offline", 0.13), ("trtllm-0.15-offline", 0.10), ("trtllm-0.14-offline", 0.16)],
+    [("trtllm-0.17-offline", 0.07), ("trtllm-0.15-offline", 0.07), ("trtllm-0.14-offline", 0.10)],
 )
 def test_errors_per_source_hold(source, median_max):
-    """Out of sample (nothing is fitted on serving runs): median |error| per source."""
-    n, med, _, _ = summary(RESULTS, lambda r: r.source)[source]
+    """With the bundled (all-source) knobs: median |error| per source (the script prints the
+    leave-one-source-out figures, held rows: 9.1 / 5.8 / 5.9 % for 0.14 / 0.15 / 0.17)."""
+    n, med, _, _ = summary([r for r in RESULTS if r.held], lambda r: r.source)[source]
     assert n >= 80 and med <= median_max
 
 
@@ -122,9 +136,57 @@ def test_trtllm_engine_settings_round_like_the_tool():
     assert bs == 64 and tokens == 2048
 
 
-def test_leave_one_source_out_equals_fit_because_nothing_is_fitted():
-    loso = loso_predictions(RESULTS)
-    assert all(loso[r.id] == r.predicted for r in RESULTS)
+def _fake(source: str, gpu: str, measured: float, predicted: float, rid: str) -> RunResult:
+    return RunResult(
+        id=rid, source=source, model="m", family="dense", gpu=gpu, precision="fp8", tp=1, input_len=1,
+        output_len=1, measured=measured, predicted=predicted, concurrency=1, tpot_s=1.0,
+    )
+
+
+def test_fit_picks_the_lowest_log_error_per_gpu_and_refits_without_each_source():
+    """Two grid points at one host cost; GPU "X" has a row of source A that point (5, 0.5, 0.5)
+    predicts exactly and two rows of source B that (5, 0.9, 0.9) predicts exactly. All sources: B's
+    two rows win. Without B, A's row decides; A's row is then predicted with the knobs fitted on B
+    alone (held out), not with its own."""
+    rows = [("a1", "A", 100.0), ("b1", "B", 100.0), ("b2", "B", 100.0)]
+    lo, hi = (5.0, 0.5, 0.5), (5.0, 0.9, 0.9)
+    table = {
+        lo: {i: _fake(s, "X", m, {"A": 100.0, "B": 150.0}[s], i) for i, s, m in rows},
+        hi: {i: _fake(s, "X", m, {"A": 130.0, "B": 100.0}[s], i) for i, s, m in rows},
+    }
+    assert fit_serving_knobs(table) == {"X": hi}
+    assert fit_serving_knobs(table, without="B") == {"X": lo}
+    assert fit_serving_knobs(table, without="A") == {"X": hi}
+    loso, folds = loso_predictions(table)
+    assert folds == {"A": {"X": hi}, "B": {"X": lo}}
+    assert loso["a1"].predicted == 130.0  # held out: B's knobs, 30 % off
+    assert loso["b1"].predicted == loso["b2"].predicted == 150.0  # held out: A's knobs, 50 % off
+    assert fit_loss([table[lo]["b1"]]) == pytest.approx(math.log(1.5))
+
+
+def test_the_host_cost_is_one_value_for_every_gpu_type():
+    """GPU "X" alone would pick host 0, GPU "Y" (three rows) host 5: the fit takes the host cost with
+    the lowest summed loss (5: Y's three exact rows beat X's one) for both, and X's best pair there."""
+    table = {
+        (0.0, 0.5, 0.5): {"x": _fake("A", "X", 100.0, 100.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 120.0, f"y{k}") for k in range(3)},
+        (5.0, 0.5, 0.5): {"x": _fake("A", "X", 100.0, 125.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 100.0, f"y{k}") for k in range(3)},
+        (5.0, 0.9, 0.9): {"x": _fake("A", "X", 100.0, 110.0, "x")}
+        | {f"y{k}": _fake("A", "Y", 100.0, 101.0, f"y{k}") for k in range(3)},
+    }
+    assert fit_serving_knobs(table) == {"X": (5.0, 0.9, 0.9), "Y": (5.0, 0.5, 0.5)}
+
+
+def test_bundled_serving_knobs_lie_on_the_fit_grid():
+    """Every GPU type with offline rows carries serve_gemm and serve_attention_hbm in its cluster files,
+    values on the fit grid, and the host cost is on its grid (validate_serving.py prints whether they
+    are the all-source fit)."""
+    knobs = bundled_knobs()
+    assert set(knobs) == {r.gpu for r in RESULTS}
+    for host, gemm, attention_hbm in knobs.values():
+        assert host in HOST_US_GRID
+        assert gemm in SERVE_GEMM_GRID and attention_hbm in SERVE_ATTENTION_HBM_GRID
 
 
 def test_residuals_rows_have_the_bands_interface():
@@ -139,8 +201,50 @@ def test_residuals_rows_have_the_bands_interface():
     for row in rows:
         assert set(row) == keys and row["mode"] == "serve" and row["family"] in ("dense", "moe")
         assert row["precision"] in ("fp8", "bf16") and row["measured"] > 0 and row["predicted_loso"] > 0
-        assert row["held"] is True  # held to the accuracy target (the bands count it)
+        # held to the accuracy target (the bands count it) unless a later release superseded the row
+        assert row["held"] is (row["id"] not in superseded())
     assert {r["family"] for r in rows} == {"dense", "moe"}
+
+
+def test_rows_a_later_release_measured_much_faster_are_not_held():
+    """Same engine (model, GPU, dtypes, TP x PP, ISL/OSL) measured >= 1.25x faster by a later release:
+    the older row is printed but not held, and the fit never sees it. The 0.14 rows of Llama 70B on one
+    H100 at 1000/1000 (410 tokens/s against 840 in 0.17) is one; the H100 FP16 column has no later
+    counterpart and stays held."""
+    gone = superseded()
+    SAME_ENGINE = ("model", "cluster", "tp", "pp", "input_len", "output_len")  # noqa: N806
+    assert gone["trtllm-v014-llama31-70b-h100-tp1-1000-1000"] == "trtllm-0.17-offline"
+    assert "trtllm-v017-llama31-70b-h100-tp1-1000-1000" not in gone
+    assert "trtllm-v014-llama31-70b-h100-fp16-tp2-2048-2048" not in gone
+    assert all(i.startswith("trtllm-v014") for i in gone) and 15 <= len(gone) <= 30
+    by_id = {r["id"]: r for r in load_runs()}
+    for old, source in gone.items():
+        later = [
+            r for r in by_id.values()
+            if r["source"] == source
+            and all(r[k] == by_id[old][k] for k in SAME_ENGINE)
+        ]
+        faster = later[0]["measured_output_tokens_per_s"] if later else 0.0
+        assert faster >= 1.25 * by_id[old]["measured_output_tokens_per_s"]
+    assert {r.id for r in RESULTS if not r.held} == set(gone)
+
+
+def test_the_fit_skips_rows_that_are_not_held():
+    """A superseded row cannot move the knobs: it alone would pick the other grid point."""
+    rows = {
+        "ok": _fake("A", "X", 100.0, 100.0, "ok"),
+        "old": replace(_fake("A", "X", 100.0, 300.0, "old"), superseded_by="B"),
+    }
+    table = {
+        (5.0, 0.5, 0.5): rows,
+        (5.0, 0.9, 0.9): {
+            "ok": replace(rows["ok"], predicted=120.0),
+            "old": replace(rows["old"], predicted=100.0),
+        },
+    }
+    assert fit_serving_knobs(table) == {"X": (5.0, 0.5, 0.5)}
+    counted = {k: {i: replace(r, superseded_by=None) for i, r in v.items()} for k, v in table.items()}
+    assert fit_serving_knobs(counted) == {"X": (5.0, 0.9, 0.9)}
 
 
 def test_committed_residuals_file_is_current():
@@ -149,7 +253,9 @@ def test_committed_residuals_file_is_current():
     fresh = residuals(RESULTS, ONLINE + BURST)
     assert [r["id"] for r in committed] == [r["id"] for r in fresh]
     for old, new in zip(committed, fresh, strict=True):
-        assert old["predicted_loso"] == pytest.approx(new["predicted_loso"], rel=1e-6), old["id"]
+        assert old["predicted_fit"] == pytest.approx(new["predicted_fit"], rel=1e-6), old["id"]
+    # the held-out predictions come from refitted knobs: on some rows they differ from the fit
+    assert sum(r["predicted_loso"] != r["predicted_fit"] for r in committed) >= 100
 
 
 def test_online_rows_are_the_ones_the_engine_absorbed():
@@ -162,12 +268,12 @@ def test_online_rows_are_the_ones_the_engine_absorbed():
     assert "trtllm-v014-online-llama31-70b-h100-tp4-467-256-qps32" not in ids
 
 
-@pytest.mark.parametrize(("metric", "median_max"), [("ttft_mean_s", 0.12), ("itl_mean_s", 0.16)])
+@pytest.mark.parametrize(("metric", "median_max"), [("ttft_mean_s", 0.13), ("itl_mean_s", 0.17)])
 def test_latency_at_a_request_rate(metric, median_max):
     """Mean TTFT and mean ITL of TensorRT-LLM 0.14 behind Triton at 2-32 QPS (out of sample)."""
     errs = [r.error for r in ONLINE if r.metric == metric]
     assert statistics.median(abs(e) for e in errs) <= median_max
-    assert max(abs(e) for e in errs) <= 0.40
+    assert max(abs(e) for e in errs) <= 0.45
     assert all(r.utilization < 1 for r in ONLINE)
 
 
@@ -194,9 +300,9 @@ def test_burst_rows_cover_vllm_moe_and_mla():
 
 
 def test_burst_throughput_and_latency():
-    """Out of sample: total tokens/s median within 16 %, every checked row within 50 % (the worst:
+    """Out of sample: total tokens/s median within 16 %, every checked row within 55 % (the worst:
     DeepSeek-R1 on H200 at 2K/4K prompts, predicted too fast)."""
     for metric, median_max in (("total_tokens_per_s", 0.16), ("ttft_mean_s", 0.15), ("tpot_mean_s", 0.25)):
         errs = [abs(r.error) for r in BURST if r.metric == metric]
         assert statistics.median(errs) <= median_max, metric
-        assert max(errs) <= 0.50, metric
+        assert max(errs) <= 0.55, metric
