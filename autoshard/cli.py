@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from functools import wraps
@@ -132,13 +133,14 @@ def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_laye
                 sequence_parallel=sp, recompute_num_layers=recompute_num_layers)
 
 
-def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None):
+def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None,
+                    started_at: float | None = None):
     from autoshard.search.run import SolverOptions
     from autoshard.search.space import SpaceOptions
 
     zeros = (0, 1, 2, 3) if zero_stage is not None else (0, 1)
     return SolverOptions(top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed, log=verbose,
-                         space=SpaceOptions(zero_stages=zeros))
+                         space=SpaceOptions(zero_stages=zeros), started_at=started_at)
 
 
 def _write_emit(plan, emit: Target | None, output: Path | None) -> None:
@@ -196,10 +198,11 @@ def solve(
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help="Serve: bf16 or fp8 KV cache.")] = None,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
+    started = time.monotonic()  # --time-limit covers the whole command, loading and checks included
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
-                     request_rate, weight_dtype, kv_cache_dtype, emit, output)
+                     request_rate, weight_dtype, kv_cache_dtype, emit, output, started_at=started)
         return
     if target not in (None, Target.MEGATRON):
         raise SpecError(f"--target {target.value} is a serving launcher: add --mode serve", source="--target")
@@ -215,7 +218,7 @@ def solve(
     model_spec, cluster_spec = _load(model, cluster, gpus)
     job = train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage)
-    options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage),
+    options = dataclasses.replace(_solver_options(top, time_limit, workers, seed, verbose, zero_stage, started),
                                   memory_fraction=memory_fraction)
     plans = api_solve(model_spec, cluster_spec, job, pins=pins, options=options)
     best = plans[0]
@@ -385,7 +388,8 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
 
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
-                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output) -> None:
+                 output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
+                 started_at: float | None = None) -> None:
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
     from autoshard.serve_api import serve_job_for
@@ -396,7 +400,7 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     job = serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype,
                         kv_cache_dtype)
     plans = solve_serve(model_spec, cluster_spec, job, pins={k: v for k, v in pins.items() if v is not None},
-                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed)
+                        top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed, started_at=started_at)
     best = plans[0]
     if json_out:
         _print_plans_json(plans)

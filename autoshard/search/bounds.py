@@ -23,7 +23,8 @@ from autoshard.units import US_PER_S
 __all__ = [
     "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
     "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "hetero_capacity_at",
-    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work",
+    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work", "LayerClasses", "layer_classes",
+    "MixedCapacity", "mixed_tmax_lower_bound",
 ]
 
 
@@ -277,23 +278,175 @@ def tmax_lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -
     return _threshold(lo, hi, n_dec, lambda t: _least(_rank_capacity(rr, t - fixed, d, x, n_dec), least))
 
 
+_MAX_MINOR = 64
+"""Largest count of minority decoder layers the count-aware bound handles (its DP is quadratic in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerClasses:
+    """Decoder layers split into the most numerous kind (major) and all others (minor), with the
+    cheapest (time us, state MiB, activation MiB) of each class, read from the tables' per-layer
+    differences (so they are exactly what the solver counts), optimistic over `pools`."""
+
+    major: tuple[int, int, int]
+    minor: tuple[int, int, int]
+    n_major: int
+    n_minor: int
+
+
+def layer_classes(tab: CandidateTables, pool: int | None = None) -> LayerClasses:
+    pools = tab.pools if pool is None else (tab.pools[pool],)
+    is_dec = np.diff(tab.decoders) > 0
+    units = []
+    for p in pools:
+        units.append(np.stack([np.diff(p.time_us), np.diff(p.state_mib), np.diff(p.act_mib)], axis=1)[is_dec])
+    # a layer's kind is its signature on the first pool (identical layers give identical integers)
+    sig = [tuple(row) for row in units[0]]
+    counts: dict[tuple, int] = {}
+    for key in sig:
+        counts[key] = counts.get(key, 0) + 1
+    major_key = max(counts, key=lambda k: (counts[k], k))
+    is_major = np.array([key == major_key for key in sig])
+    stacked = np.stack(units)  # (pools, layers, 3)
+    major = tuple(int(v) for v in stacked[:, is_major, :].min(axis=(0, 1)))
+    if is_major.all():
+        minor = major
+    else:
+        minor = tuple(int(v) for v in stacked[:, ~is_major, :].min(axis=(0, 1)))
+    return LayerClasses(major=major, minor=minor, n_major=int(is_major.sum()), n_minor=int((~is_major).sum()))
+
+
+class MixedCapacity:
+    """Count-aware capacities for models whose decoder layers differ (dense-first MoE, hybrids).
+
+    A rank holding j minority layers and n majority layers needs their real time and memory (each
+    class at its own cheapest cost, not the cheapest layer of the model), and may fully recompute up
+    to n + j of them (continuous relaxation). The ranks must share the minority layers exactly, so the
+    largest number of majority layers they can absorb at slowest-rank time T is a max-plus DP over
+    ranks of cap_r(T, j); T is feasible when that reaches the majority count. Valid for any layout:
+    capacities are over-estimates, so the threshold under-estimates the slowest rank."""
+
+    def __init__(self, tab: CandidateTables, pool: int | None = None) -> None:
+        self.cls = layer_classes(tab, pool)
+        self.rr = rank_room(tab, pool)
+        d, x, fixed, least = rank_work(tab, pool)
+        self.x, self.fixed, self.least = x, fixed, least
+        vpp = tab.config.dims.vpp
+        chunks = np.asarray(tab.in_flight_chunks, dtype=np.float64)
+        self.d_major = max(1, self.cls.major[0])
+        self.d_minor = max(0, self.cls.minor[0])
+        self.pl_major = vpp * self.cls.major[1] + chunks * self.cls.major[2]
+        self.pl_minor = vpp * self.cls.minor[1] + chunks * self.cls.minor[2]
+        self.n_dec = int(tab.decoders[-1])
+
+    def _caps(self, ts: np.ndarray) -> np.ndarray:
+        """(G, pp, D+1): majority layers rank r can add to j minority layers within time ts[g];
+        -inf where even the j minority layers (or the rank's fewest layers) do not fit."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor  # (G, pp, D+1)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None])
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        d = float(self.d_major)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n1 = np.minimum(room / pl, budget / d)
+            w = rr.saving[None, :, None]
+            if np.any(rr.saving > 0):
+                W = float(rr.working)
+                x = float(max(self.x, 0))
+                by_mem = np.where(pl > w, (room - W + js * w) / np.maximum(pl - w, 1e-9), np.inf)
+                if x > 0:
+                    by_time = (budget * w + x * (room - W)) / (pl * x + d * w)
+                else:
+                    by_time = np.full_like(budget, np.inf)
+                n2 = np.minimum(np.minimum(by_mem, by_time), budget / d)
+                n2 = np.where(w > 0, n2, -np.inf)
+                cap = np.maximum(n1, n2)
+            else:
+                cap = n1
+        cap = np.floor(cap + 1e-9)
+        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None])
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
+
+    def absorbed(self, ts: np.ndarray) -> np.ndarray:
+        """Most majority layers the ranks can absorb at each time in ts while holding every minority layer."""
+        caps = self._caps(np.asarray(ts, dtype=np.float64))
+        g, pp, width = caps.shape
+        best = caps[:, 0, :]
+        for r in range(1, pp):
+            nxt = np.full((g, width), -np.inf)
+            for j in range(width):
+                shifted = np.full((g, width), -np.inf)
+                shifted[:, j:] = best[:, : width - j]
+                nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
+            best = nxt
+        return best[:, -1]
+
+    def threshold(self, lo: int, probe: int | None = None) -> int | None:
+        """Smallest integer T >= lo at which the ranks can absorb every decoder layer (None: never).
+        With `probe`, a T the caller only cares to beat: when even it is infeasible, probe + 1 (a
+        valid lower bound) comes back after one evaluation."""
+        span = (max(self.d_major, self.d_minor) + max(self.x, 0)) * self.n_dec + 1
+        hi = int(self.fixed.max()) + span
+        if probe is not None and lo <= probe < hi:
+            if self.absorbed(np.array([float(probe)]))[0] < self.cls.n_major:
+                return probe + 1
+            hi = probe
+        elif self.absorbed(np.array([hi]))[0] < self.cls.n_major:
+            return None
+        lo = min(int(lo), hi)
+        while hi - lo > 0:
+            grid = np.unique(np.linspace(lo, hi, 33).astype(np.int64))
+            good = self.absorbed(grid.astype(np.float64)) >= self.cls.n_major
+            first = int(np.argmax(good))  # good[-1] is True: hi is feasible
+            if first == 0:
+                return int(grid[0])
+            lo, hi = int(grid[first - 1]) + 1, int(grid[first])
+        return lo
+
+
+def mixed_tmax_lower_bound(tab: CandidateTables, pool: int | None = None, probe: int | None = None) -> int | None | bool:
+    """Count-aware slowest-rank bound when the decoder layers differ; True when it does not apply
+    (identical decoder layers, or too many minority layers), None when no layout fits in memory.
+    `probe`: see `MixedCapacity.threshold`."""
+    cls = layer_classes(tab, pool)
+    if cls.n_minor == 0 or cls.n_minor > _MAX_MINOR:
+        return True
+    cap = MixedCapacity(tab, pool)
+    return cap.threshold(int(cap.fixed.max()), probe)
+
+
 def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
-           pool_gpus: Sequence[int] | None = None) -> tuple[int, int] | None:
+           pool_gpus: Sequence[int] | None = None, cutoff: int | None = None) -> tuple[int, int] | None:
     """(lower bound on the objective, lower bound on the slowest rank's time) over every layout;
     None when no layout fits in memory. With two pools and their GPU counts, the bound accounts for
-    how many ranks the faster pool can host."""
-    if len(tab.pools) == 2 and pool_gpus is not None:
-        slowest = hetero_tmax_lower_bound(tab, pool_gpus)
-    else:
-        slowest = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
-    if slowest is None:
-        return None
+    how many ranks the faster pool can host. With `cutoff`, a first (valid, weaker) bound above it
+    is returned at once: the candidate cannot beat the plan that set the cutoff anyway."""
     cfg = tab.config
     pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
     fastest = min(tab.pools, key=lambda p: int(p.time_us[-1]))
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
-    tmax = max(-(-total // pp), slowest)
+    # decoder layers that differ: each class at its own cost, the minority shared out exactly
+    # (first: it is also the sharpest memory check)
+    probe = None
+    if cutoff is not None and m * vpp > 1:
+        probe = (cutoff // max(1, tab.scale // vpp) - total) // (m * vpp - 1)  # beyond it the bound passes the cutoff
+    mixed = mixed_tmax_lower_bound(tab, probe=probe)
+    if mixed is None:
+        return None
+    slowest = -(-total // pp) if mixed is True else max(-(-total // pp), mixed)
+    if cutoff is not None:
+        first = (tab.scale // vpp) * ((m * vpp - 1) * slowest + total)
+        if first > cutoff:
+            return first, slowest
+    if len(tab.pools) == 2 and pool_gpus is not None:
+        found = hetero_tmax_lower_bound(tab, pool_gpus)
+    else:
+        found = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
+    if found is None:
+        return None
+    tmax = max(slowest, found)
     # the slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r - window_r) + opt_r,
     # and at least what the first rank (embedding + its fewest decoder layers) and the last rank (output
     # + its fewest) must exchange and update
@@ -399,14 +552,17 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
 
 def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
     """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
-    total work evenly and the exposed tail is zero."""
+    work of the most numerous decoder kind evenly (the other layers counted as free) and the exposed
+    tail is zero. One `layer_cost` per pool, so the whole space can be bounded before any table."""
     dims = cfg.dims
     pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
     counts: dict[LayerKind, int] = {}
     for kind in model.layer_kinds:
-        counts[kind] = counts.get(kind, 0) + 1
+        if kind in (LayerKind.DENSE, LayerKind.MOE):
+            counts[kind] = counts.get(kind, 0) + 1
+    major = max(counts, key=lambda k: (counts[k], k.value)) if counts else None
     per_pool = [
-        sum(round(layer_cost(model, k, pool, cfg, cfg.recompute).time_s * US_PER_S) * n for k, n in counts.items())
+        round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * counts[major] if major else 0
         for pool in cluster.pools
     ]
     total = min(per_pool)

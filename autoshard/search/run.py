@@ -4,7 +4,6 @@ decode, re-check in floats, and return the best plans with their certificate."""
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ from autoshard.errors import InfeasibleError, SolverError
 from autoshard.plan import Plan, SolverStats
 from autoshard.search.bounds import bounds, quick_lower_bound
 from autoshard.search.build import BuiltModel, build_model
+from autoshard.search.deadline import Deadline
 from autoshard.search.incumbents import hetero_incumbent, incumbent
 from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import CandidateTables, Layout, build_tables, even_layout
@@ -42,6 +42,9 @@ class SolverOptions:
     its HBM: below 1 keeps headroom for what no model predicts."""
     log: bool = False
     space: SpaceOptions = SpaceOptions()
+    started_at: float | None = None
+    """`time.monotonic()` when the command started: the time limit counts from there (None: from the
+    call to `solve_train`)."""
 
 
 @dataclass(slots=True)
@@ -61,6 +64,12 @@ class Prepared:
     min_memory_gib: float | None = None
     capacity_gib: float | None = None
 
+
+_PREPARE_SHARE = 0.6
+"""Share of the time limit for enumeration, bounds and incumbents; CP-SAT gets the rest (and all
+that the preparation leaves unused)."""
+_RECHECK_RESERVE_S = 0.3
+"""Wall time kept back from CP-SAT for decoding and the float re-check of the plan."""
 
 _RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
@@ -82,13 +91,23 @@ def _quick_state_floor_bytes(model: ModelSpec, cfg: TrainConfig) -> float:
     return total / cfg.dims.pp
 
 
-def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins, options: SolverOptions) -> Prepared:
+def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins, options: SolverOptions,
+            deadline: Deadline | None = None, hard_deadline: Deadline | None = None) -> Prepared:
     """Enumerate, then best-first over cheap lower bounds: tighten the bound and build an
-    incumbent only for candidates that could still beat the best plan found so far."""
-    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
+    incumbent only for candidates that could still beat the best plan found so far.
+
+    Past `deadline` every phase stops early: candidates never looked at leave the certified bound
+    at the smallest cheap bound among them, or at 0 when even their cheap bounds are unknown; the
+    best-first pass still runs until it has one plan (the caller's overall limit caps that)."""
+    deadline = deadline or Deadline.never()
+    hard = hard_deadline or deadline
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space, deadline=deadline)
     configs = space.candidates
     prep = Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(space.pruned),
                     enumerated=space.enumerated)
+    if not space.complete:
+        prep.excluded_bound = 0
+        prep.pruned["time limit: enumeration stopped (bound 0)"] += 1
     if not configs:
         return prep
     scale = math.lcm(*{c.dims.vpp for c in configs})
@@ -100,11 +119,19 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]
-    for cfg in configs:
+    floors: dict[tuple, float] = {}
+    for n_seen, cfg in enumerate(configs):
+        if n_seen % 512 == 511 and deadline.expired():
+            prep.excluded_bound = 0  # the rest have no bound at all
+            prep.pruned["time limit: cheap bounds not computed (bound 0)"] += len(configs) - n_seen
+            break
         if pins.recompute_num_layers and cfg.recompute.value == "full":
             prep.pruned["recompute-num-layers pinned with full recompute"] += 1
             continue
-        floor = _quick_state_floor_bytes(model, cfg)
+        key = (cfg.dims, cfg.zero_stage, cfg.optimizer)
+        floor = floors.get(key)
+        if floor is None:
+            floor = floors[key] = _quick_state_floor_bytes(model, cfg)
         best_floor = min(best_floor, floor)
         if floor > usable:
             prep.pruned["model states alone exceed GPU memory"] += 1
@@ -121,6 +148,11 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if best_ub is not None and cheap_lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += len(staged) - n_done
             break
+        if (incumbents and deadline.expired()) or hard.expired():
+            # certified: every candidate left has at least this cheap bound (sorted)
+            prep.excluded_bound = cheap_lb if prep.excluded_bound is None else min(prep.excluded_bound, cheap_lb)
+            prep.pruned["time limit: left out with their cheap bound"] += len(staged) - n_done
+            break
         tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
         if options.space.even_layout_only and even_layout(tab) is None:
             prep.pruned["even split impossible (layers not divisible by PP x VPP)"] += 1
@@ -130,7 +162,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.pruned["same costs as a simpler candidate (e.g. CP x2 with micro-batch x2)"] += 1
             continue
         seen.add(signature)
-        found = bounds(tab, uniform_recompute=uniform, pool_gpus=pool_gpus if cluster.is_heterogeneous else None)
+        found = bounds(tab, uniform_recompute=uniform, pool_gpus=pool_gpus if cluster.is_heterogeneous else None,
+                       cutoff=best_ub)
         if found is None:
             prep.pruned["states + in-flight activations exceed GPU memory in every layout"] += 1
             continue
@@ -183,7 +216,8 @@ def _select(prep: Prepared, options: SolverOptions) -> list[int]:
         if best is not None and best not in head:
             head[-1] = best  # the incumbent always stays in the model
         left = [i for i in keep if i not in head]
-        prep.excluded_bound = min(prep.lower_bounds[i] for i in left)
+        left_bound = min(prep.lower_bounds[i] for i in left)
+        prep.excluded_bound = left_bound if prep.excluded_bound is None else min(prep.excluded_bound, left_bound)
         prep.pruned["model size cap (bound still certified)"] += len(left)
         keep = head
     return keep
@@ -255,11 +289,19 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Pre
 def solve_train(
     model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
 ) -> list[Plan]:
-    """The best `options.top_k` distinct training plans, best first."""
-    start = time.perf_counter()
+    """The best `options.top_k` distinct training plans, best first.
+
+    The whole solve honours `options.time_limit_s` (counted from `options.started_at` when given):
+    enumeration and bounds get most of it, CP-SAT what is left; past the limit the best plan found so
+    far comes back as FEASIBLE with the bound proven so far."""
+    deadline = Deadline(options.time_limit_s, start=options.started_at)
     check_pins(model, cluster, job, pins)
-    prep = prepare(model, cluster, job, pins=pins, options=options)
+    prep = prepare(model, cluster, job, pins=pins, options=options, deadline=deadline.part(_PREPARE_SHARE),
+                   hard_deadline=deadline)
     if not prep.tables:
+        if deadline.expired():
+            raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "
+                              "candidates enumerated): raise --time-limit or pin some knobs")
         raise _infeasible(model, cluster, job, prep, pins)
     keep = _select(prep, options)
     tables = [prep.tables[i] for i in keep]
@@ -288,12 +330,16 @@ def solve_train(
     plans: list[Plan] = []
     returned: set[int] = set()
     for _ in range(max(1, options.top_k)):
-        remaining = options.time_limit_s - (time.perf_counter() - start)
-        params.max_time_in_seconds = max(0.5, remaining)
+        # keep a moment for decoding and the float re-check; with no time left, CP-SAT only loads the
+        # model and the best incumbent below stands in
+        params.max_time_in_seconds = max(0.01, deadline.remaining() - _RECHECK_RESERVE_S)
         status = solver.solve(built.model)
         if status == cp_model.INFEASIBLE:
             if plans:
                 break
+            if prep.excluded_bound == 0:
+                raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit: raise "
+                                  "--time-limit or pin some knobs")
             raise _infeasible(model, cluster, job, prep, pins)
         in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -323,7 +369,7 @@ def solve_train(
         optimal = status == cp_model.OPTIMAL and bound >= objective - 1e-6
         stats = SolverStats(
             status="OPTIMAL" if optimal else "FEASIBLE",
-            wall_s=time.perf_counter() - start,
+            wall_s=deadline.elapsed(),
             objective=objective / scale_s,
             bound=bound / scale_s,
             conflicts=solver.num_conflicts,

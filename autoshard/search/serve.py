@@ -19,6 +19,7 @@ from ortools.sat.python import cp_model
 from autoshard.costmodel.serving import predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plan import SolverStats
+from autoshard.search.deadline import Deadline
 from autoshard.search.serve_space import (
     GPU_MEMORY_UTILIZATION,
     MAX_CONCURRENCY,
@@ -104,11 +105,15 @@ def solve_serve(
     time_limit_s: float,
     num_workers: int = 8,
     seed: int = 0,
+    started_at: float | None = None,
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
 
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
-    when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
+    when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time.
+    The whole call honours `time_limit_s` (counted from `started_at`, a `time.monotonic()` value, when
+    given): the top-k solves share what the setup leaves."""
+    deadline = Deadline(time_limit_s, start=started_at)
     start = time.perf_counter()
     if job.context_len > model.max_position_embeddings:
         raise SpecError(
@@ -130,8 +135,10 @@ def solve_serve(
     built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
     plans: list[ServePlan] = []
     while len(plans) < top_k:
+        if plans and deadline.remaining() < 0.05:
+            break  # the limit is spent: return the plans found so far
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.max_time_in_seconds = max(0.01, deadline.remaining() - 0.1)
         solver.parameters.num_workers = num_workers
         solver.parameters.random_seed = seed
         solver.parameters.relative_gap_limit = 0.0
