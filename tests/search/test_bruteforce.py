@@ -83,3 +83,82 @@ def test_heterogeneous_cpsat_reaches_the_brute_force_optimum():
     got, status = solver_objective(model, cluster, job, options)
     assert status == "OPTIMAL"
     assert got == best
+
+
+def _rank_tmax(tab, layout) -> int:
+    """Slowest rank's time per micro-batch of a layout, as `int_objective` counts it."""
+    pp, s = tab.config.dims.pp, tab.num_chunks
+    b, r, q = layout.bounds, layout.recompute, layout.pools
+    times = [0] * pp
+    for k in range(s):
+        p = tab.pools[q[k]]
+        t = int(p.time_us[b[k + 1]] - p.time_us[b[k]]) + r[k] * p.recompute_extra_us
+        t += (p.p2p_us if k + 1 < s else 0) + (p.p2p_us if k > 0 else 0)
+        times[k % pp] += t
+    return max(times)
+
+
+MIXED = {
+    # dense-first MoE models (the DeepSeek-V3 shape), roomy and tight memory, and a dense-last mix
+    "dense-first": (tiny_model(layers=6, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024}, dense_first=2),
+                    tiny_cluster(gpus_per_node=4, nodes=1), TrainJob(seq_len=1024, global_batch_size=8)),
+    "dense-first-tight": (tiny_model(layers=7, hidden=2048, heads=16, kv=4,
+                                     moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 4096}, dense_first=1),
+                          tiny_cluster(gpus_per_node=4, nodes=1, hbm=14.0), TrainJob(seq_len=2048, global_batch_size=8)),
+    "dense-first-3": (tiny_model(layers=8, hidden=1536, heads=12, kv=4,
+                                 moe={"num_experts": 4, "top_k": 1, "expert_ffn_hidden_size": 6144}, dense_first=3),
+                      tiny_cluster(gpus_per_node=4, nodes=1, hbm=12.0), TrainJob(seq_len=2048, global_batch_size=8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_mixed_layer_bounds_never_exceed_the_brute_force_optimum(name):
+    """Per candidate: the count-aware slowest-rank bound <= the best feasible layout's slowest rank,
+    the objective bound <= the best feasible layout's objective, and 'no layout fits' only when none
+    does. The count-aware bound must also bite (be the tighter one) somewhere in each model."""
+    from autoshard.search.bounds import bounds, mixed_tmax_lower_bound, tmax_lower_bound
+
+    model, cluster, job = MIXED[name]
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=2, max_vpp=2))
+    space = enumerate_train(model, cluster, job, pins=Pins(), options=options.space)
+    scale = math.lcm(*{c.dims.vpp for c in space.candidates})
+    checked = bites = 0
+    for cfg in space.candidates:
+        tab = build_tables(model, cluster, cfg, scale=scale)
+        s, n = tab.num_chunks, tab.num_layers
+        best_obj = best_tmax = None
+        for inner in itertools.combinations(range(1, n), s - 1):
+            bnds = (0, *inner, n)
+            smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
+            for rc in range(0 if tab.base_full else smallest + 1):
+                lay = Layout(bounds=bnds, recompute=(rc,) * s, pools=(0,) * s)
+                obj, fits = int_objective(tab, lay)
+                if fits:
+                    best_obj = obj if best_obj is None else min(best_obj, obj)
+                    tmax = _rank_tmax(tab, lay)
+                    best_tmax = tmax if best_tmax is None else min(best_tmax, tmax)
+        mixed = mixed_tmax_lower_bound(tab)
+        assert mixed is not True  # these models mix decoder kinds
+        found = bounds(tab, uniform_recompute=True)
+        if best_obj is None:
+            continue  # nothing fits: any answer of the bound is valid (None is the sharp one)
+        assert mixed is not None and found is not None, cfg.dims.describe()
+        assert mixed <= best_tmax
+        assert found[1] <= best_tmax
+        assert found[0] <= best_obj
+        checked += 1
+        plain = tmax_lower_bound(tab)  # every decoder layer at the cheapest layer's cost
+        if plain is not None and mixed > plain:
+            bites += 1
+    assert checked > 0
+    assert bites > 0
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_cpsat_reaches_the_brute_force_optimum_on_mixed_layer_models(name):
+    model, cluster, job = MIXED[name]
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=2, max_vpp=2))
+    best, _ = brute_force(model, cluster, job, options)
+    got, status = solver_objective(model, cluster, job, options)
+    assert status == "OPTIMAL"
+    assert got == best
