@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.search.bounds import (
+    assignment_capacity,
     hetero_capacity_at,
     joint_search,
     layer_capacity,
@@ -17,7 +18,7 @@ from autoshard.search.bounds import (
 from autoshard.search.tables import CandidateTables, Layout, even_layout, int_objective
 from autoshard.specs.cluster import ClusterSpec
 
-__all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "greedy_pools"]
+__all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "greedy_pools", "assignment_incumbent"]
 
 
 def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None) -> Layout | None:
@@ -109,7 +110,7 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
     greedy = greedy_pools(cluster, tab)
     if greedy is not None:
         found.append(fit_recompute(tab, even_layout(tab, greedy)))
-    if len(cluster.pools) == 2:
+    if len(cluster.pools) >= 2:
         pool_gpus = [p.num_gpus for p in cluster.pools]
         step = max(1, min(p.decoder_unit[0] for p in tab.pools))
         for i in range(8):
@@ -119,7 +120,7 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
             _, pools = got
             ranks = [int(q) for q in pools]
             caps = np.zeros(len(ranks))
-            for q in (0, 1):
+            for q in range(len(cluster.pools)):
                 cap = rank_capacity_at(tab, tmax_lb + i * step, pool=q)
                 caps = np.where(np.asarray(ranks) == q, cap, caps)
             found.append(fit_recompute(tab, loads_layout(tab, caps, ranks)))
@@ -143,3 +144,16 @@ def greedy_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None
         else:
             return None
     return ranks
+
+
+def assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...], tmax_lb: int) -> tuple[int, Layout] | None:
+    """Best of Megatron's even split and balanced splits at times just above the slowest-rank bound,
+    with every rank on its given pool."""
+    ranks = list(assignment)
+    found = [fit_recompute(tab, even_layout(tab, ranks))]
+    at = assignment_capacity(tab, assignment)
+    step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+    for i in range(6):
+        found.append(fit_recompute(tab, loads_layout(tab, at(tmax_lb + i * step), ranks)))
+    found = [f for f in found if f]
+    return min(found, key=lambda f: f[0]) if found else None

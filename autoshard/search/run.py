@@ -3,6 +3,7 @@ decode, re-check in floats, and return the best plans with their certificate."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,10 +14,10 @@ from autoshard.costmodel.memory import layer_param_shards, model_state_bytes
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.errors import InfeasibleError, SolverError
 from autoshard.plan import Plan, SolverStats
-from autoshard.search.bounds import bounds, quick_lower_bound
+from autoshard.search.bounds import assignment_bounds, bounds, pool_rank_limits, quick_lower_bound
 from autoshard.search.build import BuiltModel, build_model
 from autoshard.search.deadline import Deadline
-from autoshard.search.incumbents import hetero_incumbent, incumbent
+from autoshard.search.incumbents import assignment_incumbent, hetero_incumbent, incumbent
 from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import CandidateTables, Layout, build_tables, even_layout
 from autoshard.specs.cluster import ClusterSpec
@@ -63,6 +64,8 @@ class Prepared:
     scale: int = 1
     min_memory_gib: float | None = None
     capacity_gib: float | None = None
+    fixed_pools: list[tuple[int, ...] | None] = field(default_factory=list)
+    """Per table: the pool of each pipeline rank when the candidate was split by pool assignment."""
 
 
 _PREPARE_SHARE = 0.6
@@ -186,7 +189,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             if len(incumbents) >= max(1, options.top_k):
                 best_ub = incumbents[-1]
         kept.append((lb, tmax_lb, inc, tab))
-    for lb, tmax_lb, inc, tab in kept:
+    if cluster.is_heterogeneous:
+        kept, best_ub = _split_by_assignment(kept, pool_gpus, best_ub, incumbents, options, prep, hard)
+    for lb, tmax_lb, inc, tab, *fixed in kept:
         if best_ub is not None and lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
@@ -194,7 +199,61 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         prep.lower_bounds.append(lb)
         prep.tmax_bounds.append(tmax_lb)
         prep.incumbents.append(inc)
+        prep.fixed_pools.append(fixed[0] if fixed else None)
     return prep
+
+
+def _kth(values: list[int], k: int) -> int | None:
+    k = max(1, k)
+    return values[k - 1] if len(values) >= k else None
+
+
+_MAX_ASSIGNMENTS = 512
+"""Largest number of rank -> pool assignments a heterogeneous candidate is split into; past it the
+candidate keeps its pool variables (CP-SAT chooses the pools)."""
+
+
+def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, incumbents: list[int],
+                         options: SolverOptions, prep: Prepared, hard: Deadline) -> tuple[list, int | None]:
+    """On a heterogeneous cluster, one candidate per rank -> pool assignment that the pools can host:
+    each gets its own (much tighter) bound and incumbent, and CP-SAT then only places layers. The
+    assignments pruned by their bound carry a certificate like any candidate; a candidate with too
+    many assignments (or when time runs short) stays whole, with CP-SAT choosing its pools."""
+    out = []
+    for lb, tmax_lb, inc, tab in sorted(kept, key=lambda item: item[0]):
+        pp = tab.config.dims.pp
+        k = len(tab.pools)
+        limits = [min(pp, g) for g in pool_rank_limits(tab, pool_gpus)]
+        if k ** pp > 8 * _MAX_ASSIGNMENTS or hard.expired() or (best_ub is not None and lb > best_ub):
+            out.append((lb, tmax_lb, inc, tab))
+            continue
+        vectors = [v for v in itertools.product(range(k), repeat=pp)
+                   if all(v.count(q) <= limits[q] for q in range(k))]
+        if len(vectors) > _MAX_ASSIGNMENTS:
+            out.append((lb, tmax_lb, inc, tab))
+            continue
+        original = tuple(inc[1].pools[:pp]) if inc is not None else None
+        split = []
+        for v in vectors:
+            found = assignment_bounds(tab, v, pool_gpus, lb)
+            if found is None:
+                prep.pruned["pool assignment: does not fit in memory"] += 1
+                continue
+            lb_v, tmax_v = found
+            if best_ub is not None and lb_v > best_ub:
+                prep.pruned["pool assignment: bound cannot beat the best plan found"] += 1
+                continue
+            inc_v = assignment_incumbent(tab, v, tmax_v)
+            if v == original and (inc_v is None or inc[0] < inc_v[0]):
+                inc_v = inc  # the candidate's incumbent stays: the bounds already pruned against it
+            if inc_v is not None:
+                incumbents = sorted([*incumbents, inc_v[0]])[: max(1, options.top_k)]
+                best_ub = _kth(incumbents, options.top_k)
+            split.append((lb_v, tmax_v, inc_v, tab, v))
+        out.extend(item for item in split if best_ub is None or item[0] <= best_ub)
+        prep.pruned["pool assignment: bound cannot beat the best plan found"] += sum(
+            1 for item in split if best_ub is not None and item[0] > best_ub)
+    return out, best_ub
 
 
 def _select(prep: Prepared, options: SolverOptions) -> list[int]:
@@ -314,6 +373,7 @@ def solve_train(
         per_stage_recompute=options.space.per_stage_recompute, hint_index=hint_index, hint=hint,
         even_layout_only=options.space.even_layout_only,
         lower_bounds=[prep.lower_bounds[i] for i in keep], tmax_lower_bounds=[prep.tmax_bounds[i] for i in keep],
+        fixed_pools=[prep.fixed_pools[i] for i in keep],
     )
     if pins.recompute_num_layers is not None:
         for cand in built.candidates:

@@ -14,7 +14,7 @@ from autoshard.search.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
 from autoshard.units import US_PER_S
-from conftest import hetero_cluster, tiny_cluster, tiny_model
+from conftest import gpu, hetero_cluster, node, tiny_cluster, tiny_model
 
 OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=4, max_vpp=2))
 
@@ -162,3 +162,71 @@ def test_cpsat_reaches_the_brute_force_optimum_on_mixed_layer_models(name):
     got, status = solver_objective(model, cluster, job, options)
     assert status == "OPTIMAL"
     assert got == best
+
+
+def three_pool_cluster():
+    """Three pools, two node sizes: fast 80 GB GPUs in 4-GPU nodes, slow 80 GB and slow 24 GB GPUs
+    in 2-GPU nodes."""
+    from autoshard.specs import ClusterSpec
+
+    return ClusterSpec.model_validate({
+        "name": "three",
+        "pools": [
+            {"name": "fast", "gpu": gpu("H100", hbm=80.0), "node": node(4), "num_nodes": 1},
+            {"name": "slow", "gpu": gpu("A100", hbm=80.0, tflops=312.0), "node": node(2), "num_nodes": 1},
+            {"name": "small", "gpu": gpu("A10", hbm=24.0, tflops=125.0), "node": node(2), "num_nodes": 1},
+        ],
+        "inter_pool_gbps": 25,
+    })
+
+
+@pytest.mark.parametrize("layers,moe", [(6, None), (5, {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024})])
+def test_three_pool_cpsat_reaches_the_brute_force_optimum(layers, moe):
+    """Pools of different node sizes, every rank -> pool assignment the pools can host: CP-SAT (with
+    candidates split by pool assignment and their bounds) matches brute force exactly."""
+    model = tiny_model(layers=layers, moe=moe, dense_first=1 if moe else 0)
+    cluster = three_pool_cluster()
+    job = TrainJob(seq_len=2048, global_batch_size=16)
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60,
+                            space=SpaceOptions(max_micro_batch=2, max_vpp=1, max_cp=1))
+    best, _ = brute_force(model, cluster, job, options)
+    got, status = solver_objective(model, cluster, job, options)
+    assert status == "OPTIMAL"
+    assert got == best
+
+
+def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
+    """For every candidate and every rank -> pool assignment on three pools: the assignment's bound
+    <= the best feasible layout with exactly those pools (brute force), and 'no fit' only if none fits."""
+    from autoshard.search.bounds import assignment_bounds, pool_rank_limits
+
+    model = tiny_model(layers=6)
+    cluster = three_pool_cluster()
+    job = TrainJob(seq_len=2048, global_batch_size=16)
+    space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
+    scale = math.lcm(*{c.dims.vpp for c in space.candidates})
+    pool_gpus = [p.num_gpus for p in cluster.pools]
+    checked = 0
+    for cfg in space.candidates:
+        tab = build_tables(model, cluster, cfg, scale=scale)
+        pp, s, n = cfg.dims.pp, tab.num_chunks, tab.num_layers
+        limits = pool_rank_limits(tab, pool_gpus)
+        for v in itertools.product(range(3), repeat=pp):
+            if any(v.count(q) > limits[q] for q in range(3)):
+                continue
+            best = None
+            chunk_pools = tuple(v[k % pp] for k in range(s))
+            for inner in itertools.combinations(range(1, n), s - 1):
+                bnds = (0, *inner, n)
+                smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
+                for rc in range(0 if tab.base_full else smallest + 1):
+                    obj, fits = int_objective(tab, Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools))
+                    if fits and (best is None or obj < best):
+                        best = obj
+            found = assignment_bounds(tab, v, pool_gpus, 0)
+            if best is None:
+                continue
+            assert found is not None, (cfg.dims.describe(), v)
+            assert found[0] <= best, (cfg.dims.describe(), v)
+            checked += 1
+    assert checked > 20
