@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -726,19 +727,28 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     return best or 0, [c for _, c in caps[:3]]
 
 
+@lru_cache(maxsize=64)
+def _major_decoder(model: ModelSpec) -> tuple[LayerKind | None, int]:
+    """The most numerous decoder kind of a model and its count."""
+    counts: dict[LayerKind, int] = {}
+    for kind in model.layer_kinds:
+        if kind in (LayerKind.DENSE, LayerKind.MOE):
+            counts[kind] = counts.get(kind, 0) + 1
+    if not counts:
+        return None, 0
+    major = max(counts, key=lambda k: (counts[k], k.value))
+    return major, counts[major]
+
+
 def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
     """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
     work of the most numerous decoder kind evenly (the other layers counted as free) and the exposed
     tail is zero. One `layer_cost` per pool, so the whole space can be bounded before any table."""
     dims = cfg.dims
     pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
-    counts: dict[LayerKind, int] = {}
-    for kind in model.layer_kinds:
-        if kind in (LayerKind.DENSE, LayerKind.MOE):
-            counts[kind] = counts.get(kind, 0) + 1
-    major = max(counts, key=lambda k: (counts[k], k.value)) if counts else None
+    major, count = _major_decoder(model)
     per_pool = [
-        round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * counts[major] if major else 0
+        round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * count if major else 0
         for pool in cluster.pools
     ]
     total = min(per_pool)
