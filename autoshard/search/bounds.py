@@ -383,6 +383,25 @@ class MixedCapacity:
         self.pl_major = vpp * self.cls.major[1] + chunks * self.cls.major[2]
         self.pl_minor = vpp * self.cls.minor[1] + chunks * self.cls.minor[2]
         self.n_dec = int(tab.decoders[-1])
+        self.vpp = vpp
+        self.uniform: int | None = None
+
+    def _caps_uniform(self, ts: np.ndarray, k: int) -> np.ndarray:
+        """As `_caps` when every chunk recomputes exactly k layers (Megatron's --recompute-num-layers):
+        rank r then recomputes vpp*k of its layers, each costing the recompute time and saving its
+        activations, and holds at least that many layers."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        rc = self.vpp * k
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor - rc * max(self.x, 0)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None] + rc * rr.saving[None, :, None]
+                - (rr.working if k > 0 else 0))
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cap = np.floor(np.minimum(room / pl, budget / float(self.d_major)) + 1e-9)
+        need = np.maximum(self.least[None, :, None], rc)
+        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need)
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
     def _caps(self, ts: np.ndarray) -> np.ndarray:
         """(G, pp, D+1): majority layers rank r can add to j minority layers within time ts[g];
@@ -414,8 +433,10 @@ class MixedCapacity:
         return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
     def absorbed(self, ts: np.ndarray) -> np.ndarray:
-        """Most majority layers the ranks can absorb at each time in ts while holding every minority layer."""
-        caps = self._caps(np.asarray(ts, dtype=np.float64))
+        """Most majority layers the ranks can absorb at each time in ts while holding every minority
+        layer (with `uniform` set: every chunk recomputing exactly `uniform` layers)."""
+        ts = np.asarray(ts, dtype=np.float64)
+        caps = self._caps(ts) if self.uniform is None else self._caps_uniform(ts, self.uniform)
         g, pp, width = caps.shape
         best = caps[:, 0, :]
         for r in range(1, pp):
@@ -450,15 +471,32 @@ class MixedCapacity:
         return lo
 
 
-def mixed_tmax_lower_bound(tab: CandidateTables, pool: int | None = None, probe: int | None = None) -> int | None | bool:
+def mixed_tmax_lower_bound(tab: CandidateTables, pool: int | None = None, probe: int | None = None, *,
+                           uniform_recompute: bool = False) -> int | None | bool:
     """Count-aware slowest-rank bound when the decoder layers differ; True when it does not apply
     (identical decoder layers, or too many minority layers), None when no layout fits in memory.
-    `probe`: see `MixedCapacity.threshold`."""
+    `probe`: see `MixedCapacity.threshold`. With `uniform_recompute` every chunk recomputes the same
+    number k of layers and the bound is the smallest over k (each k priced exactly per rank)."""
     cls = layer_classes(tab, pool)
     if cls.n_minor == 0 or cls.n_minor > _MAX_MINOR:
         return True
     cap = MixedCapacity(tab, pool)
-    return cap.threshold(int(cap.fixed.max()), probe)
+    lo = int(cap.fixed.max())
+    if not uniform_recompute:
+        return cap.threshold(lo, probe)
+    if tab.base_full or not np.any(cap.rr.saving > 0):
+        ks = [0]
+    else:
+        ks = range(cap.n_dec // tab.num_chunks + 1)
+    found = []
+    for k in ks:
+        cap.uniform = k
+        t = cap.threshold(lo, probe)
+        if t is not None:
+            found.append(t)
+            if probe is not None and t <= probe:
+                probe = t - 1  # later k only matter if they beat this one
+    return min(found) if found else None
 
 
 def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
@@ -477,7 +515,7 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     probe = None
     if cutoff is not None and m * vpp > 1:
         probe = (cutoff // max(1, tab.scale // vpp) - total) // (m * vpp - 1)  # beyond it the bound passes the cutoff
-    mixed = mixed_tmax_lower_bound(tab, probe=probe)
+    mixed = mixed_tmax_lower_bound(tab, probe=probe, uniform_recompute=uniform_recompute)
     if mixed is None:
         return None
     slowest = -(-total // pp) if mixed is True else max(-(-total // pp), mixed)

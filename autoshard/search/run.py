@@ -17,7 +17,7 @@ from autoshard.plan import Plan, SolverStats
 from autoshard.search.bounds import assignment_bounds, bounds, pool_rank_limits, quick_lower_bound
 from autoshard.search.build import BuiltModel, build_model
 from autoshard.search.deadline import Deadline
-from autoshard.search.incumbents import assignment_incumbent, hetero_incumbent, incumbent
+from autoshard.search.incumbents import assignment_incumbent, hetero_incumbent, improve, incumbent
 from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import CandidateTables, Layout, build_tables, even_layout
 from autoshard.specs.cluster import ClusterSpec
@@ -178,6 +178,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             inc = hetero_incumbent(cluster, tab, tmax_lb)
         else:
             inc = incumbent(tab, None, tmax_lb, uniform)
+        if inc is not None and tab.num_chunks > 1 and (best_ub is None or inc[0] < best_ub + (best_ub >> 5)):
+            inc = improve(tab, inc)  # promising (within ~3 % of the best): polish it
         if tab.num_chunks == 1 and not cluster.is_heterogeneous:
             # one stage: the only layout is the whole model; its recompute search was exhaustive
             if inc is None:
