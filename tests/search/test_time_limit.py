@@ -123,3 +123,20 @@ def test_cli_solve_honours_the_time_limit():
     assert out["solver"]["wall_s"] < 2 + SLACK_S
     assert out["solver"]["status"] in ("OPTIMAL", "FEASIBLE")
     assert 0.0 <= out["solver"]["bound"] <= out["solver"]["objective"]
+
+
+def test_serving_top_k_shares_one_time_limit():
+    """The top-k serving solves share the limit (each used to get all of it), counted from the start."""
+    from autoshard.search.serve import solve_serve
+    from autoshard.specs.job import ServeJob
+
+    model = load_model("llama-3.1-70b")
+    cluster = load_cluster("dgx-h100").with_gpus(16)
+    job = ServeJob(input_len=1000, output_len=1000)
+    started = time.monotonic() - 0.5  # half a second already spent before the call
+    plans = solve_serve(model, cluster, job, pins=None, top_k=5, time_limit_s=1.5, num_workers=1, seed=0,
+                        started_at=started)
+    assert plans
+    assert time.monotonic() - started < 1.5 + SLACK_S
+    objectives = [p.solver.objective for p in plans]
+    assert objectives == sorted(objectives, reverse=True)  # best first (throughput per GPU)
