@@ -148,6 +148,7 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
     """Layouts whose ranks take the pool and the load the bound's assignment gives them at times
     just above the bound, plus the greedy fastest-pools-first assignment with Megatron's even split."""
     found = []
+    tried: set[tuple[int, ...]] = set()
     greedy = greedy_pools(cluster, tab)
     if greedy is not None:
         found.append(fit_recompute(tab, even_layout(tab, greedy)))
@@ -165,6 +166,14 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
                 cap = rank_capacity_at(tab, tmax_lb + i * step, pool=q)
                 caps = np.where(np.asarray(ranks) == q, cap, caps)
             found.append(fit_recompute(tab, loads_layout(tab, caps, ranks)))
+            tried.add(tuple(ranks))
+    if greedy is not None:
+        tried.add(tuple(greedy))
+    # the same assignments with exact per-rank capacities (own pool, exact sends), stepping by the
+    # slowest pool's layer time so that the slow ranks' loads move too
+    slow = max(1, max(p.decoder_unit[0] for p in tab.pools))
+    for v in sorted(tried)[:4]:
+        found.append(assignment_incumbent(tab, v, tmax_lb, step=slow))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
 
@@ -187,13 +196,14 @@ def greedy_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None
     return ranks
 
 
-def assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...], tmax_lb: int) -> tuple[int, Layout] | None:
+def assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...], tmax_lb: int,
+                         step: int | None = None) -> tuple[int, Layout] | None:
     """Best of Megatron's even split and balanced splits at times just above the slowest-rank bound,
     with every rank on its given pool."""
     ranks = list(assignment)
     found = [fit_recompute(tab, even_layout(tab, ranks))]
     at = assignment_capacity(tab, assignment)
-    step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+    step = step or max(1, min(p.decoder_unit[0] for p in tab.pools))
     for i in range(6):
         found.append(fit_recompute(tab, loads_layout(tab, at(tmax_lb + i * step), ranks)))
     found = [f for f in found if f]

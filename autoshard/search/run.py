@@ -68,9 +68,12 @@ class Prepared:
     """Per table: the pool of each pipeline rank when the candidate was split by pool assignment."""
 
 
-_PREPARE_SHARE = 0.6
+_PREPARE_SHARE = 0.7
 """Share of the time limit for enumeration, bounds and incumbents; CP-SAT gets the rest (and all
 that the preparation leaves unused)."""
+_FIRST_PLAN_GRACE_S = 1.2
+"""How far past the limit the search may run while it has found no plan at all (the issue's bound
+on overshooting the limit is 2 s)."""
 _RECHECK_RESERVE_S = 0.3
 """Wall time kept back from CP-SAT for decoding and the float re-check of the plan."""
 
@@ -192,7 +195,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
                 best_ub = incumbents[-1]
         kept.append((lb, tmax_lb, inc, tab))
     if cluster.is_heterogeneous:
-        kept, best_ub = _split_by_assignment(kept, pool_gpus, best_ub, incumbents, options, prep, hard)
+        kept, best_ub = _split_by_assignment(kept, pool_gpus, best_ub, incumbents, options, prep, deadline)
     for lb, tmax_lb, inc, tab, *fixed in kept:
         if best_ub is not None and lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
@@ -216,7 +219,7 @@ candidate keeps its pool variables (CP-SAT chooses the pools)."""
 
 
 def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, incumbents: list[int],
-                         options: SolverOptions, prep: Prepared, hard: Deadline) -> tuple[list, int | None]:
+                         options: SolverOptions, prep: Prepared, deadline: Deadline) -> tuple[list, int | None]:
     """On a heterogeneous cluster, one candidate per rank -> pool assignment that the pools can host:
     each gets its own (much tighter) bound and incumbent, and CP-SAT then only places layers. The
     assignments pruned by their bound carry a certificate like any candidate; a candidate with too
@@ -226,7 +229,7 @@ def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, 
         pp = tab.config.dims.pp
         k = len(tab.pools)
         limits = [min(pp, g) for g in pool_rank_limits(tab, pool_gpus)]
-        if k ** pp > 8 * _MAX_ASSIGNMENTS or hard.expired() or (best_ub is not None and lb > best_ub):
+        if k ** pp > 8 * _MAX_ASSIGNMENTS or deadline.expired() or (best_ub is not None and lb > best_ub):
             out.append((lb, tmax_lb, inc, tab))
             continue
         vectors = [v for v in itertools.product(range(k), repeat=pp)
@@ -237,6 +240,8 @@ def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, 
         original = tuple(inc[1].pools[:pp]) if inc is not None else None
         split = []
         for v in vectors:
+            if deadline.expired():
+                break
             found = assignment_bounds(tab, v, pool_gpus, lb)
             if found is None:
                 prep.pruned["pool assignment: does not fit in memory"] += 1
@@ -252,6 +257,10 @@ def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, 
                 incumbents = sorted([*incumbents, inc_v[0]])[: max(1, options.top_k)]
                 best_ub = _kth(incumbents, options.top_k)
             split.append((lb_v, tmax_v, inc_v, tab, v))
+        if deadline.expired():  # not every assignment bounded: the candidate stays whole
+            out.append((lb, tmax_lb, inc, tab))
+            out.extend(item for item in split if item[2] is not None and (best_ub is None or item[2][0] <= best_ub))
+            continue
         out.extend(item for item in split if best_ub is None or item[0] <= best_ub)
         prep.pruned["pool assignment: bound cannot beat the best plan found"] += sum(
             1 for item in split if best_ub is not None and item[0] > best_ub)
@@ -357,8 +366,10 @@ def solve_train(
     far comes back as FEASIBLE with the bound proven so far."""
     deadline = Deadline(options.time_limit_s, start=options.started_at)
     check_pins(model, cluster, job, pins)
+    # past the limit the search only goes on while it has no plan at all, and never past the grace
+    grace = Deadline(options.time_limit_s + _FIRST_PLAN_GRACE_S, start=deadline.start)
     prep = prepare(model, cluster, job, pins=pins, options=options, deadline=deadline.part(_PREPARE_SHARE),
-                   hard_deadline=deadline)
+                   hard_deadline=grace)
     if not prep.tables:
         if deadline.expired():
             raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "

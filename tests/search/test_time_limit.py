@@ -140,3 +140,16 @@ def test_serving_top_k_shares_one_time_limit():
     assert time.monotonic() - started < 1.5 + SLACK_S
     objectives = [p.solver.objective for p in plans]
     assert objectives == sorted(objectives, reverse=True)  # best first (throughput per GPU)
+
+
+def test_three_pool_solve_returns_within_the_limit():
+    model = load_model("llama-3.1-70b")
+    cluster = load_cluster("mixed-3pool")
+    start = time.monotonic()
+    plan = solve_train(model, cluster, train_job(model), options=SolverOptions(time_limit_s=3.0, num_workers=2))[0]
+    assert time.monotonic() - start < 3.0 + SLACK_S
+    assert plan.prediction.fits
+    assert 0.0 <= plan.solver.bound <= plan.solver.objective
+    used = {s.pool for s in plan.stages}
+    assert used  # every stage on a real pool
+    assert all(0 <= q < len(cluster.pools) for q in used)
