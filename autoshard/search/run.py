@@ -71,7 +71,7 @@ class Prepared:
 _PREPARE_SHARE = 0.7
 """Share of the time limit for enumeration, bounds and incumbents; CP-SAT gets the rest (and all
 that the preparation leaves unused)."""
-_FIRST_PLAN_GRACE_S = 1.2
+_FIRST_PLAN_GRACE_S = 0.8
 """How far past the limit the search may run while it has found no plan at all (the issue's bound
 on overshooting the limit is 2 s)."""
 _RECHECK_RESERVE_S = 0.3
