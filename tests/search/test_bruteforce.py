@@ -203,11 +203,13 @@ def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
     model = tiny_model(layers=6)
     cluster = three_pool_cluster()
     job = TrainJob(seq_len=2048, global_batch_size=16)
-    space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
+    space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=1, max_cp=1))
     scale = math.lcm(*{c.dims.vpp for c in space.candidates})
     pool_gpus = [p.num_gpus for p in cluster.pools]
     checked = 0
     for cfg in space.candidates:
+        if cfg.dims.pp > 4 or cfg.micro_batch_size > 1:
+            continue  # keeps the enumeration (3^PP assignments x layouts) fast
         tab = build_tables(model, cluster, cfg, scale=scale)
         pp, s, n = cfg.dims.pp, tab.num_chunks, tab.num_layers
         limits = pool_rank_limits(tab, pool_gpus)
