@@ -289,8 +289,10 @@ def hetero_capacity_at(tab: CandidateTables, t: float, pool_gpus: Sequence[int])
     return _HeteroCapacity(tab, pool_gpus).at(t)
 
 
-def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int]) -> int | None:
-    """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes."""
+def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], probe: int | None = None) -> int | None:
+    """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes.
+    With `probe` (a time the caller only cares to beat): probe + 1 after one evaluation when even
+    it cannot absorb the layers."""
     n_dec = int(tab.decoders[-1])
     _, _, fixed, _ = rank_work(tab)
     d = max(p.decoder_unit[0] for p in tab.pools)
@@ -302,6 +304,10 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int]) -> i
         found = cap.at(t)
         return np.array([0.0 if found is None else found[0]])
 
+    if probe is not None and lo <= probe < hi:
+        if capacity(probe).sum() < n_dec:
+            return probe + 1
+        hi = probe
     return _threshold(lo, hi, n_dec, capacity)
 
 
@@ -524,7 +530,7 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
         if first > cutoff:
             return first, slowest
     if len(tab.pools) >= 2 and pool_gpus is not None:
-        found = hetero_tmax_lower_bound(tab, pool_gpus)
+        found = hetero_tmax_lower_bound(tab, pool_gpus, probe=probe)
     else:
         found = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
     if found is None:

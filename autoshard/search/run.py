@@ -280,9 +280,11 @@ def _select(prep: Prepared, options: SolverOptions) -> list[int]:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
         keep.append(i)
-    if len(keep) > options.max_candidates_in_model:
+    # candidates with their pools fixed are light (no pool variables): twice as many fit the model
+    cap = options.max_candidates_in_model * (2 if any(f is not None for f in prep.fixed_pools) else 1)
+    if len(keep) > cap:
         best = min((i for i in keep if prep.incumbents[i]), key=lambda i: prep.incumbents[i][0], default=None)
-        head = keep[: options.max_candidates_in_model]
+        head = keep[:cap]
         if best is not None and best not in head:
             head[-1] = best  # the incumbent always stays in the model
         left = [i for i in keep if i not in head]
