@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from functools import wraps
@@ -230,13 +231,14 @@ def _layout_flags(layout, first, last, acct_emb, acct_loss):
     return LayoutFlags(layout=layout, first=first, last=last, account_embedding=acct_emb, account_loss=acct_loss)
 
 
-def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None):
+def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None,
+                    started_at: float | None = None):
     from autoshard.search.run import SolverOptions
     from autoshard.search.space import SpaceOptions
 
     zeros = (0, 1, 2, 3) if zero_stage is not None else (0, 1)
     return SolverOptions(top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed, log=verbose,
-                         space=SpaceOptions(zero_stages=zeros))
+                         space=SpaceOptions(zero_stages=zeros), started_at=started_at)
 
 
 def _check_output(output: Path | None, emit: Target | None) -> None:
@@ -327,13 +329,15 @@ def solve(
     disaggregate: Annotated[Disaggregate, typer.Option("--disaggregate", help="Serve: prefill/decode disaggregation: auto (the solver chooses), on (xPyD only) or off (aggregated replicas only).")] = Disaggregate.AUTO,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
+    started = time.monotonic()  # --time-limit covers the whole command, loading and checks included
     _check_output(output, emit)
     given = {k: v for k, v in locals().items() if v is not None and v is not False}
     _check_mode_flags(mode, given)
     if mode is Mode.SERVE:
         _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain,
                      dict(tp=tp, pp=pp, dp=dp, ep=ep), input_len, output_len, max_model_len, tpot_ms, ttft_s,
-                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value, pareto, out_dir)
+                     request_rate, weight_dtype, kv_cache_dtype, emit, output, disaggregate.value, pareto, out_dir,
+                     started_at=started)
         return
     if disaggregate is not Disaggregate.AUTO:
         raise SpecError("--disaggregate is for serving plans: add --mode serve", source="--disaggregate")
@@ -357,7 +361,7 @@ def solve(
     modules, recompute = _recompute_modules(recompute_modules, recompute)
     pins = _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sequence_parallel, zero_stage,
                        modules, moe_dispatcher, fp8_recipe)
-    options = _solver_options(top, time_limit, workers, seed, verbose, zero_stage)
+    options = _solver_options(top, time_limit, workers, seed, verbose, zero_stage, started)
     if memory_fraction is not None:
         options = dataclasses.replace(options, memory_fraction=memory_fraction)
     flags = _layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
@@ -606,7 +610,8 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
 
 def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
                  output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
-                 disaggregate: str = "auto", pareto: bool = False, out_dir: Path | None = None) -> None:
+                 disaggregate: str = "auto", pareto: bool = False, out_dir: Path | None = None,
+                 started_at: float | None = None) -> None:
     from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
     from autoshard.search.serve import solve_serve
@@ -627,7 +632,7 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     job = serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype,
                         kv_cache_dtype)
     run = dict(pins={k: v for k, v in pins.items() if v is not None}, time_limit_s=time_limit, num_workers=workers,
-               seed=seed, disaggregate=disaggregate)
+               seed=seed, disaggregate=disaggregate, started_at=started_at)
     interactive = interactive_job(job)
     alternative, sla_note = None, ""
     if interactive is None:

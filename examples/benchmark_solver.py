@@ -1,7 +1,17 @@
-"""Solver benchmark: prints the figures the planner issue asks for.
+"""Solver benchmark: prints the figures the planner issues ask for.
 
-    python examples/benchmark_solver.py            # everything (a few minutes on 2 cores)
+    python examples/benchmark_solver.py            # the sections below (a few minutes on 2 cores)
     python examples/benchmark_solver.py --quick    # the headline solves only
+    python examples/benchmark_solver.py --sweep    # every bundled model x cluster x size (long: run it
+                                                   # once, niced, in the background)
+    python examples/benchmark_solver.py --sweep --models deepseek-v3,qwen3-235b-a22b \
+        --clusters dgx-h100 --sizes 64,1024 --time-limit 30 --workers 8
+
+The sweep prints, per solve, the status, wall time, CPU time (all threads; comparable on a loaded
+machine) and gap, then a summary: statuses, median and worst wall times, and every solve that was not
+proven optimal within 10 s or overshot its time limit by more than 2 s. Heterogeneous clusters are
+solved at their own size; a size a cluster cannot take (e.g. not a multiple of a 72-GPU NVLink
+domain) is rounded down to a power-of-two count of such domains and printed as used.
 
 1. Llama 3.1 405B on 16,384 H100 (seq 8192, batch 2048) and Llama 3.1 70B on 64 H100: wall time,
    status, gap.
@@ -12,6 +22,10 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
+import statistics
 import sys
 import time
 
@@ -116,9 +130,110 @@ def scaling() -> None:
         print(f"{layers:>7} " + " ".join(f"{c:>8}" for c in cells))
 
 
+SWEEP_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def bundled(kind: str) -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(os.path.join(ROOT, kind)) if f.endswith(".yaml"))
+
+
+def sized(cluster: ClusterSpec, gpus: int) -> ClusterSpec | None:
+    """`cluster` at `gpus` GPUs, or at the largest size below it that the cluster can take."""
+    if cluster.is_heterogeneous:
+        return cluster
+    try:
+        return cluster.with_gpus(gpus)
+    except ValueError:
+        unit = max(cluster.primary.node.gpus_per_node, cluster.primary.node.domain_size)
+        if gpus < unit:
+            return None
+        size = unit
+        while size * 2 <= gpus:
+            size *= 2  # a power-of-two count of domains keeps batch sizes divisible
+        try:
+            return cluster.with_gpus(size)
+        except ValueError:
+            return None
+
+
+def sweep(models: list[str], clusters: list[str], sizes: list[int], limit: float, workers: int) -> None:
+    print(f"== Sweep: {len(models)} models x {len(clusters)} clusters x sizes {sizes} "
+          f"(time limit {limit:g} s, {workers} workers, {os.cpu_count()} CPUs) ==")
+    print(f"{'model':18} {'cluster':16} {'GPUs':>6} {'status':10} {'wall s':>7} {'cpu s':>7} {'gap %':>6}  plan")
+    rows = []
+    for name in models:
+        model = load_model(name)
+        job = train_job(model)
+        for cname in clusters:
+            base = load_cluster(cname)
+            done: set[int] = set()
+            for gpus in sizes:
+                cluster = sized(base, gpus)
+                if cluster is None or cluster.num_gpus in done:
+                    continue
+                done.add(cluster.num_gpus)
+                options = SolverOptions(num_workers=workers, time_limit_s=limit)
+                start, cpu = time.monotonic(), time.process_time()
+                try:
+                    plan = solve_train(model, cluster, job, options=options)[0]
+                    status, gap, desc = plan.solver.status, 100 * plan.solver.gap, plan.config.dims.describe()
+                except InfeasibleError as exc:
+                    status, gap, desc = "INFEASIBLE", 0.0, str(exc).splitlines()[0][:60]
+                except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure and goes on
+                    status, gap, desc = "ERROR", math.nan, f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+                wall, used = time.monotonic() - start, time.process_time() - cpu
+                rows.append((name, cname, cluster.num_gpus, status, wall, used, gap))
+                print(f"{name:18} {cname:16} {cluster.num_gpus:>6} {status:10} {wall:7.2f} {used:7.2f} {gap:6.2f}  {desc}",
+                      flush=True)
+    summarize(rows, limit)
+
+
+def summarize(rows: list[tuple], limit: float) -> None:
+    print("\n== Sweep summary ==")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[3]] = counts.get(row[3], 0) + 1
+    print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    planned = [r for r in rows if r[3] in ("OPTIMAL", "FEASIBLE")]
+    if planned:
+        walls = [r[4] for r in planned]
+        cpus = [r[5] for r in planned]
+        print(f"solves with a plan: {len(planned)}; wall median {statistics.median(walls):.2f} s, max {max(walls):.2f} s; "
+              f"CPU median {statistics.median(cpus):.2f} s, max {max(cpus):.2f} s")
+        print(f"OPTIMAL within 10 s wall: {sum(1 for r in planned if r[3] == 'OPTIMAL' and r[4] <= 10)} of {len(planned)}")
+    every = [r[4] for r in rows]
+    if every:
+        print(f"all solves (infeasible included): wall median {statistics.median(every):.2f} s")
+    print("worst 10 by wall time:")
+    for r in sorted(rows, key=lambda r: -r[4])[:10]:
+        print(f"  {r[0]:18} {r[1]:16} {r[2]:>6} {r[3]:10} wall {r[4]:6.2f} s  cpu {r[5]:6.2f} s  gap {r[6]:5.2f} %")
+    bad = [r for r in rows if r[3] not in ("OPTIMAL", "INFEASIBLE") or r[4] > 10]
+    print(f"not proven optimal (or infeasible) within 10 s: {len(bad)}")
+    for r in bad:
+        print(f"  {r[0]:18} {r[1]:16} {r[2]:>6} {r[3]:10} wall {r[4]:6.2f} s  cpu {r[5]:6.2f} s  gap {r[6]:5.2f} %")
+    over = [r for r in rows if r[4] > limit + 2]
+    print(f"wall time over the limit + 2 s: {len(over)}" + "".join(f"\n  {r[0]} {r[1]} {r[2]}: {r[4]:.2f} s" for r in over))
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="headline solves only")
+    parser.add_argument("--sweep", action="store_true", help="every bundled model x cluster x size")
+    parser.add_argument("--models", help="comma-separated subset of the bundled models (sweep)")
+    parser.add_argument("--clusters", help="comma-separated subset of the bundled clusters (sweep)")
+    parser.add_argument("--sizes", help="comma-separated GPU counts (sweep; default 8 ... 16384)")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="per solve (sweep)")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="CP-SAT workers (sweep)")
+    args = parser.parse_args()
+    if args.sweep:
+        models = args.models.split(",") if args.models else bundled("models")
+        clusters = args.clusters.split(",") if args.clusters else bundled("clusters")
+        sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else list(SWEEP_SIZES)
+        sweep(models, clusters, sizes, args.time_limit, args.workers)
+        return 0
     headline()
-    if "--quick" in sys.argv:
+    if args.quick:
         return 0
     heterogeneous()
     uneven()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,8 +23,10 @@ from autoshard.units import US_PER_S
 
 __all__ = [
     "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
-    "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "hetero_capacity_at",
-    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work",
+    "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "pools_assignment", "hetero_capacity_at",
+    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work", "LayerClasses", "layer_classes",
+    "MixedCapacity", "mixed_tmax_lower_bound", "hetero_pipeline_bound", "tail_lower_bound",
+    "assignment_capacity", "assignment_bounds",
 ]
 
 
@@ -222,29 +225,74 @@ def two_pool_assignment(caps0: np.ndarray, caps1: np.ndarray, limits: Sequence[i
     return best
 
 
+def pools_assignment(caps: np.ndarray, limits: Sequence[int]) -> tuple[float, np.ndarray] | None:
+    """Upper bound on the total capacity when each rank picks one of k pools within the pools' rank
+    limits, and a pool per rank that respects the limits (None: the pools cannot host every rank).
+
+    Two pools: exact (greedy by marginal gain). More: Lagrangian relaxation of the pool limits; for
+    any multipliers lam >= 0, sum_r max_q (caps[q, r] - lam_q) + sum_q lam_q * L_q bounds the best
+    assignment from above, so the smallest over a few multiplier updates is a valid bound. The
+    assignment comes from the last multipliers, with ranks over a pool's limit moved to their next
+    best pool that has room."""
+    k, pp = caps.shape
+    lim = np.minimum(np.asarray(limits, dtype=np.int64), pp)
+    if lim.sum() < pp:
+        return None
+    if k == 2:
+        return two_pool_assignment(caps[0], caps[1], lim)
+    lam = np.zeros(k)
+    best = math.inf
+    for _ in range(2 * k):
+        adj = caps - lam[:, None]
+        best = min(best, float(adj.max(axis=0).sum() + (lam * lim).sum()))
+        choice = adj.argmax(axis=0)
+        counts = np.bincount(choice, minlength=k)
+        over = np.flatnonzero(counts > lim)
+        if len(over) == 0:
+            break
+        for q in over:
+            others = np.delete(adj, q, axis=0).max(axis=0)
+            margins = np.sort((adj[q] - others)[choice == q])[::-1]
+            lam[q] += max(0.0, float(margins[lim[q]]))
+    # a feasible assignment: ranks in order of how much they lose by leaving their pool
+    adj = caps - lam[:, None]
+    order = np.argsort(-(np.sort(adj, axis=0)[-1] - np.sort(adj, axis=0)[-2]), kind="stable")
+    free = lim.copy()
+    pools = np.zeros(pp, dtype=np.int64)
+    for r in order:
+        for q in np.argsort(-adj[:, r], kind="stable"):
+            if free[q] > 0:
+                free[q] -= 1
+                pools[r] = q
+                break
+    return best, pools
+
+
 class _HeteroCapacity:
-    """Per-pool rank work and memory room, computed once, for the two-pool capacity function."""
+    """Per-pool rank work and memory room, computed once, for the k-pool capacity function."""
 
     def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int]) -> None:
         self.n_dec = int(tab.decoders[-1])
         self.parts = []
-        for q in range(2):
+        for q in range(len(tab.pools)):
             d, x, fixed, _ = rank_work(tab, q)
             self.parts.append((rank_room(tab, q), d, x, fixed))
         self.limits = pool_rank_limits(tab, pool_gpus)
 
     def at(self, t: float) -> tuple[float, np.ndarray] | None:
-        caps = [_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts]
-        return two_pool_assignment(caps[0], caps[1], self.limits)
+        caps = np.stack([_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts])
+        return pools_assignment(caps, self.limits)
 
 
 def hetero_capacity_at(tab: CandidateTables, t: float, pool_gpus: Sequence[int]) -> tuple[float, np.ndarray] | None:
-    """(total decoder layers the ranks can absorb within time t, pool per rank) for two pools."""
+    """(upper bound on the decoder layers the ranks can absorb within time t, pool per rank)."""
     return _HeteroCapacity(tab, pool_gpus).at(t)
 
 
-def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int]) -> int | None:
-    """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes."""
+def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], probe: int | None = None) -> int | None:
+    """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes.
+    With `probe` (a time the caller only cares to beat): probe + 1 after one evaluation when even
+    it cannot absorb the layers."""
     n_dec = int(tab.decoders[-1])
     _, _, fixed, _ = rank_work(tab)
     d = max(p.decoder_unit[0] for p in tab.pools)
@@ -256,6 +304,10 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int]) -> i
         found = cap.at(t)
         return np.array([0.0 if found is None else found[0]])
 
+    if probe is not None and lo <= probe < hi:
+        if capacity(probe).sum() < n_dec:
+            return probe + 1
+        hi = probe
     return _threshold(lo, hi, n_dec, capacity)
 
 
@@ -277,26 +329,230 @@ def tmax_lower_bound(tab: CandidateTables, *, uniform_recompute: bool = False) -
     return _threshold(lo, hi, n_dec, lambda t: _least(_rank_capacity(rr, t - fixed, d, x, n_dec), least))
 
 
+_MAX_MINOR = 64
+"""Largest count of minority decoder layers the count-aware bound handles (its DP is quadratic in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerClasses:
+    """Decoder layers split into the most numerous kind (major) and all others (minor), with the
+    cheapest (time us, state MiB, activation MiB) of each class, read from the tables' per-layer
+    differences (so they are exactly what the solver counts), optimistic over `pools`."""
+
+    major: tuple[int, int, int]
+    minor: tuple[int, int, int]
+    n_major: int
+    n_minor: int
+
+
+def layer_classes(tab: CandidateTables, pool: int | None = None) -> LayerClasses:
+    pools = tab.pools if pool is None else (tab.pools[pool],)
+    is_dec = np.diff(tab.decoders) > 0
+    units = []
+    for p in pools:
+        units.append(np.stack([np.diff(p.time_us), np.diff(p.state_mib), np.diff(p.act_mib)], axis=1)[is_dec])
+    # a layer's kind is its signature on the first pool (identical layers give identical integers)
+    sig = [tuple(row) for row in units[0]]
+    counts: dict[tuple, int] = {}
+    for key in sig:
+        counts[key] = counts.get(key, 0) + 1
+    major_key = max(counts, key=lambda k: (counts[k], k))
+    is_major = np.array([key == major_key for key in sig])
+    stacked = np.stack(units)  # (pools, layers, 3)
+    major = tuple(int(v) for v in stacked[:, is_major, :].min(axis=(0, 1)))
+    if is_major.all():
+        minor = major
+    else:
+        minor = tuple(int(v) for v in stacked[:, ~is_major, :].min(axis=(0, 1)))
+    return LayerClasses(major=major, minor=minor, n_major=int(is_major.sum()), n_minor=int((~is_major).sum()))
+
+
+class MixedCapacity:
+    """Count-aware capacities for models whose decoder layers differ (dense-first MoE, hybrids).
+
+    A rank holding j minority layers and n majority layers needs their real time and memory (each
+    class at its own cheapest cost, not the cheapest layer of the model), and may fully recompute up
+    to n + j of them (continuous relaxation). The ranks must share the minority layers exactly, so the
+    largest number of majority layers they can absorb at slowest-rank time T is a max-plus DP over
+    ranks of cap_r(T, j); T is feasible when that reaches the majority count. Valid for any layout:
+    capacities are over-estimates, so the threshold under-estimates the slowest rank."""
+
+    def __init__(self, tab: CandidateTables, pool: int | None = None) -> None:
+        self.cls = layer_classes(tab, pool)
+        self.rr = rank_room(tab, pool)
+        d, x, fixed, least = rank_work(tab, pool)
+        self.x, self.fixed, self.least = x, fixed, least
+        vpp = tab.config.dims.vpp
+        chunks = np.asarray(tab.in_flight_chunks, dtype=np.float64)
+        self.d_major = max(1, self.cls.major[0])
+        self.d_minor = max(0, self.cls.minor[0])
+        self.pl_major = vpp * self.cls.major[1] + chunks * self.cls.major[2]
+        self.pl_minor = vpp * self.cls.minor[1] + chunks * self.cls.minor[2]
+        self.n_dec = int(tab.decoders[-1])
+        self.vpp = vpp
+        self.uniform: int | None = None
+
+    def _caps_uniform(self, ts: np.ndarray, k: int) -> np.ndarray:
+        """As `_caps` when every chunk recomputes exactly k layers (Megatron's --recompute-num-layers):
+        rank r then recomputes vpp*k of its layers, each costing the recompute time and saving its
+        activations, and holds at least that many layers."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        rc = self.vpp * k
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor - rc * max(self.x, 0)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None] + rc * rr.saving[None, :, None]
+                - (rr.working if k > 0 else 0))
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cap = np.floor(np.minimum(room / pl, budget / float(self.d_major)) + 1e-9)
+        need = np.maximum(self.least[None, :, None], rc)
+        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need)
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
+
+    def _caps(self, ts: np.ndarray) -> np.ndarray:
+        """(G, pp, D+1): majority layers rank r can add to j minority layers within time ts[g];
+        -inf where even the j minority layers (or the rank's fewest layers) do not fit."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor  # (G, pp, D+1)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None])
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        d = float(self.d_major)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n1 = np.minimum(room / pl, budget / d)
+            w = rr.saving[None, :, None]
+            if np.any(rr.saving > 0):
+                W = float(rr.working)
+                x = float(max(self.x, 0))
+                by_mem = np.where(pl > w, (room - W + js * w) / np.maximum(pl - w, 1e-9), np.inf)
+                if x > 0:
+                    by_time = (budget * w + x * (room - W)) / (pl * x + d * w)
+                else:
+                    by_time = np.full_like(budget, np.inf)
+                n2 = np.minimum(np.minimum(by_mem, by_time), budget / d)
+                n2 = np.where(w > 0, n2, -np.inf)
+                cap = np.maximum(n1, n2)
+            else:
+                cap = n1
+        cap = np.floor(cap + 1e-9)
+        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None])
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
+
+    def absorbed(self, ts: np.ndarray) -> np.ndarray:
+        """Most majority layers the ranks can absorb at each time in ts while holding every minority
+        layer (with `uniform` set: every chunk recomputing exactly `uniform` layers)."""
+        ts = np.asarray(ts, dtype=np.float64)
+        caps = self._caps(ts) if self.uniform is None else self._caps_uniform(ts, self.uniform)
+        g, pp, width = caps.shape
+        best = caps[:, 0, :]
+        for r in range(1, pp):
+            nxt = np.full((g, width), -np.inf)
+            for j in range(width):
+                shifted = np.full((g, width), -np.inf)
+                shifted[:, j:] = best[:, : width - j]
+                nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
+            best = nxt
+        return best[:, -1]
+
+    def threshold(self, lo: int, probe: int | None = None) -> int | None:
+        """Smallest integer T >= lo at which the ranks can absorb every decoder layer (None: never).
+        With `probe`, a T the caller only cares to beat: when even it is infeasible, probe + 1 (a
+        valid lower bound) comes back after one evaluation."""
+        span = (max(self.d_major, self.d_minor) + max(self.x, 0)) * self.n_dec + 1
+        hi = int(self.fixed.max()) + span
+        if probe is not None and lo <= probe < hi:
+            if self.absorbed(np.array([float(probe)]))[0] < self.cls.n_major:
+                return probe + 1
+            hi = probe
+        elif self.absorbed(np.array([hi]))[0] < self.cls.n_major:
+            return None
+        lo = min(int(lo), hi)
+        while hi - lo > 0:
+            grid = np.unique(np.linspace(lo, hi, 33).astype(np.int64))
+            good = self.absorbed(grid.astype(np.float64)) >= self.cls.n_major
+            first = int(np.argmax(good))  # good[-1] is True: hi is feasible
+            if first == 0:
+                return int(grid[0])
+            lo, hi = int(grid[first - 1]) + 1, int(grid[first])
+        return lo
+
+
+def mixed_tmax_lower_bound(tab: CandidateTables, pool: int | None = None, probe: int | None = None, *,
+                           uniform_recompute: bool = False) -> int | None | bool:
+    """Count-aware slowest-rank bound when the decoder layers differ; True when it does not apply
+    (identical decoder layers, or too many minority layers), None when no layout fits in memory.
+    `probe`: see `MixedCapacity.threshold`. With `uniform_recompute` every chunk recomputes the same
+    number k of layers and the bound is the smallest over k (each k priced exactly per rank)."""
+    cls = layer_classes(tab, pool)
+    if cls.n_minor == 0 or cls.n_minor > _MAX_MINOR:
+        return True
+    cap = MixedCapacity(tab, pool)
+    lo = int(cap.fixed.max())
+    if not uniform_recompute:
+        return cap.threshold(lo, probe)
+    if tab.base_full or not np.any(cap.rr.saving > 0):
+        ks = [0]
+    else:
+        ks = range(cap.n_dec // tab.num_chunks + 1)
+    found = []
+    for k in ks:
+        cap.uniform = k
+        t = cap.threshold(lo, probe)
+        if t is not None:
+            found.append(t)
+            if probe is not None and t <= probe:
+                probe = t - 1  # later k only matter if they beat this one
+    return min(found) if found else None
+
+
 def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
-           pool_gpus: Sequence[int] | None = None) -> tuple[int, int] | None:
+           pool_gpus: Sequence[int] | None = None, cutoff: int | None = None) -> tuple[int, int] | None:
     """(lower bound on the objective, lower bound on the slowest rank's time) over every layout;
     None when no layout fits in memory. With two pools and their GPU counts, the bound accounts for
-    how many ranks the faster pool can host."""
-    if len(tab.pools) == 2 and pool_gpus is not None:
-        slowest = hetero_tmax_lower_bound(tab, pool_gpus)
-    else:
-        slowest = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
-    if slowest is None:
-        return None
+    how many ranks the faster pool can host. With `cutoff`, a first (valid, weaker) bound above it
+    is returned at once: the candidate cannot beat the plan that set the cutoff anyway."""
     cfg = tab.config
     pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
     fastest = min(tab.pools, key=lambda p: int(p.time_us[-1]))
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
-    tmax = max(-(-total // pp), slowest)
-    # the slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r - window_r) + opt_r,
-    # and at least what the first rank (embedding + its fewest decoder layers) and the last rank (output
-    # + its fewest) must exchange and update
+    # decoder layers that differ: each class at its own cost, the minority shared out exactly
+    # (first: it is also the sharpest memory check)
+    probe = None
+    if cutoff is not None and m * vpp > 1:
+        probe = (cutoff // max(1, tab.scale // vpp) - total) // (m * vpp - 1)  # beyond it the bound passes the cutoff
+    mixed = mixed_tmax_lower_bound(tab, probe=probe, uniform_recompute=uniform_recompute)
+    if mixed is None:
+        return None
+    slowest = -(-total // pp) if mixed is True else max(-(-total // pp), mixed)
+    if cutoff is not None:
+        first = (tab.scale // vpp) * ((m * vpp - 1) * slowest + total)
+        if first > cutoff:
+            return first, slowest
+    if len(tab.pools) >= 2 and pool_gpus is not None:
+        found = hetero_tmax_lower_bound(tab, pool_gpus, probe=probe)
+    else:
+        found = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
+    if found is None:
+        return None
+    tmax = max(slowest, found)
+    tail = tail_lower_bound(tab)
+    scale = tab.scale
+    a, b = (scale // vpp) * (m * vpp - 1), scale
+    pipeline_and_tail = a * tmax + b * tail
+    if len(tab.pools) == 1 and pp > 1:
+        pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
+    lower = (scale // vpp) * total + pipeline_and_tail
+    if len(tab.pools) >= 2 and pool_gpus is not None:
+        lower = max(lower, hetero_pipeline_bound(tab, pool_gpus, tmax, a, scale // vpp) + b * tail)
+    return lower, tmax
+
+
+def tail_lower_bound(tab: CandidateTables) -> int:
+    """The slowest rank's tail is at least the average over ranks of max(dp_min_r, dp_full_r -
+    window_r) + opt_r, and at least what the first rank (embedding + its fewest decoder layers) and
+    the last rank (output + its fewest) must exchange and update."""
+    pp = tab.config.dims.pp
     _, _, _, least = rank_work(tab)
     n = tab.num_layers
 
@@ -305,7 +561,7 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
         own = int(p.dp_min_us[layer + 1] - p.dp_min_us[layer]) + int(p.opt_us[layer + 1] - p.opt_us[layer])
         return own + int(count) * (per(p.dp_min_us) + per(p.opt_us))
 
-    tail = min(
+    return min(
         max(
             -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]), int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
                                         - int(p.window_us[-1]))) // pp),
@@ -314,12 +570,130 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
         )
         for p in tab.pools
     )
-    scale = tab.scale
-    a, b = (scale // vpp) * (m * vpp - 1), scale
-    pipeline_and_tail = a * tmax + b * tail
-    if len(tab.pools) == 1 and pp > 1:
-        pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
-    return (scale // vpp) * total + pipeline_and_tail, tmax
+
+
+def assignment_sends(tab: CandidateTables, assignment: Sequence[int]) -> np.ndarray:
+    """Point-to-point time per micro-batch of each rank when rank r runs on pool assignment[r]:
+    every chunk boundary priced as `int_objective` prices it (same pool or across pools)."""
+    pp, s = tab.config.dims.pp, tab.num_chunks
+    out = np.zeros(pp)
+    for k in range(s):
+        a = assignment[k % pp]
+        for nb in ([k + 1] if k + 1 < s else []) + ([k - 1] if k > 0 else []):
+            b = assignment[nb % pp]
+            out[k % pp] += tab.pools[a].p2p_us if a == b else tab.cross_p2p_us[(a, b) if nb > k else (b, a)]
+    return out
+
+
+def assignment_capacity(tab: CandidateTables, assignment: Sequence[int]):
+    """Per-rank decoder capacity at slowest-rank time t when rank r runs on pool assignment[r]
+    (memory and recompute included, as `rank_capacity_at`; sends priced exactly)."""
+    pools = np.asarray(assignment)
+    n_dec = int(tab.decoders[-1])
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    exact = assignment_sends(tab, assignment) - np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    parts = []
+    for q in range(len(tab.pools)):
+        d, x, fixed, least = rank_work(tab, q)
+        parts.append((rank_room(tab, q), d, x, fixed + exact, least))
+    least = parts[0][4]
+
+    def at(t: float) -> np.ndarray:
+        caps = np.zeros(len(pools))
+        for q, (rr, d, x, fixed, _) in enumerate(parts):
+            mask = pools == q
+            if mask.any():
+                caps = np.where(mask, _rank_capacity(rr, t - fixed, d, x, n_dec), caps)
+        return _least(caps, least)
+
+    return at
+
+
+def assignment_bounds(tab: CandidateTables, assignment: Sequence[int], pool_gpus: Sequence[int],
+                      base_lower: int) -> tuple[int, int] | None:
+    """(objective bound, slowest-rank bound) of a candidate whose ranks' pools are fixed; None when
+    no layout fits. Never weaker than `base_lower`, the candidate's bound over every assignment."""
+    cfg = tab.config
+    pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
+    n_dec = int(tab.decoders[-1])
+    at = assignment_capacity(tab, assignment)
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    exact = assignment_sends(tab, assignment) - np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    # each rank's fixed work on its own pool: no layout is faster than the slowest of them
+    lo = int(max(rank_work(tab, q)[2][r] + exact[r] for r, q in enumerate(assignment)))
+    d = max(p.decoder_unit[0] for p in tab.pools)
+    x = max(max(p.recompute_extra_us for p in tab.pools), 0)
+    tmax = _threshold(lo, lo + (d + x) * n_dec + 1, n_dec, at)
+    if tmax is None:
+        return None
+    a, c = (tab.scale // vpp) * (m * vpp - 1), tab.scale // vpp
+    pipeline = hetero_pipeline_bound(tab, pool_gpus, tmax, a, c, assignment=assignment,
+                                     sends=assignment_sends(tab, assignment))
+    return max(base_lower, pipeline + tab.scale * tail_lower_bound(tab)), tmax
+
+
+def hetero_pipeline_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, c: int,
+                          assignment: Sequence[int] | None = None, sends: np.ndarray | None = None) -> int:
+    """Lower bound on a*t_max + c*sum_r T_r on a heterogeneous cluster.
+
+    The sum of the ranks' times is the time of every layer on the pool that runs it. At slowest-rank
+    time T each pool's ranks hold at most their capacity at T (the pool's L_q most capable ranks,
+    each rank counted for every pool: a relaxation), so the smallest sum fills the pools with the
+    cheapest decoder layer first. That sum shrinks as T grows, so T runs over a grid from the t_max
+    bound to where a longer T cannot pay for itself, each segment priced at its left T and right sum.
+    With `assignment` (the pool of each rank), each pool counts exactly its own ranks, and `sends`
+    (per rank, exact for that assignment) replace the cheapest-link estimate of the p2p time."""
+    pp = tab.config.dims.pp
+    n_dec = int(tab.decoders[-1])
+    n = tab.num_layers
+    limits = np.minimum(pool_rank_limits(tab, pool_gpus), pp)
+    own = None if assignment is None else np.asarray(assignment)
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    exact = 0.0 if sends is None else sends - np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    parts = []
+    for q in range(len(tab.pools)):
+        d, x, fixed, _ = rank_work(tab, q)
+        parts.append((d, rank_room(tab, q), x, fixed + exact, int(limits[q]), None if own is None else own == q))
+    parts.sort(key=lambda item: item[0])
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    ends = (min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)
+            + min(int(p.time_us[n] - p.time_us[n - 1]) for p in tab.pools)
+            + (2 * (tab.num_chunks - 1) * p2p if sends is None else int(sends.sum())))
+
+    def smallest_sum(t: float) -> int | None:
+        left, total = n_dec, 0
+        for d, rr, x, fixed, limit, mine in parts:
+            if limit <= 0 or (mine is not None and not mine.any()):
+                continue
+            caps = _rank_capacity(rr, t - fixed, d, x, n_dec)
+            room = caps[mine].sum() if mine is not None else np.sort(caps)[::-1][:limit].sum()
+            take = min(left, int(room))
+            total += take * d
+            left -= take
+            if left == 0:
+                return total + ends
+        return None
+
+    floor = smallest_sum(math.inf)
+    if floor is None:
+        return 0
+    first = smallest_sum(tmax)
+    if a <= 0:
+        return c * floor
+    if first is None:
+        first = smallest_sum(tmax + 1)
+        if first is None:  # only feasible further out: price from the floor
+            return a * tmax + c * floor
+    span = max(1, math.ceil(c * (first - floor) / a))
+    points = 12
+    grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
+    sums = [smallest_sum(t) for t in grid]
+    best = a * grid[-1] + c * floor
+    for i in range(points):
+        right = sums[i + 1]
+        if right is not None:
+            best = min(best, a * grid[i] + c * right)
+    return best
 
 
 def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, list[np.ndarray]]:
@@ -397,16 +771,28 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     return best or 0, [c for _, c in caps[:3]]
 
 
-def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
-    """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
-    total work evenly and the exposed tail is zero."""
-    dims = cfg.dims
-    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+@lru_cache(maxsize=64)
+def _major_decoder(model: ModelSpec) -> tuple[LayerKind | None, int]:
+    """The most numerous decoder kind of a model and its count."""
     counts: dict[LayerKind, int] = {}
     for kind in model.layer_kinds:
-        counts[kind] = counts.get(kind, 0) + 1
+        if kind in (LayerKind.DENSE, LayerKind.MOE):
+            counts[kind] = counts.get(kind, 0) + 1
+    if not counts:
+        return None, 0
+    major = max(counts, key=lambda k: (counts[k], k.value))
+    return major, counts[major]
+
+
+def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
+    """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
+    work of the most numerous decoder kind evenly (the other layers counted as free) and the exposed
+    tail is zero. One `layer_cost` per pool, so the whole space can be bounded before any table."""
+    dims = cfg.dims
+    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+    major, count = _major_decoder(model)
     per_pool = [
-        sum(round(layer_cost(model, k, pool, cfg, cfg.recompute).time_s * US_PER_S) * n for k, n in counts.items())
+        round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * count if major else 0
         for pool in cluster.pools
     ]
     total = min(per_pool)

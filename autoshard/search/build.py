@@ -146,14 +146,17 @@ def _chunk_linear(model: cp_model.CpModel, tab: CandidateTables, k: int, bounds:
 
 
 def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: list[int], uniform_recompute: bool,
-                   per_stage_recompute: bool, hint: Layout | None, hi: int, lower: int, tmax_lower: int) -> CandidateVars:
+                   per_stage_recompute: bool, hint: Layout | None, hi: int, lower: int, tmax_lower: int,
+                   fixed_pools: tuple[int, ...] | None = None) -> CandidateVars:
     cfg = tab.config
     dims = cfg.dims
     pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
     s = tab.num_chunks
     n = tab.num_layers
     x = model.new_bool_var("x")
-    hetero = len(tab.pools) > 1
+    # a heterogeneous candidate either chooses its ranks' pools (variables) or comes with them fixed
+    # (one candidate per pool assignment): then every quantity is a constant-pool lookup
+    hetero = len(tab.pools) > 1 and fixed_pools is None
 
     bounds: list[cp_model.IntVar | int] = [0]
     for k in range(1, s):
@@ -177,13 +180,15 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         for i, gpus in enumerate(pool_gpus):
             model.add(sum(member[r][i] for r in range(pp)) * stage_gpus <= gpus).only_enforce_if(x)
     else:
-        rank_pools = [0] * pp
+        rank_pools = list(fixed_pools) if fixed_pools is not None else [0] * pp
 
     cache: dict = {}
-    # recompute bounds use the conservative values across pools (exact on homogeneous clusters)
-    extra = max(p.recompute_extra_us for p in tab.pools)
-    saving = min(p.recompute_saving_mib for p in tab.pools)
-    working = max(p.working_mib for p in tab.pools)
+    # recompute bounds use the conservative values across pools (exact on homogeneous clusters and
+    # with fixed pools, where each rank uses its own pool's)
+    pool_of = (lambda r: [tab.pools[rank_pools[r]]]) if fixed_pools is not None else (lambda r: tab.pools)  # noqa: E731
+    extras = [max(p.recompute_extra_us for p in pool_of(r)) for r in range(pp)]
+    savings = [min(p.recompute_saving_mib for p in pool_of(r)) for r in range(pp)]
+    workings = [max(p.working_mib for p in pool_of(r)) for r in range(pp)]
     # Megatron-LM takes one --recompute-granularity: block full recompute (--recompute-num-layers)
     # cannot be added to selective recompute, so selective candidates recompute no extra layers
     allow_rc = per_stage_recompute and not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
@@ -211,11 +216,13 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         recompute.append(rk)
         t = [up["time_us"] - lo["time_us"]]
         if allow_rc:
-            t.append(extra * rk)
+            t.append(extras[r] * rk)
             rank_rc[r].append(rk)
         for nb in ([k + 1] if k + 1 < s else []) + ([k - 1] if k > 0 else []):
             qn = rank_pools[nb % pp]
-            if not hetero:
+            if fixed_pools is not None:
+                t.append(tab.pools[q].p2p_us if q == qn else tab.cross_p2p_us[(q, qn)])
+            elif not hetero:
                 t.append(p2p_same)
             else:
                 cost = model.new_int_var(0, hi, "")
@@ -228,7 +235,7 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
             if c == "time_us":
                 continue
             rank_terms[r][c].append(up[c] - lo[c])
-        rank_terms[r]["act_mib"].append(-saving * rk if allow_rc else 0)
+        rank_terms[r]["act_mib"].append(-savings[r] * rk if allow_rc else 0)
 
     tmax = model.new_int_var(min(tmax_lower, hi), hi, "tmax")
     tail = model.new_int_var(0, hi, "tail")
@@ -245,12 +252,12 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         model.add(tail >= exposed + sum(terms["opt_us"]))
         # memory of rank r, scaled by vpp so in-flight chunk counts stay integral
         if tab.base_full:
-            work = vpp * working
+            work = vpp * workings[r]
         elif allow_rc:
             z = model.new_bool_var("")
             for rk in rank_rc[r]:
                 model.add(rk == 0).only_enforce_if(~z)
-            work = vpp * working * z
+            work = vpp * workings[r] * z
         else:
             work = 0
         q = rank_pools[r]
@@ -288,7 +295,8 @@ def _upper(tab: CandidateTables) -> int:
 
 def build_model(tables: list[CandidateTables], *, pool_gpus: list[int], uniform_recompute: bool,
                 per_stage_recompute: bool, hint_index: int | None, hint: Layout | None,
-                lower_bounds: list[int], tmax_lower_bounds: list[int], even_layout_only: bool = False) -> BuiltModel:
+                lower_bounds: list[int], tmax_lower_bounds: list[int], even_layout_only: bool = False,
+                fixed_pools: list[tuple[int, ...] | None] | None = None) -> BuiltModel:
     model = cp_model.CpModel()
     cands = []
     for i, tab in enumerate(tables):
@@ -297,6 +305,7 @@ def build_model(tables: list[CandidateTables], *, pool_gpus: list[int], uniform_
             model, tab, pool_gpus=pool_gpus, uniform_recompute=uniform_recompute,
             per_stage_recompute=per_stage_recompute, hint=hint if i == hint_index else None, hi=hi,
             lower=lower_bounds[i], tmax_lower=tmax_lower_bounds[i],
+            fixed_pools=fixed_pools[i] if fixed_pools else None,
         ))
         if even_layout_only:
             even = even_layout(tab)

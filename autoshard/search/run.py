@@ -3,9 +3,9 @@ decode, re-check in floats, and return the best plans with their certificate."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -15,9 +15,10 @@ from autoshard.costmodel.memory import layer_param_shards, model_state_bytes
 from autoshard.costmodel.training import Stage, TrainConfig, predict_train
 from autoshard.errors import InfeasibleError, SolverError
 from autoshard.plan import Plan, SolverStats
-from autoshard.search.bounds import bounds, quick_lower_bound
+from autoshard.search.bounds import assignment_bounds, bounds, pool_rank_limits, quick_lower_bound
 from autoshard.search.build import BuiltModel, build_model
-from autoshard.search.incumbents import hetero_incumbent, incumbent
+from autoshard.search.deadline import Deadline
+from autoshard.search.incumbents import assignment_incumbent, hetero_incumbent, improve, incumbent
 from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
 from autoshard.search.tables import CandidateTables, Layout, build_tables, even_layout
 from autoshard.specs.cluster import ClusterSpec
@@ -50,6 +51,9 @@ class SolverOptions:
     its HBM: below 1 keeps headroom for what no model predicts (default: DEFAULT_MEMORY_FRACTION)."""
     log: bool = False
     space: SpaceOptions = SpaceOptions()
+    started_at: float | None = None
+    """`time.monotonic()` when the command started: the time limit counts from there (None: from the
+    call to `solve_train`)."""
 
 
 @dataclass(slots=True)
@@ -68,7 +72,18 @@ class Prepared:
     scale: int = 1
     min_memory_gib: float | None = None
     capacity_gib: float | None = None
+    fixed_pools: list[tuple[int, ...] | None] = field(default_factory=list)
+    """Per table: the pool of each pipeline rank when the candidate was split by pool assignment."""
 
+
+_PREPARE_SHARE = 0.7
+"""Share of the time limit for enumeration, bounds and incumbents; CP-SAT gets the rest (and all
+that the preparation leaves unused)."""
+_FIRST_PLAN_GRACE_S = 0.8
+"""How far past the limit the search may run while it has found no plan at all (the issue's bound
+on overshooting the limit is 2 s)."""
+_RECHECK_RESERVE_S = 0.3
+"""Wall time kept back from CP-SAT for decoding and the float re-check of the plan."""
 
 _RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
@@ -90,13 +105,23 @@ def _quick_state_floor_bytes(model: ModelSpec, cfg: TrainConfig) -> float:
     return total / cfg.dims.pp
 
 
-def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins, options: SolverOptions) -> Prepared:
+def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins, options: SolverOptions,
+            deadline: Deadline | None = None, hard_deadline: Deadline | None = None) -> Prepared:
     """Enumerate, then best-first over cheap lower bounds: tighten the bound and build an
-    incumbent only for candidates that could still beat the best plan found so far."""
-    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
+    incumbent only for candidates that could still beat the best plan found so far.
+
+    Past `deadline` every phase stops early: candidates never looked at leave the certified bound
+    at the smallest cheap bound among them, or at 0 when even their cheap bounds are unknown; the
+    best-first pass still runs until it has one plan (the caller's overall limit caps that)."""
+    deadline = deadline or Deadline.never()
+    hard = hard_deadline or deadline
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space, deadline=deadline)
     configs = space.candidates
     prep = Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(space.pruned),
                     enumerated=space.enumerated)
+    if not space.complete:
+        prep.excluded_bound = 0
+        prep.pruned["time limit: enumeration stopped (bound 0)"] += 1
     if not configs:
         return prep
     scale = math.lcm(*{c.dims.vpp for c in configs})
@@ -108,11 +133,19 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]
-    for cfg in configs:
+    floors: dict[tuple, float] = {}
+    for n_seen, cfg in enumerate(configs):
+        if n_seen % 512 == 511 and deadline.expired():
+            prep.excluded_bound = 0  # the rest have no bound at all
+            prep.pruned["time limit: cheap bounds not computed (bound 0)"] += len(configs) - n_seen
+            break
         if pins.recompute_num_layers and cfg.recompute.value == "full":
             prep.pruned["recompute-num-layers pinned with full recompute"] += 1
             continue
-        floor = _quick_state_floor_bytes(model, cfg)
+        key = (cfg.dims, cfg.zero_stage, cfg.optimizer)
+        floor = floors.get(key)
+        if floor is None:
+            floor = floors[key] = _quick_state_floor_bytes(model, cfg)
         best_floor = min(best_floor, floor)
         if floor > usable:
             prep.pruned["model states alone exceed GPU memory"] += 1
@@ -129,6 +162,11 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if best_ub is not None and cheap_lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += len(staged) - n_done
             break
+        if (incumbents and deadline.expired()) or hard.expired():
+            # certified: every candidate left has at least this cheap bound (sorted)
+            prep.excluded_bound = cheap_lb if prep.excluded_bound is None else min(prep.excluded_bound, cheap_lb)
+            prep.pruned["time limit: left out with their cheap bound"] += len(staged) - n_done
+            break
         tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
         if options.space.even_layout_only and even_layout(tab) is None:
             prep.pruned["even split impossible (layers not divisible by PP x VPP)"] += 1
@@ -138,7 +176,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.pruned["same costs as a simpler candidate (e.g. CP x2 with micro-batch x2)"] += 1
             continue
         seen.add(signature)
-        found = bounds(tab, uniform_recompute=uniform, pool_gpus=pool_gpus if cluster.is_heterogeneous else None)
+        found = bounds(tab, uniform_recompute=uniform, pool_gpus=pool_gpus if cluster.is_heterogeneous else None,
+                       cutoff=best_ub)
         if found is None:
             prep.pruned["states + in-flight activations exceed GPU memory in every layout"] += 1
             continue
@@ -150,6 +189,8 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             inc = hetero_incumbent(cluster, tab, tmax_lb)
         else:
             inc = incumbent(tab, None, tmax_lb, uniform)
+        if inc is not None and tab.num_chunks > 1 and (best_ub is None or inc[0] < best_ub + (best_ub >> 5)):
+            inc = improve(tab, inc)  # promising (within ~3 % of the best): polish it
         if tab.num_chunks == 1 and not cluster.is_heterogeneous:
             # one stage: the only layout is the whole model; its recompute search was exhaustive
             if inc is None:
@@ -161,7 +202,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             if len(incumbents) >= max(1, options.top_k):
                 best_ub = incumbents[-1]
         kept.append((lb, tmax_lb, inc, tab))
-    for lb, tmax_lb, inc, tab in kept:
+    if cluster.is_heterogeneous:
+        kept, best_ub = _split_by_assignment(kept, pool_gpus, best_ub, incumbents, options, prep, deadline)
+    for lb, tmax_lb, inc, tab, *fixed in kept:
         if best_ub is not None and lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
@@ -169,7 +212,67 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         prep.lower_bounds.append(lb)
         prep.tmax_bounds.append(tmax_lb)
         prep.incumbents.append(inc)
+        prep.fixed_pools.append(fixed[0] if fixed else None)
     return prep
+
+
+def _kth(values: list[int], k: int) -> int | None:
+    k = max(1, k)
+    return values[k - 1] if len(values) >= k else None
+
+
+_MAX_ASSIGNMENTS = 512
+"""Largest number of rank -> pool assignments a heterogeneous candidate is split into; past it the
+candidate keeps its pool variables (CP-SAT chooses the pools)."""
+
+
+def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, incumbents: list[int],
+                         options: SolverOptions, prep: Prepared, deadline: Deadline) -> tuple[list, int | None]:
+    """On a heterogeneous cluster, one candidate per rank -> pool assignment that the pools can host:
+    each gets its own (much tighter) bound and incumbent, and CP-SAT then only places layers. The
+    assignments pruned by their bound carry a certificate like any candidate; a candidate with too
+    many assignments (or when time runs short) stays whole, with CP-SAT choosing its pools."""
+    out = []
+    for lb, tmax_lb, inc, tab in sorted(kept, key=lambda item: item[0]):
+        pp = tab.config.dims.pp
+        k = len(tab.pools)
+        limits = [min(pp, g) for g in pool_rank_limits(tab, pool_gpus)]
+        if k ** pp > 8 * _MAX_ASSIGNMENTS or deadline.expired() or (best_ub is not None and lb > best_ub):
+            out.append((lb, tmax_lb, inc, tab))
+            continue
+        vectors = [v for v in itertools.product(range(k), repeat=pp)
+                   if all(v.count(q) <= limits[q] for q in range(k))]
+        if len(vectors) > _MAX_ASSIGNMENTS:
+            out.append((lb, tmax_lb, inc, tab))
+            continue
+        original = tuple(inc[1].pools[:pp]) if inc is not None else None
+        split = []
+        for v in vectors:
+            if deadline.expired():
+                break
+            found = assignment_bounds(tab, v, pool_gpus, lb)
+            if found is None:
+                prep.pruned["pool assignment: does not fit in memory"] += 1
+                continue
+            lb_v, tmax_v = found
+            if best_ub is not None and lb_v > best_ub:
+                prep.pruned["pool assignment: bound cannot beat the best plan found"] += 1
+                continue
+            inc_v = assignment_incumbent(tab, v, tmax_v)
+            if v == original and (inc_v is None or inc[0] < inc_v[0]):
+                inc_v = inc  # the candidate's incumbent stays: the bounds already pruned against it
+            if inc_v is not None:
+                incumbents = sorted([*incumbents, inc_v[0]])[: max(1, options.top_k)]
+                best_ub = _kth(incumbents, options.top_k)
+            split.append((lb_v, tmax_v, inc_v, tab, v))
+        if deadline.expired():  # not every assignment bounded: the candidate stays whole
+            out.append((lb, tmax_lb, inc, tab))
+            out.extend(item for item in split if item[2] is not None and (best_ub is None or item[2][0] <= best_ub))
+            continue
+        out.extend(item for item in split if best_ub is None or item[0] <= best_ub)
+        prep.pruned["pool assignment: bound cannot beat the best plan found"] += sum(
+            1 for item in split if best_ub is not None and item[0] > best_ub)
+    return out, best_ub
 
 
 def _select(prep: Prepared, options: SolverOptions) -> list[int]:
@@ -185,13 +288,16 @@ def _select(prep: Prepared, options: SolverOptions) -> list[int]:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
         keep.append(i)
-    if len(keep) > options.max_candidates_in_model:
+    # candidates with their pools fixed are light (no pool variables): twice as many fit the model
+    cap = options.max_candidates_in_model * (2 if any(f is not None for f in prep.fixed_pools) else 1)
+    if len(keep) > cap:
         best = min((i for i in keep if prep.incumbents[i]), key=lambda i: prep.incumbents[i][0], default=None)
-        head = keep[: options.max_candidates_in_model]
+        head = keep[:cap]
         if best is not None and best not in head:
             head[-1] = best  # the incumbent always stays in the model
         left = [i for i in keep if i not in head]
-        prep.excluded_bound = min(prep.lower_bounds[i] for i in left)
+        left_bound = min(prep.lower_bounds[i] for i in left)
+        prep.excluded_bound = left_bound if prep.excluded_bound is None else min(prep.excluded_bound, left_bound)
         prep.pruned["model size cap (bound still certified)"] += len(left)
         keep = head
     return keep
@@ -263,11 +369,21 @@ def _infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Pre
 def solve_train(
     model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
 ) -> list[Plan]:
-    """The best `options.top_k` distinct training plans, best first."""
-    start = time.perf_counter()
+    """The best `options.top_k` distinct training plans, best first.
+
+    The whole solve honours `options.time_limit_s` (counted from `options.started_at` when given):
+    enumeration and bounds get most of it, CP-SAT what is left; past the limit the best plan found so
+    far comes back as FEASIBLE with the bound proven so far."""
+    deadline = Deadline(options.time_limit_s, start=options.started_at)
     check_pins(model, cluster, job, pins)
-    prep = prepare(model, cluster, job, pins=pins, options=options)
+    # past the limit the search only goes on while it has no plan at all, and never past the grace
+    grace = Deadline(options.time_limit_s + _FIRST_PLAN_GRACE_S, start=deadline.start)
+    prep = prepare(model, cluster, job, pins=pins, options=options, deadline=deadline.part(_PREPARE_SHARE),
+                   hard_deadline=grace)
     if not prep.tables:
+        if deadline.expired():
+            raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "
+                              "candidates enumerated): raise --time-limit or pin some knobs")
         raise _infeasible(model, cluster, job, prep, pins)
     keep = _select(prep, options)
     tables = [prep.tables[i] for i in keep]
@@ -280,6 +396,7 @@ def solve_train(
         per_stage_recompute=options.space.per_stage_recompute, hint_index=hint_index, hint=hint,
         even_layout_only=options.space.even_layout_only,
         lower_bounds=[prep.lower_bounds[i] for i in keep], tmax_lower_bounds=[prep.tmax_bounds[i] for i in keep],
+        fixed_pools=[prep.fixed_pools[i] for i in keep],
     )
     if pins.recompute_num_layers is not None:
         for cand in built.candidates:
@@ -299,12 +416,16 @@ def solve_train(
     plans: list[Plan] = []
     returned: set[int] = set()
     for _ in range(max(1, options.top_k)):
-        remaining = options.time_limit_s - (time.perf_counter() - start)
-        params.max_time_in_seconds = max(0.5, remaining)
+        # keep a moment for decoding and the float re-check; with no time left, CP-SAT only loads the
+        # model and the best incumbent below stands in
+        params.max_time_in_seconds = max(0.01, deadline.remaining() - _RECHECK_RESERVE_S)
         status = solver.solve(built.model)
         if status == cp_model.INFEASIBLE:
             if plans:
                 break
+            if prep.excluded_bound == 0:
+                raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit: raise "
+                                  "--time-limit or pin some knobs")
             raise _infeasible(model, cluster, job, prep, pins)
         in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -334,7 +455,7 @@ def solve_train(
         optimal = status == cp_model.OPTIMAL and bound >= objective - 1e-6
         stats = SolverStats(
             status="OPTIMAL" if optimal else "FEASIBLE",
-            wall_s=time.perf_counter() - start,
+            wall_s=deadline.elapsed(),
             objective=objective / scale_s,
             bound=bound / scale_s,
             conflicts=solver.num_conflicts,

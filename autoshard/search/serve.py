@@ -32,6 +32,7 @@ from autoshard.search.serve_disagg import (
     tabulate_disagg,
     transfer_for,
 )
+from autoshard.search.deadline import Deadline
 from autoshard.search.serve_space import (
     GPU_MEMORY_UTILIZATION,
     MAX_CONCURRENCY,
@@ -263,6 +264,7 @@ def solve_serve(
     num_workers: int = 8,
     seed: int = 0,
     disaggregate: str = "off",
+    started_at: float | None = None,
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
 
@@ -270,7 +272,10 @@ def solve_serve(
     "auto" lets the solver choose between both in one model.
 
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
-    when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time."""
+    when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time.
+    The whole call honours `time_limit_s` (counted from `started_at`, a `time.monotonic()` value, when
+    given): the top-k solves share what the setup leaves."""
+    deadline = Deadline(time_limit_s, start=started_at)
     start = time.perf_counter()
     if disaggregate not in DISAGGREGATE:
         raise SpecError(
@@ -311,8 +316,10 @@ def solve_serve(
         built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
     plans: list[ServePlan] = []
     while len(plans) < top_k:
+        if plans and deadline.remaining() < 0.05:
+            break  # the limit is spent: return the plans found so far
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.max_time_in_seconds = max(0.01, deadline.remaining() - 0.1)
         solver.parameters.num_workers = num_workers
         solver.parameters.random_seed = seed
         solver.parameters.relative_gap_limit = 0.0
@@ -366,7 +373,8 @@ def solve_serve(
             built.cp.add(built.engine != space.engines.index(chosen.engine)).only_enforce_if(~built.dis)
     if disaggregate == "auto" and rows and tables is not None:
         other = _best_other(
-            model, cluster, job, rows, tables, space, plans[0], time_limit_s, num_workers, seed
+            model, cluster, job, rows, tables, space, plans[0], max(0.01, deadline.remaining() - 0.1), num_workers,
+            seed,
         )
         plans[0] = dataclasses.replace(plans[0], choice=_choice(job, plans[0], other))
     return mark_ties(plans)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from autoshard.costmodel.training import TrainConfig
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
+from autoshard.search.deadline import Deadline
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -83,6 +84,8 @@ class Space:
     candidates: list[TrainConfig]
     pruned: Counter[str] = field(default_factory=Counter)
     enumerated: int = 0
+    complete: bool = True
+    """False when the deadline stopped the enumeration: the candidates are then a subset."""
 
     def prune(self, reason: str) -> None:
         self.pruned[reason] += 1
@@ -192,6 +195,7 @@ def enumerate_train(
     *,
     pins: Pins = Pins(),
     options: SpaceOptions = SpaceOptions(),
+    deadline: Deadline | None = None,
 ) -> Space:
     space = Space(candidates=[])
     seq, gbs = job.seq_len, job.global_batch_size
@@ -225,6 +229,9 @@ def enumerate_train(
                 rest = world // (tp * cp)
                 pps = [pins.pp] if pins.pp else divisors(rest)
                 for pp in pps:
+                    if deadline is not None and deadline.expired():
+                        space.complete = False
+                        return space
                     if rest % pp:
                         continue
                     dp = rest // pp

@@ -14,7 +14,7 @@ from autoshard.search.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
 from autoshard.units import US_PER_S
-from conftest import hetero_cluster, tiny_cluster, tiny_model
+from conftest import gpu, hetero_cluster, node, tiny_cluster, tiny_model
 
 OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, memory_fraction=1.0,
                         space=SpaceOptions(max_micro_batch=4, max_vpp=2))
@@ -84,3 +84,152 @@ def test_heterogeneous_cpsat_reaches_the_brute_force_optimum():
     got, status = solver_objective(model, cluster, job, options)
     assert status == "OPTIMAL"
     assert got == best
+
+
+def _rank_tmax(tab, layout) -> int:
+    """Slowest rank's time per micro-batch of a layout, as `int_objective` counts it."""
+    pp, s = tab.config.dims.pp, tab.num_chunks
+    b, r, q = layout.bounds, layout.recompute, layout.pools
+    times = [0] * pp
+    for k in range(s):
+        p = tab.pools[q[k]]
+        t = int(p.time_us[b[k + 1]] - p.time_us[b[k]]) + r[k] * p.recompute_extra_us
+        t += (p.p2p_us if k + 1 < s else 0) + (p.p2p_us if k > 0 else 0)
+        times[k % pp] += t
+    return max(times)
+
+
+MIXED = {
+    # dense-first MoE models (the DeepSeek-V3 shape), roomy and tight memory, and a dense-last mix
+    "dense-first": (tiny_model(layers=6, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024}, dense_first=2),
+                    tiny_cluster(gpus_per_node=4, nodes=1), TrainJob(seq_len=1024, global_batch_size=8)),
+    "dense-first-tight": (tiny_model(layers=7, hidden=2048, heads=16, kv=4,
+                                     moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 4096}, dense_first=1),
+                          tiny_cluster(gpus_per_node=4, nodes=1, hbm=14.0), TrainJob(seq_len=2048, global_batch_size=8)),
+    "dense-first-3": (tiny_model(layers=8, hidden=1536, heads=12, kv=4,
+                                 moe={"num_experts": 4, "top_k": 1, "expert_ffn_hidden_size": 6144}, dense_first=3),
+                      tiny_cluster(gpus_per_node=4, nodes=1, hbm=12.0), TrainJob(seq_len=2048, global_batch_size=8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_mixed_layer_bounds_never_exceed_the_brute_force_optimum(name):
+    """Per candidate: the count-aware slowest-rank bound <= the best feasible layout's slowest rank,
+    the objective bound <= the best feasible layout's objective, and 'no layout fits' only when none
+    does. The count-aware bound must also bite (be the tighter one) somewhere in each model."""
+    from autoshard.search.bounds import bounds, mixed_tmax_lower_bound, tmax_lower_bound
+
+    model, cluster, job = MIXED[name]
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=2, max_vpp=2))
+    space = enumerate_train(model, cluster, job, pins=Pins(), options=options.space)
+    scale = math.lcm(*{c.dims.vpp for c in space.candidates})
+    checked = bites = 0
+    for cfg in space.candidates:
+        tab = build_tables(model, cluster, cfg, scale=scale)
+        s, n = tab.num_chunks, tab.num_layers
+        best_obj = best_tmax = None
+        for inner in itertools.combinations(range(1, n), s - 1):
+            bnds = (0, *inner, n)
+            smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
+            for rc in range(0 if tab.base_full else smallest + 1):
+                lay = Layout(bounds=bnds, recompute=(rc,) * s, pools=(0,) * s)
+                obj, fits = int_objective(tab, lay)
+                if fits:
+                    best_obj = obj if best_obj is None else min(best_obj, obj)
+                    tmax = _rank_tmax(tab, lay)
+                    best_tmax = tmax if best_tmax is None else min(best_tmax, tmax)
+        mixed = mixed_tmax_lower_bound(tab)
+        assert mixed is not True  # these models mix decoder kinds
+        found = bounds(tab, uniform_recompute=True)
+        if best_obj is None:
+            continue  # nothing fits: any answer of the bound is valid (None is the sharp one)
+        assert mixed is not None and found is not None, cfg.dims.describe()
+        assert mixed <= best_tmax
+        assert found[1] <= best_tmax
+        assert found[0] <= best_obj
+        checked += 1
+        plain = tmax_lower_bound(tab)  # every decoder layer at the cheapest layer's cost
+        if plain is not None and mixed > plain:
+            bites += 1
+    assert checked > 0
+    assert bites > 0
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_cpsat_reaches_the_brute_force_optimum_on_mixed_layer_models(name):
+    model, cluster, job = MIXED[name]
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=2, max_vpp=2))
+    best, _ = brute_force(model, cluster, job, options)
+    got, status = solver_objective(model, cluster, job, options)
+    assert status == "OPTIMAL"
+    assert got == best
+
+
+def three_pool_cluster():
+    """Three pools, two node sizes: fast 80 GB GPUs in 4-GPU nodes, slow 80 GB and slow 24 GB GPUs
+    in 2-GPU nodes."""
+    from autoshard.specs import ClusterSpec
+
+    return ClusterSpec.model_validate({
+        "name": "three",
+        "pools": [
+            {"name": "fast", "gpu": gpu("H100", hbm=80.0), "node": node(4), "num_nodes": 1},
+            {"name": "slow", "gpu": gpu("A100", hbm=80.0, tflops=312.0), "node": node(2), "num_nodes": 1},
+            {"name": "small", "gpu": gpu("A10", hbm=24.0, tflops=125.0), "node": node(2), "num_nodes": 1},
+        ],
+        "inter_pool_gbps": 25,
+    })
+
+
+@pytest.mark.parametrize("layers,moe", [(6, None), (5, {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024})])
+def test_three_pool_cpsat_reaches_the_brute_force_optimum(layers, moe):
+    """Pools of different node sizes, every rank -> pool assignment the pools can host: CP-SAT (with
+    candidates split by pool assignment and their bounds) matches brute force exactly."""
+    model = tiny_model(layers=layers, moe=moe, dense_first=1 if moe else 0)
+    cluster = three_pool_cluster()
+    job = TrainJob(seq_len=2048, global_batch_size=16)
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60,
+                            space=SpaceOptions(max_micro_batch=2, max_vpp=1, max_cp=1))
+    best, _ = brute_force(model, cluster, job, options)
+    got, status = solver_objective(model, cluster, job, options)
+    assert status == "OPTIMAL"
+    assert got == best
+
+
+def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
+    """For every candidate and every rank -> pool assignment on three pools: the assignment's bound
+    <= the best feasible layout with exactly those pools (brute force), and 'no fit' only if none fits."""
+    from autoshard.search.bounds import assignment_bounds, pool_rank_limits
+
+    model = tiny_model(layers=6)
+    cluster = three_pool_cluster()
+    job = TrainJob(seq_len=2048, global_batch_size=16)
+    space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=1, max_cp=1))
+    scale = math.lcm(*{c.dims.vpp for c in space.candidates})
+    pool_gpus = [p.num_gpus for p in cluster.pools]
+    checked = 0
+    for cfg in space.candidates:
+        if cfg.dims.pp > 4 or cfg.micro_batch_size > 1:
+            continue  # keeps the enumeration (3^PP assignments x layouts) fast
+        tab = build_tables(model, cluster, cfg, scale=scale)
+        pp, s, n = cfg.dims.pp, tab.num_chunks, tab.num_layers
+        limits = pool_rank_limits(tab, pool_gpus)
+        for v in itertools.product(range(3), repeat=pp):
+            if any(v.count(q) > limits[q] for q in range(3)):
+                continue
+            best = None
+            chunk_pools = tuple(v[k % pp] for k in range(s))
+            for inner in itertools.combinations(range(1, n), s - 1):
+                bnds = (0, *inner, n)
+                smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
+                for rc in range(0 if tab.base_full else smallest + 1):
+                    obj, fits = int_objective(tab, Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools))
+                    if fits and (best is None or obj < best):
+                        best = obj
+            found = assignment_bounds(tab, v, pool_gpus, 0)
+            if best is None:
+                continue
+            assert found is not None, (cfg.dims.describe(), v)
+            assert found[0] <= best, (cfg.dims.describe(), v)
+            checked += 1
+    assert checked > 20

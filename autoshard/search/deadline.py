@@ -1,0 +1,40 @@
+"""One wall-clock deadline for a whole solve (space building, bounds, incumbents, CP-SAT, float
+re-check), threaded through every phase so that `--time-limit` holds for the command, not only for
+CP-SAT. Phases that run out of time stop early and say so; the caller then returns the best plan it
+has with the bound it has proven (status FEASIBLE and a gap)."""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["Deadline"]
+
+
+class Deadline:
+    """A point in wall-clock time (`time.monotonic`), with helpers for the phases that share it."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, seconds: float, *, start: float | None = None) -> None:
+        self.start = time.monotonic() if start is None else start
+        self.end = self.start + max(0.0, seconds)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        return cls(float("inf"))
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def part(self, fraction: float) -> Deadline:
+        """A sub-deadline at `fraction` of the time left now (never past this one)."""
+        sub = Deadline(0.0, start=self.start)
+        left = self.end - time.monotonic()
+        sub.end = self.end if left == float("inf") else time.monotonic() + max(0.0, fraction * left)
+        return sub
