@@ -381,7 +381,9 @@ def solve_train(
     prep = prepare(model, cluster, job, pins=pins, options=options, deadline=deadline.part(_PREPARE_SHARE),
                    hard_deadline=grace)
     if not prep.tables:
-        if deadline.expired():
+        # cut short by the clock (the preparation's share or the whole limit): the candidates left were
+        # never looked at, so "nothing fits" would be a guess -- say the time ran out instead
+        if deadline.expired() or any(reason.startswith("time limit") for reason in prep.pruned):
             raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "
                               "candidates enumerated): raise --time-limit or pin some knobs")
         raise _infeasible(model, cluster, job, prep, pins)
