@@ -110,7 +110,7 @@ def test_cut_solves_bracket_the_brute_force_optimum(limit):
     try:
         plan = solve_train(model, cluster, job, options=options)[0]
     except SolverError as exc:  # nothing found at all in time: said so, not a wrong answer
-        assert re.search(r"time[ -]limit", str(exc))
+        assert "time limit" in str(exc)
         return
     objective = round(plan.solver.objective * scale * US_PER_S)
     bound = plan.solver.bound * scale * US_PER_S
