@@ -109,16 +109,19 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
     p = run["parallel"]
     dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], vpp=p["vpp"], ep=p.get("ep", 1), etp=p.get("etp"))
     cluster = _cluster(run["cluster"], dims.world_size, efficiency)
+    recompute, modules = Recompute(run["recompute"]), ()
+    if run.get("recompute_moe", False):  # Megatron --recompute-modules moe: selective recompute of the MoE block
+        recompute, modules = Recompute.SELECTIVE, ("moe",)
     cfg = TrainConfig(
         dims=dims, micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
-        seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=Recompute(run["recompute"]),
+        seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=recompute,
         sequence_parallel=run["sequence_parallel"], zero_stage=run["zero_stage"],
         tp_comm_overlap=run["tp_comm_overlap"], overlap_grad_reduce=run["overlap_grad_reduce"],
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
-        recompute_moe=run.get("recompute_moe", False),
+        recompute_modules=modules,
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])
