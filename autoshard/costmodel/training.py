@@ -139,11 +139,18 @@ def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConf
     only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
     stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
     The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
-    cost = _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
-    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
-        cost = _with_modules(cost, model, kind, pool, _layer_key(cfg))
+    cost = _module_layer_cost(model, kind, pool, _layer_key(cfg), recompute)
     if kind is LayerKind.OUTPUT and model.mtp_num_layers:
         cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
+    return cost
+
+
+def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
+                       recompute: Recompute) -> LayerCost:
+    """One layer (without the MTP modules) with Megatron's --recompute-modules applied."""
+    cost = _layer_cost(model, kind, pool, cfg, recompute)
+    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
+        cost = _with_modules(cost, model, kind, pool, cfg)
     return cost
 
 
@@ -173,7 +180,7 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
     the shared output head again (logits and loss: compute and activations, no extra weights)."""
     n = model.mtp_num_layers
     kind = model.mtp_layer_kind
-    dec = _layer_cost(model, kind, pool, cfg, recompute)
+    dec = _module_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
     scale = model.mtp_module_params() / model.layer_params(kind)
     active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
     return dataclasses.replace(
