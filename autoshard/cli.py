@@ -154,10 +154,6 @@ def _plans_json(plans: list) -> dict:
     return obj
 
 
-def _print_plans_json(plans: list) -> None:
-    _print_json(_plans_json(plans))
-
-
 def _headroom(plan, fraction: float) -> dict:
     """How much of HBM the plan was allowed to fill, and what is left for the memory model's error."""
     from autoshard.units import GIB

@@ -55,7 +55,8 @@ class TrainRow:
     band_basis: str = ""
     """What backs the range (kind of run and measured runs)."""
     sanity: str = ""
-    """Why the predicted MFU is suspect (more than 10 % above the best published for the GPU); "" if not."""
+    """Why the predicted MFU is suspect (useful MFU more than 10 % above the best measured for
+    the GPU class, precision and dense/MoE: costmodel.bands.sanity_for); "" if not."""
 
     @property
     def x(self) -> float:

@@ -437,7 +437,7 @@ def band_for(plan: Any, table: Mapping[str, Any] | None = None) -> Band:
     else:
         pred = plan.prediction
         tps, step, peak = pred.tokens_per_s, pred.step_time_s, pred.peak_memory_bytes
-        # no measured value is expected above the sanity ceiling (the best published MFU + 10 %):
+        # no measured value is expected above the sanity ceiling (the best measured useful MFU + 10 %):
         # cap the band there, keeping its width when it lies wholly above
         s = sanity_for(plan)
         if s.reference_mfu is not None and s.compared > 0:

@@ -288,8 +288,8 @@ def layer_compute_time(
 ) -> ComputeTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
 
-    recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, experts)
-    is run again in backward instead of keeping its activations.
+    recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, shared and
+    routed experts) is run again in backward instead of keeping its activations (moe_block_recompute_s).
     tp_comm_overlap: Transformer Engine's userbuffer TP overlap (Megatron --tp-comm-overlap, with
     sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s)."""
     gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
@@ -306,14 +306,8 @@ def layer_compute_time(
         ew_bytes += sum(fp8_cast_bytes_per_element(fp8_recipe) * g.m * g.k * g.count for g in gemms if g.fp8_capable)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
-    if kind is LayerKind.MOE and model.moe is not None and dims.ep > 1:
-        # The busiest EP rank gates the layer: its expert GEMMs carry the sampling imbalance of
-        # uniform routing (autoshard.costmodel.moe.imbalance_factor); the FLOPs stay the mean.
-        n_expert = 2  # the last two GEMMs: grouped expert up and down projections
-        expert = gemms[-n_expert:]
-        pairs = tokens * model.moe.top_k * dims.expert_tp / dims.tp
-        extra = imbalance_factor(dims.ep, pairs) - 1.0
-        gemm_s += extra * sum(gemm_time_s(g, gpu, precision) for g in expert)
+    if kind is LayerKind.MOE and model.moe is not None:
+        gemm_s += _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
     ub_fwd = ub_bwd = 0.0
     if tp_comm_overlap and sequence_parallel and dims.tp > 1:
         ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
@@ -329,15 +323,38 @@ def layer_compute_time(
         case Recompute.FULL:
             re = forward if kind in (LayerKind.DENSE, LayerKind.MOE) else 0.0
     if recompute_moe and kind is LayerKind.MOE and recompute is not Recompute.FULL and model.moe is not None:
-        # router + expert GEMMs (with the imbalance) and the permutation copies run once more
-        moe_gemms = [g for g in gemms if not g.fp8_capable] + gemms[-2:]
-        moe_s = sum(gemm_time_s(g, gpu, precision) for g in moe_gemms)
-        if dims.ep > 1:
-            moe_s += (imbalance_factor(dims.ep, tokens * model.moe.top_k * dims.expert_tp / dims.tp) - 1.0) * sum(
-                gemm_time_s(g, gpu, precision) for g in gemms[-2:])
-        permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
-        re += moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+        re += moe_block_recompute_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
     return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)
+
+
+def _expert_imbalance_s(
+    model: ModelSpec, gemms: list[Gemm], *, tokens: int, dims: ParallelDims, gpu: GpuSpec, precision: Precision,
+) -> float:
+    """The busiest EP rank gates an MoE layer: its expert GEMMs carry the sampling imbalance of
+    uniform routing (autoshard.costmodel.moe.imbalance_factor); the FLOPs stay the mean. Seconds over
+    the balanced expert GEMMs of `gemms` (layer_gemms: the last two, grouped up and down projections)."""
+    assert model.moe is not None
+    if dims.ep <= 1:
+        return 0.0
+    expert = gemms[-2:]
+    pairs = tokens * model.moe.top_k * dims.expert_tp / dims.tp
+    extra = imbalance_factor(dims.ep, pairs) - 1.0
+    return extra * sum(gemm_time_s(g, gpu, precision) for g in expert)
+
+
+def moe_block_recompute_s(
+    model: ModelSpec, gemms: list[Gemm], *, tokens: int, dims: ParallelDims, gpu: GpuSpec, precision: Precision,
+) -> float:
+    """Seconds Megatron's `--recompute-modules moe` adds to one MoE layer's backward on one GPU: the
+    MoE block's forward runs once more -- router, shared experts and expert GEMMs (with the busiest
+    EP rank's imbalance) and the permutation copies. `gemms` are the layer's (layer_gemms); `gpu`
+    carries the training knobs already. The token dispatch's extra pass is priced with the EP traffic."""
+    assert model.moe is not None
+    moe_gemms = gemms[len(attention_gemms(model, tokens, dims.tp)):]  # router, shared experts, experts
+    moe_s = sum(gemm_time_s(g, gpu, precision) for g in moe_gemms)
+    moe_s += _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
+    permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
+    return moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
 
 
 # Transformer Engine userbuffer overlap as NeMo / Megatron-Bridge configure it on Hopper and Blackwell

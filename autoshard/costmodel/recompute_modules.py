@@ -21,8 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.costmodel.compute import Gemm, attention_time_s, gemm_time_s, mlp_gemms
-from autoshard.parallel import ParallelDims
+from autoshard.costmodel.compute import (
+    Gemm, attention_time_s, gemm_time_s, layer_gemms, mlp_gemms, moe_block_recompute_s,
+)
+from autoshard.costmodel.memory import layer_activation_bytes
+from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.model import LayerKind, ModelSpec
@@ -30,7 +33,7 @@ from autoshard.specs.model import LayerKind, ModelSpec
 __all__ = ["RECOMPUTE_MODULES", "ModuleRecompute", "module_recompute"]
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
-BF16, FP32 = 2, 4
+BF16 = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +79,18 @@ def module_recompute(
         moe = model.moe
         routed = moe.top_k * dims.expert_tp / tp  # token-expert pairs per token of this rank
         ffn_local = moe.expert_ffn_hidden_size / dims.expert_tp
-        pairs = max(1, round(tokens * routed))
-        experts_local = max(moe.num_experts // dims.ep, 1)
-        expert_gemms = mlp_gemms(model, max(1, pairs // experts_local), moe.expert_ffn_hidden_size,
-                                 dims.expert_tp, count=experts_local)
         shared = moe.shared_expert_ffn_hidden_size
         if "moe" in mods:
-            saved += tokens * (routed * (BF16 * h + BF16 * mats * ffn_local) + FP32 * moe.num_experts)
-            extra += sum(gemm_time_s(g, gpu, precision) for g in expert_gemms)
-            extra += gemm_time_s(Gemm(tokens, moe.num_experts, h, fp8_capable=False), gpu, precision)
+            # the MoE block's physics is memory's and compute's recompute_moe (validated on the
+            # Megatron-MoE-ModelZoo runs that recompute it): what it no longer keeps, what re-runs
+            act = dict(dims=dims, micro_batch_size=micro_batch_size, seq_len=seq_len, recompute=Recompute.SELECTIVE,
+                       sequence_parallel=sequence_parallel,
+                       fp8=precision is Precision.FP8 and gpu.fp8_tflops is not None)
+            saved += layer_activation_bytes(model, kind, **act) - layer_activation_bytes(
+                model, kind, recompute_moe=True, **act)
+            extra += moe_block_recompute_s(model, layer_gemms(model, kind, tokens=tokens, dims=dims), tokens=tokens,
+                                           dims=dims, gpu=gpu, precision=precision)
             comm = 0.5  # dispatch + combine once more: forward, backward, and now the recompute
-            if shared:
-                saved += tokens * BF16 * mats * shared / tp
-                extra += sum(gemm_time_s(g, gpu, precision) for g in mlp_gemms(model, tokens, shared, tp))
         else:
             if "moe_act" in mods:
                 saved += tokens * routed * BF16 * ffn_local  # the activation output (down-proj input)

@@ -83,9 +83,6 @@ class TrainConfig:
     performance recipes): half the gradient memory and half the DP reduce-scatter bytes."""
     fp8_param_gather: bool = False
     """Keep the weights in FP8 and all-gather them in FP8 (Megatron --fp8-param-gather; FP8 only)."""
-    recompute_moe: bool = False
-    """Megatron --recompute-modules moe: MoE layers keep only their input and re-run router,
-    dispatch and experts in backward (the dispatch runs once more too)."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
@@ -142,11 +139,18 @@ def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConf
     only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
     stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
     The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
-    cost = _layer_cost(model, kind, pool, _layer_key(cfg), recompute)
-    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
-        cost = _with_modules(cost, model, kind, pool, _layer_key(cfg))
+    cost = _module_layer_cost(model, kind, pool, _layer_key(cfg), recompute)
     if kind is LayerKind.OUTPUT and model.mtp_num_layers:
         cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
+    return cost
+
+
+def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
+                       recompute: Recompute) -> LayerCost:
+    """One layer (without the MTP modules) with Megatron's --recompute-modules applied."""
+    cost = _layer_cost(model, kind, pool, cfg, recompute)
+    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
+        cost = _with_modules(cost, model, kind, pool, cfg)
     return cost
 
 
@@ -176,7 +180,7 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
     the shared output head again (logits and loss: compute and activations, no extra weights)."""
     n = model.mtp_num_layers
     kind = model.mtp_layer_kind
-    dec = _layer_cost(model, kind, pool, cfg, recompute)
+    dec = _module_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
     scale = model.mtp_module_params() / model.layer_params(kind)
     active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
     return dataclasses.replace(
@@ -213,7 +217,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
-        fp8_recipe=cfg.fp8_recipe, recompute_moe=cfg.recompute_moe, tp_comm_overlap=cfg.tp_comm_overlap,
+        fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
@@ -258,8 +262,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
             ep=dims.ep, etp=dims.expert_tp, pool=pool,
         )
-        passes = fwd_passes + (1 if cfg.recompute_moe and fwd_passes == 1 else 0)
-        ep_s = (passes + 1) * one
+        ep_s = (fwd_passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
     states = model_state_bytes(
@@ -277,9 +280,9 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             # Working set while the block is recomputed: what it would save without checkpointing.
             full_act = max(act, layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs))
     else:
-        act = layer_activation_bytes(model, kind, recompute=recompute, recompute_moe=cfg.recompute_moe, **act_kwargs)
+        act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
         full_act = act
-        if recompute is Recompute.FULL or (cfg.recompute_moe and kind is LayerKind.MOE):
+        if recompute is Recompute.FULL:
             full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
     return LayerCost(
         compute_s=ct.forward_s + ct.backward_s,

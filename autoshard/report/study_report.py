@@ -111,8 +111,8 @@ def _pareto_line(r: Row) -> str:
 _LEGEND = {
     "train": "* on the Pareto front (no other option is both faster and cheaper); status: optimal = proven "
              "optimal, gap = the best plan found within the time or gap limit, the bound that much better; "
-             "(low-high): likely range from the prediction band; ! MFU more than 10 % above the best published "
-             "for the GPU (rows' sanity in study.json).",
+             "(low-high): likely range from the prediction band; ! useful MFU more than 10 % above the best "
+             "measured for the GPU class, precision and dense/MoE (rows' sanity in study.json).",
     "serve": "* on the Pareto front (no other option has both a lower TPOT and a lower cost per token); "
              "status: optimal = proven optimal, otherwise the best found within the solver's limits; "
              "(low-high): likely range from the prediction band.",

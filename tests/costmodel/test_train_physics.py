@@ -79,6 +79,31 @@ def test_moe_recompute_keeps_only_the_block_input_and_reruns_the_experts():
     assert layer_compute_time(QWEN, LayerKind.MOE, **ckw).recompute_s == 0
 
 
+@pytest.mark.parametrize("precision", [Precision.BF16, Precision.FP8])
+def test_recompute_modules_moe_is_the_moe_recompute(precision):
+    """One mechanism: `--recompute-modules moe` (selective, without core_attn) costs a Qwen3-235B MoE
+    layer exactly what the block recompute adds to a layer without recompute -- the MoE block's
+    forward once more, its saved activations gone, the dispatch and combine once more."""
+    from autoshard.costmodel.training import layer_cost
+
+    pool = H100.primary
+    dims = ParallelDims(tp=4, dp=2, ep=8, etp=1)
+    none = TrainConfig(dims=dims, micro_batch_size=1, global_batch_size=8, seq_len=4096, precision=precision)
+    moe = dataclasses.replace(none, recompute=Recompute.SELECTIVE, recompute_modules=("moe",))
+    base = layer_cost(QWEN, LayerKind.MOE, pool, none, Recompute.NONE)
+    mine = layer_cost(QWEN, LayerKind.MOE, pool, moe, Recompute.SELECTIVE)
+    ckw = dict(gpu=pool.gpu, dims=dims, micro_batch_size=1, seq_len=4096, precision=precision,
+               recompute=Recompute.NONE, sequence_parallel=True)
+    assert mine.recompute_s == pytest.approx(
+        layer_compute_time(QWEN, LayerKind.MOE, recompute_moe=True, **ckw).recompute_s, rel=1e-9)
+    akw = dict(dims=dims, micro_batch_size=1, seq_len=4096, recompute=Recompute.NONE, sequence_parallel=True,
+               fp8=precision is Precision.FP8)
+    assert mine.activation_bytes == pytest.approx(
+        layer_activation_bytes(QWEN, LayerKind.MOE, recompute_moe=True, **akw), rel=1e-9)
+    assert mine.ep_comm_s == pytest.approx(1.5 * base.ep_comm_s, rel=1e-9)  # 3 passes instead of 2
+    assert mine.compute_s == pytest.approx(base.compute_s, rel=1e-9)
+
+
 def test_attention_efficiency_grows_with_sequence_length():
     """attention is the efficiency at 4,096 tokens; with attention_half_seq s0 it scales as
     s/(s+s0) relative to 4,096, capped at 1."""

@@ -64,6 +64,28 @@ def test_mla_up_projection_saves_q_k_v() -> None:
     assert r.saved_bytes == pytest.approx(4096 * 2 * heads * ((128 + 64) * 2 + (128 + 128)))
 
 
+def test_mtp_modules_recompute_as_the_decoder() -> None:
+    """The output layer carries DeepSeek-V3's MTP module, one decoder layer like the last (MoE): with
+    --recompute-modules its decoder layer saves and re-runs what a decoder MoE layer does."""
+    from autoshard.costmodel.training import TrainConfig
+
+    v3 = load_model("deepseek-v3")
+    pool = H100.primary
+    base = TrainConfig(dims=ParallelDims(tp=4, dp=2, ep=8, etp=1), micro_batch_size=1, global_batch_size=8,
+                       seq_len=4096, recompute=Recompute.SELECTIVE)
+    mods = dataclasses.replace(base, recompute_modules=("core_attn", "moe", "mla_up_proj"))
+    saved = (layer_cost(v3, LayerKind.MOE, pool, base, Recompute.SELECTIVE).activation_bytes
+             - layer_cost(v3, LayerKind.MOE, pool, mods, Recompute.SELECTIVE).activation_bytes)
+    extra = (layer_cost(v3, LayerKind.MOE, pool, mods, Recompute.SELECTIVE).recompute_s
+             - layer_cost(v3, LayerKind.MOE, pool, base, Recompute.SELECTIVE).recompute_s)
+    assert v3.mtp_num_layers == 1 and v3.mtp_layer_kind is LayerKind.MOE and saved > 0 and extra > 0
+    out_base = layer_cost(v3, LayerKind.OUTPUT, pool, base, Recompute.SELECTIVE)
+    out_mods = layer_cost(v3, LayerKind.OUTPUT, pool, mods, Recompute.SELECTIVE)
+    assert out_base.activation_bytes - out_mods.activation_bytes == pytest.approx(saved)
+    active = v3.mtp_module_params(active_only=True) / v3.layer_params(LayerKind.MOE, active_only=True)
+    assert out_mods.recompute_s - out_base.recompute_s == pytest.approx(active * extra)
+
+
 def test_modules_without_core_attn_do_not_recompute_attention() -> None:
     with_attn = _cfg(LLAMA, ("core_attn", "layernorm"))
     without = _cfg(LLAMA, ("layernorm",))

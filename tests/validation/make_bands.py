@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -151,11 +152,6 @@ def coverage(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any] | str |
     return sum(got), len(got)
 
 
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
-
-
 def report(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any], *, held_only: bool = True) -> int:
     print(f"band table from {len(rows)} rows ({table['residuals']} residuals); central probability "
           + ", ".join(f"{m} {p:g}" for m, p in sorted(table["coverage"].items())))
@@ -181,7 +177,7 @@ def report(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any], *, held_
             theirs = [x for x in loso if residual_kind(x[0]).mode == mode]
             i, n = sum(x[1] for x in mine), len(mine)
             li, ln = sum(x[1] for x in theirs), len(theirs)
-            width = _median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in theirs])
+            width = statistics.median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in theirs])
             print(f"{section} {mode} coverage: in-table {i}/{n} = {i / n:.0%}; leave-one-source-out {li}/{ln} = "
                   f"{li / ln:.0%} (target >= {TARGET:.0%}); median half-width out-of-source +-{width:.1%}")
             if section == "throughput":
@@ -201,7 +197,7 @@ def choose_coverage(rows: Sequence[Mapping[str, Any]], *, held_only: bool = True
             if not mine:
                 continue
             share = sum(x[1] for x in mine) / len(mine)
-            width = _median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in mine])
+            width = statistics.median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in mine])
             print(f"P = {p:.3f} {mode:6}: leave-one-source-out coverage {share:.0%} ({len(mine)} runs), "
                   f"median half-width +-{width:.1%}")
             if share >= TARGET and mode not in chosen:

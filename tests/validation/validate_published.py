@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.compute import layer_flops, model_flops_per_step
+from autoshard.costmodel.compute import causal_model_flops_per_step
 from autoshard.costmodel.memory import TrainFramework, allocator_reported_bytes
 from autoshard.costmodel.training import TrainConfig, predict_train
 from autoshard.emit.megatron_parse import default_stages, parse_layout
@@ -95,30 +95,24 @@ def _narayanan96_flops(model: ModelSpec, run: dict) -> float:
     return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
 
 
-def _causal_model_flops(model: ModelSpec, run: dict) -> float:
-    """Model FLOPs of a step with the attention core counted over the causal half (Megatron-Core's
-    num_floating_point_operations since 2025, e.g. Megatron-MoE-ModelZoo's logs)."""
-    seq, gbs = run["seq_len"], run["global_batch_size"]
-    full = model_flops_per_step(model, seq_len=seq, global_batch_size=gbs)
-    attn = sum(layer_flops(model, k, tokens=seq * gbs, seq_len=seq).attention for k in model.layer_kinds)
-    return full - 3.0 * 0.5 * attn
-
-
 def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) -> RunResult:
     model = _model(run)
     p = run["parallel"]
     dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], vpp=p["vpp"], ep=p.get("ep", 1), etp=p.get("etp"))
     cluster = _cluster(run["cluster"], dims.world_size, efficiency)
+    recompute, modules = Recompute(run["recompute"]), ()
+    if run.get("recompute_moe", False):  # Megatron --recompute-modules moe: selective recompute of the MoE block
+        recompute, modules = Recompute.SELECTIVE, ("moe",)
     cfg = TrainConfig(
         dims=dims, micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
-        seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=Recompute(run["recompute"]),
+        seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=recompute,
         sequence_parallel=run["sequence_parallel"], zero_stage=run["zero_stage"],
         tp_comm_overlap=run["tp_comm_overlap"], overlap_grad_reduce=run["overlap_grad_reduce"],
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
-        recompute_moe=run.get("recompute_moe", False),
+        recompute_modules=modules,
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])
@@ -139,7 +133,8 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         # Current Megatron-Core halves the causal attention core in its logged TFLOP/s: convert to
         # the step time it implies, compare step times.
         metric = "step_time_s"
-        measured = _causal_model_flops(model, run) / (measured * 1e12 * dims.world_size)
+        useful = causal_model_flops_per_step(model, seq_len=run["seq_len"], global_batch_size=run["global_batch_size"])
+        measured = useful / (measured * 1e12 * dims.world_size)
     predicted = {
         "tflops_per_gpu": pred.tflops_per_gpu,
         "step_time_s": pred.step_time_s,
