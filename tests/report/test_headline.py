@@ -116,16 +116,16 @@ def test_train_stop_reason_table(optimal, cp, open_in_model, pruned, gap, reason
 
 
 def test_a_solve_cut_by_its_time_limit_says_so():
-    """70B on 64 H100 needs ~2 s to prove its optimum; with 0.5 s the bounds phase runs out of time
-    well before 90 % of the limit in wall time, which the old wall-time guess called "the relative gap
-    limit" although none was set."""
+    """405B on 1,024 H100 needs ~1.3 s (2 cores) to prove its optimum; with 0.5 s the bounds phase runs
+    out of its share of the time and the plan comes back well before 90 % of the limit in wall time,
+    which the old wall-time guess called "the relative gap limit" although none was set."""
     from autoshard.api import train_job
     from autoshard.search.run import SolverOptions, solve_train
     from autoshard.specs import load_cluster, load_model
 
-    model = load_model("llama-3.1-70b")
+    model = load_model("llama-3.1-405b")
     job = train_job(model, seq_len=None, global_batch_size=None, precision=None)
-    plan = solve_train(model, load_cluster("dgx-h100").with_gpus(64), job,
+    plan = solve_train(model, load_cluster("dgx-h100").with_gpus(1024), job,
                        options=SolverOptions(time_limit_s=0.5, num_workers=1))[0]
     s = plan.solver
     assert s.status == "FEASIBLE" and s.gap > 0 and s.stop_reason == "time_limit" and s.gap_limit == 0.0
