@@ -43,6 +43,14 @@ class SolverStats:
     """Tuples left for CP-SAT after bound-based pruning."""
     pruned: dict[str, int] = field(default_factory=dict)
     """Why candidates were discarded, with counts."""
+    stop_reason: str = ""
+    """Why the search stopped, from what it recorded (never from the wall time): "optimal" (the bound
+    meets the objective), "time_limit" (the command's time limit ran out before the bound closed),
+    "gap_limit" (CP-SAT stopped within `gap_limit`), "model_cap" (CP-SAT proved its model optimal, but
+    candidates left out of the model by its size cap keep a lower bound below the plan), "evaluated"
+    (no search); "" where the caller recorded none."""
+    gap_limit: float = 0.0
+    """The relative gap limit the solve ran with (0: prove optimality or run out of time)."""
 
     @property
     def gap(self) -> float:
@@ -54,6 +62,7 @@ class SolverStats:
             "status": self.status, "wall_s": self.wall_s, "objective": self.objective, "bound": self.bound,
             "gap": self.gap, "conflicts": self.conflicts, "branches": self.branches, "candidates": self.candidates,
             "candidates_in_model": self.candidates_in_model, "pruned": dict(self.pruned),
+            "stop_reason": self.stop_reason, "gap_limit": self.gap_limit,
         }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from autoshard.report.fit import PlainTable
+from autoshard.report.fit import table as fit_table
 
 from autoshard.serve_plan import ServePlan
 from autoshard.units import GIB
@@ -17,9 +17,7 @@ def render_roles(plan: ServePlan, console: Console) -> None:
     """The prefill and decode roles, one row each, and the KV transfer line."""
     if not plan.roles or plan.disaggregation is None:
         return
-    table = PlainTable(
-        title="Prefill / decode roles (n instances; req/s and batch per instance)", header_style="bold"
-    )
+    table = fit_table("Prefill / decode roles (n instances; req/s and batch per instance)")
     pools = plan.cluster.is_heterogeneous
     # n: instances, aDP: attention DP ranks, req/s: what one instance sustains, GiB: memory per GPU
     cols = ("role", "n", "TP", "PP", "EP", "aDP", "GPUs", "batch", "req/s", "load", "GiB") + (
@@ -30,6 +28,7 @@ def render_roles(plan: ServePlan, console: Console) -> None:
             col,
             justify="left" if col in ("role", "pool") else "right",
             min_width=7 if col == "role" else None,
+            no_wrap=True,  # numbers and pool names whole; the compact table fits 12 columns in 80
         )
     for r in plan.roles:
         where = (plan.cluster.pools[r.pool_index].name,) if pools else ()

@@ -27,23 +27,49 @@ def _ttft_p90(plan: ServePlan) -> float:
     return plan.prediction.ttft_p90_s or plan.prediction.ttft_s
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def _where(plan: ServePlan) -> str:
+    """"16 x H100-SXM5-80GB", or per role when a split plan's roles run on different GPU types."""
+    gpus = {plan.cluster.pools[r.pool_index].gpu.name for r in plan.roles}
+    if len(gpus) <= 1:
+        return f"{plan.num_gpus:,} x {plan.pool.gpu.name}"
+    return " + ".join(f"{r.gpus:,} x {plan.cluster.pools[r.pool_index].gpu.name} ({r.role})" for r in plan.roles)
+
+
+def _deployment(plan: ServePlan) -> str:
+    """What is deployed: the aggregated engines, or a split plan's prefill and decode instances (xPyD),
+    each role with its own engine size and batch limit."""
+    if not plan.roles:
+        return (f"{plan.describe()} ({_n(plan.replicas, 'engine')} of {_n(plan.engine_gpus, 'GPU')}), max-num-seqs "
+                f"{plan.max_num_seqs}, gpu-memory-utilization {plan.gpu_memory_utilization:.2f}")
+    same = len({r.gpu_memory_utilization for r in plan.roles}) == 1
+    roles = " + ".join(
+        f"{_n(r.instances, r.role + ' instance')} of {_n(r.gpus_per_instance, 'GPU')} (max-num-seqs "
+        f"{r.max_num_seqs}" + ("" if same else f", gpu-memory-utilization {r.gpu_memory_utilization:.2f}") + ")"
+        for r in plan.roles)
+    util = f", gpu-memory-utilization {plan.roles[0].gpu_memory_utilization:.2f}" if same else ""
+    return f"{plan.describe()}\nprefill/decode split (xPyD): {roles} = {_n(plan.num_gpus, 'GPU')}{util}"
+
+
 def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[ServePlan] = (), explain: bool = False,
                       time_limit_s: float | None = None) -> None:
     p, j = plan.prediction, plan.job
     mem = p.memory
     head = Text()
-    head.append(f"{plan.model.name} serving on {plan.num_gpus} x {plan.pool.gpu.name} ({plan.cluster.name})\n",
-                style="bold")
-    head.append(f"{plan.describe()} ({plan.replicas} engine(s) of {plan.engine_gpus} GPUs), max-num-seqs "
-                f"{plan.max_num_seqs}, gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n", style="bold cyan")
+    head.append(f"{plan.model.name} serving on {_where(plan)} ({plan.cluster.name})\n", style="bold")
+    head.append(_deployment(plan) + "\n", style="bold cyan")
+    decode = "decode " if plan.roles else ""  # the figures below are the decode instances'
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
                 f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {plan.ttft_s:.2f} s "
-                f"(p90 {_ttft_p90(plan):.2f}) | {p.concurrency} running requests per DP rank\n",
+                f"(p90 {_ttft_p90(plan):.2f}) | {p.concurrency} running requests per {decode}DP rank\n",
                 style="bold")
     head.append(band_text(plan) + "\n")
-    head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per GPU = {mem.kv_cache_tokens:,} tokens "
+    head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per {decode}GPU = {mem.kv_cache_tokens:,} tokens "
                 f"(max concurrency {mem.max_concurrency:.0f} at {mem.context_len} tokens)")
     lat = plan.latency_at_request_rate()
     if lat is not None:

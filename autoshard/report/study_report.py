@@ -119,15 +119,18 @@ _LEGEND = {
 }
 
 # Narrow terminals: figures that belong together share a cell on two lines, the plan moves to a key.
+# A likely range "(lo-hi)" goes on its own line under its point figure, and the status under the
+# cluster and its GPU count, so that the ranges never widen the table past 80 columns.
 _STACKED = {
-    "train": [("#", ()), ("cluster\nGPUs", ("cluster", "GPUs")), ("MFU", ("MFU",)), ("tokens/s", ("tokens/s",)),
-              ("days\nGPU-hours", ("days", "GPU-hours")), ("total $\n$/M tok", ("total $", "$/M tokens")),
-              ("status", ("status",)), ("P", ("Pareto",))],
-    "serve": [("#", ()), ("cluster\nGPUs", ("cluster", "GPUs")), ("used", ("GPUs used",)),
+    "train": [("#", ()), ("cluster\nGPUs\nstatus", ("cluster", "GPUs", "status")), ("MFU", ("MFU",)),
+              ("tokens/s", ("tokens/s",)), ("days\nGPU-hours", ("days", "GPU-hours")),
+              ("total $\n$/M tok", ("total $", "$/M tokens")), ("P", ("Pareto",))],
+    "serve": [("#", ()), ("cluster\nGPUs\nstatus", ("cluster", "GPUs", "status")), ("used", ("GPUs used",)),
               ("out tok/s\nreq/s", ("out tok/s", "req/s")), ("TTFT ms\nTPOT ms", ("TTFT ms", "TPOT ms")),
-              ("$/hour\n$/M out", ("$/hour", "$/M out tokens")), ("status", ("status",)), ("P", ("Pareto",))],
+              ("$/hour\n$/M out", ("$/hour", "$/M out tokens")), ("P", ("Pareto",))],
 }
-_LEFT = {"cluster", "plan", "status", "Pareto", "P", "cluster\nGPUs", "#"}
+_LEFT = {"cluster", "plan", "status", "Pareto", "P", "cluster\nGPUs\nstatus", "#"}
+_TEXT = {"cluster", "plan", "status"}
 
 
 def _wide_table(result: StudyResult) -> Table:
@@ -144,11 +147,12 @@ def _stacked_table(result: StudyResult, *, with_plan: bool) -> Table:
     spec = list(_STACKED[result.mode])
     if with_plan:
         spec = spec[:2] + [("plan", ("plan",))] + spec[2:]
-    for h, _ in spec:
-        table.add_column(h, justify="left" if h in _LEFT else "right", no_wrap=True)
+    for h, _ in spec:  # folds rather than cuts if even this is too wide (a very long cluster name)
+        table.add_column(h, justify="left" if h in _LEFT else "right", no_wrap=True, overflow="fold")
     index = {h: i for i, h in enumerate(_headers(result))}
     for k, cells in enumerate(table_rows(result), 1):
-        row = [str(k)] + ["\n".join(cells[index[name]] for name in names) for _, names in spec[1:]]
+        row = [str(k)] + ["\n".join(cells[index[name]] if name in _TEXT else cells[index[name]].replace(" (", "\n(")
+                                    for name in names) for _, names in spec[1:]]
         table.add_row(*row, style="bold" if cells[-1] else None, end_section=True)
     return table
 

@@ -201,15 +201,23 @@ def solver_text(stats: SolverStats, *, unit: str = "s", time_limit_s: float | No
     if stats.gap <= 1e-12:
         how = "proven by CP-SAT" if stats.status == "OPTIMAL" else "the bound meets the objective"
         return f"solver: optimal ({how}), {wall}"
-    if time_limit_s is not None and stats.wall_s >= 0.9 * time_limit_s:
-        why = "the time limit hit before the bound closed"
-    elif time_limit_s is not None:
-        why = "stopped at the relative gap limit"
-    else:
-        why = "the time or gap limit hit before the bound closed"
+    why = _stop_text(stats, time_limit_s)
     u = f" {unit}" if unit else ""
     return (f"solver: best found, not proven optimal: objective {stats.objective:,.4g}{u}, bound "
             f"{stats.bound:,.4g}{u}, gap {_gap(stats.gap)} ({why}), {wall}")
+
+
+def _stop_text(stats: SolverStats, time_limit_s: float | None) -> str:
+    """Why a search stopped with the bound open, from the reason the solver recorded."""
+    reason = stats.stop_reason
+    if reason == "time_limit":
+        limit = f"the {time_limit_s:g} s time limit" if time_limit_s is not None else "the time limit"
+        return f"{limit} ran out before the bound closed"
+    if reason == "gap_limit":
+        return f"CP-SAT stopped within its {_gap(stats.gap_limit)} relative gap limit"
+    if reason == "model_cap":
+        return "candidates left out of the CP-SAT model by its size cap keep a lower bound below this plan"
+    return "the search stopped before the bound closed"
 
 
 def _peak_text(plan: Plan) -> str:

@@ -275,6 +275,20 @@ def _split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, 
     return out, best_ub
 
 
+def _stop_reason(optimal: bool, cp_status: int, open_in_model: bool, prep: Prepared, options: SolverOptions) -> str:
+    """Why the search stopped short of a proof, from what it recorded: CP-SAT stopped before proving
+    its model (FEASIBLE or UNKNOWN: only its time limit, the rest of the command's deadline, does
+    that), candidates left out because a phase ran out of time, CP-SAT's own gap limit, or else
+    candidates left out of the model by its size cap."""
+    if optimal:
+        return "optimal"
+    if cp_status != cp_model.OPTIMAL or any(k.startswith("time limit") for k in prep.pruned):
+        return "time_limit"
+    if open_in_model and options.relative_gap > 0:
+        return "gap_limit"
+    return "model_cap"
+
+
 def _select(prep: Prepared, options: SolverOptions) -> list[int]:
     """Candidates for the CP-SAT model: those whose lower bound beats the top_k-th best incumbent,
     lowest bound first, at most max_candidates_in_model of them."""
@@ -421,7 +435,7 @@ def solve_train(
         # keep a moment for decoding and the float re-check; with no time left, CP-SAT only loads the
         # model and the best incumbent below stands in
         params.max_time_in_seconds = max(0.01, deadline.remaining() - _RECHECK_RESERVE_S)
-        status = solver.solve(built.model)
+        status = cp_status = solver.solve(built.model)
         if status == cp_model.INFEASIBLE:
             if plans:
                 break
@@ -457,6 +471,8 @@ def solve_train(
         optimal = status == cp_model.OPTIMAL and bound >= objective - 1e-6
         stats = SolverStats(
             status="OPTIMAL" if optimal else "FEASIBLE",
+            stop_reason=_stop_reason(optimal, cp_status, solver_bound < objective - 1e-6, prep, options),
+            gap_limit=options.relative_gap,
             wall_s=deadline.elapsed(),
             objective=objective / scale_s,
             bound=bound / scale_s,

@@ -338,6 +338,8 @@ def solve_serve(
             )
         stats = SolverStats(
             status=solver.status_name(status),
+            # gap limit 0: CP-SAT stops short of a proof only at its time limit, the rest of the deadline
+            stop_reason="optimal" if status == cp_model.OPTIMAL else "time_limit",
             wall_s=wall,
             objective=_objective_units(job, solver.objective_value),
             bound=_objective_units(job, solver.best_objective_bound),
@@ -406,6 +408,7 @@ def _best_other(
         return None
     stats = SolverStats(
         status=solver.status_name(status),
+        stop_reason="optimal" if status == cp_model.OPTIMAL else "time_limit",
         wall_s=solver.wall_time,
         objective=_objective_units(job, solver.objective_value),
         bound=_objective_units(job, solver.best_objective_bound),
@@ -686,6 +689,7 @@ def evaluate_serve(
                     f"predicted at {pred.concurrency} running requests per DP rank (the rest queue)")
     stats = SolverStats(
         status="EVALUATED",
+        stop_reason="evaluated",
         wall_s=0.0,
         objective=pred.tokens_per_s_per_gpu,
         bound=pred.tokens_per_s_per_gpu,

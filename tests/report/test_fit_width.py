@@ -116,6 +116,45 @@ def test_study_table(width, render, assert_fits):
     assert "feasible" not in flat and "gap 0.0%" not in flat
 
 
+def _with_range(row: TrainRow, days: tuple[float, float], usd: tuple[float, float]) -> TrainRow:
+    return dataclasses.replace(row, days_low=days[0], days_high=days[1], total_usd_low=usd[0], total_usd_high=usd[1])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_study_table_with_likely_ranges(width, render, assert_fits):
+    """The prediction-band ranges added to study rows do not widen the table past the terminal: at
+    80 columns each range sits whole on its own line under its point figure."""
+    rows = [_with_range(_train_row("dgx-a100-80gb", 16384, "optimal", 0.0), (1110.2, 1450.7), (3.31e6, 4.12e6)),
+            _with_range(_train_row("dgx-h100", 8192, "feasible", 3e-5), (110.2, 145.7), (3.31e6, 4.12e6)),
+            _train_row("gb200-nvl72", 1152, "not proven", 0.042)]
+    text = render(render_study, _study(rows), width=width)
+    assert_fits(text, width)
+    flat = " ".join(text.split())
+    for cell in ("dgx-a100-80gb", "16,384", "41.2%", "1.23M", "123.4", "$3.69M", "$0.123", "(1,110.2-1,450.7)",
+                 "(110.2-145.7)", "($3.31M-$4.12M)", "TP8 PP16 VPP4 CP2 DP8 mbs1", "optimal", "gap 0.003%",
+                 "gap 4.2%"):
+        assert cell in flat, f"{cell!r} missing at {width} columns"
+    assert flat.count("($3.31M-$4.12M)") == 2
+    if width == 160:  # wide: the point and its range side by side, as in study.md
+        assert "123.4 (110.2-145.7)" in text and "$3.69M ($3.31M-$4.12M)" in text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_serve_study_table_with_likely_ranges(width, render, assert_fits):
+    row = ServeRow(cluster="dgx-b200", gpu="B200-SXM-180GB", num_gpus=128, plan="TP8 PP2 DP8", gpus_used=128,
+                   status="feasible", throughput_tokens_per_s=1.25e6, served_tokens_per_s=1e6, requests_per_s=125.0,
+                   ttft_s=1.25, tpot_s=0.0451, meets_targets=False, price_per_gpu_hour=6.25, usd_per_hour=800.0,
+                   usd_per_million_output_tokens=0.178, usd_per_million_output_tokens_low=0.151,
+                   usd_per_million_output_tokens_high=0.213, throughput_tokens_per_s_low=1.04e6,
+                   throughput_tokens_per_s_high=1.47e6)
+    text = render(render_study, _study([row], mode="serve"), width=width)
+    assert_fits(text, width)
+    flat = " ".join(text.split())
+    for cell in ("dgx-b200", "128", "TP8 PP2 DP8", "1.25M", "125.00", "1250", "45.1", "misses target", "$800.00",
+                 "$0.178", "($0.151-$0.213)", "not proven"):
+        assert cell in flat, f"{cell!r} missing at {width} columns"
+
+
 def test_study_status_says_optimal_for_a_closed_bound(render):
     """A row the solver stopped on at its limit but whose bound meets the objective is optimal."""
     text = render(render_study, _study([_train_row("dgx-h100", 64, "feasible", 0.0)]), width=160)
@@ -132,7 +171,7 @@ def test_serve_study_table(width, render, assert_fits):
     text = render(render_study, _study([row], mode="serve"), width=width)
     assert_fits(text, width)
     flat = " ".join(text.split())
-    for cell in ("TP8 PP1 DP8", "250.00k", "5.00", "250", "30.1 (misses target)", "$192.00", "$0.267", "optimal"):
+    for cell in ("TP8 PP1 DP8", "250.00k", "5.00", "250", "30.1", "(misses target)", "$192.00", "$0.267", "optimal"):
         assert cell in flat
 
 

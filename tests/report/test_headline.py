@@ -38,8 +38,8 @@ def test_band_rendered_only_when_present(plan_70b):
     assert "likely 957-1,270 tokens/s per GPU (H100 dense BF16 training, 12 measured runs)" in text
 
 
-def _stats(status, objective, bound, wall=1.0):
-    return SolverStats(status=status, wall_s=wall, objective=objective, bound=bound)
+def _stats(status, objective, bound, wall=1.0, **kw):
+    return SolverStats(status=status, wall_s=wall, objective=objective, bound=bound, **kw)
 
 
 def test_solver_optimal():
@@ -54,10 +54,83 @@ def test_solver_feasible_with_a_closed_bound_is_optimal():
 
 @pytest.mark.parametrize(("bound", "gap"), [(1.99999, "0.0005 %"), (1.9, "5.0 %"), (1.98, "1.0 %")])
 def test_solver_feasible_says_why_and_never_gap_zero(bound, gap):
-    text = solver_text(_stats("FEASIBLE", 2.0, bound, wall=29.9), time_limit_s=30)
+    text = solver_text(_stats("FEASIBLE", 2.0, bound, wall=29.9, stop_reason="time_limit"), time_limit_s=30)
     assert "not proven optimal" in text and f"gap {gap}" in text
-    assert "time limit hit before the bound closed" in text and "0.00 %" not in text
+    assert "the 30 s time limit ran out before the bound closed" in text and "0.00 %" not in text
     assert "29.90 s wall of a 30 s limit" in text
+
+
+# Why the search stopped comes from what the solver recorded, never from the wall time: a solve that
+# ran out of its deadline early in wall-clock terms (bounds phase) is still a time-limit stop, and a
+# gap limit is named only when one was configured.
+@pytest.mark.parametrize(("reason", "wall", "gap_limit", "why"), [
+    ("time_limit", 3.0, 0.0, "(the 30 s time limit ran out before the bound closed)"),
+    ("time_limit", 29.9, 0.0, "(the 30 s time limit ran out before the bound closed)"),
+    ("gap_limit", 3.0, 0.01, "(CP-SAT stopped within its 1.0 % relative gap limit)"),
+    ("gap_limit", 29.9, 0.005, "(CP-SAT stopped within its 0.5 % relative gap limit)"),
+    ("model_cap", 3.0, 0.0, "(candidates left out of the CP-SAT model by its size cap keep a lower bound below "
+                            "this plan)"),
+    ("", 3.0, 0.0, "(the search stopped before the bound closed)"),
+])
+def test_solver_stop_reason_is_the_recorded_one(reason, wall, gap_limit, why):
+    stats = _stats("FEASIBLE", 2.0, 1.9, wall=wall, stop_reason=reason, gap_limit=gap_limit)
+    text = solver_text(stats, time_limit_s=30)
+    assert why in text, text
+    assert ("gap limit" in text) == (reason == "gap_limit")
+    assert "gap 5.0 %" in text and f"{wall:.2f} s wall of a 30 s limit" in text
+
+
+def test_stop_reason_and_gap_limit_in_the_solver_json():
+    doc = _stats("FEASIBLE", 2.0, 1.9, stop_reason="gap_limit", gap_limit=0.01).to_json()
+    assert doc["stop_reason"] == "gap_limit" and doc["gap_limit"] == 0.01
+    assert {"status", "wall_s", "objective", "bound", "gap"} <= set(doc)  # the v1 keys stay
+    assert doc["gap"] == pytest.approx(0.05)
+
+
+def _prepared(**pruned):
+    from collections import Counter
+
+    from autoshard.search.run import Prepared
+
+    return Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(pruned), enumerated=0)
+
+
+@pytest.mark.parametrize(("optimal", "cp", "open_in_model", "pruned", "gap", "reason"), [
+    (True, "OPTIMAL", False, {}, 0.0, "optimal"),
+    (False, "FEASIBLE", True, {}, 0.0, "time_limit"),  # CP-SAT stopped short of its proof: its time limit
+    (False, "UNKNOWN", False, {}, 0.0, "time_limit"),  # no CP-SAT solution: the incumbent stands in
+    (False, "OPTIMAL", False, {"time limit: left out with their cheap bound": 7}, 0.0, "time_limit"),
+    (False, "OPTIMAL", False, {"time limit: enumeration stopped (bound 0)": 1}, 0.01, "time_limit"),
+    (False, "OPTIMAL", True, {}, 0.01, "gap_limit"),
+    (False, "OPTIMAL", False, {"model size cap (bound still certified)": 12}, 0.01, "model_cap"),
+    (False, "OPTIMAL", False, {"model size cap (bound still certified)": 12}, 0.0, "model_cap"),
+])
+def test_train_stop_reason_table(optimal, cp, open_in_model, pruned, gap, reason):
+    from ortools.sat.python import cp_model
+
+    from autoshard.search.run import SolverOptions, _stop_reason
+
+    status = getattr(cp_model, cp)
+    got = _stop_reason(optimal, status, open_in_model, _prepared(**pruned), SolverOptions(relative_gap=gap))
+    assert got == reason
+
+
+def test_a_solve_cut_by_its_time_limit_says_so():
+    """405B on 1,024 H100 needs ~1.3 s (2 cores) to prove its optimum; with 0.5 s the bounds phase runs
+    out of its share of the time and the plan comes back well before 90 % of the limit in wall time,
+    which the old wall-time guess called "the relative gap limit" although none was set."""
+    from autoshard.api import train_job
+    from autoshard.search.run import SolverOptions, solve_train
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model("llama-3.1-405b")
+    job = train_job(model, seq_len=None, global_batch_size=None, precision=None)
+    plan = solve_train(model, load_cluster("dgx-h100").with_gpus(1024), job,
+                       options=SolverOptions(time_limit_s=0.5, num_workers=1))[0]
+    s = plan.solver
+    assert s.status == "FEASIBLE" and s.gap > 0 and s.stop_reason == "time_limit" and s.gap_limit == 0.0
+    text = solver_text(s, time_limit_s=0.5)
+    assert "the 0.5 s time limit ran out before the bound closed" in text and "gap limit" not in text
 
 
 # ----------------------------------------------------------------------------- command wrapping
