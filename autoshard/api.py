@@ -276,7 +276,7 @@ def solve_with_layout(
         stats = SolverStats(status="OPTIMAL" if exhaustive else "FEASIBLE", wall_s=time.perf_counter() - start,
                             objective=step, bound=found[0][0] if exhaustive else min(bound, found[0][0]),
                             candidates=space.enumerated, candidates_in_model=len(space.candidates),
-                            pruned=dict(space.pruned))
+                            pruned=dict(space.pruned), stop_reason="optimal" if exhaustive else "time_limit")
         plans.append(with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=pred,
                                       solver=stats)))
     return mark_ties(plans)
