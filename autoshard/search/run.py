@@ -381,10 +381,16 @@ def solve_train(
     prep = prepare(model, cluster, job, pins=pins, options=options, deadline=deadline.part(_PREPARE_SHARE),
                    hard_deadline=grace)
     if not prep.tables:
-        if deadline.expired():
+        # candidates left unlooked-at by the time limit are no proof of infeasibility
+        if deadline.expired() or prep.excluded_bound is not None:
             raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "
                               "candidates enumerated): raise --time-limit or pin some knobs")
         raise _infeasible(model, cluster, job, prep, pins)
+    if all(inc is None for inc in prep.incumbents) and deadline.remaining() <= _RECHECK_RESERVE_S:
+        # the grace is spent and no plan exists: building a model CP-SAT gets no time to search would
+        # only push the overrun past the limit + 2 s
+        raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({len(prep.tables)} "
+                          "candidates bounded, none with a layout found yet): raise --time-limit or pin some knobs")
     keep = _select(prep, options)
     tables = [prep.tables[i] for i in keep]
     best_inc = min(((prep.incumbents[i][0], j) for j, i in enumerate(keep) if prep.incumbents[i]), default=None)
