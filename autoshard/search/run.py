@@ -82,6 +82,8 @@ that the preparation leaves unused)."""
 _FIRST_PLAN_GRACE_S = 0.8
 """How far past the limit the search may run while it has found no plan at all (the issue's bound
 on overshooting the limit is 2 s)."""
+_MIN_STAGED = 64
+"""Candidates the cheap-bound pass stages before the soft deadline may stop it."""
 _RECHECK_RESERVE_S = 0.3
 """Wall time kept back from CP-SAT for decoding and the float re-check of the plan."""
 
@@ -135,7 +137,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     pool_gpus = [p.num_gpus for p in cluster.pools]
     floors: dict[tuple, float] = {}
     for n_seen, cfg in enumerate(configs):
-        if n_seen % 512 == 511 and deadline.expired():
+        # past the soft deadline, staging goes on (to the hard one) until a few candidates that
+        # could fit are staged: stopping with none would leave no plan at all on a loaded machine
+        if n_seen % 512 == 511 and deadline.expired() and (len(staged) >= _MIN_STAGED or hard.expired()):
             prep.excluded_bound = 0  # the rest have no bound at all
             prep.pruned["time limit: cheap bounds not computed (bound 0)"] += len(configs) - n_seen
             break
