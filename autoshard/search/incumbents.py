@@ -7,11 +7,15 @@ import numpy as np
 
 from autoshard.parallel import Recompute
 from autoshard.search.bounds import (
+    _threshold,
+    _uniform_capacity,
     assignment_capacity,
+    assignment_sends,
     hetero_capacity_at,
     joint_search,
     layer_capacity,
     rank_capacity_at,
+    rank_room,
     rank_work,
     uniform_capacity_at,
     uniform_thresholds,
@@ -20,14 +24,16 @@ from autoshard.search.tables import CandidateTables, Layout, even_layout, int_ob
 from autoshard.specs.cluster import ClusterSpec
 
 __all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "greedy_pools", "assignment_incumbent",
-           "safe_capacity_at", "improve"]
+           "safe_capacity_at", "improve", "uniform_assignment_incumbent", "memory_pools"]
 
 
-def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None) -> Layout | None:
+def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None,
+                 per_chunk: int = 0) -> Layout | None:
     """A layout giving each rank at most caps[r] decoder layers: start from the caps and shed the
     surplus one layer at a time from the rank with the longest time (its layers plus its fixed work:
     embedding, output, sends; the earlier rank on ties: it holds more micro-batches in flight); each
-    rank's layers are split evenly over its chunks, the later chunks taking the remainder."""
+    rank's layers are split evenly over its chunks, the later chunks taking the remainder. With
+    `per_chunk`, no rank sheds below per_chunk decoder layers per chunk (a uniform recompute count)."""
     pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
     n_dec = int(tab.decoders[-1])
     load = [int(c) for c in caps]
@@ -40,6 +46,7 @@ def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int]
     least = [vpp] * pp
     least[0] -= 1  # chunk 0 may hold only the embedding
     least[pp - 1] -= 1  # the last chunk may hold only the output layer
+    least = [max(lo, vpp * per_chunk) for lo in least]
     while extra > 0:
         r = max((i for i in range(pp) if load[i] > least[i]),
                 key=lambda i: (fixed[i] + load[i] * per_layer[i], -i), default=None)
@@ -168,15 +175,85 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
                 caps = np.where(np.asarray(ranks) == q, cap, caps)
             found.append(fit_recompute(tab, loads_layout(tab, caps, ranks)))
             tried.add(tuple(ranks))
-    if greedy is not None:
-        tried.add(tuple(greedy))
+    # the greedy assignments (fastest pools first; roomiest pools first, the tightest on the last
+    # ranks, which hold the fewest micro-batches in flight) always, then the bound's ones
+    first = [tuple(v) for v in (greedy, memory_pools(cluster, tab)) if v is not None]
+    tried -= set(first)
     # the same assignments with exact per-rank capacities (own pool, exact sends), stepping by the
     # slowest pool's layer time so that the slow ranks' loads move too
     slow = max(1, max(p.decoder_unit[0] for p in tab.pools))
-    for v in sorted(tried)[:4]:
+    for v in list(dict.fromkeys(first)) + sorted(tried)[:4]:
         found.append(assignment_incumbent(tab, v, tmax_lb, step=slow))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
+
+
+def uniform_assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...] | list[int],
+                                 tmax_lb: int) -> tuple[int, Layout] | None:
+    """Best layout on a fixed rank -> pool assignment under one recompute count k for every chunk
+    (Megatron's --recompute-num-layers, as the model counts it): for each k, each rank's capacity on
+    its own pool (memory with k layers per chunk recomputed, time with its exact sends), the smallest
+    slowest-rank time at which the capacities hold every decoder layer, and loads shed from there.
+    Capacities from the cheapest decoder layer are exact for uniform decoders; every layout is
+    re-checked by `int_objective`, so a mix of layer kinds can only make a layout drop, never lie."""
+    ranks = list(assignment)
+    pools = np.asarray(ranks)
+    n_dec = int(tab.decoders[-1])
+    vpp = tab.config.dims.vpp
+    p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
+    base_sends = np.zeros(len(ranks))
+    for k in range(tab.num_chunks):
+        base_sends[k % len(ranks)] += (k + 1 < tab.num_chunks) + (k > 0)
+    exact = assignment_sends(tab, ranks) - base_sends * p2p
+    parts = []
+    for q in sorted(set(ranks)):
+        d, x, fixed, least = rank_work(tab, q)
+        parts.append((q, rank_room(tab, q), d, x, fixed + exact, least))
+    least = parts[0][5]
+    rc_allowed = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    ks = range(n_dec // tab.num_chunks + 1) if rc_allowed else range(1)
+    found = []
+    for k in ks:
+        floor = np.maximum(least, vpp * k)
+
+        def caps_at(t: float, k: int = k, floor: np.ndarray = floor) -> np.ndarray:
+            caps = np.zeros(len(ranks))
+            for q, rr, d, x, fixed, _ in parts:
+                caps = np.where(pools == q, _uniform_capacity(tab, rr, fixed, d, x, t, k), caps)
+            return caps if np.all(caps >= floor) else np.zeros_like(caps)
+
+        hi = int(max(f.max() for *_, f, _ in parts)) + (max(d + max(x, 0) for _, _, d, x, _, _ in parts)) * n_dec + 1
+        t = _threshold(min(max(0, int(tmax_lb)), hi), hi, n_dec, caps_at)
+        if t is None:
+            continue
+        step = max(1, max(d for _, _, d, _, _, _ in parts))
+        for i in range(3):
+            lay = loads_layout(tab, caps_at(t + i * step), ranks, per_chunk=k)
+            if lay is None:
+                continue
+            trial = Layout(bounds=lay.bounds, recompute=(k,) * tab.num_chunks, pools=lay.pools)
+            obj, fits = int_objective(tab, trial)
+            if fits:
+                found.append((obj, trial))
+                break
+    return min(found, key=lambda f: f[0]) if found else None
+
+
+def memory_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None:
+    """A pool per pipeline rank by memory: the roomiest pools take the first ranks (they hold the
+    most micro-batches in flight), the tightest pool the last ones, within each pool's rank limit;
+    the pools with the most HBM first, the faster on ties."""
+    dims = tab.config.dims
+    need = dims.tp * dims.cp * dims.dp
+    free = [p.num_gpus // need for p in cluster.pools]
+    if sum(free) < dims.pp:
+        return None
+    order = sorted(range(len(cluster.pools)), key=lambda i: (-tab.pools[i].capacity_mib, int(tab.pools[i].time_us[-1])))
+    ranks = []
+    for i in order:
+        take = min(free[i], dims.pp - len(ranks))
+        ranks.extend([i] * take)
+    return ranks
 
 
 def greedy_pools(cluster: ClusterSpec, tab: CandidateTables) -> list[int] | None:
@@ -207,6 +284,9 @@ def assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...], tmax
     step = step or max(1, min(p.decoder_unit[0] for p in tab.pools))
     for i in range(6):
         found.append(fit_recompute(tab, loads_layout(tab, at(tmax_lb + i * step), ranks)))
+    # the capacities above let each rank recompute its own share of layers; the model's recompute
+    # count is one for every chunk, which the tight pools of a mixed cluster need to fit at all
+    found.append(uniform_assignment_incumbent(tab, assignment, tmax_lb))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
 

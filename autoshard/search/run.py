@@ -82,6 +82,8 @@ that the preparation leaves unused)."""
 _FIRST_PLAN_GRACE_S = 0.8
 """How far past the limit the search may run while it has found no plan at all (the issue's bound
 on overshooting the limit is 2 s)."""
+_MIN_STAGED = 64
+"""Candidates the cheap-bound pass stages before the soft deadline may stop it."""
 _RECHECK_RESERVE_S = 0.3
 """Wall time kept back from CP-SAT for decoding and the float re-check of the plan."""
 
@@ -135,7 +137,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     pool_gpus = [p.num_gpus for p in cluster.pools]
     floors: dict[tuple, float] = {}
     for n_seen, cfg in enumerate(configs):
-        if n_seen % 512 == 511 and deadline.expired():
+        # past the soft deadline, staging goes on (to the hard one) until a few candidates that
+        # could fit are staged: stopping with none would leave no plan at all on a loaded machine
+        if n_seen % 512 == 511 and deadline.expired() and (len(staged) >= _MIN_STAGED or hard.expired()):
             prep.excluded_bound = 0  # the rest have no bound at all
             prep.pruned["time limit: cheap bounds not computed (bound 0)"] += len(configs) - n_seen
             break
@@ -397,10 +401,16 @@ def solve_train(
     if not prep.tables:
         # cut short by the clock (the preparation's share or the whole limit): the candidates left were
         # never looked at, so "nothing fits" would be a guess -- say the time ran out instead
-        if deadline.expired() or any(reason.startswith("time limit") for reason in prep.pruned):
+        if (deadline.expired() or prep.excluded_bound is not None
+                or any(reason.startswith("time limit") for reason in prep.pruned)):
             raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({prep.enumerated} "
                               "candidates enumerated): raise --time-limit or pin some knobs")
         raise _infeasible(model, cluster, job, prep, pins)
+    if all(inc is None for inc in prep.incumbents) and deadline.remaining() <= _RECHECK_RESERVE_S:
+        # the grace is spent and no plan exists: building a model CP-SAT gets no time to search would
+        # only push the overrun past the limit + 2 s
+        raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({len(prep.tables)} "
+                          "candidates bounded, none with a layout found yet): raise --time-limit or pin some knobs")
     keep = _select(prep, options)
     tables = [prep.tables[i] for i in keep]
     best_inc = min(((prep.incumbents[i][0], j) for j, i in enumerate(keep) if prep.incumbents[i]), default=None)
