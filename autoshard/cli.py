@@ -569,8 +569,8 @@ def evaluate(
         _print_json(plan.to_json())
     else:
         render_plan(plan, out, show_schedule=show_schedule, time_limit_s=time_limit)
-        if not plan.prediction.fits:
-            _explain_overflow(plan)
+    if not plan.prediction.fits:  # on stderr, so under --json too (stdout keeps the one JSON object)
+        _explain_overflow(plan)
     raise typer.Exit(0 if plan.prediction.fits else 1)
 
 
@@ -578,10 +578,17 @@ def _explain_overflow(plan) -> None:
     from autoshard.units import GIB
 
     pred = plan.prediction
+    fixes = [] if plan.config.recompute.value == "full" else ["--recompute full"]
+    fixes.append("more PP")
+    if plan.config.zero_stage == 0:
+        fixes.append("the distributed optimizer (--zero-stage 1)")
+    elif plan.config.zero_stage < 3 and plan.config.dims.pp == 1:
+        fixes.append("Megatron-FSDP (--zero-stage 3)")
+    tries = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
     over = [(r, m, c) for r, (m, c) in enumerate(zip(pred.rank_memory_bytes, pred.rank_capacity_bytes, strict=True)) if m > c]
     for r, m, c in over:
         err.print(f"[bold red]does not fit:[/bold red] pipeline rank {r} needs {m / GIB:.1f} GiB per GPU, has {c / GIB:.1f} GiB "
-                  f"(over by {(m - c) / GIB:.1f} GiB); try --recompute full, more PP, or ZeRO (--zero-stage 1)")
+                  f"(over by {(m - c) / GIB:.1f} GiB); try {tries}")
 
 
 def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
