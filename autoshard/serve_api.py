@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.job import ServeJob
 from autoshard.specs.loader import validate
 from autoshard.specs.model import ModelSpec
 
@@ -43,11 +43,12 @@ def serve_job_for(
     name = model.name if model is not None else "the command's model"
     job = validate(ServeJob, data, source=f"serving job for {name}")
     wd = job.weight_dtype
-    if model is not None and wd in (WeightDtype.INT8, WeightDtype.INT4, WeightDtype.NVFP4, WeightDtype.MXFP4) and not any(
-            c.weights is wd for c in model.checkpoints):
-        from autoshard.emit.vllm import no_checkpoint
+    from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint
 
-        raise no_checkpoint(model.name, wd)  # refused before solving, not when the command is written
+    # the emitters' rule (emit.vllm.vllm_quantization): what engines cannot quantize online needs a
+    # published checkpoint; refused before solving, not when the command is written
+    if model is not None and wd not in VLLM_QUANTIZATION and not any(c.weights is wd for c in model.checkpoints):
+        raise no_checkpoint(model.name, wd)
     return job
 
 

@@ -220,6 +220,15 @@ class ServePlan:
         return self.prediction.ttft_s
 
     @property
+    def ttft_p90_s(self) -> float:
+        """p90 TTFT of the deployment: the prefill/decode split's own estimate, else the engine's
+        (its mean where the engine has no tail estimate)."""
+        d = self.disaggregation
+        if d is not None:
+            return d.ttft_p90_s if d.ttft_p90_s is not None else d.ttft_s
+        return self.prediction.ttft_p90_s or self.prediction.ttft_s
+
+    @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.throughput_tokens_per_s / self.num_gpus
 

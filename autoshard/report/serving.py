@@ -20,13 +20,6 @@ from autoshard.units import GIB
 __all__ = ["render_serve_plan"]
 
 
-def _ttft_p90(plan: ServePlan) -> float:
-    """p90 TTFT of the deployment: the prefill/decode split's own estimate, else the engine's."""
-    if plan.disaggregation is not None:
-        return plan.disaggregation.ttft_p90_s
-    return plan.prediction.ttft_p90_s or plan.prediction.ttft_s
-
-
 def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
@@ -66,7 +59,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
     head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
                 f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {plan.ttft_s:.2f} s "
-                f"(p90 {_ttft_p90(plan):.2f}) | {p.concurrency} running requests per {decode}DP rank\n",
+                f"(p90 {plan.ttft_p90_s:.2f}) | {p.concurrency} running requests per {decode}DP rank\n",
                 style="bold")
     head.append(band_text(plan) + "\n")
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per {decode}GPU = {mem.kv_cache_tokens:,} tokens "
