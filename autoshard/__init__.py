@@ -14,7 +14,7 @@ The public API::
 from autoshard.api import evaluate, solve, train_job
 from autoshard.errors import AutoshardError, InfeasibleError, SolverError, SpecError
 from autoshard.parallel import ParallelDims, Recompute
-from autoshard.plan import Plan
+from autoshard.plans.train import Plan
 from autoshard.search import Pins, SolverOptions
 from autoshard.specs import ClusterSpec, ModelSpec, ServeJob, TrainJob, load_cluster, load_model
 

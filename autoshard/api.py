@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 
 from autoshard.costmodel.bands import band_for, mark_ties
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
-from autoshard.emit.megatron import megatron_command
-from autoshard.emit.megatron_parse import LayoutFlags, default_stages, layout_stages, predict_layout
+from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.emit.megatron.script import megatron_command
+from autoshard.emit.megatron.parse import LayoutFlags, default_stages, layout_stages, predict_layout
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
-from autoshard.plan import Plan, SolverStats
-from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
+from autoshard.plans.train import Plan, SolverStats
+from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
@@ -167,7 +167,7 @@ def evaluate(
     and FP8 recipe default to what the solver would pick (search.space.dispatcher_for, fp8_recipe_for)."""
     check_precision(cluster, job.precision)
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
-        from autoshard.search.space import SELECTIVE_AND_BLOCK
+        from autoshard.search.train.space import SELECTIVE_AND_BLOCK
 
         raise SpecError(SELECTIVE_AND_BLOCK, source="--recompute-num-layers")
     if stages is None:
@@ -224,7 +224,7 @@ def solve_with_layout(
     import time
 
     from autoshard.errors import InfeasibleError
-    from autoshard.search.space import check_pins, enumerate_train
+    from autoshard.search.train.space import check_pins, enumerate_train
     from autoshard.units import GIB
 
     if cluster.is_heterogeneous:
@@ -240,7 +240,7 @@ def solve_with_layout(
     space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
     block = pins.recompute_num_layers or 0
     stages, _, _ = megatron_layout(model, pp=pins.pp, vpp=vpp, flags=flags, recompute_num_layers=block)
-    from autoshard.search.bounds import quick_lower_bound
+    from autoshard.search.train.bounds import quick_lower_bound
 
     scale = vpp
     ranked = sorted(

@@ -109,7 +109,7 @@ GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]
 GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp8.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plans.train/v1) on stdout.")]
 TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
 PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]
 DpOpt = Annotated[int | None, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data parallel size.")]
@@ -196,7 +196,7 @@ def _check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
 def _train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute, recompute_num_layers, sp, zero_stage, modules=(),
                 moe_dispatcher=None, fp8_recipe=None):
     from autoshard.parallel import Recompute
-    from autoshard.search.space import Pins
+    from autoshard.search.train.space import Pins
 
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute.value) if recompute else None, zero_stage=zero_stage,
@@ -208,7 +208,7 @@ def _recompute_modules(text: str | None, recompute):
     """(modules, recompute mode) from --recompute-modules: selective recompute of those modules."""
     if text is None:
         return (), recompute
-    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+    from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 
     modules = tuple(dict.fromkeys(m for m in text.replace(",", " ").split()))
     bad = [m for m in modules if m not in RECOMPUTE_MODULES]
@@ -222,15 +222,15 @@ def _recompute_modules(text: str | None, recompute):
 
 
 def _layout_flags(layout, first, last, acct_emb, acct_loss):
-    from autoshard.emit.megatron_parse import LayoutFlags
+    from autoshard.emit.megatron.parse import LayoutFlags
 
     return LayoutFlags(layout=layout, first=first, last=last, account_embedding=acct_emb, account_loss=acct_loss)
 
 
 def _solver_options(top: int, time_limit: float, workers: int, seed: int, verbose: bool, zero_stage: int | None,
                     started_at: float | None = None):
-    from autoshard.search.run import SolverOptions
-    from autoshard.search.space import SpaceOptions
+    from autoshard.search.train.solve import SolverOptions
+    from autoshard.search.train.space import SpaceOptions
 
     zeros = (0, 1, 2, 3) if zero_stage is not None else (0, 1)
     return SolverOptions(top_k=top, time_limit_s=time_limit, num_workers=workers, seed=seed, log=verbose,
@@ -274,7 +274,7 @@ def _write_emit(plan, emit: Target | None, output: Path | None, json_out: bool =
         return
     if emit is not Target.MEGATRON:
         raise SpecError(f"--emit {emit.value} is for serving plans: use --mode serve", source="--emit")
-    from autoshard.emit.megatron import megatron_script
+    from autoshard.emit.megatron.script import megatron_script
 
     _write_script(megatron_script(plan), output, json_out)
 
@@ -345,7 +345,7 @@ def solve(
         raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     from autoshard.api import solve as api_solve
     from autoshard.api import train_job
-    from autoshard.emit.megatron import megatron_notes
+    from autoshard.emit.megatron.script import megatron_notes
 
     if from_megatron is not None:
         best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
@@ -417,9 +417,9 @@ def _evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gp
     import dataclasses
 
     from autoshard.api import check_precision, resize, with_launch
-    from autoshard.costmodel.training import predict_train
-    from autoshard.emit.megatron_parse import model_shape_differences, parse_megatron
-    from autoshard.plan import Plan, SolverStats
+    from autoshard.costmodel.train.step import predict_train
+    from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
+    from autoshard.plans.train import Plan, SolverStats
     from autoshard.specs import load_cluster, load_model
 
     expected = load_model(model_ref) if model_ref else None
@@ -596,7 +596,7 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
                        sglang: bool = False) -> None:
     from autoshard.api import resize
     from autoshard.report.serving import render_serve_plan
-    from autoshard.search.serve import evaluate_vllm
+    from autoshard.search.serve.solve import evaluate_vllm
     from autoshard.serve_api import serve_job_for
     from autoshard.specs import load_cluster, load_model
 
@@ -617,7 +617,7 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
                  started_at: float | None = None) -> None:
     from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
-    from autoshard.search.serve import solve_serve
+    from autoshard.search.serve.solve import solve_serve
     from autoshard.serve_api import INTERACTIVE_TPOT_MS, interactive_job, serve_job_for
 
     if target is Target.K8S:
@@ -654,7 +654,7 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
     front = None
     if pareto:
         from autoshard.report.pareto import front_json, render_front, write_front_png
-        from autoshard.search.serve_front import serve_front
+        from autoshard.search.serve.front import serve_front
 
         front = serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate)
         if out_dir is not None:
@@ -741,7 +741,7 @@ def study(
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = _parse_sizes(gpus)
     prices = _parse_prices(price or [])
-    from autoshard.study import run_study_cli
+    from autoshard.study.run import run_study_cli
 
     run_study_cli(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
                   budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,

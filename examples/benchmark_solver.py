@@ -30,9 +30,9 @@ import sys
 import time
 
 from autoshard.api import resize, train_job
-from autoshard.search.run import SolverOptions, solve_train
+from autoshard.search.train.solve import SolverOptions, solve_train
 from autoshard.errors import InfeasibleError
-from autoshard.search.space import Pins, SpaceOptions
+from autoshard.search.train.space import Pins, SpaceOptions
 from autoshard.specs import ClusterSpec, ModelSpec, TrainJob, load_cluster, load_model
 
 WORKERS = 8

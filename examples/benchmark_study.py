@@ -13,7 +13,7 @@ import sys
 import time
 from collections import Counter
 
-from autoshard.study import run_study
+from autoshard.study.run import run_study
 
 CLUSTERS = ["dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "mi300x"]
 SIZES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]  # all whole 8-GPU nodes

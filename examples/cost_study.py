@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autoshard.report.study_report import write_outputs
-from autoshard.study import run_study
+from autoshard.study.report import write_outputs
+from autoshard.study.run import run_study
 
 CLUSTERS = ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"]
 # powers of two for the 8-GPU DGX nodes, multiples of 72 (whole NVL72 racks) for GB200; every size is

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from autoshard import load_cluster, load_model
-from autoshard.search.serve import solve_serve
+from autoshard.search.serve.solve import solve_serve
 from autoshard.serve_api import serve_job_for
 
 

@@ -1,7 +1,7 @@
 """The physics: pure functions from (model, hardware, parallel degrees) to time and memory
 breakdowns. No I/O, no solver."""
 
-from autoshard.costmodel.training import (
+from autoshard.costmodel.train.step import (
     LayerCost,
     MemoryBreakdown,
     Stage,

@@ -1,8 +1,8 @@
 """Plan -> launcher command per framework, and launcher command -> plan facts. Emitters are pure
 functions of a Plan and decide nothing."""
 
-from autoshard.emit.megatron import megatron_command, megatron_notes, megatron_script
-from autoshard.emit.megatron_parse import ParsedMegatron, parse_megatron
+from autoshard.emit.megatron.script import megatron_command, megatron_notes, megatron_script
+from autoshard.emit.megatron.parse import ParsedMegatron, parse_megatron
 from autoshard.emit.serve_parse import ParsedServe, parse_vllm
 from autoshard.emit.sglang import sglang_command, sglang_node_commands
 from autoshard.emit.vllm import vllm_command, vllm_node_commands

@@ -39,7 +39,7 @@ from autoshard.emit.pd import (
 )
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 
 __all__ = ["k8s_manifests", "k8s_yaml", "IMAGES", "workload_name"]
 

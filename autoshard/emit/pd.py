@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
-from autoshard.serve_plan import Role, ServePlan
+from autoshard.plans.serve import Role, ServePlan
 
 __all__ = [
     "Instance",

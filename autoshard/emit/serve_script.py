@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.shell import comment
 from autoshard.emit.vllm import vllm_node_commands
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype
 
 __all__ = ["serve_script"]

@@ -23,7 +23,7 @@ import math
 
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_quantization
 from autoshard.emit.shell import shell_join
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype
 
 __all__ = [

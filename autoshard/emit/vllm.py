@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from autoshard.emit.shell import shell_join
 from autoshard.errors import SpecError
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype
 
 __all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",

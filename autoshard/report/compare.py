@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from autoshard.emit.megatron import megatron_args
-from autoshard.plan import Plan
+from autoshard.emit.megatron.script import megatron_args
+from autoshard.plans.train import Plan
 from autoshard.report.fit import print_command
 from autoshard.report.terminal import plan_summary, solver_text
 from autoshard.units import GIB

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from autoshard.report.fit import table as fit_table
 
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 from autoshard.units import GIB
 
 __all__ = ["render_roles", "render_choice"]

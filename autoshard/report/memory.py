@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from autoshard.costmodel.memory import (
+from autoshard.costmodel.train.memory import (
     ParamShards,
     TrainFramework,
     in_flight_microbatches,
     layer_param_shards,
     model_state_bytes,
 )
-from autoshard.costmodel.training import stage_cost
-from autoshard.plan import Plan
+from autoshard.costmodel.train.step import stage_cost
+from autoshard.plans.train import Plan
 from autoshard.report.fit import add_columns, table
 from autoshard.specs.model import LayerKind
 from autoshard.units import GIB

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from autoshard.report.fit import PlainTable
 
-from autoshard.search.serve_front import STANDARD_TPOT_MS, Front, FrontPoint
+from autoshard.search.serve.front import STANDARD_TPOT_MS, Front, FrontPoint
 
 __all__ = ["sla_cuts", "render_front", "write_front_png", "front_json"]
 

@@ -14,7 +14,7 @@ from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.terminal import prune_table, solver_text
 from autoshard.report.disagg import render_choice, render_roles
-from autoshard.serve_plan import ServePlan
+from autoshard.plans.serve import ServePlan
 from autoshard.units import GIB
 
 __all__ = ["render_serve_plan"]

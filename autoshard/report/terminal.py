@@ -12,9 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from autoshard.costmodel.bands import band_text, sanity_line, tie_text
-from autoshard.costmodel.training import stage_cost
+from autoshard.costmodel.train.step import stage_cost
 from autoshard.specs.job import Precision
-from autoshard.plan import Plan, SolverStats, layer_counts, stage_devices
+from autoshard.plans.train import Plan, SolverStats, layer_counts, stage_devices
 from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.gantt import draw_schedule

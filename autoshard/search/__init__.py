@@ -1,6 +1,6 @@
 """Search: the candidate space, integer tables, the CP-SAT model and solve orchestration."""
 
-from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins, SpaceOptions
+from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.space import Pins, SpaceOptions
 
 __all__ = ["Pins", "SolverOptions", "SpaceOptions", "solve_train"]

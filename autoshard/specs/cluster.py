@@ -104,7 +104,7 @@ class EfficiencySpec(FrozenSpec):
     the train_* overrides on all 41 held H100 runs)."""
 
     serve_gemm: Fraction | None = None
-    """Serving only (autoshard/costmodel/serving.py): fraction of dense BF16 peak an inference
+    """Serving only (autoshard/costmodel/serve/step.py): fraction of dense BF16 peak an inference
     engine's GEMMs reach at serving shapes (decode batches, grouped MoE GEMMs); its FP8 GEMMs keep the
     ratio gemm_fp8 / gemm. None: the training `gemm`. Fitted per GPU type on published serving runs
     by tests/validation/validate_serving.py (leave-one-source-out there)."""

@@ -236,7 +236,7 @@ def test_json_stdout_is_exactly_one_object(extra: list[str]) -> None:
     code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--json", *FAST, *extra)
     assert code == 0, stderr
     obj = json.loads(stdout)  # raises on anything else around the object
-    assert obj["schema"].startswith("autoshard.plan/")
+    assert obj["schema"].startswith("autoshard.plans.train/")
     if "--emit" in extra:
         assert stderr.startswith("#!/usr/bin/env bash")  # the script still comes out, on stderr
     if "--verbose" in extra:
@@ -293,7 +293,7 @@ def test_study_set_lands_whole_beside_other_files(tmp_path: Path) -> None:
 
 
 def test_interrupted_study_leaves_no_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autoshard.report.study_report as report
+    import autoshard.study.report as report
 
     def interrupted(result, out_dir):
         (out_dir / "study.csv").write_text("half")
@@ -308,7 +308,7 @@ def test_interrupted_study_leaves_no_set(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_interrupted_solve_says_nothing_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autoshard.study as study
+    import autoshard.study.run as study
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -388,7 +388,7 @@ def test_mixed_generation_plan_falls_back_to_the_mode(h100_plan, table: dict) ->
 
 
 def test_serve_plan_band(table: dict) -> None:
-    from autoshard.search.serve import evaluate_serve
+    from autoshard.search.serve.solve import evaluate_serve
     from autoshard.serve_api import serve_job_for
     from autoshard.specs import load_cluster, load_model
 
@@ -447,7 +447,7 @@ def test_tied_compares_per_gpu() -> None:
 
 def test_solve_top_k_marks_ties() -> None:
     from autoshard.api import solve, train_job
-    from autoshard.search.run import SolverOptions
+    from autoshard.search.train.solve import SolverOptions
     from autoshard.specs import load_cluster, load_model
 
     model = load_model("llama-3.1-8b")

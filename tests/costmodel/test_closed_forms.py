@@ -8,14 +8,14 @@ import pytest
 
 from autoshard.costmodel.comm import Collective, Link, collective_time_s
 from autoshard.costmodel.compute import layer_flops, model_flops_per_step
-from autoshard.costmodel.memory import (
+from autoshard.costmodel.train.memory import (
     ParamShards,
     in_flight_microbatches,
     layer_activation_bytes,
     model_state_bytes,
 )
-from autoshard.costmodel.pipeline import bubble_fraction, schedule_time
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.pipeline import bubble_fraction, schedule_time
+from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.report.gantt import simulate
 from autoshard.specs import LayerKind, ModelSpec, load_cluster

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from autoshard.costmodel.memory import (
+from autoshard.costmodel.train.memory import (
     ParamShards,
     TrainFramework,
     allocator_reported_bytes,
@@ -17,7 +17,7 @@ from autoshard.costmodel.memory import (
     torchtitan_layer_activation_bytes,
     torchtitan_loss_bytes,
 )
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs import LayerKind, ModelSpec, load_cluster
 from autoshard.units import GIB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_link
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.step import (
     ServeConfig,
     _grouped_experts_s,
     expected_max_prefill_tokens,
@@ -403,7 +403,7 @@ def test_host_work_is_per_request_per_step():
 def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
     """serve_gemm replaces the GEMM efficiency (FP8 at the training FP8/BF16 ratio), serve_attention_hbm
     the HBM fraction of paged decode attention; a GPU without them keeps its training values."""
-    from autoshard.costmodel.serving import serving_gpu
+    from autoshard.costmodel.serve.step import serving_gpu
 
     gpu = POOL1.gpu
     eff = gpu.efficiency

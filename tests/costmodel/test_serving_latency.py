@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from autoshard.costmodel.serving import ServeConfig, latency_at_rate, predict_serve
-from autoshard.costmodel.serving_latency import (
+from autoshard.costmodel.serve.step import ServeConfig, latency_at_rate, predict_serve
+from autoshard.costmodel.serve.latency import (
     NO_WAIT,
     Wait,
     erlang_c,
@@ -133,7 +133,7 @@ def test_arrival_rate_must_be_positive():
 
 
 def test_plan_json_carries_p90_and_the_latency_at_the_request_rate():
-    from autoshard.search.serve import solve_serve
+    from autoshard.search.serve.solve import solve_serve
 
     cluster = load_cluster("dgx-h100").with_gpus(8)
     kw = dict(pins=None, top_k=1, time_limit_s=10.0, num_workers=1)

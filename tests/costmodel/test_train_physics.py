@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from autoshard.costmodel.compute import attention_time_s, fp8_cast_bytes_per_element, layer_compute_time
-from autoshard.costmodel.memory import ParamShards, layer_activation_bytes, model_state_bytes
-from autoshard.costmodel.training import TrainConfig, predict_train
-from autoshard.emit.megatron_parse import default_stages
+from autoshard.costmodel.train.memory import ParamShards, layer_activation_bytes, model_state_bytes
+from autoshard.costmodel.train.step import TrainConfig, predict_train
+from autoshard.emit.megatron.parse import default_stages
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs import EfficiencySpec, LayerKind, ModelSpec, Precision, load_cluster, load_model
 
@@ -84,7 +84,7 @@ def test_recompute_modules_moe_is_the_moe_recompute(precision):
     """One mechanism: `--recompute-modules moe` (selective, without core_attn) costs a Qwen3-235B MoE
     layer exactly what the block recompute adds to a layer without recompute -- the MoE block's
     forward once more, its saved activations gone, the dispatch and combine once more."""
-    from autoshard.costmodel.training import layer_cost
+    from autoshard.costmodel.train.step import layer_cost
 
     pool = H100.primary
     dims = ParallelDims(tp=4, dp=2, ep=8, etp=1)
@@ -191,7 +191,7 @@ def test_pytorch_fsdp_keeps_fp32_shards_as_master():
     """PyTorch FSDP with a BF16 MixedPrecision policy, ZeRO-3 over 8 ranks, Adam: per parameter the
     FP32 shard (4 B), its FP32 gradient (4 B) and Adam's two moments (8 B), all over 8: 2 B per
     parameter, where Megatron's layout (BF16 weights, FP32 grads, FP32 master + moments) needs 18/8."""
-    from autoshard.costmodel.memory import TrainFramework
+    from autoshard.costmodel.train.memory import TrainFramework
 
     shards = ParamShards(dense=8e9, expert=0.0)
     dims = ParallelDims(dp=8)

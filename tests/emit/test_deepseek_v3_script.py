@@ -11,9 +11,9 @@ import pytest
 
 from autoshard.api import evaluate, train_job
 from autoshard.costmodel.compute import model_flops_per_step, mtp_forward_flops
-from autoshard.costmodel.training import predict_train
-from autoshard.emit.megatron import megatron_command
-from autoshard.emit.megatron_parse import model_shape_differences, parse_megatron
+from autoshard.costmodel.train.step import predict_train
+from autoshard.emit.megatron.script import megatron_command
+from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
 from autoshard.parallel import Fp8Recipe, Recompute
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.model import LayerKind, RouterScore

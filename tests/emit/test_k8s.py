@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
-from autoshard.search.serve import solve_serve
+from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from autoshard.api import evaluate, train_job
 from autoshard.cli import app
-from autoshard.emit.megatron import megatron_command
-from autoshard.emit.megatron_parse import LayoutFlags, layout_stages, parse_megatron, predict_layout
+from autoshard.emit.megatron.script import megatron_command
+from autoshard.emit.megatron.parse import LayoutFlags, layout_stages, parse_megatron, predict_layout
 from autoshard.errors import SpecError
-from autoshard.plan import layer_counts
+from autoshard.plans.train import layer_counts
 from autoshard.specs import load_cluster, load_model
 
 LLAMA8 = load_model("llama-3.1-8b")  # 32 decoder layers
@@ -123,9 +123,9 @@ def test_layouts_megatron_refuses(flags, pp, fragment) -> None:
 def test_solve_with_a_pinned_layout_matches_brute_force() -> None:
     """The bound-ordered search returns the best of every candidate predicted on the pinned layout."""
     from autoshard.api import solve_with_layout
-    from autoshard.costmodel.training import predict_train
-    from autoshard.search.run import SolverOptions
-    from autoshard.search.space import Pins, SpaceOptions, enumerate_train
+    from autoshard.costmodel.train.step import predict_train
+    from autoshard.search.train.solve import SolverOptions
+    from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 
     cluster = H100.with_gpus(32)
     job = train_job(LLAMA8, seq_len=4096, global_batch_size=64)

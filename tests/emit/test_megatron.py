@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.emit import megatron_command, megatron_notes, megatron_script, parse_megatron
-from autoshard.emit import megatron_flags as mf
-from autoshard.search.space import default_fp8_recipe
-from autoshard.emit.megatron import pipeline_layout
-from autoshard.emit.megatron_parse import default_stages, model_shape_differences, parse_layout
+from autoshard.emit.megatron import flags as mf
+from autoshard.search.train.space import default_fp8_recipe
+from autoshard.emit.megatron.script import pipeline_layout
+from autoshard.emit.megatron.parse import default_stages, model_shape_differences, parse_layout
 from autoshard.errors import SpecError
 from autoshard.parallel import ParallelDims, Recompute, check_dims
-from autoshard.plan import Plan, SolverStats
+from autoshard.plans.train import Plan, SolverStats
 from autoshard.specs import bundled_models, load_cluster, load_model
 from autoshard.specs.job import Precision
 

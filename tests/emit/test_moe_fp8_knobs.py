@@ -9,11 +9,11 @@ import pytest
 from test_megatron import make_plan, rule_violations, split_command
 
 from autoshard.api import evaluate, train_job
-from autoshard.emit.megatron import megatron_command, megatron_script
-from autoshard.emit.megatron_parse import parse_megatron
+from autoshard.emit.megatron.script import megatron_command, megatron_script
+from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims
-from autoshard.search.space import default_fp8_recipe, dispatcher_for
+from autoshard.search.train.space import default_fp8_recipe, dispatcher_for
 from autoshard.specs import Precision, load_cluster, load_model
 
 

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from autoshard.api import evaluate, train_job
 from autoshard.cli import app
-from autoshard.emit.megatron import megatron_script
+from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.shell import comment, shell_join, shell_word
-from autoshard.search.serve import evaluate_serve
+from autoshard.search.serve.solve import evaluate_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
 

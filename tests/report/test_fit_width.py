@@ -18,13 +18,13 @@ import pytest
 
 from autoshard.report.fit import wrap_command
 from autoshard.report.serving import render_serve_plan
-from autoshard.report.study_report import render_study
+from autoshard.study.report import render_study
 from autoshard.report.terminal import _layer_span, render_clusters, render_models, render_plan
-from autoshard.search.serve import solve_serve
+from autoshard.search.serve.solve import solve_serve
 from autoshard.serve_api import serve_job_for
 from autoshard.specs import bundled_clusters, bundled_models, load_cluster, load_model
-from autoshard.study import ServeRow, StudyResult, TrainRow
-from autoshard.study_costs import Answer, Skipped
+from autoshard.study.run import ServeRow, StudyResult, TrainRow
+from autoshard.study.costs import Answer, Skipped
 from report_fixtures import plan_70b, render, assert_fits  # noqa: F401  (pytest fixtures)
 
 WIDTHS = [80, 160]

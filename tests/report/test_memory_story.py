@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.costmodel.memory import layer_param_shards
+from autoshard.costmodel.train.memory import layer_param_shards
 from autoshard.parallel import Recompute
 from autoshard.report.memory import memory_rows, memory_table, nominal_bytes_per_param
 from autoshard.specs.model import LayerKind

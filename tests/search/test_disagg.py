@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from autoshard.costmodel.disagg import (
+from autoshard.costmodel.serve.disagg import (
     MAX_PREFILL_UTILIZATION,
     disagg_ttft_s,
     kv_link,
@@ -18,11 +18,11 @@ from autoshard.costmodel.disagg import (
     max_utilization_for_ttft,
     md1_wait_s,
 )
-from autoshard.costmodel.serving import ServeConfig
+from autoshard.costmodel.serve.step import ServeConfig
 from autoshard.emit.pd import pd_commands, pd_script, place
 from autoshard.errors import InfeasibleError, SpecError
-from autoshard.search.serve import enumerate_serve, solve_serve
-from autoshard.search.serve_disagg import tabulate_disagg
+from autoshard.search.serve.solve import enumerate_serve, solve_serve
+from autoshard.search.serve.disagg import tabulate_disagg
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 
@@ -284,7 +284,7 @@ def test_pd_commands(framework):
 
 
 def test_md1_wait_quantile():
-    from autoshard.costmodel.disagg import md1_wait_quantile_s
+    from autoshard.costmodel.serve.disagg import md1_wait_quantile_s
 
     # P(W > t) = rho exp(-t rho / E[W]): no wait at the 90th percentile when rho <= 0.1
     assert md1_wait_quantile_s(1.0, 0.1, 0.9) == 0.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autoshard.report.pareto import front_json, sla_cuts, write_front_png
-from autoshard.search.serve import solve_serve
-from autoshard.search.serve_front import serve_front
+from autoshard.search.serve.solve import solve_serve
+from autoshard.search.serve.front import serve_front
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
 

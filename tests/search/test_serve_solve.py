@@ -9,8 +9,8 @@ import time
 import pytest
 
 from autoshard.errors import InfeasibleError, SpecError
-from autoshard.plan import SCHEMA
-from autoshard.search.serve import (
+from autoshard.plans.train import SCHEMA
+from autoshard.search.serve.solve import (
     TIE_SCALE,
     enumerate_serve,
     evaluate_serve,

@@ -15,8 +15,8 @@ from autoshard.api import resize, train_job
 from autoshard.cli import app
 from autoshard.errors import SolverError
 from autoshard.search.deadline import Deadline
-from autoshard.search.run import SolverOptions, solve_train
-from autoshard.search.space import Pins, SpaceOptions, enumerate_train
+from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.specs import TrainJob, load_cluster, load_model
 from autoshard.units import US_PER_S
 from conftest import tiny_cluster, tiny_model
@@ -81,7 +81,7 @@ def brute_force_best(model, cluster, job, options):
     """Best integer objective over every candidate and layout (small models only)."""
     import itertools
 
-    from autoshard.search.tables import Layout, build_tables, int_objective
+    from autoshard.search.train.tables import Layout, build_tables, int_objective
 
     space = enumerate_train(model, cluster, job, options=options.space)
     scale = math.lcm(*{c.dims.vpp for c in space.candidates})
@@ -138,7 +138,7 @@ def test_cli_solve_honours_the_time_limit():
 
 def test_serving_top_k_shares_one_time_limit():
     """The top-k serving solves share the limit (each used to get all of it), counted from the start."""
-    from autoshard.search.serve import solve_serve
+    from autoshard.search.serve.solve import solve_serve
     from autoshard.specs.job import ServeJob
 
     model = load_model("llama-3.1-70b")

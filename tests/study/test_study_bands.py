@@ -9,11 +9,11 @@ import pytest
 from conftest import gpu, node, tiny_model
 
 from autoshard.costmodel.bands import Kind, lookup
-from autoshard.report.study_report import table_rows, write_outputs
+from autoshard.study.report import table_rows, write_outputs
 from autoshard.specs import ClusterSpec
 from autoshard.specs.job import ServeJob
-from autoshard.study import _serve_row, _train_row, run_study
-from autoshard.study_costs import likely, train_ranges
+from autoshard.study.run import _serve_row, _train_row, run_study
+from autoshard.study.costs import likely, train_ranges
 
 
 def test_train_ranges_closed_form() -> None:
@@ -82,8 +82,8 @@ def test_study_rows_files_and_table_show_ranges(tmp_path) -> None:
 
 
 def test_flagged_mfu_is_marked_in_the_table_and_ranges_are_plotted() -> None:
-    from autoshard.report.study_report import _likely_segment
-    from autoshard.study_costs import StudyResult
+    from autoshard.study.report import _likely_segment
+    from autoshard.study.costs import StudyResult
 
     flagged = _train_row("dgx", 64, _figures(sanity="predicted 60.0 % MFU is more than 10 % above ..."), 1e12, 3.0)
     plain = _train_row("dgx", 128, _figures(), 1e12, 3.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from autoshard.search.serve import solve_serve
+from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

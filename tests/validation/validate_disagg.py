@@ -6,7 +6,7 @@ measured.
 prints one row per run: the decode instance's predicted output tokens/s per GPU at its KV-limited
 concurrency (capped by max_num_seqs) for each workload (the stated one, or each assumed input length
 when the source states none), the measured figure, and the error. Nothing is fitted: the figures
-come from `autoshard.costmodel.disagg.decode_instance` with the bundled cluster's defaults.
+come from `autoshard.costmodel.serve.disagg.decode_instance` with the bundled cluster's defaults.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.disagg import decode_instance
-from autoshard.costmodel.serving import kv_limited_concurrency, serve_memory
-from autoshard.search.serve_space import Engine, _config
+from autoshard.costmodel.serve.disagg import decode_instance
+from autoshard.costmodel.serve.step import kv_limited_concurrency, serve_memory
+from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from autoshard.api import resize
-from autoshard.costmodel.training import predict_train
-from autoshard.emit.megatron_parse import parse_megatron
+from autoshard.costmodel.train.step import predict_train
+from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.specs import load_cluster
 
 TABLE = Path(__file__).resolve().parents[1] / "emit" / "published_megatron.yaml"

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.step import (
     ServeConfig,
     activation_peak_bytes,
     latency_at_rate,
@@ -65,8 +65,8 @@ from autoshard.costmodel.serving import (
     serve_memory,
     total_weight_bytes,
 )
-from autoshard.costmodel.serving_memory import HOST_US_PER_SEQ
-from autoshard.costmodel.serving_sim import simulate_burst
+from autoshard.costmodel.serve.memory import HOST_US_PER_SEQ
+from autoshard.costmodel.serve.sim import simulate_burst
 from autoshard.specs import ModelSpec, load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.units import GIB

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from autoshard.costmodel.training import Stage, TrainConfig
-from autoshard.emit import megatron_flags as mf
-from autoshard.emit.megatron_model import FlagReader, build_model, moe_pattern
+from autoshard.costmodel.train.step import Stage, TrainConfig
+from autoshard.emit.megatron import flags as mf
+from autoshard.emit.megatron.model_args import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
@@ -602,7 +602,7 @@ def _fp8_recipe(r: FlagReader) -> Fp8Recipe:
 
 def _recompute(r: FlagReader) -> tuple[Recompute, int, tuple[str, ...]]:
     """(base mode, block-recomputed layers per stage, selective modules)."""
-    from autoshard.costmodel.recompute_modules import RECOMPUTE_MODULES
+    from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 
     granularity = r.text("--recompute-granularity")
     if r.on("--recompute-activations"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from autoshard.parallel import Recompute
-from autoshard.search.tables import CandidateTables, Layout, even_layout
+from autoshard.search.train.tables import CandidateTables, Layout, even_layout
 
 __all__ = ["CandidateVars", "BuiltModel", "build_model"]
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.step import (
     concurrency_ladder,
     kv_limited_concurrency,
     predict_serve,
     serve_memory,
 )
 from autoshard.errors import InfeasibleError
-from autoshard.search.serve_disagg import tabulate_disagg
-from autoshard.search.serve_space import MAX_CONCURRENCY, _config, enumerate_serve
+from autoshard.search.serve.disagg import tabulate_disagg
+from autoshard.search.serve.space import MAX_CONCURRENCY, _config, enumerate_serve
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -111,7 +111,7 @@ def serve_front(
 
 
 def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # type: ignore[no-untyped-def]
-    from autoshard.costmodel.disagg import disagg_ttft_s, kv_link, kv_transfer
+    from autoshard.costmodel.serve.disagg import disagg_ttft_s, kv_link, kv_transfer
 
     tables = tabulate_disagg(model, cluster, free, space, keep_all=True)
     out: list[FrontPoint] = []

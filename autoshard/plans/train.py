@@ -1,5 +1,5 @@
 """The result of planning: chosen degrees, layer layout, placement, predictions and solver
-certificate, with its stable JSON form (schema `autoshard.plan/v1`)."""
+certificate, with its stable JSON form (schema `autoshard.plans.train/v1`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of, sanity_for
-from autoshard.costmodel.training import Stage, TrainConfig, TrainPrediction
+from autoshard.costmodel.train.step import Stage, TrainConfig, TrainPrediction
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.model import ModelSpec
@@ -16,7 +16,7 @@ from autoshard.units import GIB
 
 __all__ = ["SCHEMA", "SolveStatus", "SolverStats", "Plan", "layer_counts", "stage_devices"]
 
-SCHEMA = "autoshard.plan/v1"
+SCHEMA = "autoshard.plans.train/v1"
 
 
 class SolveStatus(StrEnum):

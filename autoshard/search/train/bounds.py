@@ -15,8 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from autoshard.costmodel.training import TrainConfig, _p2p_s, layer_cost
-from autoshard.search.tables import CandidateTables, PoolTables
+from autoshard.costmodel.train.step import TrainConfig, _p2p_s, layer_cost
+from autoshard.search.train.tables import CandidateTables, PoolTables
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import LayerKind, ModelSpec
 from autoshard.units import US_PER_S

@@ -1,5 +1,5 @@
 """The result of serving planning: degrees and engine settings, predictions, the solver certificate
-and launch commands, with the `autoshard.plan/v1` JSON form in mode "serve".
+and launch commands, with the `autoshard.plans.train/v1` JSON form in mode "serve".
 
 Degrees follow vLLM: an engine is TP x PP GPUs; `dp` counts data-parallel ranks. Without expert
 parallelism every DP rank is an independent replica of the engine. With it (vLLM
@@ -17,15 +17,15 @@ from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.compute import layer_flops
-from autoshard.costmodel.disagg import KvTransfer
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.disagg import KvTransfer
+from autoshard.costmodel.serve.step import (
     LatencyQuantiles,
     ServePrediction,
     decode_context_len,
     latency_at_rate,
     pp_layer_split,
 )
-from autoshard.plan import SCHEMA, SolverStats, SolveStatus
+from autoshard.plans.train import SCHEMA, SolverStats, SolveStatus
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import Checkpoint, LayerKind, ModelSpec

@@ -2,7 +2,7 @@
 with a reason for every candidate dropped, and tabulate each at a ladder of concurrencies with the
 serving cost model, one `Row` per engine and concurrency with the replicas the objective implies.
 
-`autoshard.search.serve` builds the CP-SAT model over these rows and re-exports the public names here.
+`autoshard.search.serve.solve` builds the CP-SAT model over these rows and re-exports the public names here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.step import (
     ServeConfig,
     ServePrediction,
     StepTime,

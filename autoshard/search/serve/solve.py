@@ -1,6 +1,6 @@
 """Serving search: enumerate vLLM-legal engines (TP, PP, expert parallelism, attention DP) with a
 reason for every candidate dropped, tabulate each at a ladder of concurrencies with the serving cost
-model (both in `autoshard.search.serve_space`, re-exported here), and let CP-SAT pick one row.
+model (both in `autoshard.search.serve.space`, re-exported here), and let CP-SAT pick one row.
 
 Objective: without a request rate, maximize the output tokens/s the deployment delivers per GPU of
 the cluster (idle GPUs count as zero), subject to TPOT <= target and TTFT <= target. With a request
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from autoshard.costmodel.bands import mark_ties
-from autoshard.costmodel.disagg import disagg_ttft_s
-from autoshard.costmodel.serving import ServePrediction, predict_serve, total_weight_bytes
+from autoshard.costmodel.serve.disagg import disagg_ttft_s
+from autoshard.costmodel.serve.step import ServePrediction, predict_serve, total_weight_bytes
 from autoshard.errors import InfeasibleError, SolverError, SpecError
-from autoshard.plan import SolverStats
-from autoshard.search.serve_disagg import (
+from autoshard.plans.train import SolverStats
+from autoshard.search.serve.disagg import (
     MILLI,
     DecodeRow,
     DisaggTables,
@@ -33,7 +33,7 @@ from autoshard.search.serve_disagg import (
     transfer_for,
 )
 from autoshard.search.deadline import Deadline
-from autoshard.search.serve_space import (
+from autoshard.search.serve.space import (
     GPU_MEMORY_UTILIZATION,
     MAX_CONCURRENCY,
     TIE_SCALE,
@@ -45,7 +45,7 @@ from autoshard.search.serve_space import (
     enumerate_serve,
     tabulate,
 )
-from autoshard.serve_plan import Disaggregation, Role, ServePlan
+from autoshard.plans.serve import Disaggregation, Role, ServePlan
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import ModelSpec
@@ -469,7 +469,7 @@ def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow:
     """The decode instance at the fewest running requests that sustain `rate` requests/s (Little's
     law with TPOT growing with the batch): below capacity it runs a smaller batch, so a lower TPOT
     than at its max_num_seqs. Its config (max_num_seqs) stays the planned cap."""
-    from autoshard.costmodel.disagg import decode_instance
+    from autoshard.costmodel.serve.disagg import decode_instance
 
     full = drow.instance
     if rate >= full.requests_per_s * (1 - 1e-9):
@@ -741,7 +741,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
 def model_for_path(path: str) -> ModelSpec:
     """The bundled model a launcher's model path names: its Hugging Face repo id (an -Instruct or
     -FP8 variant of it too) or its bundled name. Raises SpecError when none matches."""
-    from autoshard.serve_plan import model_path
+    from autoshard.plans.serve import model_path
     from autoshard.specs.loader import bundled_models, load_model
 
     wanted = path.rstrip("/").lower()
@@ -864,8 +864,8 @@ def _target_message(job: ServeJob, rows: list[Row]) -> str:
 
 def _disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
     """Why no xPyD deployment exists: too few GPUs for two instances, or the targets out of reach."""
-    from autoshard.costmodel.disagg import decode_instance
-    from autoshard.costmodel.serving import serve_memory
+    from autoshard.costmodel.serve.disagg import decode_instance
+    from autoshard.costmodel.serve.step import serve_memory
 
     smallest = min(e.gpus for e in space.engines)
     if 2 * smallest > max(p.num_gpus for p in cluster.pools):

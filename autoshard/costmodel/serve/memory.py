@@ -10,7 +10,7 @@ Facts modelled:
   max_num_seqs rows) - non-torch memory (NCCL, custom all-reduce buffers) - CUDA graph pools. The engine
   refuses to start unless the KV cache holds one max_model_len request.
 
-Step times and predictions built on these live in `autoshard.costmodel.serving`, which re-exports
+Step times and predictions built on these live in `autoshard.costmodel.serve.step`, which re-exports
 every public name here. Pure functions of the specs: no I/O, no solver.
 """
 

@@ -1,7 +1,7 @@
 """The solving side of a cost study: worker processes, one CP-SAT worker each, solve one (cluster, GPU
-count) through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve_serve`) and return
+count) through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve.solve_serve`) and return
 the figures of its best plan. The specs are loaded and validated once in the parent and handed to every
-worker when it starts. `autoshard.study` assembles the results.
+worker when it starts. `autoshard.study.run` assembles the results.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
     from autoshard.api import solve
     from autoshard.costmodel.bands import band_of, sanity_for
-    from autoshard.search.run import SolverOptions
+    from autoshard.search.train.solve import SolverOptions
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
     cluster = _sized(spec, num_gpus)
     try:
         if isinstance(job, ServeJob):
-            from autoshard.search.serve import solve_serve
+            from autoshard.search.serve.solve import solve_serve
 
             sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=_WORKER["time_limit_s"],
                              num_workers=1, seed=0, disaggregate="auto")[0]

@@ -15,7 +15,7 @@ M/D/1 (Poisson arrivals, deterministic service at the instance's prefill rate): 
 utilization rho is rho / (2 (1 - rho)) x the service time. Prefill instances are planned at a
 utilization no higher than `MAX_PREFILL_UTILIZATION`, or lower when a TTFT target needs it.
 
-The step times come from `autoshard.costmodel.serving` (`step_time`, `prefill_time`), so any
+The step times come from `autoshard.costmodel.serve.step` (`step_time`, `prefill_time`), so any
 refinement there flows into these figures. Pure functions: no I/O, no solver.
 """
 
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from autoshard.costmodel.comm import Link, pool_link
-from autoshard.costmodel.serving import (
+from autoshard.costmodel.serve.step import (
     ServeConfig,
     ServeMemory,
     StepTime,

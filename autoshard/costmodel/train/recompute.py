@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from autoshard.costmodel.compute import (
     Gemm, attention_time_s, gemm_time_s, layer_gemms, mlp_gemms, moe_block_recompute_s,
 )
-from autoshard.costmodel.memory import layer_activation_bytes
+from autoshard.costmodel.train.memory import layer_activation_bytes
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision

@@ -1,6 +1,6 @@
 """The serving Pareto front across GPU types and prices for `study --mode serve`: for each studied
 cluster kind, at its largest studied size, every deployment's output tokens/s per GPU against
-tokens/s per user (`autoshard.search.serve_front`), priced as output tokens per dollar, and where
+tokens/s per user (`autoshard.search.serve.front`), priced as output tokens per dollar, and where
 each TPOT SLA cuts each front."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.search.serve_front import Front, serve_front
+from autoshard.search.serve.front import Front, serve_front
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec

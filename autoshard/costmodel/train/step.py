@@ -15,7 +15,7 @@ from functools import lru_cache
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.compute import layer_compute_time, layer_flops, model_flops_per_step
 from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu
-from autoshard.costmodel.memory import (
+from autoshard.costmodel.train.memory import (
     BF16,
     FP32,
     TrainFramework,
@@ -26,9 +26,9 @@ from autoshard.costmodel.memory import (
     torchtitan_layer_activation_bytes,
     torchtitan_loss_bytes,
 )
-from autoshard.costmodel.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
 from autoshard.costmodel.moe import dispatch_time_s
-from autoshard.costmodel.pipeline import schedule_time
+from autoshard.costmodel.train.pipeline import schedule_time
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
 from autoshard.specs.job import Optimizer, Precision
@@ -68,13 +68,13 @@ class TrainConfig:
     stored the s x s attention scores."""
     framework: TrainFramework = TrainFramework.MEGATRON
     """Whose memory behaviour to model (model states, loss, selective recompute, allocator); see
-    autoshard.costmodel.memory. Step time is modelled the same for every framework."""
+    autoshard.costmodel.train.memory. Step time is modelled the same for every framework."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """MoE token dispatcher (Megatron --moe-token-dispatcher-type); ignored for dense models."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
     """FP8 scaling recipe (Megatron --fp8-recipe); ignored unless precision is FP8."""
     recompute_modules: tuple[str, ...] = ()
-    """Selective recompute by module (Megatron --recompute-modules; see costmodel.recompute_modules);
+    """Selective recompute by module (Megatron --recompute-modules; see costmodel.train.recompute);
     () is Megatron's default, the attention core. Ignored unless recompute is selective."""
 
     grad_reduce_fp32: bool = True
@@ -157,7 +157,7 @@ def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: T
 @lru_cache(maxsize=4096)
 def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> LayerCost:
     """`cost` (selective recompute of the attention core) with Megatron's --recompute-modules instead."""
-    from autoshard.costmodel.recompute_modules import module_recompute
+    from autoshard.costmodel.train.recompute import module_recompute
 
     dims = cfg.dims
     r = module_recompute(model, kind, cfg.recompute_modules, gpu=training_gpu(pool.gpu), dims=dims,
@@ -480,7 +480,7 @@ def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]
 def _selective_flops(model: ModelSpec, kind: LayerKind, cfg: TrainConfig, tokens: int, attention: float) -> float:
     if not cfg.recompute_modules:
         return attention
-    from autoshard.costmodel.recompute_modules import module_recompute_flops
+    from autoshard.costmodel.train.recompute import module_recompute_flops
 
     return module_recompute_flops(model, kind, cfg.recompute_modules, tokens=tokens, seq_len=cfg.seq_len)
 

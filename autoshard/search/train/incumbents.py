@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.parallel import Recompute
-from autoshard.search.bounds import (
+from autoshard.search.train.bounds import (
     _threshold,
     _uniform_capacity,
     assignment_capacity,
@@ -20,7 +20,7 @@ from autoshard.search.bounds import (
     uniform_capacity_at,
     uniform_thresholds,
 )
-from autoshard.search.tables import CandidateTables, Layout, even_layout, int_objective
+from autoshard.search.train.tables import CandidateTables, Layout, even_layout, int_objective
 from autoshard.specs.cluster import ClusterSpec
 
 __all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "greedy_pools", "assignment_incumbent",

@@ -1,6 +1,6 @@
 """Serving physics of a vLLM-style engine: prefill and decode step times, and throughput, TTFT and
 TPOT under continuous batching. Weight, KV-cache and vLLM memory accounting live in
-`autoshard.costmodel.serving_memory`; their public names are re-exported here.
+`autoshard.costmodel.serve.memory`; their public names are re-exported here.
 
 An *engine* is one vLLM server process group: TP x PP GPUs, or TP x PP x DP GPUs when expert
 parallelism shards the MoE layers over attention data-parallel ranks (vLLM's
@@ -47,8 +47,8 @@ from autoshard.costmodel.compute import (
     gemm_time_s,
     mlp_gemms,
 )
-from autoshard.costmodel.serving_latency import NO_WAIT, LatencyQuantiles, Wait, mdc_wait
-from autoshard.costmodel.serving_memory import (
+from autoshard.costmodel.serve.latency import NO_WAIT, LatencyQuantiles, Wait, mdc_wait
+from autoshard.costmodel.serve.memory import (
     BF16,
     FP32,
     SAMPLER_FP32_COPIES,

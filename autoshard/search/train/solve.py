@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from autoshard.costmodel.memory import layer_param_shards, model_state_bytes
-from autoshard.costmodel.training import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.memory import layer_param_shards, model_state_bytes
+from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.errors import InfeasibleError, SolverError
-from autoshard.plan import Plan, SolverStats
-from autoshard.search.bounds import assignment_bounds, bounds, pool_rank_limits, quick_lower_bound
-from autoshard.search.build import BuiltModel, build_model
+from autoshard.plans.train import Plan, SolverStats
+from autoshard.search.train.bounds import assignment_bounds, bounds, pool_rank_limits, quick_lower_bound
+from autoshard.search.train.build import BuiltModel, build_model
 from autoshard.search.deadline import Deadline
-from autoshard.search.incumbents import assignment_incumbent, hetero_incumbent, improve, incumbent
-from autoshard.search.space import Pins, SpaceOptions, check_pins, enumerate_train
-from autoshard.search.tables import CandidateTables, Layout, build_tables, even_layout
+from autoshard.search.train.incumbents import assignment_incumbent, hetero_incumbent, improve, incumbent
+from autoshard.search.train.space import Pins, SpaceOptions, check_pins, enumerate_train
+from autoshard.search.train.tables import CandidateTables, Layout, build_tables, even_layout
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec

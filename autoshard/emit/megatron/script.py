@@ -30,11 +30,11 @@ import re
 import textwrap
 from collections.abc import Sequence
 
-from autoshard.costmodel.training import Stage
-from autoshard.emit import megatron_flags
+from autoshard.costmodel.train.step import Stage
+from autoshard.emit.megatron import flags as megatron_flags
 from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
-from autoshard.plan import Plan, layer_counts
+from autoshard.plans.train import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
 
@@ -114,7 +114,7 @@ def layout_flags(model: ModelSpec, stages: Sequence[Stage], pp: int) -> list[Arg
     """The simplest Megatron-LM flags that build exactly `stages`: none for the default even split,
     else --account-for-embedding/loss-in-pipeline-split, else --decoder-first/last-pipeline-num-layers,
     else --pipeline-model-parallel-layout (which also sets VPP)."""
-    from autoshard.emit.megatron_parse import LayoutFlags, layout_stages
+    from autoshard.emit.megatron.parse import LayoutFlags, layout_stages
 
     if len(stages) <= 1:
         return []

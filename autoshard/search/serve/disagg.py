@@ -1,11 +1,11 @@
 """Disaggregated (xPyD) serving: tables of prefill and decode instances for the CP-SAT model.
 
-Every legal engine of the serving space (`autoshard.search.serve_space.enumerate_serve`) can be a
+Every legal engine of the serving space (`autoshard.search.serve.space.enumerate_serve`) can be a
 prefill instance or a decode instance. A prefill row is an engine at one planned utilization (a
 ladder of levels when a TTFT target needs headroom, else `MAX_PREFILL_UTILIZATION`); a decode row is
-an engine at one concurrency of its ladder, meeting the TPOT target. `autoshard.search.serve` adds
+an engine at one concurrency of its ladder, meeting the TPOT target. `autoshard.search.serve.solve` adds
 the instance counts and the balance between them to the same CP-SAT model that picks aggregated
-rows. Physics in `autoshard.costmodel.disagg`.
+rows. Physics in `autoshard.costmodel.serve.disagg`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from autoshard.costmodel.disagg import (
+from autoshard.costmodel.serve.disagg import (
     MAX_PREFILL_UTILIZATION,
     DecodeInstance,
     KvTransfer,
@@ -26,8 +26,8 @@ from autoshard.costmodel.disagg import (
     kv_transfer_bytes,
     prefill_instance,
 )
-from autoshard.costmodel.serving import concurrency_ladder, kv_limited_concurrency, serve_memory
-from autoshard.search.serve_space import MAX_CONCURRENCY, Engine, ServeSpace, _config
+from autoshard.costmodel.serve.step import concurrency_ladder, kv_limited_concurrency, serve_memory
+from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec

@@ -2,7 +2,7 @@
 `Answer`, `StudyResult`), days and dollars per plan, a cluster's price per GPU-hour, the Pareto front
 of time vs cost and the buyer's answers (cheapest within a deadline, fastest within a budget).
 
-Pure arithmetic, no solving; `autoshard.study` runs the study and re-exports these names.
+Pure arithmetic, no solving; `autoshard.study.run` runs the study and re-exports these names.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = [
     "fastest_within_budget", "money", "where", "train_ranges", "likely",
 ]
 
-SCHEMA = "autoshard.study/v1"
+SCHEMA = "autoshard.study.run/v1"
 SECONDS_PER_DAY = 86_400.0
 
 

@@ -2,14 +2,14 @@
 days and dollars, and the answers a buyer wants first (cheapest within a deadline, fastest within a
 budget, the Pareto front of time vs cost).
 
-    from autoshard.study import run_study
+    from autoshard.study.run import run_study
     result = run_study("llama-3.1-70b", ["dgx-h100", "dgx-b200"], [512, 1024], tokens=15e12)
     print(result.answers[0].text)
 
-Solves run through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve_serve`) in
+Solves run through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve.solve_serve`) in
 worker processes, one CP-SAT worker each; the specs are loaded and validated once in the parent and
-handed to every worker when it starts (`autoshard.study_runner`). Rows, cost arithmetic and answers
-live in `autoshard.study_costs`, re-exported here; rendering lives in `autoshard.report.study_report`.
+handed to every worker when it starts (`autoshard.study.runner`). Rows, cost arithmetic and answers
+live in `autoshard.study.costs`, re-exported here; rendering lives in `autoshard.study.report`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, TrainJob, WeightDtype
 from autoshard.specs.model import ModelSpec
-from autoshard.study_costs import (
+from autoshard.study.costs import (
     SCHEMA,
     Answer,
     Row,
@@ -47,7 +47,7 @@ from autoshard.study_costs import (
     train_costs,
     train_ranges,
 )
-from autoshard.study_runner import ProgressFn, _gpu_names, _run_tasks, _sized
+from autoshard.study.runner import ProgressFn, _gpu_names, _run_tasks, _sized
 
 __all__ = [
     "SCHEMA", "STUDY_RELATIVE_GAP", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
@@ -352,7 +352,7 @@ def write_study_set(result: StudyResult, out_dir: Path, extra: Sequence[Callable
     step; into an existing one the files are moved one by one with study.json, the marker of a complete
     set, removed first and moved last. An interruption leaves either no new set or one without its
     study.json, never one that looks complete. `extra` writers add files (e.g. serving fronts) to the set."""
-    from autoshard.report.study_report import write_outputs
+    from autoshard.study.report import write_outputs
 
     check_out_dir(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -386,7 +386,7 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     `console` (or one JSON object with `json_out`), and write the report files under `out_dir`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autoshard.report.study_report import render_study
+    from autoshard.study.report import render_study
 
     if out_dir is not None:
         check_out_dir(out_dir)
@@ -416,7 +416,7 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     extra = []
     if mode == "serve":
         from autoshard.specs import load_model
-        from autoshard.study_front import serve_fronts, write_fronts_png
+        from autoshard.study.front import serve_fronts, write_fronts_png
 
         model_spec = load_model(model)
         serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
@@ -439,7 +439,7 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
 
         obj = result.to_json()
         if fronts is not None:
-            from autoshard.study_front import fronts_json
+            from autoshard.study.front import fronts_json
 
             obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
         if written:
@@ -449,7 +449,7 @@ def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: 
     else:
         render_study(result, console)
         if fronts:
-            from autoshard.study_front import render_fronts
+            from autoshard.study.front import render_fronts
 
             render_fronts(fronts, console, tpot_ms / 1e3 if tpot_ms else None)
         for path in written:

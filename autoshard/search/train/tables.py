@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
-from autoshard.costmodel.memory import in_flight_microbatches
-from autoshard.costmodel.training import (
+from autoshard.costmodel.train.memory import in_flight_microbatches
+from autoshard.costmodel.train.step import (
     TrainConfig,
     _dp_time_s,
     _p2p_s,
