@@ -14,7 +14,7 @@ from autoshard.errors import InfeasibleError, SpecError
 from autoshard.parallel import Recompute
 from autoshard.plans.train import Plan, SolverStats
 from autoshard.search.train.bounds import quick_lower_bound
-from autoshard.search.train.solve import SolverOptions
+from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, check_pins, enumerate_train
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
