@@ -1,6 +1,6 @@
 """Lower bounds on a candidate's integer objective over every layout, without solving it.
 
-They drive the best-first search in `run.prepare`: a candidate whose bound cannot beat the best plan
+They drive the best-first search in `prepare.prepare`: a candidate whose bound cannot beat the best plan
 found so far is pruned with a certificate, and the bounds of the candidates kept tighten the CP-SAT
 model. Every bound here is valid: capacities are over-estimated (cheapest layers, most memory,
 continuous recomputation), so thresholds are under-estimated.
