@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from autoshard.cli import app
 from autoshard.costmodel.serve.memory import total_weight_bytes
-from autoshard.emit.serve_parse import parse_sglang
+from autoshard.emit.sglang.parse import parse_sglang
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.search.serve.solve import evaluate_serve
 from autoshard.serve_api import serve_job_for
