@@ -1,5 +1,5 @@
 """The result of serving planning: degrees and engine settings, predictions, the solver certificate
-and launch commands, with the `autoshard.plans.train/v1` JSON form in mode "serve".
+and launch commands, with the `autoshard.plan/v1` JSON form in mode "serve".
 
 Degrees follow vLLM: an engine is TP x PP GPUs; `dp` counts data-parallel ranks. Without expert
 parallelism every DP rank is an independent replica of the engine. With it (vLLM

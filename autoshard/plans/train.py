@@ -1,5 +1,5 @@
 """The result of planning: chosen degrees, layer layout, placement, predictions and solver
-certificate, with its stable JSON form (schema `autoshard.plans.train/v1`)."""
+certificate, with its stable JSON form (schema `autoshard.plan/v1`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from autoshard.units import GIB
 
 __all__ = ["SCHEMA", "SolveStatus", "SolverStats", "Plan", "layer_counts", "stage_devices"]
 
-SCHEMA = "autoshard.plans.train/v1"
+SCHEMA = "autoshard.plan/v1"
 
 
 class SolveStatus(StrEnum):
