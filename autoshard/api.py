@@ -11,6 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoshard.api_serve import (
+    INTERACTIVE_TPOT_MS,
+    evaluate_serve,
+    evaluate_vllm,
+    interactive_job,
+    serve_job_for,
+    serve_launch,
+    solve_serve,
+    with_serve_launch,
+)
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron.script import megatron_command
@@ -21,49 +31,13 @@ from autoshard.plans.train import Plan, SolverStats
 from autoshard.search.train.solve import SolverOptions, solve_train
 from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
 from autoshard.specs.cluster import ClusterSpec
-from autoshard.specs.job import Precision, TrainJob
-from autoshard.specs.loader import validate
-from autoshard.specs.model import ModelSpec, PositionKind
+from autoshard.specs.job import TrainJob
+from autoshard.specs.jobs import check_precision, resize, train_job
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
-           "check_precision"]
-
-
-def train_job(
-    model: ModelSpec,
-    *,
-    seq_len: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | Precision | None = None,
-    tokens: float | None = None,
-) -> TrainJob:
-    """A TrainJob from the model's `training:` defaults, overridden by the given values."""
-    defaults = model.training
-    data: dict = {}
-    if defaults is not None:
-        for key in ("seq_len", "global_batch_size", "precision", "tokens"):
-            value = getattr(defaults, key)
-            if value is not None:
-                data[key] = value
-    for key, value in (("seq_len", seq_len), ("global_batch_size", global_batch_size),
-                       ("precision", precision), ("tokens", tokens)):
-        if value is not None:
-            data[key] = value
-    job = validate(TrainJob, data, source=f"training job for {model.name}")
-    if model.position_embedding is PositionKind.LEARNED and job.seq_len > model.max_position_embeddings:
-        raise SpecError(f"sequence length {job.seq_len} is longer than the {model.max_position_embeddings} learned "
-                        f"position embeddings of {model.name}: use --seq-len {model.max_position_embeddings} or less, or "
-                        "raise max_position_embeddings in the model file", source="--seq-len")
-    return job
-
-
-def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
-    if gpus is None:
-        return cluster
-    try:
-        return cluster.with_gpus(gpus)
-    except ValueError as exc:
-        raise SpecError(f"{exc}", source="--gpus", field=None) from None
+           "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
+           "evaluate_vllm", "serve_launch", "with_serve_launch"]
 
 
 def with_launch(plan: Plan) -> Plan:
@@ -72,16 +46,6 @@ def with_launch(plan: Plan) -> Plan:
     if not plan.prediction.fits:
         return dataclasses.replace(plan, launch={k: v for k, v in plan.launch.items() if k != "megatron"})
     return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
-
-
-def check_precision(cluster: ClusterSpec, precision: Precision, *, source: str = "--precision") -> None:
-    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300): refuse it where a pool has none."""
-    if precision is not Precision.FP8:
-        return
-    lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp8_tflops is None]
-    if lacking:
-        raise SpecError(f"FP8 needs FP8 tensor cores and {', '.join(dict.fromkeys(lacking))} has none (no fp8_tflops "
-                        f"in {cluster.name}): train in bf16", source=source)
 
 
 def solve(

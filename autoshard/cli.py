@@ -596,8 +596,8 @@ def _evaluate_vllm_cli(command: str, model_ref: str | None, cluster_ref: str, gp
                        sglang: bool = False) -> None:
     from autoshard.api import resize
     from autoshard.report.serving import render_serve_plan
-    from autoshard.search.serve.solve import evaluate_vllm
-    from autoshard.serve_api import serve_job_for
+    from autoshard.api import evaluate_vllm
+    from autoshard.api import serve_job_for
     from autoshard.specs import load_cluster, load_model
 
     model_spec = load_model(model_ref) if model_ref else None
@@ -617,8 +617,8 @@ def _solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, j
                  started_at: float | None = None) -> None:
     from autoshard.errors import InfeasibleError
     from autoshard.report.serving import render_serve_plan
-    from autoshard.search.serve.solve import solve_serve
-    from autoshard.serve_api import INTERACTIVE_TPOT_MS, interactive_job, serve_job_for
+    from autoshard.api import solve_serve
+    from autoshard.api import INTERACTIVE_TPOT_MS, interactive_job, serve_job_for
 
     if target is Target.K8S:
         raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
