@@ -21,6 +21,17 @@ from autoshard.api_serve import (
     solve_serve,
     with_serve_launch,
 )
+from autoshard.api_study import (
+    ClusterFront,
+    StudyResult,
+    check_out_dir,
+    render_fronts,
+    render_study,
+    serve_study_fronts,
+    study,
+    study_json,
+    write_study,
+)
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron.script import megatron_command
@@ -37,7 +48,8 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
            "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
-           "evaluate_vllm", "serve_launch", "with_serve_launch"]
+           "evaluate_vllm", "serve_launch", "with_serve_launch", "study", "serve_study_fronts", "write_study",
+           "study_json", "check_out_dir", "render_study", "render_fronts", "StudyResult", "ClusterFront"]
 
 
 def with_launch(plan: Plan) -> Plan:

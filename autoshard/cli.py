@@ -741,13 +741,67 @@ def study(
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = _parse_sizes(gpus)
     prices = _parse_prices(price or [])
-    from autoshard.study.run import run_study_cli
+    _run_study(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
+               budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,
+               global_batch_size=global_batch_size, precision=precision, out_dir=out_dir, json_out=json_out,
+               time_limit=time_limit, jobs=jobs, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s)
 
-    run_study_cli(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
-                  budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,
-                  global_batch_size=global_batch_size, precision=precision, out_dir=out_dir, json_out=json_out,
-                  time_limit=time_limit, jobs=jobs, request_rate=request_rate, console=out, err=err,
-                  tpot_ms=tpot_ms, ttft_s=ttft_s)
+
+def _run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: float | None,
+               deadline_days: float | None, budget_usd: float | None, prices: dict[str, float], mode: str,
+               seq_len: int | None, global_batch_size: int | None, precision: str | None, out_dir: Path | None,
+               json_out: bool, time_limit: float, jobs: int, request_rate: float | None,
+               tpot_ms: float | None = None, ttft_s: float | None = None) -> Any:
+    """Solve with a progress bar on stderr, print the answers and the table on stdout (or one JSON
+    object with `json_out`), and write the report files under `out_dir`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autoshard import api
+
+    if out_dir is not None:
+        api.check_out_dir(out_dir)
+    bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=err, transient=True,
+                   disable=json_out or not err.is_terminal)
+    task = bar.add_task("", total=None)
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, description=f"last: {label}" if label else "")
+        if done == 0:
+            bar.start()  # its refresh thread starts after the worker processes are forked
+
+    try:
+        result = api.study(model, clusters, sizes, mode=mode, tokens=tokens, deadline_days=deadline_days,
+                           budget_usd=budget_usd, prices=prices, seq_len=seq_len, global_batch_size=global_batch_size,
+                           precision=precision, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
+                           time_limit_s=time_limit, jobs=jobs, progress=progress)
+    except KeyboardInterrupt:
+        bar.stop()
+        where = f"; nothing was written to {out_dir}" if out_dir is not None else ""
+        err.print(f"study interrupted before it finished{where}", highlight=False, markup=False)
+        raise SystemExit(130) from None
+    finally:
+        bar.stop()
+    fronts, extra = None, []
+    if mode == "serve":
+        fronts, extra = api.serve_study_fronts(model, clusters, sizes, prices=prices, precision=precision,
+                                               request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s)
+    try:
+        written = api.write_study(result, out_dir, extra=extra) if out_dir is not None else []
+    except KeyboardInterrupt:
+        err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
+                  markup=False)
+        raise SystemExit(130) from None
+    if json_out:
+        out.file.write(json.dumps(api.study_json(result, fronts, tpot_ms, written), indent=2) + "\n")
+        out.file.flush()
+    else:
+        api.render_study(result, out)
+        if fronts:
+            api.render_fronts(fronts, out, tpot_ms / 1e3 if tpot_ms else None)
+        for path in written:
+            err.print(f"wrote {path}", highlight=False, markup=False)
+    return result
 
 
 def _parse_sizes(text: str) -> list[int]:
