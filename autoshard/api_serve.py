@@ -1,26 +1,35 @@
 """The serving half of the public API (re-exported by `autoshard.api`): serving jobs from a model's
-`serving:` defaults, solve and evaluate with the launch commands attached. The solver
-(`autoshard.search.serve`) returns plans; the launch commands are written here, by the emitters
-(`autoshard.emit`), so the search layer never builds a command."""
+`serving:` defaults, solve and evaluate with the launch commands attached, the interactive-SLA
+default of `solve --mode serve` (`plan_serving`), the Pareto front, and the launch script or
+Kubernetes manifests of a plan. The solver (`autoshard.search.serve`) returns plans; the launch
+commands are written here, by the emitters (`autoshard.emit`), so the search layer never builds one."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
 
-from autoshard.emit.pd import pd_launch
+from autoshard.emit.k8s import k8s_manifests, k8s_yaml
+from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_parse import parse_sglang, parse_vllm
+from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, vllm_node_commands
+from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
+from autoshard.search.serve.front import Front, serve_front
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
-from autoshard.specs.loader import validate
+from autoshard.specs.jobs import resize
+from autoshard.specs.loader import load_cluster, load_model, validate
 from autoshard.specs.model import Checkpoint, ModelSpec
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
-           "solve_serve", "evaluate_serve", "evaluate_vllm", "model_for_path"]
+           "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
+           "plan_serving", "serve_front", "Front", "serve_launch_script", "write_k8s_manifests"]
 
 INTERACTIVE_TPOT_MS = 50.0
 """The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
@@ -131,3 +140,74 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         warnings=parsed.warnings,
         concurrency=concurrency,
     )
+
+
+def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, *,
+                           input_len: int | None = None, output_len: int | None = None,
+                           concurrency: int | None = None, sglang: bool = False) -> ServePlan:
+    """`evaluate --from-vllm/--from-sglang`: the specs loaded by reference (the model from the command's
+    model path when `model_ref` is None), the request shape from the model's `serving:` defaults unless
+    given, then `evaluate_vllm`."""
+    model_spec = load_model(model_ref) if model_ref else None
+    cluster_spec = resize(load_cluster(cluster_ref), gpus)
+    return evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
+                         concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
+                         sglang=sglang)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSolution:
+    """What `solve --mode serve` shows: the plans (best first); with no SLA given, the throughput-optimal
+    plan beside the interactive one (`alternative`) and the note saying which SLA was planned for."""
+
+    plans: list[ServePlan]
+    alternative: ServePlan | None
+    sla_note: str
+    interactive: bool
+    """True when the job had no target and no rate, so the interactive default was tried."""
+
+
+def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k: int, pins: dict[str, int | None] | None,
+                 time_limit_s: float, num_workers: int, seed: int, disaggregate: str = "auto",
+                 started_at: float | None = None) -> ServeSolution:
+    """The best `top_k` serving plans. A job with no TPOT/TTFT target and no request rate is planned at
+    the interactive TPOT (`INTERACTIVE_TPOT_MS`), with the throughput-optimal plan as the alternative;
+    when no plan reaches it, the throughput-optimal plan is the answer, with a note saying so."""
+    run = dict(pins={k: v for k, v in (pins or {}).items() if v is not None}, time_limit_s=time_limit_s,
+               num_workers=num_workers, seed=seed, disaggregate=disaggregate, started_at=started_at)
+    interactive = interactive_job(job)
+    alternative, sla_note = None, ""
+    if interactive is None:
+        plans = solve_serve(model, cluster, job, top_k=top_k, **run)
+    else:
+        alternative = solve_serve(model, cluster, job, top_k=1, **run)[0]
+        try:
+            plans = solve_serve(model, cluster, interactive, top_k=top_k, **run)
+            sla_note = (f"SLA: TPOT <= {INTERACTIVE_TPOT_MS:g} ms (the interactive default; set --tpot-ms, --ttft-s "
+                        "or --request-rate to plan for your own)")
+        except InfeasibleError as exc:
+            plans, alternative = [alternative], None
+            sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
+                        "showing the throughput-optimal plan")
+    return ServeSolution(plans, alternative, sla_note, interactive is not None)
+
+
+def serve_launch_script(plan: ServePlan, engine: str) -> str:
+    """The launch script of a serving plan for `engine` (vllm or sglang): a prefill/decode deployment's
+    roles and router (`emit.pd`), else the replicas (`emit.serve_script`)."""
+    return pd_script(plan, engine) if plan.disaggregated else serve_script(plan, engine)
+
+
+def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = None) -> int:
+    """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
+    the number of files. `framework` defaults to SGLang for a prefill/decode split (its router ships in
+    its image; vLLM's PD proxy is an example script), else vLLM."""
+    if output.exists() and not output.is_dir():
+        raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+    output.mkdir(parents=True, exist_ok=True)
+    if framework is None:
+        framework = "sglang" if plan.disaggregated else "vllm"
+    files = k8s_manifests(plan, framework)
+    for name, objects in files.items():
+        (output / name).write_text(k8s_yaml(objects))
+    return len(files)
