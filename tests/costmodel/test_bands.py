@@ -389,7 +389,7 @@ def test_mixed_generation_plan_falls_back_to_the_mode(h100_plan, table: dict) ->
 
 def test_serve_plan_band(table: dict) -> None:
     from autoshard.search.serve.solve import evaluate_serve
-    from autoshard.serve_api import serve_job_for
+    from autoshard.api import serve_job_for
     from autoshard.specs import load_cluster, load_model
 
     model = load_model("llama-3.1-8b")

@@ -229,10 +229,7 @@ def _disagg_plan(
 ) -> ServePlan:
     """The ServePlan of a chosen xPyD deployment, its figures recomputed in floats. `served`: the
     requests/s it is planned to take (at most what either role sustains at its planned load)."""
-    from autoshard.emit.pd import pd_launch
-
-    plan = disagg_serve_plan(model, cluster, job, prow, drow, x, y, same_domain, stats, served, warnings)
-    return plan.with_launch(pd_launch(plan))
+    return disagg_serve_plan(model, cluster, job, prow, drow, x, y, same_domain, stats, served, warnings)
 
 
 def _plan(
@@ -243,9 +240,6 @@ def _plan(
     stats: SolverStats,
     warnings: tuple[str, ...] = (),
 ) -> ServePlan:
-    from autoshard.emit.sglang import sglang_node_commands
-    from autoshard.emit.vllm import vllm_node_commands
-
     e, cfg = row.engine, row.config
     dp = e.dp_attention if e.expert_parallel else row.replicas
     plan = ServePlan(
@@ -264,12 +258,7 @@ def _plan(
         pool_index=e.pool,
         warnings=warnings,
     )
-    launch: dict[str, str] = {}
-    for name, lines in (("vllm", vllm_node_commands(plan)), ("sglang", sglang_node_commands(plan))):
-        launch[name] = lines[0]  # the head node's line
-        if len(lines) > 1:
-            launch[f"{name}_nodes"] = "\n".join(lines)  # every node's line, head first
-    return plan.with_launch(launch)
+    return plan
 
 
 # --------------------------------------------------------------------------- evaluate a given plan
@@ -301,44 +290,6 @@ def evaluate_serve(
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
     )
     return _plan(model, cluster, job, row, stats, warn)
-
-
-def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob,
-                  concurrency: int | None = None, shape_given: bool = True, sglang: bool = False) -> ServePlan:
-    """`evaluate --from-vllm` (`--from-sglang` with sglang=True): read the plan from the launch line and
-    predict it. The command's max model length, quantization and KV-cache dtype override the job's; when
-    the request shape was not given (`shape_given` False) and does not fit the command's max model
-    length, it is scaled down to fit, with a warning. With no model given, the command's model path must
-    name a bundled model's Hugging Face repository."""
-    from autoshard.emit.serve_parse import parse_sglang, parse_vllm
-
-    parsed = parse_sglang(command) if sglang else parse_vllm(command)
-    job, note = parsed.fit_request_shape(job, shape_given=shape_given)
-    if note:
-        parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
-    if model is None:
-        model = model_for_path(parsed.model)
-    applied = parsed.apply_to(job)
-    if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
-        # the command loads its own quantized checkpoint: relaunch exactly that one
-        from autoshard.specs.model import Checkpoint
-
-        own = Checkpoint.model_construct(weights=applied.weight_dtype, repo=parsed.model, quantization=parsed.quantization)
-        model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
-    return evaluate_serve(
-        model,
-        cluster,
-        applied,
-        tp=parsed.tp,
-        pp=parsed.pp,
-        dp=parsed.dp,
-        expert_parallel=parsed.enable_expert_parallel,
-        gpu_memory_utilization=parsed.gpu_memory_utilization,
-        max_num_seqs=parsed.max_num_seqs,
-        max_num_batched_tokens=parsed.max_num_batched_tokens,
-        warnings=parsed.warnings,
-        concurrency=concurrency,
-    )
 
 
 def model_for_path(path: str) -> ModelSpec:
