@@ -25,15 +25,11 @@ import math
 from dataclasses import dataclass
 
 from autoshard.costmodel.comm import Link, pool_link
-from autoshard.costmodel.serve.step import (
-    ServeConfig,
-    ServeMemory,
-    StepTime,
-    decode_context_len,
-    kv_cache_bytes_per_token,
-    prefill_time,
-    step_time,
-)
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.memory import ServeMemory
+from autoshard.costmodel.serve.predict import decode_context_len
+from autoshard.costmodel.serve.step import StepTime, prefill_time, step_time
+from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
