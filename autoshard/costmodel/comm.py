@@ -10,8 +10,9 @@ as ETP, EP, expert-DP): a group whose ranks span at most one NVLink domain runs 
 otherwise it is bound by the per-GPU network bandwidth.
 
 Beyond NCCL's ring/tree: the serving engines' custom all-reduce for small TP messages
-(`tp_all_reduce_s`), and MoE all-to-alls split between NVLink and the NIC (`split_all_to_all_s`,
-`hierarchical_all_to_all_s`: DeepEP-style, once per remote domain then NVLink fan-out).
+(`tp_all_reduce_s`), MoE all-to-alls split between NVLink and the NIC (`split_all_to_all_s`,
+`hierarchical_all_to_all_s`: DeepEP-style, once per remote domain then NVLink fan-out), and a
+transfer striped over several GPUs' links at once (`striped_send_s`: a disaggregated KV hand-off).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from autoshard.specs.cluster import LinkKind, NodeSpec, PoolSpec
 
 __all__ = [
     "Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link",
-    "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s",
+    "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s", "striped_send_s",
 ]
 
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
@@ -185,3 +186,9 @@ def hierarchical_all_to_all_s(
     nvl_s = (per_domain - 1) / per_domain * pair_bytes / group_link(pool, ranks=1).bytes_per_s
     nic = nic_link(pool)
     return max(nvl_s, remote_bytes / nic.bytes_per_s) + math.ceil(math.log2(ranks)) * nic.latency_s
+
+
+def striped_send_s(size_bytes: float, streams: int, link: Link) -> float:
+    """`size_bytes` sent point-to-point, split evenly over `streams` parallel links like `link`
+    (each sending GPU through its own link), plus one link latency."""
+    return size_bytes / (streams * link.bytes_per_s) + link.latency_s
