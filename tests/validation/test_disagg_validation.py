@@ -1,24 +1,54 @@
 """The disaggregation model against the published deployments of disagg_runs.yaml (see
-validate_disagg.py): rows are cited and not from reserved sources, and where the source states no
-workload the measured decode throughput lies inside the range predicted over the assumed ones."""
+validate_disagg.py): rows are cited and not from reserved sources; the published figures of each
+stated-workload row agree with each other (Little's law); where the source states no workload the
+measured decode throughput lies inside the range predicted over the assumed ones; and the errors of
+the stated rows stay inside the band this file pins (it moves only when the physics does)."""
 
 from __future__ import annotations
 
-from validate_disagg import evaluate_runs, load_runs
+import pytest
+from validate_disagg import decode_ranks, evaluate_runs, load_runs
 
 RESERVED = ("lmsys.org", "LMSYS", "deepseek-ai/open-infra", "DeepSeek-V3 Technical Report", "deepseek.com")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return evaluate_runs()
 
 
 def test_rows_are_cited_and_not_reserved():
     runs = load_runs()
     assert runs
+    assert len({run["id"] for run in runs}) == len(runs)
     for run in runs:
         assert run["source"] and run["framework"]
+        assert "https://" in run["source"]
         assert not any(word in run["source"] for word in RESERVED)
 
 
-def test_measured_inside_the_predicted_range_when_workload_unknown():
-    results = evaluate_runs()
+def test_published_figures_obey_littles_law():
+    """Requests decoding = output tokens/s x TPOT; with a client cap they can be no more than the cap
+    and, at saturation, not much fewer (the rest are in prefill): this checks the transcription and the
+    per-rank concurrency the prediction uses."""
+    stated = [r for r in load_runs() if "client_concurrency" in r]
+    assert stated
+    for run in stated:
+        decoding = run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
+        assert 0.95 * run["client_concurrency"] <= decoding <= run["client_concurrency"], run["id"]
+        gpus = run["decode"]["instances"] * run["decode"]["attention_dp"] * run["decode"]["tp"]
+        per_gpu = run["measured_output_tokens_per_s"] / gpus
+        assert per_gpu == pytest.approx(run["measured_decode_tokens_per_s_per_gpu"], rel=1e-3)
+
+
+def test_client_cap_sets_the_decode_batch(results):
+    by_id = {r.id: r for r in results}
+    for run in load_runs():
+        if "client_concurrency" in run:
+            assert by_id[run["id"]].concurrency == run["client_concurrency"] // decode_ranks(run) == 450
+
+
+def test_measured_inside_the_predicted_range_when_workload_unknown(results):
     for run in load_runs():
         if run.get("workload_stated", True):
             continue
@@ -29,3 +59,29 @@ def test_measured_inside_the_predicted_range_when_workload_unknown():
         # longer prompts hold more KV per request: fewer running requests, less throughput
         ordered = sorted(mine, key=lambda r: r.input_len)
         assert [r.concurrency for r in ordered] == sorted((r.concurrency for r in ordered), reverse=True)
+
+
+def test_stated_rows_error_band(results):
+    """Out-of-sample errors of the stated rows (MI300X, eager decode): the model is optimistic by
+    1.5-1.9x in tokens/s per decode GPU (TPOT 34-47 % short). Pinned so a change in the physics that
+    moves them shows up here; the band is the measured one plus a margin, not a target."""
+    stated = [r for r in results if r.measured_tpot_s is not None]
+    assert len(stated) == 3
+    for r in stated:
+        assert 0.40 <= r.error <= 1.05, (r.id, r.error)
+        assert -0.55 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
+        # the stated prefill instances keep up with the predicted decode rate: decode-bound, as measured
+        assert r.prefill_load < 1.0, (r.id, r.prefill_load)
+
+
+def test_context_dependent_part_of_the_step_tracks_the_measurement(results):
+    """Measured mean ITL grows 11.8 ms from 512/512 to 1000/1000 and 36.4 ms from 1000/1000 to
+    2000/2000 (same engines, same 450 requests per rank): the KV reads of a longer context. The
+    predicted TPOT grows by the same amounts within 6 ms; the miss is a near-constant offset."""
+    moreh = sorted((r for r in results if r.id.startswith("moreh-")), key=lambda r: r.input_len)
+    steps = [(b.tpot_s - a.tpot_s, b.measured_tpot_s - a.measured_tpot_s) for a, b in zip(moreh, moreh[1:])]
+    assert len(steps) == 2
+    for predicted, measured in steps:
+        assert predicted == pytest.approx(measured, abs=0.006)
+    offsets = [r.measured_tpot_s - r.tpot_s for r in moreh]
+    assert max(offsets) - min(offsets) < 0.010
