@@ -8,6 +8,13 @@ the run's decode concurrency, the measured figures, and the errors; then, where 
 workload and the prefill layout, the predicted prefill capacity against the rate the decode side
 drains (a measured figure that is decode-bound needs a prefill side that keeps up).
 
+Rows of `kind: kv_transfer` are a 1P1D pair measured one request at a time: for each prompt length the
+source's KV-cache size, the hand-off time and the mean TTFT, against `kv_transfer_bytes`,
+`kv_transfer` (over the cluster's NICs) and an idle TTFT (the prompt's prefill + the hand-off + one
+decode step; no queue at concurrency 1). A row may give its model as a Hugging Face config
+(`model_hf_config`) and its NIC speed (`inter_node_gbps`) where the testbed differs from the bundled
+cluster.
+
 The decode concurrency per DP rank is, in this order: the benchmark client's in-flight requests
 spread over the decode DP ranks (`client_concurrency`, when the source states it), capped by
 `max_num_seqs` and by what the KV cache holds (`kv_limited_concurrency`). Where the source states no
@@ -24,11 +31,14 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.serve.disagg import decode_instance, prefill_instance
-from autoshard.costmodel.serve.step import kv_limited_concurrency, serve_memory
+from autoshard.costmodel.serve.disagg import decode_instance, kv_link, kv_transfer, prefill_instance
+from autoshard.costmodel.serve.step import kv_limited_concurrency, prefill_time, serve_memory
 from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
+from autoshard.specs.hf import model_from_hf_config
 from autoshard.specs.job import ServeJob, WeightDtype
+
+MIB = 2**20
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "disagg_runs.yaml"
@@ -67,8 +77,47 @@ class DisaggResult:
         return self.decode_requests_per_s / self.prefill_requests_per_s
 
 
-def load_runs() -> list[dict]:
-    return yaml.safe_load(RUNS.read_text())
+@dataclass(frozen=True)
+class TransferResult:
+    """One prompt length of a `kind: kv_transfer` row."""
+
+    id: str
+    prompt_len: int
+    kv_mib: float
+    measured_kv_mib: float
+    transfer_s: float
+    measured_transfer_s: float
+    ttft_s: float
+    measured_ttft_s: float
+    prefill_s: float
+    """The prompt's prefill alone (part of ttft_s)."""
+
+    @property
+    def transfer_error(self) -> float:
+        return self.transfer_s / self.measured_transfer_s - 1.0
+
+    @property
+    def ttft_error(self) -> float:
+        return self.ttft_s / self.measured_ttft_s - 1.0
+
+
+def load_runs(kind: str = "decode") -> list[dict]:
+    """The rows of one kind: "decode" (the default: decode throughput) or "kv_transfer"."""
+    return [r for r in yaml.safe_load(RUNS.read_text()) if r.get("kind", "decode") == kind]
+
+
+def _model(run: dict):
+    if "model_hf_config" in run:
+        return model_from_hf_config(run["model_hf_config"], source=run["id"])
+    return load_model(run["model"])
+
+
+def _pool(run: dict, gpus: int):
+    pool = load_cluster(run["cluster"]).with_gpus(max(gpus, 8)).pools[0]
+    if "inter_node_gbps" in run:
+        node = pool.node.model_copy(update={"inter_node_gbps": run["inter_node_gbps"]})
+        pool = pool.model_copy(update={"node": node})
+    return pool
 
 
 def _engine(role: dict) -> Engine:
@@ -93,9 +142,9 @@ def _prefill_rate(run: dict, job: ServeJob) -> float | None:
     p = run.get("prefill")
     if not p or "instances" not in p:
         return None
-    model = load_model(run["model"])
+    model = _model(run)
     e = _engine(p)
-    pool = load_cluster(run["cluster"]).with_gpus(max(e.gpus, 8)).pools[0]
+    pool = _pool(run, e.gpus)
     seqs = run.get("prefill_max_num_seqs", run["max_num_seqs"])
     budget = run.get("prefill_max_num_batched_tokens")
     cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget)
@@ -105,10 +154,9 @@ def _prefill_rate(run: dict, job: ServeJob) -> float | None:
 
 
 def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
-    model = load_model(run["model"])
+    model = _model(run)
     e = _engine(run["decode"])
-    cluster = load_cluster(run["cluster"]).with_gpus(max(e.gpus, 8))
-    pool = cluster.pools[0]
+    pool = _pool(run, e.gpus)
     job = _job(run, input_len, output_len)
     top = serve_memory(
         model,
@@ -142,6 +190,40 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         run["decode"]["instances"] * inst.requests_per_s,
         _prefill_rate(run, job),
     )
+
+
+def _transfer_points(run: dict) -> list[TransferResult]:
+    model = _model(run)
+    pe, de = _engine(run["prefill"]), _engine(run["decode"])
+    pool = _pool(run, pe.gpus + de.gpus)
+    link = kv_link(pool, same_domain=False)
+    out = []
+    for prompt_len, kv_mib, transfer_ms, ttft_ms in run["points"]:
+        job = _job(run, prompt_len, run["output_len"])
+        pcfg = _config(model, pool, job, pe, max_num_seqs=1)
+        dcfg = _config(model, pool, job, de, max_num_seqs=1)
+        hand_off = kv_transfer(model, job, pcfg, dcfg, link)
+        prompt = prefill_time(model, pool, pcfg, prompt_len=prompt_len).total_s
+        memory = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)
+        first = decode_instance(model, pool, job, dcfg, memory, concurrency=1).tpot_s
+        out.append(
+            TransferResult(
+                run["id"],
+                prompt_len,
+                hand_off.bytes_per_request / MIB,
+                float(kv_mib),
+                hand_off.seconds,
+                transfer_ms * 1e-3,
+                prompt + hand_off.seconds + first,
+                ttft_ms * 1e-3,
+                prompt,
+            )
+        )
+    return out
+
+
+def evaluate_transfers() -> list[TransferResult]:
+    return [p for run in load_runs("kv_transfer") for p in _transfer_points(run)]
 
 
 def evaluate_runs() -> list[DisaggResult]:
@@ -179,8 +261,21 @@ def main() -> int:
             f"\nstated workloads: {len(stated)} rows, median |error| {100 * errs[len(errs) // 2]:.0f}% "
             f"(max {100 * errs[-1]:.0f}%) in tokens/s per decode GPU"
         )
+    transfers = evaluate_transfers()
+    if transfers:
+        print(
+            f"\n{'1P1D, one request at a time':<36} {'prompt':>6} {'KV MiB':>7} {'meas.':>6} "
+            f"{'hand-off ms':>11} {'meas.':>6} {'error':>7} {'TTFT ms':>8} {'meas.':>6} {'error':>7}"
+        )
+        for t in transfers:
+            print(
+                f"{t.id:<36} {t.prompt_len:>6} {t.kv_mib:>7,.0f} {t.measured_kv_mib:>6,.0f} "
+                f"{1e3 * t.transfer_s:>11.2f} {1e3 * t.measured_transfer_s:>6.2f} "
+                f"{_pct(t.transfer_error):>7} "
+                f"{1e3 * t.ttft_s:>8.1f} {1e3 * t.measured_ttft_s:>6.1f} {_pct(t.ttft_error):>7}"
+            )
     print(
-        "workload not stated by the source: the rows span the assumed input lengths; the measured figure "
+        "\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
         "should fall inside the predicted range, not match one row.\n"
         "batch: requests per decode DP rank; prefill load: predicted decode rate / predicted prefill "
         "capacity of the stated prefill instances (> 100%: the prediction is prefill-bound)."
