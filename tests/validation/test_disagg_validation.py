@@ -79,6 +79,17 @@ def test_stated_rows_error_band(results):
         assert r.prefill_load < 1.0, (r.id, r.prefill_load)
 
 
+def test_stated_rows_ttft_band(results):
+    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity): 1.6-1.9x
+    the measured 1.68 / 1.80 / 2.57 s. autoshard runs every prefill step at the full 64,000-token
+    budget (6-7 s a step on DP8 EP8 MI300X), so a request waits half such a step; at partial load the
+    engine's steps hold only what has arrived, and are shorter. Pinned, not a target."""
+    stated = [r for r in results if r.ttft_s is not None]
+    assert len(stated) == 3
+    for r in stated:
+        assert 0.40 <= r.ttft_error <= 1.10, (r.id, r.ttft_error)
+
+
 def test_context_dependent_part_of_the_step_tracks_the_measurement(results):
     """Measured mean ITL grows 11.8 ms from 512/512 to 1000/1000 and 36.4 ms from 1000/1000 to
     2000/2000 (same engines, same 450 requests per rank): the KV reads of a longer context. The

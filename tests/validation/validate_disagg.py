@@ -31,7 +31,14 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.serve.disagg import decode_instance, kv_link, kv_transfer, prefill_instance
+from autoshard.costmodel.serve.disagg import (
+    PrefillInstance,
+    decode_instance,
+    disagg_ttft_s,
+    kv_link,
+    kv_transfer,
+    prefill_instance,
+)
 from autoshard.costmodel.serve.step import kv_limited_concurrency, prefill_time, serve_memory
 from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
@@ -60,6 +67,9 @@ class DisaggResult:
     """Requests/s all decode instances finish (predicted)."""
     prefill_requests_per_s: float | None = None
     """Requests/s all prefill instances take at full load (predicted), when the layout is stated."""
+    ttft_s: float | None = None
+    """Mean TTFT predicted at the measured request rate, where the source gives the TTFT."""
+    measured_ttft_s: float | None = None
 
     @property
     def error(self) -> float:
@@ -68,6 +78,10 @@ class DisaggResult:
     @property
     def tpot_error(self) -> float | None:
         return None if self.measured_tpot_s is None else self.tpot_s / self.measured_tpot_s - 1.0
+
+    @property
+    def ttft_error(self) -> float | None:
+        return None if self.ttft_s is None else self.ttft_s / self.measured_ttft_s - 1.0
 
     @property
     def prefill_load(self) -> float | None:
@@ -138,7 +152,8 @@ def _job(run: dict, input_len: int, output_len: int) -> ServeJob:
     )
 
 
-def _prefill_rate(run: dict, job: ServeJob) -> float | None:
+def _prefill(run: dict, job: ServeJob) -> PrefillInstance | None:
+    """One prefill instance of the stated layout, or None when the source states none."""
     p = run.get("prefill")
     if not p or "instances" not in p:
         return None
@@ -149,8 +164,18 @@ def _prefill_rate(run: dict, job: ServeJob) -> float | None:
     budget = run.get("prefill_max_num_batched_tokens")
     cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget)
     memory = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
-    inst = prefill_instance(model, pool, job, cfg, memory)
-    return p["instances"] * inst.requests_per_s
+    return prefill_instance(model, pool, job, cfg, memory)
+
+
+def _ttft_at_measured_rate(run: dict, job: ServeJob, prefill: PrefillInstance, decode) -> float:
+    """Mean TTFT (`disagg_ttft_s`) at the request rate the source measured (output tokens/s / OSL)
+    over the stated prefill instances, with the hand-off across nodes and the predicted TPOT."""
+    model = _model(run)
+    pool = _pool(run, prefill.gpus)
+    hand_off = kv_transfer(model, job, prefill.config, decode.config, kv_link(pool, same_domain=False))
+    rate = run["measured_output_tokens_per_s"] / job.output_len
+    utilization = rate / (run["prefill"]["instances"] * prefill.requests_per_s)
+    return disagg_ttft_s(prefill, hand_off, decode.tpot_s, utilization)
 
 
 def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
@@ -178,6 +203,10 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         concurrency=batch,
     )
     tpot_ms = run.get("measured_tpot_ms")
+    prefill = _prefill(run, job)
+    ttft = None
+    if prefill is not None and "measured_ttft_ms" in run:
+        ttft = _ttft_at_measured_rate(run, job, prefill, inst)
     return DisaggResult(
         run["id"],
         input_len,
@@ -188,7 +217,9 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         float(run["measured_decode_tokens_per_s_per_gpu"]),
         None if tpot_ms is None else tpot_ms * 1e-3,
         run["decode"]["instances"] * inst.requests_per_s,
-        _prefill_rate(run, job),
+        None if prefill is None else run["prefill"]["instances"] * prefill.requests_per_s,
+        ttft,
+        None if ttft is None else run["measured_ttft_ms"] * 1e-3,
     )
 
 
@@ -261,6 +292,12 @@ def main() -> int:
             f"\nstated workloads: {len(stated)} rows, median |error| {100 * errs[len(errs) // 2]:.0f}% "
             f"(max {100 * errs[-1]:.0f}%) in tokens/s per decode GPU"
         )
+    for r in results:
+        if r.ttft_s is not None:
+            print(
+                f"{r.id}: mean TTFT {r.ttft_s:.2f} s predicted at the measured request rate, "
+                f"{r.measured_ttft_s:.2f} s measured ({_pct(r.ttft_error)})"
+            )
     transfers = evaluate_transfers()
     if transfers:
         print(
