@@ -285,7 +285,8 @@ def main() -> int:
             f"{meas_tpot:>6} {_pct(r.tpot_error):>7} {r.predicted:>15,.0f} {r.measured:>9,.0f} "
             f"{_pct(r.error):>7} {load:>13}"
         )
-    stated = [r for r in results if r.measured_tpot_s is not None]
+    stated_ids = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
+    stated = [r for r in results if r.id in stated_ids]
     if stated:
         errs = sorted(abs(r.error) for r in stated)
         print(
