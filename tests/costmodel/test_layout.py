@@ -1,5 +1,5 @@
-"""The cost model's layout rules (#15): it imports nothing above it, no module passes 400 lines, only
-comm.py prices collectives, and the names other packages import keep their module paths."""
+"""The cost model's layout rules (#15): only comm.py prices collectives, and the names other packages
+import keep their module paths. (Import direction and module size: tests/test_architecture.py.)"""
 
 from __future__ import annotations
 
@@ -13,34 +13,11 @@ import autoshard.costmodel
 
 ROOT = Path(autoshard.costmodel.__file__).parent
 MODULES = sorted(ROOT.rglob("*.py"))
-ALLOWED = ("autoshard.costmodel", "autoshard.specs", "autoshard.parallel", "autoshard.errors", "autoshard.units")
-
-
-def _imports(path: Path) -> list[str]:
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append(node.module)
-        elif isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-    return out
 
 
 def test_the_package_has_the_modules_the_rules_scan() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in MODULES}
     assert {"comm.py", "moe.py", "train/step.py", "serve/step.py", "serve/predict.py", "bands.py"} <= names
-
-
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_costmodel_imports_only_specs_parallel_errors_units_and_itself(path: Path) -> None:
-    above = [m for m in _imports(path) if m.startswith("autoshard") and not m.startswith(ALLOWED)]
-    assert not above, f"{path.name} imports {above}"
-    assert not [m for m in _imports(path) if m.split(".")[0] == "ortools"]
-
-
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_no_module_over_400_lines(path: Path) -> None:
-    assert len(path.read_text().splitlines()) <= 400
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(ROOT).as_posix())
