@@ -18,7 +18,7 @@ Where it lives (each sibling is re-exported here, so `autoshard.api.X` is always
   builds them), the interactive-SLA default, the Pareto front, launch scripts and Kubernetes manifests;
 - `api_study.py`: cost studies (`study`), their serving fronts, output set and JSON.
 Jobs and the cluster resize/precision checks (`train_job`, `resize`, `check_precision`) live below, in
-`autoshard.specs.jobs`, because the cost studies need them too.
+`autoshard.specs.prepare`, because the cost studies need them too.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_f
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
-from autoshard.specs.jobs import check_precision, resize, train_job
 from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.specs.model import ModelSpec
+from autoshard.specs.prepare import check_precision, resize, train_job
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
            "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
-from autoshard.emit.serve_parse import parse_sglang, parse_vllm
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import sglang_node_commands
-from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, vllm_node_commands
+from autoshard.emit.sglang import parse_sglang, sglang_node_commands
+from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, parse_vllm, vllm_node_commands
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
@@ -23,9 +22,9 @@ from autoshard.search.serve.front import Front, serve_front
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
-from autoshard.specs.jobs import resize
 from autoshard.specs.loader import load_cluster, load_model, validate
 from autoshard.specs.model import Checkpoint, ModelSpec
+from autoshard.specs.prepare import resize
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",

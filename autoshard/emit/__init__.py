@@ -12,7 +12,6 @@ Serving deployments, for any engine:
 - k8s.py: Kubernetes manifests (Deployments, LeaderWorkerSets, Services, the P/D router).
 Shared:
 - serve_args.py: `ParsedServe` and the command-line reading both serving parsers share.
-- serve_parse.py: the serving parsers' former module (re-exports only; import from vllm/ or sglang/).
 - shell.py: shell quoting for everything emitted, and the launch-script reader the parsers use.
 """
 

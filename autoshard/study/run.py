@@ -125,7 +125,7 @@ def run_study(
     """Solve every (cluster, size) and assemble the study. Raises SpecError for bad input and
     InfeasibleError when no size of any cluster can run the job."""
     from autoshard.specs import load_model
-    from autoshard.specs.jobs import train_job
+    from autoshard.specs.prepare import train_job
 
     start = time.perf_counter()
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)

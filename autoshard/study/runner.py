@@ -48,7 +48,7 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
     from autoshard.costmodel.bands import band_of, sanity_for
     from autoshard.search.train.solve import SolverOptions, solve_train
-    from autoshard.specs.jobs import check_precision
+    from autoshard.specs.prepare import check_precision
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
     cluster = _sized(spec, num_gpus)

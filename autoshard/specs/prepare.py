@@ -1,5 +1,6 @@
-"""Jobs from a model's defaults and given values, and the cluster size and precision checks on them:
-what `autoshard.api` and the cost studies (`autoshard.study`) both need before solving."""
+"""Inputs made ready for a solve: a job from the model's defaults and the given values, the cluster at
+the asked size, a precision its GPUs support. `autoshard.api` and the cost studies (`autoshard.study`)
+both need these before solving."""
 
 from __future__ import annotations
 
