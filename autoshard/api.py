@@ -15,8 +15,11 @@ Where it lives (each sibling is re-exported here, so `autoshard.api.X` is always
 - `api_train.py`: training inputs from plain values (pins, solver options, layout flags, recompute
   modules) and the memory figures printed beside a plan;
 - `api_serve.py`: serving — jobs, solve/evaluate with the launch commands attached (the solver never
-  builds them), the interactive-SLA default, the Pareto front, launch scripts and Kubernetes manifests;
-- `api_study.py`: cost studies (`study`), their serving fronts, output set and JSON.
+  builds them), the interactive-SLA default, launch scripts and Kubernetes manifests;
+- `api_study.py`: cost studies (`study`), their output set and JSON.
+Names the layers below already define are imported from there: the Megatron-LM command and script
+(`autoshard.emit.megatron`), the serving Pareto front (`autoshard.search.serve.front.serve_front`), the
+study's serving fronts and renderers (`autoshard.study`).
 Jobs and the cluster resize/precision checks (`train_job`, `resize`, `check_precision`) live below, in
 `autoshard.specs.prepare`, because the cost studies need them too.
 """
@@ -36,7 +39,6 @@ from autoshard.api_serve import (
     evaluate_vllm,
     interactive_job,
     plan_serving,
-    serve_front,
     serve_job_for,
     serve_launch,
     serve_launch_script,
@@ -44,21 +46,9 @@ from autoshard.api_serve import (
     with_serve_launch,
     write_k8s_manifests,
 )
-from autoshard.api_study import (
-    ClusterFront,
-    StudyResult,
-    check_out_dir,
-    render_fronts,
-    render_study,
-    serve_study_fronts,
-    study,
-    study_json,
-    write_study,
-)
+from autoshard.api_study import ClusterFront, StudyResult, study, study_json, write_study
 from autoshard.api_train import (
     layout_flags,
-    megatron_notes,
-    megatron_script,
     memory_headroom,
     overflow_messages,
     recompute_modules,
@@ -67,19 +57,16 @@ from autoshard.api_train import (
 )
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
-from autoshard.emit.megatron.script import megatron_command
-from autoshard.emit.megatron.parse import (
-    LayoutFlags,
-    default_stages,
-    layout_stages,
-    model_shape_differences,
-    parse_megatron,
-    predict_layout,
-)
+from autoshard.emit.megatron.command import megatron_command
+from autoshard.emit.megatron.layout import LayoutFlags, default_stages, layout_stages, predict_layout
+from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
+from autoshard.emit.megatron.script import megatron_notes, megatron_script
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
-from autoshard.plans.train import Plan, SolverStats
+from autoshard.plans.base import SolverStats
+from autoshard.plans.train import Plan
 from autoshard.report.compare import compare_plans
+from autoshard.search.serve.front import serve_front
 from autoshard.search.train.solve import SolverOptions, solve_train
 from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
@@ -88,6 +75,9 @@ from autoshard.specs.job import TrainJob
 from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.prepare import check_precision, resize, train_job
+from autoshard.study.files import check_out_dir
+from autoshard.study.front import render_fronts, serve_study_fronts
+from autoshard.study.report import render_study
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
            "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
@@ -241,7 +231,8 @@ def evaluate(
     """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
     `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible. The MoE dispatcher
-    and FP8 recipe default to what the solver would pick (search.space.dispatcher_for, fp8_recipe_for)."""
+    and FP8 recipe default to what the solver would pick (`search.train.space.dispatcher_for`,
+    `fp8_recipe_for`)."""
     check_precision(cluster, job.precision)
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
         from autoshard.search.train.space import SELECTIVE_AND_BLOCK
@@ -295,9 +286,9 @@ def solve_with_layout(
 ) -> list[Plan]:
     """The best plans whose pipeline layout is the one Megatron-LM builds from `flags` (a layout string,
     first/last-stage layer counts or the account-for flags). The layout fixes PP (pinned) and VPP, so
-    each candidate is predicted exactly on that layout, cheapest lower bound (`search.bounds.
-    quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan found: status
-    OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
+    each candidate is predicted exactly on that layout, cheapest lower bound
+    (`search.train.bounds.quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan
+    found: status OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
     from autoshard.search.train.layout import solve_on_layout
 
     plans = solve_on_layout(model, cluster, job, functools.partial(megatron_layout, model, flags=flags), pins=pins,

@@ -1,8 +1,9 @@
-"""The serving half of the public API (re-exported by `autoshard.api`): serving jobs from a model's
-`serving:` defaults, solve and evaluate with the launch commands attached, the interactive-SLA
-default of `solve --mode serve` (`plan_serving`), the Pareto front, and the launch script or
-Kubernetes manifests of a plan. The solver (`autoshard.search.serve`) returns plans; the launch
-commands are written here, by the emitters (`autoshard.emit`), so the search layer never builds one."""
+"""The serving half of the public API (re-exported by `autoshard.api`): serving jobs from a model's `serving:`
+defaults, solve and evaluate with the launch commands attached, the interactive-SLA default of `solve --mode
+serve` (`plan_serving`), and the launch script or Kubernetes manifests of a plan (the Pareto front,
+`serve_front`, is the search layer's: `autoshard.search.serve.front`). The solver (`autoshard.search.serve`)
+returns plans; the launch commands are written here, by the emitters (`autoshard.emit`), so the search layer
+never builds one."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, parse_vllm, vl
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
-from autoshard.search.serve.front import Front, serve_front
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -28,7 +28,7 @@ from autoshard.specs.prepare import resize
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
-           "plan_serving", "serve_front", "Front", "serve_launch_script", "write_k8s_manifests"]
+           "plan_serving", "serve_launch_script", "write_k8s_manifests"]
 
 INTERACTIVE_TPOT_MS = 50.0
 """The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per

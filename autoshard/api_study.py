@@ -1,7 +1,8 @@
 """The cost-study half of the public API (re-exported by `autoshard.api`): `study` solves every
-(cluster kind, GPU count) and prices it (`autoshard.study.run`), `serve_study_fronts` adds the serving
-Pareto fronts, `write_study` writes the output set as one set, `study_json` is the `--json` object;
-the renderers the CLI prints with (`render_study`, `render_fronts`) are re-exported from `autoshard.study`."""
+(cluster kind, GPU count) and prices it (`autoshard.study.run`), `write_study` writes the output set as
+one set, `study_json` is the `--json` object. `autoshard.api` takes the serving fronts
+(`serve_study_fronts`, `render_fronts`), the renderer (`render_study`) and `check_out_dir` straight from
+`autoshard.study`."""
 
 from __future__ import annotations
 
@@ -11,13 +12,10 @@ from typing import Any
 
 from autoshard.study import run as _run
 from autoshard.study.costs import StudyResult
-from autoshard.study.files import STUDY_FILES, check_out_dir, write_study_set
-from autoshard.study.front import ClusterFront, fronts_json, render_fronts, serve_study_fronts
-from autoshard.study.report import render_study
-from autoshard.study.runner import ProgressFn
+from autoshard.study.files import write_study_set
+from autoshard.study.front import ClusterFront, fronts_json
 
-__all__ = ["study", "serve_study_fronts", "write_study", "study_json", "check_out_dir", "render_study",
-           "render_fronts", "StudyResult", "ClusterFront", "ProgressFn", "STUDY_FILES"]
+__all__ = ["study", "write_study", "study_json", "StudyResult", "ClusterFront"]
 
 
 def study(model: Any, clusters: Sequence[Any], sizes: Sequence[int], **kwargs: Any) -> StudyResult:

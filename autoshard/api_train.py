@@ -1,7 +1,7 @@
 """Training helpers of the public API (re-exported by `autoshard.api`): pins, solver options, layout
-flags and selective-recompute modules from plain values (what the command line hands over), the
-Megatron-LM script and notes of a plan, and the memory figures printed beside it (headroom left by
---memory-fraction, the fixes for a plan that does not fit)."""
+flags and selective-recompute modules from plain values (what the command line hands over), and the
+memory figures printed beside a plan (headroom left by --memory-fraction, the fixes for a plan that
+does not fit)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import dataclasses
 from typing import Any
 
 from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
-from autoshard.emit.megatron.parse import LayoutFlags
-from autoshard.emit.megatron.script import megatron_notes, megatron_script
+from autoshard.emit.megatron.layout import LayoutFlags
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan
@@ -19,7 +18,7 @@ from autoshard.search.train.space import Pins, SpaceOptions
 from autoshard.units import GIB
 
 __all__ = ["train_pins", "recompute_modules", "layout_flags", "solver_options", "memory_headroom",
-           "overflow_messages", "megatron_script", "megatron_notes"]
+           "overflow_messages"]
 
 
 def train_pins(tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,

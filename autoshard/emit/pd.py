@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
-from autoshard.plans.serve import Role, ServePlan
+from autoshard.plans.disagg import Role
+from autoshard.plans.serve import ServePlan
 
 __all__ = [
     "Instance",

@@ -2,7 +2,8 @@
 the solver certificate and the `autoshard.plan/v1` JSON envelope they share (`autoshard.plans.base`)."""
 
 from autoshard.plans.base import SCHEMA, PlanBase, SolverStats, SolveStatus
-from autoshard.plans.serve import Disaggregation, Role, ServePlan
+from autoshard.plans.disagg import Disaggregation, Role
+from autoshard.plans.serve import ServePlan
 from autoshard.plans.train import Plan
 
 __all__ = ["SCHEMA", "Disaggregation", "Plan", "PlanBase", "Role", "ServePlan", "SolveStatus", "SolverStats"]

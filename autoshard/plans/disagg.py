@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.costmodel.serve.disagg import KvTransfer
-from autoshard.costmodel.serve.step import ServePrediction
+from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.units import GIB
 
 __all__ = ["Role", "Disaggregation"]

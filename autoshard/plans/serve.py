@@ -19,14 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
-from autoshard.costmodel.compute import layer_flops
-from autoshard.costmodel.serve.step import (
-    LatencyQuantiles,
-    ServePrediction,
-    decode_context_len,
-    latency_at_rate,
-    pp_layer_split,
-)
+from autoshard.costmodel.flops import layer_flops
+from autoshard.costmodel.serve.config import pp_layer_split
+from autoshard.costmodel.serve.latency import LatencyQuantiles
+from autoshard.costmodel.serve.predict import ServePrediction, decode_context_len, latency_at_rate
 from autoshard.plans.base import PlanBase, SolverStats
 from autoshard.plans.disagg import Disaggregation, Role
 from autoshard.specs.cluster import ClusterSpec, PoolSpec

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoshard.costmodel.bands import Band, band_of, sanity_for
-from autoshard.costmodel.train.step import Stage, TrainConfig, TrainPrediction
+from autoshard.costmodel.bands import Band, band_of
+from autoshard.costmodel.sanity import sanity_for
+from autoshard.costmodel.train.types import Stage, TrainConfig, TrainPrediction
 from autoshard.plans.base import SCHEMA, PlanBase, SolverStats, SolveStatus
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision

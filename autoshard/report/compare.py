@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from autoshard.emit.megatron.script import megatron_args
+from autoshard.emit.megatron.args import megatron_args
 from autoshard.plans.train import Plan
 from autoshard.report.fit import print_command
 from autoshard.report.terminal import plan_summary, solver_text

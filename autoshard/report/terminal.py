@@ -11,10 +11,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from autoshard.costmodel.bands import band_text, sanity_line, tie_text
+from autoshard.costmodel.bands import band_text, tie_text
+from autoshard.costmodel.sanity import sanity_line
 from autoshard.costmodel.train.step import stage_cost
 from autoshard.specs.job import Precision
-from autoshard.plans.train import Plan, SolverStats, layer_counts, stage_devices
+from autoshard.plans.base import SolverStats
+from autoshard.plans.train import Plan, layer_counts, stage_devices
 from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.gantt import draw_schedule

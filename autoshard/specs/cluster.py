@@ -97,7 +97,7 @@ class EfficiencySpec(FrozenSpec):
     """Training-only override of `attention_half_seq` (None: use `attention_half_seq`)."""
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
-    name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency_source)."""
+    name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
     fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
     """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
     Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;

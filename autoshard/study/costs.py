@@ -2,7 +2,7 @@
 `Answer`, `StudyResult`), days and dollars per plan, a cluster's price per GPU-hour, the Pareto front
 of time vs cost and the buyer's answers (cheapest within a deadline, fastest within a budget).
 
-Pure arithmetic, no solving; `autoshard.study.run` runs the study and re-exports these names.
+Pure arithmetic, no solving; `autoshard.study.run` runs the study.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ budget, the Pareto front of time vs cost).
 Solves run through the search layer (`autoshard.search.train.solve.solve_train`,
 `autoshard.search.serve.solve.solve_serve`) in worker processes, one CP-SAT worker each; the specs are
 loaded and validated once in the parent and handed to every worker when it starts
-(`autoshard.study.runner`). Rows, cost arithmetic and answers live in `autoshard.study.costs`,
-re-exported here; rendering lives in `autoshard.study.report`, the output set on disk in
-`autoshard.study.files` (re-exported here), the serving fronts in `autoshard.study.front`. The study
-never imports `autoshard.api`: `autoshard.api.study` is its public entry.
+(`autoshard.study.runner`). Rows, cost arithmetic and answers live in `autoshard.study.costs`;
+rendering lives in `autoshard.study.report`, the output set on disk in `autoshard.study.files`, the
+serving fronts in `autoshard.study.front`. The study never imports `autoshard.api`:
+`autoshard.api.study` is its public entry.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, TrainJob, WeightDtype
 from autoshard.specs.model import ModelSpec
 from autoshard.study.costs import (
-    SCHEMA,
-    Answer,
     Row,
     ServeRow,
     Skipped,
@@ -38,23 +36,15 @@ from autoshard.study.costs import (
     TrainRow,
     _serve_answers,
     _train_answers,
-    cheapest_within_deadline,
     cluster_price,
-    fastest_within_budget,
-    money,
     pareto_front,
     serve_costs,
     train_costs,
     train_ranges,
 )
-from autoshard.study.files import STUDY_FILES, check_out_dir, write_study_set
 from autoshard.study.runner import ProgressFn, _gpu_names, _run_tasks, _sized
 
-__all__ = [
-    "SCHEMA", "STUDY_RELATIVE_GAP", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
-    "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline", "fastest_within_budget",
-    "money", "ProgressFn", "run_study", "STUDY_FILES", "check_out_dir", "write_study_set",
-]
+__all__ = ["STUDY_RELATIVE_GAP", "run_study"]
 
 MAX_STUDY_SIZES = 64
 MAX_STUDY_CLUSTERS = 16

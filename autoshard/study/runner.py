@@ -46,7 +46,8 @@ def _plan_summary(plan: Any) -> str:
 
 def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
-    from autoshard.costmodel.bands import band_of, sanity_for
+    from autoshard.costmodel.bands import band_of
+    from autoshard.costmodel.sanity import sanity_for
     from autoshard.search.train.solve import SolverOptions, solve_train
     from autoshard.specs.prepare import check_precision
 

@@ -10,9 +10,9 @@ import shlex
 import pytest
 
 from autoshard.api import evaluate, train_job
-from autoshard.costmodel.compute import model_flops_per_step, mtp_forward_flops
+from autoshard.costmodel.flops import model_flops_per_step, mtp_forward_flops
 from autoshard.costmodel.train.step import predict_train
-from autoshard.emit.megatron.script import megatron_command
+from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
 from autoshard.parallel import Fp8Recipe, Recompute
 from autoshard.specs import load_cluster, load_model

@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from autoshard.api import evaluate, train_job
 from autoshard.cli import app
-from autoshard.emit.megatron.script import megatron_command
-from autoshard.emit.megatron.parse import LayoutFlags, layout_stages, parse_megatron, predict_layout
+from autoshard.emit.megatron.command import megatron_command
+from autoshard.emit.megatron.layout import LayoutFlags, layout_stages, predict_layout
+from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.errors import SpecError
 from autoshard.plans.train import layer_counts
 from autoshard.specs import load_cluster, load_model

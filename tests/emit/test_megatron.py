@@ -18,16 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit import megatron_command, megatron_notes, megatron_script, parse_megatron
 from autoshard.emit.megatron import flags as mf
 from autoshard.emit.megatron import flags_retired
 from autoshard.search.train.space import default_fp8_recipe
-from autoshard.emit.megatron.script import pipeline_layout
-from autoshard.emit.megatron.parse import default_stages, model_shape_differences, parse_layout
+from autoshard.emit.megatron.args import pipeline_layout
+from autoshard.emit.megatron.layout import default_stages, parse_layout
+from autoshard.emit.megatron.parse import model_shape_differences
 from autoshard.errors import SpecError
 from autoshard.parallel import ParallelDims, Recompute, check_dims
-from autoshard.plans.train import Plan, SolverStats
+from autoshard.plans.base import SolverStats
+from autoshard.plans.train import Plan
 from autoshard.specs import bundled_models, load_cluster, load_model
 from autoshard.specs.job import Precision
 

@@ -9,7 +9,8 @@ import pytest
 from test_megatron import make_plan, rule_violations, split_command
 
 from autoshard.api import evaluate, train_job
-from autoshard.emit.megatron.script import megatron_command, megatron_script
+from autoshard.emit.megatron.command import megatron_command
+from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from autoshard.api import evaluate, train_job
 from autoshard.cli import app
 from autoshard.costmodel.train.recompute import module_recompute
-from autoshard.costmodel.train.step import layer_cost
-from autoshard.emit.megatron.script import megatron_command
+from autoshard.costmodel.train.layer import layer_cost
+from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs import load_cluster, load_model
@@ -67,7 +67,7 @@ def test_mla_up_projection_saves_q_k_v() -> None:
 def test_mtp_modules_recompute_as_the_decoder() -> None:
     """The output layer carries DeepSeek-V3's MTP module, one decoder layer like the last (MoE): with
     --recompute-modules its decoder layer saves and re-runs what a decoder MoE layer does."""
-    from autoshard.costmodel.train.step import TrainConfig
+    from autoshard.costmodel.train.types import TrainConfig
 
     v3 = load_model("deepseek-v3")
     pool = H100.primary

@@ -15,7 +15,8 @@ from functools import cache
 import pytest
 
 from autoshard.api import evaluate, solve, train_job
-from autoshard.emit.megatron.script import megatron_command, megatron_script
+from autoshard.emit.megatron.command import megatron_command
+from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
 from autoshard.emit.vllm.parse import parse_vllm
 from autoshard.emit.sglang import SGLANG_KV_CACHE_DTYPE, mem_fraction_static, sglang_node_commands

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoshard.cli import app
-from autoshard.costmodel.serve.memory import total_weight_bytes
+from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.emit.sglang.parse import parse_sglang
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.search.serve.solve import evaluate_serve

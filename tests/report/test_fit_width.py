@@ -23,8 +23,7 @@ from autoshard.report.terminal import _layer_span, render_clusters, render_model
 from autoshard.api import solve_serve
 from autoshard.api import serve_job_for
 from autoshard.specs import bundled_clusters, bundled_models, load_cluster, load_model
-from autoshard.study.run import ServeRow, StudyResult, TrainRow
-from autoshard.study.costs import Answer, Skipped
+from autoshard.study.costs import Answer, ServeRow, Skipped, StudyResult, TrainRow
 from report_fixtures import plan_70b, render, assert_fits  # noqa: F401  (pytest fixtures)
 
 WIDTHS = [80, 160]

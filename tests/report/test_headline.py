@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from autoshard.costmodel.bands import Band
-from autoshard.plans.train import SolverStats
+from autoshard.plans.base import SolverStats
 from autoshard.report.fit import shell_words, wrap_command
 from autoshard.report.terminal import band_line, headline, solver_text
 from report_fixtures import plan_70b, make_plan  # noqa: F401  (pytest fixtures)

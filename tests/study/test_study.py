@@ -15,15 +15,15 @@ from autoshard.cli import app
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.study.report import write_outputs
 from autoshard.specs import ClusterSpec
-from autoshard.study.run import (
+from autoshard.study.costs import (
     TrainRow,
     cheapest_within_deadline,
     fastest_within_budget,
     pareto_front,
-    run_study,
     serve_costs,
     train_costs,
 )
+from autoshard.study.run import run_study
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from conftest import gpu, node, tiny_model
 
-from autoshard.costmodel.bands import Kind, lookup
+from autoshard.costmodel.band_table import Kind
+from autoshard.costmodel.bands import lookup
 from autoshard.study.report import table_rows, write_outputs
 from autoshard.specs import ClusterSpec
 from autoshard.specs.job import ServeJob

@@ -1,10 +1,10 @@
 """Plan -> every `pretrain_gpt.py` flag of its Megatron-LM launch (`megatron_args`), in launch order.
 
 Every number comes from the plan, every flag name from Megatron-LM's parser as it is today
-(`megatron_flags`); what Megatron-LM cannot express exactly is listed by
+(`emit/megatron/flags.py`); what Megatron-LM cannot express exactly is listed by
 `autoshard.emit.megatron.script.megatron_notes` instead of being silently changed.
 
-How plan facts map to flags (Megatron-LM at the commit in `megatron_flags.SOURCE_COMMIT`):
+How plan facts map to flags (Megatron-LM at the commit in `flags.SOURCE_COMMIT`, `emit/megatron/flags.py`):
 
 - Layer layout: Megatron's default puts the embedding on the first model chunk, the loss on the last
   and num_layers / (PP x VPP) decoder layers on every chunk. A plan with exactly that layout gets the
@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 
 import autoshard.emit.megatron.flags as megatron_flags
-from autoshard.costmodel.train.step import Stage
+from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan, layer_counts

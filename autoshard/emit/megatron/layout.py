@@ -10,7 +10,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from autoshard.costmodel.train.step import Stage
+from autoshard.costmodel.train.types import Stage
 from autoshard.errors import SpecError
 from autoshard.specs.base import MAX_LAYERS
 from autoshard.specs.model import LayerKind, ModelSpec

@@ -1,5 +1,5 @@
 """Megatron-LM flags -> ModelSpec, with Megatron-LM's defaults for whatever the command leaves out
-(argparse defaults at the commit in `megatron_flags.SOURCE_COMMIT`)."""
+(argparse defaults at the commit in `flags.SOURCE_COMMIT`, `emit/megatron/flags.py`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ absent and a warning (on the FlagReader) where autoshard reads a flag approximat
 
 from __future__ import annotations
 
-from autoshard.costmodel.train.step import Stage
+from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages, parse_layout, predict_layout
 from autoshard.emit.megatron.model_args import FlagReader
 from autoshard.errors import SpecError

@@ -2,22 +2,21 @@
 notes on what Megatron-LM cannot say exactly as the plan does (`megatron_notes`, written into the script
 as NOTE comments) instead of silently changing it.
 
-The launch itself is built next door: the flags in `args.py`, the `torchrun` command in `command.py`
-(both re-exported here, their former home).
+The launch itself is built next door: the flags in `args.py` (`megatron_args`), the `torchrun` command
+in `command.py` (`megatron_command`).
 """
 
 from __future__ import annotations
 
 import textwrap
 
-from autoshard.emit.megatron.args import megatron_args, moe_layer_pattern, pipeline_layout
+from autoshard.emit.megatron.args import pipeline_layout
 from autoshard.emit.megatron.command import (
     ENTRY_POINT,
     MASTER_PORT,
     flag_lines,
     join_lines,
     launch_geometry,
-    megatron_command,
     needs_single_cuda_connection,
 )
 from autoshard.emit.shell import comment, path_component, shell_word
@@ -25,18 +24,8 @@ from autoshard.parallel import Recompute
 from autoshard.plans.train import Plan
 from autoshard.specs.model import MlpKind, PositionKind
 
-__all__ = [
-    "ENTRY_POINT",
-    "MASTER_PORT",
-    "megatron_args",
-    "megatron_notes",
-    "megatron_command",
-    "megatron_script",
-    "pipeline_layout",
-    "moe_layer_pattern",
-    "needs_single_cuda_connection",
-    "launch_geometry",
-]
+__all__ = ["megatron_script", "megatron_notes"]
+
 
 def megatron_notes(plan: Plan) -> list[str]:
     """What the Megatron-LM launch cannot say exactly as the plan does (empty for most plans)."""
