@@ -2,7 +2,8 @@
 functions of a Plan and decide nothing.
 
 One sub-package per engine, its launcher and its parser side by side (a new engine gets its own
-`<engine>/command.py` + `<engine>/parse.py`, and a branch in the serving deployments below):
+`<engine>/command.py` + `<engine>/parse.py`, a branch in the serving deployments below, and its line
+in `autoshard.api_serve.serve_launch`, which attaches every engine's commands to a plan):
 - megatron/: Megatron-LM training launch and its parser (its __init__ lists the files).
 - vllm/: `vllm serve` lines (command.py), their parser (parse.py), vLLM's flag vocabulary (flags.py).
 - sglang/: `sglang.launch_server` lines (command.py) and their parser (parse.py).

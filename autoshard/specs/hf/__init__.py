@@ -5,6 +5,11 @@ architecture (and its defaults when a field is absent, as ``from_pretrained`` wo
 decide weight shapes, memory and FLOPs are read; dropout, token ids, RoPE scaling, sliding windows and
 quantization settings are ignored.
 
+Which file owns what: importer.py picks the converter by ``model_type`` (`model_from_hf_config`);
+reader.py is the typed field reader and the helpers every family shares; dense.py (Llama-like), gpt.py
+(GPT-2/NeoX, BLOOM, OPT) and moe.py (Mixtral, Qwen-MoE, DeepSeek) hold the converters. A new family
+is a converter in the file of its kind plus its ``model_type`` in that file's ``CONVERTERS`` table.
+
 Where the schema cannot represent a detail exactly the importer approximates, and says so here:
 
 * BLOOM's layernorm right after the word embedding (2*hidden parameters) has no field: it is not counted.
