@@ -56,7 +56,8 @@ from autoshard.api_train import (
     train_pins,
 )
 from autoshard.costmodel.bands import band_for, mark_ties
-from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.layout import LayoutFlags, default_stages, layout_stages, predict_layout
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
