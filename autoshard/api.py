@@ -1,69 +1,104 @@
-"""The public Python API: build jobs, solve for the best plans, evaluate a given plan.
+"""The public Python API, the one surface for solve / evaluate / compare / study in both modes: build
+jobs, solve for the best plans, evaluate a given plan or launch command, compare it with the best,
+and run cost studies. The command line (`autoshard.cli`) calls only this module (plus `autoshard.report`
+to render and `autoshard.errors`).
 
     import autoshard
     model = autoshard.load_model("llama-3.1-70b")
     cluster = autoshard.load_cluster("dgx-h100").with_gpus(64)
     plans = autoshard.solve(model, cluster, autoshard.train_job(model, seq_len=8192))
     print(plans[0].to_json()["predicted"]["mfu"])
+
+Where it lives (each sibling is re-exported here, so `autoshard.api.X` is always the name to use):
+- this file: training — solve, evaluate, the Megatron-LM layout helpers, `evaluate_megatron` and
+  `compare_megatron` (an existing Megatron-LM command, alone or next to the best plan), `load`;
+- `api_train.py`: training inputs from plain values (pins, solver options, layout flags, recompute
+  modules) and the memory figures printed beside a plan;
+- `api_serve.py`: serving — jobs, solve/evaluate with the launch commands attached (the solver never
+  builds them), the interactive-SLA default, the Pareto front, launch scripts and Kubernetes manifests;
+- `api_study.py`: cost studies (`study`), their serving fronts, output set and JSON.
+Jobs and the cluster resize/precision checks (`train_job`, `resize`, `check_precision`) live below, in
+`autoshard.specs.prepare`, because the cost studies need them too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
 
+from autoshard.api_serve import (
+    INTERACTIVE_TPOT_MS,
+    ServeSolution,
+    evaluate_serve,
+    evaluate_serve_command,
+    evaluate_vllm,
+    interactive_job,
+    plan_serving,
+    serve_front,
+    serve_job_for,
+    serve_launch,
+    serve_launch_script,
+    solve_serve,
+    with_serve_launch,
+    write_k8s_manifests,
+)
+from autoshard.api_study import (
+    ClusterFront,
+    StudyResult,
+    check_out_dir,
+    render_fronts,
+    render_study,
+    serve_study_fronts,
+    study,
+    study_json,
+    write_study,
+)
+from autoshard.api_train import (
+    layout_flags,
+    megatron_notes,
+    megatron_script,
+    memory_headroom,
+    overflow_messages,
+    recompute_modules,
+    solver_options,
+    train_pins,
+)
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.emit.megatron.script import megatron_command
-from autoshard.emit.megatron.parse import LayoutFlags, default_stages, layout_stages, predict_layout
+from autoshard.emit.megatron.parse import (
+    LayoutFlags,
+    default_stages,
+    layout_stages,
+    model_shape_differences,
+    parse_megatron,
+    predict_layout,
+)
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.plans.train import Plan, SolverStats
+from autoshard.report.compare import compare_plans
 from autoshard.search.train.solve import SolverOptions, solve_train
-from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
+from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
+from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
-from autoshard.specs.job import Precision, TrainJob
-from autoshard.specs.loader import validate
-from autoshard.specs.model import ModelSpec, PositionKind
+from autoshard.specs.job import TrainJob
+from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
+from autoshard.specs.model import ModelSpec
+from autoshard.specs.prepare import check_precision, resize, train_job
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
-           "check_precision"]
-
-
-def train_job(
-    model: ModelSpec,
-    *,
-    seq_len: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | Precision | None = None,
-    tokens: float | None = None,
-) -> TrainJob:
-    """A TrainJob from the model's `training:` defaults, overridden by the given values."""
-    defaults = model.training
-    data: dict = {}
-    if defaults is not None:
-        for key in ("seq_len", "global_batch_size", "precision", "tokens"):
-            value = getattr(defaults, key)
-            if value is not None:
-                data[key] = value
-    for key, value in (("seq_len", seq_len), ("global_batch_size", global_batch_size),
-                       ("precision", precision), ("tokens", tokens)):
-        if value is not None:
-            data[key] = value
-    job = validate(TrainJob, data, source=f"training job for {model.name}")
-    if model.position_embedding is PositionKind.LEARNED and job.seq_len > model.max_position_embeddings:
-        raise SpecError(f"sequence length {job.seq_len} is longer than the {model.max_position_embeddings} learned "
-                        f"position embeddings of {model.name}: use --seq-len {model.max_position_embeddings} or less, or "
-                        "raise max_position_embeddings in the model file", source="--seq-len")
-    return job
-
-
-def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
-    if gpus is None:
-        return cluster
-    try:
-        return cluster.with_gpus(gpus)
-    except ValueError as exc:
-        raise SpecError(f"{exc}", source="--gpus", field=None) from None
+           "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
+           "evaluate_vllm", "serve_launch", "with_serve_launch", "study", "serve_study_fronts", "write_study",
+           "study_json", "check_out_dir", "render_study", "render_fronts", "StudyResult", "ClusterFront",
+           "evaluate_serve_command", "ServeSolution", "plan_serving", "serve_front", "serve_launch_script",
+           "write_k8s_manifests", "train_pins", "recompute_modules", "layout_flags", "solver_options",
+           "memory_headroom", "overflow_messages", "megatron_script", "megatron_notes", "load", "write_launch_script",
+           "evaluate_megatron", "compare_megatron", "MegatronComparison", "solve_with_layout", "Recompute",
+           "MoeDispatcher", "Fp8Recipe", "MAX_CONTEXT", "MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_SEQ_LEN",
+           "MAX_TOKENS", "bundled_models", "bundled_clusters", "load_model", "load_cluster"]
 
 
 def with_launch(plan: Plan) -> Plan:
@@ -74,16 +109,6 @@ def with_launch(plan: Plan) -> Plan:
     return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
 
 
-def check_precision(cluster: ClusterSpec, precision: Precision, *, source: str = "--precision") -> None:
-    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300): refuse it where a pool has none."""
-    if precision is not Precision.FP8:
-        return
-    lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp8_tflops is None]
-    if lacking:
-        raise SpecError(f"FP8 needs FP8 tensor cores and {', '.join(dict.fromkeys(lacking))} has none (no fp8_tflops "
-                        f"in {cluster.name}): train in bf16", source=source)
-
-
 def solve(
     model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins = Pins(), options: SolverOptions = SolverOptions()
 ) -> list[Plan]:
@@ -91,6 +116,69 @@ def solve(
     (runner-ups marked statistically tied with the best or not)."""
     check_precision(cluster, job.precision)
     return mark_ties([with_launch(p) for p in solve_train(model, cluster, job, pins=pins, options=options)])
+
+
+def load(model_ref: str, cluster_ref: str, gpus: int | None = None) -> tuple[ModelSpec, ClusterSpec]:
+    """The model (bundled name, YAML or config.json) and the cluster (bundled name or YAML), resized to
+    `gpus` GPUs when given."""
+    return load_model(model_ref), resize(load_cluster(cluster_ref), gpus)
+
+
+def write_launch_script(text: str, output: Path) -> None:
+    """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written."""
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as exc:
+        raise SpecError(f"cannot write {str(output)[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None) -> tuple[Plan, list[str]]:
+    """(plan, warnings) for an existing Megatron-LM command or script: its model (checked against
+    `model_ref` when given), degrees, layout and knobs, on `gpus` GPUs or the command's world size."""
+    expected = load_model(model_ref) if model_ref else None
+    parsed = parse_megatron(command, vocab_size=expected.vocab_size if expected else None)
+    warnings = list(parsed.warnings)
+    if expected is not None:
+        warnings += [f"the command's model differs from {expected.name}: {d}" for d in model_shape_differences(expected, parsed.model)]
+    world = gpus or parsed.world_size
+    if world is None:
+        raise SpecError("the command does not say how many GPUs it runs on (no torchrun --nproc-per-node/--nnodes): "
+                        "pass --gpus", source="--from-megatron")
+    parsed = parsed.with_world_size(world)
+    cluster_spec = resize(load_cluster(cluster_ref), world)
+    cfg = parsed.train_config()
+    check_precision(cluster_spec, cfg.precision, source="--from-megatron")
+    stages = parsed.layout()
+    prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
+    stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
+    plan = Plan(model=parsed.model, cluster=cluster_spec, config=cfg, stages=stages, prediction=prediction, solver=stats)
+    if expected is not None:
+        plan = dataclasses.replace(plan, model=parsed.model)
+    return with_launch(plan), warnings
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MegatronComparison:
+    """An existing Megatron-LM command's plan next to the best plan for its model, cluster and job."""
+
+    yours: Plan
+    best: Plan
+    comparison: dict[str, Any]
+    warnings: list[str]
+    headroom: dict[str, Any]
+
+
+def compare_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, *,
+                     options: SolverOptions = SolverOptions()) -> MegatronComparison:
+    """`solve --from-megatron`: evaluate the command (`evaluate_megatron`), solve the same job on the same
+    GPUs, and compare the two (`report.compare.compare_plans`)."""
+    yours, warnings = evaluate_megatron(command, model_ref, cluster_ref, gpus)
+    job = train_job(yours.model, seq_len=yours.config.seq_len, global_batch_size=yours.config.global_batch_size,
+                    precision=yours.config.precision)
+    best = solve(yours.model, yours.cluster, job, options=options)
+    comparison = compare_plans(yours, best[0])
+    return MegatronComparison(yours, best[0], comparison, warnings, memory_headroom(best[0], options.memory_fraction))
 
 
 def even_stages(model: ModelSpec, *, pp: int, vpp: int = 1, recompute_num_layers: int = 0) -> tuple[Stage, ...]:
@@ -123,17 +211,6 @@ def megatron_layout(
             flags = LayoutFlags()
     stages, vpp = layout_stages(model, pp=pp, vpp=vpp, flags=flags, recompute_num_layers=recompute_num_layers)
     return stages, vpp, note
-
-
-def expert_grid_hint(model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int | None) -> str:
-    """A fix for an expert grid (ETP x EP) that does not divide TP x CP x DP: the expert-TP sizes that
-    make it legal (Megatron's --expert-tensor-parallel-size is independent of TP)."""
-    dense = tp * cp * dp
-    fits = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
-    if fits:
-        return f"; expert TP is independent of TP in Megatron-Core: --etp {fits[0]} makes it legal"
-    eps = [e for e in range(ep, 0, -1) if model.moe and model.moe.num_experts % e == 0 and dense % ((etp or tp) * e) == 0]
-    return f"; use a smaller --ep (e.g. {eps[0]})" if eps else ""
 
 
 def evaluate(
@@ -221,62 +298,9 @@ def solve_with_layout(
     each candidate is predicted exactly on that layout, cheapest lower bound (`search.bounds.
     quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan found: status
     OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
-    import time
+    from autoshard.search.train.layout import solve_on_layout
 
-    from autoshard.errors import InfeasibleError
-    from autoshard.search.train.space import check_pins, enumerate_train
-    from autoshard.units import GIB
-
-    if cluster.is_heterogeneous:
-        raise SpecError("a pinned pipeline layout places every stage on one pool: use a homogeneous cluster, or "
-                        "leave the layout to the solver", source="--layout")
-    if pins.pp is None:
-        raise SpecError("a pipeline layout (--layout, --decoder-first/last-pipeline-num-layers, --account-for-*) "
-                        "is written for one PP size: pin it with --pp", source="--pp")
-    start = time.perf_counter()
-    _, vpp, _ = megatron_layout(model, pp=pins.pp, vpp=pins.vpp or 1, flags=flags)
-    pins = dataclasses.replace(pins, vpp=vpp)
-    check_pins(model, cluster, job, pins)
-    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
-    block = pins.recompute_num_layers or 0
-    stages, _, _ = megatron_layout(model, pp=pins.pp, vpp=vpp, flags=flags, recompute_num_layers=block)
-    from autoshard.search.train.bounds import quick_lower_bound
-
-    scale = vpp
-    ranked = sorted(
-        (quick_lower_bound(model, cluster, cfg, scale=scale) / (scale * 1e6), i, cfg)
-        for i, cfg in enumerate(space.candidates) if not (block and cfg.recompute is Recompute.FULL)
-    )
-    found: list[tuple[float, int, TrainConfig, object]] = []
-    least: tuple[float, float] | None = None
-    exhaustive = True
-    bound = 0.0
-    k = max(1, options.top_k)
-    for lb_s, i, cfg in ranked:
-        if len(found) >= k and lb_s > sorted(f[0] for f in found)[k - 1] * 1.01:  # per-layer us rounding
-            break  # every later candidate's bound is higher still
-        if time.perf_counter() - start > options.time_limit_s:
-            exhaustive, bound = False, lb_s
-            break
-        pred = predict_train(model, cluster, cfg, stages)
-        limit = options.memory_fraction * cluster.primary.gpu.hbm_gib * GIB
-        if pred.fits and (options.memory_fraction >= 1 or pred.peak_memory_bytes <= limit):
-            found.append((pred.step_time_s, i, cfg, pred))
-        elif least is None or pred.peak_memory_bytes < least[0]:
-            least = (pred.peak_memory_bytes, pred.capacity_bytes)
-    if not found:
-        if least is None:
-            raise InfeasibleError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs with this layout and "
-                                  f"pins ({pins.describe()}): change the pins or the layout")
-        raise InfeasibleError(f"no plan with this layout fits: the best needs {least[0] / GIB:.1f} GiB per GPU, has "
-                              f"{least[1] / GIB:.1f} GiB; try --recompute full, more GPUs or another layout")
-    found.sort(key=lambda item: (item[0], item[1]))
-    plans = []
-    for step, _, cfg, pred in found[: max(1, options.top_k)]:
-        stats = SolverStats(status="OPTIMAL" if exhaustive else "FEASIBLE", wall_s=time.perf_counter() - start,
-                            objective=step, bound=found[0][0] if exhaustive else min(bound, found[0][0]),
-                            candidates=space.enumerated, candidates_in_model=len(space.candidates),
-                            pruned=dict(space.pruned), stop_reason="optimal" if exhaustive else "time_limit")
-        plans.append(with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=pred,
-                                      solver=stats)))
+    plans = solve_on_layout(model, cluster, job, functools.partial(megatron_layout, model, flags=flags), pins=pins,
+                            options=options)
+    plans = [with_launch(p) for p in plans]
     return mark_ties(plans)

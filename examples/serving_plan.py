@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 from autoshard import load_cluster, load_model
-from autoshard.search.serve.solve import solve_serve
-from autoshard.serve_api import serve_job_for
+from autoshard.api import solve_serve
+from autoshard.api import serve_job_for
 
 
 def main() -> None:

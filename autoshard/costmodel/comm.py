@@ -1,4 +1,5 @@
-"""Collective costs, priced on the links each process group actually crosses.
+"""Collective costs, priced on the links each process group actually crosses. Every collective's
+time formula lives here (callers compute message sizes and pick the group; this file prices them).
 
 NCCL conventions with bus bandwidth B per GPU per direction, message S bytes per rank, n ranks:
 ring all-reduce 2(n-1)/n * S/B; all-gather, reduce-scatter and all-to-all (n-1)/n * S/B;
@@ -7,6 +8,11 @@ point-to-point S/B. Each adds a latency per algorithm step (log2 n steps, NCCL's
 Placement follows Megatron's rank order (TP innermost, then CP, then DP, PP outermost; experts fold
 as ETP, EP, expert-DP): a group whose ranks span at most one NVLink domain runs at NVLink speed,
 otherwise it is bound by the per-GPU network bandwidth.
+
+Beyond NCCL's ring/tree: the serving engines' custom all-reduce for small TP messages
+(`tp_all_reduce_s`), MoE all-to-alls split between NVLink and the NIC (`split_all_to_all_s`,
+`hierarchical_all_to_all_s`: DeepEP-style, once per remote domain then NVLink fan-out), and a
+transfer striped over several GPUs' links at once (`striped_send_s`: a disaggregated KV hand-off).
 """
 
 from __future__ import annotations
@@ -17,9 +23,23 @@ from enum import StrEnum
 from functools import lru_cache
 
 from autoshard.parallel import ParallelDims
-from autoshard.specs.cluster import NodeSpec, PoolSpec
+from autoshard.specs.cluster import LinkKind, NodeSpec, PoolSpec
 
-__all__ = ["Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link"]
+__all__ = [
+    "Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link",
+    "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s", "striped_send_s",
+]
+
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+"""Largest message the custom all-reduce takes (vLLM `CustomAllreduce(max_size=8192 * 1024)`)."""
+CUSTOM_AR_SYNC_US = (3.0, 0.36)
+"""Fixed time of one custom all-reduce on TP n ranks, `a + b * n` microseconds: launch plus the
+peer-flag barriers. From SGLang PR #2904's H100 measurements of the TensorRT-LLM-derived kernel
+(no CUDA graph): 3.7 / 4.8 / 5.9 us at 512 B on TP 2 / 4 / 8."""
+CUSTOM_AR_LINK_FRACTION = 0.135
+"""Bus bandwidth the custom all-reduce reaches at <= 1 MiB, as a fraction of the NVLink figure (it runs
+on a few dozen SMs, far from NVLink's peak): same measurements, 16.2 / 26.6 / 27.9 us per extra MiB
+on TP 2 / 4 / 8 = ~60 GB/s of ring-equivalent bus bandwidth on 450 GB/s NVLink 4."""
 
 
 class Collective(StrEnum):
@@ -118,3 +138,57 @@ def group_links(pool: PoolSpec, dims: ParallelDims) -> GroupLinks:
         edp=group_link(pool, ranks=dims.expert_dp, stride=etp * ep),
         pp=group_link(pool, ranks=2, stride=tp * cp * dp),
     )
+
+
+def tp_all_reduce_s(
+    size_bytes: float, ranks: int, link: Link, pool: PoolSpec, *, custom: bool = True
+) -> float:
+    """One TP all-reduce of `size_bytes` per rank in a serving engine: the engine's custom all-reduce
+    (vLLM, SGLang and TensorRT-LLM all ship one: one-shot/two-shot through peer memory) when it
+    applies (NVLink-class link inside one domain, message <= CUSTOM_AR_MAX_BYTES) and is faster,
+    else NCCL."""
+    nccl = collective_time_s(Collective.ALL_REDUCE, size_bytes, ranks, link)
+    if (
+        not custom
+        or ranks <= 1
+        or link.crosses_nodes
+        or pool.node.intra_node_link is LinkKind.PCIE
+        or size_bytes > CUSTOM_AR_MAX_BYTES
+    ):
+        return nccl
+    a, b = CUSTOM_AR_SYNC_US
+    bus = pool.node.intra_node_gbps * 1e9 * CUSTOM_AR_LINK_FRACTION
+    custom_s = (a + b * ranks) * 1e-6 + 2 * (ranks - 1) / ranks * size_bytes / bus
+    return min(nccl, custom_s)
+
+
+def nic_link(pool: PoolSpec) -> Link:
+    """One GPU's own network interface (what its traffic out of the NVLink domain runs on)."""
+    eff = pool.gpu.efficiency
+    return Link(pool.node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
+
+
+def split_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) -> float:
+    """One all-to-all of `size` bytes per rank over `ranks` ranks, `per_domain` of them in each NVLink
+    domain: the intra-domain part over NVLink, the rest over the NIC, both at once."""
+    nvl, nic = group_link(pool, ranks=1), nic_link(pool)
+    local = (per_domain - 1) / ranks * size / nvl.bytes_per_s
+    remote = (ranks - per_domain) / ranks * size / nic.bytes_per_s
+    lat = nvl.latency_s if ranks <= per_domain else nic.latency_s
+    return max(local, remote) + math.ceil(math.log2(ranks)) * lat
+
+
+def hierarchical_all_to_all_s(
+    pair_bytes: float, remote_bytes: float, ranks: int, per_domain: int, pool: PoolSpec
+) -> float:
+    """One DeepEP/HybridEP-style all-to-all: `remote_bytes` per rank cross the NIC once per remote
+    domain, while the `pair_bytes` fan out over NVLink inside the domain, both at once."""
+    nvl_s = (per_domain - 1) / per_domain * pair_bytes / group_link(pool, ranks=1).bytes_per_s
+    nic = nic_link(pool)
+    return max(nvl_s, remote_bytes / nic.bytes_per_s) + math.ceil(math.log2(ranks)) * nic.latency_s
+
+
+def striped_send_s(size_bytes: float, streams: int, link: Link) -> float:
+    """`size_bytes` sent point-to-point, split evenly over `streams` parallel links like `link`
+    (each sending GPU through its own link), plus one link latency."""
+    return size_bytes / (streams * link.bytes_per_s) + link.latency_s

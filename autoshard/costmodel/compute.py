@@ -1,4 +1,7 @@
-"""FLOPs from GEMM shapes, and the time a GPU needs for them.
+"""The time a GPU needs for a layer's work: GEMMs on the roofline with shape fall-off, flash
+attention, memory-bound elementwise kernels, recompute, FP8 casts, MoE imbalance and the
+TP-overlap GEMM split. The FLOPs themselves come from `autoshard.costmodel.flops`, whose names are
+importable from here too.
 
 Conventions (the Megatron-LM paper's, so calibration rows compare like with like):
 - A GEMM of (m x k) @ (k x n) is 2*m*n*k FLOPs. Backward is twice forward (dgrad + wgrad).
@@ -10,9 +13,20 @@ Conventions (the Megatron-LM paper's, so calibration rows compare like with like
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.flops import (
+    Gemm,
+    LayerFlops,
+    attention_dims,
+    attention_gemms,
+    causal_model_flops_per_step,
+    layer_flops,
+    layer_gemms,
+    mlp_gemms,
+    model_flops_per_step,
+    mtp_forward_flops,
+)
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -21,157 +35,12 @@ from autoshard.specs.model import LayerKind, ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
-    "causal_model_flops_per_step",
+    "causal_model_flops_per_step", "mtp_forward_flops",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s",
 ]
 
 BF16_BYTES = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Gemm:
-    """One forward GEMM on one GPU: (m x k) @ (k x n), run `count` times."""
-
-    m: int
-    n: int
-    k: int
-    count: int = 1
-    fp8_capable: bool = True
-    """Linear-layer GEMMs run in FP8 under an FP8 recipe; router GEMMs stay in BF16."""
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k * self.count
-
-
-@dataclass(frozen=True, slots=True)
-class LayerFlops:
-    """Forward FLOPs of one layer for one micro-batch, whole layer (not per GPU)."""
-
-    linear: float
-    attention: float
-    """Score and value GEMMs over the full s x s square (model-FLOPs convention)."""
-
-    @property
-    def total(self) -> float:
-        return self.linear + self.attention
-
-
-def attention_dims(model: ModelSpec) -> tuple[int, int]:
-    """(query-key dim, value dim) per head."""
-    if model.mla is not None:
-        return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
-    return model.kv_channels, model.kv_channels
-
-
-def attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
-    h, nh = model.hidden_size, model.num_attention_heads
-    qk_dim, v_dim = attention_dims(model)
-    heads = nh // tp if nh % tp == 0 else nh / tp
-    if model.mla is not None:
-        m = model.mla
-        gemms = []
-        if m.q_lora_rank:
-            gemms.append(Gemm(tokens, m.q_lora_rank, h))  # down-projection, replicated across TP
-            gemms.append(Gemm(tokens, int(heads * qk_dim), m.q_lora_rank))
-        else:
-            gemms.append(Gemm(tokens, int(heads * qk_dim), h))
-        gemms.append(Gemm(tokens, m.kv_lora_rank + m.qk_rope_head_dim, h))
-        gemms.append(Gemm(tokens, int(heads * (m.qk_nope_head_dim + v_dim)), m.kv_lora_rank))
-        gemms.append(Gemm(tokens, h, int(heads * v_dim)))
-        return gemms
-    kv = max(model.kv_heads // tp, 1)  # KV heads replicate when TP exceeds them
-    return [
-        Gemm(tokens, int((heads + 2 * kv) * qk_dim), h),
-        Gemm(tokens, h, int(heads * v_dim)),
-    ]
-
-
-def mlp_gemms(model: ModelSpec, tokens: int, ffn: int, shards: int, count: int = 1) -> list[Gemm]:
-    h = model.hidden_size
-    f = max(ffn // shards, 1)
-    up = Gemm(tokens, f * (model.mlp.num_matrices - 1), h, count)
-    down = Gemm(tokens, h, f, count)
-    return [up, down]
-
-
-def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: ParallelDims) -> list[Gemm]:
-    """Forward GEMMs one GPU runs for one layer, `tokens` being the micro-batch tokens of its
-    context-parallel shard (b * s / cp). Expert GEMMs assume balanced routing."""
-    tp = dims.tp
-    match kind:
-        case LayerKind.EMBEDDING:
-            return []
-        case LayerKind.OUTPUT:
-            return [Gemm(tokens, -(-model.vocab_size // tp), model.hidden_size)]
-        case LayerKind.DENSE:
-            return attention_gemms(model, tokens, tp) + mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
-        case LayerKind.MOE:
-            assert model.moe is not None
-            moe = model.moe
-            gemms = attention_gemms(model, tokens, tp)
-            gemms.append(Gemm(tokens, moe.num_experts, model.hidden_size, fp8_capable=False))
-            if moe.shared_expert_ffn_hidden_size:
-                gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
-            # Token-expert pairs per GPU: every attention group (TP x CP GPUs) routes its b*s tokens to
-            # top_k experts, and the same GPUs host the experts (MoE folding), so each GPU runs
-            # tokens * top_k / TP pairs, times ETP because an ETP group shares each pair (each member
-            # with 1/ETP of the expert FFN). EP only decides how many experts those pairs spread over.
-            routed = max(1, round(tokens * moe.top_k * dims.expert_tp / tp))
-            experts_local = max(moe.num_experts // dims.ep, 1)
-            per_expert = max(1, routed // experts_local)
-            gemms += mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
-            return gemms
-    raise AssertionError(kind)
-
-
-def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int) -> LayerFlops:
-    """Forward model FLOPs of a whole layer (all ranks together) for `tokens` tokens of sequences
-    of length `seq_len` (attention is quadratic within a sequence)."""
-    single = ParallelDims()
-    linear = sum(g.flops for g in layer_gemms(model, kind, tokens=tokens, dims=single))
-    attention = 0.0
-    if kind in (LayerKind.DENSE, LayerKind.MOE):
-        qk_dim, v_dim = attention_dims(model)
-        attention = 2.0 * tokens * seq_len * model.num_attention_heads * (qk_dim + v_dim)
-    return LayerFlops(linear=linear, attention=attention)
-
-
-@lru_cache(maxsize=4096)
-def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
-    """Model FLOPs of one training step (forward + backward, no recomputation)."""
-    tokens = seq_len * global_batch_size
-    fwd = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).total for k in model.layer_kinds)
-    return 3.0 * (fwd + mtp_forward_flops(model, tokens=tokens, seq_len=seq_len))
-
-
-def causal_model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int) -> float:
-    """*Useful* FLOPs of one training step: `model_flops_per_step` with the attention core (QK^T
-    scores and the AV product, 2 x 2 s^2 d per head and sequence forward) counted over the causal
-    half of the s x s square, the work a causal decoder cannot skip. This is the convention of
-    Megatron-Core's logged TFLOP/s since 2025 and of the physical-sanity check: non-causal model
-    FLOPs grow with context by work nobody does."""
-    tokens = seq_len * global_batch_size
-    attn = sum(layer_flops(model, k, tokens=tokens, seq_len=seq_len).attention for k in model.layer_kinds)
-    if model.mtp_num_layers:
-        mtp = layer_flops(model, model.mtp_layer_kind, tokens=tokens, seq_len=seq_len)
-        attn += model.mtp_num_layers * mtp.attention
-    return model_flops_per_step(model, seq_len=seq_len, global_batch_size=global_batch_size) - 3.0 * 0.5 * attn
-
-
-def mtp_forward_flops(model: ModelSpec, *, tokens: int, seq_len: int) -> float:
-    """Forward FLOPs of the MTP modules (Megatron's num_floating_point_operations counts them too):
-    per module one decoder layer like the last, the 2h -> h projection and the shared output head."""
-    if not model.mtp_num_layers:
-        return 0.0
-    h = model.hidden_size
-    per = (
-        layer_flops(model, model.mtp_layer_kind, tokens=tokens, seq_len=seq_len).total
-        + layer_flops(model, LayerKind.OUTPUT, tokens=tokens, seq_len=seq_len).total
-        + 2.0 * tokens * 2 * h * h
-    )
-    return model.mtp_num_layers * per
 
 
 # --------------------------------------------------------------------------- time

@@ -1,4 +1,5 @@
-"""MoE token dispatch in Megatron-Core training, priced on the links each byte crosses.
+"""MoE token dispatch in Megatron-Core training: the volumes each dispatcher moves and where routing
+sends them; the collectives themselves are priced in `autoshard.costmodel.comm`.
 
 Per MoE layer and micro-batch, every GPU holds T tokens after attention (b*s/CP, divided by TP with
 sequence parallelism), each routed to top_k of E experts spread over an EP group of n ranks
@@ -27,7 +28,13 @@ from __future__ import annotations
 
 import math
 
-from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link
+from autoshard.costmodel.comm import (
+    Collective,
+    collective_time_s,
+    group_link,
+    hierarchical_all_to_all_s,
+    split_all_to_all_s,
+)
 from autoshard.parallel import MoeDispatcher
 from autoshard.specs.cluster import PoolSpec
 
@@ -57,24 +64,6 @@ def imbalance_factor(ep: int, pairs_per_rank: float) -> float:
     return 1.0 + math.sqrt(2.0 * math.log(ep) / pairs_per_rank)
 
 
-def _nic(pool: PoolSpec) -> Link:
-    eff = pool.gpu.efficiency
-    return Link(pool.node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
-
-
-def _nvlink(pool: PoolSpec) -> Link:
-    return group_link(pool, ranks=1)
-
-
-def _split_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) -> float:
-    """One all-to-all of `size` bytes per rank: intra-domain part over NVLink, the rest over the NIC."""
-    nvl, nic = _nvlink(pool), _nic(pool)
-    local = (per_domain - 1) / ranks * size / nvl.bytes_per_s
-    remote = (ranks - per_domain) / ranks * size / nic.bytes_per_s
-    lat = nvl.latency_s if ranks <= per_domain else nic.latency_s
-    return max(local, remote) + math.ceil(math.log2(ranks)) * lat
-
-
 def dispatch_time_s(
     dispatcher: MoeDispatcher, *, tokens: float, hidden: int, top_k: int, num_experts: int, ep: int, etp: int,
     pool: PoolSpec,
@@ -98,11 +87,9 @@ def dispatch_time_s(
         if dispatcher is MoeDispatcher.FLEX and ep > per_domain:
             domains = ep // per_domain
             remote = tokens * remote_domains_per_token(num_experts, top_k, domains) * hidden * BF16
-            nvl_s = (per_domain - 1) / per_domain * pairs_bytes / _nvlink(pool).bytes_per_s
-            nic = _nic(pool)
-            one = max(nvl_s, remote / nic.bytes_per_s) + math.ceil(math.log2(ep)) * nic.latency_s
+            one = hierarchical_all_to_all_s(pairs_bytes, remote, ep, per_domain, pool)
         else:
-            one = _split_all_to_all_s(pairs_bytes, ep, per_domain, pool)
+            one = split_all_to_all_s(pairs_bytes, ep, per_domain, pool)
         t += 2 * one
     if etp > 1:
         # Expert tensor parallelism: the ETP group all-gathers its members' pairs and reduce-scatters

@@ -1,10 +1,13 @@
 """The result of serving planning: degrees and engine settings, predictions, the solver certificate
-and launch commands, with the `autoshard.plans.train/v1` JSON form in mode "serve".
+and launch commands, with the `autoshard.plan/v1` JSON form in mode "serve".
 
 Degrees follow vLLM: an engine is TP x PP GPUs; `dp` counts data-parallel ranks. Without expert
 parallelism every DP rank is an independent replica of the engine. With it (vLLM
 `--enable-expert-parallel`) the MoE layers are sharded over all TP x DP ranks, EP = TP x DP, and the
 DP ranks form one engine that steps in lock-step (attention data parallelism).
+
+Status, certificate and the JSON envelope are shared with training plans (`autoshard.plans.base`); the
+prefill/decode roles of a disaggregated plan are in `autoshard.plans.disagg` (re-exported here).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.compute import layer_flops
-from autoshard.costmodel.serve.disagg import KvTransfer
 from autoshard.costmodel.serve.step import (
     LatencyQuantiles,
     ServePrediction,
@@ -25,7 +27,8 @@ from autoshard.costmodel.serve.step import (
     latency_at_rate,
     pp_layer_split,
 )
-from autoshard.plans.train import SCHEMA, SolverStats, SolveStatus
+from autoshard.plans.base import PlanBase, SolverStats
+from autoshard.plans.disagg import Disaggregation, Role
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import Checkpoint, LayerKind, ModelSpec
@@ -42,85 +45,9 @@ def model_path(model: ModelSpec) -> str:
     return match.group(1) if match else model.name
 
 
-@dataclass(frozen=True, slots=True)
-class Role:
-    """One role of a disaggregated deployment: `instances` identical engines doing only prefill or
-    only decode. Degrees per instance, vLLM naming (EP = TP x attention DP with expert parallelism)."""
-
-    role: str
-    """"prefill" or "decode"."""
-    instances: int
-    tp: int
-    pp: int
-    ep: int
-    attention_dp: int
-    max_num_seqs: int
-    """Running requests per attention-DP rank (vLLM --max-num-seqs)."""
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
-    prediction: ServePrediction
-    """One instance (for prefill: `decode` holds one full prefill step, `prefill` one prompt alone)."""
-    requests_per_s: float
-    """What one instance sustains at full load."""
-    utilization: float
-    """Planned load / capacity of the role."""
-    pool_index: int = 0
-    """The cluster pool its instances run on (roles may use different GPU types)."""
-
-    @property
-    def gpus_per_instance(self) -> int:
-        return self.tp * self.pp * self.attention_dp
-
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_instance * self.instances
-
-    @property
-    def max_batch(self) -> int:
-        """Running requests per instance (all attention-DP ranks)."""
-        return self.max_num_seqs * self.attention_dp
-
-    def label(self) -> str:
-        ep = f" EP{self.ep} (attention DP{self.attention_dp})" if self.ep > 1 else ""
-        return f"{self.instances} x {self.role} TP{self.tp} PP{self.pp}{ep}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "instances": self.instances,
-            "tp": self.tp,
-            "pp": self.pp,
-            "ep": self.ep,
-            "attention_dp": self.attention_dp,
-            "gpus": self.gpus,
-            "gpus_per_instance": self.gpus_per_instance,
-            "max_batch": self.max_batch,
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "requests_per_s_per_instance": self.requests_per_s,
-            "utilization": self.utilization,
-            "memory_gib_peak": self.prediction.memory.used_bytes / GIB,
-            "kv_cache_tokens": self.prediction.memory.kv_cache_tokens,
-            "pool_index": self.pool_index,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class Disaggregation:
-    """Deployment-level figures of an xPyD plan."""
-
-    throughput_tokens_per_s: float
-    """Output tokens/s the deployment serves (the decode instances at their planned batch)."""
-    ttft_s: float
-    """Mean TTFT at the planned load: prefill queue + prompt + KV transfer + first decode step."""
-    transfer: KvTransfer
-    ttft_p90_s: float | None = None
-    """90th percentile TTFT (the queue wait's tail; the rest deterministic)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServePlan:
+class ServePlan(PlanBase):
     model: ModelSpec
     cluster: ClusterSpec
     job: ServeJob
@@ -263,13 +190,6 @@ class ServePlan:
     def with_launch(self, launch: dict[str, str]) -> ServePlan:
         return dataclasses.replace(self, launch=dict(launch))
 
-    def status(self) -> SolveStatus:
-        if self.solver.status == "OPTIMAL":
-            return SolveStatus.OPTIMAL
-        if self.solver.status == "EVALUATED":
-            return SolveStatus.EVALUATED
-        return SolveStatus.FEASIBLE
-
     def describe(self) -> str:
         if self.roles:
             p, d = self.role("prefill"), self.role("decode")
@@ -290,18 +210,7 @@ class ServePlan:
     # ------------------------------------------------------------------ JSON
     def _disagg_json(self) -> dict[str, Any]:
         d = self.disaggregation
-        if d is None:
-            return {}
-        t = d.transfer
-        pools = {r.pool_index for r in self.roles}
-        return {
-            "kv_transfer_s": t.seconds,
-            "kv_transfer_bytes_per_request": t.bytes_per_request,
-            "kv_transfer_link": t.link if len(pools) == 1 else "inter-pool",
-            "prefill_utilization": self.role("prefill").utilization,
-            "ttft_p90_s": d.ttft_p90_s,
-            "tpot_p90_s": self.prediction.tpot_s,  # decode-only steps: no prefill chunk makes a slow one
-        }
+        return {} if d is None else d.to_json(self.roles, self.prediction.tpot_s)
 
     def _stages(self) -> list[dict[str, Any]]:
         names = self.model.layer_names
@@ -380,125 +289,107 @@ class ServePlan:
             }
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def _plan_json(self) -> dict[str, Any]:
+        p = self.prediction
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "cp": 1,
+            "ep": self.ep,
+            "etp": 1 if self.expert_parallel else self.tp,
+            "vpp": 1,
+            "micro_batch_size": -(-p.concurrency // self.pp),
+            "global_batch_size": p.concurrency * self.dp,
+            "num_microbatches": self.pp,
+            "sequence_parallel": False,
+            "recompute": "none",
+            "recompute_num_layers": 0,
+            "zero_stage": 0,
+            "seq_len": self.max_model_len,
+            "precision": self.job.weight_dtype.value,
+            "stages": self._stages(),
+            "replicas": self.replicas,
+            "expert_parallel": self.expert_parallel,
+            "attention_dp": self.dp_attention,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "weight_dtype": self.job.weight_dtype.value,
+            "kv_cache_dtype": self.job.kv_cache_dtype.value,
+            "concurrency_per_dp_rank": p.concurrency,
+            "pool": self.pool.name,
+            "unused_gpus": self.cluster.num_gpus - self.num_gpus,
+            "disaggregated": self.disaggregated,
+            "deployment_choice": self.choice,
+            **({"roles": [{**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles]}
+               if self.roles else {}),
+        }
+
+    def _predicted_json(self) -> dict[str, Any]:
         p, mem, step = self.prediction, self.prediction.memory, self.prediction.decode
         tflops = self._model_flops_per_output_token() * self.tokens_per_s_per_gpu / 1e12
-        status = self.status()
         per_stage = [
             (w + mem.activation_bytes + mem.overhead_bytes + max(mem.kv_cache_bytes, 0.0)) / GIB
             for w in mem.stage_weights_bytes
         ]
         return {
-            "schema": SCHEMA,
-            "status": "optimal" if status is SolveStatus.OPTIMAL else "feasible",
-            "mode": self.mode,
-            "model": self.model.name,
-            "cluster": self.cluster.name,
-            "num_gpus": self.num_gpus,
-            "plan": {
-                "tp": self.tp,
-                "pp": self.pp,
-                "dp": self.dp,
-                "cp": 1,
-                "ep": self.ep,
-                "etp": 1 if self.expert_parallel else self.tp,
-                "vpp": 1,
-                "micro_batch_size": -(-p.concurrency // self.pp),
-                "global_batch_size": p.concurrency * self.dp,
-                "num_microbatches": self.pp,
-                "sequence_parallel": False,
-                "recompute": "none",
-                "recompute_num_layers": 0,
-                "zero_stage": 0,
-                "seq_len": self.max_model_len,
-                "precision": self.job.weight_dtype.value,
-                "stages": self._stages(),
-                "replicas": self.replicas,
-                "expert_parallel": self.expert_parallel,
-                "attention_dp": self.dp_attention,
-                "gpu_memory_utilization": self.gpu_memory_utilization,
-                "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens,
-                "max_model_len": self.max_model_len,
-                "weight_dtype": self.job.weight_dtype.value,
-                "kv_cache_dtype": self.job.kv_cache_dtype.value,
-                "concurrency_per_dp_rank": p.concurrency,
-                "pool": self.pool.name,
-                "unused_gpus": self.cluster.num_gpus - self.num_gpus,
-                "disaggregated": self.disaggregated,
-                "deployment_choice": self.choice,
-                **(
-                    {
-                        "roles": [
-                            {**r.to_json(), "pool": self.cluster.pools[r.pool_index].name} for r in self.roles
-                        ]
-                    }
-                    if self.roles
-                    else {}
-                ),
+            "step_time_s": p.tpot_s,
+            "tokens_per_s": self.throughput_tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "tflops_per_gpu": tflops,
+            "hw_tflops_per_gpu": tflops,
+            "mfu": tflops / self._peak_tflops(),
+            "time_breakdown_s": {  # the training keys first (zero where serving has no such term)
+                "compute": step.compute_s, "tp_comm": step.tp_comm_s, "cp_comm": 0.0,
+                "ep_comm": step.ep_comm_s, "pp_comm": step.pp_comm_s, "dp_comm_exposed": 0.0, "bubble": 0.0,
+                "optimizer": 0.0,
+                "gemm": step.gemm_s, "attention": step.attention_s, "elementwise": step.elementwise_s,
+                "logits": step.logits_s, "host": step.host_s,
             },
-            "predicted": {
-                "step_time_s": p.tpot_s,
-                "tokens_per_s": self.throughput_tokens_per_s,
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "tflops_per_gpu": tflops,
-                "hw_tflops_per_gpu": tflops,
-                "mfu": tflops / self._peak_tflops(),
-                "time_breakdown_s": {
-                    "compute": step.compute_s,
-                    "tp_comm": step.tp_comm_s,
-                    "cp_comm": 0.0,
-                    "ep_comm": step.ep_comm_s,
-                    "pp_comm": step.pp_comm_s,
-                    "dp_comm_exposed": 0.0,
-                    "bubble": 0.0,
+            "memory_gib": {
+                "peak": mem.used_bytes / GIB,
+                "capacity": mem.capacity_bytes / GIB,
+                "per_stage": per_stage,
+                "fits": mem.fits,
+                "breakdown": {
+                    "weights": mem.weights_bytes / GIB,
+                    "grads": 0.0,
                     "optimizer": 0.0,
-                    "gemm": step.gemm_s,
-                    "attention": step.attention_s,
-                    "elementwise": step.elementwise_s,
-                    "logits": step.logits_s,
-                    "host": step.host_s,
-                },
-                "memory_gib": {
-                    "peak": mem.used_bytes / GIB,
-                    "capacity": mem.capacity_bytes / GIB,
-                    "per_stage": per_stage,
-                    "fits": mem.fits,
-                    "breakdown": {
-                        "weights": mem.weights_bytes / GIB,
-                        "grads": 0.0,
-                        "optimizer": 0.0,
-                        "activations": mem.activation_bytes / GIB,
-                        "kv_cache": max(mem.kv_cache_bytes, 0.0) / GIB,
-                        "overhead": mem.overhead_bytes / GIB,
-                    },
-                },
-                "band": band_of(self).to_json(),
-                "serve": {
-                    "throughput_tokens_per_s": self.throughput_tokens_per_s,
-                    "ttft_s": self.ttft_s,
-                    "tpot_s": p.tpot_s,
-                    "max_concurrency": mem.max_concurrency,
-                    "kv_cache_gib": max(mem.kv_cache_bytes, 0.0) / GIB,
-                    "max_model_len": self.max_model_len,
-                    "kv_cache_tokens": mem.kv_cache_tokens,
-                    "concurrency": self.running_requests,
-                    "requests_per_s": self.throughput_tokens_per_s / self.job.output_len,
-                    "throughput_per_engine_tokens_per_s": p.throughput_tokens_per_s,
-                    "prefill_s": p.prefill.total_s,
-                    "input_len": self.job.input_len,
-                    "output_len": self.job.output_len,
-                    "ttft_target_s": self.job.ttft_target_s,
-                    "tpot_target_s": self.job.tpot_target_s,
-                    "request_rate": self.job.request_rate,
-                    "meets_targets": self.meets_targets(),
-                    "ttft_p90_s": p.ttft_p90_s,
-                    "tpot_p90_s": p.tpot_p90_s,
-                    **self._at_request_rate(),
-                    **self._disagg_json(),
+                    "activations": mem.activation_bytes / GIB,
+                    "kv_cache": max(mem.kv_cache_bytes, 0.0) / GIB,
+                    "overhead": mem.overhead_bytes / GIB,
                 },
             },
-            "launch": dict(self.launch),
-            "warnings": list(self.warnings),
-            "solver": {**self.solver.to_json(), "objective_unit": self.objective_unit},
+            "band": band_of(self).to_json(),
+            "serve": {
+                "throughput_tokens_per_s": self.throughput_tokens_per_s,
+                "ttft_s": self.ttft_s,
+                "tpot_s": p.tpot_s,
+                "max_concurrency": mem.max_concurrency,
+                "kv_cache_gib": max(mem.kv_cache_bytes, 0.0) / GIB,
+                "max_model_len": self.max_model_len,
+                "kv_cache_tokens": mem.kv_cache_tokens,
+                "concurrency": self.running_requests,
+                "requests_per_s": self.throughput_tokens_per_s / self.job.output_len,
+                "throughput_per_engine_tokens_per_s": p.throughput_tokens_per_s,
+                "prefill_s": p.prefill.total_s,
+                "input_len": self.job.input_len,
+                "output_len": self.job.output_len,
+                "ttft_target_s": self.job.ttft_target_s,
+                "tpot_target_s": self.job.tpot_target_s,
+                "request_rate": self.job.request_rate,
+                "meets_targets": self.meets_targets(),
+                "ttft_p90_s": p.ttft_p90_s,
+                "tpot_p90_s": p.tpot_p90_s,
+                **self._at_request_rate(),
+                **self._disagg_json(),
+            },
         }
+
+    def _extra_json(self) -> dict[str, Any]:
+        return {"warnings": list(self.warnings)}
+
+    def _solver_json(self) -> dict[str, Any]:
+        return {**self.solver.to_json(), "objective_unit": self.objective_unit}

@@ -14,9 +14,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from autoshard.errors import SpecError
-from autoshard.specs.base import NAME_PATTERN
 from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.hf import model_from_hf_config
 from autoshard.specs.model import ModelSpec
+from autoshard.specs.validation import format_validation_error
+from autoshard.specs.validation import short as _short
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
@@ -164,10 +166,6 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     )
 
 
-def _short(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def read_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold a mapping (YAML 1.2 scalars, no duplicate keys, at most
     MAX_FILE_BYTES and MAX_DEPTH levels)."""
@@ -205,59 +203,6 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif str(item).startswith(("function-", "tagged-union")):
-            continue
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts)
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tuple[str, str]:
-    """(field, message) for the first error, phrased with the fix."""
-    errors = exc.errors(include_url=False)
-    # a misspelt required field shows up as "missing" plus "extra": report the misspelling
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    field = _loc(err["loc"])
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = model
-        for part in err["loc"][:-1]:
-            info = getattr(parent, "model_fields", {}).get(part) if isinstance(part, str) else None
-            ann = getattr(info, "annotation", None) if info else None
-            inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-            if inner:
-                parent = inner[0]
-        allowed = sorted(getattr(parent, "model_fields", {}))
-        close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return field, f"unknown field; {hint}allowed fields here: {', '.join(allowed)}"
-    if kind == "missing":
-        return field, "required field is missing: add it"
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    if kind in ("greater_than", "greater_than_equal"):
-        bound = (err.get("ctx") or {}).get("gt", (err.get("ctx") or {}).get("ge"))
-        msg += f" (got {_short(repr(err.get('input')), 60)})" + (": sizes must be positive" if bound == 0 else "")
-    elif kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type",
-                  "int_from_float", "enum", "literal_error", "string_type", "list_type", "model_type",
-                  "dict_type", "less_than_equal", "less_than", "finite_number", "string_pattern_mismatch",
-                  "string_too_long", "too_long"):
-        msg += f" (got {_short(repr(err.get('input')), 60)})"
-    if kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:
-        msg = f"must be one line of printable text, without control characters (got {_short(repr(err.get('input')), 60)})"
-    elif kind == "finite_number":
-        msg += ": NaN and infinities are not sizes, write a finite number"
-    if not field:
-        field = "(top level)"
-    return field, msg
-
-
 def validate(model: type[T], data: dict[str, Any], *, source: str) -> T:
     try:
         return model.model_validate(data)
@@ -281,8 +226,6 @@ def load_model(ref: str | Path) -> ModelSpec:
     path = _resolve(ref, "models")
     data = read_mapping(path)
     if _is_hf_config(path, data):
-        from autoshard.specs.hf import model_from_hf_config
-
         return model_from_hf_config(data, source=str(path))
     data.setdefault("name", path.stem)
     return validate(ModelSpec, data, source=str(path))

@@ -19,7 +19,7 @@ __all__ = [
     "fastest_within_budget", "money", "where", "train_ranges", "likely",
 ]
 
-SCHEMA = "autoshard.study.run/v1"
+SCHEMA = "autoshard.study/v1"
 SECONDS_PER_DAY = 86_400.0
 
 

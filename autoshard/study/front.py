@@ -5,6 +5,7 @@ each TPOT SLA cuts each front."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["ClusterFront", "serve_fronts", "render_fronts", "fronts_json", "write_fronts_png"]
+__all__ = ["ClusterFront", "serve_fronts", "serve_study_fronts", "render_fronts", "fronts_json", "write_fronts_png"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,28 @@ def serve_fronts(
                 out.append(ClusterFront(key, n, prices.get(key), front))
             break
     return out
+
+
+def serve_study_fronts(model: str, clusters: list[str], sizes: list[int], *, prices: dict[str, float] | None,
+                       precision: str | None, request_rate: float | None, tpot_ms: float | None,
+                       ttft_s: float | None) -> tuple[list[ClusterFront], list[Callable[[Path], Path]]]:
+    """`study --mode serve`'s fronts (the study's own serving job and prices) and the writers that add
+    their PNG to the study's output set (none when no cluster has a front)."""
+    from autoshard.specs import load_model
+    from autoshard.study.run import _load_clusters, _prices, _serve_job
+
+    model_spec = load_model(model)
+    serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
+    specs = _load_clusters(clusters)
+    fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})))
+    if not fronts:
+        return fronts, []
+
+    def front_png(directory: Path) -> Path:
+        return write_fronts_png(fronts, directory / "serve_front.png", tpot_target_s=serve.tpot_target_s,
+                                title=f"{model_spec.name}: {serve.input_len} in / {serve.output_len} out")
+
+    return fronts, [front_png]
 
 
 def _cuts(cf: ClusterFront, tpot_target_s: float | None) -> list[tuple[float, Any]]:

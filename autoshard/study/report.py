@@ -16,7 +16,7 @@ from rich.text import Text
 
 from autoshard.report.fit import table as fit_table
 
-from autoshard.study.run import Row, ServeRow, StudyResult, TrainRow, money
+from autoshard.study.costs import Row, ServeRow, StudyResult, TrainRow, money
 
 __all__ = ["render_study", "table_rows", "write_outputs", "write_csv", "write_json", "write_markdown",
            "write_pareto_png"]

@@ -6,21 +6,21 @@ budget, the Pareto front of time vs cost).
     result = run_study("llama-3.1-70b", ["dgx-h100", "dgx-b200"], [512, 1024], tokens=15e12)
     print(result.answers[0].text)
 
-Solves run through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve.solve_serve`) in
-worker processes, one CP-SAT worker each; the specs are loaded and validated once in the parent and
-handed to every worker when it starts (`autoshard.study.runner`). Rows, cost arithmetic and answers
-live in `autoshard.study.costs`, re-exported here; rendering lives in `autoshard.study.report`.
+Solves run through the search layer (`autoshard.search.train.solve.solve_train`,
+`autoshard.search.serve.solve.solve_serve`) in worker processes, one CP-SAT worker each; the specs are
+loaded and validated once in the parent and handed to every worker when it starts
+(`autoshard.study.runner`). Rows, cost arithmetic and answers live in `autoshard.study.costs`,
+re-exported here; rendering lives in `autoshard.study.report`, the output set on disk in
+`autoshard.study.files` (re-exported here), the serving fronts in `autoshard.study.front`. The study
+never imports `autoshard.api`: `autoshard.api.study` is its public entry.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from autoshard.errors import InfeasibleError, SpecError
@@ -47,12 +47,13 @@ from autoshard.study.costs import (
     train_costs,
     train_ranges,
 )
+from autoshard.study.files import STUDY_FILES, check_out_dir, write_study_set
 from autoshard.study.runner import ProgressFn, _gpu_names, _run_tasks, _sized
 
 __all__ = [
     "SCHEMA", "STUDY_RELATIVE_GAP", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
     "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline", "fastest_within_budget",
-    "money", "ProgressFn", "run_study", "run_study_cli",
+    "money", "ProgressFn", "run_study", "STUDY_FILES", "check_out_dir", "write_study_set",
 ]
 
 MAX_STUDY_SIZES = 64
@@ -60,9 +61,6 @@ MAX_STUDY_CLUSTERS = 16
 """A study solves every (cluster, size): at most 16 x 64 solves, each up to --time-limit."""
 MAX_PRICE = 10_000.0
 """Dollars per GPU-hour a --price may say (list prices are a few dollars)."""
-STUDY_FILES = ("study.csv", "study.md", "pareto.png", "study.json")
-"""The set `--out` holds, in the order it is moved into place: study.json last, so a set without it is
-not a complete study."""
 
 STUDY_RELATIVE_GAP = 0.01
 """CP-SAT stops once the plan is proven within 1 % of the best possible step time: far below the cost
@@ -126,8 +124,8 @@ def run_study(
 ) -> StudyResult:
     """Solve every (cluster, size) and assemble the study. Raises SpecError for bad input and
     InfeasibleError when no size of any cluster can run the job."""
-    from autoshard.api import train_job
     from autoshard.specs import load_model
+    from autoshard.specs.prepare import train_job
 
     start = time.perf_counter()
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)
@@ -323,135 +321,3 @@ def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict
     out.append(f"Each plan is the solver's best within {result.inputs['time_limit_s']:g} s and a "
                f"{result.inputs['relative_gap']:.0%} optimality gap, one CP-SAT worker per size.")
     return out
-
-
-# ----------------------------------------------------------------------------- output set
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Refuse an --out that cannot receive the study before any solving starts."""
-    where = str(out_dir)[:200]
-    try:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise SpecError(f"{where} is a file: --out takes a directory for {', '.join(STUDY_FILES)}", source="--out")
-        existing = out_dir
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir():
-            raise SpecError(f"{existing} is a file, so {where} cannot be created: choose another directory",
-                            source="--out")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise SpecError(f"{existing} is not writable: choose a directory you can write to", source="--out")
-    except OSError as exc:
-        raise SpecError(f"cannot use {where}: {exc.strerror}: choose another directory", source="--out") from None
-
-
-def write_study_set(result: StudyResult, out_dir: Path, extra: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
-    """Write study.csv, study.md, pareto.png and study.json as one set: all of them go to a temporary
-    directory beside `out_dir` first. A new (or empty) `out_dir` is then that directory renamed, in one
-    step; into an existing one the files are moved one by one with study.json, the marker of a complete
-    set, removed first and moved last. An interruption leaves either no new set or one without its
-    study.json, never one that looks complete. `extra` writers add files (e.g. serving fronts) to the set."""
-    from autoshard.study.report import write_outputs
-
-    check_out_dir(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        written = {p.name for p in write_outputs(result, tmp)}
-        assert written == set(STUDY_FILES), written
-        names = [*(write(tmp).name for write in extra), *STUDY_FILES]
-        if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
-            os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
-        else:
-            (out_dir / "study.json").unlink(missing_ok=True)
-            for name in names:  # study.json last
-                os.replace(tmp / name, out_dir / name)
-    except OSError as exc:
-        raise SpecError(f"cannot write the study to {str(out_dir)[:200]}: {exc.strerror}", source="--out") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return [out_dir / name for name in names]
-
-
-# ----------------------------------------------------------------------------- CLI entry
-
-
-def run_study_cli(*, model: str, clusters: list[str], sizes: list[int], tokens: float | None,
-                  deadline_days: float | None, budget_usd: float | None, prices: dict[str, float], mode: str,
-                  seq_len: int | None, global_batch_size: int | None, precision: str | None, out_dir: Path | None,
-                  json_out: bool, time_limit: float, jobs: int, request_rate: float | None, console: Any, err: Any,
-                  tpot_ms: float | None = None, ttft_s: float | None = None) -> StudyResult:
-    """`autoshard study`: solve with a progress bar on `err`, print the answers and the table on
-    `console` (or one JSON object with `json_out`), and write the report files under `out_dir`."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from autoshard.study.report import render_study
-
-    if out_dir is not None:
-        check_out_dir(out_dir)
-    bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=err, transient=True,
-                   disable=json_out or not err.is_terminal)
-    task = bar.add_task("", total=None)
-
-    def progress(done: int, total: int, label: str) -> None:
-        bar.update(task, completed=done, total=total, description=f"last: {label}" if label else "")
-        if done == 0:
-            bar.start()  # its refresh thread starts after the worker processes are forked
-
-    try:
-        result = run_study(model, clusters, sizes, mode=mode, tokens=tokens, deadline_days=deadline_days,
-                           budget_usd=budget_usd, prices=prices, seq_len=seq_len, global_batch_size=global_batch_size,
-                           precision=precision, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
-                           time_limit_s=time_limit, jobs=jobs, progress=progress)
-    except KeyboardInterrupt:
-        bar.stop()
-        where = f"; nothing was written to {out_dir}" if out_dir is not None else ""
-        err.print(f"study interrupted before it finished{where}", highlight=False, markup=False)
-        raise SystemExit(130) from None
-    finally:
-        bar.stop()
-    fronts = None
-    extra = []
-    if mode == "serve":
-        from autoshard.specs import load_model
-        from autoshard.study.front import serve_fronts, write_fronts_png
-
-        model_spec = load_model(model)
-        serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
-        specs = _load_clusters(clusters)
-        fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})))
-        if fronts:
-            def _front_png(directory: Path) -> Path:
-                return write_fronts_png(fronts, directory / "serve_front.png", tpot_target_s=serve.tpot_target_s,
-                                        title=f"{model_spec.name}: {serve.input_len} in / {serve.output_len} out")
-
-            extra.append(_front_png)
-    try:
-        written = write_study_set(result, out_dir, extra=extra) if out_dir is not None else []
-    except KeyboardInterrupt:
-        err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
-                  markup=False)
-        raise SystemExit(130) from None
-    if json_out:
-        import json
-
-        obj = result.to_json()
-        if fronts is not None:
-            from autoshard.study.front import fronts_json
-
-            obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
-        if written:
-            obj["files"] = [str(p) for p in written]
-        console.file.write(json.dumps(obj, indent=2) + "\n")
-        console.file.flush()
-    else:
-        render_study(result, console)
-        if fronts:
-            from autoshard.study.front import render_fronts
-
-            render_fronts(fronts, console, tpot_ms / 1e3 if tpot_ms else None)
-        for path in written:
-            err.print(f"wrote {path}", highlight=False, markup=False)
-    return result

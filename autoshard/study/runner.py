@@ -1,5 +1,5 @@
 """The solving side of a cost study: worker processes, one CP-SAT worker each, solve one (cluster, GPU
-count) through the public API (`autoshard.api.solve`, `autoshard.search.serve.solve.solve_serve`) and return
+count) through the search layer (`solve_train`, `autoshard.search.serve.solve.solve_serve`) and return
 the figures of its best plan. The specs are loaded and validated once in the parent and handed to every
 worker when it starts. `autoshard.study.run` assembles the results.
 """
@@ -46,9 +46,9 @@ def _plan_summary(plan: Any) -> str:
 
 def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
-    from autoshard.api import solve
     from autoshard.costmodel.bands import band_of, sanity_for
-    from autoshard.search.train.solve import SolverOptions
+    from autoshard.search.train.solve import SolverOptions, solve_train
+    from autoshard.specs.prepare import check_precision
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]
     cluster = _sized(spec, num_gpus)
@@ -67,7 +67,8 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
             }, None
         options = SolverOptions(num_workers=1, time_limit_s=_WORKER["time_limit_s"],
                                 relative_gap=_WORKER["relative_gap"])
-        plan = solve(model, cluster, job, options=options)[0]
+        check_precision(cluster, job.precision)
+        plan = solve_train(model, cluster, job, options=options)[0]  # band_of: the band api.solve would attach
     except AutoshardError as exc:
         return key, num_gpus, None, str(exc)
     cfg, pred = plan.config, plan.prediction

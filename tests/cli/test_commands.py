@@ -1,6 +1,6 @@
 """Smoke and contract tests of every `autoshard` command.
 
-The JSON contract is the `autoshard.plans.train/v1` schema of ARCHITECTURE.md: fields may be added, none
+The JSON contract is the `autoshard.plan/v1` schema of ARCHITECTURE.md: fields may be added, none
 renamed or removed. Solves use small models, one CP-SAT worker and a short time limit.
 """
 
@@ -94,7 +94,7 @@ def layouts(plan_json: dict) -> list[list[str]]:
     return [s["layers"] for s in plan_json["plan"]["stages"]]
 
 
-# The autoshard.plans.train/v1 schema (ARCHITECTURE.md): every key must be present; extra keys are allowed.
+# The autoshard.plan/v1 schema (ARCHITECTURE.md): every key must be present; extra keys are allowed.
 SCHEMA: dict = {
     "schema": str, "status": str, "mode": str, "model": str, "cluster": str, "num_gpus": int,
     "plan": {
@@ -140,7 +140,7 @@ def check_schema(obj: object, schema: object, where: str = "") -> None:
 
 def check_train_plan(obj: dict, model: str, cluster: str, num_gpus: int) -> None:
     check_schema(obj, SCHEMA)
-    assert obj["schema"] == "autoshard.plans.train/v1"
+    assert obj["schema"] == "autoshard.plan/v1"
     assert obj["mode"] == "train"
     assert (obj["model"], obj["cluster"], obj["num_gpus"]) == (model, cluster, num_gpus)
     p, pred = obj["plan"], obj["predicted"]

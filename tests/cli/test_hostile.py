@@ -236,7 +236,7 @@ def test_json_stdout_is_exactly_one_object(extra: list[str]) -> None:
     code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--json", *FAST, *extra)
     assert code == 0, stderr
     obj = json.loads(stdout)  # raises on anything else around the object
-    assert obj["schema"].startswith("autoshard.plans.train/")
+    assert obj["schema"].startswith("autoshard.plan/")
     if "--emit" in extra:
         assert stderr.startswith("#!/usr/bin/env bash")  # the script still comes out, on stderr
     if "--verbose" in extra:

@@ -98,7 +98,7 @@ def test_any_input_exits_cleanly(tmp_path: Path, hidden, heads, layers, moe, gpu
     assert "Traceback" not in result.stdout + result.stderr
     if result.exit_code == 0:
         obj = json.loads(result.stdout)  # exactly one object: anything around it fails to parse
-        assert isinstance(obj, dict) and obj["schema"].startswith("autoshard.plans.train/")
+        assert isinstance(obj, dict) and obj["schema"].startswith("autoshard.plan/")
     else:
         assert result.stdout.strip() == "", (argv, result.stdout)
         assert result.stderr.strip(), argv

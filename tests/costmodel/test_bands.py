@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel import bands
+from autoshard.costmodel import bands, sanity
 from autoshard.costmodel.bands import (
     COVERAGE,
     DEFAULT_MEMORY_RATIO,
@@ -319,7 +319,7 @@ def h100_plan():
 
 
 def test_plan_band_is_the_table_ratio_times_the_prediction(h100_plan, table: dict, monkeypatch) -> None:
-    monkeypatch.setattr(bands, "load_mfu_reference", lambda: ())  # no sanity ceiling: the plain band
+    monkeypatch.setattr(sanity, "load_mfu_reference", lambda: ())  # no sanity ceiling: the plain band
     band = band_for(h100_plan, table)
     want = lookup(Kind("hopper", "dense", "bf16", "train"), table)
     pred = h100_plan.prediction
@@ -389,7 +389,7 @@ def test_mixed_generation_plan_falls_back_to_the_mode(h100_plan, table: dict) ->
 
 def test_serve_plan_band(table: dict) -> None:
     from autoshard.search.serve.solve import evaluate_serve
-    from autoshard.serve_api import serve_job_for
+    from autoshard.api import serve_job_for
     from autoshard.specs import load_cluster, load_model
 
     model = load_model("llama-3.1-8b")

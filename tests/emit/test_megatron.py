@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
 from autoshard.emit import megatron_command, megatron_notes, megatron_script, parse_megatron
 from autoshard.emit.megatron import flags as mf
+from autoshard.emit.megatron import flags_retired
 from autoshard.search.train.space import default_fp8_recipe
 from autoshard.emit.megatron.script import pipeline_layout
 from autoshard.emit.megatron.parse import default_stages, model_shape_differences, parse_layout
@@ -997,5 +998,5 @@ def test_flag_table_matches_megatron() -> None:
         "--use-megatron-fsdp",
         "--qk-pos-emb-head-dim",
     } <= mf.ONE_VALUE | mf.NO_VALUE
-    assert REMOVED <= set(mf.REMOVED) and not REMOVED & mf.KNOWN
-    assert "--recompute-activations" in mf.DEPRECATED and "--moe-router-load-balancing-type" in mf.MULTI_VALUE
+    assert REMOVED <= set(flags_retired.REMOVED) and not REMOVED & mf.KNOWN
+    assert "--recompute-activations" in flags_retired.DEPRECATED and "--moe-router-load-balancing-type" in mf.MULTI_VALUE

@@ -1,5 +1,5 @@
 """Every emitted launch command says what its plan says: each command is parsed back (Megatron-LM with
-autoshard.emit.megatron.parse, vLLM with autoshard.emit.serve_parse, SGLang with the reader below, which
+autoshard.emit.megatron.parse, vLLM with autoshard.emit.vllm.parse, SGLang with the reader below, which
 follows SGLang 0.5's GPU accounting: tp_size x pp_size x dp_size per server, attention DP and EP carved
 out of TP) and compared with the plan field by field, for every bundled model, training and serving.
 
@@ -17,13 +17,13 @@ import pytest
 from autoshard.api import evaluate, solve, train_job
 from autoshard.emit.megatron.script import megatron_command, megatron_script
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
-from autoshard.emit.serve_parse import parse_vllm
+from autoshard.emit.vllm.parse import parse_vllm
 from autoshard.emit.sglang import SGLANG_KV_CACHE_DTYPE, mem_fraction_static, sglang_node_commands
 from autoshard.emit.vllm import vllm_node_commands
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.parallel import Recompute
 from autoshard.search.train.solve import SolverOptions
-from autoshard.search.serve.solve import evaluate_serve
+from autoshard.api import evaluate_serve
 from autoshard.search.train.space import SpaceOptions
 from autoshard.specs import bundled_models, load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from autoshard.cli import app
 from autoshard.costmodel.serve.memory import total_weight_bytes
-from autoshard.emit.serve_parse import parse_sglang
+from autoshard.emit.sglang.parse import parse_sglang
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.search.serve.solve import evaluate_serve
-from autoshard.serve_api import serve_job_for
+from autoshard.api import serve_job_for
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype
 

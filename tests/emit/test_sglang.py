@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.emit.sglang import mem_fraction_static, sglang_command, sglang_node_commands
-from autoshard.search.serve.solve import evaluate_serve
+from autoshard.api import evaluate_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
 

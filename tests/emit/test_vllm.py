@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.emit.serve_parse import parse_vllm
+from autoshard.emit.vllm.parse import parse_vllm
 from autoshard.emit.vllm import vllm_command, vllm_node_commands
 from autoshard.errors import SpecError
-from autoshard.search.serve.solve import evaluate_serve
+from autoshard.api import evaluate_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

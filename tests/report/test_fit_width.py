@@ -20,8 +20,8 @@ from autoshard.report.fit import wrap_command
 from autoshard.report.serving import render_serve_plan
 from autoshard.study.report import render_study
 from autoshard.report.terminal import _layer_span, render_clusters, render_models, render_plan
-from autoshard.search.serve.solve import solve_serve
-from autoshard.serve_api import serve_job_for
+from autoshard.api import solve_serve
+from autoshard.api import serve_job_for
 from autoshard.specs import bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.study.run import ServeRow, StudyResult, TrainRow
 from autoshard.study.costs import Answer, Skipped

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from autoshard.report.serving import render_serve_plan
-from autoshard.search.serve.solve import solve_serve
-from autoshard.serve_api import serve_job_for
+from autoshard.api import solve_serve
+from autoshard.api import serve_job_for
 from autoshard.specs import load_cluster, load_model
 from report_fixtures import render, assert_fits  # noqa: F401  (pytest fixtures)
 

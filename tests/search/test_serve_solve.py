@@ -10,13 +10,11 @@ import pytest
 
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.train import SCHEMA
+from autoshard.api import evaluate_serve, evaluate_vllm, solve_serve
 from autoshard.search.serve.solve import (
     TIE_SCALE,
     enumerate_serve,
-    evaluate_serve,
-    evaluate_vllm,
     model_for_path,
-    solve_serve,
     tabulate,
 )
 from autoshard.specs import load_cluster, load_model

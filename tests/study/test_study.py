@@ -149,7 +149,7 @@ def test_study_files(tiny_study, tmp_path):
     assert {x["skipped_reason"] != "" for x in lines if x["status"] == "skipped"} == {True}
     obj = json.loads((tmp_path / "out" / "study.json").read_text())
     assert {"inputs", "rows", "answers", "pareto", "skipped", "assumptions"} <= set(obj)
-    assert obj["schema"] == "autoshard.study.run/v1"
+    assert obj["schema"] == "autoshard.study/v1"
     assert obj["inputs"]["prices_usd_per_gpu_hour"]["fast"] == 2.9
     md = (tmp_path / "out" / "study.md").read_text()
     assert md.index("## Answers") < md.index("## All options") < md.index("## Pareto front")

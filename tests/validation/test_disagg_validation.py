@@ -1,24 +1,59 @@
 """The disaggregation model against the published deployments of disagg_runs.yaml (see
-validate_disagg.py): rows are cited and not from reserved sources, and where the source states no
-workload the measured decode throughput lies inside the range predicted over the assumed ones."""
+validate_disagg.py): rows are cited and not from reserved sources; the published figures of each
+stated-workload row agree with each other (Little's law); where the source states no workload the
+measured decode throughput lies inside the range predicted over the assumed ones; and the errors of
+the stated rows stay inside the band this file pins (it moves only when the physics does)."""
 
 from __future__ import annotations
 
-from validate_disagg import evaluate_runs, load_runs
+import pytest
+from validate_disagg import decode_ranks, evaluate_runs, evaluate_transfers, load_runs
 
 RESERVED = ("lmsys.org", "LMSYS", "deepseek-ai/open-infra", "DeepSeek-V3 Technical Report", "deepseek.com")
 
 
+@pytest.fixture(scope="module")
+def results():
+    return evaluate_runs()
+
+
+@pytest.fixture(scope="module")
+def transfers():
+    return evaluate_transfers()
+
+
 def test_rows_are_cited_and_not_reserved():
-    runs = load_runs()
-    assert runs
+    runs = load_runs() + load_runs("kv_transfer")
+    assert len(load_runs()) >= 4 and load_runs("kv_transfer")
+    assert len({run["id"] for run in runs}) == len(runs)
     for run in runs:
         assert run["source"] and run["framework"]
+        assert "https://" in run["source"]
         assert not any(word in run["source"] for word in RESERVED)
 
 
-def test_measured_inside_the_predicted_range_when_workload_unknown():
-    results = evaluate_runs()
+def test_published_figures_obey_littles_law():
+    """Requests decoding = output tokens/s x TPOT; with a client cap they can be no more than the cap
+    and, at saturation, not much fewer (the rest are in prefill): this checks the transcription and the
+    per-rank concurrency the prediction uses."""
+    stated = [r for r in load_runs() if "client_concurrency" in r]
+    assert stated
+    for run in stated:
+        decoding = run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
+        assert 0.95 * run["client_concurrency"] <= decoding <= run["client_concurrency"], run["id"]
+        gpus = run["decode"]["instances"] * run["decode"]["attention_dp"] * run["decode"]["tp"]
+        per_gpu = run["measured_output_tokens_per_s"] / gpus
+        assert per_gpu == pytest.approx(run["measured_decode_tokens_per_s_per_gpu"], rel=1e-3)
+
+
+def test_client_cap_sets_the_decode_batch(results):
+    by_id = {r.id: r for r in results}
+    for run in load_runs():
+        if "client_concurrency" in run:
+            assert by_id[run["id"]].concurrency == run["client_concurrency"] // decode_ranks(run) == 450
+
+
+def test_measured_inside_the_predicted_range_when_workload_unknown(results):
     for run in load_runs():
         if run.get("workload_stated", True):
             continue
@@ -29,3 +64,100 @@ def test_measured_inside_the_predicted_range_when_workload_unknown():
         # longer prompts hold more KV per request: fewer running requests, less throughput
         ordered = sorted(mine, key=lambda r: r.input_len)
         assert [r.concurrency for r in ordered] == sorted((r.concurrency for r in ordered), reverse=True)
+
+
+def test_stated_rows_error_band(results):
+    """Out-of-sample errors of the stated rows (MI300X, eager decode): the model is optimistic by
+    1.5-1.9x in tokens/s per decode GPU (TPOT 34-47 % short). Pinned so a change in the physics that
+    moves them shows up here; the band is the measured one plus a margin, not a target."""
+    stated = [r for r in results if r.measured_tpot_s is not None]
+    assert len(stated) == 3
+    for r in stated:
+        assert 0.40 <= r.error <= 1.05, (r.id, r.error)
+        assert -0.55 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
+        # the stated prefill instances keep up with the predicted decode rate: decode-bound, as measured
+        assert r.prefill_load < 1.0, (r.id, r.prefill_load)
+
+
+def test_stated_rows_ttft_band(results):
+    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity): 1.6-1.9x
+    the measured 1.68 / 1.80 / 2.57 s. autoshard runs every prefill step at the full 64,000-token
+    budget (6-7 s a step on DP8 EP8 MI300X), so a request waits half such a step; at partial load the
+    engine's steps hold only what has arrived, and are shorter. Pinned, not a target."""
+    stated = [r for r in results if r.ttft_s is not None]
+    assert len(stated) == 3
+    for r in stated:
+        assert 0.40 <= r.ttft_error <= 1.10, (r.id, r.ttft_error)
+
+
+def test_context_dependent_part_of_the_step_tracks_the_measurement(results):
+    """Measured mean ITL grows 11.8 ms from 512/512 to 1000/1000 and 36.4 ms from 1000/1000 to
+    2000/2000 (same engines, same 450 requests per rank): the KV reads of a longer context. The
+    predicted TPOT grows by the same amounts within 6 ms; the miss is a near-constant offset."""
+    moreh = sorted((r for r in results if r.id.startswith("moreh-")), key=lambda r: r.input_len)
+    steps = [(b.tpot_s - a.tpot_s, b.measured_tpot_s - a.measured_tpot_s) for a, b in zip(moreh, moreh[1:])]
+    assert len(steps) == 2
+    for predicted, measured in steps:
+        assert predicted == pytest.approx(measured, abs=0.006)
+    offsets = [r.measured_tpot_s - r.tpot_s for r in moreh]
+    assert max(offsets) - min(offsets) < 0.010
+
+
+def test_kv_bytes_match_the_sizes_the_source_moved(transfers):
+    """Qwen3-8B holds 2 x 36 layers x 8 KV heads x 128 x 2 B = 144 KiB per token. The source's sizes
+    are that times the prompt plus the same few chat-template tokens (2 MiB = 14 tokens) up to 4,096
+    tokens, and equal to it within the 0.01 GiB it prints above."""
+    assert len(transfers) == 9
+    for t in transfers:
+        assert t.kv_mib == pytest.approx(t.prompt_len * 144 / 1024)
+        if t.measured_kv_mib < 1024:
+            assert 1.5 <= t.measured_kv_mib - t.kv_mib <= 2.5, t
+        else:
+            assert t.measured_kv_mib == pytest.approx(t.kv_mib, rel=0.005), t
+
+
+def test_hand_off_time_band(transfers):
+    """The hand-off over 8 x 25 GB/s NICs: autoshard has one link latency and no per-transfer setup, so
+    it is short at every size, by less as the size grows (-77 % at 18 MiB, -15 % at 4.5 GiB); from
+    1 GiB up the miss is the bandwidth alone (measured 142 GB/s at best against 180 modelled)."""
+    errors = [t.transfer_error for t in sorted(transfers, key=lambda t: t.prompt_len)]
+    assert all(e < 0 for e in errors)
+    assert errors == sorted(errors)
+    for t in transfers:
+        if t.kv_mib >= 1024:
+            assert -0.30 <= t.transfer_error <= -0.10, t
+
+
+def test_idle_ttft_band(transfers):
+    """Idle TTFT = prefill + hand-off + one decode step. The measured TTFT has a floor the model does
+    not price (the proxy's two HTTP round trips, tokenization: 36-47 ms at <= 512 tokens); above it the
+    growth with the prompt is the prefill, predicted within 25 % from 8k to 32k tokens."""
+    by_len = {t.prompt_len: t for t in transfers}
+    assert all(t.ttft_s < t.measured_ttft_s for t in transfers)
+    for n in (128, 256, 512):
+        assert 0.030 <= by_len[n].measured_ttft_s - by_len[n].ttft_s <= 0.050
+    grown = by_len[32768].ttft_s - by_len[8192].ttft_s
+    measured = by_len[32768].measured_ttft_s - by_len[8192].measured_ttft_s
+    assert 0.75 <= grown / measured <= 1.0, (grown, measured)
+
+
+def test_wide_ep_b200_row(results):
+    """llm-d's DP16/EP16 decode on B200 at 1,024/995 tokens: the 256-request cap per rank binds (the
+    KV cache would hold more); predicted 5.2k tokens/s per decode GPU against 3.1k measured, TPOT
+    49 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band."""
+    (r,) = [r for r in results if r.id == "llmd-wide-ep-b200-dsr1-1p16-1d16-1k1k"]
+    assert r.concurrency == 256
+    assert 0.45 <= r.error <= 0.90, r.error
+    implied_tpot = 256 / r.measured  # requests per rank / tokens/s per rank (one GPU each)
+    assert implied_tpot == pytest.approx(0.0823, rel=0.01)
+    assert 0.55 <= r.tpot_s / implied_tpot <= 0.70
+
+
+def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
+    """Every row with a stated workload (MI300X DP8/EP8, B200 DP16/EP16) is predicted 1.5-2x faster
+    than measured: the common gap of autoshard's wide-EP decode step, not of one machine."""
+    stated = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
+    assert len(stated) == 4
+    for r in results:
+        if r.id in stated:
+            assert 0.45 <= r.error <= 1.0, (r.id, r.error)

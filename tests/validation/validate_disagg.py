@@ -3,10 +3,24 @@ measured.
 
     python tests/validation/validate_disagg.py
 
-prints one row per run: the decode instance's predicted output tokens/s per GPU at its KV-limited
-concurrency (capped by max_num_seqs) for each workload (the stated one, or each assumed input length
-when the source states none), the measured figure, and the error. Nothing is fitted: the figures
-come from `autoshard.costmodel.serve.disagg.decode_instance` with the bundled cluster's defaults.
+prints one row per run: the decode instances' predicted output tokens/s per decode GPU and TPOT at
+the run's decode concurrency, the measured figures, and the errors; then, where the source states the
+workload and the prefill layout, the predicted prefill capacity against the rate the decode side
+drains (a measured figure that is decode-bound needs a prefill side that keeps up).
+
+Rows of `kind: kv_transfer` are a 1P1D pair measured one request at a time: for each prompt length the
+source's KV-cache size, the hand-off time and the mean TTFT, against `kv_transfer_bytes`,
+`kv_transfer` (over the cluster's NICs) and an idle TTFT (the prompt's prefill + the hand-off + one
+decode step; no queue at concurrency 1). A row may give its model as a Hugging Face config
+(`model_hf_config`) and its NIC speed (`inter_node_gbps`) where the testbed differs from the bundled
+cluster.
+
+The decode concurrency per DP rank is, in this order: the benchmark client's in-flight requests
+spread over the decode DP ranks (`client_concurrency`, when the source states it), capped by
+`max_num_seqs` and by what the KV cache holds (`kv_limited_concurrency`). Where the source states no
+workload, one row per assumed input length. Nothing is fitted: the figures come from
+`autoshard.costmodel.serve.disagg.decode_instance` / `prefill_instance` with the bundled cluster's
+defaults.
 """
 
 from __future__ import annotations
@@ -17,11 +31,21 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.serve.disagg import decode_instance
-from autoshard.costmodel.serve.step import kv_limited_concurrency, serve_memory
+from autoshard.costmodel.serve.disagg import (
+    PrefillInstance,
+    decode_instance,
+    disagg_ttft_s,
+    kv_link,
+    kv_transfer,
+    prefill_instance,
+)
+from autoshard.costmodel.serve.step import kv_limited_concurrency, prefill_time, serve_memory
 from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
+from autoshard.specs.hf import model_from_hf_config
 from autoshard.specs.job import ServeJob, WeightDtype
+
+MIB = 2**20
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE / "disagg_runs.yaml"
@@ -33,38 +57,142 @@ class DisaggResult:
     input_len: int
     output_len: int
     concurrency: int
+    """Requests per decode DP rank the prediction ran at."""
     tpot_s: float
     predicted: float
+    """Output tokens/s per decode GPU."""
     measured: float
+    measured_tpot_s: float | None = None
+    decode_requests_per_s: float | None = None
+    """Requests/s all decode instances finish (predicted)."""
+    prefill_requests_per_s: float | None = None
+    """Requests/s all prefill instances take at full load (predicted), when the layout is stated."""
+    ttft_s: float | None = None
+    """Mean TTFT predicted at the measured request rate, where the source gives the TTFT."""
+    measured_ttft_s: float | None = None
 
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1.0
 
+    @property
+    def tpot_error(self) -> float | None:
+        return None if self.measured_tpot_s is None else self.tpot_s / self.measured_tpot_s - 1.0
 
-def load_runs() -> list[dict]:
-    return yaml.safe_load(RUNS.read_text())
+    @property
+    def ttft_error(self) -> float | None:
+        return None if self.ttft_s is None else self.ttft_s / self.measured_ttft_s - 1.0
+
+    @property
+    def prefill_load(self) -> float | None:
+        """Predicted prefill utilization at the predicted decode rate (> 1: prefill-bound)."""
+        if self.prefill_requests_per_s is None or self.decode_requests_per_s is None:
+            return None
+        return self.decode_requests_per_s / self.prefill_requests_per_s
 
 
-def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
-    model = load_model(run["model"])
-    d = run["decode"]
-    e = Engine(0, d["tp"], d["pp"], d["attention_dp"], d["expert_parallel"])
-    cluster = load_cluster(run["cluster"]).with_gpus(max(e.gpus, 8))
-    pool = cluster.pools[0]
-    job = ServeJob(
+@dataclass(frozen=True)
+class TransferResult:
+    """One prompt length of a `kind: kv_transfer` row."""
+
+    id: str
+    prompt_len: int
+    kv_mib: float
+    measured_kv_mib: float
+    transfer_s: float
+    measured_transfer_s: float
+    ttft_s: float
+    measured_ttft_s: float
+    prefill_s: float
+    """The prompt's prefill alone (part of ttft_s)."""
+
+    @property
+    def transfer_error(self) -> float:
+        return self.transfer_s / self.measured_transfer_s - 1.0
+
+    @property
+    def ttft_error(self) -> float:
+        return self.ttft_s / self.measured_ttft_s - 1.0
+
+
+def load_runs(kind: str = "decode") -> list[dict]:
+    """The rows of one kind: "decode" (the default: decode throughput) or "kv_transfer"."""
+    return [r for r in yaml.safe_load(RUNS.read_text()) if r.get("kind", "decode") == kind]
+
+
+def _model(run: dict):
+    if "model_hf_config" in run:
+        return model_from_hf_config(run["model_hf_config"], source=run["id"])
+    return load_model(run["model"])
+
+
+def _pool(run: dict, gpus: int):
+    pool = load_cluster(run["cluster"]).with_gpus(max(gpus, 8)).pools[0]
+    if "inter_node_gbps" in run:
+        node = pool.node.model_copy(update={"inter_node_gbps": run["inter_node_gbps"]})
+        pool = pool.model_copy(update={"node": node})
+    return pool
+
+
+def _engine(role: dict) -> Engine:
+    return Engine(0, role["tp"], role["pp"], role["attention_dp"], role["expert_parallel"])
+
+
+def decode_ranks(run: dict) -> int:
+    """DP ranks over all decode instances (each schedules its own requests)."""
+    return run["decode"]["instances"] * run["decode"]["attention_dp"]
+
+
+def _job(run: dict, input_len: int, output_len: int) -> ServeJob:
+    return ServeJob(
         input_len=input_len,
         output_len=output_len,
         weight_dtype=WeightDtype(run["weight_dtype"]),
         kv_cache_dtype=WeightDtype(run["kv_cache_dtype"]),
     )
+
+
+def _prefill(run: dict, job: ServeJob) -> PrefillInstance | None:
+    """One prefill instance of the stated layout, or None when the source states none."""
+    p = run.get("prefill")
+    if not p or "instances" not in p:
+        return None
+    model = _model(run)
+    e = _engine(p)
+    pool = _pool(run, e.gpus)
+    seqs = run.get("prefill_max_num_seqs", run["max_num_seqs"])
+    budget = run.get("prefill_max_num_batched_tokens")
+    cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    memory = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    return prefill_instance(model, pool, job, cfg, memory)
+
+
+def _ttft_at_measured_rate(run: dict, job: ServeJob, prefill: PrefillInstance, decode) -> float:
+    """Mean TTFT (`disagg_ttft_s`) at the request rate the source measured (output tokens/s / OSL)
+    over the stated prefill instances, with the hand-off across nodes and the predicted TPOT."""
+    model = _model(run)
+    pool = _pool(run, prefill.gpus)
+    hand_off = kv_transfer(model, job, prefill.config, decode.config, kv_link(pool, same_domain=False))
+    rate = run["measured_output_tokens_per_s"] / job.output_len
+    utilization = rate / (run["prefill"]["instances"] * prefill.requests_per_s)
+    return disagg_ttft_s(prefill, hand_off, decode.tpot_s, utilization)
+
+
+def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
+    model = _model(run)
+    e = _engine(run["decode"])
+    pool = _pool(run, e.gpus)
+    job = _job(run, input_len, output_len)
     top = serve_memory(
         model,
         pool.gpu,
         _config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]),
         context_len=job.context_len,
     )
-    batch = max(1, min(run["max_num_seqs"], kv_limited_concurrency(top, job)))
+    cap = min(run["max_num_seqs"], kv_limited_concurrency(top, job))
+    if "client_concurrency" in run:
+        cap = min(cap, run["client_concurrency"] // decode_ranks(run))
+    batch = max(1, cap)
     cfg = _config(model, pool, job, e, max_num_seqs=batch)
     inst = decode_instance(
         model,
@@ -74,6 +202,11 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         serve_memory(model, pool.gpu, cfg, context_len=job.context_len),
         concurrency=batch,
     )
+    tpot_ms = run.get("measured_tpot_ms")
+    prefill = _prefill(run, job)
+    ttft = None
+    if prefill is not None and "measured_ttft_ms" in run:
+        ttft = _ttft_at_measured_rate(run, job, prefill, inst)
     return DisaggResult(
         run["id"],
         input_len,
@@ -82,7 +215,46 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         inst.tpot_s,
         inst.throughput_tokens_per_s / e.gpus,
         float(run["measured_decode_tokens_per_s_per_gpu"]),
+        None if tpot_ms is None else tpot_ms * 1e-3,
+        run["decode"]["instances"] * inst.requests_per_s,
+        None if prefill is None else run["prefill"]["instances"] * prefill.requests_per_s,
+        ttft,
+        None if ttft is None else run["measured_ttft_ms"] * 1e-3,
     )
+
+
+def _transfer_points(run: dict) -> list[TransferResult]:
+    model = _model(run)
+    pe, de = _engine(run["prefill"]), _engine(run["decode"])
+    pool = _pool(run, pe.gpus + de.gpus)
+    link = kv_link(pool, same_domain=False)
+    out = []
+    for prompt_len, kv_mib, transfer_ms, ttft_ms in run["points"]:
+        job = _job(run, prompt_len, run["output_len"])
+        pcfg = _config(model, pool, job, pe, max_num_seqs=1)
+        dcfg = _config(model, pool, job, de, max_num_seqs=1)
+        hand_off = kv_transfer(model, job, pcfg, dcfg, link)
+        prompt = prefill_time(model, pool, pcfg, prompt_len=prompt_len).total_s
+        memory = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)
+        first = decode_instance(model, pool, job, dcfg, memory, concurrency=1).tpot_s
+        out.append(
+            TransferResult(
+                run["id"],
+                prompt_len,
+                hand_off.bytes_per_request / MIB,
+                float(kv_mib),
+                hand_off.seconds,
+                transfer_ms * 1e-3,
+                prompt + hand_off.seconds + first,
+                ttft_ms * 1e-3,
+                prompt,
+            )
+        )
+    return out
+
+
+def evaluate_transfers() -> list[TransferResult]:
+    return [p for run in load_runs("kv_transfer") for p in _transfer_points(run)]
 
 
 def evaluate_runs() -> list[DisaggResult]:
@@ -95,20 +267,56 @@ def evaluate_runs() -> list[DisaggResult]:
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
 def main() -> int:
     results = evaluate_runs()
     print(
-        f"{'run':<44} {'ISL':>5} {'OSL':>5} {'batch':>6} {'TPOT ms':>8} {'pred tok/s/GPU':>15} "
-        f"{'measured':>9} {'error':>7}"
+        f"{'run':<44} {'ISL':>5} {'OSL':>5} {'batch':>6} {'TPOT ms':>8} {'meas.':>6} {'err':>7} "
+        f"{'pred tok/s/GPU':>15} {'measured':>9} {'error':>7} {'prefill load':>13}"
     )
     for r in results:
+        meas_tpot = "-" if r.measured_tpot_s is None else f"{1e3 * r.measured_tpot_s:.0f}"
+        load = "-" if r.prefill_load is None else f"{100 * r.prefill_load:.0f}%"
         print(
             f"{r.id:<44} {r.input_len:>5} {r.output_len:>5} {r.concurrency:>6} {1e3 * r.tpot_s:>8.1f} "
-            f"{r.predicted:>15,.0f} {r.measured:>9,.0f} {100 * r.error:>+6.1f}%"
+            f"{meas_tpot:>6} {_pct(r.tpot_error):>7} {r.predicted:>15,.0f} {r.measured:>9,.0f} "
+            f"{_pct(r.error):>7} {load:>13}"
         )
+    stated_ids = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
+    stated = [r for r in results if r.id in stated_ids]
+    if stated:
+        errs = sorted(abs(r.error) for r in stated)
+        print(
+            f"\nstated workloads: {len(stated)} rows, median |error| {100 * errs[len(errs) // 2]:.0f}% "
+            f"(max {100 * errs[-1]:.0f}%) in tokens/s per decode GPU"
+        )
+    for r in results:
+        if r.ttft_s is not None:
+            print(
+                f"{r.id}: mean TTFT {r.ttft_s:.2f} s predicted at the measured request rate, "
+                f"{r.measured_ttft_s:.2f} s measured ({_pct(r.ttft_error)})"
+            )
+    transfers = evaluate_transfers()
+    if transfers:
+        print(
+            f"\n{'1P1D, one request at a time':<36} {'prompt':>6} {'KV MiB':>7} {'meas.':>6} "
+            f"{'hand-off ms':>11} {'meas.':>6} {'error':>7} {'TTFT ms':>8} {'meas.':>6} {'error':>7}"
+        )
+        for t in transfers:
+            print(
+                f"{t.id:<36} {t.prompt_len:>6} {t.kv_mib:>7,.0f} {t.measured_kv_mib:>6,.0f} "
+                f"{1e3 * t.transfer_s:>11.2f} {1e3 * t.measured_transfer_s:>6.2f} "
+                f"{_pct(t.transfer_error):>7} "
+                f"{1e3 * t.ttft_s:>8.1f} {1e3 * t.measured_ttft_s:>6.1f} {_pct(t.ttft_error):>7}"
+            )
     print(
         "\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
-        "should fall inside the predicted range, not match one row."
+        "should fall inside the predicted range, not match one row.\n"
+        "batch: requests per decode DP rank; prefill load: predicted decode rate / predicted prefill "
+        "capacity of the stated prefill instances (> 100%: the prediction is prefill-bound)."
     )
     return 0
 

@@ -24,16 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.costmodel.comm import Link, pool_link
-from autoshard.costmodel.serve.step import (
-    ServeConfig,
-    ServeMemory,
-    StepTime,
-    decode_context_len,
-    kv_cache_bytes_per_token,
-    prefill_time,
-    step_time,
-)
+from autoshard.costmodel.comm import Link, group_link, nic_link, pool_link, striped_send_s
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.memory import ServeMemory
+from autoshard.costmodel.serve.predict import decode_context_len
+from autoshard.costmodel.serve.step import StepTime, prefill_time, step_time
+from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -132,13 +128,11 @@ def kv_link(
 ) -> Link:
     """Per-GPU link of the hand-off: NVLink inside one domain, the GPU's NIC across nodes, the
     inter-pool network between pools."""
-    eff = pool.gpu.efficiency
-    node = pool.node
     if other is not None and other is not pool:
         return pool_link(pool, other, inter_pool_gbps)
     if same_domain:
-        return Link(node.intra_node_gbps * 1e9 * eff.intra_node_bw, eff.intra_node_latency_us * 1e-6, False)
-    return Link(node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
+        return group_link(pool, ranks=1)
+    return nic_link(pool)
 
 
 def kv_transfer(
@@ -148,13 +142,12 @@ def kv_transfer(
     plus one link latency."""
     size = kv_transfer_bytes(model, job)
     streams = max(1, min(holders(prefill), holders(decode)))
-    bw = streams * link.bytes_per_s
     return KvTransfer(
         bytes_per_request=size,
         link="rdma" if link.crosses_nodes else "nvlink",
         streams=streams,
-        bytes_per_s=bw,
-        seconds=size / bw + link.latency_s,
+        bytes_per_s=streams * link.bytes_per_s,
+        seconds=striped_send_s(size, streams, link),
     )
 
 

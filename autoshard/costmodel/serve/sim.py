@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.step import step_time
-from autoshard.costmodel.serve.memory import ServeConfig, serve_memory
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec

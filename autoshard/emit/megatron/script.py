@@ -1,42 +1,29 @@
-"""Plan -> Megatron-LM launch: one `torchrun ... pretrain_gpt.py` command (the JSON `launch.megatron`
-field) or a complete multi-node bash script.
+"""Plan -> a complete multi-node bash script for its Megatron-LM launch (`megatron_script`), and the
+notes on what Megatron-LM cannot say exactly as the plan does (`megatron_notes`, written into the script
+as NOTE comments) instead of silently changing it.
 
-Pure functions of the Plan: every number comes from the plan, every flag name from Megatron-LM's
-parser as it is today (`megatron_flags`), and whatever Megatron-LM cannot express exactly is listed by
-`megatron_notes` (and written into the script as NOTE comments) instead of being silently changed.
-
-How plan facts map to flags (Megatron-LM at the commit in `megatron_flags.SOURCE_COMMIT`):
-
-- Layer layout: Megatron's default puts the embedding on the first model chunk, the loss on the last
-  and num_layers / (PP x VPP) decoder layers on every chunk. A plan with exactly that layout gets the
-  plain flags (`--num-virtual-stages-per-pipeline-rank` when interleaved); any other layout is written
-  as `--pipeline-model-parallel-layout` ("Et*3|t*4|t*4|t*3L": E embedding, t decoder layer, L loss,
-  chunks split by `|`), which also sets VPP = chunks / PP, so no other VPP flag goes with it.
-- Recompute: selective -> `--recompute-granularity selective`; full -> full/uniform/1 (every layer);
-  per-stage full recompute of the first N decoder layers (`Plan.recompute_num_layers`) -> full/block/N.
-  Megatron's CLI has one granularity, so selective + block-full cannot be combined: block-full wins
-  and a note says so.
-- ZeRO: 1 -> `--use-distributed-optimizer`; 2 and 3 -> Megatron-FSDP (`--use-megatron-fsdp
-  --data-parallel-sharding-strategy optim_grads | optim_grads_params --ckpt-format fsdp_dtensor`);
-  `--overlap-param-gather` only with a sharded optimizer (it requires one).
-- CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron asserts it when TP > 1 or CP > 1 on GPUs older than
-  Blackwell (AMD GPUs included), and asserts it is *not* 1 under Megatron-FSDP.
+The launch itself is built next door: the flags in `args.py`, the `torchrun` command in `command.py`
+(both re-exported here, their former home).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import textwrap
-from collections.abc import Sequence
 
-from autoshard.costmodel.train.step import Stage
-from autoshard.emit.megatron import flags as megatron_flags
+from autoshard.emit.megatron.args import megatron_args, moe_layer_pattern, pipeline_layout
+from autoshard.emit.megatron.command import (
+    ENTRY_POINT,
+    MASTER_PORT,
+    flag_lines,
+    join_lines,
+    launch_geometry,
+    megatron_command,
+    needs_single_cuda_connection,
+)
 from autoshard.emit.shell import comment, path_component, shell_word
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
-from autoshard.plans.train import Plan, layer_counts
-from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
+from autoshard.parallel import Recompute
+from autoshard.plans.train import Plan
+from autoshard.specs.model import MlpKind, PositionKind
 
 __all__ = [
     "ENTRY_POINT",
@@ -50,373 +37,6 @@ __all__ = [
     "needs_single_cuda_connection",
     "launch_geometry",
 ]
-
-ENTRY_POINT = "pretrain_gpt.py"
-MASTER_PORT = 6000
-# Reads the vocabulary from $TOKENIZER_MODEL; Megatron-LM ignores --vocab-size with it, so none is written.
-TOKENIZER_TYPE = "HuggingFaceTokenizer"
-
-# Training hyper-parameters the plan does not decide: sane placeholders the user edits.
-SCAFFOLDING: tuple[tuple[str, str | None], ...] = (
-    ("--train-iters", "100000"),
-    ("--lr", "3.0e-4"),
-    ("--min-lr", "3.0e-5"),
-    ("--lr-decay-style", "cosine"),
-    ("--lr-warmup-fraction", "0.01"),
-    ("--weight-decay", "0.1"),
-    ("--clip-grad", "1.0"),
-    ("--attention-dropout", "0.0"),
-    ("--hidden-dropout", "0.0"),
-)
-LOGGING: tuple[tuple[str, str | None], ...] = (
-    ("--data-path", "$DATA_PATH"),
-    ("--split", "99,1,0"),
-    ("--save", "$CKPT_DIR"),
-    ("--load", "$CKPT_DIR"),
-    ("--save-interval", "1000"),
-    ("--log-interval", "10"),
-    ("--log-throughput", None),
-    ("--eval-interval", "1000"),
-    ("--eval-iters", "10"),
-    ("--transformer-impl", "transformer_engine"),
-    ("--attention-backend", "auto"),
-)
-
-Arg = tuple[str, str | None]
-
-
-# ----------------------------------------------------------------------------- plan facts
-
-
-def pipeline_layout(model: ModelSpec, stages: Sequence[Stage]) -> str | None:
-    """`--pipeline-model-parallel-layout` for `stages`, or None when they are Megatron's default split
-    (embedding on the first chunk, loss on the last, the same number of decoder layers on every chunk)."""
-    counts = [layer_counts(model, s) for s in stages]
-    decoders = [c[0] for c in counts]
-    default = (
-        counts[0][1]
-        and counts[-1][2]
-        and not any(c[1] for c in counts[1:])
-        and not any(c[2] for c in counts[:-1])
-        and len(set(decoders)) == 1
-    )
-    if default:
-        return None
-    parts = []
-    mtp = "m" * model.mtp_num_layers
-    for dec, emb, out in counts:
-        body = "t" if dec == 1 else f"t*{dec}" if dec else ""
-        parts.append(("E" if emb else "") + body + (mtp + "L" if out else ""))
-    return _compress_stages(parts)
-
-
-def layout_flags(model: ModelSpec, stages: Sequence[Stage], pp: int) -> list[Arg]:
-    """The simplest Megatron-LM flags that build exactly `stages`: none for the default even split,
-    else --account-for-embedding/loss-in-pipeline-split, else --decoder-first/last-pipeline-num-layers,
-    else --pipeline-model-parallel-layout (which also sets VPP)."""
-    from autoshard.emit.megatron.parse import LayoutFlags, layout_stages
-
-    if len(stages) <= 1:
-        return []
-    vpp = len(stages) // pp
-    want = [(s.start, s.stop) for s in stages]
-    counts = [layer_counts(model, s)[0] for s in stages]
-    first = sum(counts[k] for k in range(0, len(stages), pp))
-    last = sum(counts[k] for k in range(pp - 1, len(stages), pp))
-    tries = [LayoutFlags(), LayoutFlags(account_embedding=True, account_loss=True),
-             LayoutFlags(account_loss=True), LayoutFlags(account_embedding=True)]
-    if pp > 1:
-        tries += [LayoutFlags(first=first, last=last), LayoutFlags(first=first), LayoutFlags(last=last)]
-    for flags in tries:
-        try:
-            got, got_vpp = layout_stages(model, pp=pp, vpp=vpp, flags=flags)
-        except Exception:  # noqa: BLE001 - this form cannot say it; try the next
-            continue
-        if got_vpp == vpp and [(s.start, s.stop) for s in got] == want:
-            if not flags.given() and vpp > 1:
-                return [("--num-virtual-stages-per-pipeline-rank", str(vpp))]
-            args = flags.args()
-            if flags.given() and vpp > 1:
-                args.append(("--num-virtual-stages-per-pipeline-rank", str(vpp)))
-            return args
-    layout = pipeline_layout(model, stages)
-    assert layout is not None
-    return [("--pipeline-model-parallel-layout", layout)]
-
-
-def _compress_stages(parts: list[str]) -> str:
-    """Join chunks with `|`, writing a run of 4 or more identical chunks as `(x|)*n,` (Megatron unrolls
-    parentheses first, then `x*n`; commas are cosmetic)."""
-    out: list[str] = []
-    i = 0
-    while i < len(parts):
-        j = i
-        while j + 1 < len(parts) and parts[j + 1] == parts[i]:
-            j += 1
-        run = j - i + 1
-        # A run cannot end the layout: its trailing `|` would open an extra, empty chunk.
-        if run >= 4 and j + 1 < len(parts) and parts[i]:
-            out.append(f"({parts[i]}|)*{run},")
-            i = j + 1
-            continue
-        out.append(parts[i] + ("|" if i + 1 < len(parts) else ""))
-        i += 1
-    return "".join(out)
-
-
-def moe_layer_pattern(model: ModelSpec) -> str | None:
-    """`--moe-layer-freq` as a Python list expression ("([0]*3+[1]*58)"), or None when every decoder
-    layer is an MoE layer (Megatron's default, freq 1)."""
-    bits = [
-        1 if k is LayerKind.MOE else 0 for k in model.layer_kinds if k in (LayerKind.DENSE, LayerKind.MOE)
-    ]
-    if all(bits):
-        return None
-    runs: list[tuple[int, int]] = []
-    for b in bits:
-        if runs and runs[-1][0] == b:
-            runs[-1] = (b, runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
-
-
-def _is_blackwell_or_newer(gpu_name: str) -> bool:
-    name = gpu_name.upper()
-    return bool(re.match(r"^G?B[1-9]\d\d(?![0-9])", name)) or "BLACKWELL" in name or "RUBIN" in name
-
-
-def needs_single_cuda_connection(plan: Plan) -> bool:
-    """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP > 1 or CP > 1 on pre-Blackwell GPUs,
-    except under FSDP (which needs it unset or > 1)."""
-    dims = plan.config.dims
-    if dims.tp == 1 and dims.cp == 1 or plan.config.zero_stage >= 2:
-        return False
-    pools = {s.pool for s in plan.stages}
-    return any(not _is_blackwell_or_newer(plan.cluster.pools[p].gpu.name) for p in pools)
-
-
-def launch_geometry(plan: Plan) -> tuple[int, int]:
-    """(processes per node, nodes) for torchrun: whole nodes of the first stage's pool."""
-    world = plan.config.dims.world_size
-    per_node = plan.cluster.pools[plan.stages[0].pool].node.gpus_per_node
-    if world <= per_node:
-        return world, 1
-    nproc = math.gcd(world, per_node)
-    return nproc, world // nproc
-
-
-def _init_std(model: ModelSpec) -> str:
-    """Small-init standard deviation sqrt(2 / (5 h)) (Nguyen & Salazar 2019, used by GPT-NeoX)."""
-    return f"{math.sqrt(2 / (5 * model.hidden_size)):.4f}"
-
-
-# ----------------------------------------------------------------------------- flags
-
-
-def _model_args(model: ModelSpec, seq_len: int) -> list[Arg]:
-    h, heads = model.hidden_size, model.num_attention_heads
-    args: list[Arg] = [
-        ("--num-layers", str(model.num_layers)),
-        ("--hidden-size", str(h)),
-        ("--ffn-hidden-size", str(model.ffn_hidden_size)),
-        ("--num-attention-heads", str(heads)),
-    ]
-    if model.attention is AttentionKind.MLA and model.mla is not None:
-        mla = model.mla
-        args.append(("--multi-latent-attention", None))
-        if mla.q_lora_rank:
-            args.append(("--q-lora-rank", str(mla.q_lora_rank)))
-        args += [
-            ("--kv-lora-rank", str(mla.kv_lora_rank)),
-            ("--qk-head-dim", str(mla.qk_nope_head_dim)),
-            ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)),
-            ("--v-head-dim", str(mla.v_head_dim)),
-        ]
-        if h % heads:
-            args.append(("--kv-channels", str(model.kv_channels)))
-    else:
-        if model.kv_heads != heads:
-            args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
-        if h % heads or model.kv_channels != h // heads:
-            args.append(("--kv-channels", str(model.kv_channels)))
-    args += [
-        ("--seq-length", str(seq_len)),
-        ("--max-position-embeddings", str(max(model.max_position_embeddings, seq_len))),
-        (
-            "--position-embedding-type",
-            "learned_absolute" if model.position_embedding is PositionKind.LEARNED else "rope",
-        ),
-        ("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"),
-    ]
-    if model.mlp is MlpKind.SWIGLU:
-        args.append(("--swiglu", None))
-    elif model.mlp is MlpKind.SQUARED_RELU:
-        args.append(("--squared-relu", None))
-    if not model.tied_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
-    if not model.linear_bias:
-        args.append(("--disable-bias-linear", None))
-        if model.qkv_bias:
-            args.append(("--add-qkv-bias", None))
-    if model.qk_norm:
-        args.append(("--qk-layernorm", None))
-    return args
-
-
-def _dispatcher_args(plan: Plan) -> list[Arg]:
-    """--moe-token-dispatcher-type; flex names its backend: HybridEP where the NVLink domain spans
-    several nodes (GB200/GB300 NVL72), DeepEP elsewhere."""
-    dispatcher = plan.config.moe_dispatcher
-    args: list[Arg] = [("--moe-token-dispatcher-type", dispatcher.value)]
-    if dispatcher is MoeDispatcher.FLEX:
-        multi_node_nvlink = all(plan.cluster.pools[s.pool].node.domain_size > plan.cluster.pools[s.pool].node.gpus_per_node
-                                for s in plan.stages)
-        args.append(("--moe-flex-dispatcher-backend", "hybridep" if multi_node_nvlink else "deepep"))
-    return args
-
-
-def _moe_args(model: ModelSpec, plan: Plan | None = None) -> list[Arg]:
-    moe = model.moe
-    if moe is None:
-        return []
-    args: list[Arg] = [
-        ("--num-experts", str(moe.num_experts)),
-        ("--moe-router-topk", str(moe.top_k)),
-        ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
-    ]
-    if moe.shared_expert_ffn_hidden_size:
-        args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
-    pattern = moe_layer_pattern(model)
-    if pattern is not None:
-        args.append(("--moe-layer-freq", pattern))
-    if moe.score_function is RouterScore.SIGMOID:
-        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-dtype", "fp32")]
-    if moe.num_groups is not None and moe.topk_groups is not None:
-        args += [("--moe-router-num-groups", str(moe.num_groups)), ("--moe-router-group-topk", str(moe.topk_groups))]
-    if moe.topk_scaling_factor is not None:
-        args.append(("--moe-router-topk-scaling-factor", f"{moe.topk_scaling_factor:g}"))
-    args += [
-        ("--moe-grouped-gemm", None),
-        *(_dispatcher_args(plan) if plan is not None else [("--moe-token-dispatcher-type", "alltoall")]),
-    ]
-    if moe.expert_bias:
-        # auxiliary-loss-free balancing with a small sequence-wise auxiliary loss (DeepSeek-V3 Section
-        # 2.1.2: bias update speed 0.001, sequence-wise balance factor 0.0001)
-        args += [
-            ("--moe-router-enable-expert-bias", None),
-            ("--moe-router-bias-update-rate", "1e-3"),
-            ("--moe-router-load-balancing-type", "seq_aux_loss"),
-            ("--moe-aux-loss-coeff", "1e-4"),
-        ]
-    else:
-        args += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
-    return args
-
-
-def _mtp_args(model: ModelSpec) -> list[Arg]:
-    """Multi-token prediction (DeepSeek-V3 Section 2.2: loss weight 0.3, then 0.1 for the last 4.8T
-    tokens; the later value is written)."""
-    if not model.mtp_num_layers:
-        return []
-    return [("--mtp-num-layers", str(model.mtp_num_layers)), ("--mtp-loss-scaling-factor", "0.1")]
-
-
-def _parallel_args(plan: Plan) -> list[Arg]:
-    cfg, dims, model = plan.config, plan.config.dims, plan.model
-    args: list[Arg] = [
-        ("--tensor-model-parallel-size", str(dims.tp)),
-        ("--pipeline-model-parallel-size", str(dims.pp)),
-        ("--context-parallel-size", str(dims.cp)),
-    ]
-    if model.moe is not None:
-        args += [
-            ("--expert-model-parallel-size", str(dims.ep)),
-            ("--expert-tensor-parallel-size", str(dims.expert_tp)),
-        ]
-    if cfg.sp:
-        args.append(("--sequence-parallel", None))
-    args += layout_flags(model, plan.stages, dims.pp)
-    args += [
-        ("--micro-batch-size", str(cfg.micro_batch_size)),
-        ("--global-batch-size", str(cfg.global_batch_size)),
-    ]
-    return args
-
-
-def _recompute_args(plan: Plan) -> list[Arg]:
-    block = plan.recompute_num_layers
-    if plan.config.recompute is Recompute.FULL:
-        return [
-            ("--recompute-granularity", "full"),
-            ("--recompute-method", "uniform"),
-            ("--recompute-num-layers", "1"),
-        ]
-    if block > 0:
-        return [
-            ("--recompute-granularity", "full"),
-            ("--recompute-method", "block"),
-            ("--recompute-num-layers", str(block)),
-        ]
-    if plan.config.recompute is Recompute.SELECTIVE:
-        args: list[Arg] = [("--recompute-granularity", "selective")]
-        if plan.config.recompute_modules:
-            args.append(("--recompute-modules", " ".join(plan.config.recompute_modules)))
-        return args
-    return []
-
-
-def _distributed_args(plan: Plan) -> list[Arg]:
-    cfg = plan.config
-    args: list[Arg] = []
-    if cfg.zero_stage >= 1:
-        args.append(("--use-distributed-optimizer", None))
-    if cfg.zero_stage >= 2:
-        strategy = "optim_grads" if cfg.zero_stage == 2 else "optim_grads_params"
-        args += [
-            ("--use-megatron-fsdp", None),
-            ("--data-parallel-sharding-strategy", strategy),
-            ("--ckpt-format", "fsdp_dtensor"),
-        ]
-    if cfg.overlap_grad_reduce:
-        args.append(("--overlap-grad-reduce", None))
-        if cfg.zero_stage >= 1:
-            args.append(("--overlap-param-gather", None))
-    if cfg.tp_comm_overlap and cfg.sp:
-        args.append(("--tp-comm-overlap", None))
-    return args
-
-
-def _precision_args(plan: Plan) -> list[Arg]:
-    args: list[Arg] = [("--bf16", None)]
-    if plan.config.precision is Precision.FP8:
-        recipe = plan.config.fp8_recipe
-        args += [("--fp8-format", "e4m3" if recipe is Fp8Recipe.BLOCKWISE else "hybrid"), ("--fp8-recipe", recipe.value)]
-        if recipe is Fp8Recipe.DELAYED:
-            args += [("--fp8-amax-history-len", "1024"), ("--fp8-amax-compute-algo", "max")]
-        if plan.config.fp8_param_gather:
-            args.append(("--fp8-param-gather", None))
-    return args
-
-
-def _optimizer_args(plan: Plan) -> list[Arg]:
-    if plan.config.optimizer is Optimizer.SGD:
-        return [("--optimizer", "sgd"), ("--sgd-momentum", "0.9")]
-    return [("--optimizer", "adam"), ("--adam-beta1", "0.9"), ("--adam-beta2", "0.95")]
-
-
-def megatron_args(plan: Plan) -> list[Arg]:
-    """Every `pretrain_gpt.py` flag of the plan, in launch order: (flag, value or None for a switch)."""
-    cfg = plan.config
-    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model, plan) + _mtp_args(plan.model)
-    args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
-    args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
-    args += _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
-    args += list(LOGGING)
-    unknown = [f for f, _ in args if f not in megatron_flags.KNOWN]
-    assert not unknown, f"emitter wrote flags Megatron-LM does not have: {unknown}"
-    return args
-
 
 def megatron_notes(plan: Plan) -> list[str]:
     """What the Megatron-LM launch cannot say exactly as the plan does (empty for most plans)."""
@@ -482,42 +102,6 @@ def _node_pools(plan: Plan) -> str:
         f"NODE_RANK {a}-{b} on pool {p}" if a != b else f"NODE_RANK {a} on pool {p}" for a, b, p in groups
     ]
     return "; ".join(spans)
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def _flag_lines(plan: Plan) -> list[str]:
-    lines = []
-    for flag, value in megatron_args(plan):
-        if value is None:
-            lines.append(flag)
-        elif flag == "--recompute-modules":  # nargs='*': one word per module
-            lines.append(f"{flag} " + " ".join(shell_word(v) for v in value.split()))
-        else:
-            lines.append(f"{flag} {shell_word(value)}")
-    return lines
-
-
-def _join(head: list[str], lines: list[str]) -> str:
-    return " \\\n    ".join([*head, *lines]) + "\n"
-
-
-def megatron_command(plan: Plan) -> str:
-    """One `torchrun ... pretrain_gpt.py ...` command line, `\\`-continued, run from a Megatron-LM
-    checkout on every node with NODE_RANK, MASTER_ADDR, DATA_PATH, TOKENIZER_MODEL and CKPT_DIR set."""
-    nproc, nnodes = launch_geometry(plan)
-    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if needs_single_cuda_connection(plan) else ""
-    if nnodes == 1:
-        rank, addr = "0", "localhost"
-    else:
-        rank, addr = '"$NODE_RANK"', '"$MASTER_ADDR"'
-    head = [
-        f"{env}torchrun --nproc-per-node {nproc} --nnodes {nnodes} --node-rank {rank}",
-        f"--master-addr {addr} --master-port {MASTER_PORT}",
-        ENTRY_POINT,
-    ]
-    return _join(head, _flag_lines(plan))
 
 
 def _summary(plan: Plan) -> list[str]:
@@ -623,4 +207,4 @@ def megatron_script(plan: Plan) -> str:
         '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"',
         f'"$MEGATRON_LM/{ENTRY_POINT}"',
     ]
-    return "\n".join(out) + "\n" + _join(head, _flag_lines(plan))
+    return "\n".join(out) + "\n" + join_lines(head, flag_lines(plan))

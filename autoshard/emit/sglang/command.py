@@ -12,7 +12,7 @@ One line per node (head first). SGLang rejects `--dp-size > 1` with `--nnodes > 
 
 `--mem-fraction-static` is the share of HBM for weights plus the KV pool: the plan's vLLM budget minus
 the activation and graph memory SGLang keeps outside it. Weights: the same checkpoint as vLLM
-(`autoshard.emit.vllm.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
+(`autoshard.emit.vllm.command.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
 name for is left to SGLang, which reads it from the checkpoint's quantization_config. KV cache: `auto`
 or `fp8_e4m3`.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from autoshard.emit.vllm import HEAD_ADDRESS, vllm_quantization
+from autoshard.emit.vllm.command import HEAD_ADDRESS, vllm_quantization
 from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype

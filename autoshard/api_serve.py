@@ -1,0 +1,212 @@
+"""The serving half of the public API (re-exported by `autoshard.api`): serving jobs from a model's
+`serving:` defaults, solve and evaluate with the launch commands attached, the interactive-SLA
+default of `solve --mode serve` (`plan_serving`), the Pareto front, and the launch script or
+Kubernetes manifests of a plan. The solver (`autoshard.search.serve`) returns plans; the launch
+commands are written here, by the emitters (`autoshard.emit`), so the search layer never builds one."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoshard.emit.k8s import k8s_manifests, k8s_yaml
+from autoshard.emit.pd import pd_launch, pd_script
+from autoshard.emit.serve_script import serve_script
+from autoshard.emit.sglang import parse_sglang, sglang_node_commands
+from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, parse_vllm, vllm_node_commands
+from autoshard.errors import InfeasibleError, SpecError
+from autoshard.plans.serve import ServePlan
+from autoshard.search.serve import solve as _search
+from autoshard.search.serve.front import Front, serve_front
+from autoshard.search.serve.solve import model_for_path
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.loader import load_cluster, load_model, validate
+from autoshard.specs.model import Checkpoint, ModelSpec
+from autoshard.specs.prepare import resize
+
+__all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
+           "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
+           "plan_serving", "serve_front", "Front", "serve_launch_script", "write_k8s_manifests"]
+
+INTERACTIVE_TPOT_MS = 50.0
+"""The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
+user, faster than people read), the interactive tier serving benchmarks report beside max throughput."""
+
+
+def serve_job_for(
+    model: ModelSpec | None,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    max_model_len: int | None = None,
+    tpot_ms: float | None = None,
+    ttft_s: float | None = None,
+    request_rate: float | None = None,
+    weight_dtype: str | None = None,
+    kv_cache_dtype: str | None = None,
+) -> ServeJob:
+    """A ServeJob from the model's `serving:` section, overridden by the given values."""
+    data: dict = {}
+    defaults = model.serving if model is not None else None
+    if defaults is not None:
+        for key in ("input_len", "output_len", "max_model_len"):
+            value = getattr(defaults, key)
+            if value is not None:
+                data[key] = value
+        if defaults.precision is not None:
+            data["weight_dtype"] = defaults.precision
+    given = {
+        "input_len": input_len, "output_len": output_len, "max_model_len": max_model_len,
+        "tpot_target_s": None if tpot_ms is None else tpot_ms / 1000.0, "ttft_target_s": ttft_s,
+        "request_rate": request_rate, "weight_dtype": weight_dtype, "kv_cache_dtype": kv_cache_dtype,
+    }
+    data.update({k: v for k, v in given.items() if v is not None})
+    name = model.name if model is not None else "the command's model"
+    job = validate(ServeJob, data, source=f"serving job for {name}")
+    wd = job.weight_dtype
+    # the emitters' rule (emit.vllm.vllm_quantization): what engines cannot quantize online needs a
+    # published checkpoint; refused before solving, not when the command is written
+    if model is not None and wd not in VLLM_QUANTIZATION and not any(c.weights is wd for c in model.checkpoints):
+        raise no_checkpoint(model.name, wd)
+    return job
+
+
+def interactive_job(job: ServeJob) -> ServeJob | None:
+    """The job with the interactive TPOT target when it has no target and no request rate; else None."""
+    if job.tpot_target_s is not None or job.ttft_target_s is not None or job.request_rate is not None:
+        return None
+    return job.model_copy(update={"tpot_target_s": INTERACTIVE_TPOT_MS / 1000.0})
+
+
+def serve_launch(plan: ServePlan) -> dict[str, str]:
+    """The launch commands of a serving plan: a prefill/decode deployment's per-role lines and router
+    (`emit.pd`), else vLLM's and SGLang's head-node line, with every node's line when it spans nodes."""
+    if plan.disaggregated:
+        return pd_launch(plan)
+    launch: dict[str, str] = {}
+    for name, lines in (("vllm", vllm_node_commands(plan)), ("sglang", sglang_node_commands(plan))):
+        launch[name] = lines[0]  # the head node's line
+        if len(lines) > 1:
+            launch[f"{name}_nodes"] = "\n".join(lines)  # every node's line, head first
+    return launch
+
+
+def with_serve_launch(plan: ServePlan) -> ServePlan:
+    """The plan with its launch commands attached."""
+    return plan.with_launch(serve_launch(plan))
+
+
+def solve_serve(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, **kwargs) -> list[ServePlan]:
+    """`search.serve.solve.solve_serve` (same arguments), each plan with its launch commands."""
+    return [with_serve_launch(p) for p in _search.solve_serve(model, cluster, job, **kwargs)]
+
+
+def evaluate_serve(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, **kwargs) -> ServePlan:
+    """`search.serve.solve.evaluate_serve` (same arguments), with the plan's launch commands."""
+    return with_serve_launch(_search.evaluate_serve(model, cluster, job, **kwargs))
+
+
+def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob,
+                  concurrency: int | None = None, shape_given: bool = True, sglang: bool = False) -> ServePlan:
+    """`evaluate --from-vllm` (`--from-sglang` with sglang=True): read the plan from the launch line and
+    predict it. The command's max model length, quantization and KV-cache dtype override the job's; when
+    the request shape was not given (`shape_given` False) and does not fit the command's max model
+    length, it is scaled down to fit, with a warning. With no model given, the command's model path must
+    name a bundled model's Hugging Face repository."""
+    parsed = parse_sglang(command) if sglang else parse_vllm(command)
+    job, note = parsed.fit_request_shape(job, shape_given=shape_given)
+    if note:
+        parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
+    if model is None:
+        model = model_for_path(parsed.model)
+    applied = parsed.apply_to(job)
+    if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
+        # the command loads its own quantized checkpoint: relaunch exactly that one
+        own = Checkpoint.model_construct(weights=applied.weight_dtype, repo=parsed.model, quantization=parsed.quantization)
+        model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
+    return evaluate_serve(
+        model,
+        cluster,
+        applied,
+        tp=parsed.tp,
+        pp=parsed.pp,
+        dp=parsed.dp,
+        expert_parallel=parsed.enable_expert_parallel,
+        gpu_memory_utilization=parsed.gpu_memory_utilization,
+        max_num_seqs=parsed.max_num_seqs,
+        max_num_batched_tokens=parsed.max_num_batched_tokens,
+        warnings=parsed.warnings,
+        concurrency=concurrency,
+    )
+
+
+def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, *,
+                           input_len: int | None = None, output_len: int | None = None,
+                           concurrency: int | None = None, sglang: bool = False) -> ServePlan:
+    """`evaluate --from-vllm/--from-sglang`: the specs loaded by reference (the model from the command's
+    model path when `model_ref` is None), the request shape from the model's `serving:` defaults unless
+    given, then `evaluate_vllm`."""
+    model_spec = load_model(model_ref) if model_ref else None
+    cluster_spec = resize(load_cluster(cluster_ref), gpus)
+    return evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
+                         concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
+                         sglang=sglang)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSolution:
+    """What `solve --mode serve` shows: the plans (best first); with no SLA given, the throughput-optimal
+    plan beside the interactive one (`alternative`) and the note saying which SLA was planned for."""
+
+    plans: list[ServePlan]
+    alternative: ServePlan | None
+    sla_note: str
+    interactive: bool
+    """True when the job had no target and no rate, so the interactive default was tried."""
+
+
+def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k: int, pins: dict[str, int | None] | None,
+                 time_limit_s: float, num_workers: int, seed: int, disaggregate: str = "auto",
+                 started_at: float | None = None) -> ServeSolution:
+    """The best `top_k` serving plans. A job with no TPOT/TTFT target and no request rate is planned at
+    the interactive TPOT (`INTERACTIVE_TPOT_MS`), with the throughput-optimal plan as the alternative;
+    when no plan reaches it, the throughput-optimal plan is the answer, with a note saying so."""
+    run = dict(pins={k: v for k, v in (pins or {}).items() if v is not None}, time_limit_s=time_limit_s,
+               num_workers=num_workers, seed=seed, disaggregate=disaggregate, started_at=started_at)
+    interactive = interactive_job(job)
+    alternative, sla_note = None, ""
+    if interactive is None:
+        plans = solve_serve(model, cluster, job, top_k=top_k, **run)
+    else:
+        alternative = solve_serve(model, cluster, job, top_k=1, **run)[0]
+        try:
+            plans = solve_serve(model, cluster, interactive, top_k=top_k, **run)
+            sla_note = (f"SLA: TPOT <= {INTERACTIVE_TPOT_MS:g} ms (the interactive default; set --tpot-ms, --ttft-s "
+                        "or --request-rate to plan for your own)")
+        except InfeasibleError as exc:
+            plans, alternative = [alternative], None
+            sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
+                        "showing the throughput-optimal plan")
+    return ServeSolution(plans, alternative, sla_note, interactive is not None)
+
+
+def serve_launch_script(plan: ServePlan, engine: str) -> str:
+    """The launch script of a serving plan for `engine` (vllm or sglang): a prefill/decode deployment's
+    roles and router (`emit.pd`), else the replicas (`emit.serve_script`)."""
+    return pd_script(plan, engine) if plan.disaggregated else serve_script(plan, engine)
+
+
+def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = None) -> int:
+    """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
+    the number of files. `framework` defaults to SGLang for a prefill/decode split (its router ships in
+    its image; vLLM's PD proxy is an example script), else vLLM."""
+    if output.exists() and not output.is_dir():
+        raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+    output.mkdir(parents=True, exist_ok=True)
+    if framework is None:
+        framework = "sglang" if plan.disaggregated else "vllm"
+    files = k8s_manifests(plan, framework)
+    for name, objects in files.items():
+        (output / name).write_text(k8s_yaml(objects))
+    return len(files)

@@ -1,0 +1,43 @@
+"""The cost-study half of the public API (re-exported by `autoshard.api`): `study` solves every
+(cluster kind, GPU count) and prices it (`autoshard.study.run`), `serve_study_fronts` adds the serving
+Pareto fronts, `write_study` writes the output set as one set, `study_json` is the `--json` object;
+the renderers the CLI prints with (`render_study`, `render_fronts`) are re-exported from `autoshard.study`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autoshard.study import run as _run
+from autoshard.study.costs import StudyResult
+from autoshard.study.files import STUDY_FILES, check_out_dir, write_study_set
+from autoshard.study.front import ClusterFront, fronts_json, render_fronts, serve_study_fronts
+from autoshard.study.report import render_study
+from autoshard.study.runner import ProgressFn
+
+__all__ = ["study", "serve_study_fronts", "write_study", "study_json", "check_out_dir", "render_study",
+           "render_fronts", "StudyResult", "ClusterFront", "ProgressFn", "STUDY_FILES"]
+
+
+def study(model: Any, clusters: Sequence[Any], sizes: Sequence[int], **kwargs: Any) -> StudyResult:
+    """`autoshard.study.run.run_study` (same arguments): the best plan per cluster kind and size, with
+    days, dollars and the answers a buyer wants first."""
+    return _run.run_study(model, clusters, sizes, **kwargs)
+
+
+def write_study(result: StudyResult, out_dir: Path, extra: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
+    """Write study.csv, study.md, pareto.png and study.json (and what the `extra` writers add, e.g. the
+    serving fronts' PNG) to `out_dir` as one set; the paths written."""
+    return write_study_set(result, out_dir, extra=extra)
+
+
+def study_json(result: StudyResult, fronts: list[ClusterFront] | None, tpot_ms: float | None,
+               written: Sequence[Path]) -> dict[str, Any]:
+    """The `study --json` object: the study, the serving fronts when studied, the files written."""
+    obj = result.to_json()
+    if fronts is not None:
+        obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
+    if written:
+        obj["files"] = [str(p) for p in written]
+    return obj

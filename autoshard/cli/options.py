@@ -1,0 +1,140 @@
+"""Option types, choices and checks the `autoshard` commands share, and their JSON/script output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
+from autoshard.cli.app import err
+from autoshard.errors import SpecError
+
+
+class Mode(StrEnum):
+    TRAIN = "train"
+    SERVE = "serve"
+
+
+class Target(StrEnum):
+    MEGATRON = "megatron"
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    K8S = "k8s"
+
+
+class Disaggregate(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class RecomputeOpt(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+# ----------------------------------------------------------------------------- shared option types
+
+GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Use this many GPUs (resizes a homogeneous cluster).")]
+SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]
+GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp8.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
+TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
+PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]
+DpOpt = Annotated[int | None, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data parallel size.")]
+CpOpt = Annotated[int | None, typer.Option("--cp", min=1, max=MAX_GPUS, help="Context parallel size.")]
+EpOpt = Annotated[int | None, typer.Option("--ep", min=1, max=MAX_GPUS, help="Expert parallel size.")]
+EtpOpt = Annotated[int | None, typer.Option("--etp", min=1, max=MAX_GPUS, help="Expert tensor parallel size (default: TP).")]
+VppOpt = Annotated[int | None, typer.Option("--vpp", min=1, max=MAX_LAYERS, help="Virtual pipeline stages per rank (interleaving).")]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", min=1, max=MAX_GLOBAL_BATCH, help="Micro-batch size.")]
+RecomputeOptT = Annotated[RecomputeOpt | None, typer.Option("--recompute", help="Activation recomputation.")]
+RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-num-layers", min=0, max=MAX_LAYERS, help="Decoder layers per stage fully recomputed on top of --recompute.")]
+SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism (with TP > 1).")]
+ZeroOpt = Annotated[int | None, typer.Option("--zero-stage", min=0, max=3, help="0: none, 1: distributed optimizer, 2/3: Megatron FSDP.")]
+RecomputeModulesOpt = Annotated[str | None, typer.Option("--recompute-modules", help="Selective recompute of these Megatron modules (comma-separated): core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts. Implies --recompute selective.")]
+LayoutOpt = Annotated[str | None, typer.Option("--layout", help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*10|t*10|t*10|t*10L' (sets VPP).")]
+FirstLayersOpt = Annotated[int | None, typer.Option("--decoder-first-pipeline-num-layers", min=1, help="Decoder layers on the first pipeline rank (Megatron's flag).")]
+LastLayersOpt = Annotated[int | None, typer.Option("--decoder-last-pipeline-num-layers", min=1, help="Decoder layers on the last pipeline rank (Megatron's flag).")]
+AcctEmbOpt = Annotated[bool, typer.Option("--account-for-embedding-in-pipeline-split", help="Count the embedding as a layer when splitting (Megatron's flag).")]
+AcctLossOpt = Annotated[bool, typer.Option("--account-for-loss-in-pipeline-split", help="Count the loss as a layer when splitting (Megatron's flag).")]
+TpOverlapOpt = Annotated[bool | None, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Evaluate: TP communication overlap (default: on with sequence parallelism).")]
+DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Evaluate: overlap DP gradient reduce / param gather with compute (default: on).")]
+DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
+DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
+Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
+
+
+def print_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def plans_json(plans: list) -> dict:
+    """The best plan's JSON object, with the runner-ups (--top) under "alternatives"."""
+    obj = plans[0].to_json()
+    if len(plans) > 1:
+        obj["alternatives"] = [p.to_json() for p in plans[1:]]
+    return obj
+
+
+TRAIN_ONLY = ("seq_len", "global_batch_size", "precision", "from_megatron", "verbose", "memory_fraction", "cp",
+              "etp", "vpp", "mbs", "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage",
+              "show_schedule", "layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+              "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "recompute_modules",
+              "moe_dispatcher", "fp8_recipe")
+SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", "request_rate", "weight_dtype",
+              "kv_cache_dtype")
+
+
+PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs",
+              "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage", "layout",
+              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_modules",
+              "moe_dispatcher", "fp8_recipe", "tp_comm_overlap", "overlap_grad_reduce", "distributed_optimizer")
+
+
+def check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
+    """A flag the other mode owns would be silently ignored: refuse it, naming the flag."""
+    wrong = TRAIN_ONLY if mode is Mode.SERVE else SERVE_ONLY
+    for name in wrong:
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            other = "train" if mode is Mode.SERVE else "serve"
+            hint = " (serving weights: --weight-dtype)" if name == "precision" else ""
+            raise SpecError(f"{flag} applies to --mode {other} only; with --mode {mode.value} it would be ignored: "
+                            f"drop it{hint}", source=flag)
+
+
+def check_output(output: Path | None, emit: Target | None) -> None:
+    """Refuse an -o that cannot be written before any solving starts."""
+    if output is None:
+        return
+    if emit is None:
+        raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
+    where = str(output)
+    try:
+        if output.is_dir():
+            raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
+        parent = output.parent
+        if not parent.is_dir():
+            raise SpecError(f"the directory {parent} does not exist: create it or write elsewhere", source="-o")
+        if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+            raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
+    except OSError as exc:
+        raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def write_script(text: str, output: Path | None, json_out: bool) -> None:
+    """The launch script to -o, else to stdout (to stderr under --json: stdout holds the JSON object only)."""
+    if output is None:
+        (sys.stderr if json_out else sys.stdout).write(text)
+        return
+    write_launch_script(text, output)
+    err.print(f"wrote {escape(str(output))}", highlight=False)

@@ -1,0 +1,94 @@
+"""The serving paths of `autoshard solve --mode serve` and `autoshard evaluate --from-vllm/--from-sglang`:
+render what `autoshard.api` plans and write its launch script or Kubernetes manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+
+from autoshard import api
+from autoshard.cli.app import err, out
+from autoshard.cli.options import Target, print_json, write_script
+from autoshard.errors import SpecError
+from autoshard.report.pareto import front_json, render_front, write_front_png
+from autoshard.report.serving import render_serve_plan
+
+
+def evaluate_vllm(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
+                  input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None,
+                  sglang: bool = False) -> None:
+    """`evaluate --from-vllm/--from-sglang`: predict the command's plan and print it."""
+    plan = api.evaluate_serve_command(command, model_ref, cluster_ref, gpus, input_len=input_len, output_len=output_len,
+                                       concurrency=concurrency, sglang=sglang)
+    if json_out:
+        print_json(plan.to_json())
+    else:
+        render_serve_plan(plan, out)
+
+
+def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
+                output_len, max_model_len, tpot_ms, ttft_s, request_rate, weight_dtype, kv_cache_dtype, emit, output,
+                disaggregate: str = "auto", pareto: bool = False, out_dir: Path | None = None,
+                started_at: float | None = None) -> None:
+    """`solve --mode serve`: the best deployment (at the interactive SLA when none is given), its
+    Pareto front with --pareto, and its launch script or manifests with --emit."""
+    if target is Target.K8S:
+        raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
+                        source="--target")
+    if out_dir is not None and not pareto:
+        raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
+    if emit is Target.K8S and output is None:
+        raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
+    if target is Target.MEGATRON or emit is Target.MEGATRON:
+        raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
+    model_spec, cluster_spec = api.load(model, cluster, gpus)
+    job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
+                            weight_dtype, kv_cache_dtype)
+    found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,
+                             num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at)
+    plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
+    best = plans[0]
+    front = None
+    if pareto:
+        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate)
+        if out_dir is not None:
+            png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
+                                  title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
+                                        f"{job.input_len} in / {job.output_len} out")
+            err.print(f"wrote {png}")
+    if json_out:
+        obj = best.to_json()
+        if len(plans) > 1:
+            obj["alternatives"] = [p.to_json() for p in plans[1:]]
+        if front is not None:
+            obj["pareto"] = front_json(front, best.job.tpot_target_s)
+        if found.interactive:
+            obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
+                          "note": sla_note}
+        if alternative is not None:
+            obj["throughput_optimal"] = alternative.to_json()
+        print_json(obj)
+    else:
+        console = out if emit is None or output is not None else err
+        render_serve_plan(best, console, runners=plans[1:], explain=explain, time_limit_s=time_limit)
+        if sla_note:
+            console.print(f"[bold]{escape(sla_note)}[/bold]")
+        if alternative is not None:
+            console.print(
+                f"throughput-optimal alternative (no TPOT target): {escape(alternative.describe())}, "
+                f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
+                f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
+                highlight=False)
+        if front is not None:
+            render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
+                         tpot_target_s=best.job.tpot_target_s)
+    if emit is Target.K8S:
+        framework = target.value if target in (Target.VLLM, Target.SGLANG) else None
+        count = api.write_k8s_manifests(best, output, framework)
+        err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
+                  highlight=False)
+    elif emit is not None:
+        write_script(api.serve_launch_script(best, emit.value), output, json_out)

@@ -1,0 +1,124 @@
+"""`autoshard study`: the pre-provisioning cost study (`autoshard.api.study`), with a progress bar on
+stderr, the answers and table (or one JSON object) on stdout, and the report files under --out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autoshard import api
+from autoshard.api import MAX_TOKENS
+from autoshard.cli.app import app, err, guard, out
+from autoshard.cli.options import GbsOpt, JsonOpt, Mode, PrecisionOpt, SeqOpt
+from autoshard.errors import SpecError
+
+
+@app.command()
+@guard
+def study(
+    model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or config.json.")],
+    cluster: Annotated[list[str], typer.Option("--cluster", help="Cluster kind to compare (repeat).")],
+    gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU counts, e.g. 64,128,256.")],
+    tokens: Annotated[float | None, typer.Option("--tokens", min=1, max=MAX_TOKENS, help="Training tokens (default: the model's training: tokens).")] = None,
+    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, max=1e7, help="Finish within this many days.")] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, max=1e12, help="Spend at most this many dollars.")] = None,
+    price: Annotated[list[str] | None, typer.Option("--price", help="Override a price: CLUSTER=USD_PER_GPU_HOUR (repeat).")] = None,
+    mode: Annotated[Mode, typer.Option("--mode", help="train or serve.")] = Mode.TRAIN,
+    seq_len: SeqOpt = None,
+    global_batch_size: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
+    json_out: JsonOpt = False,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit per size.")] = 20.0,
+    jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
+    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
+) -> None:
+    """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
+    sizes = parse_sizes(gpus)
+    prices = parse_prices(price or [])
+    run_study(model=model, clusters=cluster, sizes=sizes, tokens=tokens, deadline_days=deadline_days,
+              budget_usd=budget_usd, prices=prices, mode=mode.value, seq_len=seq_len,
+              global_batch_size=global_batch_size, precision=precision, out_dir=out_dir, json_out=json_out,
+              time_limit=time_limit, jobs=jobs, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s)
+
+
+def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: float | None,
+              deadline_days: float | None, budget_usd: float | None, prices: dict[str, float], mode: str,
+              seq_len: int | None, global_batch_size: int | None, precision: str | None, out_dir: Path | None,
+              json_out: bool, time_limit: float, jobs: int, request_rate: float | None,
+              tpot_ms: float | None = None, ttft_s: float | None = None) -> api.StudyResult:
+    """Solve with a progress bar on stderr, print the answers and the table on stdout (or one JSON
+    object with `json_out`), and write the report files under `out_dir`."""
+    if out_dir is not None:
+        api.check_out_dir(out_dir)
+    bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=err, transient=True,
+                   disable=json_out or not err.is_terminal)
+    task = bar.add_task("", total=None)
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, description=f"last: {label}" if label else "")
+        if done == 0:
+            bar.start()  # its refresh thread starts after the worker processes are forked
+
+    try:
+        result = api.study(model, clusters, sizes, mode=mode, tokens=tokens, deadline_days=deadline_days,
+                           budget_usd=budget_usd, prices=prices, seq_len=seq_len, global_batch_size=global_batch_size,
+                           precision=precision, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
+                           time_limit_s=time_limit, jobs=jobs, progress=progress)
+    except KeyboardInterrupt:
+        bar.stop()
+        where = f"; nothing was written to {out_dir}" if out_dir is not None else ""
+        err.print(f"study interrupted before it finished{where}", highlight=False, markup=False)
+        raise SystemExit(130) from None
+    finally:
+        bar.stop()
+    fronts, extra = None, []
+    if mode == "serve":
+        fronts, extra = api.serve_study_fronts(model, clusters, sizes, prices=prices, precision=precision,
+                                               request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s)
+    try:
+        written = api.write_study(result, out_dir, extra=extra) if out_dir is not None else []
+    except KeyboardInterrupt:
+        err.print(f"study interrupted while writing; no complete set was left in {out_dir}", highlight=False,
+                  markup=False)
+        raise SystemExit(130) from None
+    if json_out:
+        out.file.write(json.dumps(api.study_json(result, fronts, tpot_ms, written), indent=2) + "\n")
+        out.file.flush()
+    else:
+        api.render_study(result, out)
+        if fronts:
+            api.render_fronts(fronts, out, tpot_ms / 1e3 if tpot_ms else None)
+        for path in written:
+            err.print(f"wrote {path}", highlight=False, markup=False)
+    return result
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SpecError(f"'{text}' is not a comma-separated list of GPU counts (e.g. 64,128,256)", source="--gpus") from None
+    if not sizes or min(sizes) < 1:
+        raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
+    return sizes
+
+
+def parse_prices(items: list[str]) -> dict[str, float]:
+    prices: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            prices[name.strip()] = float(value)
+        except ValueError:
+            raise SpecError(f"'{item}' is not CLUSTER=USD_PER_GPU_HOUR (e.g. dgx-h100=2.9)", source="--price") from None
+        if prices[name.strip()] <= 0:
+            raise SpecError(f"price must be positive in '{item}'", source="--price")
+    return prices

@@ -1,0 +1,218 @@
+"""Per-GPU compute and HBM terms of one serving step: the linear layers (BF16, FP8, FP4 and
+weight-only GEMMs), the routed experts as grouped GEMMs, prefill and decode attention, and the
+memory-bound elementwise kernels. Priced on the GPU as an inference engine sees it (`serving_gpu`).
+Communication lives in `autoshard.costmodel.serve.sharding` (and the collectives in `comm`).
+
+Pure functions of the specs: no I/O, no solver.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from autoshard.costmodel.compute import (
+    Gemm,
+    attention_dims,
+    elementwise_bytes_per_token,
+    gemm_time_s,
+    mlp_gemms,
+)
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.memory import BF16
+from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, weight_bytes_per_param
+from autoshard.parallel import ParallelDims
+from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import Precision, WeightDtype
+from autoshard.specs.model import LayerKind, ModelSpec
+
+__all__ = [
+    "ELEMENTWISE_KERNELS",
+    "HOPPER_NAMES",
+    "FLASH_FWD_HOPPER",
+    "MOE_ROW_BLOCK",
+    "serving_gpu",
+    "prefill_attention_s",
+]
+
+ELEMENTWISE_KERNELS = {LayerKind.DENSE: 4, LayerKind.MOE: 7}
+"""Memory-bound kernels one decoder layer launches besides its GEMMs, attention and collectives: the
+two fused add+RMSNorms, rotary embedding and the MLP activation (vLLM `fused_add_rms_norm`,
+`rotary_embedding`, `silu_and_mul`); an MoE layer adds top-k softmax, the align/permute of tokens to
+experts and the weighted un-permute (vLLM `topk_softmax`, `moe_align_block_size`, `moe_sum`). Each
+costs the GPU's `kernel_overhead_us` however few bytes it moves (what sets decode at small batch)."""
+HOPPER_NAMES = ("H100", "H200", "GH200")
+FLASH_FWD_HOPPER = (0.64, 241.0)
+"""Forward flash attention on Hopper as `top * s / (s + half)` of the BF16 peak: FlashAttention-3,
+head dim 128, measured on H100 by pytorch/benchmark PR #2391 (commit ff65cb67): 430 / 517 / 566 /
+590 / 614 / 621 TFLOP/s at 512 / 1K / 2K / 4K / 8K / 16K tokens = 0.43-0.63 of 989. The engines'
+prefill kernels on Hopper are FlashAttention-3 (vLLM, SGLang) or TensorRT-LLM's own fused MHA of the
+same design."""
+MOE_ROW_BLOCK = 16
+"""Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
+(vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
+
+
+@functools.lru_cache(maxsize=64)
+def serving_gpu(gpu: GpuSpec) -> GpuSpec:
+    """The GPU as an inference engine's GEMMs see it: the efficiency field `serve_gemm` (fitted per
+    GPU type on published serving runs) in place of the training-fitted `gemm`, FP8 GEMMs at the
+    training ratio gemm_fp8 / gemm. A GPU type without it keeps its training values (no serving run
+    of it to learn from)."""
+    eff = gpu.efficiency
+    if eff.serve_gemm is None:
+        return gpu
+    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, eff.gemm_fp8 * eff.serve_gemm / eff.gemm)}
+    return gpu.model_copy(update={"efficiency": eff.model_copy(update=update)})
+
+
+def _weight_only_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
+    """A W8A16/W4A16 (Marlin-style) GEMM: BF16 math on weights read at their storage size. Same
+    roofline and shape fall-off as `gemm_time_s`."""
+    eff = gpu.efficiency
+    smallest = min(g.m, g.n, g.k)
+    math_s = (
+        2.0
+        * g.m
+        * g.n
+        * g.k
+        / (gpu.bf16_tflops * 1e12 * eff.gemm * smallest / (smallest + eff.gemm_half_dim))
+    )
+    traffic = g.k * g.n * wbytes + (g.m * g.k + g.m * g.n) * BF16
+    mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    return g.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
+
+
+def _gemm_s(g: Gemm, gpu: GpuSpec, dtype: WeightDtype) -> float:
+    """Linear layers in vLLM: BF16 GEMMs; FP8 weights use FP8 GEMMs on GPUs with FP8 tensor cores
+    (W8A8, dynamic activation scales) and weight-only kernels elsewhere; NVFP4/MXFP4 weights use FP4
+    GEMMs on GPUs with FP4 tensor cores (Blackwell) and weight-only (Marlin) kernels elsewhere;
+    int8/int4 are weight-only."""
+    if dtype is WeightDtype.BF16 or not g.fp8_capable:
+        return gemm_time_s(g, gpu, Precision.BF16)
+    if dtype is WeightDtype.FP8 and gpu.fp8_tflops:
+        return gemm_time_s(g, gpu, Precision.FP8)
+    if dtype.is_fp4 and gpu.fp4_tflops:
+        return _fp4_gemm_s(g, gpu, weight_bytes_per_param(dtype))
+    return _weight_only_gemm_s(g, gpu, weight_bytes_per_param(dtype))
+
+
+def _fp4_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
+    """A W4A4 GEMM on FP4 tensor cores (Blackwell; activations quantized to the same format on the fly):
+    math at the dense FP4 peak with the FP8 GEMM efficiency (no measured FP4 fit yet), weights and
+    activations read at their FP4 size, BF16 output."""
+    eff = gpu.efficiency
+    assert gpu.fp4_tflops is not None
+    smallest = min(g.m, g.n, g.k)
+    math_s = 2.0 * g.m * g.n * g.k / (gpu.fp4_tflops * 1e12 * eff.gemm_fp8 * smallest / (smallest + eff.gemm_half_dim))
+    traffic = (g.k * g.n + g.m * g.k) * wbytes + g.m * g.n * BF16
+    mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    return g.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
+
+
+def _rows(x: float) -> int:
+    return max(1, math.ceil(x - 1e-9))
+
+
+def _expert_routing(model: ModelSpec, cfg: ServeConfig, tokens: float) -> tuple[float, float, int]:
+    """(local experts hit, token-expert pairs on this GPU, TP shards of each expert) for `tokens`
+    tokens of one DP rank. Only the experts the batch hits are read: E * (1 - (1 - k/E)^n) of them for
+    n tokens routed at random."""
+    assert model.moe is not None
+    moe = model.moe
+    e, k = moe.num_experts, moe.top_k
+    if cfg.expert_parallel:
+        n = tokens * cfg.dp_attention  # tokens of every DP rank meet in the MoE layer
+        local = e / cfg.ep
+        pairs = n * k / cfg.ep  # token-expert pairs landing on this GPU
+        shards = 1
+    else:
+        n, local, pairs, shards = tokens, float(e), tokens * k, cfg.tp
+    hit = local * (1.0 - (1.0 - k / e) ** n)
+    return max(hit, 1e-9), pairs, shards
+
+
+def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens: float) -> float:
+    """Routed experts of one MoE layer on one GPU as grouped GEMMs (one kernel per weight matrix):
+    the slower of the math over every hit expert's rows, padded to MOE_ROW_BLOCK, at the GEMM
+    efficiency and shape fall-off of `gemm_time_s`, and the HBM traffic (hit experts' weights once,
+    plus the activations in and out); one launch per matrix."""
+    assert model.moe is not None
+    hit, pairs, shards = _expert_routing(model, cfg, tokens)
+    rows = max(pairs / hit, 1.0)
+    padded = MOE_ROW_BLOCK * math.ceil(rows / MOE_ROW_BLOCK - 1e-9)
+    eff = gpu.efficiency
+    dtype = cfg.weight_dtype
+    fp8_math = dtype is WeightDtype.FP8 and bool(gpu.fp8_tflops)
+    peak, gemm_eff = (gpu.fp8_tflops * 1e12, eff.gemm_fp8) if fp8_math else (gpu.bf16_tflops * 1e12, eff.gemm)
+    wbytes = weight_bytes_per_param(dtype)
+    act = 1 if fp8_math else BF16
+    total = 0.0
+    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, shards):
+        smallest = min(padded, g.n, g.k)
+        shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+        math_s = 2.0 * hit * padded * g.n * g.k / (peak * shape_eff)
+        traffic = hit * g.n * g.k * wbytes + pairs * (g.k * act + g.n * BF16)
+        mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
+    return total
+
+
+def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
+    """Fraction of dense BF16 peak a forward (prefill) flash-attention kernel reaches on a causal
+    prompt of `seq_len` tokens: FlashAttention-3's measured curve on Hopper (FLASH_FWD_HOPPER), the
+    GPU type's (training-fitted) attention efficiency elsewhere."""
+    if any(tag in gpu.name for tag in HOPPER_NAMES):
+        top, half = FLASH_FWD_HOPPER
+        return max(top * seq_len / (seq_len + half), gpu.efficiency.attention)
+    return gpu.efficiency.attention
+
+
+def prefill_attention_s(model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float) -> float:
+    """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
+    value products at the forward flash-attention efficiency for that length."""
+    qk_dim, v_dim = attention_dims(model)
+    heads = model.num_attention_heads / tp
+    flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
+    return flops / (gpu.bf16_tflops * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+
+
+def _decode_attention_s(
+    model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float
+) -> float:
+    """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
+    tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
+    larger. MLA decodes in the absorbed latent form."""
+    if seqs <= 0:
+        return 0.0
+    kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
+    heads = model.num_attention_heads / cfg.tp
+    if model.mla is not None:
+        dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
+    else:
+        qk, v = attention_dims(model)
+        dims = qk + v
+    eff = gpu.efficiency
+    hbm = eff.serve_attention_hbm if eff.serve_attention_hbm is not None else eff.hbm
+    mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
+    math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
+    return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
+
+
+def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> float:
+    """HBM bytes of memory-bound kernels per token of the DP rank on one GPU: the dense layer's norms,
+    residual adds and rotary embedding (`elementwise_bytes_per_token`, no sequence parallelism); for
+    MoE layers the activation of the routed and shared experts this GPU runs (1/TP of the token's top-k
+    expert intermediates either way) and the permute/unpermute copies of the routed hidden states."""
+    dense = elementwise_bytes_per_token(
+        model, LayerKind.DENSE, dims=ParallelDims(tp=cfg.tp), sequence_parallel=False
+    )
+    if kind is not LayerKind.MOE:
+        return dense
+    assert model.moe is not None
+    moe = model.moe
+    gates = model.mlp.num_matrices  # activation reads gate (and up), writes one output
+    dense_act = gates * model.ffn_hidden_size / cfg.tp * BF16
+    act = gates * (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_expert_ffn_hidden_size) / cfg.tp * BF16
+    copies = moe.top_k / (cfg.tp if cfg.expert_parallel else 1)
+    return dense - dense_act + act + 2 * 2 * copies * model.hidden_size * BF16

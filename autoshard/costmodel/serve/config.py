@@ -1,0 +1,138 @@
+"""The settings of a vLLM-style engine (`ServeConfig`, named as vLLM's flags) and the decoder layers
+each pipeline rank hosts (vLLM's `get_pp_indices` split).
+
+Pure functions of the specs: no I/O, no solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autoshard.parallel import ParallelDims
+from autoshard.specs.job import WeightDtype
+from autoshard.specs.model import LayerKind, ModelSpec
+
+__all__ = ["HOST_US_PER_SEQ", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
+
+HOST_US_PER_SEQ = 5.0
+"""Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
+scheduling, stop-criteria checks, updating each request's response (what TensorRT-LLM's later
+"overlap scheduler" hides: nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html; the
+0.14-0.17 engines in tests/validation/serving_runs.yaml run it serially). Fitted, with the serving
+GPU efficiencies, on the published offline runs by tests/validation/validate_serving.py (a grid of
+0 / 2.5 / 5 / 7.5 / 10, leave-one-source-out there)."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """One engine's settings, named as vLLM's flags."""
+
+    tp: int = 1
+    pp: int = 1
+    dp_attention: int = 1
+    """Attention data-parallel ranks inside the engine; > 1 only with expert parallelism, where the
+    MoE layers are sharded over all TP x DP ranks (vLLM --data-parallel-size with
+    --enable-expert-parallel)."""
+    expert_parallel: bool = False
+    weight_dtype: WeightDtype = WeightDtype.BF16
+    kv_cache_dtype: WeightDtype = WeightDtype.BF16
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int = 256
+    """Running requests per DP rank (vLLM --max-num-seqs)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one scheduler step, the prefill chunk size (vLLM --max-num-batched-tokens)."""
+    kv_cache_memory_bytes: float | None = None
+    """A fixed KV-cache size per GPU (vLLM --kv-cache-memory-bytes); None: derive it from the utilization."""
+    cuda_graphs: bool = True
+    """False models --enforce-eager (no graph pools, but no launch-overhead savings either)."""
+    custom_all_reduce: bool = True
+    """The engine's custom all-reduce for small TP messages on NVLink (False: vLLM
+    --disable-custom-all-reduce, NCCL only)."""
+    host_us_per_seq: float = HOST_US_PER_SEQ
+    """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
+    with the GPU work)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dp_attention > 1 and not self.expert_parallel:
+            raise ValueError(
+                "dp_attention > 1 describes an expert-parallel engine; replicate the engine instead"
+            )
+        if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
+            raise ValueError("kv_cache_dtype must be bf16 or fp8")
+        if not self.host_us_per_seq >= 0:
+            raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel size: TP x DP with expert parallelism, else 1 (experts TP-sharded)."""
+        return self.tp * self.dp_attention if self.expert_parallel else 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp_attention
+
+    @property
+    def dims(self) -> ParallelDims:
+        ep = self.ep
+        return ParallelDims(tp=self.tp, pp=self.pp, dp=self.dp_attention, ep=ep, etp=1 if ep > 1 else None)
+
+
+# --------------------------------------------------------------------------- layers per stage
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayers:
+    """What one pipeline rank hosts."""
+
+    dense: int
+    moe: int
+    embedding: bool
+    output: bool
+
+    @property
+    def decoders(self) -> int:
+        return self.dense + self.moe
+
+
+def pp_layer_split(num_layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline rank as vLLM's `get_pp_indices` splits them: an even share each,
+    the remainder going one apiece to the ranks before the last (first and last also hold the
+    embedding and the output layer)."""
+    if pp > num_layers:
+        raise ValueError(f"PP {pp} exceeds the {num_layers} decoder layers")
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def stage_layers(model: ModelSpec, pp: int) -> list[StageLayers]:
+    return list(_stage_layers(model, pp))
+
+
+@lru_cache(maxsize=256)
+def _stage_layers(model: ModelSpec, pp: int) -> tuple[StageLayers, ...]:
+    kinds = [k for k in model.layer_kinds if k in (LayerKind.DENSE, LayerKind.MOE)]
+    out, start = [], 0
+    for i, n in enumerate(pp_layer_split(len(kinds), pp)):
+        chunk = kinds[start : start + n]
+        start += n
+        out.append(
+            StageLayers(
+                dense=chunk.count(LayerKind.DENSE),
+                moe=chunk.count(LayerKind.MOE),
+                embedding=i == 0,
+                output=i == pp - 1,
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,87 @@
+"""What tensor, expert and pipeline parallelism and attention data parallelism add to a serving step:
+the process groups' links in vLLM's rank order, a layer's TP all-reduces, the logits' TP all-gather, the EP dispatch and
+combine between attention-DP groups, the activation send between PP stages, and the busiest
+attention-DP rank's prefill load. Volumes and groups here; the collectives' time formulas are in
+`autoshard.costmodel.comm`.
+
+Pure functions of the specs: no I/O, no solver.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link, tp_all_reduce_s
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.memory import BF16
+from autoshard.specs.cluster import PoolSpec
+from autoshard.specs.job import WeightDtype
+from autoshard.specs.model import LayerKind, ModelSpec
+
+__all__ = [
+    "expected_max_prefill_tokens", "layer_tp_comm_s", "ep_dispatch_s", "pp_send_s", "logits_all_gather_s",
+]
+
+
+def expected_max_prefill_tokens(
+    prefill_tokens: float, *, ranks: int, prompt_tokens: float
+) -> float:
+    """Expected largest prefill load among `ranks` DP ranks in one step when each rank carries on
+    average `prefill_tokens` prefill tokens that arrive as whole chunks of `prompt_tokens`: the number
+    of chunks per rank is Poisson, E[max] = sum_k>=1 P(max >= k) = sum_k (1 - F(k-1)^ranks)."""
+    if ranks <= 1 or prefill_tokens <= 0 or prompt_tokens <= 0:
+        return prefill_tokens
+    lam = prefill_tokens / prompt_tokens
+    expected, cdf, term, k = 0.0, 0.0, math.exp(-lam), 0
+    while True:
+        cdf += term  # F(k)
+        tail = 1.0 - cdf**ranks  # P(max >= k + 1)
+        expected += tail
+        k += 1
+        term *= lam / k
+        if tail < 1e-9 or k > 10_000:
+            break
+    return max(expected * prompt_tokens, prefill_tokens)
+
+
+def _links(pool: PoolSpec, cfg: ServeConfig) -> tuple[Link, Link, Link]:
+    """TP, EP (between attention-DP groups) and PP links in vLLM's rank order (TP innermost, then PP,
+    DP outermost)."""
+    return (
+        group_link(pool, ranks=cfg.tp),
+        group_link(pool, ranks=cfg.dp_attention, stride=cfg.tp * cfg.pp),
+        group_link(pool, ranks=2, stride=cfg.tp),
+    )
+
+
+def layer_tp_comm_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, link: Link, *, tokens: float) -> float:
+    """The two TP all-reduces of one decoder layer (after attention and after the MLP) on `tokens` rows."""
+    return 2 * tp_all_reduce_s(
+        tokens * model.hidden_size * BF16, cfg.tp, link, pool, custom=cfg.custom_all_reduce
+    )
+
+
+def ep_dispatch_s(model: ModelSpec, kind: LayerKind, cfg: ServeConfig, link: Link, *, routed: float) -> float:
+    """EP dispatch and combine of one MoE layer for `routed` tokens of one DP rank: all-to-alls between
+    attention-DP groups only (EP = TP alone needs none: the combine is the TP all-reduce); FP8 models
+    dispatch FP8 activations, the combine returns BF16."""
+    ep_s = 0.0
+    if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
+        assert model.moe is not None
+        moved = routed * model.moe.top_k * model.hidden_size / cfg.tp
+        dispatch = 1 if cfg.weight_dtype is WeightDtype.FP8 else BF16
+        ep_s = sum(
+            collective_time_s(Collective.ALL_TO_ALL, moved * b, cfg.dp_attention, link)
+            for b in (dispatch, BF16)
+        )
+    return ep_s
+
+
+def pp_send_s(model: ModelSpec, link: Link, *, tokens: float) -> float:
+    """One activation send of `tokens` rows across a pipeline-stage boundary."""
+    return collective_time_s(Collective.P2P, tokens * model.hidden_size * BF16, 2, link)
+
+
+def logits_all_gather_s(model: ModelSpec, cfg: ServeConfig, link: Link, *, rows: int) -> float:
+    """The TP all-gather of `rows` rows of vocabulary-sharded logits before sampling."""
+    return collective_time_s(Collective.ALL_GATHER, rows * model.vocab_size * BF16, cfg.tp, link)

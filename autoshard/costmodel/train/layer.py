@@ -1,0 +1,197 @@
+"""Cost of one layer on one GPU under a training plan, per micro-batch: forward, backward and
+recomputed compute, the TP, CP and EP communication it pays, and its model states and saved
+activations. Megatron's --recompute-modules and the MTP modules (carried by the output layer) are
+applied on top. Cached: the search prices the same layer many times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+from autoshard.costmodel.comm import Collective, collective_time_s, group_links
+from autoshard.costmodel.compute import layer_compute_time
+from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.moe import dispatch_time_s
+from autoshard.costmodel.train.memory import (
+    BF16,
+    TrainFramework,
+    layer_activation_bytes,
+    layer_param_shards,
+    model_state_bytes,
+    torchtitan_layer_activation_bytes,
+)
+from autoshard.costmodel.train.types import LayerCost, TrainConfig
+from autoshard.parallel import Recompute
+from autoshard.specs.cluster import PoolSpec
+from autoshard.specs.job import Precision
+from autoshard.specs.model import LayerKind, ModelSpec
+
+__all__ = ["layer_cost"]
+
+
+def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    """Cost of one layer under `cfg`, with `recompute` for this layer (a stage may fully recompute
+    only some of its layers). A layer does not depend on the pipeline depth beyond "more than one
+    stage" (tied output weights), nor on interleaving, so those are normalized out of the cache key.
+    The output layer carries the model's MTP modules (Megatron places them on the last stage)."""
+    cost = _module_layer_cost(model, kind, pool, _layer_key(cfg), recompute)
+    if kind is LayerKind.OUTPUT and model.mtp_num_layers:
+        cost = _with_mtp(cost, model, pool, _layer_key(cfg), recompute)
+    return cost
+
+
+def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
+                       recompute: Recompute) -> LayerCost:
+    """One layer (without the MTP modules) with Megatron's --recompute-modules applied."""
+    cost = _layer_cost(model, kind, pool, cfg, recompute)
+    if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
+        cost = _with_modules(cost, model, kind, pool, cfg)
+    return cost
+
+
+@lru_cache(maxsize=4096)
+def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> LayerCost:
+    """`cost` (selective recompute of the attention core) with Megatron's --recompute-modules instead."""
+    from autoshard.costmodel.train.recompute import module_recompute
+
+    dims = cfg.dims
+    r = module_recompute(model, kind, cfg.recompute_modules, gpu=training_gpu(pool.gpu), dims=dims,
+                         micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
+                         precision=cfg.precision)
+    tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
+    floor = tokens * BF16 * model.hidden_size / (dims.tp if cfg.sp else 1)  # the layer input stays
+    return dataclasses.replace(
+        cost,
+        recompute_s=max(0.0, cost.recompute_s + r.extra_s),
+        ep_comm_s=cost.ep_comm_s * (1 + r.extra_comm_s_fraction),
+        activation_bytes=max(floor, cost.activation_bytes - r.saved_bytes),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    """The output layer plus `model.mtp_num_layers` MTP modules (DeepSeek-V3 Section 2.2): each runs one
+    decoder layer like the model's last (plus a 2h -> h projection, scaled in by parameter count) and
+    the shared output head again (logits and loss: compute and activations, no extra weights)."""
+    n = model.mtp_num_layers
+    kind = model.mtp_layer_kind
+    dec = _module_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
+    scale = model.mtp_module_params() / model.layer_params(kind)
+    active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
+    return dataclasses.replace(
+        out,
+        compute_s=out.compute_s + n * (active * dec.compute_s + out.compute_s),
+        recompute_s=out.recompute_s + n * (active * dec.recompute_s + out.recompute_s),
+        tp_comm_s=out.tp_comm_s + n * (dec.tp_comm_s + out.tp_comm_s),
+        cp_comm_s=out.cp_comm_s + n * dec.cp_comm_s,
+        ep_comm_s=out.ep_comm_s + n * dec.ep_comm_s,
+        fwd_bwd_compute_s=out.fwd_bwd_compute_s + n * (active * dec.fwd_bwd_compute_s + out.fwd_bwd_compute_s),
+        weights_bytes=out.weights_bytes + n * scale * dec.weights_bytes,
+        grads_bytes=out.grads_bytes + n * scale * dec.grads_bytes,
+        optimizer_bytes=out.optimizer_bytes + n * scale * dec.optimizer_bytes,
+        activation_bytes=out.activation_bytes + n * (dec.activation_bytes + out.activation_bytes),
+        full_activation_bytes=out.full_activation_bytes + n * (dec.full_activation_bytes + out.full_activation_bytes),
+        dense_params=out.dense_params + n * (dec.dense_params * scale if not dec.expert_params else dec.dense_params),
+        expert_params=out.expert_params + n * dec.expert_params,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _layer_key(cfg: TrainConfig) -> TrainConfig:
+    dims = cfg.dims
+    if dims.vpp == 1 and dims.pp <= 2:
+        return cfg
+    norm = dataclasses.replace(dims, pp=min(dims.pp, 2), vpp=1)
+    per_step = cfg.micro_batch_size * dims.dp
+    return dataclasses.replace(cfg, dims=norm, global_batch_size=per_step * cfg.num_microbatches)
+
+
+@lru_cache(maxsize=65536)
+def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    dims, gpu = cfg.dims, pool.gpu
+    ct = layer_compute_time(
+        model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
+        precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
+        fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap,
+    )
+    links = group_links(pool, dims)
+    tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
+    h = model.hidden_size
+    is_decoder = kind in (LayerKind.DENSE, LayerKind.MOE)
+    fwd_passes = 2 if recompute is Recompute.FULL and is_decoder else 1
+
+    # Tensor parallel: per block (attention, MLP) one all-reduce forward and one backward of the
+    # b*s*h activations; with SP an all-gather + reduce-scatter pair of the same total volume.
+    tp_s = 0.0
+    if dims.tp > 1:
+        act = tokens * h * BF16
+        if cfg.sp:
+            one = collective_time_s(Collective.ALL_GATHER, act, dims.tp, links.tp) + collective_time_s(
+                Collective.REDUCE_SCATTER, act, dims.tp, links.tp)
+        else:
+            one = collective_time_s(Collective.ALL_REDUCE, act, dims.tp, links.tp)
+        blocks = {LayerKind.DENSE: 2, LayerKind.MOE: 1, LayerKind.EMBEDDING: 1, LayerKind.OUTPUT: 1}[kind]
+        if kind is LayerKind.MOE and model.moe is not None and model.moe.shared_expert_ffn_hidden_size:
+            blocks += 1
+        tp_s = blocks * one * (fwd_passes + 1)
+        if cfg.tp_comm_overlap and cfg.sp:
+            tp_s *= 1 - gpu.efficiency.tp_overlap
+
+    # Context parallel: ring exchange of the K/V chunks (forward) and their gradients (backward, 2x),
+    # overlapped with the attention computation of the other chunks.
+    cp_s = 0.0
+    if dims.cp > 1 and is_decoder:
+        kv_bytes = 2 * tokens * model.kv_heads * model.kv_channels * BF16 / min(dims.tp, model.kv_heads)
+        if model.mla is not None:
+            kv_bytes = 2 * tokens * model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim) * BF16 / dims.tp
+        ring = (dims.cp - 1) * collective_time_s(Collective.P2P, kv_bytes, 2, links.cp)
+        attn_window = 0.25 * ct.forward_s  # the attention core is roughly a quarter of a layer at long context
+        cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - 2.5 * attn_window)
+
+    # Expert parallel: token dispatch and combine per MoE layer, forward (and recompute) and backward,
+    # priced per dispatcher on the links it crosses (autoshard.costmodel.moe).
+    ep_s = 0.0
+    if kind is LayerKind.MOE and model.moe is not None:
+        local_tokens = tokens / dims.tp if cfg.sp else tokens
+        one = dispatch_time_s(
+            cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
+            ep=dims.ep, etp=dims.expert_tp, pool=pool,
+        )
+        ep_s = (fwd_passes + 1) * one
+
+    shards = layer_param_shards(model, kind, dims)
+    states = model_state_bytes(
+        shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
+        grad_fp32=cfg.grad_reduce_fp32, fp8_params=cfg.fp8_param_gather and cfg.precision is Precision.FP8)
+    act_kwargs = dict(
+        dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
+        flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,
+    )
+    if cfg.framework is TrainFramework.TORCHTITAN:
+        tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)
+        act = torchtitan_layer_activation_bytes(model, kind, recompute=recompute, **tt_kwargs)
+        full_act = act
+        if is_decoder and recompute is not Recompute.NONE:
+            # Working set while the block is recomputed: what it would save without checkpointing.
+            full_act = max(act, layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs))
+    else:
+        act = layer_activation_bytes(model, kind, recompute=recompute, **act_kwargs)
+        full_act = act
+        if recompute is Recompute.FULL:
+            full_act = layer_activation_bytes(model, kind, recompute=Recompute.NONE, **act_kwargs)
+    return LayerCost(
+        compute_s=ct.forward_s + ct.backward_s,
+        recompute_s=ct.recompute_s,
+        tp_comm_s=tp_s,
+        cp_comm_s=cp_s,
+        ep_comm_s=ep_s,
+        fwd_bwd_compute_s=ct.forward_s + ct.backward_s,
+        weights_bytes=states.weights,
+        grads_bytes=states.grads,
+        optimizer_bytes=states.optimizer,
+        activation_bytes=act,
+        full_activation_bytes=full_act,
+        dense_params=shards.dense,
+        expert_params=shards.expert,
+    )

@@ -1,0 +1,80 @@
+"""Plan -> one `torchrun ... pretrain_gpt.py` command (the JSON `launch.megatron` field): launch
+geometry (processes per node, nodes), the CUDA_DEVICE_MAX_CONNECTIONS rule, and the flag lines.
+
+CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron asserts it when TP > 1 or CP > 1 on GPUs older than Blackwell
+(AMD GPUs included), and asserts it is *not* 1 under Megatron-FSDP.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from autoshard.emit.megatron.args import megatron_args
+from autoshard.emit.shell import shell_word
+from autoshard.plans.train import Plan
+
+__all__ = ["ENTRY_POINT", "MASTER_PORT", "megatron_command", "needs_single_cuda_connection", "launch_geometry",
+           "flag_lines", "join_lines"]
+
+ENTRY_POINT = "pretrain_gpt.py"
+MASTER_PORT = 6000
+
+def _is_blackwell_or_newer(gpu_name: str) -> bool:
+    name = gpu_name.upper()
+    return bool(re.match(r"^G?B[1-9]\d\d(?![0-9])", name)) or "BLACKWELL" in name or "RUBIN" in name
+
+
+def needs_single_cuda_connection(plan: Plan) -> bool:
+    """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP > 1 or CP > 1 on pre-Blackwell GPUs,
+    except under FSDP (which needs it unset or > 1)."""
+    dims = plan.config.dims
+    if dims.tp == 1 and dims.cp == 1 or plan.config.zero_stage >= 2:
+        return False
+    pools = {s.pool for s in plan.stages}
+    return any(not _is_blackwell_or_newer(plan.cluster.pools[p].gpu.name) for p in pools)
+
+
+def launch_geometry(plan: Plan) -> tuple[int, int]:
+    """(processes per node, nodes) for torchrun: whole nodes of the first stage's pool."""
+    world = plan.config.dims.world_size
+    per_node = plan.cluster.pools[plan.stages[0].pool].node.gpus_per_node
+    if world <= per_node:
+        return world, 1
+    nproc = math.gcd(world, per_node)
+    return nproc, world // nproc
+
+
+def flag_lines(plan: Plan) -> list[str]:
+    lines = []
+    for flag, value in megatron_args(plan):
+        if value is None:
+            lines.append(flag)
+        elif flag == "--recompute-modules":  # nargs='*': one word per module
+            lines.append(f"{flag} " + " ".join(shell_word(v) for v in value.split()))
+        else:
+            lines.append(f"{flag} {shell_word(value)}")
+    return lines
+
+
+def join_lines(head: list[str], lines: list[str]) -> str:
+    return " \\\n    ".join([*head, *lines]) + "\n"
+
+
+def megatron_command(plan: Plan) -> str:
+    """One `torchrun ... pretrain_gpt.py ...` command line, `\\`-continued, run from a Megatron-LM
+    checkout on every node with NODE_RANK, MASTER_ADDR, DATA_PATH, TOKENIZER_MODEL and CKPT_DIR set."""
+    nproc, nnodes = launch_geometry(plan)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if needs_single_cuda_connection(plan) else ""
+    if nnodes == 1:
+        rank, addr = "0", "localhost"
+    else:
+        rank, addr = '"$NODE_RANK"', '"$MASTER_ADDR"'
+    head = [
+        f"{env}torchrun --nproc-per-node {nproc} --nnodes {nnodes} --node-rank {rank}",
+        f"--master-addr {addr} --master-port {MASTER_PORT}",
+        ENTRY_POINT,
+    ]
+    return join_lines(head, flag_lines(plan))
+
+

@@ -1,0 +1,152 @@
+"""SGLang launch line (`python -m sglang.launch_server ...` or `sglang serve ...`) -> the serving plan it
+describes, in vLLM's terms (`ParsedServe`); see `parse_sglang` for how SGLang's flags map.
+"""
+
+from __future__ import annotations
+
+from autoshard.emit.serve_args import (
+    ENV_WORD,
+    ParsedServe,
+    is_option,
+    kv_cache_dtype_of,
+    split_command,
+    to_int,
+    weight_dtype_of,
+)
+from autoshard.errors import SpecError
+
+__all__ = ["parse_sglang", "SGLANG_VERSION"]
+
+SGLANG_VERSION = "0.5"
+
+# The SGLang server arguments autoshard reads (sglang/srt/server_args.py, 0.5.x), with their aliases.
+_SGLANG_VALUE: dict[str, str] = {
+    "--model-path": "--model-path", "--model": "--model-path",
+    "--tp-size": "--tp-size", "--tp": "--tp-size", "--tensor-parallel-size": "--tp-size",
+    "--pp-size": "--pp-size", "--pipeline-parallel-size": "--pp-size",
+    "--dp-size": "--dp-size", "--dp": "--dp-size", "--data-parallel-size": "--dp-size",
+    "--ep-size": "--ep-size", "--ep": "--ep-size", "--expert-parallel-size": "--ep-size",
+    "--attn-dp-size": "--attn-dp-size",
+    "--context-length": "--context-length",
+    "--max-running-requests": "--max-running-requests",
+    "--chunked-prefill-size": "--chunked-prefill-size",
+    "--mem-fraction-static": "--mem-fraction-static",
+    "--quantization": "--quantization",
+    "--kv-cache-dtype": "--kv-cache-dtype",
+    "--nnodes": "--nnodes", "--node-rank": "--node-rank",
+}
+_SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--trust-remote-code",
+                              "--disable-cuda-graph", "--enable-torch-compile", "--disable-radix-cache",
+                              "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup"})
+
+
+def parse_sglang(command: str) -> ParsedServe:
+    """Read an SGLang launch (`python -m sglang.launch_server ...` or `sglang serve ...`) as the
+    vLLM-semantics plan autoshard evaluates. SGLang carves expert and attention data parallelism out of
+    its TP group: `--tp-size T --ep-size T [--attn-dp-size D | --enable-dp-attention --dp-size D]` is
+    attention TP T/D x DP D with experts over all T GPUs (vLLM: TP T/D, DP D, --enable-expert-parallel);
+    without them `--dp-size` counts engine replicas. `--context-length` is the max model length,
+    `--max-running-requests` the concurrency cap (over all attention-DP ranks), `--chunked-prefill-size`
+    the prefill token budget. `--mem-fraction-static` (weights + KV pool) is read as the memory budget
+    with a warning: SGLang keeps activations outside it, so the predicted KV pool is a little smaller.
+    Flags autoshard does not read are listed in one warning."""
+    warnings: list[str] = []
+    tokens = split_command(command)
+    k = 0
+    while k < len(tokens) and ENV_WORD.match(tokens[k]):
+        k += 1
+    rest = tokens[k:]
+    args = None
+    for i, tok in enumerate(rest):
+        if tok.startswith("sglang.launch_server") or (tok == "serve" and i > 0 and rest[i - 1].endswith("sglang")):
+            args = rest[i + 1:]
+            break
+    if args is None:
+        raise SpecError("not an SGLang launch line: expected `python -m sglang.launch_server --model-path <model> ...`",
+                        field="--from-sglang")
+    values: dict[str, str] = {}
+    switches: set[str] = set()
+    ignored: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        i += 1
+        if not is_option(tok):
+            if "--model-path" not in values:
+                values["--model-path"] = tok  # `sglang serve <model>`
+            else:
+                warnings.append(f"unexpected positional argument '{tok}' ignored")
+            continue
+        name, eq, inline = tok.partition("=")
+        name = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+        if name in _SGLANG_VALUE:
+            if not eq:
+                if i >= len(args) or is_option(args[i]):
+                    raise SpecError(f"{name} expects a value", field=name)
+                inline = args[i]
+                i += 1
+            values[_SGLANG_VALUE[name]] = inline
+        elif name in _SGLANG_SWITCHES:
+            switches.add(name)
+        else:
+            ignored.append(name)
+            if not eq and i < len(args) and not is_option(args[i]):
+                i += 1  # its value
+    if ignored:
+        warnings.append(f"SGLang flags not read by autoshard (no effect on the prediction): {' '.join(ignored)}")
+    model = values.get("--model-path")
+    if not model:
+        raise SpecError("no model given: add --model-path <model>", field="--from-sglang")
+
+    def integer(flag: str, default: int, **kw: object) -> int:
+        v = values.get(flag)
+        return default if v is None else to_int(flag, v, **kw)  # type: ignore[arg-type]
+
+    tp_all, pp, dp_size = integer("--tp-size", 1), integer("--pp-size", 1), integer("--dp-size", 1)
+    ep = integer("--ep-size", 1)
+    if "--enable-ep-moe" in switches and "--ep-size" not in values:
+        ep = tp_all  # the old switch: experts over the whole TP group
+    attn_dp = integer("--attn-dp-size", 1)
+    if "--enable-dp-attention" in switches and "--attn-dp-size" not in values:
+        attn_dp = dp_size
+        dp_size = 1
+    if tp_all % attn_dp:
+        raise SpecError(f"--tp-size {tp_all} is not a multiple of the attention DP size {attn_dp}", field="--tp-size")
+    expert_parallel = ep > 1
+    if expert_parallel and ep != tp_all:
+        warnings.append(f"--ep-size {ep} differs from --tp-size {tp_all}: predicted with experts over all "
+                        f"{tp_all} GPUs of the TP group (vLLM's expert parallelism)")
+    if not expert_parallel and attn_dp > 1:
+        warnings.append("attention data parallelism without expert parallelism: predicted as replicas")
+    tp = tp_all // attn_dp
+    dp = attn_dp if expert_parallel else dp_size * attn_dp
+    if expert_parallel and dp_size > 1:
+        warnings.append(f"--dp-size {dp_size} replicas of an expert-parallel engine: predicted as one engine")
+    util = 0.92
+    if "--mem-fraction-static" in values:
+        try:
+            util = float(values["--mem-fraction-static"])
+        except ValueError:
+            raise SpecError(f"--mem-fraction-static expects a number, got {values['--mem-fraction-static']!r}",
+                            field="--mem-fraction-static") from None
+        if not 0 < util < 1:
+            raise SpecError(f"--mem-fraction-static must be in (0, 1), got {util}", field="--mem-fraction-static")
+        warnings.append(f"--mem-fraction-static {util} (weights + KV pool) read as the whole memory budget: "
+                        "SGLang keeps activations outside it, so the predicted KV cache is a little smaller")
+    running = values.get("--max-running-requests")
+    seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel else 1))
+    context = values.get("--context-length")
+    quant = values.get("--quantization")
+    kv = values.get("--kv-cache-dtype") or "auto"
+    for note in (weight_dtype_of(quant)[1], kv_cache_dtype_of(kv)[1]):
+        if note:
+            warnings.append(note)
+    chunk = values.get("--chunked-prefill-size")
+    return ParsedServe(
+        model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
+        max_model_len=None if context is None else to_int("--context-length", context, human=True),
+        gpu_memory_utilization=util, max_num_seqs=seqs,
+        max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else to_int("--chunked-prefill-size", chunk),
+        quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
+        node_rank=integer("--node-rank", 0, minimum=0), warnings=tuple(warnings),
+    )

@@ -1,0 +1,24 @@
+"""vLLM: the `vllm serve` launcher and its parser, side by side.
+
+- command.py: ServePlan -> `vllm serve` command lines, one per node (`vllm_node_commands`, `vllm_command`);
+  the weight/KV dtype rules (`VLLM_QUANTIZATION`, `vllm_quantization`, `no_checkpoint`).
+- parse.py: a `vllm serve` command line -> `ParsedServe` (`parse_vllm`).
+- flags.py: vLLM 0.33.0's flag vocabulary (data), which the parser reads with.
+"""
+
+from autoshard.emit.vllm.command import (
+    DP_RPC_PORT,
+    HEAD_ADDRESS,
+    MASTER_PORT,
+    VLLM_KV_CACHE_DTYPE,
+    VLLM_QUANTIZATION,
+    no_checkpoint,
+    vllm_command,
+    vllm_node_commands,
+    vllm_quantization,
+)
+from autoshard.emit.vllm.flags import VLLM_VERSION
+from autoshard.emit.vllm.parse import parse_vllm
+
+__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
+           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "DP_RPC_PORT", "MASTER_PORT", "parse_vllm", "VLLM_VERSION"]

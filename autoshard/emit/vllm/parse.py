@@ -1,0 +1,252 @@
+"""`vllm serve` command line -> the serving plan it describes.
+
+Reads vLLM 0.33's command line the way its parser does (FlexibleArgumentParser): `--flag value` and
+`--flag=value`, underscores in names as dashes, short aliases (`-tp`, `-pp`, `-dp`, `-ep`, `-q`, ...),
+`--no-X` / `--disable-X` negations of switches, `--cfg.key value` for JSON configs, `-O3`, human-readable
+integers (`32k` = 32000, `32K` = 32768) and unique prefixes of flag names. Both entry points are read:
+`vllm serve <model> ...` and `python -m vllm.entrypoints.openai.api_server --model <model> ...`, after
+environment assignments such as `CUDA_VISIBLE_DEVICES=0,1`.
+
+Unknown, removed and abbreviated flags become warnings (removed ones name their replacement); input
+that is not a readable vLLM command raises SpecError. The flag vocabulary (`autoshard.emit.vllm.flags`)
+is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from autoshard.emit.serve_args import (
+    ENV_WORD,
+    FP8,
+    INT4,
+    INT8,
+    KV_BF16,
+    KV_FP8,
+    MXFP4,
+    NVFP4,
+    OTHER_QUANT,
+    ParsedServe,
+    is_option,
+    kv_cache_dtype_of,
+    split_command,
+    to_int,
+    weight_dtype_of,
+)
+from autoshard.emit.vllm.flags import (
+    ALIASES,
+    KNOWN,
+    MULTI_VALUE,
+    NO_VALUE,
+    REMOVED,
+    REMOVED_SWITCHES,
+    STORE_TRUE,
+    VLLM_VERSION,
+)
+from autoshard.errors import SpecError
+
+__all__ = ["parse_vllm"]
+
+
+def _entry(tokens: list[str]) -> tuple[list[str], bool]:
+    """Arguments after the entry point, and whether it is `vllm serve` (positional model)."""
+    for i, tok in enumerate(tokens):
+        if tok == "serve" and i > 0 and tokens[i - 1].rsplit("/", 1)[-1] == "vllm":
+            return tokens[i + 1 :], True
+        if tok.startswith("vllm.entrypoints"):
+            return tokens[i + 1 :], False
+    raise SpecError(
+        "not a vLLM launch line: expected `vllm serve <model> ...` or "
+        "`python -m vllm.entrypoints.openai.api_server --model <model> ...`",
+        field="--from-vllm",
+    )
+
+
+def _canonical(name: str, warnings: list[str]) -> tuple[str | None, bool]:
+    """(primary flag, switch value) for an option name; None when unknown or removed."""
+    if name in ALIASES:
+        name = ALIASES[name]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    if name in KNOWN:
+        return name, True
+    for neg, pos in (("--no-", "--"), ("--disable-", "--enable-"), ("--enable-", "--disable-")):
+        if name.startswith(neg):
+            target = pos + name[len(neg) :]
+            if target in NO_VALUE and target not in STORE_TRUE:
+                return target, False
+    if name in REMOVED:
+        warnings.append(f"{name}: not a vLLM {VLLM_VERSION} flag any more ({REMOVED[name]}); ignored")
+        return None, True
+    prefixed = [f for f in KNOWN if f.startswith(name)] if name.startswith("--") and len(name) > 3 else []
+    if len(prefixed) == 1:
+        warnings.append(f"{name}: accepted by vLLM only as an abbreviation of {prefixed[0]}; spell it out")
+        return prefixed[0], True
+    close = difflib.get_close_matches(name, sorted(KNOWN), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    warnings.append(f"{name}: unknown vLLM {VLLM_VERSION} flag{hint}; ignored")
+    return None, True
+
+
+def _collect(args: list[str], warnings: list[str]) -> tuple[dict[str, str | bool], list[str]]:
+    """Primary flag -> last value (str) or switch state (bool); and the positional words."""
+    values: dict[str, str | bool] = {}
+    positionals: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        i += 1
+        if tok == "--":
+            positionals += args[i:]
+            break
+        if not is_option(tok):
+            positionals.append(tok)
+            continue
+        inline: str | None = None
+        if tok.startswith("-O") and not tok.startswith("--"):
+            name, inline = "--optimization-level", tok[2:].lstrip("=") or None
+        elif "=" in tok:
+            name, inline = tok.split("=", 1)
+        else:
+            name = tok
+        name = (
+            name.split(".", 1)[0] if name.startswith("--") or name in ("-cc", "-sc", "-ac", "-dc") else name
+        )
+        flag, state = _canonical(name, warnings)
+        if flag is None:
+            if name in REMOVED and name in REMOVED_SWITCHES:
+                continue
+            if inline is None and i < len(args) and not is_option(args[i]):
+                i += 1  # the word after an unknown flag is taken as its value, as argparse would
+            continue
+        if flag in NO_VALUE:
+            if inline is not None:
+                raise SpecError(f"{name} is a switch and takes no value (got '={inline}')", field=name)
+            values[flag] = state
+            continue
+        if inline is None:
+            if i >= len(args) or (
+                is_option(args[i]) and flag not in ("--compilation-config", "--speculative-config")
+            ):
+                raise SpecError(f"{name} expects a value", field=name)
+            if flag in MULTI_VALUE:
+                parts = []
+                while i < len(args) and not is_option(args[i]):
+                    parts.append(args[i])
+                    i += 1
+                inline = " ".join(parts)
+            else:
+                inline = args[i]
+                i += 1
+        values[flag] = inline
+    return values, positionals
+
+
+def parse_vllm(command: str) -> ParsedServe:
+    """Read a `vllm serve` command line. Raises SpecError on input that is not a usable vLLM command."""
+    warnings: list[str] = []
+    tokens = split_command(command)
+    k = 0
+    while k < len(tokens) and ENV_WORD.match(tokens[k]):
+        k += 1
+    args, via_serve = _entry(tokens[k:])
+    values, positionals = _collect(args, warnings)
+    model = values.get("--model")
+    if via_serve and positionals:
+        model = positionals[0]
+        if "--model" in values:
+            warnings.append("both a positional model and --model given; vLLM uses the positional one")
+        extra = positionals[1:]
+    else:
+        extra = positionals
+        if via_serve and model is not None:
+            warnings.append(
+                "--model with `vllm serve` is deprecated: pass the model as the positional argument"
+            )
+    if extra:
+        warnings.append(f"unexpected positional arguments ignored: {' '.join(extra)}")
+    if not isinstance(model, str) or not model:
+        raise SpecError("no model given: `vllm serve <model> ...` (or --model)", field="--from-vllm")
+
+    def get(flag: str) -> str | None:
+        v = values.get(flag)
+        return v if isinstance(v, str) else None
+
+    def integer(flag: str, default: int, **kw: object) -> int:
+        v = get(flag)
+        return default if v is None else to_int(flag, v, **kw)  # type: ignore[arg-type]
+
+    mml: int | None = None
+    raw = get("--max-model-len")
+    if raw is not None and raw.strip().lower() not in ("auto", "-1"):
+        mml = to_int("--max-model-len", raw, human=True)
+    util = 0.92
+    if get("--gpu-memory-utilization") is not None:
+        try:
+            util = float(get("--gpu-memory-utilization") or "")
+        except ValueError:
+            raise SpecError(
+                f"--gpu-memory-utilization expects a number, got {get('--gpu-memory-utilization')!r}",
+                field="--gpu-memory-utilization",
+            ) from None
+        if not 0 < util <= 1:
+            raise SpecError(
+                f"--gpu-memory-utilization must be in (0, 1], got {util}", field="--gpu-memory-utilization"
+            )
+    seqs = get("--max-num-seqs")
+    batched = get("--max-num-batched-tokens")
+    dpl = get("--data-parallel-size-local")
+    quant = get("--quantization")
+    kv = get("--kv-cache-dtype") or "auto"
+    if quant is not None and quant.lower() not in FP8 | INT8 | INT4 | NVFP4 | MXFP4 | OTHER_QUANT:
+        raise SpecError(f"vLLM {VLLM_VERSION} has no --quantization {quant}: use one of fp8, awq_marlin, "
+                        "gptq_marlin, compressed-tensors, ... (or leave it out for BF16 weights)", field="--quantization")
+    if kv.lower() not in KV_BF16 | KV_FP8 | {"nvfp4"}:  # nvfp4: modelled as fp8, with a warning
+        raise SpecError(f"vLLM {VLLM_VERSION} has no --kv-cache-dtype {kv}: use auto, bfloat16 or fp8 "
+                        "(fp8_e4m3, fp8_e5m2)", field="--kv-cache-dtype")
+    for note in (weight_dtype_of(quant)[1], kv_cache_dtype_of(kv)[1]):
+        if note:
+            warnings.append(note)
+    for flag, what in (
+        ("--prefill-context-parallel-size", "prefill context parallelism"),
+        ("--decode-context-parallel-size", "decode context parallelism"),
+    ):
+        if get(flag) not in (None, "1"):
+            warnings.append(f"{flag}: {what} is not modelled; predicted as if it were 1")
+    parsed = ParsedServe(
+        model=model,
+        tp=integer("--tensor-parallel-size", 1),
+        pp=integer("--pipeline-parallel-size", 1),
+        dp=integer("--data-parallel-size", 1),
+        dp_local=None if dpl is None else to_int("--data-parallel-size-local", dpl),
+        enable_expert_parallel=bool(values.get("--enable-expert-parallel", False)),
+        max_model_len=mml,
+        gpu_memory_utilization=util,
+        max_num_seqs=None if seqs is None else to_int("--max-num-seqs", seqs),
+        max_num_batched_tokens=None
+        if batched is None
+        else to_int("--max-num-batched-tokens", batched, human=True),
+        quantization=quant,
+        kv_cache_dtype=kv,
+        nnodes=integer("--nnodes", 1),
+        node_rank=integer("--node-rank", 0, minimum=0),
+        headless=bool(values.get("--headless", False)),
+        warnings=tuple(warnings),
+    )
+    if parsed.dp_local is not None and parsed.dp_local > parsed.dp:
+        raise SpecError(
+            f"--data-parallel-size-local {parsed.dp_local} exceeds --data-parallel-size {parsed.dp}",
+            field="--data-parallel-size-local",
+        )
+    if (
+        parsed.max_num_seqs
+        and parsed.max_num_batched_tokens
+        and parsed.max_num_batched_tokens < parsed.max_num_seqs
+    ):
+        raise SpecError(
+            f"--max-num-batched-tokens {parsed.max_num_batched_tokens} must be >= --max-num-seqs "
+            f"{parsed.max_num_seqs}",
+            field="--max-num-batched-tokens",
+        )
+    return parsed
+

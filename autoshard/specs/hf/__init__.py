@@ -1,0 +1,30 @@
+"""Import a Hugging Face transformers ``config.json`` as a :class:`ModelSpec`.
+
+One converter per ``model_type``, each reading the field names that transformers itself uses for that
+architecture (and its defaults when a field is absent, as ``from_pretrained`` would). Only the facts that
+decide weight shapes, memory and FLOPs are read; dropout, token ids, RoPE scaling, sliding windows and
+quantization settings are ignored.
+
+Where the schema cannot represent a detail exactly the importer approximates, and says so here:
+
+* BLOOM's layernorm right after the word embedding (2*hidden parameters) has no field: it is not counted.
+* OPT stores ``max_position_embeddings + 2`` learned position rows (fairseq's padding offset); the spec's
+  ``max_position_embeddings`` is set to that row count so the parameter count is exact, which makes the
+  advertised context two tokens longer than the real one.
+* OPT with ``word_embed_proj_dim != hidden_size`` (opt-350m) has a narrower embedding plus two projections;
+  the spec counts a full-width embedding instead and a :class:`UserWarning` says so.
+* Biases: the spec knows "every linear layer" (``linear_bias``) or "only Q/K/V" (``qkv_bias``). Llama-style
+  ``attention_bias`` (which also covers the output projection) maps to ``qkv_bias``; ``mlp_bias`` maps to
+  ``linear_bias``. The difference is ``hidden`` parameters per layer.
+* MoE router extras (Qwen2-MoE's 1-wide shared-expert gate, DeepSeek-V3's expert-score correction bias)
+  are not counted in parameters. DeepSeek-V2/V3 routing is imported: ``scoring_func`` (sigmoid/softmax),
+  group-limited routing (``n_group``, ``topk_group``; only with ``topk_method`` group_limited_greedy or
+  noaux_tc), the auxiliary-loss-free expert bias (``topk_method: noaux_tc``) and ``routed_scaling_factor``.
+  DeepSeek-V3's multi-token-prediction modules (``num_nextn_predict_layers``) become ``mtp_num_layers``:
+  trained and costed, but outside ``num_params`` (the published 671B; the hub's 685B adds the 14B MTP
+  module with its copies of the embedding and head).
+"""
+
+from autoshard.specs.hf.importer import SUPPORTED_MODEL_TYPES, model_from_hf_config
+
+__all__ = ["model_from_hf_config", "SUPPORTED_MODEL_TYPES"]

@@ -1,0 +1,64 @@
+"""A cost study's output set on disk: study.csv, study.md, pareto.png and study.json written as one set
+(`write_study_set`), and the check that `--out` can receive it before any solving starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from autoshard.errors import SpecError
+from autoshard.study import report
+from autoshard.study.costs import StudyResult
+
+__all__ = ["STUDY_FILES", "check_out_dir", "write_study_set"]
+
+STUDY_FILES = ("study.csv", "study.md", "pareto.png", "study.json")
+"""The set `--out` holds, in the order it is moved into place: study.json last, so a set without it is
+not a complete study."""
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that cannot receive the study before any solving starts."""
+    where = str(out_dir)[:200]
+    try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise SpecError(f"{where} is a file: --out takes a directory for {', '.join(STUDY_FILES)}", source="--out")
+        existing = out_dir
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SpecError(f"{existing} is a file, so {where} cannot be created: choose another directory",
+                            source="--out")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise SpecError(f"{existing} is not writable: choose a directory you can write to", source="--out")
+    except OSError as exc:
+        raise SpecError(f"cannot use {where}: {exc.strerror}: choose another directory", source="--out") from None
+
+
+def write_study_set(result: StudyResult, out_dir: Path, extra: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
+    """Write study.csv, study.md, pareto.png and study.json as one set: all of them go to a temporary
+    directory beside `out_dir` first. A new (or empty) `out_dir` is then that directory renamed, in one
+    step; into an existing one the files are moved one by one with study.json, the marker of a complete
+    set, removed first and moved last. An interruption leaves either no new set or one without its
+    study.json, never one that looks complete. `extra` writers add files (e.g. serving fronts) to the set."""
+    check_out_dir(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        written = {p.name for p in report.write_outputs(result, tmp)}
+        assert written == set(STUDY_FILES), written
+        names = [*(write(tmp).name for write in extra), *STUDY_FILES]
+        if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
+            os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
+        else:
+            (out_dir / "study.json").unlink(missing_ok=True)
+            for name in names:  # study.json last
+                os.replace(tmp / name, out_dir / name)
+    except OSError as exc:
+        raise SpecError(f"cannot write the study to {str(out_dir)[:200]}: {exc.strerror}", source="--out") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / name for name in names]
