@@ -163,6 +163,22 @@ A100_FIT = EfficiencySpec(gemm=0.85, gemm_half_dim=64, attention=0.30, attention
                          train_attention_half_seq=4096, fitted_gpu="A100-SXM4-80GB", fitted_runs=22)
 
 
+def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, runs: int) -> EfficiencySpec:
+    return EfficiencySpec(train_gemm=gemm, train_gemm_fp8=gemm_fp8, train_hbm=0.80, train_attention=attention,
+                          train_attention_half_seq=2048, fitted_gpu=fitted_gpu, fitted_runs=runs)
+
+
+# Blackwell training fits (tests/validation/fit_efficiency.py): B200 and GB200 on their own runs, the
+# GPUs with fewer than 5 held runs on the Blackwell pool.
+_POOL = "Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)"
+BLACKWELL_FITS = {
+    "B200-SXM-180GB": _train_fit(0.70, 0.50, 0.20, "B200-SXM-180GB", 5),
+    "GB200-186GB": _train_fit(0.70, 0.55, 0.25, "GB200-186GB", 7),
+    "GB300-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13),
+    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13),
+}
+
+
 @pytest.mark.parametrize("name", sorted(bundled_clusters()))
 def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
     cluster = load_cluster(name)
@@ -175,11 +191,14 @@ def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
         else:
             assert 0.5 < pool.price_per_gpu_hour < 20
         # Efficiency factors are fitted once per GPU type: the A100 fit is written in every A100 pool,
-        # every other GPU uses the defaults (the H100 SXM fit).
+        # the Blackwell training fits in every Blackwell pool, every other GPU uses the defaults (the
+        # H100 SXM fit).
         # (The serving-only fields, fitted per GPU type by tests/validation/validate_serving.py, aside.)
         training = pool.gpu.efficiency.model_copy(update={"serve_gemm": None, "serve_attention_hbm": None})
         if pool.gpu.name.startswith("A100"):
             assert training == A100_FIT
+        elif pool.gpu.name in BLACKWELL_FITS:  # training-only knobs: serving keeps the defaults
+            assert training == BLACKWELL_FITS[pool.gpu.name]
         else:
             assert training == EfficiencySpec()
         # FP8 peaks are twice the BF16 peaks on every GPU that has them (dense, no sparsity). 2 %:

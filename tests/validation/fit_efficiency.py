@@ -7,8 +7,13 @@ block of every bundled cluster with that GPU (with `fitted_runs:` set to the num
 fit per GPU type, shared by all its runs: no per-run factors. Objective: mean squared log error
 plus a penalty on errors beyond 15 %. Every fit starts from the same neutral point (the
 EfficiencySpec defaults) so that a leave-one-source-out fit (validate_published.py) sees nothing of
-the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted: it borrows
-the H100 fit of the same fold.
+the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted on its own: it
+borrows one fit made on the pooled runs of every GPU type of its generation (Blackwell B200/GB200/
+GB300, Hopper, Ampere: autoshard.costmodel.bands.gpu_generation), each run at its own datasheet
+peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of the same fold. A GPU
+shares its kernels' operating point (tensor-core generation, SM count per clock, HBM technology,
+NVLink generation) with its siblings, not with the generation before it: Blackwell runs reach a
+smaller fraction of their FP8 peak than Hopper runs do (NeMo 25.02/25.04 against 24.07).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
 
+from autoshard.costmodel.bands import gpu_generation  # noqa: E402
 from autoshard.specs import EfficiencySpec  # noqa: E402
 from autoshard.specs.cluster import TRAIN_KNOBS  # noqa: E402
 
@@ -42,8 +48,10 @@ MIN_RUNS = 5
 REFERENCE_GPU = "H100-SXM5-80GB"
 
 
-def loss(gpu: str, eff: EfficiencySpec, runs: list[dict]) -> float:
-    results = evaluate_runs({gpu: eff}, runs)
+def loss(gpu: str | tuple[str, ...], eff: EfficiencySpec, runs: list[dict]) -> float:
+    """Fit objective of `eff` used by `gpu` (one GPU type, or a generation's pool of types)."""
+    gpus = (gpu,) if isinstance(gpu, str) else gpu
+    results = evaluate_runs(dict.fromkeys(gpus, eff), runs)
     total = 0.0
     for r in results:
         e = math.log(r.predicted / r.measured)
@@ -51,8 +59,8 @@ def loss(gpu: str, eff: EfficiencySpec, runs: list[dict]) -> float:
     return total / max(len(results), 1)
 
 
-def fit(gpu: str, runs: list[dict], start: EfficiencySpec = START, rounds: int = 2) -> EfficiencySpec:
-    """Coordinate descent over GRID on `runs` (held runs of `gpu`)."""
+def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2) -> EfficiencySpec:
+    """Coordinate descent over GRID on `runs` (held runs of `gpu`, or of a pool of GPU types)."""
     best, best_loss = start, loss(gpu, start, runs)
     for _ in range(rounds):
         improved = False
@@ -69,10 +77,10 @@ def fit(gpu: str, runs: list[dict], start: EfficiencySpec = START, rounds: int =
     return best
 
 
-_FITS: dict[tuple[str, tuple[str, ...]], EfficiencySpec] = {}
+_FITS: dict[tuple[str | tuple[str, ...], tuple[str, ...]], EfficiencySpec] = {}
 
 
-def _fit_cached(gpu: str, key: tuple[str, ...], runs: list[dict]) -> EfficiencySpec:
+def _fit_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], runs: list[dict]) -> EfficiencySpec:
     """A fold that leaves out a source without runs of `gpu` reuses that GPU's fit on the same runs."""
     if (gpu, key) not in _FITS:
         _FITS[gpu, key] = fit(gpu, runs)
@@ -83,10 +91,11 @@ def held(runs: list[dict]) -> list[dict]:
     return [r for r in runs if not r.get("skip_throughput")]
 
 
-def fit_all(runs: list[dict]) -> tuple[dict[str, EfficiencySpec], dict[str, int]]:
-    """One fit per GPU type with at least MIN_RUNS held runs among `runs`; every other GPU type
-    that has runs borrows the reference (H100) fit. Returns the efficiencies and, per GPU type, how
-    many runs its fit used (0: borrowed)."""
+def fit_all(runs: list[dict], also: tuple[str, ...] = ()) -> tuple[dict[str, EfficiencySpec], dict[str, int]]:
+    """One fit per GPU type with at least MIN_RUNS held runs among `runs`; every other GPU type that
+    has runs (or is named in `also`) borrows its generation's pooled fit (`generation_fit`), else the
+    reference (H100) fit. Returns the efficiencies and, per GPU type, how many runs its fit used
+    (0: borrowed)."""
     by_gpu: dict[str, list[dict]] = {}
     for r in held(runs):
         by_gpu.setdefault(run_gpu(r), []).append(r)
@@ -97,17 +106,45 @@ def fit_all(runs: list[dict]) -> tuple[dict[str, EfficiencySpec], dict[str, int]
             out[gpu] = _fit_cached(gpu, tuple(sorted(r["id"] for r in rs)), rs)
             counts[gpu] = len(rs)
     reference = out.get(REFERENCE_GPU, START)
-    for r in runs:
-        gpu = run_gpu(r)
+    for gpu in sorted({run_gpu(r) for r in runs} | set(also)):
         if gpu not in out:
-            out[gpu], counts[gpu] = reference, 0
+            pooled = generation_fit(gpu, by_gpu)
+            out[gpu], counts[gpu] = (reference if pooled is None else pooled[0]), 0
     return out, counts
 
 
+def generation_pool(gpu: str, by_gpu: dict[str, list[dict]]) -> tuple[tuple[str, ...], list[dict]]:
+    """The GPU types of `gpu`'s generation that have held runs in `by_gpu`, and those runs."""
+    gen = gpu_generation(gpu)
+    types = tuple(sorted(g for g in by_gpu if gpu_generation(g) == gen))
+    return types, [r for g in types for r in by_gpu[g]]
+
+
+def generation_fit(gpu: str, by_gpu: dict[str, list[dict]]) -> tuple[EfficiencySpec, tuple[str, ...], int] | None:
+    """One fit on the pooled held runs of `gpu`'s generation (None with fewer than MIN_RUNS): the
+    efficiency, the GPU types it was fitted on and the number of runs."""
+    types, pool = generation_pool(gpu, by_gpu)
+    if len(pool) < MIN_RUNS:
+        return None
+    # a pool of one GPU type is that type's own fit (same runs, same start)
+    key: str | tuple[str, ...] = types[0] if len(types) == 1 else types
+    return _fit_cached(key, tuple(sorted(r["id"] for r in pool)), pool), types, len(pool)
+
+
 def main() -> int:
-    fitted, counts = fit_all(load_runs())
+    runs = load_runs()
+    fitted, counts = fit_all(runs)
+    by_gpu: dict[str, list[dict]] = {}
+    for r in held(runs):
+        by_gpu.setdefault(run_gpu(r), []).append(r)
     for gpu, eff in fitted.items():
-        how = f"fitted on {counts[gpu]} runs" if counts[gpu] else f"borrowed from {REFERENCE_GPU}"
+        pooled = None if counts[gpu] else generation_fit(gpu, by_gpu)
+        if counts[gpu]:
+            how = f"fitted on {counts[gpu]} runs"
+        elif pooled is not None:
+            how = f"borrowed from the {gpu_generation(gpu)} pool ({', '.join(pooled[1])}: {pooled[2]} runs)"
+        else:
+            how = f"borrowed from {REFERENCE_GPU}"
         print(f"{gpu} ({how}):")
         print("  efficiency:", {k: getattr(eff, k) for k in GRID})
     return 0

@@ -181,10 +181,11 @@ def run_precision(run: dict) -> str:
 def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunResult, RunResult]]:
     """For every run: (prediction with its source left out of the efficiency fit, prediction with
     the all-in fit). Fits are the ones fit_efficiency.py makes (same start, grid and objective)."""
-    from fit_efficiency import START, fit_all
+    from fit_efficiency import fit_all
 
     runs = load_runs() if runs is None else runs
     all_in, _ = fit_all(runs)
+    gpus = tuple(sorted({run_gpu(r) for r in runs}))
     out: dict[str, tuple[RunResult, RunResult]] = {}
     for source in sorted({source_key(r) for r in runs}):
         mine = [r for r in runs if source_key(r) == source]
@@ -192,9 +193,8 @@ def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunR
         if all(r.get("skip_throughput") for r in mine):
             fold = all_in  # nothing of this source is fitted on: the all-in fit already leaves it out
         else:
-            fold, _ = fit_all(rest)
-            for r in mine:  # a GPU type left with no runs borrows the fold's reference fit
-                fold.setdefault(run_gpu(r), fold.get("H100-SXM5-80GB", START))
+            # a GPU type left with too few runs borrows the fold's generation fit, else its H100 fit
+            fold, _ = fit_all(rest, also=gpus)
         loso = evaluate_runs(fold, mine)
         fit = evaluate_runs(all_in, mine)
         for r, a, b in zip(mine, loso, fit, strict=True):

@@ -283,8 +283,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     used_gpus = {pools[st.pool].gpu for st in stages}
     fp8_peak = cfg.precision is Precision.FP8 and all(g.fp8_tflops for g in used_gpus)
     notes = tuple(
-        f"{g.name}: efficiency {efficiency_source(g)} (no published run of this GPU: its speed is that fit "
-        "scaled by datasheet peaks, less certain)"
+        f"{g.name}: efficiency {efficiency_source(g)} (too few published runs of this GPU for a fit of its "
+        "own: its speed is that fit scaled by datasheet peaks, less certain)"
         for g in sorted(used_gpus, key=lambda g: g.name) if is_borrowed(g)
     )
     return TrainPrediction(
