@@ -52,12 +52,13 @@ DEFAULT_RATIO = (0.5, 1.5)
 """measured / predicted throughput assumed when no run of the mode exists at all."""
 DEFAULT_MEMORY_RATIO = (0.8, 1.2)
 """measured / predicted peak memory assumed when no run of the mode reports memory."""
-COVERAGE = {"train": 0.925, "serve": 0.925}
+COVERAGE = {"train": 0.925, "serve": 0.95}
 """Central probability P of the bands per mode: the quantiles of the out-of-source deviations are
 (1 - P) / 2 and (1 + P) / 2. Chosen, one number per mode and never per kind, as the smallest of
 0.700, 0.725, ..., 0.950 that gives >= 80 % leave-one-source-out coverage (`make_bands.py --choose-coverage`
-prints the scan); training needs more because its sources disagree more (the Megatron-LM README's
-weak-scaling series measures ~20 % above the model where MPT's FSDP runs measure ~10 % below)."""
+prints the scan); training needs it because its sources disagree (the Megatron-LM README's
+weak-scaling series measures ~20 % above the model where MPT's FSDP runs measure ~10 % below), serving
+slightly more because TensorRT-LLM releases disagree (0.14 measures ~7 % below what 0.15/0.17 predict)."""
 NO_SOURCE_SPREAD = 0.25
 """Half-width (ln units, about 25 %) when a mode has runs of a single source only: nothing measures how
 far another source lands."""

@@ -39,6 +39,8 @@ settings trtllm-bench itself picks:
 - max_batch_size and max_num_tokens from trtllm-bench's `finetune_setting` heuristic
   (tensorrt_llm/bench/build/tuning.py, reproduced in `trtllm_engine_settings`);
 - concurrency = what the KV cache holds at ISL + OSL per request (the guaranteed-no-evict scheduler);
+- a finite run: the source's `num_requests` for the row's ISL/OSL, all queued at once, measured to
+  the last completion (`finite_run_throughput`: waves of that concurrency, the last one partly full);
 - TensorRT-LLM's custom all-reduce kernels (one-shot/two-shot below their size limits), as vLLM and
   SGLang use too (`ServeConfig.custom_all_reduce`, on by default).
 """
@@ -59,6 +61,7 @@ import yaml
 
 from autoshard.costmodel.serve.step import (
     ServeConfig,
+    ServePrediction,
     activation_peak_bytes,
     latency_at_rate,
     predict_serve,
@@ -222,6 +225,38 @@ def trtllm_engine_settings(
     return bs, tokens
 
 
+def num_requests(run: dict) -> int | None:
+    """Requests in the benchmark's dataset for the run's ISL/OSL (the source's `num_requests` table),
+    or None when the source names none (then the engine is taken at steady state)."""
+    table = load_data()["sources"][run["source"]].get("num_requests")
+    if table is None:
+        return None
+    return int(table[f"{run['input_len']}/{run['output_len']}"])
+
+
+def finite_run_throughput(
+    model: ModelSpec, pool, job: ServeJob, cfg: ServeConfig, pred: ServePrediction, requests: int
+) -> tuple[float, int]:
+    """(output tokens/s, largest batch) of `requests` identical requests all queued at t = 0 on an
+    engine that runs at most `pred.concurrency` at once: what trtllm-bench's offline mode measures
+    (total output tokens over the time the last request finishes). Identical requests admitted
+    together finish together, so the run is a sequence of waves: ceil(N / B) of them, all full but the
+    last, which holds the remainder (N < B: one wave of N, the batch the engine really runs). Each
+    wave lasts output_len steps at its own batch's TPOT (prefill share included). A steady-state
+    formula, run at B throughout, misses the partly filled last wave; `simulate_burst` replays the
+    same benchmark step by step (tests check the two agree)."""
+    batch = pred.concurrency
+    waves = math.ceil(requests / batch)
+    last = requests - (waves - 1) * batch
+    wave_s = job.output_len * pred.tpot_s
+    if last == batch:
+        last_s = wave_s
+    else:
+        tail = predict_serve(model, pool, job, cfg, concurrency=last, memory=pred.memory, prefill=pred.prefill)
+        last_s = job.output_len * tail.tpot_s
+    return requests * job.output_len / ((waves - 1) * wave_s + last_s), min(batch, requests)
+
+
 def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
     """One offline row predicted with the bundled cluster's serving efficiencies, or with `knobs`."""
     model = _model(run["model"])
@@ -262,6 +297,10 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
     assert (
         abs(mem.weights_bytes * tp - total_weight_bytes(model, wdt)) / total_weight_bytes(model, wdt) < 0.05
     )
+    requests = num_requests(run)
+    throughput, batch = pred.throughput_tokens_per_s, pred.concurrency
+    if requests is not None:
+        throughput, batch = finite_run_throughput(model, pool, job, cfg, pred, requests)
     return RunResult(
         id=run["id"],
         source=run["source"],
@@ -273,8 +312,8 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         input_len=job.input_len,
         output_len=job.output_len,
         measured=float(run["measured_output_tokens_per_s"]),
-        predicted=pred.throughput_tokens_per_s,
-        concurrency=pred.concurrency,
+        predicted=throughput,
+        concurrency=batch,
         tpot_s=pred.tpot_s,
         superseded_by=superseded().get(run["id"]),
     )

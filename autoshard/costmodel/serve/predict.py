@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.latency import NO_WAIT, LatencyQuantiles, Wait, mdc_wait
 from autoshard.costmodel.serve.memory import ServeMemory, serve_memory
-from autoshard.costmodel.serve.step import StepTime, prefill_time, step_time
+from autoshard.costmodel.serve.step import StepTime, mean_step_time, prefill_time, step_time
 from autoshard.errors import InfeasibleError
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
@@ -119,13 +119,12 @@ def predict_serve(
     batch = limit if concurrency is None else max(1, min(concurrency, limit))
     per_mb = batch / cfg.pp
     ctx = decode_context_len(job)
-    tick = step_time(
+    tick = mean_step_time(
         model,
         pool,
         cfg,
         decode_seqs=per_mb,
         prefill_tokens=per_mb * job.input_len / job.output_len,
-        prefills=per_mb / job.output_len,
         prefill_len=job.input_len,
         context_len=ctx,
     )
@@ -272,13 +271,12 @@ def latency_at_rate(
     chunks = math.ceil(job.input_len / cfg.max_num_batched_tokens)
 
     def step(decode_seqs: float, prompts: float) -> float:
-        return step_time(
+        return mean_step_time(
             model,
             pool,
             cfg,
             decode_seqs=decode_seqs,
             prefill_tokens=prompts * job.input_len,
-            prefills=prompts,
             prefill_len=job.input_len,
             context_len=ctx,
         ).total_s

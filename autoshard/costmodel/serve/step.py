@@ -26,7 +26,8 @@ Facts modelled (sources in the docstrings below):
   layer, so the dense part of a step waits for the rank with the most prefill tokens in it (the
   expected maximum over DP ranks of whole prompt chunks arriving at random).
 - Continuous batching with chunked prefill: each step carries the decode tokens of the running requests
-  plus, on average, `batch * input_len / output_len` prefill tokens (every finished request is replaced).
+  plus, on average, `batch * input_len / output_len` prefill tokens (every finished request is replaced),
+  as whole chunks: some steps carry a prompt's chunk, the others none (`mean_step_time`).
   With PP, vLLM keeps PP micro-batches in flight, so a token advances once every PP stage ticks.
 - Every step also pays the engine's serial host work per request in it (scheduling, stop checks,
   responses: ServeConfig.host_us_per_seq, fitted on the published offline runs).
@@ -103,6 +104,7 @@ __all__ = [
     "serve_memory",
     "StepTime",
     "step_time",
+    "mean_step_time",
     "prefill_time",
     "ServePrediction",
     "predict_serve",
@@ -302,6 +304,47 @@ def step_time(
         hop = pp_send_s(model, links[2], tokens=tokens)
         worst = replace(worst, pp_comm_s=hop)
     return replace(worst, host_s=cfg.host_us_per_seq * 1e-6 * (decode_seqs + prefills))
+
+
+def mean_step_time(
+    model: ModelSpec,
+    pool: PoolSpec,
+    cfg: ServeConfig,
+    *,
+    decode_seqs: float,
+    prefill_tokens: float,
+    prefill_len: int,
+    context_len: float,
+) -> StepTime:
+    """Mean engine step when, on average, `prefill_tokens` prompt tokens ride along with
+    `decode_seqs` decodes. Prompts arrive whole: a step carries k or k + 1 prefill chunks of
+    min(prompt, token budget left after the decodes), in the proportions that give that mean, not a
+    sliver of every prompt in every step. The distinction is the roofline's: a decode step reads the
+    weights whatever its rows, so a 90-token sliver rides almost free while the whole 467-token prompt
+    it stands for makes its step compute-bound; averaging the tokens first (`step_time` of the mean)
+    would price E[t(X)] as t(E[X]) and miss that cost (Jensen: t is convex in the step's tokens).
+    With attention data parallelism `step_time` already prices whole chunks (the busiest rank's)."""
+    if prefill_tokens <= 0 or cfg.dp_attention > 1:
+        return step_time(
+            model, pool, cfg, decode_seqs=decode_seqs, prefill_tokens=prefill_tokens,
+            prefills=prefill_tokens / prefill_len, prefill_len=prefill_len, context_len=context_len,
+        )
+    free = cfg.max_num_batched_tokens - decode_seqs
+    chunk = float(min(prefill_len, free)) if free >= 1 else float(prefill_len)
+    chunks = prefill_tokens / chunk
+    k = math.floor(chunks)
+    frac = chunks - k
+
+    def with_chunks(n: int) -> StepTime:
+        return step_time(
+            model, pool, cfg, decode_seqs=decode_seqs, prefill_tokens=n * chunk,
+            prefills=n * chunk / prefill_len, prefill_len=prefill_len, context_len=context_len,
+        )
+
+    low = with_chunks(k)
+    if frac < 1e-9:
+        return low
+    return low.scaled(1.0 - frac) + with_chunks(k + 1).scaled(frac)
 
 
 def _decoder_kinds(model: ModelSpec) -> list[LayerKind]:
