@@ -169,7 +169,7 @@ def test_chosen_deployment_balances_and_fits():
     assert served <= dec.instances * dec.requests_per_s * 1.001
     assert 0 < pre.utilization <= MAX_PREFILL_UTILIZATION + 1e-9
     assert 0 < dec.utilization <= 1 + 1e-9
-    # TTFT: queue + half a step + the prompt + the transfer + one decode step
+    # TTFT: the wait for the running prefill step + its own step + the transfer + one decode step
     d = plan.disaggregation
     assert d.ttft_s > pre.prediction.prefill.total_s + d.transfer.seconds + plan.prediction.tpot_s
 

@@ -80,14 +80,23 @@ def test_stated_rows_error_band(results):
 
 
 def test_stated_rows_ttft_band(results):
-    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity): 1.6-1.9x
-    the measured 1.68 / 1.80 / 2.57 s. autoshard runs every prefill step at the full 64,000-token
-    budget (6-7 s a step on DP8 EP8 MI300X), so a request waits half such a step; at partial load the
-    engine's steps hold only what has arrived, and are shorter. Pinned, not a target."""
+    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity). The prefill
+    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.17-0.50 s in
+    prefill, not half of a 6-7 s full-budget step: predicted 0.25 / 0.38 / 0.64 s against the measured
+    1.68 / 1.80 / 2.57 s (-75..-85 %). Little's law on the published figures (the client's 10,800 in
+    flight less throughput x ITL decoding) puts 1.4 / 2.5 / 4.8 s per request outside the decode
+    batch, at least the measured TTFT: those seconds are real. The same eager engines decode
+    1.5-1.9x slower than predicted, and a prefill 2-2.3x slower than predicted would run at 75-90 %
+    load, where this queue gives the measured seconds. Pinned, not a target."""
     stated = [r for r in results if r.ttft_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert 0.40 <= r.ttft_error <= 1.10, (r.id, r.ttft_error)
+        assert -0.90 <= r.ttft_error <= -0.65, (r.id, r.ttft_error)
+    for run in load_runs():
+        if "measured_ttft_ms" in run:
+            outside = run["client_concurrency"] - run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
+            rate = run["measured_output_tokens_per_s"] / run["output_len"]
+            assert 0.8 <= outside / rate / (run["measured_ttft_ms"] * 1e-3) <= 2.0, run["id"]
 
 
 def test_context_dependent_part_of_the_step_tracks_the_measurement(results):
