@@ -16,6 +16,7 @@ from autoshard.costmodel.serve.disagg import (
     KvTransfer,
     PrefillInstance,
     disagg_ttft_s,
+    first_token_s,
     max_utilization_for_ttft,
     md1_wait_s,
     prefill_cycle,
@@ -143,3 +144,14 @@ def test_max_utilization_inverts_the_ttft():
         u = max_utilization_for_ttft(inst, NO_TRANSFER, 0.02, target, cap=0.999)
         assert disagg_ttft_s(inst, NO_TRANSFER, 0.02, u) == pytest.approx(target, rel=1e-6)
     assert max_utilization_for_ttft(inst, NO_TRANSFER, 0.02, 0.05) == 0.0
+
+
+def test_ttft_adds_the_transfer_and_a_step_and_a_half_of_decode():
+    """The KV cache lands uniformly within a running decode step; the batch admits the request at the
+    next step boundary (half a step on average) and its first token comes one step later."""
+    inst = instance(0.04, 0.05, 125)
+    hand_off = KvTransfer(bytes_per_request=1e8, link="rdma", streams=8, bytes_per_s=1.6e11, seconds=0.003)
+    assert first_token_s(0.04) == pytest.approx(0.06)
+    for u in (0.0, 0.5):
+        assert disagg_ttft_s(inst, hand_off, 0.04, u) == pytest.approx(prefill_wait_s(inst, u) + 0.003 + 0.06)
+    assert disagg_ttft_s(inst, hand_off, 0.04, 0.0) == pytest.approx(0.09 + 0.003 + 0.06)

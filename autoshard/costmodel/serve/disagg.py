@@ -9,8 +9,8 @@ transfer engine), over NVLink when both instances sit in one NVLink domain, else
 GPU of the prefill instance that holds part of the request's cache sends its part through its own
 NIC, so the transfer runs on min(sending, receiving) GPU links in parallel.
 
-TTFT of a disaggregated request = its time in the prefill engine + the KV transfer + the first decode
-step. A prefill engine (vLLM/SGLang with a prefill-only role) starts a step as soon as it is free and
+TTFT of a disaggregated request = its time in the prefill engine + the KV transfer + its first token
+on the decode instance (`first_token_s`: the wait for the running decode step to end, then one step). A prefill engine (vLLM/SGLang with a prefill-only role) starts a step as soon as it is free and
 prompts are waiting, and each step takes every prompt that has arrived (up to the token budget): at
 partial load its steps hold only what arrived during the previous step, so they are much shorter than
 a full-budget step. With the step time linear in its prompts, c(k) = a + b k (a: the part of a step
@@ -64,6 +64,7 @@ __all__ = [
     "prefill_wait_s",
     "max_utilization_for_ttft",
     "disagg_ttft_s",
+    "first_token_s",
 ]
 
 MAX_PREFILL_UTILIZATION = 0.8
@@ -327,9 +328,18 @@ def disagg_ttft_s(
     q: float | None = None,
 ) -> float:
     """Mean TTFT at the given prefill utilization (see the module docstring): the time in the prefill
-    instance, the KV transfer and the first decode step; with `q`, its q-quantile (the prefill part's
-    quantile, the rest deterministic)."""
-    return prefill_wait_s(prefill, utilization, q) + transfer.seconds + decode_tpot_s
+    instance, the KV transfer and the first token on the decode instance; with `q`, its q-quantile
+    (the prefill part's quantile, the rest at its mean)."""
+    return prefill_wait_s(prefill, utilization, q) + transfer.seconds + first_token_s(decode_tpot_s)
+
+
+def first_token_s(decode_tpot_s: float) -> float:
+    """From the KV cache landing on the decode instance to the request's first token: a running
+    decode batch admits new requests only between steps (continuous batching: vLLM's scheduler moves a
+    request whose remote KV has arrived into the batch at its next step, SGLang's decode loop polls
+    the transfers once per step), the landing is uniform over the running step, so the request waits
+    half a step on average, then runs one: 1.5 TPOT."""
+    return 1.5 * decode_tpot_s
 
 
 def max_utilization_for_ttft(
