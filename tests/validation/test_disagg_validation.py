@@ -137,6 +137,24 @@ def test_hand_off_time_band(transfers):
             assert -0.30 <= t.transfer_error <= -0.10, t
 
 
+def test_hand_off_bandwidth_gap_is_the_connector_not_the_link(transfers):
+    """From 1 GiB up the measured hand-off grows at 158 GB/s (79 % of the 8 x 25 GB/s line rate)
+    against the 180 GB/s modelled (90 % per NIC, the cluster's `inter_node_bw`). The transfer engine
+    itself is published at 87 GB/s over 4 x 200 Gbps RoCE, 87 % of line rate (kvcache-ai/Mooncake
+    README, 40 GB moved): within 5 % of the modelled efficiency, so the remaining gap belongs to the
+    vLLM connector's many per-layer ranges, and no source outside this run prices it: left unfitted."""
+    big = sorted((t for t in transfers if t.kv_mib >= 1024), key=lambda t: t.prompt_len)
+    marginal = (big[-1].measured_kv_mib - big[0].measured_kv_mib) * 2**20 / (
+        big[-1].measured_transfer_s - big[0].measured_transfer_s
+    )
+    assert marginal == pytest.approx(158.6e9, rel=0.01)
+    modelled = [t.kv_mib * 2**20 / t.transfer_s for t in big]
+    assert all(m == pytest.approx(180e9, rel=0.01) for m in modelled)
+    line = 8 * 25e9
+    assert abs(180e9 / line - 87 / 100) <= 0.05
+    assert marginal / line == pytest.approx(0.79, abs=0.01)
+
+
 def test_idle_ttft_band(transfers):
     """Idle TTFT = prefill + hand-off + one decode step. The measured TTFT has a floor the model does
     not price (the proxy's two HTTP round trips, tokenization: 36-47 ms at <= 512 tokens); above it the
