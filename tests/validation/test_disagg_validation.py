@@ -92,6 +92,8 @@ def test_stated_rows_ttft_band(results):
     assert len(stated) == 3
     for r in stated:
         assert -0.90 <= r.ttft_error <= -0.65, (r.id, r.ttft_error)
+        assert 0.35 <= r.ttft_utilization <= 0.42, (r.id, r.ttft_utilization)
+        assert 0.15 <= r.ttft_prefill_s <= 0.55, (r.id, r.ttft_prefill_s)
     for run in load_runs():
         if "measured_ttft_ms" in run:
             outside = run["client_concurrency"] - run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
