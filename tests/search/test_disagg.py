@@ -115,7 +115,7 @@ def brute_force(model, cluster, job):
                 for x in range(1, room // p.engine.gpus + 1):
                     used = x * p.engine.gpus + y * d.engine.gpus
                     k = 2 if not same else (0 if used <= a.node.domain_size else 1)
-                    ttft = p.ttft_us + max(p.send_us[k], d.recv_us[k]) + t.latency_us[k] + d.tpot_us
+                    ttft = p.ttft_us + max(p.send_us[k], d.recv_us[k]) + t.latency_us[k] + d.first_us
                     if target is not None and ttft > target:
                         continue
                     served = min(x * p.rate_milli, y * d.rate_milli)
@@ -169,7 +169,7 @@ def test_chosen_deployment_balances_and_fits():
     assert served <= dec.instances * dec.requests_per_s * 1.001
     assert 0 < pre.utilization <= MAX_PREFILL_UTILIZATION + 1e-9
     assert 0 < dec.utilization <= 1 + 1e-9
-    # TTFT: queue + half a step + the prompt + the transfer + one decode step
+    # TTFT: the wait for the running prefill step + its own step + the transfer + 1.5 decode steps
     d = plan.disaggregation
     assert d.ttft_s > pre.prediction.prefill.total_s + d.transfer.seconds + plan.prediction.tpot_s
 

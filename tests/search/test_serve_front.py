@@ -66,7 +66,10 @@ def test_ttft_target_filters_points(front):
     tight = JOB.model_copy(update={"ttft_target_s": 0.3})
     cut = serve_front(LLAMA70, H100_16, tight)
     assert cut.points and all(p.ttft_s <= 0.3 for p in cut.points)
-    assert len(cut.points) < len(front.points)
+    # the target binds: without it some deployments run past 0.3 s, and meeting it costs throughput
+    # (points are dropped or run at a lower load)
+    assert any(p.ttft_s > 0.3 for p in front.points)
+    assert sum(p.tokens_per_s_per_gpu for p in cut.points) < sum(p.tokens_per_s_per_gpu for p in front.points)
 
 
 def test_png_and_json(front, tmp_path):

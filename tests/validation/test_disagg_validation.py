@@ -80,14 +80,25 @@ def test_stated_rows_error_band(results):
 
 
 def test_stated_rows_ttft_band(results):
-    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity): 1.6-1.9x
-    the measured 1.68 / 1.80 / 2.57 s. autoshard runs every prefill step at the full 64,000-token
-    budget (6-7 s a step on DP8 EP8 MI300X), so a request waits half such a step; at partial load the
-    engine's steps hold only what has arrived, and are shorter. Pinned, not a target."""
+    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity). The prefill
+    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.17-0.50 s in
+    prefill, not half of a 6-7 s full-budget step: predicted 0.29 / 0.43 / 0.71 s (with the hand-off and
+    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-72..-83 %). Little's law on the published figures (the client's 10,800 in
+    flight less throughput x ITL decoding) puts 1.4 / 2.5 / 4.8 s per request outside the decode
+    batch, at least the measured TTFT: those seconds are real. The same eager engines decode
+    1.5-1.9x slower than predicted, and a prefill 2-2.3x slower than predicted would run at 75-90 %
+    load, where this queue gives the measured seconds. Pinned, not a target."""
     stated = [r for r in results if r.ttft_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert 0.40 <= r.ttft_error <= 1.10, (r.id, r.ttft_error)
+        assert -0.90 <= r.ttft_error <= -0.65, (r.id, r.ttft_error)
+        assert 0.35 <= r.ttft_utilization <= 0.42, (r.id, r.ttft_utilization)
+        assert 0.15 <= r.ttft_prefill_s <= 0.55, (r.id, r.ttft_prefill_s)
+    for run in load_runs():
+        if "measured_ttft_ms" in run:
+            outside = run["client_concurrency"] - run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
+            rate = run["measured_output_tokens_per_s"] / run["output_len"]
+            assert 0.8 <= outside / rate / (run["measured_ttft_ms"] * 1e-3) <= 2.0, run["id"]
 
 
 def test_context_dependent_part_of_the_step_tracks_the_measurement(results):
@@ -126,6 +137,24 @@ def test_hand_off_time_band(transfers):
     for t in transfers:
         if t.kv_mib >= 1024:
             assert -0.30 <= t.transfer_error <= -0.10, t
+
+
+def test_hand_off_bandwidth_gap_is_the_connector_not_the_link(transfers):
+    """From 1 GiB up the measured hand-off grows at 158 GB/s (79 % of the 8 x 25 GB/s line rate)
+    against the 180 GB/s modelled (90 % per NIC, the cluster's `inter_node_bw`). The transfer engine
+    itself is published at 87 GB/s over 4 x 200 Gbps RoCE, 87 % of line rate (kvcache-ai/Mooncake
+    README, 40 GB moved): within 5 % of the modelled efficiency, so the remaining gap belongs to the
+    vLLM connector's many per-layer ranges, and no source outside this run prices it: left unfitted."""
+    big = sorted((t for t in transfers if t.kv_mib >= 1024), key=lambda t: t.prompt_len)
+    marginal = (big[-1].measured_kv_mib - big[0].measured_kv_mib) * 2**20 / (
+        big[-1].measured_transfer_s - big[0].measured_transfer_s
+    )
+    assert marginal == pytest.approx(158.6e9, rel=0.01)
+    modelled = [t.kv_mib * 2**20 / t.transfer_s for t in big]
+    assert all(m == pytest.approx(180e9, rel=0.01) for m in modelled)
+    line = 8 * 25e9
+    assert abs(180e9 / line - 87 / 100) <= 0.05
+    assert marginal / line == pytest.approx(0.79, abs=0.01)
 
 
 def test_idle_ttft_band(transfers):

@@ -38,6 +38,7 @@ from autoshard.costmodel.serve.disagg import (
     kv_link,
     kv_transfer,
     prefill_instance,
+    prefill_wait_s,
 )
 from autoshard.costmodel.serve.step import kv_limited_concurrency, prefill_time, serve_memory
 from autoshard.search.serve.space import Engine, _config
@@ -70,6 +71,10 @@ class DisaggResult:
     ttft_s: float | None = None
     """Mean TTFT predicted at the measured request rate, where the source gives the TTFT."""
     measured_ttft_s: float | None = None
+    ttft_prefill_s: float | None = None
+    """The prefill part of `ttft_s` (wait for the running step + its own step: `prefill_wait_s`)."""
+    ttft_utilization: float | None = None
+    """Prefill utilization at the measured request rate."""
 
     @property
     def error(self) -> float:
@@ -167,15 +172,22 @@ def _prefill(run: dict, job: ServeJob) -> PrefillInstance | None:
     return prefill_instance(model, pool, job, cfg, memory)
 
 
-def _ttft_at_measured_rate(run: dict, job: ServeJob, prefill: PrefillInstance, decode) -> float:
+def _ttft_at_measured_rate(
+    run: dict, job: ServeJob, prefill: PrefillInstance, decode
+) -> tuple[float, float, float]:
     """Mean TTFT (`disagg_ttft_s`) at the request rate the source measured (output tokens/s / OSL)
-    over the stated prefill instances, with the hand-off across nodes and the predicted TPOT."""
+    over the stated prefill instances, with the hand-off across nodes and the predicted TPOT; with its
+    prefill part and the prefill utilization."""
     model = _model(run)
     pool = _pool(run, prefill.gpus)
     hand_off = kv_transfer(model, job, prefill.config, decode.config, kv_link(pool, same_domain=False))
     rate = run["measured_output_tokens_per_s"] / job.output_len
     utilization = rate / (run["prefill"]["instances"] * prefill.requests_per_s)
-    return disagg_ttft_s(prefill, hand_off, decode.tpot_s, utilization)
+    return (
+        disagg_ttft_s(prefill, hand_off, decode.tpot_s, utilization),
+        prefill_wait_s(prefill, utilization),
+        utilization,
+    )
 
 
 def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
@@ -204,9 +216,9 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
     )
     tpot_ms = run.get("measured_tpot_ms")
     prefill = _prefill(run, job)
-    ttft = None
+    ttft = part = load = None
     if prefill is not None and "measured_ttft_ms" in run:
-        ttft = _ttft_at_measured_rate(run, job, prefill, inst)
+        ttft, part, load = _ttft_at_measured_rate(run, job, prefill, inst)
     return DisaggResult(
         run["id"],
         input_len,
@@ -220,6 +232,8 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         None if prefill is None else run["prefill"]["instances"] * prefill.requests_per_s,
         ttft,
         None if ttft is None else run["measured_ttft_ms"] * 1e-3,
+        part,
+        load,
     )
 
 
@@ -296,7 +310,8 @@ def main() -> int:
     for r in results:
         if r.ttft_s is not None:
             print(
-                f"{r.id}: mean TTFT {r.ttft_s:.2f} s predicted at the measured request rate, "
+                f"{r.id}: mean TTFT {r.ttft_s:.2f} s predicted at the measured request rate "
+                f"(prefill {r.ttft_prefill_s:.2f} s at {100 * r.ttft_utilization:.0f}% load), "
                 f"{r.measured_ttft_s:.2f} s measured ({_pct(r.ttft_error)})"
             )
     transfers = evaluate_transfers()

@@ -20,6 +20,7 @@ from autoshard.costmodel.serve.disagg import (
     PrefillInstance,
     decode_instance,
     disagg_ttft_s,
+    first_token_s,
     holders,
     kv_link,
     kv_transfer,
@@ -68,6 +69,8 @@ class DecodeRow:
     rate_milli: int
     """Requests/s of one instance, in thousandths, rounded down."""
     tpot_us: int
+    first_us: int
+    """From the KV cache landing to the first token (`first_token_s`): the TTFT's decode part."""
     recv_us: tuple[int, int, int]
     """KV-transfer time if this side's GPUs were the narrower end: (NVLink, RDMA, across pools), us."""
 
@@ -144,6 +147,7 @@ def tabulate_disagg(
                     d,
                     int(d.requests_per_s * MILLI),
                     tpot,
+                    time_to_us(first_token_s(d.tpot_s)),
                     recv,  # type: ignore[arg-type]
                 )
             )
@@ -156,7 +160,7 @@ def tabulate_disagg(
         kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli))
     else:
         kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli, r.ttft_us, *r.send_us))
-        kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli, r.tpot_us, *r.recv_us))
+        kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli, r.tpot_us, r.first_us, *r.recv_us))
     dropped["prefill instance dominated (as many GPUs or more, no faster, no sooner)"] += len(prefill) - len(
         kept_p
     )

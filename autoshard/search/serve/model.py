@@ -179,8 +179,8 @@ def _build_disagg(
             cp.add(tr >= send + t.latency_us[k]).only_enforce_if(lits)
             cp.add(tr >= recv + t.latency_us[k]).only_enforce_if(lits)
         ttft_p = element(cp, p, [r.ttft_us for r in t.prefill], "prefill_ttft_us")
-        tpot_d = element(cp, d, [r.tpot_us for r in t.decode], "decode_tpot_us")
-        cp.add(ttft_p + tr + tpot_d <= time_to_us(job.ttft_target_s)).only_enforce_if(dis)
+        first_d = element(cp, d, [r.first_us for r in t.decode], "decode_first_token_us")
+        cp.add(ttft_p + tr + first_d <= time_to_us(job.ttft_target_s)).only_enforce_if(dis)
     m.p, m.d, m.x, m.y, m.nvl = p, d, x, y, nvl
     m.p_engine = element(cp, p, [engines.index(r.engine) for r in t.prefill], "prefill_engine")
     m.d_engine = element(cp, d, [engines.index(r.engine) for r in t.decode], "decode_engine")
