@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 
+from autoshard.costmodel.band_table import gpu_generation
 from autoshard.emit.megatron.args import megatron_args
 from autoshard.emit.shell import shell_word
 from autoshard.plans.train import Plan
 
-__all__ = ["ENTRY_POINT", "MASTER_PORT", "megatron_command", "needs_single_cuda_connection", "launch_geometry",
+__all__ = ["ENTRY_POINT", "MASTER_PORT", "megatron_command", "needs_single_cuda_connection", "needs_ub_skipmc", "launch_geometry",
            "flag_lines", "join_lines"]
 
 ENTRY_POINT = "pretrain_gpt.py"
@@ -33,6 +34,20 @@ def needs_single_cuda_connection(plan: Plan) -> bool:
         return False
     pools = {s.pool for s in plan.stages}
     return any(not _is_blackwell_or_newer(plan.cluster.pools[p].gpu.name) for p in pools)
+
+
+# GPUs of compute capability below 9.0: Transformer Engine's userbuffers cannot use CUDA multicast there
+_NO_MULTICAST = frozenset({"ampere", "ada", "volta"})
+
+
+def needs_ub_skipmc(plan: Plan) -> bool:
+    """Transformer Engine's comm+GEMM overlap (`--tp-comm-overlap`) builds CUDA multicast objects,
+    which need compute capability 9.0+; on older GPUs (A100, L40S) it stops at start-up unless
+    UB_SKIPMC=1 selects its CUDA-IPC path (Transformer Engine, examples/pytorch/comm_gemm_overlap)."""
+    if not any(flag == "--tp-comm-overlap" for flag, _ in megatron_args(plan)):
+        return False
+    pools = {s.pool for s in plan.stages}
+    return any(gpu_generation(plan.cluster.pools[p].gpu.name) in _NO_MULTICAST for p in pools)
 
 
 def launch_geometry(plan: Plan) -> tuple[int, int]:
@@ -66,6 +81,8 @@ def megatron_command(plan: Plan) -> str:
     checkout on every node with NODE_RANK, MASTER_ADDR, DATA_PATH, TOKENIZER_MODEL and CKPT_DIR set."""
     nproc, nnodes = launch_geometry(plan)
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if needs_single_cuda_connection(plan) else ""
+    if needs_ub_skipmc(plan):
+        env += "UB_SKIPMC=1 "
     if nnodes == 1:
         rank, addr = "0", "localhost"
     else:

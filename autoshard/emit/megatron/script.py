@@ -18,6 +18,7 @@ from autoshard.emit.megatron.command import (
     join_lines,
     launch_geometry,
     needs_single_cuda_connection,
+    needs_ub_skipmc,
 )
 from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Recompute
@@ -188,6 +189,12 @@ def megatron_script(plan: Plan) -> str:
         out += [
             "# Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1.",
             "unset CUDA_DEVICE_MAX_CONNECTIONS",
+        ]
+    if needs_ub_skipmc(plan):
+        out += [
+            "# --tp-comm-overlap: Transformer Engine needs CUDA multicast (compute capability 9.0+) unless",
+            "# UB_SKIPMC=1 selects its CUDA-IPC path, as on these GPUs.",
+            "export UB_SKIPMC=1",
         ]
     if out[-1]:
         out.append("")
