@@ -46,7 +46,7 @@ from autoshard.api_serve import (
     with_serve_launch,
     write_k8s_manifests,
 )
-from autoshard.api_study import ClusterFront, StudyResult, study, study_json, write_study
+from autoshard.api_study import study, study_json, write_study
 from autoshard.api_train import (
     layout_flags,
     memory_headroom,
@@ -68,7 +68,8 @@ from autoshard.plans.base import SolverStats
 from autoshard.plans.train import Plan
 from autoshard.report.compare import compare_plans
 from autoshard.search.serve.front import serve_front
-from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.options import SolverOptions
+from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
@@ -76,8 +77,9 @@ from autoshard.specs.job import TrainJob
 from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.prepare import check_precision, resize, train_job
+from autoshard.study.costs import StudyResult
 from autoshard.study.files import check_out_dir
-from autoshard.study.front import render_fronts, serve_study_fronts
+from autoshard.study.front import ClusterFront, render_fronts, serve_study_fronts
 from autoshard.study.report import render_study
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",

@@ -13,7 +13,7 @@ from autoshard.emit.megatron.layout import LayoutFlags
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan
-from autoshard.search.train.solve import SolverOptions
+from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, SpaceOptions
 from autoshard.units import GIB
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from autoshard.specs.job import Precision
-from autoshard.specs.model import AttentionKind, ModelSpec
+from autoshard.specs.layers import AttentionKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["Axis", "Recompute", "MoeDispatcher", "Fp8Recipe", "ParallelDims", "check_dims"]
 

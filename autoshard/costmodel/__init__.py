@@ -24,7 +24,9 @@ from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import ServeMemory, serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction, predict_serve
 from autoshard.costmodel.serve.step import StepTime, prefill_time, step_time
-from autoshard.costmodel.train.step import (
+from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.step import predict_train, stage_cost
+from autoshard.costmodel.train.types import (
     LayerCost,
     MemoryBreakdown,
     Stage,
@@ -32,9 +34,6 @@ from autoshard.costmodel.train.step import (
     TimeBreakdown,
     TrainConfig,
     TrainPrediction,
-    layer_cost,
-    predict_train,
-    stage_cost,
 )
 
 __all__ = [

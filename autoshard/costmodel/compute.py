@@ -31,7 +31,8 @@ from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",

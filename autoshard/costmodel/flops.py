@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoshard.parallel import ParallelDims
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops",

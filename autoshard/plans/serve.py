@@ -27,7 +27,8 @@ from autoshard.plans.base import PlanBase, SolverStats
 from autoshard.plans.disagg import Disaggregation, Role
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob, WeightDtype
-from autoshard.specs.model import Checkpoint, LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import Checkpoint, ModelSpec
 from autoshard.units import GIB
 
 __all__ = ["ServePlan", "Role", "Disaggregation", "model_path"]

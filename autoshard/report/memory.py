@@ -19,7 +19,7 @@ from autoshard.costmodel.train.memory import (
 from autoshard.costmodel.train.step import stage_cost
 from autoshard.plans.train import Plan
 from autoshard.report.fit import add_columns, table
-from autoshard.specs.model import LayerKind
+from autoshard.specs.layers import LayerKind
 from autoshard.units import GIB
 
 __all__ = ["MemoryRow", "memory_rows", "memory_table", "fullest_rank", "nominal_bytes_per_param"]

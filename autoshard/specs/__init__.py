@@ -13,18 +13,18 @@ Which file owns what:
 
 from autoshard.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, LinkKind, NodeSpec, PoolSpec
 from autoshard.specs.job import Optimizer, Precision, ServeJob, TrainJob, WeightDtype
-from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
-from autoshard.specs.model import (
+from autoshard.specs.layers import (
     AttentionKind,
     LayerGroup,
     LayerKind,
     MLAConfig,
     MlpKind,
     MoEConfig,
-    ModelSpec,
     NormKind,
     PositionKind,
 )
+from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "AttentionKind", "ClusterSpec", "EfficiencySpec", "GpuSpec", "LayerGroup", "LayerKind", "LinkKind",

@@ -7,8 +7,9 @@ from __future__ import annotations
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
+from autoshard.specs.layers import PositionKind
 from autoshard.specs.loader import validate
-from autoshard.specs.model import ModelSpec, PositionKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["train_job", "resize", "check_precision"]
 

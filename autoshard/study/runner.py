@@ -48,7 +48,8 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
     """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
     from autoshard.costmodel.bands import band_of
     from autoshard.costmodel.sanity import sanity_for
-    from autoshard.search.train.solve import SolverOptions, solve_train
+    from autoshard.search.train.options import SolverOptions
+    from autoshard.search.train.solve import solve_train
     from autoshard.specs.prepare import check_precision
 
     model, job, spec = _WORKER["model"], _WORKER["job"], _WORKER["clusters"][key]

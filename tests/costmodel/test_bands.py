@@ -16,22 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.costmodel import bands, sanity
-from autoshard.costmodel.bands import (
+from autoshard.costmodel.band_table import (
     COVERAGE,
     DEFAULT_MEMORY_RATIO,
     DEFAULT_RATIO,
     MIN_HALF_WIDTH,
     NO_SOURCE_SPREAD,
-    Band,
     Kind,
-    band_for,
     build_table,
     central_band,
     gpu_generation,
-    load_table,
-    lookup,
     out_of_source_deviations,
 )
+from autoshard.costmodel.bands import Band, band_for, load_table, lookup
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -447,7 +444,7 @@ def test_tied_compares_per_gpu() -> None:
 
 def test_solve_top_k_marks_ties() -> None:
     from autoshard.api import solve, train_job
-    from autoshard.search.train.solve import SolverOptions
+    from autoshard.search.train.options import SolverOptions
     from autoshard.specs import load_cluster, load_model
 
     model = load_model("llama-3.1-8b")

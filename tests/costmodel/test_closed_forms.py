@@ -7,7 +7,7 @@ import math
 import pytest
 
 from autoshard.costmodel.comm import Collective, Link, collective_time_s
-from autoshard.costmodel.compute import layer_flops, model_flops_per_step
+from autoshard.costmodel.flops import layer_flops, model_flops_per_step
 from autoshard.costmodel.train.memory import (
     ParamShards,
     in_flight_microbatches,
@@ -15,7 +15,8 @@ from autoshard.costmodel.train.memory import (
     model_state_bytes,
 )
 from autoshard.costmodel.train.pipeline import bubble_fraction, schedule_time
-from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.report.gantt import simulate
 from autoshard.specs import LayerKind, ModelSpec, load_cluster
@@ -206,7 +207,7 @@ def test_expert_work_is_conserved_under_moe_folding(tp, cp, ep, etp, dp):
     """Whatever the expert grid, the GPUs of one attention group (TP x CP) together run exactly the
     top-k expert FLOPs of that group's tokens: EP spreads the pairs over experts, ETP splits each
     pair's FFN, neither creates or drops work."""
-    from autoshard.costmodel.compute import layer_gemms
+    from autoshard.costmodel.flops import layer_gemms
 
     model = moe_model()
     seq, mbs = 4096, 2

@@ -17,7 +17,8 @@ from autoshard.costmodel.train.memory import (
     torchtitan_layer_activation_bytes,
     torchtitan_loss_bytes,
 )
-from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs import LayerKind, ModelSpec, load_cluster
 from autoshard.units import GIB

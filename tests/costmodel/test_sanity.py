@@ -14,15 +14,9 @@ import yaml
 from rich.console import Console
 
 from autoshard.costmodel import bands
-from autoshard.costmodel.bands import (
-    SANITY_MARGIN,
-    gpu_class,
-    gpu_generation,
-    load_mfu_reference,
-    sanity_for,
-    sanity_line,
-)
-from autoshard.costmodel.compute import causal_model_flops_per_step, model_flops_per_step
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.flops import causal_model_flops_per_step, model_flops_per_step
+from autoshard.costmodel.sanity import SANITY_MARGIN, gpu_class, load_mfu_reference, sanity_for, sanity_line
 from autoshard.specs import load_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.costmodel.comm import Collective, collective_time_s, group_link
-from autoshard.costmodel.serve.step import (
-    ServeConfig,
-    _grouped_experts_s,
-    expected_max_prefill_tokens,
-    prefill_attention_s,
-    tp_all_reduce_s,
+from autoshard.costmodel.comm import Collective, collective_time_s, group_link, tp_all_reduce_s
+from autoshard.costmodel.serve.compute import _grouped_experts_s, prefill_attention_s
+from autoshard.costmodel.serve.config import ServeConfig, pp_layer_split, stage_layers
+from autoshard.costmodel.serve.memory import (
     activation_peak_bytes,
-    concurrency_ladder,
     cuda_graph_capture_sizes,
     default_max_num_batched_tokens,
+    serve_memory,
+)
+from autoshard.costmodel.serve.predict import concurrency_ladder, predict_serve
+from autoshard.costmodel.serve.sharding import expected_max_prefill_tokens
+from autoshard.costmodel.serve.step import prefill_time, step_time
+from autoshard.costmodel.serve.weights import (
     kv_cache_bytes_per_token,
     kv_cache_bytes_per_token_per_gpu,
-    pp_layer_split,
-    predict_serve,
-    prefill_time,
-    serve_memory,
-    stage_layers,
     stage_weight_bytes,
-    step_time,
     total_weight_bytes,
     weight_bytes_per_param,
 )
@@ -403,7 +399,7 @@ def test_host_work_is_per_request_per_step():
 def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
     """serve_gemm replaces the GEMM efficiency (FP8 at the training FP8/BF16 ratio), serve_attention_hbm
     the HBM fraction of paged decode attention; a GPU without them keeps its training values."""
-    from autoshard.costmodel.serve.step import serving_gpu
+    from autoshard.costmodel.serve.compute import serving_gpu
 
     gpu = POOL1.gpu
     eff = gpu.efficiency

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from autoshard.costmodel.serve.step import ServeConfig, latency_at_rate, predict_serve
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.predict import latency_at_rate, predict_serve
 from autoshard.costmodel.serve.latency import (
     NO_WAIT,
     Wait,

@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from autoshard.costmodel.serve.step import ServeConfig, mean_step_time, step_time
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.step import mean_step_time, step_time
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.costmodel.serve.step import ServeConfig, step_time
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.step import step_time
 from autoshard.costmodel.serve.sim import simulate_burst
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob

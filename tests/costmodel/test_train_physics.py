@@ -9,8 +9,9 @@ import pytest
 
 from autoshard.costmodel.compute import attention_time_s, fp8_cast_bytes_per_element, layer_compute_time
 from autoshard.costmodel.train.memory import ParamShards, layer_activation_bytes, model_state_bytes
-from autoshard.costmodel.train.step import TrainConfig, predict_train
-from autoshard.emit.megatron.parse import default_stages
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import TrainConfig
+from autoshard.emit.megatron.layout import default_stages
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs import EfficiencySpec, LayerKind, ModelSpec, Precision, load_cluster, load_model
 
@@ -84,7 +85,7 @@ def test_recompute_modules_moe_is_the_moe_recompute(precision):
     """One mechanism: `--recompute-modules moe` (selective, without core_attn) costs a Qwen3-235B MoE
     layer exactly what the block recompute adds to a layer without recompute -- the MoE block's
     forward once more, its saved activations gone, the dispatch and combine once more."""
-    from autoshard.costmodel.train.step import layer_cost
+    from autoshard.costmodel.train.layer import layer_cost
 
     pool = H100.primary
     dims = ParallelDims(tp=4, dp=2, ep=8, etp=1)
@@ -158,7 +159,8 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     --tp-comm-overlap QKV and FC1 run as 8 GEMMs of 512 rows (ring exchange), proj and FC2 as 4 of
     1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. At efficiency
     e(d) = 0.7 d / (d + 128) (d the smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
-    from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, layer_gemms, tp_overlap_gemm_extra_s
+    from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, tp_overlap_gemm_extra_s
+    from autoshard.costmodel.flops import layer_gemms
 
     eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None)
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
@@ -212,8 +214,9 @@ def test_pytorch_fsdp_keeps_fp32_shards_as_master():
 def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones():
     """EfficiencySpec.train_*: the training step's GEMMs run at train_gemm, serving's at gemm. A
     large BF16 GEMM (smallest dimension 8,192, no overhead) takes F / (peak x knob x d/(d+128))."""
-    from autoshard.costmodel.compute import Gemm, gemm_time_s
+    from autoshard.costmodel.compute import gemm_time_s
     from autoshard.costmodel.efficiency import training_gpu
+    from autoshard.costmodel.flops import Gemm
 
     eff = EfficiencySpec(gemm=0.80, train_gemm=0.60, kernel_overhead_us=0.0)
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff})

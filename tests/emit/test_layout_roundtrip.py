@@ -125,7 +125,7 @@ def test_solve_with_a_pinned_layout_matches_brute_force() -> None:
     """The bound-ordered search returns the best of every candidate predicted on the pinned layout."""
     from autoshard.api import solve_with_layout
     from autoshard.costmodel.train.step import predict_train
-    from autoshard.search.train.solve import SolverOptions
+    from autoshard.search.train.options import SolverOptions
     from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 
     cluster = H100.with_gpus(32)

@@ -23,7 +23,7 @@ from autoshard.emit.sglang import SGLANG_KV_CACHE_DTYPE, mem_fraction_static, sg
 from autoshard.emit.vllm import vllm_node_commands
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.parallel import Recompute
-from autoshard.search.train.solve import SolverOptions
+from autoshard.search.train.options import SolverOptions
 from autoshard.api import evaluate_serve
 from autoshard.search.train.space import SpaceOptions
 from autoshard.specs import bundled_models, load_cluster, load_model

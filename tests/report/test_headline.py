@@ -90,7 +90,7 @@ def test_stop_reason_and_gap_limit_in_the_solver_json():
 def _prepared(**pruned):
     from collections import Counter
 
-    from autoshard.search.train.solve import Prepared
+    from autoshard.search.train.prepare import Prepared
 
     return Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(pruned), enumerated=0)
 
@@ -108,7 +108,8 @@ def _prepared(**pruned):
 def test_train_stop_reason_table(optimal, cp, open_in_model, pruned, gap, reason):
     from ortools.sat.python import cp_model
 
-    from autoshard.search.train.solve import SolverOptions, _stop_reason
+    from autoshard.search.train.options import SolverOptions
+    from autoshard.search.train.solve import _stop_reason
 
     status = getattr(cp_model, cp)
     got = _stop_reason(optimal, status, open_in_model, _prepared(**pruned), SolverOptions(relative_gap=gap))
@@ -120,7 +121,8 @@ def test_a_solve_cut_by_its_time_limit_says_so():
     out of its share of the time and the plan comes back well before 90 % of the limit in wall time,
     which the old wall-time guess called "the relative gap limit" although none was set."""
     from autoshard.api import train_job
-    from autoshard.search.train.solve import SolverOptions, solve_train
+    from autoshard.search.train.options import SolverOptions
+    from autoshard.search.train.solve import solve_train
     from autoshard.specs import load_cluster, load_model
 
     model = load_model("llama-3.1-405b")

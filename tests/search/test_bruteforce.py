@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.options import SolverOptions
+from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
@@ -117,7 +118,9 @@ def test_mixed_layer_bounds_never_exceed_the_brute_force_optimum(name):
     """Per candidate: the count-aware slowest-rank bound <= the best feasible layout's slowest rank,
     the objective bound <= the best feasible layout's objective, and 'no layout fits' only when none
     does. The count-aware bound must also bite (be the tighter one) somewhere in each model."""
-    from autoshard.search.train.bounds import bounds, mixed_tmax_lower_bound, tmax_lower_bound
+    from autoshard.search.train.bounds import bounds
+    from autoshard.search.train.bounds_mixed import mixed_tmax_lower_bound
+    from autoshard.search.train.bounds_rank import tmax_lower_bound
 
     model, cluster, job = MIXED[name]
     options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=2, max_vpp=2))
@@ -199,7 +202,7 @@ def test_three_pool_cpsat_reaches_the_brute_force_optimum(layers, moe):
 def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
     """For every candidate and every rank -> pool assignment on three pools: the assignment's bound
     <= the best feasible layout with exactly those pools (brute force), and 'no fit' only if none fits."""
-    from autoshard.search.train.bounds import assignment_bounds, pool_rank_limits
+    from autoshard.search.train.bounds_pools import assignment_bounds, pool_rank_limits
 
     model = tiny_model(layers=6)
     cluster = three_pool_cluster()

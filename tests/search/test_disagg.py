@@ -9,6 +9,7 @@ import shlex
 
 import pytest
 
+from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.disagg import (
     MAX_PREFILL_UTILIZATION,
     disagg_ttft_s,
@@ -18,11 +19,11 @@ from autoshard.costmodel.serve.disagg import (
     max_utilization_for_ttft,
     md1_wait_s,
 )
-from autoshard.costmodel.serve.step import ServeConfig
 from autoshard.emit.pd import pd_commands, pd_script, place
 from autoshard.errors import InfeasibleError, SpecError
-from autoshard.search.serve.solve import enumerate_serve, solve_serve
+from autoshard.search.serve.solve import solve_serve
 from autoshard.search.serve.disagg import tabulate_disagg
+from autoshard.search.serve.space import enumerate_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

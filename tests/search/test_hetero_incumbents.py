@@ -6,7 +6,7 @@ from __future__ import annotations
 from autoshard.api import train_job
 from autoshard.search.train.bounds import bounds
 from autoshard.search.train.incumbents import memory_pools, uniform_assignment_incumbent
-from autoshard.search.train.solve import DEFAULT_MEMORY_FRACTION
+from autoshard.search.train.options import DEFAULT_MEMORY_FRACTION
 from autoshard.search.train.space import Pins, enumerate_train
 from autoshard.search.train.tables import build_tables, int_objective
 from autoshard.specs import load_cluster, load_model

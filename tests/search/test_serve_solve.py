@@ -9,14 +9,10 @@ import time
 import pytest
 
 from autoshard.errors import InfeasibleError, SpecError
-from autoshard.plans.train import SCHEMA
+from autoshard.plans.base import SCHEMA
 from autoshard.api import evaluate_serve, evaluate_vllm, solve_serve
-from autoshard.search.serve.solve import (
-    TIE_SCALE,
-    enumerate_serve,
-    model_for_path,
-    tabulate,
-)
+from autoshard.search.serve.solve import model_for_path
+from autoshard.search.serve.space import TIE_SCALE, enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.units import time_to_us

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from autoshard.errors import InfeasibleError
 from autoshard.parallel import Recompute, check_dims
-from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.options import SolverOptions
+from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.specs import TrainJob, load_cluster, load_model
 from conftest import tiny_cluster, tiny_model

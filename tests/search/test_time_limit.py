@@ -15,7 +15,8 @@ from autoshard.api import resize, train_job
 from autoshard.cli import app
 from autoshard.errors import SolverError
 from autoshard.search.deadline import Deadline
-from autoshard.search.train.solve import SolverOptions, solve_train
+from autoshard.search.train.options import SolverOptions
+from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.specs import TrainJob, load_cluster, load_model
 from autoshard.units import US_PER_S

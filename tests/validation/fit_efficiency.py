@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
 
-from autoshard.costmodel.bands import gpu_generation  # noqa: E402
+from autoshard.costmodel.band_table import gpu_generation  # noqa: E402
 from autoshard.specs import EfficiencySpec  # noqa: E402
 from autoshard.specs.cluster import TRAIN_KNOBS  # noqa: E402
 

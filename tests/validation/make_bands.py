@@ -42,19 +42,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autoshard.costmodel.bands import (  # noqa: E402
+from autoshard.costmodel.band_table import (  # noqa: E402
     COVERAGE,
     LATENCY_METRICS,
-    MFU_REFERENCE_PATH,
-    TABLE_PATH,
     THROUGHPUT_METRICS,
     build_table,
     latency_ratio,
-    lookup,
     memory_ratio,
     residual_kind,
     throughput_ratio,
 )
+from autoshard.costmodel.bands import TABLE_PATH, lookup  # noqa: E402
+from autoshard.costmodel.sanity import MFU_REFERENCE_PATH  # noqa: E402
 
 RESIDUALS = (HERE / "residuals_train.json", HERE / "residuals_serve.json")
 TARGET = 0.80
@@ -214,7 +213,7 @@ def measured_useful_mfu() -> list[dict[str, Any]]:
     sys.path.insert(0, str(HERE))
     import validate_published
 
-    from autoshard.costmodel.compute import causal_model_flops_per_step
+    from autoshard.costmodel.flops import causal_model_flops_per_step
 
     out = []
     for run in validate_published.load_runs():
@@ -244,7 +243,7 @@ def measured_useful_mfu() -> list[dict[str, Any]]:
 
 
 def model_flops(model: Any, run: Mapping[str, Any]) -> float:
-    from autoshard.costmodel.compute import model_flops_per_step
+    from autoshard.costmodel.flops import model_flops_per_step
 
     return model_flops_per_step(model, seq_len=run["seq_len"], global_batch_size=run["global_batch_size"])
 
@@ -261,7 +260,7 @@ MFU_ABOUT = (
 
 def mfu_reference(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The reference table: the best run per GPU class x precision x family."""
-    from autoshard.costmodel.bands import gpu_class
+    from autoshard.costmodel.sanity import gpu_class
 
     best: dict[tuple[tuple[str, ...], str, str], Mapping[str, Any]] = {}
     for r in runs:
@@ -278,7 +277,7 @@ def mfu_reference(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def mfu_report(runs: Sequence[Mapping[str, Any]], table: Mapping[str, Any]) -> int:
     """Print the reference rows and how many held runs the flag would fire on: against the table
     (must be none) and against a table built without the run's source (out-of-source false alarms)."""
-    from autoshard.costmodel.bands import SANITY_MARGIN, _reference
+    from autoshard.costmodel.sanity import SANITY_MARGIN, _reference
 
     print(f"\nuseful-MFU references ({len(table['references'])} rows from {len(runs)} held training runs):")
     for ref in table["references"]:

@@ -40,8 +40,9 @@ from validate_serving import (
     trtllm_engine_settings,
 )
 
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.costmodel.serve.sim import simulate_burst
-from autoshard.costmodel.serve.step import ServeConfig, predict_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 

@@ -40,7 +40,9 @@ from autoshard.costmodel.serve.disagg import (
     prefill_instance,
     prefill_wait_s,
 )
-from autoshard.costmodel.serve.step import kv_limited_concurrency, prefill_time, serve_memory
+from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import kv_limited_concurrency
+from autoshard.costmodel.serve.step import prefill_time
 from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.hf import model_from_hf_config

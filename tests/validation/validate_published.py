@@ -19,10 +19,11 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.compute import causal_model_flops_per_step
+from autoshard.costmodel.flops import causal_model_flops_per_step
 from autoshard.costmodel.train.memory import TrainFramework, allocator_reported_bytes
-from autoshard.costmodel.train.step import TrainConfig, predict_train
-from autoshard.emit.megatron.parse import default_stages, parse_layout
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import TrainConfig
+from autoshard.emit.megatron.layout import default_stages, parse_layout
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster, load_model
 from autoshard.units import GIB

@@ -59,17 +59,11 @@ from pathlib import Path
 
 import yaml
 
-from autoshard.costmodel.serve.step import (
-    ServeConfig,
-    ServePrediction,
-    activation_peak_bytes,
-    latency_at_rate,
-    predict_serve,
-    serve_memory,
-    total_weight_bytes,
-)
-from autoshard.costmodel.serve.memory import HOST_US_PER_SEQ
+from autoshard.costmodel.serve.config import HOST_US_PER_SEQ, ServeConfig
+from autoshard.costmodel.serve.predict import ServePrediction, latency_at_rate, predict_serve
+from autoshard.costmodel.serve.memory import activation_peak_bytes, serve_memory
 from autoshard.costmodel.serve.sim import simulate_burst
+from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.specs import ModelSpec, load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.units import GIB

@@ -11,20 +11,16 @@ from __future__ import annotations
 import functools
 import math
 
-from autoshard.costmodel.compute import (
-    Gemm,
-    attention_dims,
-    elementwise_bytes_per_token,
-    gemm_time_s,
-    mlp_gemms,
-)
+from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
+from autoshard.costmodel.flops import Gemm, attention_dims, mlp_gemms
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, weight_bytes_per_param
 from autoshard.parallel import ParallelDims
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision, WeightDtype
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "ELEMENTWISE_KERNELS",

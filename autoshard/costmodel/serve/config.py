@@ -11,7 +11,8 @@ from functools import lru_cache
 
 from autoshard.parallel import ParallelDims
 from autoshard.specs.job import WeightDtype
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["HOST_US_PER_SEQ", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
 

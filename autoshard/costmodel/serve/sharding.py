@@ -16,7 +16,8 @@ from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import WeightDtype
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "expected_max_prefill_tokens", "layer_tp_comm_s", "ep_dispatch_s", "pp_send_s", "logits_all_gather_s",

@@ -43,7 +43,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoshard.costmodel.comm import Link, tp_all_reduce_s
-from autoshard.costmodel.compute import Gemm, attention_gemms, elementwise_bytes_per_token, gemm_time_s, mlp_gemms
+from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
+from autoshard.costmodel.flops import Gemm, attention_gemms, mlp_gemms
 from autoshard.costmodel.serve.compute import (
     ELEMENTWISE_KERNELS,
     _decode_attention_s,
@@ -84,7 +85,8 @@ from autoshard.costmodel.serve.weights import (
 )
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import Precision
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "ServeConfig",

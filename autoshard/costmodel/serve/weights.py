@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from autoshard.costmodel.serve.config import StageLayers
 from autoshard.specs.job import WeightDtype
-from autoshard.specs.model import AttentionKind, ModelSpec, NormKind
+from autoshard.specs.layers import AttentionKind, NormKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "weight_bytes_per_param",

@@ -25,7 +25,8 @@ from autoshard.costmodel.train.types import LayerCost, TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import Precision
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["layer_cost"]
 

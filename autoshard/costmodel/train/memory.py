@@ -40,7 +40,8 @@ from enum import StrEnum
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Optimizer
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = [

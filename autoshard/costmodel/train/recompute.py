@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.costmodel.compute import (
-    Gemm, attention_time_s, gemm_time_s, layer_gemms, mlp_gemms, moe_block_recompute_s,
-)
+from autoshard.costmodel.compute import attention_time_s, gemm_time_s, moe_block_recompute_s
+from autoshard.costmodel.flops import Gemm, layer_gemms, mlp_gemms
 from autoshard.costmodel.train.memory import layer_activation_bytes
 from autoshard.parallel import ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["RECOMPUTE_MODULES", "ModuleRecompute", "module_recompute"]
 
@@ -111,7 +111,7 @@ def module_recompute_flops(model: ModelSpec, kind: LayerKind, modules: tuple[str
     tokens: the attention core (core_attn), the dense MLP (mlp), the MoE block with router and shared
     experts (moe) or only the shared experts, and MLA's up-projections (mla_up_proj). Element-wise
     modules (layernorm, moe_act) do no GEMM work."""
-    from autoshard.costmodel.compute import attention_dims
+    from autoshard.costmodel.flops import attention_dims
 
     mods = set(modules) or {"core_attn"}
     h = model.hidden_size

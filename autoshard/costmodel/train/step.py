@@ -37,7 +37,8 @@ from autoshard.costmodel.train.types import (
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import ClusterSpec, GpuSpec, PoolSpec
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = [

@@ -31,7 +31,8 @@ from autoshard.emit.megatron.layout import LayoutFlags, layout_stages
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.model import AttentionKind, LayerKind, MlpKind, ModelSpec, NormKind, PositionKind, RouterScore
+from autoshard.specs.layers import AttentionKind, LayerKind, MlpKind, NormKind, PositionKind, RouterScore
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["Arg", "megatron_args", "pipeline_layout", "layout_flags", "moe_layer_pattern", "TOKENIZER_TYPE",
            "SCAFFOLDING", "LOGGING"]

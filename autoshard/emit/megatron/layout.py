@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from autoshard.costmodel.train.types import Stage
 from autoshard.errors import SpecError
 from autoshard.specs.base import MAX_LAYERS
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["LayoutFlags", "parse_layout", "layout_stages", "predict_layout", "default_stages", "with_block"]
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 import ast
 
 from autoshard.errors import SpecError
-from autoshard.specs.model import (
+from autoshard.specs.layers import (
     AttentionKind,
     LayerGroup,
     LayerKind,
     MLAConfig,
     MlpKind,
-    ModelSpec,
     MoEConfig,
     NormKind,
     PositionKind,
     RouterScore,
 )
+from autoshard.specs.model import ModelSpec
 
 __all__ = ["FlagReader", "build_model", "moe_pattern", "eval_moe_layer_freq"]
 

@@ -29,7 +29,8 @@ from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.base import MAX_LAYERS
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.model import LayerKind, ModelSpec, PositionKind
+from autoshard.specs.layers import LayerKind, PositionKind
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "ParsedMegatron",

@@ -23,7 +23,7 @@ from autoshard.emit.megatron.command import (
 from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Recompute
 from autoshard.plans.train import Plan
-from autoshard.specs.model import MlpKind, PositionKind
+from autoshard.specs.layers import MlpKind, PositionKind
 
 __all__ = ["megatron_script", "megatron_notes"]
 

@@ -27,7 +27,8 @@ from autoshard.costmodel.serve.disagg import (
     kv_transfer_bytes,
     prefill_instance,
 )
-from autoshard.costmodel.serve.step import concurrency_ladder, kv_limited_concurrency, serve_memory
+from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
 from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob

@@ -4,9 +4,9 @@ requests as max_num_seqs and the KV cache admit."""
 
 from __future__ import annotations
 
-from autoshard.costmodel.serve.step import predict_serve
+from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.errors import InfeasibleError, SpecError
-from autoshard.plans.train import SolverStats
+from autoshard.plans.base import SolverStats
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Engine, Row, _config, _engine_rules
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob

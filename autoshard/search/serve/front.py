@@ -14,12 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.costmodel.serve.step import (
-    concurrency_ladder,
-    kv_limited_concurrency,
-    predict_serve,
-    serve_memory,
-)
+from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency, predict_serve
 from autoshard.errors import InfeasibleError
 from autoshard.search.serve.disagg import tabulate_disagg
 from autoshard.search.serve.space import MAX_CONCURRENCY, _config, enumerate_serve

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from autoshard.costmodel.serve.step import predict_serve, total_weight_bytes
+from autoshard.costmodel.serve.predict import predict_serve
+from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.errors import InfeasibleError
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, MAX_CONCURRENCY, Row, ServeSpace, _config
 from autoshard.specs.cluster import ClusterSpec
@@ -113,7 +114,7 @@ def target_message(job: ServeJob, rows: list[Row]) -> str:
 def disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
     """Why no xPyD deployment exists: too few GPUs for two instances, or the targets out of reach."""
     from autoshard.costmodel.serve.disagg import decode_instance
-    from autoshard.costmodel.serve.step import serve_memory
+    from autoshard.costmodel.serve.memory import serve_memory
 
     smallest = min(e.gpus for e in space.engines)
     if 2 * smallest > max(p.num_gpus for p in cluster.pools):

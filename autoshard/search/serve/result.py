@@ -5,9 +5,10 @@ disaggregated serving won."""
 from __future__ import annotations
 
 from autoshard.costmodel.serve.disagg import disagg_ttft_s
-from autoshard.costmodel.serve.step import ServePrediction
-from autoshard.plans.serve import Disaggregation, Role, ServePlan
-from autoshard.plans.train import SolverStats
+from autoshard.costmodel.serve.predict import ServePrediction
+from autoshard.plans.base import SolverStats
+from autoshard.plans.disagg import Disaggregation, Role
+from autoshard.plans.serve import ServePlan
 from autoshard.search.serve.disagg import DecodeRow, PrefillRow, transfer_for
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob

@@ -18,7 +18,7 @@ from collections import Counter
 
 from autoshard.costmodel.bands import mark_ties
 from autoshard.errors import InfeasibleError, SolverError, SpecError
-from autoshard.plans.train import SolverStats
+from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import DecodeRow, DisaggTables, PrefillRow, tabulate_disagg

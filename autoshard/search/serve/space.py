@@ -13,23 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from autoshard.costmodel.serve.step import (
-    ServeConfig,
+from autoshard.costmodel.serve.config import ServeConfig, stage_layers
+from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
+from autoshard.costmodel.serve.predict import (
     ServePrediction,
-    StepTime,
     concurrency_ladder,
-    default_max_num_batched_tokens,
-    kv_cache_bytes_per_token_per_gpu,
     kv_limited_concurrency,
     predict_serve,
-    prefill_time,
-    serve_memory,
-    stage_layers,
 )
+from autoshard.costmodel.serve.step import StepTime, prefill_time
+from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob
-from autoshard.specs.model import AttentionKind, ModelSpec
+from autoshard.specs.layers import AttentionKind
+from autoshard.specs.model import ModelSpec
 from autoshard.units import time_to_us
 
 __all__ = [

@@ -8,7 +8,7 @@ import itertools
 from collections import Counter
 
 from autoshard.search.deadline import Deadline
-from autoshard.search.train.bounds import assignment_bounds, pool_rank_limits
+from autoshard.search.train.bounds_pools import assignment_bounds, pool_rank_limits
 from autoshard.search.train.incumbents import assignment_incumbent
 from autoshard.search.train.options import SolverOptions
 

@@ -9,10 +9,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
+from autoshard.costmodel.train.step import predict_train
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.parallel import Recompute
-from autoshard.plans.train import Plan, SolverStats
+from autoshard.plans.base import SolverStats
+from autoshard.plans.train import Plan
 from autoshard.search.train.bounds import quick_lower_bound
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, check_pins, enumerate_train

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.train.memory import layer_param_shards, model_state_bytes
-from autoshard.costmodel.train.step import TrainConfig
+from autoshard.costmodel.train.types import TrainConfig
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
 from autoshard.search.train.bounds import bounds, quick_lower_bound

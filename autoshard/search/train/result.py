@@ -7,7 +7,7 @@ import math
 
 from ortools.sat.python import cp_model
 
-from autoshard.costmodel.train.step import Stage, TrainConfig
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.errors import InfeasibleError
 from autoshard.search.cpsat import value_of
 from autoshard.search.train.build import BuiltModel

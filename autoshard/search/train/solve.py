@@ -7,7 +7,8 @@ from ortools.sat.python import cp_model
 
 from autoshard.costmodel.train.step import predict_train
 from autoshard.errors import SolverError
-from autoshard.plans.train import Plan, SolverStats
+from autoshard.plans.base import SolverStats
+from autoshard.plans.train import Plan
 from autoshard.search.cpsat import has_solution, new_solver, stop_reason, time_left
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.build import build_model

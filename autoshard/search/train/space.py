@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from autoshard.costmodel.train.step import TrainConfig
+from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.search.deadline import Deadline
 from autoshard.specs.cluster import ClusterSpec

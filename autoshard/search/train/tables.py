@@ -15,17 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
+from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import in_flight_microbatches
-from autoshard.costmodel.train.step import (
-    TrainConfig,
-    _dp_time_s,
-    _p2p_s,
-    layer_cost,
-    optimizer_bytes_per_param,
-)
+from autoshard.costmodel.train.step import _dp_time_s, _p2p_s, optimizer_bytes_per_param
+from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import ClusterSpec
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, MIB, US_PER_S
 
 __all__ = ["PoolTables", "CandidateTables", "build_tables", "Layout", "int_objective", "even_layout"]

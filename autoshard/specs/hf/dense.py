@@ -8,7 +8,7 @@ from typing import Any
 from autoshard.specs.hf.reader import (
     Converter, Reader, act_to_mlp, bias_flags, common_dense, kv_heads, run_length,
 )
-from autoshard.specs.model import LayerKind, NormKind
+from autoshard.specs.layers import LayerKind, NormKind
 
 __all__ = ["CONVERTERS"]
 

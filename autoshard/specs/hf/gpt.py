@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 from autoshard.specs.hf.reader import Converter, Reader, act_to_mlp, common_dense, run_length
-from autoshard.specs.model import LayerKind, MlpKind, NormKind, PositionKind
+from autoshard.specs.layers import LayerKind, MlpKind, NormKind, PositionKind
 
 __all__ = ["CONVERTERS"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoshard.specs.hf.reader import MISSING, Converter, Reader, common_dense, kv_heads, run_length
-from autoshard.specs.model import AttentionKind, LayerKind
+from autoshard.specs.layers import AttentionKind, LayerKind
 
 __all__ = ["CONVERTERS"]
 

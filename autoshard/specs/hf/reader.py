@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoshard.errors import SpecError
-from autoshard.specs.model import LayerKind, MlpKind
+from autoshard.specs.layers import LayerKind, MlpKind
 
 __all__ = [
     "MISSING", "MAX_LAYERS", "Reader", "Converter",
