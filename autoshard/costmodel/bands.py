@@ -5,8 +5,7 @@ physical-sanity check of a prediction against the best measured MFU of its GPU c
 The statistic and the table's construction are in `autoshard.costmodel.band_table`, the
 physical-sanity check in `autoshard.costmodel.sanity`; this file looks bands up for plans (falling
 back to wider pools where a kind has fewer than two runs), caps training bands at the sanity
-ceiling, and marks statistical ties among a --top listing. The public names of all three are
-importable from here.
+ceiling, and marks statistical ties among a --top listing.
 
 A band is a statement about where the measured value falls: it need not contain the point
 prediction (a kind the model is known to over-predict gets a band below it).
@@ -22,46 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-# The statistic and the sanity check: every name is importable from here, as before the split.
-from autoshard.costmodel.band_table import (
-    _GENERATIONS,
-    _MODES,
-    COVERAGE,
-    DEFAULT_MEMORY_RATIO,
-    DEFAULT_RATIO,
-    LATENCY_METRICS,
-    MIN_HALF_WIDTH,
-    NO_SOURCE_SPREAD,
-    TABLE_SCHEMA,
-    THROUGHPUT_METRICS,
-    Kind,
-    build_table,
-    central_band,
-    gpu_generation,
-    latency_ratio,
-    memory_ratio,
-    out_of_source_deviations,
-    residual_kind,
-    throughput_ratio,
-)
-from autoshard.costmodel.sanity import (
-    MFU_REFERENCE_PATH,
-    SANITY_MARGIN,
-    Sanity,
-    _reference,
-    gpu_class,
-    load_mfu_reference,
-    sanity_for,
-    sanity_line,
-    useful_mfu,
-)
+from autoshard.costmodel.band_table import _MODES, LATENCY_METRICS, TABLE_SCHEMA, Kind, build_table, gpu_generation
+from autoshard.costmodel.sanity import SANITY_MARGIN, sanity_for
 
-__all__ = [
-    "Band", "Kind", "Sanity", "gpu_generation", "central_band", "out_of_source_deviations", "build_table",
-    "load_table", "lookup", "band_for", "band_of", "mark_ties", "tied", "tie_text", "band_text", "sanity_for",
-    "sanity_line", "useful_mfu", "MIN_HALF_WIDTH", "DEFAULT_RATIO", "DEFAULT_MEMORY_RATIO", "SANITY_MARGIN",
-    "COVERAGE", "NO_SOURCE_SPREAD", "THROUGHPUT_METRICS", "LATENCY_METRICS",
-]
+__all__ = ["Band", "load_table", "lookup", "band_for", "band_of", "mark_ties", "tied", "tie_text", "band_text"]
 
 TABLE_PATH = Path(__file__).with_name("bands_table.json")
 

@@ -1,7 +1,6 @@
 """The time a GPU needs for a layer's work: GEMMs on the roofline with shape fall-off, flash
 attention, memory-bound elementwise kernels, recompute, FP8 casts, MoE imbalance and the
-TP-overlap GEMM split. The FLOPs themselves come from `autoshard.costmodel.flops`, whose names are
-importable from here too.
+TP-overlap GEMM split. The FLOPs themselves come from `autoshard.costmodel.flops`.
 
 Conventions (the Megatron-LM paper's, so calibration rows compare like with like):
 - A GEMM of (m x k) @ (k x n) is 2*m*n*k FLOPs. Backward is twice forward (dgrad + wgrad).
@@ -15,18 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.costmodel.efficiency import training_gpu
-from autoshard.costmodel.flops import (
-    Gemm,
-    LayerFlops,
-    attention_dims,
-    attention_gemms,
-    causal_model_flops_per_step,
-    layer_flops,
-    layer_gemms,
-    mlp_gemms,
-    model_flops_per_step,
-    mtp_forward_flops,
-)
+from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -35,8 +23,6 @@ from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
-    "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops", "model_flops_per_step",
-    "causal_model_flops_per_step", "mtp_forward_flops",
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s",
 ]

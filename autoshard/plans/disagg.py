@@ -1,6 +1,6 @@
 """The roles of a disaggregated (xPyD) serving plan: prefill and decode instances with their own degrees,
 batch limits and pools, and the deployment-level figures (throughput, TTFT, KV transfer) of the split.
-The physics is in `autoshard.costmodel.serve.disagg`; `autoshard.plans.serve` re-exports these names."""
+The physics is in `autoshard.costmodel.serve.disagg`; `autoshard.plans` re-exports these names."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ parallelism every DP rank is an independent replica of the engine. With it (vLLM
 DP ranks form one engine that steps in lock-step (attention data parallelism).
 
 Status, certificate and the JSON envelope are shared with training plans (`autoshard.plans.base`); the
-prefill/decode roles of a disaggregated plan are in `autoshard.plans.disagg` (re-exported here).
+prefill/decode roles of a disaggregated plan are in `autoshard.plans.disagg`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import Checkpoint, ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["ServePlan", "Role", "Disaggregation", "model_path"]
+__all__ = ["ServePlan", "model_path"]
 
 _HF = re.compile(r"^https?://huggingface\.co/([^/]+/[^/]+?)(?:/|$)")
 

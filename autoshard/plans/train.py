@@ -1,6 +1,6 @@
 """The result of training planning: chosen degrees, layer layout, placement, predictions and solver
 certificate, with its stable JSON form (schema `autoshard.plan/v1`). Status, certificate and the JSON
-envelope are shared with serving plans (`autoshard.plans.base`, whose names are re-exported here)."""
+envelope are shared with serving plans (`autoshard.plans.base`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.sanity import sanity_for
 from autoshard.costmodel.train.types import Stage, TrainConfig, TrainPrediction
-from autoshard.plans.base import SCHEMA, PlanBase, SolverStats, SolveStatus
+from autoshard.plans.base import PlanBase, SolverStats, SolveStatus
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["SCHEMA", "SolveStatus", "SolverStats", "Plan", "layer_counts", "stage_devices"]
+__all__ = ["Plan", "layer_counts", "stage_devices"]
 
 
 def layer_counts(model: ModelSpec, stage: Stage) -> tuple[int, bool, bool]:

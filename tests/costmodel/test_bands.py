@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel import bands, sanity
+from autoshard.costmodel import band_table, bands, sanity
 from autoshard.costmodel.band_table import (
     COVERAGE,
     DEFAULT_MEMORY_RATIO,
@@ -144,19 +144,19 @@ def test_table_matches_the_brute_force_definition(rows) -> None:
     ({"gpu": "MI300X", "family": "dense", "precision": "int4", "mode": "serve"}, "cdna3/dense/int4/serve"),
 ])
 def test_residual_kinds_are_named_as_plans_name_them(row: dict, key: str) -> None:
-    assert bands.residual_kind(row).key == key
+    assert band_table.residual_kind(row).key == key
 
 
 def test_throughput_ratio_inverts_time_metrics() -> None:
     by_id = {r["id"]: r for r in FIXTURE}
-    assert bands.throughput_ratio(by_id["h-bf16-a"]) == pytest.approx(0.95)  # tflops: measured / predicted
-    assert bands.throughput_ratio(by_id["h-bf16-d"]) == pytest.approx(1.1)  # step time: predicted / measured
-    assert bands.memory_ratio(by_id["h-bf16-a"]) == pytest.approx(60 / 62)
-    assert bands.memory_ratio(by_id["h-bf16-c"]) is None
+    assert band_table.throughput_ratio(by_id["h-bf16-a"]) == pytest.approx(0.95)  # tflops: measured / predicted
+    assert band_table.throughput_ratio(by_id["h-bf16-d"]) == pytest.approx(1.1)  # step time: predicted / measured
+    assert band_table.memory_ratio(by_id["h-bf16-a"]) == pytest.approx(60 / 62)
+    assert band_table.memory_ratio(by_id["h-bf16-c"]) is None
 
 
 def _fixture_points(held_only: bool = True) -> list[tuple[Kind, float, str]]:
-    return [(bands.residual_kind(r), math.log(bands.throughput_ratio(r)), r["source"]) for r in FIXTURE
+    return [(band_table.residual_kind(r), math.log(band_table.throughput_ratio(r)), r["source"]) for r in FIXTURE
             if r.get("held", True) or not held_only]
 
 
@@ -259,7 +259,7 @@ def test_gpu_generation(name: str, gen: str) -> None:
 
 
 def test_every_bundled_gpu_has_a_known_generation() -> None:
-    known = {g for _, g in bands._GENERATIONS}
+    known = {g for _, g in band_table._GENERATIONS}
     for path in sorted((ROOT / "clusters").glob("*.yaml")):
         text = yaml.safe_load(path.read_text())
         pools = text.get("pools") or [text]
@@ -284,7 +284,7 @@ def test_packaged_table_loads_and_is_consistent() -> None:
 
 def test_packaged_table_ships_in_the_package() -> None:
     assert bands.TABLE_PATH.parent == Path(bands.__file__).parent
-    assert bands.MFU_REFERENCE_PATH.is_file() and bands.TABLE_PATH.is_file()
+    assert sanity.MFU_REFERENCE_PATH.is_file() and bands.TABLE_PATH.is_file()
 
 
 def test_make_bands_coverage_on_the_fixture() -> None:
@@ -335,9 +335,9 @@ def test_plan_band_is_the_table_ratio_times_the_prediction(h100_plan, table: dic
 
 def test_band_is_capped_at_the_sanity_ceiling(h100_plan, table: dict) -> None:
     want = lookup(Kind("hopper", "dense", "bf16", "train"), table)
-    s = bands.sanity_for(h100_plan)
+    s = sanity.sanity_for(h100_plan)
     assert s.useful_mfu < s.mfu  # causal attention counted once
-    ceiling = s.reference_mfu * (1 + bands.SANITY_MARGIN) / s.useful_mfu
+    ceiling = s.reference_mfu * (1 + sanity.SANITY_MARGIN) / s.useful_mfu
     tps = h100_plan.prediction.tokens_per_s
     # a plan predicted at useful MFU m has its band's top at most the best measured useful MFU + 10 %
     band = band_for(h100_plan, table)
@@ -559,7 +559,7 @@ def test_shipped_bands_keep_latency_out_of_throughput(shipped_rows) -> None:
     latency_rows = [r for r in shipped_rows if r["metric"] in ("ttft_mean_s", "itl_mean_s", "tpot_mean_s")]
     assert latency_rows  # the serving validation measures TTFT and ITL/TPOT
     runs = sum(b["runs"] for b in t["throughput"]["kinds"].values()) + sum(t["throughput"]["single_run_kinds"].values())
-    assert runs == sum(1 for r in shipped_rows if r.get("held", True) and r["metric"] in bands.THROUGHPUT_METRICS)
+    assert runs == sum(1 for r in shipped_rows if r.get("held", True) and r["metric"] in band_table.THROUGHPUT_METRICS)
     assert t["ttft"]["kinds"] and t["tpot"]["kinds"]
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from autoshard.costmodel import bands
+from autoshard.costmodel import sanity
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import causal_model_flops_per_step, model_flops_per_step
 from autoshard.costmodel.sanity import SANITY_MARGIN, gpu_class, load_mfu_reference, sanity_for, sanity_line
@@ -71,7 +71,7 @@ def test_reference_table_is_generated_from_the_held_runs() -> None:
 
     runs = make_bands.measured_useful_mfu()
     assert len(runs) >= 70
-    assert json.loads(json.dumps(make_bands.mfu_reference(runs))) == json.loads(bands.MFU_REFERENCE_PATH.read_text())
+    assert json.loads(json.dumps(make_bands.mfu_reference(runs))) == json.loads(sanity.MFU_REFERENCE_PATH.read_text())
 
 
 def test_reference_rows_are_consistent_and_cited() -> None:
@@ -150,7 +150,7 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
     ("GB300-288GB", "fp8", "dense", "nemo2504-gb200-fp8-gpt3-175b", "on GB200"),
 ])
 def test_reference_lookup(gpu: str, precision: str, family: str, run_id: str, note: str) -> None:
-    ref, got_note = bands._reference(gpu, precision, family, REFS)
+    ref, got_note = sanity._reference(gpu, precision, family, REFS)
     assert ref is not None and ref["run_id"] == run_id
     assert got_note == note
 
@@ -160,7 +160,7 @@ def test_reference_lookup(gpu: str, precision: str, family: str, run_id: str, no
 ])
 def test_no_reference_means_no_flag(gpu: str, precision: str, family: str) -> None:
     # a dense plan is never bounded by a MoE row, nor an unmeasured GPU by another generation's
-    assert bands._reference(gpu, precision, family, REFS) == (None, "")
+    assert sanity._reference(gpu, precision, family, REFS) == (None, "")
 
 
 @pytest.mark.parametrize(("name", "cls"), [

@@ -1,7 +1,7 @@
 """Memory of a vLLM-style engine: vLLM's memory accounting (`ServeMemory`: weights, activation peak,
 CUDA graphs, KV cache). The engine's settings and layers per stage are in
 `autoshard.costmodel.serve.config`, weight and KV-cache bytes per GPU in
-`autoshard.costmodel.serve.weights`; their public names are importable from here too.
+`autoshard.costmodel.serve.weights`.
 
 Facts modelled:
 - vLLM (v1 worker `determine_available_memory`): KV cache = gpu_memory_utilization x HBM - weights -
@@ -19,37 +19,18 @@ import math
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.flops import attention_dims
-from autoshard.costmodel.serve.config import (
-    HOST_US_PER_SEQ,  # noqa: F401  (importable from here, as before the split)
-    ServeConfig,
-    StageLayers,
-    pp_layer_split,
-    stage_layers,
-)
+from autoshard.costmodel.serve.config import ServeConfig, stage_layers
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
-    kv_cache_bytes_per_token,
     kv_cache_bytes_per_token_per_gpu,
     stage_weight_bytes,
-    total_weight_bytes,
-    weight_bytes_per_param,
 )
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, MIB
 
 __all__ = [
-    "ServeConfig",
-    "StageLayers",
-    "pp_layer_split",
-    "stage_layers",
-    "weight_bytes_per_param",
-    "WeightBytes",
-    "stage_weight_bytes",
-    "total_weight_bytes",
-    "kv_cache_bytes_per_token",
-    "kv_cache_bytes_per_token_per_gpu",
     "activation_peak_bytes",
     "cuda_graph_capture_sizes",
     "cuda_graph_bytes",

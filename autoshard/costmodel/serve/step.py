@@ -2,7 +2,7 @@
 a prompt's own prefill, assembled from the per-GPU compute terms (`serve.compute`) and the parallel
 communication (`serve.sharding`) over the pipeline stages. Throughput, TTFT and TPOT built on these
 are in `autoshard.costmodel.serve.predict`; weight, KV-cache and vLLM memory accounting in
-`autoshard.costmodel.serve.memory`. The public names of all three are importable from here too.
+`autoshard.costmodel.serve.weights` and `autoshard.costmodel.serve.memory`.
 
 An *engine* is one vLLM server process group: TP x PP GPUs, or TP x PP x DP GPUs when expert
 parallelism shards the MoE layers over attention data-parallel ranks (vLLM's
@@ -37,12 +37,10 @@ Pure functions of the specs: no I/O, no solver.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
-from autoshard.costmodel.comm import Link, tp_all_reduce_s
+from autoshard.costmodel.comm import Link
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
 from autoshard.costmodel.flops import Gemm, attention_gemms, mlp_gemms
 from autoshard.costmodel.serve.compute import (
@@ -55,18 +53,8 @@ from autoshard.costmodel.serve.compute import (
     prefill_attention_s,
     serving_gpu,
 )
-from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers, pp_layer_split, stage_layers
-from autoshard.costmodel.serve.latency import LatencyQuantiles
-from autoshard.costmodel.serve.memory import (
-    FP32,
-    SAMPLER_FP32_COPIES,
-    ServeMemory,
-    activation_peak_bytes,
-    cuda_graph_bytes,
-    cuda_graph_capture_sizes,
-    default_max_num_batched_tokens,
-    serve_memory,
-)
+from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers
+from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
 from autoshard.costmodel.serve.sharding import (
     _links,
     ep_dispatch_s,
@@ -75,65 +63,12 @@ from autoshard.costmodel.serve.sharding import (
     logits_all_gather_s,
     pp_send_s,
 )
-from autoshard.costmodel.serve.weights import (
-    WeightBytes,
-    kv_cache_bytes_per_token,
-    kv_cache_bytes_per_token_per_gpu,
-    stage_weight_bytes,
-    total_weight_bytes,
-    weight_bytes_per_param,
-)
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
-__all__ = [
-    "ServeConfig",
-    "StageLayers",
-    "pp_layer_split",
-    "stage_layers",
-    "weight_bytes_per_param",
-    "WeightBytes",
-    "stage_weight_bytes",
-    "total_weight_bytes",
-    "kv_cache_bytes_per_token",
-    "kv_cache_bytes_per_token_per_gpu",
-    "activation_peak_bytes",
-    "cuda_graph_bytes",
-    "default_max_num_batched_tokens",
-    "ServeMemory",
-    "serve_memory",
-    "StepTime",
-    "step_time",
-    "mean_step_time",
-    "prefill_time",
-    "ServePrediction",
-    "predict_serve",
-    "decode_context_len",
-    "kv_limited_concurrency",
-    "concurrency_ladder",
-    "cuda_graph_capture_sizes",
-    "tp_all_reduce_s",
-    "latency_at_rate",
-    "LatencyQuantiles",
-    "expected_max_prefill_tokens",
-    "prefill_attention_s",
-    "serving_gpu",
-]
-
-_PREDICT_NAMES = frozenset(
-    ("ServePrediction", "predict_serve", "decode_context_len", "kv_limited_concurrency", "concurrency_ladder",
-     "latency_at_rate")
-)
-
-
-def __getattr__(name: str) -> Any:
-    """The prediction names (`serve.predict`, built on this module's step times) stay importable from
-    here; resolved on first use because `serve.predict` imports this module."""
-    if name in _PREDICT_NAMES:
-        return getattr(importlib.import_module("autoshard.costmodel.serve.predict"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["StepTime", "step_time", "mean_step_time", "prefill_time"]
 
 
 # --------------------------------------------------------------------------- step time

@@ -1,6 +1,6 @@
 """Serving search: enumerate vLLM-legal engines (TP, PP, expert parallelism, attention DP) with a
 reason for every candidate dropped, tabulate each at a ladder of concurrencies with the serving cost
-model (both in `autoshard.search.serve.space`, re-exported here), and let CP-SAT pick one row.
+model (both in `autoshard.search.serve.space`), and let CP-SAT pick one row.
 
 Objective: without a request rate, maximize the output tokens/s the deployment delivers per GPU of
 the cluster (idle GPUs count as zero), subject to TPOT <= target and TTFT <= target. With a request
@@ -26,35 +26,13 @@ from autoshard.search.serve.evaluate import evaluated_row
 from autoshard.search.serve.messages import disagg_message, no_engine_message, rate_message, target_message
 from autoshard.search.serve.model import Pick, build_model, exclude, objective_units, read_pick
 from autoshard.search.serve.result import choice, disagg_serve_plan
-from autoshard.search.serve.space import (
-    GPU_MEMORY_UTILIZATION,
-    MAX_CONCURRENCY,
-    TIE_SCALE,
-    Engine,
-    Row,
-    ServeSpace,
-    enumerate_serve,
-    tabulate,
-)
+from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Row, ServeSpace, enumerate_serve, tabulate
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.cluster import ClusterSpec
-from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = [
-    "Engine",
-    "ServeSpace",
-    "Row",
-    "enumerate_serve",
-    "tabulate",
-    "solve_serve",
-    "evaluate_serve",
-    "evaluate_vllm",
-    "model_for_path",
-    "GPU_MEMORY_UTILIZATION",
-    "MAX_CONCURRENCY",
-    "TIE_SCALE",
-]
+__all__ = ["solve_serve", "evaluate_serve", "model_for_path"]
 
 DISAGGREGATE = ("auto", "on", "off")
 

@@ -2,7 +2,7 @@
 with a reason for every candidate dropped, and tabulate each at a ladder of concurrencies with the
 serving cost model, one `Row` per engine and concurrency with the replicas the objective implies.
 
-`autoshard.search.serve.solve` builds the CP-SAT model over these rows and re-exports the public names here.
+`autoshard.search.serve.solve` solves the CP-SAT model (`search.serve.model`) over these rows.
 """
 
 from __future__ import annotations
