@@ -22,7 +22,7 @@ from autoshard.specs.validation import short as _short
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
-    "read_mapping", "validate", "format_validation_error", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES",
+    "read_mapping", "validate", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES",
 ]
 
 T = TypeVar("T", bound=BaseModel)

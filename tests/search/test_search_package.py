@@ -59,7 +59,9 @@ def test_new_solver_settings_and_a_tiny_model() -> None:
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        ("autoshard.search.train.solve", ["solve_train", "SolverOptions", "prepare", "Prepared", "DEFAULT_MEMORY_FRACTION"]),
+        ("autoshard.search.train.solve", ["solve_train", "SolverOptions"]),
+        ("autoshard.search.train.options", ["SolverOptions", "DEFAULT_MEMORY_FRACTION"]),
+        ("autoshard.search.train.prepare", ["prepare", "Prepared"]),
         ("autoshard.search.train.bounds", ["bounds", "quick_lower_bound", "tmax_lower_bound", "mixed_tmax_lower_bound",
                                            "assignment_bounds", "pool_rank_limits", "joint_search", "rank_room"]),
         ("autoshard.search.train.space", ["Pins", "SpaceOptions", "enumerate_train", "expert_grid_hint"]),

@@ -20,9 +20,7 @@ from pydantic import ValidationError
 import autoshard.emit.megatron.plan_facts as facts
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.cmdline import read_flags, read_text
-# parse_layout and default_stages are defined in layout.py; tests/validation and tests/costmodel still
-# import them from here (their owners repoint them, then they leave __all__).
-from autoshard.emit.megatron.layout import default_stages, parse_layout, with_block
+from autoshard.emit.megatron.layout import default_stages, with_block
 from autoshard.emit.megatron.model_args import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
@@ -35,8 +33,6 @@ from autoshard.specs.model import ModelSpec
 __all__ = [
     "ParsedMegatron",
     "parse_megatron",
-    "parse_layout",
-    "default_stages",
     "model_shape_differences",
     "DEFAULT_VOCAB_SIZE",
 ]

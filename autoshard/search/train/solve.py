@@ -21,7 +21,7 @@ from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
 from autoshard.units import US_PER_S
 
-__all__ = ["SolverOptions", "solve_train", "prepare", "Prepared", "DEFAULT_MEMORY_FRACTION"]
+__all__ = ["solve_train", "SolverOptions"]
 
 
 _PREPARE_SHARE = 0.7
