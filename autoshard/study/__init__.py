@@ -12,3 +12,7 @@ and the answers a buyer wants first. One file per concern:
 The package sits below the API: it imports search, plans, costmodel, specs and report, never
 `autoshard.api` or `autoshard.cli`; `autoshard.api.study` is its public entry.
 """
+
+from autoshard.study.run import run_study
+
+__all__ = ["run_study"]

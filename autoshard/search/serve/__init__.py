@@ -11,3 +11,7 @@ Which file owns what:
 - front.py: the Pareto front of tokens/s per GPU against tokens/s per user.
 - solve.py: the entries (solve_serve, evaluate_serve, model_for_path): tabulate, solve, decode.
 """
+
+from autoshard.search.serve.solve import evaluate_serve, solve_serve
+
+__all__ = ["evaluate_serve", "solve_serve"]
