@@ -197,7 +197,8 @@ def ep_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) ->
     bandwidth of the whole domain's NICs that `group_link` gives NCCL's rings), in one round: one
     network latency, not log2(n). Checked against DeepEP's published low-latency table (H800, CX7
     400 Gb/s, 128 tokens, hidden 7168, top-8, FP8 dispatch / BF16 combine, EP 16-256: 118-194 us
-    dispatch, 195-369 us combine) in tests/costmodel/test_serving_moe_decode.py."""
+    dispatch, 195-369 us combine) and MORI's MI300X EP32 low-latency kernel (157 / 280 us) in
+    tests/costmodel/test_serving_moe_decode.py."""
     if ranks <= 1 or size <= 0:
         return 0.0
     nvl, nic = group_link(pool, ranks=1), nic_link(pool)
