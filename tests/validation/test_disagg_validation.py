@@ -172,21 +172,28 @@ def test_idle_ttft_band(transfers):
 
 def test_wide_ep_b200_row(results):
     """llm-d's DP16/EP16 decode on B200 at 1,024/995 tokens: the 256-request cap per rank binds (the
-    KV cache would hold more); predicted 5.2k tokens/s per decode GPU against 3.1k measured, TPOT
-    49 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band."""
+    KV cache would hold more); predicted 4.0k tokens/s per decode GPU against 3.1k measured, TPOT
+    64 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band. It was
+    +67 % (TPOT 49 ms) while the all-to-all across the two nodes ran at the 8 NICs' ring bandwidth
+    (`group_link`); each rank's remote half now leaves through its own NIC in one round
+    (`comm.ep_all_to_all_s`, checked against DeepEP's low-latency table): EP 16 ms -> 31 ms a step."""
     (r,) = [r for r in results if r.id == "llmd-wide-ep-b200-dsr1-1p16-1d16-1k1k"]
     assert r.concurrency == 256
-    assert 0.45 <= r.error <= 0.90, r.error
+    assert 0.20 <= r.error <= 0.40, r.error
     implied_tpot = 256 / r.measured  # requests per rank / tokens/s per rank (one GPU each)
     assert implied_tpot == pytest.approx(0.0823, rel=0.01)
-    assert 0.55 <= r.tpot_s / implied_tpot <= 0.70
+    assert 0.72 <= r.tpot_s / implied_tpot <= 0.85
 
 
 def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
-    """Every row with a stated workload (MI300X DP8/EP8, B200 DP16/EP16) is predicted 1.5-2x faster
-    than measured: the common gap of autoshard's wide-EP decode step, not of one machine."""
+    """Every row with a stated workload is predicted faster than measured. The single-node MI300X
+    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.5-2x fast; the two-node B200
+    DP16/EP16 row, whose all-to-all crosses the NICs, is 1.2-1.4x fast once each rank's remote copies
+    are priced on its own NIC (before: 1.67x, like the MI300X rows)."""
     stated = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
     assert len(stated) == 4
     for r in results:
-        if r.id in stated:
+        if r.id in stated and r.id.startswith("moreh-"):
             assert 0.45 <= r.error <= 1.0, (r.id, r.error)
+        elif r.id in stated:
+            assert 0.20 <= r.error <= 0.40, (r.id, r.error)

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import math
 
-from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link, tp_all_reduce_s
+from autoshard.costmodel.comm import (
+    Collective,
+    Link,
+    collective_time_s,
+    ep_all_to_all_s,
+    group_link,
+    tp_all_reduce_s,
+)
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.specs.cluster import PoolSpec
@@ -21,6 +28,7 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "expected_max_prefill_tokens", "layer_tp_comm_s", "ep_dispatch_s", "pp_send_s", "logits_all_gather_s",
+    "FP8_WITH_BLOCK_SCALES",
 ]
 
 
@@ -62,20 +70,39 @@ def layer_tp_comm_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, link: Li
     )
 
 
-def ep_dispatch_s(model: ModelSpec, kind: LayerKind, cfg: ServeConfig, link: Link, *, routed: float) -> float:
+def ep_dispatch_s(
+    model: ModelSpec, kind: LayerKind, cfg: ServeConfig, link: Link, *, routed: float, pool: PoolSpec
+) -> float:
     """EP dispatch and combine of one MoE layer for `routed` tokens of one DP rank: all-to-alls between
     attention-DP groups only (EP = TP alone needs none: the combine is the TP all-reduce); FP8 models
-    dispatch FP8 activations, the combine returns BF16."""
+    dispatch FP8 activations with their per-128-element FP32 scales, the combine returns BF16.
+    Inside one NVLink domain the all-to-all runs at the group's `link`; a group that leaves the
+    domain sends each rank's remote copies through its own NIC (`comm.ep_all_to_all_s`)."""
     ep_s = 0.0
     if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
         assert model.moe is not None
         moved = routed * model.moe.top_k * model.hidden_size / cfg.tp
-        dispatch = 1 if cfg.weight_dtype is WeightDtype.FP8 else BF16
+        dispatch = FP8_WITH_BLOCK_SCALES if cfg.weight_dtype is WeightDtype.FP8 else BF16
+        if link.crosses_nodes:
+            per_domain = _ep_ranks_per_domain(pool, cfg)
+            return sum(ep_all_to_all_s(moved * b, cfg.dp_attention, per_domain, pool) for b in (dispatch, BF16))
         ep_s = sum(
             collective_time_s(Collective.ALL_TO_ALL, moved * b, cfg.dp_attention, link)
             for b in (dispatch, BF16)
         )
     return ep_s
+
+
+FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128
+"""Bytes per dispatched element of an FP8 dispatch: the FP8 value and one FP32 scale per 128 elements
+(DeepEP's low-latency dispatch and the engines' FP8 MoE inputs use per-token 1x128 block scales)."""
+
+
+def _ep_ranks_per_domain(pool: PoolSpec, cfg: ServeConfig) -> int:
+    """Attention-DP ranks (the EP group, `tp * pp` GPUs apart in vLLM's rank order) in one NVLink domain."""
+    node = pool.node
+    domain = node.domain_used if node.domain_size > node.gpus_per_node else node.domain_size
+    return max(1, min(cfg.dp_attention, domain // (cfg.tp * cfg.pp)))
 
 
 def pp_send_s(model: ModelSpec, link: Link, *, tokens: float) -> float:

@@ -154,7 +154,7 @@ def _layer_time(
     tp_link, ep_link, _ = links
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
     routed = expert_tokens if expert_tokens is not None else tokens
-    ep_s = ep_dispatch_s(model, kind, cfg, ep_link, routed=routed)
+    ep_s = ep_dispatch_s(model, kind, cfg, ep_link, routed=routed, pool=pool)
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 
 
