@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.train.step import Stage, TrainConfig, predict_train
@@ -19,7 +20,7 @@ from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.plans.train import Plan, SolverStats
 from autoshard.search.train.solve import SolverOptions, solve_train
-from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
+from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision, TrainJob
 from autoshard.specs.loader import validate
@@ -125,17 +126,6 @@ def megatron_layout(
     return stages, vpp, note
 
 
-def expert_grid_hint(model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int | None) -> str:
-    """A fix for an expert grid (ETP x EP) that does not divide TP x CP x DP: the expert-TP sizes that
-    make it legal (Megatron's --expert-tensor-parallel-size is independent of TP)."""
-    dense = tp * cp * dp
-    fits = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
-    if fits:
-        return f"; expert TP is independent of TP in Megatron-Core: --etp {fits[0]} makes it legal"
-    eps = [e for e in range(ep, 0, -1) if model.moe and model.moe.num_experts % e == 0 and dense % ((etp or tp) * e) == 0]
-    return f"; use a smaller --ep (e.g. {eps[0]})" if eps else ""
-
-
 def evaluate(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -221,62 +211,9 @@ def solve_with_layout(
     each candidate is predicted exactly on that layout, cheapest lower bound (`search.bounds.
     quick_lower_bound`) first, until no remaining bound can beat the top_k-th plan found: status
     OPTIMAL, or FEASIBLE with that bound when the time limit stops it first."""
-    import time
+    from autoshard.search.train.layout import solve_on_layout
 
-    from autoshard.errors import InfeasibleError
-    from autoshard.search.train.space import check_pins, enumerate_train
-    from autoshard.units import GIB
-
-    if cluster.is_heterogeneous:
-        raise SpecError("a pinned pipeline layout places every stage on one pool: use a homogeneous cluster, or "
-                        "leave the layout to the solver", source="--layout")
-    if pins.pp is None:
-        raise SpecError("a pipeline layout (--layout, --decoder-first/last-pipeline-num-layers, --account-for-*) "
-                        "is written for one PP size: pin it with --pp", source="--pp")
-    start = time.perf_counter()
-    _, vpp, _ = megatron_layout(model, pp=pins.pp, vpp=pins.vpp or 1, flags=flags)
-    pins = dataclasses.replace(pins, vpp=vpp)
-    check_pins(model, cluster, job, pins)
-    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
-    block = pins.recompute_num_layers or 0
-    stages, _, _ = megatron_layout(model, pp=pins.pp, vpp=vpp, flags=flags, recompute_num_layers=block)
-    from autoshard.search.train.bounds import quick_lower_bound
-
-    scale = vpp
-    ranked = sorted(
-        (quick_lower_bound(model, cluster, cfg, scale=scale) / (scale * 1e6), i, cfg)
-        for i, cfg in enumerate(space.candidates) if not (block and cfg.recompute is Recompute.FULL)
-    )
-    found: list[tuple[float, int, TrainConfig, object]] = []
-    least: tuple[float, float] | None = None
-    exhaustive = True
-    bound = 0.0
-    k = max(1, options.top_k)
-    for lb_s, i, cfg in ranked:
-        if len(found) >= k and lb_s > sorted(f[0] for f in found)[k - 1] * 1.01:  # per-layer us rounding
-            break  # every later candidate's bound is higher still
-        if time.perf_counter() - start > options.time_limit_s:
-            exhaustive, bound = False, lb_s
-            break
-        pred = predict_train(model, cluster, cfg, stages)
-        limit = options.memory_fraction * cluster.primary.gpu.hbm_gib * GIB
-        if pred.fits and (options.memory_fraction >= 1 or pred.peak_memory_bytes <= limit):
-            found.append((pred.step_time_s, i, cfg, pred))
-        elif least is None or pred.peak_memory_bytes < least[0]:
-            least = (pred.peak_memory_bytes, pred.capacity_bytes)
-    if not found:
-        if least is None:
-            raise InfeasibleError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs with this layout and "
-                                  f"pins ({pins.describe()}): change the pins or the layout")
-        raise InfeasibleError(f"no plan with this layout fits: the best needs {least[0] / GIB:.1f} GiB per GPU, has "
-                              f"{least[1] / GIB:.1f} GiB; try --recompute full, more GPUs or another layout")
-    found.sort(key=lambda item: (item[0], item[1]))
-    plans = []
-    for step, _, cfg, pred in found[: max(1, options.top_k)]:
-        stats = SolverStats(status="OPTIMAL" if exhaustive else "FEASIBLE", wall_s=time.perf_counter() - start,
-                            objective=step, bound=found[0][0] if exhaustive else min(bound, found[0][0]),
-                            candidates=space.enumerated, candidates_in_model=len(space.candidates),
-                            pruned=dict(space.pruned), stop_reason="optimal" if exhaustive else "time_limit")
-        plans.append(with_launch(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=pred,
-                                      solver=stats)))
+    plans = solve_on_layout(model, cluster, job, functools.partial(megatron_layout, model, flags=flags), pins=pins,
+                            options=options)
+    plans = [with_launch(p) for p in plans]
     return mark_ties(plans)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.parallel import Recompute
-from autoshard.search.train.bounds import (
+from autoshard.search.train.bounds_pools import assignment_capacity, assignment_sends, hetero_capacity_at
+from autoshard.search.train.bounds_rank import (
     _threshold,
     _uniform_capacity,
-    assignment_capacity,
-    assignment_sends,
-    hetero_capacity_at,
     joint_search,
     layer_capacity,
     rank_capacity_at,

@@ -20,7 +20,7 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["Pins", "SpaceOptions", "Space", "enumerate_train", "divisors"]
+__all__ = ["Pins", "SpaceOptions", "Space", "enumerate_train", "divisors", "expert_grid_hint"]
 
 PIN_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs", "recompute", "zero_stage", "sequence_parallel")
 
@@ -30,6 +30,17 @@ SELECTIVE_AND_BLOCK = (
     "--recompute-num-layers (block full recompute of N layers per stage); use --recompute none "
     "--recompute-num-layers N, or --recompute selective alone"
 )
+
+
+def expert_grid_hint(model: ModelSpec, *, tp: int, cp: int, dp: int, ep: int, etp: int | None) -> str:
+    """A fix for an expert grid (ETP x EP) that does not divide TP x CP x DP: the expert-TP sizes that
+    make it legal (Megatron's --expert-tensor-parallel-size is independent of TP)."""
+    dense = tp * cp * dp
+    fits = [e for e in (1, 2, 4, 8) if e != (etp or tp) and dense % (e * ep) == 0]
+    if fits:
+        return f"; expert TP is independent of TP in Megatron-Core: --etp {fits[0]} makes it legal"
+    eps = [e for e in range(ep, 0, -1) if model.moe and model.moe.num_experts % e == 0 and dense % ((etp or tp) * e) == 0]
+    return f"; use a smaller --ep (e.g. {eps[0]})" if eps else ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,8 +167,6 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
     if pins.ep and pins.tp and pins.pp and not cluster.is_heterogeneous:
-        from autoshard.api import expert_grid_hint
-
         dense = cluster.num_gpus // (pins.tp * pins.pp) if cluster.num_gpus % (pins.tp * pins.pp) == 0 else 0
         grid = (pins.etp or pins.tp) * pins.ep
         if dense and dense % grid:

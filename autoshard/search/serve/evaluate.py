@@ -1,0 +1,82 @@
+"""Predict a serving plan the user already has (`evaluate`): one engine, its replicas and its
+configuration, checked against vLLM's rules and the pool's GPUs, at a given concurrency or at as many
+requests as max_num_seqs and the KV cache admit."""
+
+from __future__ import annotations
+
+from autoshard.costmodel.serve.step import predict_serve
+from autoshard.errors import InfeasibleError, SpecError
+from autoshard.plans.train import SolverStats
+from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Engine, Row, _config, _engine_rules
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
+from autoshard.units import time_to_us
+
+__all__ = ["evaluated_row"]
+
+
+def evaluated_row(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    *,
+    tp: int,
+    pp: int = 1,
+    dp: int = 1,
+    expert_parallel: bool = False,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    pool: int = 0,
+    warnings: tuple[str, ...] = (),
+    concurrency: int | None = None,
+) -> tuple[Row, SolverStats, tuple[str, ...]]:
+    """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
+    evaluate_serve`, which documents the arguments."""
+    if not 0 <= pool < len(cluster.pools):
+        raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
+    spec = cluster.pools[pool]
+    warn = list(warnings)
+    if expert_parallel and not model.is_moe:
+        warn.append("--enable-expert-parallel has no effect on a dense model; ignored")
+        expert_parallel = False
+    e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel)
+    replicas = 1 if expert_parallel else dp
+    reason = _engine_rules(model, spec, e, check_size=False)
+    if reason:
+        raise SpecError(f"{e.label()} is not a legal vLLM engine for {model.name}: {reason}")
+    if e.gpus * replicas > spec.num_gpus:
+        raise InfeasibleError(
+            f"TP{tp} x PP{pp} x DP{dp} needs {e.gpus * replicas} GPUs; pool '{spec.name}' has "
+            f"{spec.num_gpus}: use fewer replicas or a larger --gpus"
+        )
+    seqs = max_num_seqs or (1024 if spec.gpu.hbm_gib >= 70 and "A100" not in spec.gpu.name.upper() else 256)
+    cfg = _config(
+        model,
+        spec,
+        job,
+        e,
+        max_num_seqs=seqs,
+        util=gpu_memory_utilization,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
+    per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
+    if per_rank is not None and per_rank * ranks != concurrency:
+        warn.append(f"concurrency {concurrency} over {ranks} DP ranks: predicted at {per_rank} per rank")
+    pred = predict_serve(model, spec, job, cfg, concurrency=per_rank)
+    if per_rank is not None and pred.concurrency < per_rank:
+        warn.append(f"concurrency {concurrency} exceeds what max-num-seqs and the KV cache admit: "
+                    f"predicted at {pred.concurrency} running requests per DP rank (the rest queue)")
+    stats = SolverStats(
+        status="EVALUATED",
+        stop_reason="evaluated",
+        wall_s=0.0,
+        objective=pred.tokens_per_s_per_gpu,
+        bound=pred.tokens_per_s_per_gpu,
+        candidates=1,
+        candidates_in_model=0,
+    )
+    row = Row(e, cfg, pred, replicas, 0, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
+    return row, stats, tuple(warn)

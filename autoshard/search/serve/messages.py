@@ -1,0 +1,146 @@
+"""What to say when no serving plan exists: what is needed, what the GPUs have, the nearest fix."""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.costmodel.serve.step import predict_serve, total_weight_bytes
+from autoshard.errors import InfeasibleError
+from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, MAX_CONCURRENCY, Row, ServeSpace, _config
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob, WeightDtype
+from autoshard.specs.model import ModelSpec
+from autoshard.units import GIB, time_to_us
+
+__all__ = ["no_engine_message", "rate_message", "target_message", "disagg_message"]
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:,.0f} GiB" if x >= 10 * GIB else f"{x / GIB:.1f} GiB"
+
+
+def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    reasons = space.reasons()
+    if space.closest is None:
+        top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
+        return f"no vLLM engine is legal for {model.name} on {cluster.name}: {top}"
+    engine, need, has, per_token = space.closest
+    pool = cluster.pools[engine.pool]
+    where = "this node has" if pool.num_nodes == 1 else f"these {pool.num_gpus} GPUs have"
+    hbm = pool.num_gpus * pool.gpu.hbm_gib * GIB
+    usable = hbm * GPU_MEMORY_UTILIZATION
+    weights = total_weight_bytes(model, job.weight_dtype)
+    fixes: list[str] = []
+    if weights > usable:
+        head = (
+            f"weights alone need {_gib(weights)} at {job.weight_dtype.value}; {where} {_gib(hbm)} "
+            f"({_gib(usable)} at gpu_memory_utilization {GPU_MEMORY_UTILIZATION:.2f}; {pool.gpu.name})"
+        )
+    else:
+        head = (
+            f"the closest engine for {model.name}, {engine.label()} on {engine.gpus} GPUs, needs "
+            f"{_gib(need)} per GPU "
+            f"(weights, activations, CUDA graphs and one {job.context_len}-token request's KV cache); "
+            f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION:.2f} leaves {_gib(has)} of {pool.gpu.name}'s "
+            f"{pool.gpu.hbm_gib:g} GiB"
+        )
+        room = has - (need - job.context_len * per_token)
+        if room > 0 and any("KV cache holds" in r for r in reasons):
+            fixes.append(f"shorten max_model_len to at most {int(room // per_token)} tokens")
+            if job.kv_cache_dtype is WeightDtype.BF16:
+                fixes.append("use an fp8 KV cache")
+    for dtype in (WeightDtype.FP8, WeightDtype.INT4):
+        w = total_weight_bytes(model, dtype)
+        if w < weights and w < usable * 0.85:
+            fixes.append(f"quantize the weights to {dtype.value} ({_gib(w)})")
+            break
+    per_gpu = pool.gpu.hbm_gib * GIB * GPU_MEMORY_UTILIZATION * 0.85
+    count = math.ceil(weights / per_gpu)
+    per_node = pool.node.gpus_per_node
+    count = per_node * math.ceil(count / per_node) if count > per_node else 1 << (count - 1).bit_length()
+    if count <= pool.num_gpus:
+        count = pool.num_gpus + per_node if pool.num_gpus >= per_node else 2 * pool.num_gpus
+    fixes.append(f"use at least {count} GPUs (--gpus {count})")
+    return head + ": nearest fix: " + "; or ".join(fixes)
+
+
+def rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    best = 0.0
+    for e in space.engines:
+        pool = cluster.pools[e.pool]
+        cfg = _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY)
+        try:
+            pred = predict_serve(model, pool, job, cfg)
+        except InfeasibleError:
+            continue
+        best = max(best, pred.requests_per_s / e.gpus)
+    rate = job.request_rate or 0.0
+    need = math.ceil(rate / best) if best else 0
+    per_node = cluster.primary.node.gpus_per_node
+    if need > per_node:
+        need = per_node * math.ceil(need / per_node)
+    return (
+        f"sustaining {rate:g} requests/s of {job.input_len}+{job.output_len} tokens needs about {need} "
+        f"GPUs at "
+        f"the best rate per GPU ({best:.3g} req/s); {cluster.name} has {cluster.num_gpus}: "
+        f"nearest fix: use at least {need} GPUs (--gpus), or lower the request rate"
+    )
+
+
+def target_message(job: ServeJob, rows: list[Row]) -> str:
+    parts = []
+    fastest = min(rows, key=lambda r: r.tpot_us)
+    quickest = min(rows, key=lambda r: r.ttft_us)
+    if job.tpot_target_s is not None and fastest.tpot_us > time_to_us(job.tpot_target_s):
+        parts.append(
+            f"TPOT <= {job.tpot_target_s * 1e3:g} ms (the fastest plan, {fastest.engine.label()} at "
+            f"concurrency {fastest.prediction.concurrency}, reaches {fastest.prediction.tpot_s * 1e3:.1f} ms)"
+        )
+    if job.ttft_target_s is not None and quickest.ttft_us > time_to_us(job.ttft_target_s):
+        parts.append(
+            f"TTFT <= {job.ttft_target_s * 1e3:g} ms (the quickest plan, {quickest.engine.label()}, "
+            f"reaches {quickest.prediction.ttft_s * 1e3:.1f} ms)"
+        )
+    if not parts:
+        parts.append("the TPOT and TTFT targets together (each alone is reachable, not both with one plan)")
+    return (
+        "no plan meets "
+        + " and ".join(parts)
+        + ": nearest fix: relax the target, quantize the weights, or use faster GPUs"
+    )
+
+
+def disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    """Why no xPyD deployment exists: too few GPUs for two instances, or the targets out of reach."""
+    from autoshard.costmodel.serve.disagg import decode_instance
+    from autoshard.costmodel.serve.step import serve_memory
+
+    smallest = min(e.gpus for e in space.engines)
+    if 2 * smallest > max(p.num_gpus for p in cluster.pools):
+        return (
+            f"a prefill/decode split of {model.name} needs at least {2 * smallest} GPUs (one prefill and "
+            f"one decode instance of {smallest}, the smallest legal engine); {cluster.name} has "
+            f"{cluster.num_gpus}: nearest fix: --gpus {2 * smallest}, or --disaggregate auto/off"
+        )
+    parts = []
+    if job.tpot_target_s is not None:
+        best = math.inf
+        for e in space.engines:
+            pool = cluster.pools[e.pool]
+            cfg = _config(model, pool, job, e, max_num_seqs=1)
+            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+            best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
+        parts.append(
+            f"TPOT <= {job.tpot_target_s * 1e3:g} ms "
+            f"(the fastest decode instance reaches {best * 1e3:.1f} ms)"
+        )
+    if job.ttft_target_s is not None:
+        parts.append(f"TTFT <= {job.ttft_target_s * 1e3:g} ms")
+    if job.request_rate is not None:
+        parts.append(f"{job.request_rate:g} requests/s")
+    need = " and ".join(parts) or "the job"
+    return (
+        f"no prefill/decode deployment of {model.name} on {cluster.name} ({cluster.num_gpus} GPUs) "
+        f"meets {need}: nearest fix: relax the targets, use more or faster GPUs (--gpus), "
+        "or --disaggregate auto"
+    )

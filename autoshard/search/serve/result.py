@@ -1,0 +1,177 @@
+"""Serving plans from what the solver chose: the xPyD plan with its figures recomputed in floats
+(each role at the load it is planned to take), and the one sentence on why aggregated or
+disaggregated serving won."""
+
+from __future__ import annotations
+
+from autoshard.costmodel.serve.disagg import disagg_ttft_s
+from autoshard.costmodel.serve.step import ServePrediction
+from autoshard.plans.serve import Disaggregation, Role, ServePlan
+from autoshard.plans.train import SolverStats
+from autoshard.search.serve.disagg import DecodeRow, PrefillRow, transfer_for
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
+
+__all__ = ["choice", "disagg_serve_plan"]
+
+
+def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
+    """One sentence: which kind won and by how much, or why the other kind had no plan."""
+    kind = "disaggregated" if best.disaggregated else "aggregated"
+    other_kind = "aggregated replicas" if best.disaggregated else "a prefill/decode split"
+    if other is None:
+        return f"{kind}: no plan with {other_kind} meets the targets on these GPUs"
+
+    def figures(p: ServePlan) -> str:
+        return f"TPOT {1e3 * p.prediction.tpot_s:.1f} ms, TTFT {p.ttft_s:.2f} s"
+
+    if job.request_rate is not None:
+        return (
+            f"{kind}: {best.num_gpus} GPUs sustain {job.request_rate:g} req/s ({figures(best)}); "
+            f"{other_kind} need {other.num_gpus} ({other.describe()}; {figures(other)})"
+        )
+    a = best.throughput_tokens_per_s / best.cluster.num_gpus
+    b = other.throughput_tokens_per_s / other.cluster.num_gpus
+    split = best if best.disaggregated else other
+    pre = split.role("prefill")
+    idle = split.cluster.num_gpus - split.num_gpus
+    cost = (
+        f"the split gives {pre.gpus} of {split.num_gpus} GPUs to prefill ({100 * pre.utilization:.0f}% busy)"
+        + (f" and leaves {idle} idle" if idle else "")
+    )
+    if best.disaggregated:
+        reason = f"its decode steps carry no prefill chunks, which outweighs the cost: {cost}"
+    else:
+        reason = f"chunked prefill inside each engine costs less than the split: {cost}"
+    return (
+        f"{kind}: {a:,.0f} output tokens/s per GPU ({figures(best)}) vs {b:,.0f} for the best plan with "
+        f"{other_kind} ({other.describe()}; {figures(other)}); {reason}"
+    )
+
+
+
+def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):
+    """The decode instance at the fewest running requests that sustain `rate` requests/s (Little's
+    law with TPOT growing with the batch): below capacity it runs a smaller batch, so a lower TPOT
+    than at its max_num_seqs. Its config (max_num_seqs) stays the planned cap."""
+    from autoshard.costmodel.serve.disagg import decode_instance
+
+    full = drow.instance
+    if rate >= full.requests_per_s * (1 - 1e-9):
+        return full
+    pool = cluster.pools[drow.engine.pool]
+    lo, hi = 1, full.concurrency  # hi sustains the rate
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (
+            decode_instance(model, pool, job, full.config, full.memory, concurrency=mid).requests_per_s
+            >= rate
+        ):
+            hi = mid
+        else:
+            lo = mid + 1
+    return decode_instance(model, pool, job, full.config, full.memory, concurrency=lo)
+
+
+
+def disagg_serve_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    job: ServeJob,
+    prow: PrefillRow,
+    drow: DecodeRow,
+    x: int,
+    y: int,
+    same_domain: bool,
+    stats: SolverStats,
+    served: float,
+    warnings: tuple[str, ...] = (),
+) -> ServePlan:
+    """The ServePlan of a chosen xPyD deployment, its figures recomputed in floats. `served`: the
+    requests/s it is planned to take (at most what either role sustains at its planned load). No
+    launch commands: the caller attaches them."""
+    pi, di = prow.instance, drow.instance
+    transfer = transfer_for(model, cluster, job, prow, drow, same_domain=same_domain)
+    load = min(served, y * di.requests_per_s, x * pi.requests_per_s * prow.utilization)
+    if job.request_rate is not None:
+        load = min(load, job.request_rate)
+    util = load / (x * pi.requests_per_s)
+    di = _decode_at_load(model, cluster, job, drow, load / y)
+    ttft = disagg_ttft_s(pi, transfer, di.tpot_s, util)
+    prefill_pred = ServePrediction(
+        config=pi.config,
+        concurrency=pi.config.max_num_seqs,
+        memory=pi.memory,
+        decode=pi.step,
+        prefill=pi.prompt,
+        tpot_s=pi.step.total_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=pi.requests_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
+    )
+    decode_pred = ServePrediction(
+        config=di.config,
+        concurrency=di.concurrency,
+        memory=di.memory,
+        decode=di.step,
+        prefill=pi.prompt,
+        tpot_s=di.tpot_s,
+        ttft_s=ttft,
+        throughput_tokens_per_s=di.throughput_tokens_per_s,
+        input_len=job.input_len,
+        output_len=job.output_len,
+    )
+    roles = tuple(
+        Role(
+            role=name,
+            instances=n,
+            tp=e.tp,
+            pp=e.pp,
+            ep=e.ep,
+            attention_dp=e.dp_attention,
+            max_num_seqs=pred.config.max_num_seqs,
+            max_num_batched_tokens=pred.config.max_num_batched_tokens,
+            gpu_memory_utilization=pred.config.gpu_memory_utilization,
+            prediction=pred,
+            requests_per_s=rate,
+            utilization=u,
+            pool_index=e.pool,
+        )
+        for name, n, e, pred, rate, u in (
+            ("prefill", x, prow.engine, prefill_pred, pi.requests_per_s, util),
+            (
+                "decode",
+                y,
+                drow.engine,
+                decode_pred,
+                drow.instance.requests_per_s,
+                load / (y * drow.instance.requests_per_s),
+            ),
+        )
+    )
+    e = drow.engine
+    return ServePlan(
+        model=model,
+        cluster=cluster,
+        job=job,
+        tp=e.tp,
+        pp=e.pp,
+        dp=e.dp_attention if e.expert_parallel else 1,
+        ep=e.ep,
+        gpu_memory_utilization=di.config.gpu_memory_utilization,
+        max_num_seqs=di.config.max_num_seqs,
+        max_num_batched_tokens=di.config.max_num_batched_tokens,
+        prediction=decode_pred,
+        solver=stats,
+        pool_index=e.pool,
+        warnings=warnings,
+        roles=roles,
+        disaggregation=Disaggregation(
+            throughput_tokens_per_s=load * job.output_len,
+            ttft_s=ttft,
+            transfer=transfer,
+            ttft_p90_s=disagg_ttft_s(pi, transfer, di.tpot_s, util, q=0.9),
+        ),
+    )

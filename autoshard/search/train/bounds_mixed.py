@@ -1,0 +1,189 @@
+"""The count-aware bound for models whose decoder layers differ (dense-first MoE, hybrids): each
+class of layer at its own cheapest cost, the minority layers shared out exactly over the ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.search.train.bounds_rank import rank_room, rank_work
+from autoshard.search.train.tables import CandidateTables
+
+__all__ = ["LayerClasses", "layer_classes", "MixedCapacity", "mixed_tmax_lower_bound"]
+
+
+_MAX_MINOR = 64
+"""Largest count of minority decoder layers the count-aware bound handles (its DP is quadratic in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerClasses:
+    """Decoder layers split into the most numerous kind (major) and all others (minor), with the
+    cheapest (time us, state MiB, activation MiB) of each class, read from the tables' per-layer
+    differences (so they are exactly what the solver counts), optimistic over `pools`."""
+
+    major: tuple[int, int, int]
+    minor: tuple[int, int, int]
+    n_major: int
+    n_minor: int
+
+
+def layer_classes(tab: CandidateTables, pool: int | None = None) -> LayerClasses:
+    pools = tab.pools if pool is None else (tab.pools[pool],)
+    is_dec = np.diff(tab.decoders) > 0
+    units = []
+    for p in pools:
+        units.append(np.stack([np.diff(p.time_us), np.diff(p.state_mib), np.diff(p.act_mib)], axis=1)[is_dec])
+    # a layer's kind is its signature on the first pool (identical layers give identical integers)
+    sig = [tuple(row) for row in units[0]]
+    counts: dict[tuple, int] = {}
+    for key in sig:
+        counts[key] = counts.get(key, 0) + 1
+    major_key = max(counts, key=lambda k: (counts[k], k))
+    is_major = np.array([key == major_key for key in sig])
+    stacked = np.stack(units)  # (pools, layers, 3)
+    major = tuple(int(v) for v in stacked[:, is_major, :].min(axis=(0, 1)))
+    if is_major.all():
+        minor = major
+    else:
+        minor = tuple(int(v) for v in stacked[:, ~is_major, :].min(axis=(0, 1)))
+    return LayerClasses(major=major, minor=minor, n_major=int(is_major.sum()), n_minor=int((~is_major).sum()))
+
+
+class MixedCapacity:
+    """Count-aware capacities for models whose decoder layers differ (dense-first MoE, hybrids).
+
+    A rank holding j minority layers and n majority layers needs their real time and memory (each
+    class at its own cheapest cost, not the cheapest layer of the model), and may fully recompute up
+    to n + j of them (continuous relaxation). The ranks must share the minority layers exactly, so the
+    largest number of majority layers they can absorb at slowest-rank time T is a max-plus DP over
+    ranks of cap_r(T, j); T is feasible when that reaches the majority count. Valid for any layout:
+    capacities are over-estimates, so the threshold under-estimates the slowest rank."""
+
+    def __init__(self, tab: CandidateTables, pool: int | None = None) -> None:
+        self.cls = layer_classes(tab, pool)
+        self.rr = rank_room(tab, pool)
+        d, x, fixed, least = rank_work(tab, pool)
+        self.x, self.fixed, self.least = x, fixed, least
+        vpp = tab.config.dims.vpp
+        chunks = np.asarray(tab.in_flight_chunks, dtype=np.float64)
+        self.d_major = max(1, self.cls.major[0])
+        self.d_minor = max(0, self.cls.minor[0])
+        self.pl_major = vpp * self.cls.major[1] + chunks * self.cls.major[2]
+        self.pl_minor = vpp * self.cls.minor[1] + chunks * self.cls.minor[2]
+        self.n_dec = int(tab.decoders[-1])
+        self.vpp = vpp
+        self.uniform: int | None = None
+
+    def _caps_uniform(self, ts: np.ndarray, k: int) -> np.ndarray:
+        """As `_caps` when every chunk recomputes exactly k layers (Megatron's --recompute-num-layers):
+        rank r then recomputes vpp*k of its layers, each costing the recompute time and saving its
+        activations, and holds at least that many layers."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        rc = self.vpp * k
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor - rc * max(self.x, 0)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None] + rc * rr.saving[None, :, None]
+                - (rr.working if k > 0 else 0))
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cap = np.floor(np.minimum(room / pl, budget / float(self.d_major)) + 1e-9)
+        need = np.maximum(self.least[None, :, None], rc)
+        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need)
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
+
+    def _caps(self, ts: np.ndarray) -> np.ndarray:
+        """(G, pp, D+1): majority layers rank r can add to j minority layers within time ts[g];
+        -inf where even the j minority layers (or the rank's fewest layers) do not fit."""
+        rr, D = self.rr, self.cls.n_minor
+        js = np.arange(D + 1, dtype=np.float64)[None, None, :]
+        budget = (ts[:, None] - self.fixed[None, :])[:, :, None] - js * self.d_minor  # (G, pp, D+1)
+        room = (rr.room[None, :, None] - js * self.pl_minor[None, :, None])
+        pl = np.maximum(self.pl_major, 1e-9)[None, :, None]
+        d = float(self.d_major)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n1 = np.minimum(room / pl, budget / d)
+            w = rr.saving[None, :, None]
+            if np.any(rr.saving > 0):
+                W = float(rr.working)
+                x = float(max(self.x, 0))
+                by_mem = np.where(pl > w, (room - W + js * w) / np.maximum(pl - w, 1e-9), np.inf)
+                if x > 0:
+                    by_time = (budget * w + x * (room - W)) / (pl * x + d * w)
+                else:
+                    by_time = np.full_like(budget, np.inf)
+                n2 = np.minimum(np.minimum(by_mem, by_time), budget / d)
+                n2 = np.where(w > 0, n2, -np.inf)
+                cap = np.maximum(n1, n2)
+            else:
+                cap = n1
+        cap = np.floor(cap + 1e-9)
+        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None])
+        return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
+
+    def absorbed(self, ts: np.ndarray) -> np.ndarray:
+        """Most majority layers the ranks can absorb at each time in ts while holding every minority
+        layer (with `uniform` set: every chunk recomputing exactly `uniform` layers)."""
+        ts = np.asarray(ts, dtype=np.float64)
+        caps = self._caps(ts) if self.uniform is None else self._caps_uniform(ts, self.uniform)
+        g, pp, width = caps.shape
+        best = caps[:, 0, :]
+        for r in range(1, pp):
+            nxt = np.full((g, width), -np.inf)
+            for j in range(width):
+                shifted = np.full((g, width), -np.inf)
+                shifted[:, j:] = best[:, : width - j]
+                nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
+            best = nxt
+        return best[:, -1]
+
+    def threshold(self, lo: int, probe: int | None = None) -> int | None:
+        """Smallest integer T >= lo at which the ranks can absorb every decoder layer (None: never).
+        With `probe`, a T the caller only cares to beat: when even it is infeasible, probe + 1 (a
+        valid lower bound) comes back after one evaluation."""
+        span = (max(self.d_major, self.d_minor) + max(self.x, 0)) * self.n_dec + 1
+        hi = int(self.fixed.max()) + span
+        if probe is not None and lo <= probe < hi:
+            if self.absorbed(np.array([float(probe)]))[0] < self.cls.n_major:
+                return probe + 1
+            hi = probe
+        elif self.absorbed(np.array([hi]))[0] < self.cls.n_major:
+            return None
+        lo = min(int(lo), hi)
+        while hi - lo > 0:
+            grid = np.unique(np.linspace(lo, hi, 33).astype(np.int64))
+            good = self.absorbed(grid.astype(np.float64)) >= self.cls.n_major
+            first = int(np.argmax(good))  # good[-1] is True: hi is feasible
+            if first == 0:
+                return int(grid[0])
+            lo, hi = int(grid[first - 1]) + 1, int(grid[first])
+        return lo
+
+
+def mixed_tmax_lower_bound(tab: CandidateTables, pool: int | None = None, probe: int | None = None, *,
+                           uniform_recompute: bool = False) -> int | None | bool:
+    """Count-aware slowest-rank bound when the decoder layers differ; True when it does not apply
+    (identical decoder layers, or too many minority layers), None when no layout fits in memory.
+    `probe`: see `MixedCapacity.threshold`. With `uniform_recompute` every chunk recomputes the same
+    number k of layers and the bound is the smallest over k (each k priced exactly per rank)."""
+    cls = layer_classes(tab, pool)
+    if cls.n_minor == 0 or cls.n_minor > _MAX_MINOR:
+        return True
+    cap = MixedCapacity(tab, pool)
+    lo = int(cap.fixed.max())
+    if not uniform_recompute:
+        return cap.threshold(lo, probe)
+    if tab.base_full or not np.any(cap.rr.saving > 0):
+        ks = [0]
+    else:
+        ks = range(cap.n_dec // tab.num_chunks + 1)
+    found = []
+    for k in ks:
+        cap.uniform = k
+        t = cap.threshold(lo, probe)
+        if t is not None:
+            found.append(t)
+            if probe is not None and t <= probe:
+                probe = t - 1  # later k only matter if they beat this one
+    return min(found) if found else None

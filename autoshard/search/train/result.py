@@ -1,0 +1,81 @@
+"""From a solved candidate to a plan: the stages CP-SAT (or an incumbent) chose, and the message when
+no plan fits at all (what is needed, what the GPU has, the nearest fixes)."""
+
+from __future__ import annotations
+
+import math
+
+from ortools.sat.python import cp_model
+
+from autoshard.costmodel.train.step import Stage, TrainConfig
+from autoshard.errors import InfeasibleError
+from autoshard.search.cpsat import value_of
+from autoshard.search.train.build import BuiltModel
+from autoshard.search.train.prepare import Prepared
+from autoshard.search.train.space import Pins
+from autoshard.search.train.tables import CandidateTables, Layout
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import TrainJob
+from autoshard.specs.model import ModelSpec
+from autoshard.units import GIB
+
+__all__ = ["decode", "layout_stages", "infeasible"]
+
+
+def decode(built: BuiltModel, solver: cp_model.CpSolver, index: int) -> tuple[TrainConfig, tuple[Stage, ...]]:
+    cand = built.candidates[index]
+    tab = built.tables[index]
+    pp = tab.config.dims.pp
+    bounds = [value_of(solver, b) for b in cand.bounds]
+    rcs = [value_of(solver, r) for r in cand.recompute]
+    pools = [value_of(solver, q) for q in cand.rank_pools]
+    stages = tuple(
+        Stage(start=bounds[k], stop=bounds[k + 1], pool=pools[k % pp], full_recompute_layers=rcs[k])
+        for k in range(tab.num_chunks)
+    )
+    return tab.config, stages
+
+
+def layout_stages(tab: CandidateTables, layout: Layout) -> tuple[TrainConfig, tuple[Stage, ...]]:
+    pp = tab.config.dims.pp
+    stages = tuple(
+        Stage(start=layout.bounds[k], stop=layout.bounds[k + 1], pool=layout.pools[k],
+              full_recompute_layers=layout.recompute[k])
+        for k in range(tab.num_chunks)
+    )
+    assert all(st.pool == stages[k % pp].pool for k, st in enumerate(stages))
+    return tab.config, stages
+
+
+def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prepared, pins: Pins) -> InfeasibleError:
+    reasons = ", ".join(f"{n} x {r}" for r, n in prep.pruned.most_common(4))
+    gpu = cluster.primary.gpu
+    if not prep.enumerated or prep.min_memory_gib is None:
+        return InfeasibleError(
+            f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs (seq {job.seq_len}, global batch "
+            f"{job.global_batch_size}) with pins ({pins.describe()}): {reasons or 'no candidate'}. Nearest fixes: a "
+            f"global batch divisible by more micro-batch x DP sizes, fewer pinned knobs, or another --gpus."
+        )
+    have = prep.capacity_gib or gpu.hbm_gib
+    need = prep.min_memory_gib
+    lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {cluster.num_gpus} x "
+             f"{gpu.name} ({have:.0f} GiB each)."]
+    lines.append(f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
+                 f"layout; the GPU has {have:.1f} GiB before activations and overheads.")
+    fixes = []
+    total_state_gib = model.num_params * 18 / GIB
+    usable = have * 0.85
+    per_node = cluster.primary.node.gpus_per_node
+    min_gpus = per_node * math.ceil(math.ceil(total_state_gib / usable) / per_node)
+    if min_gpus > cluster.num_gpus:
+        fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
+                     f"~{min_gpus} GPUs (try --gpus {2 ** math.ceil(math.log2(min_gpus))})")
+    fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
+    fixes.append("--recompute full")
+    fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
+    if pins.describe() != "none":
+        fixes.append(f"fewer pinned knobs (pinned: {pins.describe()})")
+    lines.append("Nearest fixes: " + "; ".join(fixes) + ".")
+    if reasons:
+        lines.append(f"Candidates dropped: {reasons}.")
+    return InfeasibleError("\n".join(lines))
