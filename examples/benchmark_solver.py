@@ -15,10 +15,10 @@ domain) is rounded down to a power-of-two count of such domains and printed as u
 
 On a machine shared with other jobs the wall clock says more about the neighbours than about the
 solver, and the solver's own deadline (wall clock) cuts the work short. `--cpu-clock` measures
-instead what one dedicated core would do: every deadline of the solve counts this process's CPU time,
-and CP-SAT gets its share of the limit as deterministic time (CP-SAT's machine-independent work
-units, within ~30 % of CPU seconds on this model: 26.1 units for 20.4 CPU s on DeepSeek-V3 / 1,024
-H100), so a solve does the same work it would do alone. Use it with `--workers 1`.
+instead what one dedicated core would do: every deadline of the solve counts this process's CPU time
+(CP-SAT is stopped by a watchdog thread once its share is used up), so a solve does the work it
+would do alone and its CPU time stands for its wall time on an idle machine. Use it with
+`--workers 1`.
 
 1. Llama 3.1 405B on 16,384 H100 (seq 8192, batch 2048) and Llama 3.1 70B on 64 H100: wall time,
    status, gap.
@@ -54,7 +54,10 @@ class _CpuClock:
 
 
 def use_cpu_clock() -> None:
-    """Make every solver deadline count this process's CPU time, and CP-SAT's limit deterministic time."""
+    """Make every solver deadline count this process's CPU time; CP-SAT is stopped by a watchdog once
+    it has used the CPU time its wall-clock limit would have given it."""
+    import threading
+
     import autoshard.search.deadline as deadline_module
     from ortools.sat.python import cp_model
 
@@ -63,9 +66,24 @@ def use_cpu_clock() -> None:
 
     def solve(self, model, *args, **kwargs):
         params = self.parameters
-        params.max_deterministic_time = params.max_time_in_seconds
-        params.max_time_in_seconds = max(600.0, 50 * params.max_time_in_seconds)  # a backstop only
-        return plain(self, model, *args, **kwargs)
+        budget = params.max_time_in_seconds
+        params.max_time_in_seconds = max(600.0, 50 * budget)  # a backstop only
+        end = time.process_time() + budget
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.02):
+                if time.process_time() >= end:
+                    self.stop_search()
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            return plain(self, model, *args, **kwargs)
+        finally:
+            done.set()
+            watcher.join()
 
     cp_model.CpSolver.solve = solve
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from autoshard.costmodel.train.step import TrainConfig, _p2p_s, layer_cost
+from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.bounds_mixed import LayerClasses, MixedCapacity, layer_classes, mixed_tmax_lower_bound
 from autoshard.search.train.bounds_pools import (
     assignment_bounds,
@@ -87,6 +88,9 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     pipeline_and_tail = a * tmax + b * tail
     if len(tab.pools) == 1 and pp > 1:
         pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
+        if cutoff is None or (scale // vpp) * total + pipeline_and_tail <= cutoff:
+            # each rank's tail on its own layer counts (dense-first MoE: the MoE ranks set it)
+            pipeline_and_tail = max(pipeline_and_tail, joint_tail_bound(tab, tmax, a, b))
     lower = (scale // vpp) * total + pipeline_and_tail
     if len(tab.pools) >= 2 and pool_gpus is not None:
         lower = max(lower, hetero_pipeline_bound(tab, pool_gpus, tmax, a, scale // vpp) + b * tail)
