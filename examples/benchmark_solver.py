@@ -285,7 +285,7 @@ def read_rows(paths: list[str]) -> list[tuple]:
         with open(path) as f:
             for text in f:
                 parts = text.split()
-                if len(parts) >= 7 and parts[2].isdigit() and parts[3] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "ERROR",
+                if not text[:1].isspace() and len(parts) >= 7 and parts[2].isdigit() and parts[3] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "ERROR",
                                                                             "NO-PLAN"):
                     rows.append((parts[0], parts[1], int(parts[2]), parts[3], float(parts[4]), float(parts[5]),
                                  float(parts[6])))

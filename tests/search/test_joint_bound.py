@@ -142,3 +142,23 @@ def test_deepseek_v3_best_candidate_is_certified_by_its_bound():
     a, b, fixed = _objective_parts(tab)
     average = fixed + a * tmax + b * tail_lower_bound(tab)
     assert inc[0] - average > 20 * (inc[0] - lower)
+
+
+@pytest.mark.parametrize("cluster_name", ["dgx-h100", "mixed-3pool"])
+def test_shared_quick_bounds_equal_the_plain_ones(cluster_name):
+    """QuickBounds shares the cost-model reads of candidates that differ only in interleaving: every
+    bound it returns is exactly `quick_lower_bound`'s, and it reads the cost model less often."""
+    from autoshard.api import resize, train_job
+    from autoshard.search.train.bounds import QuickBounds, quick_lower_bound
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model("mixtral-8x7b")
+    cluster = load_cluster(cluster_name)
+    if not cluster.is_heterogeneous:
+        cluster = resize(cluster, 64)
+    job = train_job(model)
+    configs = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=4)).candidates
+    quick = QuickBounds(model, cluster, scale=12)
+    assert [quick(c) for c in configs] == [quick_lower_bound(model, cluster, c, scale=12) for c in configs]
+    assert any(c.dims.vpp > 1 for c in configs)
+    assert len(quick.memo) < 0.8 * len(configs)
