@@ -162,3 +162,47 @@ def test_shared_quick_bounds_equal_the_plain_ones(cluster_name):
     assert [quick(c) for c in configs] == [quick_lower_bound(model, cluster, c, scale=12) for c in configs]
     assert any(c.dims.vpp > 1 for c in configs)
     assert len(quick.memo) < 0.8 * len(configs)
+
+
+def test_a_better_incumbent_beats_an_unproven_cpsat_solution(monkeypatch):
+    """When CP-SAT stops short of a proof with a solution worse than a layout the bounds search built
+    (it found one without the hint), the better layout comes back, as FEASIBLE, with its objective."""
+    import autoshard.search.train.solve as solve_module
+    from autoshard.search.train.solve import SolverOptions, solve_train
+
+    model = tiny_model(layers=8, moe=MOE, dense_first=2)
+    cluster = tiny_cluster(gpus_per_node=4, nodes=2)
+    job = TrainJob(seq_len=1024, global_batch_size=32)
+    options = SolverOptions(num_workers=1, seed=0, time_limit_s=60, space=SpaceOptions(max_micro_batch=1, max_vpp=2))
+    plain_build, plain_solver, seen = solve_module.build_model, solve_module.new_solver, {}
+
+    def build_without_hint(tables, **kwargs):
+        return plain_build(tables, **{**kwargs, "hint_index": None, "hint": None})
+
+    def first_solution_only(**kwargs):
+        solver = plain_solver(**kwargs)
+        solver.parameters.stop_after_first_solution = True
+        plain_solve = solver.solve
+
+        def solve(model):
+            status = plain_solve(model)
+            seen["cpsat"] = solver.objective_value
+            return status
+        solver.solve = solve
+        return solver
+
+    def best_incumbent(*args, **kwargs):
+        prep = plain_prepare(*args, **kwargs)
+        seen["incumbent"] = min(inc[0] for inc in prep.incumbents if inc is not None)
+        return prep
+
+    plain_prepare = solve_module.prepare
+    monkeypatch.setattr(solve_module, "build_model", build_without_hint)
+    monkeypatch.setattr(solve_module, "new_solver", first_solution_only)
+    monkeypatch.setattr(solve_module, "prepare", best_incumbent)
+    plan = solve_train(model, cluster, job, options=options)[0]
+    scale = solve_module.US_PER_S * math.lcm(*{c.dims.vpp for c in enumerate_train(
+        model, cluster, job, options=options.space).candidates})
+    assert seen["cpsat"] > seen["incumbent"]  # the situation under test: CP-SAT's first find is worse
+    assert round(plan.solver.objective * scale) == seen["incumbent"]
+    assert plan.solver.status == "FEASIBLE"

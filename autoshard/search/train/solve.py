@@ -137,10 +137,22 @@ def solve_train(
                                   "--time-limit or pin some knobs")
             raise infeasible(model, cluster, job, prep, pins)
         in_model = [prep.lower_bounds[i] for j, i in enumerate(keep) if j not in returned]
-        if has_solution(status):
+        better = None
+        if has_solution(status) and cp_status != cp_model.OPTIMAL:
+            # stopped by the clock: an incumbent the bounds search built may still beat what CP-SAT
+            # found (it did not always complete the hint); the better plan comes back
+            better = min(((prep.incumbents[i][0], j) for j, i in enumerate(keep)
+                          if j not in returned and prep.incumbents[i] is not None
+                          and prep.incumbents[i][0] < solver.objective_value), default=None)
+        if has_solution(status) and better is None:
             index = next(i for i, c in enumerate(built.candidates) if solver.value(c.selected))
             cfg, stages = decode(built, solver, index)
             objective, solver_bound = solver.objective_value, solver.best_objective_bound
+        elif better is not None:
+            objective, index = better
+            cfg, stages = layout_stages(tables[index], prep.incumbents[keep[index]][1])
+            solver_bound = solver.best_objective_bound
+            status = cp_model.FEASIBLE
         else:
             # CP-SAT ran out of time before completing a solution: fall back on the best incumbent
             # the bounds search built (a real, memory-checked layout), with the proven bound.
