@@ -27,7 +27,7 @@ _PREPARE_SHARE = 0.85
 """Share of the time limit for enumeration, bounds and incumbents; CP-SAT gets the rest (and all
 that the preparation leaves unused). With the joint bounds CP-SAT mostly confirms what the bounds
 already proved: in the 168-solve stratified sweep at a 10 s limit (examples/benchmark_solver.py
---latin), 25 of 40 unproven solves had stopped preparing at 0.7 of the limit and left CP-SAT's 3 s
+--latin), 23 of 40 unproven solves had stopped preparing at 0.7 of the limit and left CP-SAT's 3 s
 unused; with the joint bounds CP-SAT took 1.3-1.8 s of one core on the long solves profiled
 (DeepSeek-V3 on 1,024 H100s, Llama 3.1 70B on mixed-3pool)."""
 _FIRST_PLAN_GRACE_S = 0.8
