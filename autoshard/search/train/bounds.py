@@ -88,6 +88,8 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     scale = tab.scale
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
+    if cutoff is not None and (scale // vpp) * total + pipeline_and_tail > cutoff:
+        return (scale // vpp) * total + pipeline_and_tail, tmax  # the joint bounds only tighten it
     if len(tab.pools) == 1 and pp > 1:
         pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
         if not tab.uniform_decoders and (cutoff is None or (scale // vpp) * total + pipeline_and_tail <= cutoff):
