@@ -13,6 +13,13 @@ proven optimal within 10 s or overshot its time limit by more than 2 s. Heteroge
 solved at their own size; a size a cluster cannot take (e.g. not a multiple of a 72-GPU NVLink
 domain) is rounded down to a power-of-two count of such domains and printed as used.
 
+On a machine shared with other jobs the wall clock says more about the neighbours than about the
+solver, and the solver's own deadline (wall clock) cuts the work short. `--cpu-clock` measures
+instead what one dedicated core would do: every deadline of the solve counts this process's CPU time
+(CP-SAT is stopped by a watchdog thread once its share is used up), so a solve does the work it
+would do alone and its CPU time stands for its wall time on an idle machine. Use it with
+`--workers 1`.
+
 1. Llama 3.1 405B on 16,384 H100 (seq 8192, batch 2048) and Llama 3.1 70B on 64 H100: wall time,
    status, gap.
 2. Llama 3.1 70B on the heterogeneous mixed-h100-a100 cluster vs the best plan on either pool alone.
@@ -31,11 +38,54 @@ import time
 
 from autoshard.api import resize, train_job
 from autoshard.search.train.solve import SolverOptions, solve_train
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, SolverError
 from autoshard.search.train.space import Pins, SpaceOptions
 from autoshard.specs import ClusterSpec, ModelSpec, TrainJob, load_cluster, load_model
 
 WORKERS = 8
+
+
+class _CpuClock:
+    """Stands in for the `time` module of autoshard.search.deadline under --cpu-clock."""
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.process_time()
+
+
+def use_cpu_clock() -> None:
+    """Make every solver deadline count this process's CPU time; CP-SAT is stopped by a watchdog once
+    it has used the CPU time its wall-clock limit would have given it."""
+    import threading
+
+    import autoshard.search.deadline as deadline_module
+    from ortools.sat.python import cp_model
+
+    deadline_module.time = _CpuClock  # type: ignore[assignment]
+    plain = cp_model.CpSolver.solve
+
+    def solve(self, model, *args, **kwargs):
+        params = self.parameters
+        budget = params.max_time_in_seconds
+        params.max_time_in_seconds = max(600.0, 50 * budget)  # a backstop only
+        end = time.process_time() + budget
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.02):
+                if time.process_time() >= end:
+                    self.stop_search()
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            return plain(self, model, *args, **kwargs)
+        finally:
+            done.set()
+            watcher.join()
+
+    cp_model.CpSolver.solve = solve
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, even: bool = False, pins: Pins = Pins()):
@@ -157,9 +207,13 @@ def sized(cluster: ClusterSpec, gpus: int) -> ClusterSpec | None:
             return None
 
 
-def sweep(models: list[str], clusters: list[str], sizes: list[int], limit: float, workers: int) -> None:
+def sweep(models: list[str], clusters: list[str], sizes: list[int], limit: float, workers: int,
+          latin: bool = False) -> None:
+    """Every model x cluster x size; with `latin`, every model x cluster at one size, rotating so that
+    every model and every cluster meets every size (a stratified part of the sweep)."""
+    clock = "CPU" if isinstance(sys.modules["autoshard.search.deadline"].time, type) else "wall"
     print(f"== Sweep: {len(models)} models x {len(clusters)} clusters x sizes {sizes} "
-          f"(time limit {limit:g} s, {workers} workers, {os.cpu_count()} CPUs) ==")
+          f"(time limit {limit:g} s of {clock} time, {workers} workers, {os.cpu_count()} CPUs) ==")
     print(f"{'model':18} {'cluster':16} {'GPUs':>6} {'status':10} {'wall s':>7} {'cpu s':>7} {'gap %':>6}  plan")
     rows = []
     for name in models:
@@ -168,7 +222,9 @@ def sweep(models: list[str], clusters: list[str], sizes: list[int], limit: float
         for cname in clusters:
             base = load_cluster(cname)
             done: set[int] = set()
-            for gpus in sizes:
+            rank = (bundled("models").index(name) if name in bundled("models") else 0) + (
+                bundled("clusters").index(cname) if cname in bundled("clusters") else 0)
+            for gpus in ([sizes[rank % len(sizes)]] if latin else sizes):
                 cluster = sized(base, gpus)
                 if cluster is None or cluster.num_gpus in done:
                     continue
@@ -180,17 +236,22 @@ def sweep(models: list[str], clusters: list[str], sizes: list[int], limit: float
                     status, gap, desc = plan.solver.status, 100 * plan.solver.gap, plan.config.dims.describe()
                 except InfeasibleError as exc:
                     status, gap, desc = "INFEASIBLE", 0.0, str(exc).splitlines()[0][:60]
+                except SolverError as exc:  # no plan within the time limit
+                    status, gap, desc = "NO-PLAN", math.nan, str(exc).splitlines()[0][:60]
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure and goes on
                     status, gap, desc = "ERROR", math.nan, f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
                 wall, used = time.monotonic() - start, time.process_time() - cpu
                 rows.append((name, cname, cluster.num_gpus, status, wall, used, gap))
                 print(f"{name:18} {cname:16} {cluster.num_gpus:>6} {status:10} {wall:7.2f} {used:7.2f} {gap:6.2f}  {desc}",
                       flush=True)
-    summarize(rows, limit)
+    summarize(rows, limit, clock)
 
 
-def summarize(rows: list[tuple], limit: float) -> None:
-    print("\n== Sweep summary ==")
+def summarize(rows: list[tuple], limit: float, clock: str = "wall") -> None:
+    """Statuses, median and worst times, and every solve not proven optimal within 10 s or over the
+    limit + 2 s, judged on `clock` ("wall", or "CPU" under --cpu-clock)."""
+    at = 5 if clock == "CPU" else 4
+    print(f"\n== Sweep summary (times judged on {clock} time) ==")
     counts: dict[str, int] = {}
     for row in rows:
         counts[row[3]] = counts.get(row[3], 0) + 1
@@ -201,19 +262,34 @@ def summarize(rows: list[tuple], limit: float) -> None:
         cpus = [r[5] for r in planned]
         print(f"solves with a plan: {len(planned)}; wall median {statistics.median(walls):.2f} s, max {max(walls):.2f} s; "
               f"CPU median {statistics.median(cpus):.2f} s, max {max(cpus):.2f} s")
-        print(f"OPTIMAL within 10 s wall: {sum(1 for r in planned if r[3] == 'OPTIMAL' and r[4] <= 10)} of {len(planned)}")
-    every = [r[4] for r in rows]
+        print(f"OPTIMAL within 10 s {clock}: {sum(1 for r in planned if r[3] == 'OPTIMAL' and r[at] <= 10)} of {len(planned)}")
+    every = [r[at] for r in rows]
     if every:
-        print(f"all solves (infeasible included): wall median {statistics.median(every):.2f} s")
-    print("worst 10 by wall time:")
-    for r in sorted(rows, key=lambda r: -r[4])[:10]:
+        print(f"all solves (infeasible included): {clock} median {statistics.median(every):.2f} s")
+    print(f"worst 10 by {clock} time:")
+    for r in sorted(rows, key=lambda r: -r[at])[:10]:
         print(f"  {r[0]:18} {r[1]:16} {r[2]:>6} {r[3]:10} wall {r[4]:6.2f} s  cpu {r[5]:6.2f} s  gap {r[6]:5.2f} %")
-    bad = [r for r in rows if r[3] not in ("OPTIMAL", "INFEASIBLE") or r[4] > 10]
+    bad = [r for r in rows if r[3] not in ("OPTIMAL", "INFEASIBLE") or r[at] > 10]
     print(f"not proven optimal (or infeasible) within 10 s: {len(bad)}")
     for r in bad:
         print(f"  {r[0]:18} {r[1]:16} {r[2]:>6} {r[3]:10} wall {r[4]:6.2f} s  cpu {r[5]:6.2f} s  gap {r[6]:5.2f} %")
-    over = [r for r in rows if r[4] > limit + 2]
-    print(f"wall time over the limit + 2 s: {len(over)}" + "".join(f"\n  {r[0]} {r[1]} {r[2]}: {r[4]:.2f} s" for r in over))
+    over = [r for r in rows if r[at] > limit + 2]
+    print(f"{clock} time over the limit + 2 s: {len(over)}"
+          + "".join(f"\n  {r[0]} {r[1]} {r[2]}: {r[at]:.2f} s" for r in over))
+
+
+def read_rows(paths: list[str]) -> list[tuple]:
+    """Rows of earlier sweep outputs (e.g. shards run side by side), for one summary."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            for text in f:
+                parts = text.split()
+                if not text[:1].isspace() and len(parts) >= 7 and parts[2].isdigit() and parts[3] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "ERROR",
+                                                                            "NO-PLAN"):
+                    rows.append((parts[0], parts[1], int(parts[2]), parts[3], float(parts[4]), float(parts[5]),
+                                 float(parts[6])))
+    return rows
 
 
 def main() -> int:
@@ -225,12 +301,22 @@ def main() -> int:
     parser.add_argument("--sizes", help="comma-separated GPU counts (sweep; default 8 ... 16384)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="per solve (sweep)")
     parser.add_argument("--workers", type=int, default=WORKERS, help="CP-SAT workers (sweep)")
+    parser.add_argument("--latin", action="store_true",
+                        help="each model x cluster at one of --sizes, rotating (a stratified part of the sweep)")
+    parser.add_argument("--summarize", nargs="+", metavar="FILE", help="one summary of earlier sweep outputs")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="deadlines count this process's CPU time (a loaded machine; use --workers 1)")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(read_rows(args.summarize), args.time_limit, "CPU" if args.cpu_clock else "wall")
+        return 0
+    if args.cpu_clock:
+        use_cpu_clock()
     if args.sweep:
         models = args.models.split(",") if args.models else bundled("models")
         clusters = args.clusters.split(",") if args.clusters else bundled("clusters")
         sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else list(SWEEP_SIZES)
-        sweep(models, clusters, sizes, args.time_limit, args.workers)
+        sweep(models, clusters, sizes, args.time_limit, args.workers, args.latin)
         return 0
     headline()
     if args.quick:

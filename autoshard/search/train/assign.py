@@ -50,7 +50,7 @@ def split_by_assignment(kept: list, pool_gpus: list[int], best_ub: int | None, i
         for v in vectors:
             if deadline.expired():
                 break
-            found = assignment_bounds(tab, v, pool_gpus, lb)
+            found = assignment_bounds(tab, v, pool_gpus, lb, cutoff=best_ub)
             if found is None:
                 pruned["pool assignment: does not fit in memory"] += 1
                 continue

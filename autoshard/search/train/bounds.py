@@ -8,11 +8,14 @@ continuous recomputation), so thresholds are under-estimated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import lru_cache
 
 from autoshard.costmodel.train.step import TrainConfig, _p2p_s, layer_cost
+from autoshard.parallel import ParallelDims
+from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.bounds_mixed import LayerClasses, MixedCapacity, layer_classes, mixed_tmax_lower_bound
 from autoshard.search.train.bounds_pools import (
     assignment_bounds,
@@ -44,7 +47,7 @@ from autoshard.units import US_PER_S
 __all__ = [
     "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
     "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "pools_assignment", "hetero_capacity_at",
-    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "rank_work", "LayerClasses", "layer_classes",
+    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "QuickBounds", "rank_work", "LayerClasses", "layer_classes",
     "MixedCapacity", "mixed_tmax_lower_bound", "hetero_pipeline_bound", "tail_lower_bound",
     "assignment_capacity", "assignment_bounds",
 ]
@@ -85,8 +88,14 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     scale = tab.scale
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
+    if cutoff is not None and (scale // vpp) * total + pipeline_and_tail > cutoff:
+        return (scale // vpp) * total + pipeline_and_tail, tmax  # the joint bounds only tighten it
     if len(tab.pools) == 1 and pp > 1:
         pipeline_and_tail = max(pipeline_and_tail, joint_search(tab, tmax, a, b)[0])
+        if not tab.uniform_decoders and (cutoff is None or (scale // vpp) * total + pipeline_and_tail <= cutoff):
+            # each rank's tail on its own layer counts (dense-first MoE: the MoE ranks set it); with
+            # identical decoder layers `joint_search` already prices it, at a third of the cost
+            pipeline_and_tail = max(pipeline_and_tail, joint_tail_bound(tab, tmax, a, b))
     lower = (scale // vpp) * total + pipeline_and_tail
     if len(tab.pools) >= 2 and pool_gpus is not None:
         lower = max(lower, hetero_pipeline_bound(tab, pool_gpus, tmax, a, scale // vpp) + b * tail)
@@ -110,16 +119,30 @@ def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, 
     """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
     work of the most numerous decoder kind evenly (the other layers counted as free) and the exposed
     tail is zero. One `layer_cost` per pool, so the whole space can be bounded before any table."""
-    dims = cfg.dims
-    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+    return _quick_from_parts(cluster, cfg, _quick_parts(model, cluster, cfg), scale)
+
+
+def _quick_parts(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig) -> tuple[list[int], int]:
+    """(the most numerous decoder kind's total time per micro-batch on each pool, one send's time):
+    what `quick_lower_bound` reads of the cost model."""
     major, count = _major_decoder(model)
     per_pool = [
         round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * count if major else 0
         for pool in cluster.pools
     ]
+    p2p = 0
+    if cfg.dims.pp > 1 and not cluster.is_heterogeneous:
+        p2p = math.ceil(_p2p_s(model, cfg, cluster.primary, cluster.primary, cluster) * US_PER_S)
+    return per_pool, p2p
+
+
+def _quick_from_parts(cluster: ClusterSpec, cfg: TrainConfig, parts: tuple[list[int], int], scale: int) -> int:
+    dims = cfg.dims
+    pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
+    per_pool, p2p = parts
     total = min(per_pool)
     if pp > 1 and not cluster.is_heterogeneous:
-        total += 2 * (pp * vpp - 1) * math.ceil(_p2p_s(model, cfg, cluster.primary, cluster.primary, cluster) * US_PER_S)
+        total += 2 * (pp * vpp - 1) * p2p
     tmax = -(-total // pp)
     if cluster.is_heterogeneous:
         # ranks work in parallel at their pool's speed; the fastest pools host as many ranks as fit
@@ -134,3 +157,25 @@ def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, 
             return 2**62  # the pools cannot host this many ranks
         tmax = max(tmax, math.floor(1 / rate))
     return (scale // vpp) * ((m * vpp - 1) * tmax + total)
+
+
+class QuickBounds:
+    """`quick_lower_bound` for the many candidates of one solve. Candidates that differ only in
+    interleaving (VPP) share what it reads of the cost model: a layer's cost does not depend on
+    interleaving (`layer_cost` normalizes it out) and neither does a send (`_p2p_s`: sizes from
+    TP/CP/micro-batch, links from the TP/CP/DP/EP grid). The key is every other field of the
+    configuration and of its degrees, so a field added to either keeps candidates apart."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, scale: int) -> None:
+        self.model, self.cluster, self.scale = model, cluster, scale
+        self.memo: dict[tuple, tuple[list[int], int]] = {}
+        self.cfg_fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "dims"]
+        self.dims_fields = [f.name for f in dataclasses.fields(ParallelDims) if f.name != "vpp"]
+
+    def __call__(self, cfg: TrainConfig) -> int:
+        key = (tuple(getattr(cfg, name) for name in self.cfg_fields)
+               + tuple(getattr(cfg.dims, name) for name in self.dims_fields))
+        parts = self.memo.get(key)
+        if parts is None:
+            parts = self.memo[key] = _quick_parts(self.model, self.cluster, cfg)
+        return _quick_from_parts(self.cluster, cfg, parts, self.scale)

@@ -10,7 +10,7 @@ import numpy as np
 from autoshard.search.train.bounds_rank import rank_room, rank_work
 from autoshard.search.train.tables import CandidateTables
 
-__all__ = ["LayerClasses", "layer_classes", "MixedCapacity", "mixed_tmax_lower_bound"]
+__all__ = ["LayerClasses", "layer_classes", "major_mask", "MixedCapacity", "mixed_tmax_lower_bound"]
 
 
 _MAX_MINOR = 64
@@ -29,19 +29,27 @@ class LayerClasses:
     n_minor: int
 
 
-def layer_classes(tab: CandidateTables, pool: int | None = None) -> LayerClasses:
-    pools = tab.pools if pool is None else (tab.pools[pool],)
+def _decoder_units(tab: CandidateTables, pools) -> list[np.ndarray]:
     is_dec = np.diff(tab.decoders) > 0
-    units = []
-    for p in pools:
-        units.append(np.stack([np.diff(p.time_us), np.diff(p.state_mib), np.diff(p.act_mib)], axis=1)[is_dec])
-    # a layer's kind is its signature on the first pool (identical layers give identical integers)
-    sig = [tuple(row) for row in units[0]]
+    return [np.stack([np.diff(p.time_us), np.diff(p.state_mib), np.diff(p.act_mib)], axis=1)[is_dec] for p in pools]
+
+
+def major_mask(tab: CandidateTables, pool: int | None = None) -> np.ndarray:
+    """Per decoder layer: whether it is of the most numerous kind. A layer's kind is its (time,
+    state, activation) signature on `pool` (None: the first pool; identical layers give identical
+    integers)."""
+    sig = [tuple(row) for row in _decoder_units(tab, (tab.pools[pool or 0],))[0]]
     counts: dict[tuple, int] = {}
     for key in sig:
         counts[key] = counts.get(key, 0) + 1
     major_key = max(counts, key=lambda k: (counts[k], k))
-    is_major = np.array([key == major_key for key in sig])
+    return np.array([key == major_key for key in sig])
+
+
+def layer_classes(tab: CandidateTables, pool: int | None = None) -> LayerClasses:
+    pools = tab.pools if pool is None else (tab.pools[pool],)
+    units = _decoder_units(tab, pools)
+    is_major = major_mask(tab, pool)
     stacked = np.stack(units)  # (pools, layers, 3)
     major = tuple(int(v) for v in stacked[:, is_major, :].min(axis=(0, 1)))
     if is_major.all():

@@ -19,11 +19,12 @@ from autoshard.search.train.bounds_rank import (
     rank_work,
     tail_lower_bound,
 )
+from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = [
     "pool_rank_limits", "two_pool_assignment", "pools_assignment", "hetero_capacity_at", "hetero_tmax_lower_bound",
-    "assignment_sends", "assignment_capacity", "assignment_bounds", "hetero_pipeline_bound",
+    "assignment_sends", "assignment_capacity", "assignment_bounds", "hetero_pipeline_bound", "pipeline_sums",
 ]
 
 
@@ -160,21 +161,28 @@ def assignment_capacity(tab: CandidateTables, assignment: Sequence[int]):
         parts.append((rank_room(tab, q), d, x, fixed + exact, least))
     least = parts[0][4]
 
-    def at(t: float) -> np.ndarray:
-        caps = np.zeros(len(pools))
+    def at(t: float | np.ndarray) -> np.ndarray:
+        """Capacities at t (pp,), or at each time of an array of times (G, pp)."""
+        ts = np.asarray(t, dtype=np.float64)
+        if ts.ndim:
+            ts = ts[:, None]
+        caps = np.zeros(np.broadcast_shapes(ts.shape, pools.shape))
         for q, (rr, d, x, fixed, _) in enumerate(parts):
             mask = pools == q
             if mask.any():
-                caps = np.where(mask, _rank_capacity(rr, t - fixed, d, x, n_dec), caps)
-        return _least(caps, least)
+                caps = np.where(mask, _rank_capacity(rr, ts - fixed, d, x, n_dec), caps)
+        if caps.ndim == 1:
+            return _least(caps, least)
+        return np.where(np.all(caps >= least, axis=1, keepdims=True), caps, 0.0)
 
     return at
 
 
 def assignment_bounds(tab: CandidateTables, assignment: Sequence[int], pool_gpus: Sequence[int],
-                      base_lower: int) -> tuple[int, int] | None:
+                      base_lower: int, cutoff: int | None = None) -> tuple[int, int] | None:
     """(objective bound, slowest-rank bound) of a candidate whose ranks' pools are fixed; None when
-    no layout fits. Never weaker than `base_lower`, the candidate's bound over every assignment."""
+    no layout fits. Never weaker than `base_lower`, the candidate's bound over every assignment.
+    With `cutoff`, a cheaper bound already above it comes back without the joint tail bound."""
     cfg = tab.config
     pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
     n_dec = int(tab.decoders[-1])
@@ -189,9 +197,15 @@ def assignment_bounds(tab: CandidateTables, assignment: Sequence[int], pool_gpus
     if tmax is None:
         return None
     a, c = (tab.scale // vpp) * (m * vpp - 1), tab.scale // vpp
-    pipeline = hetero_pipeline_bound(tab, pool_gpus, tmax, a, c, assignment=assignment,
-                                     sends=assignment_sends(tab, assignment))
-    return max(base_lower, pipeline + tab.scale * tail_lower_bound(tab)), tmax
+    sends = assignment_sends(tab, assignment)
+    pipeline = hetero_pipeline_bound(tab, pool_gpus, tmax, a, c, assignment=assignment, sends=sends)
+    lower = max(base_lower, pipeline + tab.scale * tail_lower_bound(tab))
+    if cutoff is not None and lower > cutoff:
+        return lower, tmax
+    # the tail of the ranks each on its own pool, jointly with t_max and the sum of rank times
+    joint = joint_tail_bound(tab, tmax, a, tab.scale, time_caps=at, assignment=assignment,
+                             sums=pipeline_sums(tab, pool_gpus, assignment=assignment, sends=sends), c=c)
+    return max(lower, joint), tmax
 
 
 def hetero_pipeline_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, c: int,
@@ -205,6 +219,33 @@ def hetero_pipeline_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: 
     bound to where a longer T cannot pay for itself, each segment priced at its left T and right sum.
     With `assignment` (the pool of each rank), each pool counts exactly its own ranks, and `sends`
     (per rank, exact for that assignment) replace the cheapest-link estimate of the p2p time."""
+    smallest_sum = pipeline_sums(tab, pool_gpus, assignment=assignment, sends=sends)
+    floor = smallest_sum(math.inf)
+    if floor is None:
+        return 0
+    first = smallest_sum(tmax)
+    if a <= 0:
+        return c * floor
+    if first is None:
+        first = smallest_sum(tmax + 1)
+        if first is None:  # only feasible further out: price from the floor
+            return a * tmax + c * floor
+    span = max(1, math.ceil(c * (first - floor) / a))
+    points = 12
+    grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
+    sums = [smallest_sum(t) for t in grid]
+    best = a * grid[-1] + c * floor
+    for i in range(points):
+        right = sums[i + 1]
+        if right is not None:
+            best = min(best, a * grid[i] + c * right)
+    return best
+
+
+def pipeline_sums(tab: CandidateTables, pool_gpus: Sequence[int], assignment: Sequence[int] | None = None,
+                  sends: np.ndarray | None = None):
+    """The smallest sum of the ranks' times at slowest-rank time t, as a function of t (None where
+    the ranks cannot hold every decoder layer); see `hetero_pipeline_bound`."""
     pp = tab.config.dims.pp
     n_dec = int(tab.decoders[-1])
     n = tab.num_layers
@@ -236,23 +277,4 @@ def hetero_pipeline_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: 
                 return total + ends
         return None
 
-    floor = smallest_sum(math.inf)
-    if floor is None:
-        return 0
-    first = smallest_sum(tmax)
-    if a <= 0:
-        return c * floor
-    if first is None:
-        first = smallest_sum(tmax + 1)
-        if first is None:  # only feasible further out: price from the floor
-            return a * tmax + c * floor
-    span = max(1, math.ceil(c * (first - floor) / a))
-    points = 12
-    grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
-    sums = [smallest_sum(t) for t in grid]
-    best = a * grid[-1] + c * floor
-    for i in range(points):
-        right = sums[i + 1]
-        if right is not None:
-            best = min(best, a * grid[i] + c * right)
-    return best
+    return smallest_sum

@@ -277,6 +277,11 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
     if hint is not None:
         for k in range(1, s):
             model.add_hint(bounds[k], hint.bounds[k])
+        hinted: set[int] = set()
+        for k, rk in enumerate(recompute):
+            if not isinstance(rk, int) and id(rk) not in hinted:  # a uniform count is one variable
+                hinted.add(id(rk))
+                model.add_hint(rk, hint.recompute[k])
         for r in range(pp):
             if not isinstance(rank_pools[r], int):
                 model.add_hint(rank_pools[r], hint.pools[r])

@@ -35,7 +35,8 @@ def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int]
     pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
     n_dec = int(tab.decoders[-1])
     load = [int(c) for c in caps]
-    work = [rank_work(tab, pool_of_rank[r] if pool_of_rank else None) for r in range(pp)]
+    by_pool = {q: rank_work(tab, q) for q in set(pool_of_rank or [None])}  # one per pool, not per rank
+    work = [by_pool[pool_of_rank[r] if pool_of_rank else None] for r in range(pp)]
     per_layer = [float(w[0]) for w in work]
     fixed = [float(w[2][r]) for r, w in enumerate(work)]
     extra = sum(load) - n_dec

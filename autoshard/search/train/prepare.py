@@ -12,7 +12,7 @@ from autoshard.costmodel.train.memory import layer_param_shards, model_state_byt
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
-from autoshard.search.train.bounds import bounds, quick_lower_bound
+from autoshard.search.train.bounds import QuickBounds, bounds
 from autoshard.search.train.incumbents import hetero_incumbent, improve, incumbent
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, enumerate_train
@@ -96,6 +96,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]
     floors: dict[tuple, float] = {}
+    quick = QuickBounds(model, cluster, scale=scale)
     for n_seen, cfg in enumerate(configs):
         # past the soft deadline, staging goes on (to the hard one) until a few candidates that
         # could fit are staged: stopping with none would leave no plan at all on a loaded machine
@@ -114,7 +115,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if floor > usable:
             prep.pruned["model states alone exceed GPU memory"] += 1
             continue
-        staged.append((quick_lower_bound(model, cluster, cfg, scale=scale), _simplicity(cfg), cfg))
+        staged.append((quick(cfg), _simplicity(cfg), cfg))
     if best_floor < math.inf:
         prep.min_memory_gib = best_floor / GIB
     staged.sort(key=lambda item: (item[0], item[1]))
