@@ -18,12 +18,7 @@ LAYERS = ("errors", "units", "specs", "parallel", "costmodel", "plans", "search"
 MAX_LINES = 400
 RE_EXPORTERS = ("autoshard.api",)
 """Plain modules that may hand on names defined elsewhere (besides every package `__init__`): the public API."""
-PENDING = {
-    # search/train/bounds.py is being changed on another branch: its three imports are left to it.
-    ("autoshard.search.train.bounds", "autoshard.costmodel.train.step", "TrainConfig"),
-    ("autoshard.search.train.bounds", "autoshard.costmodel.train.step", "layer_cost"),
-    ("autoshard.search.train.bounds", "autoshard.specs.model", "LayerKind"),
-}
+PENDING: set[tuple[str, str, str]] = set()
 """Forwarded imports known and left to their owner: (importer, module imported from, name)."""
 
 

@@ -13,7 +13,9 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
-from autoshard.costmodel.train.step import TrainConfig, _p2p_s, layer_cost
+from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.step import _p2p_s
+from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import ParallelDims
 from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.bounds_mixed import LayerClasses, MixedCapacity, layer_classes, mixed_tmax_lower_bound
@@ -41,7 +43,8 @@ from autoshard.search.train.bounds_rank import (
 )
 from autoshard.search.train.tables import CandidateTables
 from autoshard.specs.cluster import ClusterSpec
-from autoshard.specs.model import LayerKind, ModelSpec
+from autoshard.specs.layers import LayerKind
+from autoshard.specs.model import ModelSpec
 from autoshard.units import US_PER_S
 
 __all__ = [
