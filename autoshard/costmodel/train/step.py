@@ -1,7 +1,6 @@
 """Training step prediction for a full plan: per-stage sums of the layer costs
 (`autoshard.costmodel.train.layer`), the pipeline schedule, data-parallel traffic and the optimizer
-step, each with its breakdown. The dataclasses are in `autoshard.costmodel.train.types`; their names
-and `layer_cost` are importable from here too.
+step, each with its breakdown. The dataclasses are in `autoshard.costmodel.train.types`.
 
 Layers are indexed as the model lists them, embedding first (0) and output last. A stage is a
 contiguous run of layers; stage i is model chunk i, hosted by pipeline rank i % pp.
@@ -41,10 +40,7 @@ from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
-__all__ = [
-    "TrainConfig", "Stage", "LayerCost", "layer_cost", "StageCost", "stage_cost",
-    "TimeBreakdown", "MemoryBreakdown", "TrainPrediction", "predict_train", "optimizer_bytes_per_param",
-]
+__all__ = ["stage_cost", "predict_train", "optimizer_bytes_per_param"]
 
 # Adam step traffic per locally-owned parameter: read FP32 param, grad, m, v (16 B); write FP32
 # param, m, v (12 B) and the BF16 copy (2 B).
