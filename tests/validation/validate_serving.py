@@ -662,7 +662,7 @@ def print_burst(*, verbose: bool) -> None:
     checked = {r["id"] for r in load_burst_runs()}
     print(
         "\nBurst benchmarks (GPUStack performance lab, vLLM v0.11.0): N requests at once, replayed by"
-        "\nserving_sim.simulate_burst; rows marked * are not checked (4 output tokens: request handling)"
+        "\nautoshard.costmodel.serve.sim.simulate_burst; rows marked * are not checked (4 output tokens: request handling)"
     )
     if verbose:
         print(f"{'run':52} {'metric':>18} {'measured':>10} {'predicted':>10} {'error':>8}")
