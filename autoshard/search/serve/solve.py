@@ -21,7 +21,7 @@ from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
 from autoshard.search.deadline import Deadline
-from autoshard.search.serve.disagg import DecodeRow, DisaggTables, PrefillRow, tabulate_disagg
+from autoshard.search.serve.disagg import DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
 from autoshard.search.serve.messages import disagg_message, no_engine_message, rate_message, target_message
 from autoshard.search.serve.model import Pick, build_model, exclude, objective_units, read_pick
@@ -183,31 +183,13 @@ def _picked_plan(
     pick: Pick,
     stats: SolverStats,
 ) -> ServePlan:
-    """The plan of a solution read off the model (launch commands attached)."""
+    """The plan of a solution read off the model (no launch commands: the API attaches them)."""
     if not pick.disaggregated:
         return _plan(model, cluster, job, rows[pick.row], stats)
     assert tables is not None
-    return _disagg_plan(
+    return disagg_serve_plan(
         model, cluster, job, tables.prefill[pick.p], tables.decode[pick.d], pick.x, pick.y, pick.nvl, stats, pick.served
     )
-
-
-def _disagg_plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    job: ServeJob,
-    prow: PrefillRow,
-    drow: DecodeRow,
-    x: int,
-    y: int,
-    same_domain: bool,
-    stats: SolverStats,
-    served: float,
-    warnings: tuple[str, ...] = (),
-) -> ServePlan:
-    """The ServePlan of a chosen xPyD deployment, its figures recomputed in floats. `served`: the
-    requests/s it is planned to take (at most what either role sustains at its planned load)."""
-    return disagg_serve_plan(model, cluster, job, prow, drow, x, y, same_domain, stats, served, warnings)
 
 
 def _plan(
