@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from autoshard.search.train.bounds_mixed import _MAX_MINOR, MixedCapacity, layer_classes, major_mask
+from autoshard.search.train.bounds_mixed import _MAX_MINOR, MixedCapacity, absorbed_majority, layer_classes, major_mask
 from autoshard.search.train.bounds_rank import rank_work
 from autoshard.search.train.tables import CandidateTables
 
@@ -55,21 +55,6 @@ def tail_forms(tab: CandidateTables, assignment: Sequence[int], is_major: np.nda
             g[r] = (tab.dp_latency_us if full else 0) + (per_layer[0] if r == 0 else 0) + (per_layer[n - 1] if r == pp - 1 else 0)
         forms.append((g, s_major, s_minor))
     return forms
-
-
-def _absorbed(caps: np.ndarray) -> np.ndarray:
-    """(G, pp, D+1) caps -> most majority layers the ranks absorb while holding exactly the D
-    minority layers (max-plus DP over ranks; -inf marks a count a rank cannot take)."""
-    g, pp, width = caps.shape
-    best = caps[:, 0, :]
-    for r in range(1, pp):
-        nxt = np.full((g, width), -np.inf)
-        for j in range(width):
-            shifted = np.full((g, width), -np.inf)
-            shifted[:, j:] = best[:, : width - j]
-            nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
-        best = nxt
-    return best[:, -1]
 
 
 def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
@@ -113,7 +98,7 @@ def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
             by_tail = np.where(positive, np.floor(left / np.where(positive, s_major[None, :, None], 1) + 1e-9), np.inf)
             caps = np.minimum(caps, by_tail)
         ok = (caps >= 0) & (caps + js >= least[None, :, None])
-        return _absorbed(np.where(ok, np.minimum(caps, n_major), -np.inf)) >= n_major
+        return absorbed_majority(np.where(ok, np.minimum(caps, n_major), -np.inf)) >= n_major
 
     top = float(max(g.max() + max(s_major.max(), 0) * n_major + max(s_minor.max(), 0) * (width - 1)
                     for g, s_major, s_minor in forms)) + 1

@@ -10,11 +10,26 @@ import numpy as np
 from autoshard.search.train.bounds_rank import rank_room, rank_work
 from autoshard.search.train.tables import CandidateTables
 
-__all__ = ["LayerClasses", "layer_classes", "major_mask", "MixedCapacity", "mixed_tmax_lower_bound"]
+__all__ = ["LayerClasses", "layer_classes", "major_mask", "MixedCapacity", "absorbed_majority", "mixed_tmax_lower_bound"]
 
 
 _MAX_MINOR = 64
 """Largest count of minority decoder layers the count-aware bound handles (its DP is quadratic in it)."""
+
+
+def absorbed_majority(caps: np.ndarray) -> np.ndarray:
+    """(G, pp, D+1) caps -> most majority layers the ranks absorb while holding exactly the D minority
+    layers between them (max-plus DP over ranks; -inf marks a count a rank cannot take)."""
+    g, pp, width = caps.shape
+    best = caps[:, 0, :]
+    for r in range(1, pp):
+        nxt = np.full((g, width), -np.inf)
+        for j in range(width):
+            shifted = np.full((g, width), -np.inf)
+            shifted[:, j:] = best[:, : width - j]
+            nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
+        best = nxt
+    return best[:, -1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +150,7 @@ class MixedCapacity:
         layer (with `uniform` set: every chunk recomputing exactly `uniform` layers)."""
         ts = np.asarray(ts, dtype=np.float64)
         caps = self._caps(ts) if self.uniform is None else self._caps_uniform(ts, self.uniform)
-        g, pp, width = caps.shape
-        best = caps[:, 0, :]
-        for r in range(1, pp):
-            nxt = np.full((g, width), -np.inf)
-            for j in range(width):
-                shifted = np.full((g, width), -np.inf)
-                shifted[:, j:] = best[:, : width - j]
-                nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
-            best = nxt
-        return best[:, -1]
+        return absorbed_majority(caps)
 
     def threshold(self, lo: int, probe: int | None = None) -> int | None:
         """Smallest integer T >= lo at which the ranks can absorb every decoder layer (None: never).
