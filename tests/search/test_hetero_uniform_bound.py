@@ -77,7 +77,7 @@ def test_uniform_hetero_bound_never_exceeds_the_brute_force_optimum(big_hbm, sma
     job = TrainJob(seq_len=seq, global_batch_size=16)
     space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
     pool_gpus = [p.num_gpus for p in cluster.pools]
-    checked = bites = 0
+    checked = higher = proven = 0
     for cfg in space.candidates:
         if not 1 < cfg.dims.pp <= 3:
             continue
@@ -87,12 +87,15 @@ def test_uniform_hetero_bound_never_exceeds_the_brute_force_optimum(big_hbm, sma
         tmax = hetero_tmax_lower_bound(tab, pool_gpus, uniform_recompute=True)
         plain = hetero_tmax_lower_bound(tab, pool_gpus)
         if best is None:
-            bites += plain is not None and found is None  # it proves what the per-rank bound could not
+            proven += plain is not None and found is None  # it proves what the per-rank bound could not
             continue
         assert found is not None and tmax is not None, cfg.dims.describe()
         assert found[0] <= best[0], (cfg.dims.describe(), cfg.recompute.value, found[0], best[0])
         assert tmax <= best[1], (cfg.dims.describe(), cfg.recompute.value, tmax, best[1])
         checked += 1
-        bites += plain is None or tmax > plain
+        higher += plain is None or tmax > plain
+    # measured: higher on 6 of 19 and 8 of 27 candidates that fit; 11 of 65 and 13 of 57 that do
+    # not fit proven so only by this bound
     assert checked >= 10
-    assert bites >= 10  # measured: 17 of 19 and 21 of 27 that fit
+    assert higher >= 4
+    assert proven >= 8
