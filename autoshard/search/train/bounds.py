@@ -81,7 +81,7 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
         if first > cutoff:
             return first, slowest
     if len(tab.pools) >= 2 and pool_gpus is not None:
-        found = hetero_tmax_lower_bound(tab, pool_gpus, probe=probe)
+        found = hetero_tmax_lower_bound(tab, pool_gpus, probe=probe, uniform_recompute=uniform_recompute)
     else:
         found = tmax_lower_bound(tab, uniform_recompute=uniform_recompute)
     if found is None:

@@ -10,11 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoshard.parallel import Recompute
 from autoshard.search.train.bounds_rank import (
     _least,
     _rank_capacity,
     _rank_sends,
     _threshold,
+    _uniform_capacity,
     rank_room,
     rank_work,
     tail_lower_bound,
@@ -94,18 +96,30 @@ def pools_assignment(caps: np.ndarray, limits: Sequence[int]) -> tuple[float, np
 
 
 class _HeteroCapacity:
-    """Per-pool rank work and memory room, computed once, for the k-pool capacity function."""
+    """Per-pool rank work and memory room, computed once, for the k-pool capacity function. With
+    `uniform_k`, every chunk recomputes exactly that many decoder layers (Megatron's
+    --recompute-num-layers, one count for the whole model) instead of each rank its own share."""
 
-    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int]) -> None:
+    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None = None) -> None:
+        self.tab, self.uniform_k = tab, uniform_k
         self.n_dec = int(tab.decoders[-1])
         self.parts = []
         for q in range(len(tab.pools)):
-            d, x, fixed, _ = rank_work(tab, q)
+            d, x, fixed, least = rank_work(tab, q)
             self.parts.append((rank_room(tab, q), d, x, fixed))
+        self.least = least if uniform_k is None else np.maximum(least, tab.config.dims.vpp * uniform_k)
         self.limits = pool_rank_limits(tab, pool_gpus)
+        # a rank that cannot hold its minimum (one decoder layer per chunk) on a pool cannot run there:
+        # its capacity there counts so negative that no assignment using it reaches the layer count
+        self.barred = -float(self.n_dec + 1) * (tab.config.dims.pp + 1)
 
     def at(self, t: float) -> tuple[float, np.ndarray] | None:
-        caps = np.stack([_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts])
+        if self.uniform_k is None:
+            caps = np.stack([_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts])
+        else:
+            caps = np.stack([_uniform_capacity(self.tab, rr, fixed, d, x, t, self.uniform_k)
+                             for rr, d, x, fixed in self.parts])
+        caps = np.where(caps >= self.least, caps, self.barred)
         return pools_assignment(caps, self.limits)
 
 
@@ -114,16 +128,27 @@ def hetero_capacity_at(tab: CandidateTables, t: float, pool_gpus: Sequence[int])
     return _HeteroCapacity(tab, pool_gpus).at(t)
 
 
-def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], probe: int | None = None) -> int | None:
+def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], probe: int | None = None,
+                            uniform_recompute: bool = False) -> int | None:
     """Slowest-rank time bound when each rank's pool is chosen optimally within the pools' sizes.
     With `probe` (a time the caller only cares to beat): probe + 1 after one evaluation when even
-    it cannot absorb the layers."""
+    it cannot absorb the layers. With `uniform_recompute`, the best over the one recompute count k
+    every chunk shares (a tight pool that can hold only a few layers caps k for every rank)."""
+    if not uniform_recompute:
+        return _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus), probe)
+    allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
+    found = [_hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=k), probe) for k in ks]
+    found = [t for t in found if t is not None]
+    return min(found) if found else None
+
+
+def _hetero_threshold(tab: CandidateTables, cap: _HeteroCapacity, probe: int | None) -> int | None:
     n_dec = int(tab.decoders[-1])
     _, _, fixed, _ = rank_work(tab)
     d = max(p.decoder_unit[0] for p in tab.pools)
     x = max(p.recompute_extra_us for p in tab.pools)
     lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1
-    cap = _HeteroCapacity(tab, pool_gpus)
 
     def capacity(t: float) -> np.ndarray:
         found = cap.at(t)
