@@ -131,6 +131,8 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     `model_ref` when given), degrees, layout and knobs, on `gpus` GPUs or the command's world size."""
     expected = load_model(model_ref) if model_ref else None
     parsed = parse_megatron(command, vocab_size=expected.vocab_size if expected else None)
+    if expected is None and not parsed.vocab_from_command:
+        parsed = _vocab_from_bundled(command, parsed)
     warnings = list(parsed.warnings)
     if expected is not None:
         warnings += [f"the command's model differs from {expected.name}: {d}" for d in model_shape_differences(expected, parsed.model)]
@@ -149,6 +151,23 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     if expected is not None:
         plan = dataclasses.replace(plan, model=parsed.model)
     return with_launch(plan), warnings
+
+
+def _vocab_from_bundled(command: str, parsed: Any) -> Any:
+    """A command whose tokenizer files hold the vocabulary (HuggingFace, SentencePiece) and no model given:
+    when a bundled model has the command's architecture in every other respect, its vocabulary is the
+    tokenizer's (Llama 3's 128,256, not the 32,000 fallback), said in a warning."""
+    for name, path in sorted(bundled_models().items()):
+        bundled = load_model(path)
+        differences = model_shape_differences(bundled, parsed.model)
+        if differences and all(d.startswith("vocab_size:") for d in differences):
+            again = parse_megatron(command, vocab_size=bundled.vocab_size)
+            note = (f"the vocabulary size is not in the command (the tokenizer files hold it): "
+                    f"{bundled.vocab_size:,} from bundled model {name}, whose architecture the command matches; "
+                    "give the model to be sure")
+            kept = [w for w in again.warnings if "vocabulary size is not in the command" not in w]
+            return dataclasses.replace(again, warnings=(*kept, note))
+    return parsed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

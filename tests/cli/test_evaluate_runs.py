@@ -110,3 +110,28 @@ def test_distributed_optimizer_knob() -> None:
     assert ratio == pytest.approx(4, rel=1e-6)
     code, _, err = run(*base, "--no-distributed-optimizer", "--zero-stage", "1")
     assert code == 2 and "contradicts" in err
+
+
+
+def test_from_megatron_takes_the_vocabulary_of_the_bundled_model_it_matches() -> None:
+    """A HuggingFace-tokenizer command leaves the vocabulary to the tokenizer files; without the model,
+    Llama 3.1 8B's architecture picks the bundled model's 128,256 tokens (not the 32,000 fallback), with
+    the same prediction as when the model is named, and says where the number came from."""
+    import pathlib
+
+    launch = str(pathlib.Path(__file__).parents[1] / "emit" / "golden" / "llama-3.1-8b_dgx-h100_tp2-dp4.command.sh")
+    code, alone, err = run("evaluate", "dgx-h100", "--from-megatron", launch, "--json")
+    assert code == 0 and any("128,256 from bundled model llama-3.1-8b" in w for w in alone["warnings"])
+    assert not any("assumed 32000" in w for w in alone["warnings"])
+    code, named, _ = run("evaluate", "llama-3.1-8b", "dgx-h100", "--from-megatron", launch, "--json")
+    assert code == 0 and named["predicted"]["step_time_s"] == pytest.approx(alone["predicted"]["step_time_s"])
+    assert named["predicted"]["memory_gib"] == alone["predicted"]["memory_gib"]
+    # The 32,000 fallback would have predicted a different (smaller) output layer.
+    fallback = pathlib.Path(launch).read_text().replace("--tokenizer-type HuggingFaceTokenizer",
+                                                        "--tokenizer-type NullTokenizer --vocab-size 32000")
+    code, small, _ = run("evaluate", "dgx-h100", "--from-megatron", fallback, "--json")
+    assert code == 0 and small["predicted"]["step_time_s"] < 0.97 * alone["predicted"]["step_time_s"]
+    # An architecture no bundled model has keeps the fallback and its warning.
+    odd = pathlib.Path(launch).read_text().replace("--num-layers 32", "--num-layers 30")
+    code, plan, _ = run("evaluate", "dgx-h100", "--from-megatron", odd, "--json")
+    assert code == 0 and any("assumed 32000" in w for w in plan["warnings"])
