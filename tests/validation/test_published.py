@@ -61,9 +61,11 @@ def test_moe_runs():
 
 
 KNOWN_UNFIT = {
-    # NeMo 24.07 H100 FP8 rows: the run's gradient-buffer and FP8-weight settings are not published
-    # (modelled as Megatron-LM's FP32 gradients and BF16 weights); predicted 1-19 % over 80 GB.
-    "nemo2407-h100-fp8-gpt3-20b", "nemo2407-h100-fp8-nemotron-340b", "nemo2407-h100-fp8-llama3-8b",
+    # NeMo 24.07 GPT-3 20B FP8 (TP 2, no recompute), with the launcher's settings (Apex distributed
+    # Adam, BF16 gradient buffer): 81.7 GiB predicted on an 80 GB H100 (79.6 GiB), 2.6 % over. The
+    # 7 % fragmentation allowance (5.1 GiB here) is charged on every allocation, also on the
+    # contiguous parameter, gradient and FP8-weight buffers that are allocated once and cannot fragment.
+    "nemo2407-h100-fp8-gpt3-20b",
 }
 
 

@@ -113,7 +113,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
-        recompute_modules=modules,
+        recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])

@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Optimizer
 from autoshard.specs.layers import LayerKind
@@ -45,7 +46,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = [
-    "TrainFramework", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes", "allocator_reported_bytes",
+    "TrainFramework", "fp8_weight_cache_bytes", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes", "allocator_reported_bytes",
     "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
     "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
 ]
@@ -68,6 +69,15 @@ class TrainFramework(StrEnum):
     sharded parameters are kept in full precision"; the low-precision shard is freed after the
     all-gather), gradients are cast back to the FP32 parameter dtype after the reduce-scatter.
     States as torchtitan's; activations, loss and transients as Megatron's accounting."""
+    NEMO = "nemo"
+    """NeMo 1.x (NeMo-Framework-Launcher, containers through 24.07) with Apex's DistributedFusedAdam
+    (optim.name distributed_fused_adam, megatron_amp_O2): BF16 parameters in a contiguous buffer that
+    the all-gather fills in place, a contiguous gradient buffer in optim.grad_sync_dtype, and the FP32
+    master weights kept as the 16-bit remainders of the BF16 parameters (NeMo
+    megatron_base_model.setup_optimization sets store_param_remainders=True when the optimizer dtype
+    is FP32 and the model BF16): Adam holds 2 + 4 + 4 = 10 B/param over DP instead of 12. With
+    optim.dtype bf16 (`optimizer_moments_bf16`) the BF16 parameters are the master copy
+    (store_params=False) and Adam holds 2 + 2 B. Activations, loss and transients as Megatron's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +127,36 @@ class ModelStateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+def fp8_weight_cache_bytes(gpu: GpuSpec, recipe: Fp8Recipe, *, fp8_params: bool = False) -> float:
+    """Bytes per GEMM weight parameter that Transformer Engine keeps in FP8 beside the primary
+    weights while a step runs (0 on a GPU without FP8 tensor cores).
+
+    Megatron-Core passes `is_first_microbatch` to TE's linear layers, so TE casts each weight to FP8
+    once per step into a named workspace (`get_fp8_workspace(..., cache_name="weight")`) that lives
+    on the module and is reused by every micro-batch and by the backward pass. The backward's dgrad
+    GEMM needs the weight transposed; Hopper's FP8 tensor cores take only the TN layout, so TE keeps
+    a transposed FP8 copy too (`with_transpose` / columnwise usage): 1 + 1 B. Blackwell (TE's
+    `is_non_tn_fp8_gemm_supported`, compute capability 10+) runs FP8 GEMMs in any layout and keeps the rowwise copy alone (1 B), except
+    for MXFP8, whose 1x32 scaling blocks differ along rows and columns: rowwise and columnwise data
+    each with one E8M0 scale per 32 values (2 + 2/32 B); blockwise keeps both layouts of 128x128
+    tiles (2 B). With FP8 primary weights (`fp8_params`, --fp8-param-gather) the rowwise copy is the
+    weight itself (counted as 1 B in `model_state_bytes`), so only the other layout is extra."""
+    if gpu.fp8_tflops is None:
+        return 0.0
+    match recipe:
+        case Fp8Recipe.MXFP8:
+            copies = 2 + 2 / 32
+        case Fp8Recipe.BLOCKWISE:
+            copies = 2.0
+        case _:
+            copies = 1.0 if gpu_generation(gpu.name) == "blackwell" else 2.0
+    return copies - (1 if fp8_params else 0)
+
+
 def model_state_bytes(
     shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM,
     framework: TrainFramework = TrainFramework.MEGATRON, grad_fp32: bool = True, fp8_params: bool = False,
+    moments_bf16: bool = False, fp8_cache: float = 0.0,
 ) -> ModelStateBytes:
     """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards.
 
@@ -128,12 +165,25 @@ def model_state_bytes(
     run); `fp8_params=True` is --fp8-param-gather (the model weights are held in FP8, 1 B, the FP32
     master copy stays in the optimizer). torchtitan (FSDP2 mixed precision) and PyTorch FSDP: the FP32
     parameters are the master copy (4 B), gradients are FP32 (4 B) and the optimizer holds only its
-    moments; the BF16 compute copies are transient (see training.py)."""
+    moments; the BF16 compute copies are transient (see training.py). NeMo 1.x (Apex
+    DistributedFusedAdam): the master weights are 16-bit remainders of the BF16 parameters (2 B).
+
+    moments_bf16: the optimizer's moments in BF16 (NeMo optim.dtype=bf16, whose BF16 parameters
+    then are the master copy; Megatron-Core --use-precision-aware-optimizer --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16, FP32 master kept). fp8_cache: bytes per parameter of FP8 weight copies
+    Transformer Engine keeps for the step (`fp8_weight_cache_bytes`; decoder GEMM weights only, the
+    caller decides); never sharded over DP, absent under ZeRO-3 (gathered weights are transient)."""
     state = optimizer.state_bytes_per_param
     w_bytes = 1 if fp8_params else BF16
     g_bytes = FP32 if grad_fp32 else BF16
+    master, moments = FP32, state - FP32
+    if moments_bf16:
+        moments /= 2
+    if framework is TrainFramework.NEMO and not fp8_params:  # NeMo stores FP32 masters with FP8 params
+        master = 0 if moments_bf16 else BF16
     if framework in (TrainFramework.TORCHTITAN, TrainFramework.FSDP):
-        w_bytes, g_bytes, state = FP32, FP32, state - FP32  # FP32 params are the master weights
+        w_bytes, g_bytes, master = FP32, FP32, 0  # FP32 params are the master weights
+    state = master + moments
     weights = grads = opt = 0.0
     for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):
         # Megatron's distributed optimizer shards over the DP x CP group (both replicate weights).
@@ -144,7 +194,7 @@ def model_state_bytes(
             g /= dp
         if zero_stage >= 3:
             w /= dp
-        weights += w
+        weights += w + (fp8_cache * params if zero_stage < 3 else 0.0)
         grads += g
         opt += o
     return ModelStateBytes(weights=weights, grads=grads, optimizer=opt)
