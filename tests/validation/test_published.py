@@ -83,12 +83,14 @@ def test_every_skip_has_a_reason():
 MEMORY = [r for r in RESULTS if r.memory_error is not None]
 
 
-def test_memory_median_error_within_10_percent():
-    """Per-GPU memory where the source reports it (the 8 torchtitan runs, framework: torchtitan):
-    median |error| 3.7 %, max 13.4 % (70B FSDP 32 x TP 8 without async TP, under-predicted)."""
-    assert len(MEMORY) >= 8
-    assert statistics.median(abs(r.memory_error) for r in MEMORY) <= 0.10
-    assert max(abs(r.memory_error) for r in MEMORY) <= 0.15
+def test_memory_error_within_10_percent_on_every_run():
+    """Per-GPU memory where the source reports it (the 12 torchtitan runs of Tables 1-4, framework:
+    torchtitan, the allocator's peak reservation): median |error| 2.1 %, max 8.0 % (70B FSDP 32 x
+    TP 8 without async TP, under-predicted). The eager runs are 2 % under, their compiled twins 5-6 %
+    over: the model predicts one figure for both."""
+    assert len(MEMORY) >= 12
+    assert statistics.median(abs(r.memory_error) for r in MEMORY) <= 0.05
+    assert max(abs(r.memory_error) for r in MEMORY) <= 0.10
 
 
 def test_residual_file_covers_every_run():

@@ -46,7 +46,8 @@ from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = [
-    "TrainFramework", "fp8_weight_cache_bytes", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes", "allocator_reported_bytes",
+    "TrainFramework", "fp8_weight_cache_bytes", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes",
+    "torchtitan_loss_hole_bytes", "allocator_reported_bytes",
     "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
     "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
 ]
@@ -348,6 +349,23 @@ def torchtitan_loss_bytes(model: ModelSpec, *, dims: ParallelDims, micro_batch_s
     tokens = micro_batch_size * seq_len // dims.cp
     per_vocab = 3 * FP32 if dims.tp == 1 else 4 * FP32
     return tokens * per_vocab * model.vocab_size / dims.tp
+
+
+def torchtitan_loss_hole_bytes(model: ModelSpec, *, dims: ParallelDims, micro_batch_size: int, seq_len: int) -> float:
+    """Bytes torchtitan's allocator holds reserved but unallocated at the loss peak: the BF16 logits.
+
+    torchtitan runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (run_llama_train.sh), so
+    the default stream's memory is one segment that grows at its end, and the logged figure is its
+    peak reservation. The loss allocates, in order, the BF16 logits (2 B x V/tp per token), their
+    FP32 copy and the FP32 log-softmax intermediates, each at the end of the segment; the logits
+    and the copy are freed before backward (`del pred`), leaving a hole of 2 + 4 B below the saved
+    log-softmax output. Backward's first FP32 tensor (nll_loss's zeros) takes 4 B of it; the next
+    FP32 tensor does not fit the 2 B left and extends the segment. So the reservation peaks one
+    BF16 logits tensor above the allocation (with TP and loss parallel the same: shifted logits and
+    exp fill the hole up to the same 2 B). Megatron's fused vocab-parallel cross-entropy keeps no
+    such sequence of vocabulary-sized tensors."""
+    tokens = micro_batch_size * seq_len // dims.cp
+    return tokens * BF16 * model.vocab_size / dims.tp
 
 
 def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
