@@ -104,3 +104,26 @@ def test_fp8_layer_weights_add_the_te_copies_of_decoder_gemms_only(zero_stage):
     tt = [layer_cost(model, LayerKind.DENSE, pool, c, Recompute.NONE).weights_bytes
           for c in (TrainConfig(**base, framework=TrainFramework.TORCHTITAN), titan)]
     assert tt[0] == tt[1]  # torchao float8 casts per use, keeps no copy across micro-batches
+
+
+def test_memory_report_names_the_fp8_weight_copies():
+    """An FP8 plan on H100: the weights tenant is 2 B/param of BF16 weights plus 2 B per decoder GEMM
+    parameter of FP8 copies, and the report's formula says so (the BF16 plan has none)."""
+    from autoshard.api import evaluate
+    from autoshard.report.memory import memory_rows
+    from autoshard.api import train_job
+    from autoshard.specs import load_model
+
+    model = load_model("llama-2-7b")
+    cluster = load_cluster("dgx-h100").with_gpus(8)
+    rows = {}
+    for precision in ("bf16", "fp8"):
+        job = train_job(model, seq_len=4096, global_batch_size=64, precision=precision)
+        plan = evaluate(model, cluster, job, tp=2, pp=1, micro_batch_size=1, recompute=Recompute.FULL)
+        rows[precision] = {r.name: r for r in memory_rows(plan)}
+    dims = ParallelDims(tp=2, dp=4)
+    decoder = model.num_layers * layer_param_shards(model, LayerKind.DENSE, dims).dense
+    copies = rows["fp8"]["weights"].bytes - rows["bf16"]["weights"].bytes
+    assert copies == pytest.approx(2 * decoder)
+    assert "FP8 weight copies" in rows["fp8"]["weights"].formula
+    assert "FP8" not in rows["bf16"]["weights"].formula
