@@ -20,8 +20,8 @@ from autoshard.costmodel.train.memory import (
     layer_activation_bytes,
     layer_param_shards,
     model_state_bytes,
-    torchtitan_layer_activation_bytes,
 )
+from autoshard.costmodel.train.memory_torchtitan import torchtitan_layer_activation_bytes
 from autoshard.costmodel.train.types import LayerCost, TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import PoolSpec

@@ -20,10 +20,9 @@ from autoshard.costmodel.train.memory import (
     TrainFramework,
     layer_param_shards,
     overhead_bytes,
-    torchtitan_loss_bytes,
-    torchtitan_loss_hole_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import schedule_time
 from autoshard.costmodel.train.types import (
     LayerCost,
@@ -159,7 +158,7 @@ def _torchtitan_rank_memory(
     largest = max(decoder, default=0.0)
     loss_phase = hole = 0.0
     if LayerKind.OUTPUT in kinds:
-        kw = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
+        kw = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, compiled=cfg.compiled_loss)
         loss_phase = torchtitan_loss_bytes(model, **kw)
         hole = torchtitan_loss_hole_bytes(model, **kw)  # reserved, not allocated, at the loss peak
     block_w = block_g = 0.0

@@ -58,6 +58,9 @@ class TrainConfig:
     """Adam's moments in BF16 (NeMo distributed_fused_adam optim.dtype=bf16; Megatron-Core
     --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): a run's setting
     that validation replays; plans keep FP32 moments."""
+    compiled_loss: bool = False
+    """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
+    kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
