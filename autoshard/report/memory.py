@@ -19,6 +19,7 @@ from autoshard.costmodel.train.memory import (
 from autoshard.costmodel.train.step import stage_cost
 from autoshard.plans.train import Plan
 from autoshard.report.fit import add_columns, table
+from autoshard.specs.job import Precision
 from autoshard.specs.layers import LayerKind
 from autoshard.units import GIB
 
@@ -64,6 +65,24 @@ def _params_held(plan: Plan, rank: int) -> tuple[float, float]:
     return dense, expert
 
 
+def _state_weights(plan: Plan, rank: int) -> float:
+    """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16),
+    with ZeRO-3's gathered layers as the prediction counts them."""
+    import dataclasses
+
+    cfg = dataclasses.replace(plan.config, precision=Precision.BF16)
+    w = 0.0
+    largest = 0.0
+    for i, st in enumerate(plan.stages):
+        if i % plan.config.dims.pp == rank:
+            c = stage_cost(plan.model, st, plan.cluster.pools[st.pool], cfg)
+            w += c.weights_bytes
+            largest = max(largest, c.largest_layer_params)
+    if cfg.zero_stage == 3:
+        w += 2 * 2 * largest
+    return w
+
+
 def _g(x: float) -> str:
     return f"{x:.4g}"
 
@@ -98,6 +117,9 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
         weights_f += " + 2 layers gathered in BF16"
         if not titan:
             grads_f += " + 1 layer unsharded"
+    fp8_copies = m.weights - (_state_weights(plan, rank) if not titan else m.weights)
+    if fp8_copies > 0:  # Transformer Engine's FP8 copies of the decoder GEMM weights (costmodel.train.memory)
+        weights_f += f" + {fp8_copies / GIB:.2f} GiB FP8 weight copies (Transformer Engine)"
     opt_f = f"{o_kind}: {sharded(full_o, 1)}"
     if z >= 1 and dp > 1:
         opt_f += " (distributed optimizer)" if z == 1 else f" (ZeRO-{z})"
@@ -110,6 +132,8 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
                 3: f"{_g(full_w + full_g + full_o)}/{group} = {_g(w + g + o)}"}[stage]
 
     states_f = states(*nominal_bytes_per_param(plan), "DP")
+    if fp8_copies > 0:
+        states_f += f", + {fp8_copies / held:.2f} FP8 weight copies" if held else ""
     if expert:
         states_f = (f"dense {states_f}; experts {states(*nominal_bytes_per_param(plan, expert=True), 'EDP')}; "
                     f"{dense / held:.0%} of the parameters held are dense")
@@ -153,7 +177,8 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
         MemoryRow("allocated", allocated, None, "the four tenants"),
         MemoryRow("reserve", reserve, None, "CUDA context, NCCL and cuBLAS workspaces (outside the allocator)"),
         MemoryRow("fragmentation", frag, None,
-                  f"{100 * gpu.efficiency.fragmentation:.0f} % of allocated (caching allocator)"),
+                  f"{100 * gpu.efficiency.fragmentation:.0f} % of allocated (caching allocator)"
+                  + (" + the BF16 logits the loss frees but keeps reserved" if titan else "")),
         MemoryRow("peak", pred.rank_memory_bytes[rank], None, "allocated + reserve + fragmentation"),
         MemoryRow("capacity", pred.rank_capacity_bytes[rank], None, f"HBM of one {gpu.name}"),
     ]

@@ -10,12 +10,15 @@ import pytest
 from autoshard.costmodel.train.memory import (
     ParamShards,
     TrainFramework,
-    allocator_reported_bytes,
     layer_activation_bytes,
     layer_param_shards,
     model_state_bytes,
+)
+from autoshard.costmodel.train.memory_torchtitan import (
+    allocator_reported_bytes,
     torchtitan_layer_activation_bytes,
     torchtitan_loss_bytes,
+    torchtitan_loss_hole_bytes,
 )
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import Stage, TrainConfig
@@ -119,7 +122,9 @@ def test_torchtitan_peak_is_states_root_saved_activations_and_loss():
     eff = cluster.primary.gpu.efficiency
     assert pred.memory.activations == pytest.approx(saved + loss)
     assert pred.memory.weights == pytest.approx(4 * params / 8 + 2 * root)
-    assert pred.peak_memory_bytes == pytest.approx(allocated * (1 + eff.fragmentation) + eff.reserved_memory_gib * GIB)
+    hole = tokens * 2 * V  # the freed BF16 logits, below the saved log-softmax output (reserved, unallocated)
+    assert pred.peak_memory_bytes == pytest.approx(allocated * (1 + eff.fragmentation) + hole + eff.reserved_memory_gib * GIB)
+    assert pred.memory.overhead == pytest.approx(allocated * eff.fragmentation + hole + eff.reserved_memory_gib * GIB)
 
 
 def test_torchtitan_block_phase_when_the_loss_is_small():
@@ -149,3 +154,40 @@ def test_megatron_default_is_unchanged_by_the_field():
     tt = _predict(TT)[3]
     assert tt.step_time_s == pred.step_time_s  # time is framework-independent
     assert tt.peak_memory_bytes != pred.peak_memory_bytes
+
+
+@pytest.mark.parametrize(("tp", "cp"), [(1, 1), (8, 1), (1, 4)])
+def test_loss_hole_is_one_bf16_logits_tensor(tp, cp):
+    """Expandable segment, allocations in order at its end: BF16 logits (2 B x V/tp per token), FP32
+    copy (4 B), log-softmax output (4 B); the copy and the logits are freed before backward (a 6 B
+    hole), nll_loss's FP32 zeros take 4 B of it and the next FP32 tensor extends the segment: the
+    reservation peaks 2 B x V/tp per (local) token above the allocation."""
+    dims = ParallelDims(tp=tp, cp=cp, dp=8)
+    b, s = 2, 8192
+    hole = torchtitan_loss_hole_bytes(llama8b(), dims=dims, micro_batch_size=b, seq_len=s)
+    assert hole == pytest.approx(b * (s // cp) * 2 * V / tp)
+    assert hole / GIB == pytest.approx(3.915 / cp / tp, rel=1e-3)  # 16,384 tokens x 128,256 x 2 B = 3.92 GiB
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_compiled_loss_keeps_the_bf16_logits_and_writes_a_bf16_gradient(tp):
+    """torch.compile'd cross-entropy (torchtitan since 2025-04): the BF16 logits kept for backward
+    plus the BF16 gradient, 4 B x V/tp per token, against 12 (16 with loss parallel) eager; no hole."""
+    dims = ParallelDims(tp=tp, dp=8)
+    kw = dict(dims=dims, micro_batch_size=2, seq_len=8192)
+    tokens = 2 * 8192
+    assert torchtitan_loss_bytes(llama8b(), compiled=True, **kw) == pytest.approx(tokens * 4 * V / tp)
+    eager = 12 if tp == 1 else 16
+    assert torchtitan_loss_bytes(llama8b(), **kw) == pytest.approx(tokens * eager * V / tp)
+    assert torchtitan_loss_hole_bytes(llama8b(), compiled=True, **kw) == 0.0
+
+
+def test_compiled_loss_moves_the_8b_peak_by_the_loss_difference():
+    """8B FSDP 8, op-level SAC, 16,384 tokens: the compiled loss lowers the allocated peak by
+    (12 - 4) B x V per token and drops the 2 B x V hole (fragmentation scales with the allocation)."""
+    model, cluster, cfg, eager = _predict(TT)
+    compiled = predict_train(model, cluster, dataclasses.replace(cfg, compiled_loss=True), [Stage(0, model.num_layers + 2)])
+    tokens = 2 * 8192
+    eff = cluster.primary.gpu.efficiency
+    drop = tokens * 8 * V * (1 + eff.fragmentation) + tokens * 2 * V
+    assert eager.peak_memory_bytes - compiled.peak_memory_bytes == pytest.approx(drop)

@@ -61,9 +61,11 @@ def test_moe_runs():
 
 
 KNOWN_UNFIT = {
-    # NeMo 24.07 H100 FP8 rows: the run's gradient-buffer and FP8-weight settings are not published
-    # (modelled as Megatron-LM's FP32 gradients and BF16 weights); predicted 1-19 % over 80 GB.
-    "nemo2407-h100-fp8-gpt3-20b", "nemo2407-h100-fp8-nemotron-340b", "nemo2407-h100-fp8-llama3-8b",
+    # NeMo 24.07 GPT-3 20B FP8 (TP 2, no recompute), with the launcher's settings (Apex distributed
+    # Adam, BF16 gradient buffer): 81.7 GiB predicted on an 80 GB H100 (79.6 GiB), 2.6 % over. The
+    # 7 % fragmentation allowance (5.1 GiB here) is charged on every allocation, also on the
+    # contiguous parameter, gradient and FP8-weight buffers that are allocated once and cannot fragment.
+    "nemo2407-h100-fp8-gpt3-20b",
 }
 
 
@@ -81,12 +83,15 @@ def test_every_skip_has_a_reason():
 MEMORY = [r for r in RESULTS if r.memory_error is not None]
 
 
-def test_memory_median_error_within_10_percent():
-    """Per-GPU memory where the source reports it (the 8 torchtitan runs, framework: torchtitan):
-    median |error| 3.7 %, max 13.4 % (70B FSDP 32 x TP 8 without async TP, under-predicted)."""
-    assert len(MEMORY) >= 8
-    assert statistics.median(abs(r.memory_error) for r in MEMORY) <= 0.10
-    assert max(abs(r.memory_error) for r in MEMORY) <= 0.15
+def test_memory_error_within_10_percent_on_every_run():
+    """Per-GPU memory where the source reports it (14 torchtitan runs, framework: torchtitan, the
+    allocator's peak reservation): the Dec 2024 benchmark's Tables 1-4 (H100 96GB) and the June
+    2025 H200 runs (compiled loss): median |error| 2.1 %, max 8.0 % (70B FSDP 32 x TP 8 without
+    async TP, under-predicted). The eager runs are 2 % under, their compiled twins 5-6 % over: the
+    model predicts one figure for both."""
+    assert len(MEMORY) >= 14
+    assert statistics.median(abs(r.memory_error) for r in MEMORY) <= 0.05
+    assert max(abs(r.memory_error) for r in MEMORY) <= 0.10
 
 
 def test_residual_file_covers_every_run():

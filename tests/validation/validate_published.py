@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 from autoshard.costmodel.flops import causal_model_flops_per_step
-from autoshard.costmodel.train.memory import TrainFramework, allocator_reported_bytes
+from autoshard.costmodel.train.memory import TrainFramework
+from autoshard.costmodel.train.memory_torchtitan import allocator_reported_bytes
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.emit.megatron.layout import default_stages, parse_layout
@@ -113,7 +114,8 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
-        recompute_modules=modules,
+        recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
+        compiled_loss=run.get("compiled_loss", False),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])

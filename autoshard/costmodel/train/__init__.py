@@ -6,7 +6,8 @@ Which file owns what:
 - layer.py: one layer's cost per micro-batch: compute, TP/CP/EP communication, states, activations.
 - step.py: the whole step: stage sums, pipeline schedule, DP traffic, optimizer, per-rank memory, MFU.
 - pipeline.py: pipeline schedule time and bubble (1F1B, interleaved).
-- memory.py: model states, activations and overheads per framework (Megatron, torchtitan).
+- memory.py: model states, activations and overheads per framework (Megatron, NeMo, torchtitan).
+- memory_torchtitan.py: torchtitan's own activation, loss and allocator terms.
 - recompute.py: selective recompute by module (Megatron --recompute-modules).
 
 Entry points re-exported here: `predict_train`, `layer_cost`, `stage_cost`, `TrainConfig`, `Stage`,

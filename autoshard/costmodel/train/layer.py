@@ -16,11 +16,12 @@ from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.memory import (
     BF16,
     TrainFramework,
+    fp8_weight_cache_bytes,
     layer_activation_bytes,
     layer_param_shards,
     model_state_bytes,
-    torchtitan_layer_activation_bytes,
 )
+from autoshard.costmodel.train.memory_torchtitan import torchtitan_layer_activation_bytes
 from autoshard.costmodel.train.types import LayerCost, TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import PoolSpec
@@ -162,9 +163,14 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         ep_s = (fwd_passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
+    fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8
+    fp8_cache = 0.0  # Transformer Engine's FP8 copies of the decoder GEMM weights
+    if is_decoder and cfg.precision is Precision.FP8 and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
+        fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
     states = model_state_bytes(
         shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
-        grad_fp32=cfg.grad_reduce_fp32, fp8_params=cfg.fp8_param_gather and cfg.precision is Precision.FP8)
+        grad_fp32=cfg.grad_reduce_fp32, fp8_params=fp8_params, moments_bf16=cfg.optimizer_moments_bf16,
+        fp8_cache=fp8_cache)
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
         flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,

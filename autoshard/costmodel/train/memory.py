@@ -29,7 +29,9 @@ MoE and CP fall out of the same count; `dropout=True` reproduces the paper's GPT
 * torchtitan logs `torch.cuda.memory_stats()["reserved_bytes.all.peak"]` (`metrics.py:
   DeviceMemoryMonitor.get_peak_stats`, `train.py` "memory:" line): the caching allocator's peak
   reservation, which excludes the CUDA context and NCCL buffers (see `allocator_reported_bytes`);
-  its gap over the peak allocation is the GPU's `fragmentation` fraction, as for Megatron.
+  its gap over the peak allocation is the GPU's `fragmentation` fraction, as for Megatron, plus the
+  freed BF16 logits the loss leaves inside the expandable segment (`torchtitan_loss_hole_bytes`).
+  These torchtitan terms live in `memory_torchtitan.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from autoshard.parallel import ParallelDims, Recompute
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Optimizer
 from autoshard.specs.layers import LayerKind
@@ -45,7 +48,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = [
-    "TrainFramework", "torchtitan_layer_activation_bytes", "torchtitan_loss_bytes", "allocator_reported_bytes",
+    "TrainFramework", "fp8_weight_cache_bytes",
     "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
     "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
 ]
@@ -68,6 +71,15 @@ class TrainFramework(StrEnum):
     sharded parameters are kept in full precision"; the low-precision shard is freed after the
     all-gather), gradients are cast back to the FP32 parameter dtype after the reduce-scatter.
     States as torchtitan's; activations, loss and transients as Megatron's accounting."""
+    NEMO = "nemo"
+    """NeMo 1.x (NeMo-Framework-Launcher, containers through 24.07) with Apex's DistributedFusedAdam
+    (optim.name distributed_fused_adam, megatron_amp_O2): BF16 parameters in a contiguous buffer that
+    the all-gather fills in place, a contiguous gradient buffer in optim.grad_sync_dtype, and the FP32
+    master weights kept as the 16-bit remainders of the BF16 parameters (NeMo
+    megatron_base_model.setup_optimization sets store_param_remainders=True when the optimizer dtype
+    is FP32 and the model BF16): Adam holds 2 + 4 + 4 = 10 B/param over DP instead of 12. With
+    optim.dtype bf16 (`optimizer_moments_bf16`) the BF16 parameters are the master copy
+    (store_params=False) and Adam holds 2 + 2 B. Activations, loss and transients as Megatron's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +129,36 @@ class ModelStateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+def fp8_weight_cache_bytes(gpu: GpuSpec, recipe: Fp8Recipe, *, fp8_params: bool = False) -> float:
+    """Bytes per GEMM weight parameter that Transformer Engine keeps in FP8 beside the primary
+    weights while a step runs (0 on a GPU without FP8 tensor cores).
+
+    Megatron-Core passes `is_first_microbatch` to TE's linear layers, so TE casts each weight to FP8
+    once per step into a named workspace (`get_fp8_workspace(..., cache_name="weight")`) that lives
+    on the module and is reused by every micro-batch and by the backward pass. The backward's dgrad
+    GEMM needs the weight transposed; Hopper's FP8 tensor cores take only the TN layout, so TE keeps
+    a transposed FP8 copy too (`with_transpose` / columnwise usage): 1 + 1 B. Blackwell (TE's
+    `is_non_tn_fp8_gemm_supported`, compute capability 10+) runs FP8 GEMMs in any layout and keeps the rowwise copy alone (1 B), except
+    for MXFP8, whose 1x32 scaling blocks differ along rows and columns: rowwise and columnwise data
+    each with one E8M0 scale per 32 values (2 + 2/32 B); blockwise keeps both layouts of 128x128
+    tiles (2 B). With FP8 primary weights (`fp8_params`, --fp8-param-gather) the rowwise copy is the
+    weight itself (counted as 1 B in `model_state_bytes`), so only the other layout is extra."""
+    if gpu.fp8_tflops is None:
+        return 0.0
+    match recipe:
+        case Fp8Recipe.MXFP8:
+            copies = 2 + 2 / 32
+        case Fp8Recipe.BLOCKWISE:
+            copies = 2.0
+        case _:
+            copies = 1.0 if gpu_generation(gpu.name) == "blackwell" else 2.0
+    return copies - (1 if fp8_params else 0)
+
+
 def model_state_bytes(
     shards: ParamShards, *, dims: ParallelDims, zero_stage: int, optimizer: Optimizer = Optimizer.ADAM,
     framework: TrainFramework = TrainFramework.MEGATRON, grad_fp32: bool = True, fp8_params: bool = False,
+    moments_bf16: bool = False, fp8_cache: float = 0.0,
 ) -> ModelStateBytes:
     """Bytes of weights, gradients and optimizer state for the given per-GPU parameter shards.
 
@@ -128,12 +167,25 @@ def model_state_bytes(
     run); `fp8_params=True` is --fp8-param-gather (the model weights are held in FP8, 1 B, the FP32
     master copy stays in the optimizer). torchtitan (FSDP2 mixed precision) and PyTorch FSDP: the FP32
     parameters are the master copy (4 B), gradients are FP32 (4 B) and the optimizer holds only its
-    moments; the BF16 compute copies are transient (see training.py)."""
+    moments; the BF16 compute copies are transient (see training.py). NeMo 1.x (Apex
+    DistributedFusedAdam): the master weights are 16-bit remainders of the BF16 parameters (2 B).
+
+    moments_bf16: the optimizer's moments in BF16 (NeMo optim.dtype=bf16, whose BF16 parameters
+    then are the master copy; Megatron-Core --use-precision-aware-optimizer --exp-avg-dtype bf16
+    --exp-avg-sq-dtype bf16, FP32 master kept). fp8_cache: bytes per parameter of FP8 weight copies
+    Transformer Engine keeps for the step (`fp8_weight_cache_bytes`; decoder GEMM weights only, the
+    caller decides); never sharded over DP, absent under ZeRO-3 (gathered weights are transient)."""
     state = optimizer.state_bytes_per_param
     w_bytes = 1 if fp8_params else BF16
     g_bytes = FP32 if grad_fp32 else BF16
+    master, moments = FP32, state - FP32
+    if moments_bf16:
+        moments /= 2
+    if framework is TrainFramework.NEMO and not fp8_params:  # NeMo stores FP32 masters with FP8 params
+        master = 0 if moments_bf16 else BF16
     if framework in (TrainFramework.TORCHTITAN, TrainFramework.FSDP):
-        w_bytes, g_bytes, state = FP32, FP32, state - FP32  # FP32 params are the master weights
+        w_bytes, g_bytes, master = FP32, FP32, 0  # FP32 params are the master weights
+    state = master + moments
     weights = grads = opt = 0.0
     for params, dp in ((shards.dense, dims.dp * dims.cp), (shards.expert, dims.expert_dp)):
         # Megatron's distributed optimizer shards over the DP x CP group (both replicate weights).
@@ -144,7 +196,7 @@ def model_state_bytes(
             g /= dp
         if zero_stage >= 3:
             w /= dp
-        weights += w
+        weights += w + (fp8_cache * params if zero_stage < 3 else 0.0)
         grads += g
         opt += o
     return ModelStateBytes(weights=weights, grads=grads, optimizer=opt)
@@ -239,67 +291,6 @@ def layer_activation_bytes(
     return tokens * (outside + inside)
 
 
-def torchtitan_layer_activation_bytes(
-    model: ModelSpec,
-    kind: LayerKind,
-    *,
-    dims: ParallelDims,
-    micro_batch_size: int,
-    seq_len: int,
-    recompute: Recompute,
-    sequence_parallel: bool,
-) -> float:
-    """Bytes one micro-batch leaves saved for backward in one layer under torchtitan.
-
-    Decoder layers: full AC saves the block input; op-level selective AC saves the block input and
-    the outputs of ops in torchtitan's `_save_list` (every other mm, flash attention, TP
-    reduce-scatters). No AC (and MoE layers, whose torchtitan op order is not modelled) falls back
-    to the Korthikanti count. The output layer saves the final norm's input and the output
-    projection's input (all-gathered over the sequence when TP shards it); its loss is transient
-    (`torchtitan_loss_bytes`)."""
-    tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
-    tokens = s * b
-    h = model.hidden_size
-    rep = tp if sequence_parallel else 1
-    if kind is LayerKind.EMBEDDING:
-        return 0.0
-    if kind is LayerKind.OUTPUT:
-        return tokens * (BF16 * h / rep + BF16 * h)
-    if recompute is Recompute.FULL:
-        return tokens * BF16 * h / rep
-    if recompute is Recompute.NONE or kind is not LayerKind.DENSE or model.mla is not None:
-        return layer_activation_bytes(
-            model, kind, dims=dims, micro_batch_size=micro_batch_size, seq_len=seq_len,
-            recompute=recompute, sequence_parallel=sequence_parallel,
-        )
-    d = model.kv_channels
-    heads = model.num_attention_heads / tp
-    kv = max(model.kv_heads / tp, 1)
-    ffn = model.ffn_hidden_size / tp
-    # Block mm order: wq, wk, wv, wo, w1, w3, w2 (gated MLP) or w1, w2; odd-numbered ones are saved.
-    mm_out = [heads * d, kv * d, kv * d, h]  # rowwise outputs (wo, w2) are the full-width partial sums
-    mm_out += [ffn, ffn, h] if model.mlp.num_matrices == 3 else [ffn, h]
-    saved = BF16 * h / rep  # the block input (checkpoint wrapper)
-    saved += BF16 * sum(mm_out[0::2])
-    saved += BF16 * heads * d + FP32 * heads  # flash attention output and logsumexp
-    if tp > 1 and sequence_parallel:
-        saved += 2 * BF16 * h / tp  # reduce-scatter outputs after wo and w2
-    return tokens * saved
-
-
-def torchtitan_loss_bytes(model: ModelSpec, *, dims: ParallelDims, micro_batch_size: int, seq_len: int) -> float:
-    """Peak bytes of torchtitan's loss (FP32 cross-entropy on the logits), one micro-batch.
-
-    Without TP: the fused CUDA log_softmax saves its FP32 output; in backward nll_loss_backward
-    allocates an FP32 gradient and log_softmax_backward another: 3 x 4 B x V per token (the forward
-    peak, BF16 logits + FP32 copy + FP32 output = 10 B, is lower). With TP, loss parallel keeps the
-    vocabulary sharded and its fused backward holds the saved output, zeros_like, exp(x) and their
-    sum: 4 x 4 B x V/tp per token of the full (gathered) sequence."""
-    tokens = micro_batch_size * seq_len // dims.cp
-    per_vocab = 3 * FP32 if dims.tp == 1 else 4 * FP32
-    return tokens * per_vocab * model.vocab_size / dims.tp
-
-
 def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
     """Micro-batches (in units of a full rank's layers) whose activations pipeline rank `rank` holds
     at its peak under 1F1B, or interleaved 1F1B with `vpp` chunks (Megatron's warm-up counts).
@@ -316,12 +307,6 @@ def overhead_bytes(gpu: GpuSpec, allocated_bytes: float) -> float:
     """CUDA context, NCCL and cuBLAS workspaces, plus allocator fragmentation on what is allocated."""
     eff = gpu.efficiency
     return eff.reserved_memory_gib * GIB + eff.fragmentation * allocated_bytes
-
-
-def allocator_reported_bytes(gpu: GpuSpec, total_bytes: float) -> float:
-    """What `torch.cuda.memory_stats()["reserved_bytes.all.peak"]` reports for a predicted per-GPU
-    total: everything but the CUDA context and NCCL buffers, which live outside the allocator."""
-    return total_bytes - gpu.efficiency.reserved_memory_gib * GIB
 
 
 def usable_bytes(gpu: GpuSpec) -> float:

@@ -20,9 +20,9 @@ from autoshard.costmodel.train.memory import (
     TrainFramework,
     layer_param_shards,
     overhead_bytes,
-    torchtitan_loss_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import schedule_time
 from autoshard.costmodel.train.types import (
     LayerCost,
@@ -156,22 +156,29 @@ def _torchtitan_rank_memory(
     decoder = [layer_param_shards(model, k, dims).total for k in kinds if k in (LayerKind.DENSE, LayerKind.MOE)]
     root = sum(layer_param_shards(model, k, dims).total for k in kinds if k in (LayerKind.EMBEDDING, LayerKind.OUTPUT))
     largest = max(decoder, default=0.0)
-    loss_phase = 0.0
+    loss_phase = hole = 0.0
     if LayerKind.OUTPUT in kinds:
-        loss_phase = torchtitan_loss_bytes(model, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len)
+        kw = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, compiled=cfg.compiled_loss)
+        loss_phase = torchtitan_loss_bytes(model, **kw)
+        hole = torchtitan_loss_hole_bytes(model, **kw)  # reserved, not allocated, at the loss peak
     block_w = block_g = 0.0
     if cfg.zero_stage == 3:
         weights += BF16 * root
         block_w, block_g = 2 * BF16 * largest, (BF16 + FP32) * largest + BF16 * root
     block_act = max(c.working_bytes for c in mine)  # a block's recomputed activations
-    if block_w + block_g + block_act > loss_phase:
+    base = weights + grads + sum(c.optimizer_bytes for c in mine) + act
+    block_total = (base + block_w + block_g + block_act) + overhead_bytes(gpu, base + block_w + block_g + block_act)
+    loss_total = (base + loss_phase) + overhead_bytes(gpu, base + loss_phase) + hole
+    if block_total > loss_total:
         weights += block_w
         grads += block_g
         act += block_act
+        hole = 0.0
     else:
         act += loss_phase
     allocated = weights + grads + sum(c.optimizer_bytes for c in mine) + act
-    over = overhead_bytes(gpu, allocated)  # context + NCCL outside the allocator, fragmentation inside
+    # context + NCCL outside the allocator; fragmentation and the loss's hole inside
+    over = overhead_bytes(gpu, allocated) + hole
     return weights, grads, act, over
 
 

@@ -54,6 +54,13 @@ class TrainConfig:
     performance recipes): half the gradient memory and half the DP reduce-scatter bytes."""
     fp8_param_gather: bool = False
     """Keep the weights in FP8 and all-gather them in FP8 (Megatron --fp8-param-gather; FP8 only)."""
+    optimizer_moments_bf16: bool = False
+    """Adam's moments in BF16 (NeMo distributed_fused_adam optim.dtype=bf16; Megatron-Core
+    --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): a run's setting
+    that validation replays; plans keep FP32 moments."""
+    compiled_loss: bool = False
+    """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
+    kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""
 
     def __post_init__(self) -> None:
         per_step = self.micro_batch_size * self.dims.dp
