@@ -27,7 +27,10 @@ __all__ = [
     "HOPPER_NAMES",
     "FLASH_FWD_HOPPER",
     "MOE_ROW_BLOCK",
+    "BLOCK_FP8_GEMM_HOPPER",
+    "block_scaled_fp8",
     "serving_gpu",
+    "model_serving_gpu",
     "prefill_attention_s",
 ]
 
@@ -47,6 +50,46 @@ same design."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
+
+
+BLOCK_FP8_GEMM_HOPPER = 0.37
+"""Fraction of the dense FP8 peak a block-scaled FP8 GEMM (weights in 128 x 128 blocks, activations in
+1 x 128 groups, each with its own FP32 scale) reaches on Hopper, in place of the per-tensor FP8
+`gemm_fp8`. Hopper's FP8 tensor cores take no block scales: every 128-deep slice of K is accumulated
+on the tensor cores and then rescaled and added on the CUDA cores (DeepGEMM's "two-level
+accumulation"), which costs issue slots and registers the per-tensor kernels spend on math. Measured
+by vLLM's own kernel benchmark (vllm-project/vllm benchmarks/kernels/deepgemm/README.md, H100 SXM,
+the kernels as vLLM calls them, activations pre-quantized): at the compute-bound shapes (M = 1,024 to
+4,096; N x K = 4096 x 7168 and 18432 x 7168) vLLM's CUTLASS block kernel 603 / 817 / 607 / 613
+TFLOP/s and DeepGEMM 670 / 970 / 687 / 717, i.e. 0.32-0.55 of 1,979 after the shape fall-off of
+`gemm_time_s`, median 0.37 (CUTLASS alone 0.34, DeepGEMM alone 0.38). DeepGEMM's own README (H800,
+its own harness) reports more, 1,025-1,358 TFLOP/s at M = 4,096 (0.54-0.71): the two measurements
+disagree, and this value takes the one made through the engine's code. Blackwell's tensor cores
+scale blocks natively (MXFP8 / UE8M0), so B200/GB200 keep `gemm_fp8`; MI300X has no published
+measurement of its block-scaled kernels and keeps its defaults. Only the math side changes: a
+memory-bound decode GEMM still reads its FP8 weights at the HBM roofline."""
+BLOCK_FP8_GPUS = (*HOPPER_NAMES, "H800")
+
+
+def block_scaled_fp8(model: ModelSpec, dtype: WeightDtype) -> bool:
+    """Whether serving `model` with `dtype` weights loads a block-scaled FP8 checkpoint (the model
+    file's `checkpoints:` entry for FP8 says `block_scaled`)."""
+    return dtype is WeightDtype.FP8 and any(c.block_scaled and c.weights is dtype for c in model.checkpoints)
+
+
+def model_serving_gpu(model: ModelSpec, gpu: GpuSpec, dtype: WeightDtype) -> GpuSpec:
+    """`serving_gpu`, with the block-scaled FP8 GEMM efficiency on Hopper when the model's FP8
+    checkpoint is block-scaled (`BLOCK_FP8_GEMM_HOPPER`)."""
+    engine = serving_gpu(gpu)
+    if block_scaled_fp8(model, dtype) and any(tag in gpu.name for tag in BLOCK_FP8_GPUS):
+        return _block_fp8_gpu(engine)
+    return engine
+
+
+@functools.lru_cache(maxsize=64)
+def _block_fp8_gpu(gpu: GpuSpec) -> GpuSpec:
+    eff = gpu.efficiency.model_copy(update={"gemm_fp8": BLOCK_FP8_GEMM_HOPPER})
+    return gpu.model_copy(update={"efficiency": eff})
 
 
 @functools.lru_cache(maxsize=64)

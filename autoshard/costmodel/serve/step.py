@@ -50,6 +50,7 @@ from autoshard.costmodel.serve.compute import (
     _gemm_s,
     _grouped_experts_s,
     _rows,
+    model_serving_gpu,
     prefill_attention_s,
     serving_gpu,
 )
@@ -133,7 +134,7 @@ def _layer_time(
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
     `expert_tokens` (default `tokens`): the DP rank's mean tokens the MoE layer routes when `tokens`
     is the busiest attention-DP rank's load."""
-    gpu = serving_gpu(pool.gpu)
+    gpu = model_serving_gpu(model, pool.gpu, cfg.weight_dtype)
     rows = _rows(tokens)
     gemms = attention_gemms(model, rows, cfg.tp)
     if kind is LayerKind.DENSE:
