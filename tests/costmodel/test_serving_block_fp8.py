@@ -94,7 +94,8 @@ def test_other_gpus_and_dtypes_keep_their_gemm_efficiency():
 
 def test_memory_bound_decode_keeps_the_hbm_roofline_and_prefill_slows():
     """DeepSeek-V3 FP8 TP8 on H100: a 16-request decode step reads the same weights either way (its
-    GEMM time within 5 % of the per-tensor pricing: only its few 16-row expert tiles are math-bound), an 8,192-token prefill chunk's GEMMs take
+    GEMM time within 5 % of the per-tensor pricing: only its few 16-row expert tiles are math-bound),
+    an 8,192-token prefill chunk's GEMMs take
     1.35-1.7x longer (its FP8 GEMMs math-bound at 0.37 of the FP8 peak instead of 0.63: at most 1.7x;
     the BF16 router GEMM is unchanged)."""
     pool = _h100()
@@ -114,3 +115,20 @@ def test_block_scaled_flag_is_for_fp8_checkpoints_only():
     with pytest.raises(ValidationError, match="block_scaled"):
         Checkpoint(weights=WeightDtype.INT4, repo="a/b", quantization="gptq_marlin", block_scaled=True)
     assert Checkpoint(weights=FP8, repo="a/b", quantization="fp8", block_scaled=True).block_scaled
+
+
+def test_a_vllm_command_keeps_the_checkpoint_it_loads():
+    """`evaluate --from-vllm` with `--quantization fp8`: the bundled block-scaled repo stays block-scaled,
+    another repo of the same model (not known to be block-scaled) is priced per-tensor, and runs faster
+    (same engine, same batch)."""
+    from autoshard.api import evaluate_vllm
+    from autoshard.specs.job import ServeJob
+
+    h200 = load_cluster("dgx-h200").with_gpus(8)
+    job = ServeJob(input_len=2000, output_len=1000, weight_dtype=FP8)
+    tail = " -tp 8 --quantization fp8 --max-model-len 4096 --max-num-seqs 64"
+    own = evaluate_vllm(DSV3, h200, "vllm serve deepseek-ai/DeepSeek-V3" + tail, job=job)
+    other = evaluate_vllm(DSV3, h200, "vllm serve someone/DeepSeek-V3-FP8-dynamic" + tail, job=job)
+    assert block_scaled_fp8(own.model, FP8) and not block_scaled_fp8(other.model, FP8)
+    assert own.max_num_seqs == other.max_num_seqs == 64
+    assert other.throughput_tokens_per_s > 1.02 * own.throughput_tokens_per_s

@@ -72,9 +72,12 @@ BLOCK_FP8_GPUS = (*HOPPER_NAMES, "H800")
 
 
 def block_scaled_fp8(model: ModelSpec, dtype: WeightDtype) -> bool:
-    """Whether serving `model` with `dtype` weights loads a block-scaled FP8 checkpoint (the model
-    file's `checkpoints:` entry for FP8 says `block_scaled`)."""
-    return dtype is WeightDtype.FP8 and any(c.block_scaled and c.weights is dtype for c in model.checkpoints)
+    """Whether serving `model` with `dtype` weights loads a block-scaled FP8 checkpoint: the first
+    FP8 entry of the model file's `checkpoints:` (the one the launchers load) says `block_scaled`."""
+    if dtype is not WeightDtype.FP8:
+        return False
+    loaded = next((c for c in model.checkpoints if c.weights is dtype), None)
+    return loaded is not None and loaded.block_scaled
 
 
 def model_serving_gpu(model: ModelSpec, gpu: GpuSpec, dtype: WeightDtype) -> GpuSpec:
