@@ -29,6 +29,8 @@ __all__ = [
     "MOE_ROW_BLOCK",
     "BLOCK_FP8_GEMM_HOPPER",
     "block_scaled_fp8",
+    "MLA_EXTRA_KERNELS",
+    "extra_kernels_s",
     "serving_gpu",
     "model_serving_gpu",
     "prefill_attention_s",
@@ -239,6 +241,47 @@ def _decode_attention_s(
     mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
     math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
+
+
+MLA_EXTRA_KERNELS = 4
+"""Kernels an MLA layer launches in vLLM beyond those of a GQA layer (vllm/model_executor/layers/mla.py
+and the MLA attention backends' absorbed decode): the RMSNorms of the compressed query and of the KV
+latent (q_a_layernorm, kv_a_layernorm), the second absorbed batched GEMM (W_UK before the attention,
+W_UV after it; the one kv_b GEMM of `attention_gemms` stands for the first) and the concatenation of
+the absorbed query with its rotary part that the decode kernel reads."""
+GROUP_QUANT_BYTES = 3.0
+"""HBM bytes per element of a 1 x 128 group quantization: the BF16 input read, the FP8 output written
+(one FP32 scale per 128 elements is left out)."""
+
+
+def extra_kernels_s(
+    model: ModelSpec, kind: LayerKind, cfg: ServeConfig, gpu: GpuSpec, gemms: list[Gemm], *, tokens: float,
+    routed: float,
+) -> float:
+    """Memory-bound kernels of MLA and block-scaled FP8 layers that ELEMENTWISE_KERNELS leaves out,
+    each at the GPU's kernel overhead plus its HBM traffic: MLA_EXTRA_KERNELS; and, for a block-scaled
+    FP8 checkpoint on FP8 tensor cores, one 1 x 128 group quantization of the activations per FP8
+    GEMM input of `gemms` (vLLM's per_token_group_quant_fp8 ahead of W8A8BlockFp8LinearOp; MLA's
+    query and KV down-projections read one input, fused as fused_qkv_a_proj) and two for
+    the routed experts (fused_moe quantizes the tokens before its first grouped GEMM, the experts'
+    intermediate before the second). `tokens`: this GPU's rows in the layer's GEMMs (each rank
+    quantizes its own tokens, before any dispatch); `routed`: the DP rank's mean tokens entering the
+    MoE layer, which set the expert pairs on this GPU (as `_grouped_experts_s` takes them)."""
+    eff = gpu.efficiency
+    kernels = MLA_EXTRA_KERNELS if model.mla is not None else 0
+    traffic = 0.0
+    if block_scaled_fp8(model, cfg.weight_dtype) and gpu.fp8_tflops:
+        fp8 = [g for g in gemms if g.fp8_capable]
+        shared = 1 if model.mla is not None and model.mla.q_lora_rank else 0  # fused_qkv_a_proj
+        kernels += len(fp8) - shared
+        traffic += tokens * (sum(g.k for g in fp8) - shared * model.hidden_size) * GROUP_QUANT_BYTES
+        if kind is LayerKind.MOE:
+            assert model.moe is not None
+            _, pairs, shards = _expert_routing(model, cfg, routed)
+            kernels += 2
+            ffn = model.moe.expert_ffn_hidden_size / shards
+            traffic += (tokens * model.hidden_size + pairs * ffn) * GROUP_QUANT_BYTES
+    return traffic / (gpu.hbm_tbps * 1e12 * eff.hbm) + kernels * eff.kernel_overhead_us * 1e-6
 
 
 def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> float:
