@@ -123,7 +123,10 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
     applied = parsed.apply_to(job)
     if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
         # the command loads its own quantized checkpoint: relaunch exactly that one
-        own = Checkpoint.model_construct(weights=applied.weight_dtype, repo=parsed.model, quantization=parsed.quantization)
+        wd = applied.weight_dtype
+        same = next((c for c in model.checkpoints if c.repo == parsed.model and c.weights is wd), None)
+        own = Checkpoint.model_construct(weights=wd, repo=parsed.model, quantization=parsed.quantization,
+                                         block_scaled=same is not None and same.block_scaled)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     return evaluate_serve(
         model,

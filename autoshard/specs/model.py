@@ -64,11 +64,17 @@ class Checkpoint(FrozenSpec):
     """The --quantization method its quantization_config selects in vLLM (fp8, fbgemm_fp8, modelopt,
     gptq_marlin, awq_marlin, compressed-tensors)."""
     source: str | None = Field(default=None, max_length=2000, pattern=NAME_PATTERN)
+    block_scaled: bool = False
+    """FP8 weights with one scale per 128 x 128 block (quantization_config `weight_block_size`, as
+    DeepSeek-V3's and Qwen3's FP8 releases), activations scaled per 1 x 128 group at run time; the
+    engines run them on block-scaled GEMM kernels (`costmodel.serve.compute.BLOCK_FP8_GEMM_HOPPER`)."""
 
     @model_validator(mode="after")
     def _check(self) -> Checkpoint:
         if self.weights is WeightDtype.BF16:
             raise ValueError("checkpoints list quantized weights (fp8, int8, int4); the BF16 one is the model's source")
+        if self.block_scaled and self.weights is not WeightDtype.FP8:
+            raise ValueError("block_scaled describes FP8 weights with 128 x 128 block scales; drop it for this checkpoint")
         return self
 
 

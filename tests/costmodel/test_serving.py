@@ -346,7 +346,9 @@ def test_attention_dp_waits_for_the_busiest_rank():
     """Eight DP ranks each averaging 0.2 prompts of 1000 tokens per step: the dense part of the step
     (here its element-wise kernels, linear in tokens) runs at the expected maximum load over the ranks,
     200 decode + ~871 prefill tokens, not at the mean rank's 400."""
-    qwen = load_model("qwen3-235b-a22b")
+    # per-tensor FP8: a block-scaled checkpoint adds the group quantization of the experts'
+    # intermediate, which follows the mean rank's routed tokens, not the busiest rank's
+    qwen = load_model("qwen3-235b-a22b").model_copy(update={"checkpoints": ()})
     cfg = ServeConfig(tp=1, dp_attention=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
     worst = expected_max_prefill_tokens(200, ranks=8, prompt_tokens=1000)
     assert 800 < worst < 1000  # P(some rank has a prompt) = 1 - 0.8187^8 = 80 %, sometimes two

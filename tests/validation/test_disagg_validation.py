@@ -68,22 +68,23 @@ def test_measured_inside_the_predicted_range_when_workload_unknown(results):
 
 def test_stated_rows_error_band(results):
     """Out-of-sample errors of the stated rows (MI300X, eager decode): the model is optimistic by
-    1.5-1.9x in tokens/s per decode GPU (TPOT 34-47 % short). Pinned so a change in the physics that
-    moves them shows up here; the band is the measured one plus a margin, not a target."""
+    1.5-1.8x in tokens/s per decode GPU (TPOT 32-44 % short; 1.5-1.9x and 34-47 % before the MLA and
+    group-quantization kernels). Pinned so a change in the physics that moves them shows up here; the
+    band is the measured one plus a margin, not a target."""
     stated = [r for r in results if r.measured_tpot_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert 0.40 <= r.error <= 1.05, (r.id, r.error)
-        assert -0.55 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
+        assert 0.40 <= r.error <= 0.95, (r.id, r.error)
+        assert -0.50 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
         # the stated prefill instances keep up with the predicted decode rate: decode-bound, as measured
         assert r.prefill_load < 1.0, (r.id, r.prefill_load)
 
 
 def test_stated_rows_ttft_band(results):
-    """Mean TTFT at the measured request rate (37-40 % of the predicted prefill capacity). The prefill
-    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.17-0.50 s in
-    prefill, not half of a 6-7 s full-budget step: predicted 0.29 / 0.43 / 0.71 s (with the hand-off and
-    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-72..-83 %). Little's law on the published figures (the client's 10,800 in
+    """Mean TTFT at the measured request rate (38-41 % of the predicted prefill capacity). The prefill
+    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.18-0.53 s in
+    prefill, not half of a 6-7 s full-budget step: predicted 0.31 / 0.45 / 0.74 s (with the hand-off and
+    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-71..-81 %). Little's law on the published figures (the client's 10,800 in
     flight less throughput x ITL decoding) puts 1.4 / 2.5 / 4.8 s per request outside the decode
     batch, at least the measured TTFT: those seconds are real. The same eager engines decode
     1.5-1.9x slower than predicted, and a prefill 2-2.3x slower than predicted would run at 75-90 %
@@ -172,23 +173,24 @@ def test_idle_ttft_band(transfers):
 
 def test_wide_ep_b200_row(results):
     """llm-d's DP16/EP16 decode on B200 at 1,024/995 tokens: the 256-request cap per rank binds (the
-    KV cache would hold more); predicted 4.0k tokens/s per decode GPU against 3.1k measured, TPOT
-    64 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band. It was
+    KV cache would hold more); predicted 3.8k tokens/s per decode GPU against 3.1k measured (+22 %),
+    TPOT 68 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band. It
+    was +28 % (TPOT 64 ms) before the MLA and group-quantization kernels, and
     +67 % (TPOT 49 ms) while the all-to-all across the two nodes ran at the 8 NICs' ring bandwidth
     (`group_link`); each rank's remote half now leaves through its own NIC in one round
     (`comm.ep_all_to_all_s`, checked against DeepEP's low-latency table): EP 16 ms -> 31 ms a step."""
     (r,) = [r for r in results if r.id == "llmd-wide-ep-b200-dsr1-1p16-1d16-1k1k"]
     assert r.concurrency == 256
-    assert 0.20 <= r.error <= 0.40, r.error
+    assert 0.15 <= r.error <= 0.30, r.error
     implied_tpot = 256 / r.measured  # requests per rank / tokens/s per rank (one GPU each)
     assert implied_tpot == pytest.approx(0.0823, rel=0.01)
-    assert 0.72 <= r.tpot_s / implied_tpot <= 0.85
+    assert 0.77 <= r.tpot_s / implied_tpot <= 0.87
 
 
 def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
     """Every row with a stated workload is predicted faster than measured. The single-node MI300X
     DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.5-2x fast; the two-node B200
-    DP16/EP16 row, whose all-to-all crosses the NICs, is 1.2-1.4x fast once each rank's remote copies
+    DP16/EP16 row, whose all-to-all crosses the NICs, is 1.15-1.3x fast once each rank's remote copies
     are priced on its own NIC (before: 1.67x, like the MI300X rows)."""
     stated = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
     assert len(stated) == 4
@@ -196,4 +198,4 @@ def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
         if r.id in stated and r.id.startswith("moreh-"):
             assert 0.45 <= r.error <= 1.0, (r.id, r.error)
         elif r.id in stated:
-            assert 0.20 <= r.error <= 0.40, (r.id, r.error)
+            assert 0.15 <= r.error <= 0.30, (r.id, r.error)

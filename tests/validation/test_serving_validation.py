@@ -306,13 +306,15 @@ def test_burst_rows_cover_vllm_moe_and_mla():
 
 
 def test_burst_throughput_and_latency():
-    """Out of sample: total tokens/s median within 17 % (16.2 %: Qwen3-235B FP8 TP4, the median row,
-    at +16 % since the H100's refitted decode-attention efficiency went 0.7 -> 0.8), every checked row
-    within 55 % (the worst: DeepSeek-R1 on H200 at 2K/4K prompts, predicted too fast)."""
-    for metric, median_max in (("total_tokens_per_s", 0.17), ("ttft_mean_s", 0.15), ("tpot_mean_s", 0.25)):
+    """Out of sample: total tokens/s median within 9 % (8.1 %), mean TTFT 8 % (7.2 %), mean TPOT 10 %
+    (8.9 %), every checked row within 25 % (the worst: DeepSeek-R1 on H200 at 2K prompts, TTFT -24 %).
+    Before the block-scaled FP8 GEMMs and their group-quantization kernels (DeepSeek-R1 and
+    Qwen3-235B-FP8 on Hopper at the per-tensor FP8 rate) the medians were 16.2 / 14.2 / 23.5 % and
+    the worst row 52 %."""
+    for metric, median_max in (("total_tokens_per_s", 0.09), ("ttft_mean_s", 0.08), ("tpot_mean_s", 0.10)):
         errs = [abs(r.error) for r in BURST if r.metric == metric]
         assert statistics.median(errs) <= median_max, metric
-        assert max(errs) <= 0.55, metric
+        assert max(errs) <= 0.25, metric
 
 
 @pytest.mark.parametrize(

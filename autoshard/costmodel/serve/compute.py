@@ -27,7 +27,12 @@ __all__ = [
     "HOPPER_NAMES",
     "FLASH_FWD_HOPPER",
     "MOE_ROW_BLOCK",
+    "BLOCK_FP8_GEMM_HOPPER",
+    "block_scaled_fp8",
+    "MLA_EXTRA_KERNELS",
+    "extra_kernels_s",
     "serving_gpu",
+    "model_serving_gpu",
     "prefill_attention_s",
 ]
 
@@ -47,6 +52,49 @@ same design."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
+
+
+BLOCK_FP8_GEMM_HOPPER = 0.37
+"""Fraction of the dense FP8 peak a block-scaled FP8 GEMM (weights in 128 x 128 blocks, activations in
+1 x 128 groups, each with its own FP32 scale) reaches on Hopper, in place of the per-tensor FP8
+`gemm_fp8`. Hopper's FP8 tensor cores take no block scales: every 128-deep slice of K is accumulated
+on the tensor cores and then rescaled and added on the CUDA cores (DeepGEMM's "two-level
+accumulation"), which costs issue slots and registers the per-tensor kernels spend on math. Measured
+by vLLM's own kernel benchmark (vllm-project/vllm benchmarks/kernels/deepgemm/README.md, H100 SXM,
+the kernels as vLLM calls them, activations pre-quantized): at the compute-bound shapes (M = 1,024 to
+4,096; N x K = 4096 x 7168 and 18432 x 7168) vLLM's CUTLASS block kernel 603 / 817 / 607 / 613
+TFLOP/s and DeepGEMM 670 / 970 / 687 / 717, i.e. 0.32-0.55 of 1,979 after the shape fall-off of
+`gemm_time_s`, median 0.37 (CUTLASS alone 0.34, DeepGEMM alone 0.38). DeepGEMM's own README (H800,
+its own harness) reports more, 1,025-1,358 TFLOP/s at M = 4,096 (0.54-0.71): the two measurements
+disagree, and this value takes the one made through the engine's code. Blackwell's tensor cores
+scale blocks natively (MXFP8 / UE8M0), so B200/GB200 keep `gemm_fp8`; MI300X has no published
+measurement of its block-scaled kernels and keeps its defaults. Only the math side changes: a
+memory-bound decode GEMM still reads its FP8 weights at the HBM roofline."""
+BLOCK_FP8_GPUS = (*HOPPER_NAMES, "H800")
+
+
+def block_scaled_fp8(model: ModelSpec, dtype: WeightDtype) -> bool:
+    """Whether serving `model` with `dtype` weights loads a block-scaled FP8 checkpoint: the first
+    FP8 entry of the model file's `checkpoints:` (the one the launchers load) says `block_scaled`."""
+    if dtype is not WeightDtype.FP8:
+        return False
+    loaded = next((c for c in model.checkpoints if c.weights is dtype), None)
+    return loaded is not None and loaded.block_scaled
+
+
+def model_serving_gpu(model: ModelSpec, gpu: GpuSpec, dtype: WeightDtype) -> GpuSpec:
+    """`serving_gpu`, with the block-scaled FP8 GEMM efficiency on Hopper when the model's FP8
+    checkpoint is block-scaled (`BLOCK_FP8_GEMM_HOPPER`)."""
+    engine = serving_gpu(gpu)
+    if block_scaled_fp8(model, dtype) and any(tag in gpu.name for tag in BLOCK_FP8_GPUS):
+        return _block_fp8_gpu(engine)
+    return engine
+
+
+@functools.lru_cache(maxsize=64)
+def _block_fp8_gpu(gpu: GpuSpec) -> GpuSpec:
+    eff = gpu.efficiency.model_copy(update={"gemm_fp8": BLOCK_FP8_GEMM_HOPPER})
+    return gpu.model_copy(update={"efficiency": eff})
 
 
 @functools.lru_cache(maxsize=64)
@@ -193,6 +241,47 @@ def _decode_attention_s(
     mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
     math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
+
+
+MLA_EXTRA_KERNELS = 4
+"""Kernels an MLA layer launches in vLLM beyond those of a GQA layer (vllm/model_executor/layers/mla.py
+and the MLA attention backends' absorbed decode): the RMSNorms of the compressed query and of the KV
+latent (q_a_layernorm, kv_a_layernorm), the second absorbed batched GEMM (W_UK before the attention,
+W_UV after it; the one kv_b GEMM of `attention_gemms` stands for the first) and the concatenation of
+the absorbed query with its rotary part that the decode kernel reads."""
+GROUP_QUANT_BYTES = 3.0
+"""HBM bytes per element of a 1 x 128 group quantization: the BF16 input read, the FP8 output written
+(one FP32 scale per 128 elements is left out)."""
+
+
+def extra_kernels_s(
+    model: ModelSpec, kind: LayerKind, cfg: ServeConfig, gpu: GpuSpec, gemms: list[Gemm], *, tokens: float,
+    routed: float,
+) -> float:
+    """Memory-bound kernels of MLA and block-scaled FP8 layers that ELEMENTWISE_KERNELS leaves out,
+    each at the GPU's kernel overhead plus its HBM traffic: MLA_EXTRA_KERNELS; and, for a block-scaled
+    FP8 checkpoint on FP8 tensor cores, one 1 x 128 group quantization of the activations per FP8
+    GEMM input of `gemms` (vLLM's per_token_group_quant_fp8 ahead of W8A8BlockFp8LinearOp; MLA's
+    query and KV down-projections read one input, fused as fused_qkv_a_proj) and two for
+    the routed experts (fused_moe quantizes the tokens before its first grouped GEMM, the experts'
+    intermediate before the second). `tokens`: this GPU's rows in the layer's GEMMs (each rank
+    quantizes its own tokens, before any dispatch); `routed`: the DP rank's mean tokens entering the
+    MoE layer, which set the expert pairs on this GPU (as `_grouped_experts_s` takes them)."""
+    eff = gpu.efficiency
+    kernels = MLA_EXTRA_KERNELS if model.mla is not None else 0
+    traffic = 0.0
+    if block_scaled_fp8(model, cfg.weight_dtype) and gpu.fp8_tflops:
+        fp8 = [g for g in gemms if g.fp8_capable]
+        shared = 1 if model.mla is not None and model.mla.q_lora_rank else 0  # fused_qkv_a_proj
+        kernels += len(fp8) - shared
+        traffic += tokens * (sum(g.k for g in fp8) - shared * model.hidden_size) * GROUP_QUANT_BYTES
+        if kind is LayerKind.MOE:
+            assert model.moe is not None
+            _, pairs, shards = _expert_routing(model, cfg, routed)
+            kernels += 2
+            ffn = model.moe.expert_ffn_hidden_size / shards
+            traffic += (tokens * model.hidden_size + pairs * ffn) * GROUP_QUANT_BYTES
+    return traffic / (gpu.hbm_tbps * 1e12 * eff.hbm) + kernels * eff.kernel_overhead_us * 1e-6
 
 
 def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> float:

@@ -50,6 +50,8 @@ from autoshard.costmodel.serve.compute import (
     _gemm_s,
     _grouped_experts_s,
     _rows,
+    extra_kernels_s,
+    model_serving_gpu,
     prefill_attention_s,
     serving_gpu,
 )
@@ -133,7 +135,7 @@ def _layer_time(
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
     `expert_tokens` (default `tokens`): the DP rank's mean tokens the MoE layer routes when `tokens`
     is the busiest attention-DP rank's load."""
-    gpu = serving_gpu(pool.gpu)
+    gpu = model_serving_gpu(model, pool.gpu, cfg.weight_dtype)
     rows = _rows(tokens)
     gemms = attention_gemms(model, rows, cfg.tp)
     if kind is LayerKind.DENSE:
@@ -151,9 +153,10 @@ def _layer_time(
         attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len)
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     ew_s += ELEMENTWISE_KERNELS[kind] * gpu.efficiency.kernel_overhead_us * 1e-6
+    routed = expert_tokens if expert_tokens is not None else tokens
+    ew_s += extra_kernels_s(model, kind, cfg, gpu, gemms, tokens=rows, routed=routed)
     tp_link, ep_link, _ = links
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
-    routed = expert_tokens if expert_tokens is not None else tokens
     ep_s = ep_dispatch_s(model, kind, cfg, ep_link, routed=routed, pool=pool)
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 

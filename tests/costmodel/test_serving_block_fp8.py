@@ -1,0 +1,178 @@
+"""Block-scaled FP8 GEMMs in serving (#10, #13): DeepSeek-V3's and Qwen3's FP8 checkpoints scale their
+weights per 128 x 128 block and the activations per 1 x 128 group; on Hopper those GEMMs run at the
+block-scaled kernels' measured rate (`BLOCK_FP8_GEMM_HOPPER`), not at the per-tensor FP8 rate. Checked
+against a kernel measurement that is no validation row."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from pydantic import ValidationError
+
+from autoshard.costmodel.compute import gemm_time_s
+from autoshard.costmodel.flops import Gemm
+from autoshard.costmodel.serve.compute import (
+    BLOCK_FP8_GEMM_HOPPER,
+    block_scaled_fp8,
+    model_serving_gpu,
+    serving_gpu,
+)
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.step import step_time
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import Precision, WeightDtype
+from autoshard.specs.model import Checkpoint
+
+DSV3 = load_model("deepseek-v3")
+FP8 = WeightDtype.FP8
+
+VLLM_BLOCK_FP8_TFLOPS = {
+    (1024, 4096, 7168): (603.1, 670.1),
+    (1024, 18432, 7168): (816.7, 969.8),
+    (2048, 4096, 7168): (606.6, 687.0),
+    (4096, 4096, 7168): (613.2, 717.0),
+}
+"""vllm-project/vllm benchmarks/kernels/deepgemm/README.md (benchmark_fp8_block_dense_gemm.py, H100 80GB
+HBM3, activations pre-quantized per 1 x 128 group, weights per 128 x 128 block): (vLLM CUTLASS,
+DeepGEMM) TFLOP/s at the compute-bound shapes (m, n, k). The smaller shapes of that table are left
+out: their times sit on the harness's per-call floor (28 us CUTLASS, 69 us DeepGEMM, whatever the
+size), the Python launch of an eager loop, not the kernel."""
+
+
+def _h100():
+    return load_cluster("dgx-h100").with_gpus(8).pools[0]
+
+
+def test_only_block_scaled_fp8_checkpoints_are_flagged():
+    assert block_scaled_fp8(DSV3, FP8)
+    assert block_scaled_fp8(load_model("qwen3-235b-a22b"), FP8)
+    assert block_scaled_fp8(load_model("qwen3-30b-a3b"), FP8)
+    assert not block_scaled_fp8(DSV3, WeightDtype.BF16)
+    # ModelOpt's Llama FP8 checkpoints are per-tensor
+    assert not block_scaled_fp8(load_model("llama-3.1-70b"), FP8)
+    assert not block_scaled_fp8(load_model("qwen3-235b-a22b"), WeightDtype.INT4)
+
+
+@pytest.mark.parametrize("shape", sorted(VLLM_BLOCK_FP8_TFLOPS))
+def test_block_fp8_gemm_matches_vllms_kernel_table(shape):
+    """Each compute-bound shape predicted between 0.75x the slower and 1.1x the faster of the two
+    kernels vLLM runs (CUTLASS, DeepGEMM); the per-tensor FP8 rate is 1.1-2x above both."""
+    m, n, k = shape
+    pool = _h100()
+    gpu = model_serving_gpu(DSV3, pool.gpu, FP8)
+    g = Gemm(m, n, k)
+    tflops = 2 * m * n * k / gemm_time_s(g, gpu, Precision.FP8) / 1e12
+    cutlass, deepgemm = VLLM_BLOCK_FP8_TFLOPS[shape]
+    assert 0.75 * min(cutlass, deepgemm) <= tflops <= 1.1 * max(cutlass, deepgemm), tflops
+    per_tensor = 2 * m * n * k / gemm_time_s(g, serving_gpu(pool.gpu), Precision.FP8) / 1e12
+    assert per_tensor >= 1.1 * max(cutlass, deepgemm)
+
+
+def test_block_fp8_median_error_over_the_kernel_table():
+    """Median |error| over the eight measurements (both kernels) under 12 %."""
+    gpu = model_serving_gpu(DSV3, _h100().gpu, FP8)
+    errs = []
+    for (m, n, k), measured in VLLM_BLOCK_FP8_TFLOPS.items():
+        tflops = 2 * m * n * k / gemm_time_s(Gemm(m, n, k), gpu, Precision.FP8) / 1e12
+        errs += [abs(tflops / x - 1) for x in measured]
+    assert statistics.median(errs) <= 0.12, errs
+
+
+def test_other_gpus_and_dtypes_keep_their_gemm_efficiency():
+    """Blackwell scales blocks in its tensor cores; MI300X has no measurement; BF16 serving and
+    per-tensor FP8 models are untouched."""
+    for cluster in ("dgx-b200", "mi300x", "l40s-pcie"):
+        gpu = load_cluster(cluster).pools[0].gpu
+        assert model_serving_gpu(DSV3, gpu, FP8) == serving_gpu(gpu)
+    h100, h200 = _h100().gpu, load_cluster("dgx-h200").pools[0].gpu
+    assert model_serving_gpu(DSV3, h100, WeightDtype.BF16) == serving_gpu(h100)
+    assert model_serving_gpu(load_model("llama-3.1-8b"), h100, FP8) == serving_gpu(h100)
+    assert model_serving_gpu(DSV3, h200, FP8).efficiency.gemm_fp8 == BLOCK_FP8_GEMM_HOPPER
+    assert serving_gpu(h200).efficiency.gemm_fp8 > 1.5 * BLOCK_FP8_GEMM_HOPPER
+
+
+def test_memory_bound_decode_keeps_the_hbm_roofline_and_prefill_slows():
+    """DeepSeek-V3 FP8 TP8 on H100: a 16-request decode step reads the same weights either way (its
+    GEMM time within 5 % of the per-tensor pricing: only its few 16-row expert tiles are math-bound),
+    an 8,192-token prefill chunk's GEMMs take
+    1.35-1.7x longer (its FP8 GEMMs math-bound at 0.37 of the FP8 peak instead of 0.63: at most 1.7x;
+    the BF16 router GEMM is unchanged)."""
+    pool = _h100()
+    cfg = ServeConfig(tp=8, weight_dtype=FP8, kv_cache_dtype=WeightDtype.BF16)
+    per_tensor = DSV3.model_copy(update={"checkpoints": ()})
+
+    def gemm(model, **kw):
+        return step_time(model, pool, cfg, prefill_len=8192, **kw).gemm_s
+
+    decode = dict(decode_seqs=16, prefill_tokens=0, prefills=0, context_len=2000)
+    prefill = dict(decode_seqs=0, prefill_tokens=8192, prefills=1, context_len=0)
+    assert gemm(DSV3, **decode) == pytest.approx(gemm(per_tensor, **decode), rel=0.05)
+    assert 1.35 <= gemm(DSV3, **prefill) / gemm(per_tensor, **prefill) <= 1.7
+
+
+def test_block_scaled_flag_is_for_fp8_checkpoints_only():
+    with pytest.raises(ValidationError, match="block_scaled"):
+        Checkpoint(weights=WeightDtype.INT4, repo="a/b", quantization="gptq_marlin", block_scaled=True)
+    assert Checkpoint(weights=FP8, repo="a/b", quantization="fp8", block_scaled=True).block_scaled
+
+
+def test_a_vllm_command_keeps_the_checkpoint_it_loads():
+    """`evaluate --from-vllm` with `--quantization fp8`: the bundled block-scaled repo stays block-scaled,
+    another repo of the same model (not known to be block-scaled) is priced per-tensor, and runs faster
+    (same engine, same batch)."""
+    from autoshard.api import evaluate_vllm
+    from autoshard.specs.job import ServeJob
+
+    h200 = load_cluster("dgx-h200").with_gpus(8)
+    job = ServeJob(input_len=2000, output_len=1000, weight_dtype=FP8)
+    tail = " -tp 8 --quantization fp8 --max-model-len 4096 --max-num-seqs 64"
+    own = evaluate_vllm(DSV3, h200, "vllm serve deepseek-ai/DeepSeek-V3" + tail, job=job)
+    other = evaluate_vllm(DSV3, h200, "vllm serve someone/DeepSeek-V3-FP8-dynamic" + tail, job=job)
+    assert block_scaled_fp8(own.model, FP8) and not block_scaled_fp8(other.model, FP8)
+    assert own.max_num_seqs == other.max_num_seqs == 64
+    assert other.throughput_tokens_per_s > 1.02 * own.throughput_tokens_per_s
+
+
+def test_mla_and_group_quantization_kernels_closed_form():
+    """DeepSeek-V3 decodes one token at TP8 on H100: MLA adds MLA_EXTRA_KERNELS (4) per layer; the
+    block-scaled checkpoint adds one group quantization per FP8 GEMM input: per MoE layer the fused
+    q/kv down-projection, q up, kv up, output, shared gate/up and down (6) and the routed experts'
+    two (8 in all), per dense layer 6. Each costs the kernel overhead; one token's bytes are noise."""
+    from autoshard.costmodel.serve.compute import MLA_EXTRA_KERNELS
+
+    pool = _h100()
+    cfg = ServeConfig(tp=8, weight_dtype=FP8, kv_cache_dtype=WeightDtype.BF16)
+    per_tensor = DSV3.model_copy(update={"checkpoints": ()})
+    one = dict(decode_seqs=1, prefill_tokens=0, prefills=0, prefill_len=1, context_len=100)
+    overhead = pool.gpu.efficiency.kernel_overhead_us * 1e-6
+    quant = step_time(DSV3, pool, cfg, **one).elementwise_s - step_time(per_tensor, pool, cfg, **one).elementwise_s
+    assert quant == pytest.approx((8 * 58 + 6 * 3) * overhead, rel=0.02)
+    assert MLA_EXTRA_KERNELS == 4
+    qwen = load_model("qwen3-235b-a22b").model_copy(update={"checkpoints": ()})  # GQA, per-tensor
+    gqa = step_time(qwen, pool, cfg, **one).elementwise_s
+    dense_kernels = 94 * 7 * overhead  # ELEMENTWISE_KERNELS[MOE] per layer, nothing more
+    assert gqa == pytest.approx(dense_kernels, rel=0.05)
+
+
+GPUSTACK_DSR1_H200_TP8_C4_TPOT_S = 0.01936
+"""gpustack/gpustack docs/performance-lab/deepseek-r1/h200.md (git a5c9fafc), baseline `vllm serve
+deepseek-ai/DeepSeek-R1-0528 -tp 8` (vLLM v0.11.0, 8 x H200), "ShareGPT batch size 4": 100 requests at
+`--max-concurrency 4`, 22,836 input and 21,338 generated tokens in all, mean TPOT 19.36 ms. Not in
+serving_runs.yaml (ShareGPT lengths vary); at four requests the step is the small-batch decode floor,
+which is what this pins."""
+
+
+def test_small_batch_deepseek_decode_against_gpustack():
+    """Four requests of the run's mean shape (228 in, 213 out) on DeepSeek-R1 TP8: predicted TPOT 13.9
+    ms against 19.36 measured (-28 %; -52 % at 9.3 ms before the block-scaled FP8 kernels). What is
+    left is not priced: per-step host work of the vLLM engine and the MLA decode kernel's fixed cost at
+    four sequences (a pinned gap, so a physics change shows)."""
+    from autoshard.costmodel.serve.predict import predict_serve
+    from autoshard.specs.job import ServeJob
+
+    pool = load_cluster("dgx-h200").with_gpus(8).pools[0]
+    job = ServeJob(input_len=228, output_len=213, weight_dtype=FP8, kv_cache_dtype=WeightDtype.BF16)
+    cfg = ServeConfig(tp=8, weight_dtype=FP8, kv_cache_dtype=WeightDtype.BF16, max_num_seqs=4)
+    tpot = predict_serve(DSV3, pool, job, cfg).tpot_s
+    assert -0.32 <= tpot / GPUSTACK_DSR1_H200_TP8_C4_TPOT_S - 1 <= -0.24, tpot
