@@ -87,6 +87,9 @@ SWITCHES = {
     "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split",
     "--moe-router-enable-expert-bias",
+    "--grad-reduce-in-bf16",
+    "--use-precision-aware-optimizer",
+    "--fp8-param-gather",
 }
 REMOVED = {
     "--standalone-embedding-stage",

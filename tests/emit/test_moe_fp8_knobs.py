@@ -9,6 +9,7 @@ import pytest
 from test_megatron import make_plan, rule_violations, split_command
 
 from autoshard.api import evaluate, train_job
+from autoshard.costmodel.train.step import predict_train
 from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.megatron.parse import parse_megatron
@@ -98,3 +99,44 @@ def test_bad_knobs_are_spec_errors(model, cluster, precision, kw, message):
     with pytest.raises(SpecError, match=message):
         evaluate(spec, load_cluster(cluster).with_gpus(8), train_job(spec, seq_len=4096, global_batch_size=32,
                                                                       precision=precision), tp=1, pp=1, **kw)
+
+
+@pytest.mark.parametrize(("extra", "grads_fp32", "moments_bf16", "warning"), [
+    ("", True, False, None),
+    (" --grad-reduce-in-bf16", False, False, None),
+    (" --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", True, True, None),
+    (" --use-precision-aware-optimizer --exp-avg-dtype fp16 --exp-avg-sq-dtype fp16", True, True, None),
+    (" --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16", True, True, "FP8 Adam moments"),
+    (" --use-precision-aware-optimizer --exp-avg-dtype bf16", True, False, "one Adam moment in 16 bits"),
+    (" --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", True, False, "need --use-precision-aware-optimizer"),
+])
+def test_gradient_and_moment_dtypes_are_read(extra, grads_fp32, moments_bf16, warning):
+    base = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+            "--tokenizer-type NullTokenizer --vocab-size 32000 --use-distributed-optimizer")
+    parsed = parse_megatron(base + extra)
+    cfg = parsed.with_world_size(8).train_config()
+    assert (cfg.grad_reduce_fp32, cfg.optimizer_moments_bf16) == (grads_fp32, moments_bf16)
+    assert (warning is None) == (not any("moment" in w or "precision-aware" in w for w in parsed.warnings))
+    if warning:
+        assert any(warning in w for w in parsed.warnings)
+
+
+def test_bf16_gradients_and_moments_round_trip_and_save_memory():
+    """--grad-reduce-in-bf16 halves the gradient buffer (4 -> 2 B/param, DP 1); 16-bit Adam moments
+    halve the moments (8 -> 4 B/param) and keep the FP32 master: 18 -> 12 B/param of model states."""
+    plan = make_plan("llama-3.1-8b", "dgx-h100", tp=8, dp=1)
+    lean = _with(plan, grad_reduce_fp32=False, optimizer_moments_bf16=True)
+    text = megatron_command(lean)
+    flags = split_command(text)[2]
+    assert "--grad-reduce-in-bf16" in flags and flags["--exp-avg-dtype"] == ["bf16"]
+    assert "--use-precision-aware-optimizer" in flags
+    assert rule_violations(text, world=lean.num_gpus, blackwell=False) == []
+    back = parse_megatron(text).with_world_size(8).train_config()
+    assert (back.grad_reduce_fp32, back.optimizer_moments_bf16) == (False, True)
+    assert "--grad-reduce-in-bf16" not in split_command(megatron_command(plan))[2]
+    full = predict_train(plan.model, plan.cluster, plan.config, plan.stages).memory
+    half = predict_train(lean.model, lean.cluster, lean.config, lean.stages).memory
+    assert half.grads == pytest.approx(full.grads / 2)
+    assert half.optimizer == pytest.approx(full.optimizer * 8 / 12)  # FP32 master 4 + moments 8 -> 4 + 4
+    assert half.weights == pytest.approx(full.weights)

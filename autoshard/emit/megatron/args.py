@@ -341,6 +341,8 @@ def _distributed_args(plan: Plan) -> list[Arg]:
             args.append(("--overlap-param-gather", None))
     if cfg.tp_comm_overlap and cfg.sp:
         args.append(("--tp-comm-overlap", None))
+    if not cfg.grad_reduce_fp32:
+        args.append(("--grad-reduce-in-bf16", None))
     return args
 
 
@@ -359,7 +361,10 @@ def _precision_args(plan: Plan) -> list[Arg]:
 def _optimizer_args(plan: Plan) -> list[Arg]:
     if plan.config.optimizer is Optimizer.SGD:
         return [("--optimizer", "sgd"), ("--sgd-momentum", "0.9")]
-    return [("--optimizer", "adam"), ("--adam-beta1", "0.9"), ("--adam-beta2", "0.95")]
+    args: list[Arg] = [("--optimizer", "adam"), ("--adam-beta1", "0.9"), ("--adam-beta2", "0.95")]
+    if plan.config.optimizer_moments_bf16:
+        args += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
+    return args
 
 
 def megatron_args(plan: Plan) -> list[Arg]:

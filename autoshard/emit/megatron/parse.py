@@ -81,6 +81,10 @@ class ParsedMegatron:
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED
     """--fp8-recipe (Megatron's default is delayed)."""
     fp8_param_gather: bool = False
+    grad_reduce_fp32: bool = True
+    """False with --grad-reduce-in-bf16 (BF16 gradient buffer and reduction)."""
+    optimizer_moments_bf16: bool = False
+    """--use-precision-aware-optimizer with 16-bit --exp-avg-dtype and --exp-avg-sq-dtype."""
     recompute_modules: tuple[str, ...] = ()
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
 
@@ -124,6 +128,8 @@ class ParsedMegatron:
                 moe_dispatcher=self.moe_dispatcher if self.model.moe is not None else MoeDispatcher.ALLTOALL,
                 fp8_recipe=self.fp8_recipe,
                 fp8_param_gather=self.fp8_param_gather,
+                grad_reduce_fp32=self.grad_reduce_fp32,
+                optimizer_moments_bf16=self.optimizer_moments_bf16,
                 recompute_modules=self.recompute_modules,
             )
         except ValueError as exc:
@@ -230,6 +236,8 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         moe_dispatcher=facts.dispatcher(r),
         fp8_recipe=facts.fp8_recipe(r),
         fp8_param_gather=r.on("--fp8-param-gather"),
+        grad_reduce_fp32=facts.grad_reduce_fp32(r),
+        optimizer_moments_bf16=facts.optimizer_moments_bf16(r),
         recompute_modules=modules,
     )
     if launch.world_size is not None:

@@ -124,6 +124,28 @@ def zero_stage(r: FlagReader) -> int:
     return 1 if r.on("--use-distributed-optimizer") else 0
 
 
+def grad_reduce_fp32(r: FlagReader) -> bool:
+    """Megatron-LM reduces (and keeps) BF16-run gradients in FP32 unless --grad-reduce-in-bf16."""
+    return not r.on("--grad-reduce-in-bf16")
+
+
+def optimizer_moments_bf16(r: FlagReader) -> bool:
+    """Adam's moments in 16 bits: --use-precision-aware-optimizer with --exp-avg-dtype and --exp-avg-sq-dtype
+    both bf16 or fp16 (Megatron-LM ignores the dtypes without it; fp8 moments are priced as 16-bit)."""
+    given = {flag: r.text(flag, "fp32") for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
+    if not r.on("--use-precision-aware-optimizer"):
+        if any(v != "fp32" for v in given.values()):
+            r.warnings.append("--exp-avg-dtype/--exp-avg-sq-dtype need --use-precision-aware-optimizer "
+                              "(Megatron-LM keeps FP32 moments without it); read as FP32")
+        return False
+    if "fp8" in given.values():
+        r.warnings.append("FP8 Adam moments are predicted as 16-bit moments (2 bytes each)")
+    small = {v != "fp32" for v in given.values()}
+    if small == {True, False}:
+        r.warnings.append("one Adam moment in 16 bits and one in FP32: predicted as FP32 moments")
+    return small == {True}
+
+
 def vpp(r: FlagReader, num_layers: int, pp: int) -> int:
     given = [
         f
