@@ -103,7 +103,8 @@ class EfficiencySpec(FrozenSpec):
     fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
     """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
     Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;
-    the train_* overrides on all 41 held H100 runs)."""
+    the train_* overrides on all 41 held H100 runs, but train_attention and train_attention_half_seq,
+    which come from kernel benchmarks)."""
 
     serve_gemm: Fraction | None = None
     """Serving only (autoshard/costmodel/serve/step.py): fraction of dense BF16 peak an inference
