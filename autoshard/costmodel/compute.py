@@ -224,9 +224,18 @@ UB_PIPELINE_SPLITS = 4
 UB_PIPELINE_SM_FRACTION = 1.0 - 20.0 / 132.0
 
 
+UB_MAX_STREAMS = 3
+"""Transformer Engine issues the chunk GEMMs of a userbuffer overlap round-robin on
+NVTE_COMM_OVERLAP_MAX_STREAMS = 3 compute streams (comm_gemm_overlap.h), so up to three consecutive
+chunks run at once and fill the SMs one m/chunks-row GEMM leaves idle."""
+
+
 def _chunked_s(g: Gemm, chunks: int, gpu: GpuSpec, precision: Precision) -> float:
+    """`chunks` GEMMs of m/chunks rows, UB_MAX_STREAMS at a time: while the streams are full the
+    device runs them as one GEMM of UB_MAX_STREAMS times the rows, chunks/streams times."""
     rows = max(1, g.m // chunks)
-    return chunks * gemm_time_s(Gemm(rows, g.n, g.k, g.count, g.fp8_capable), gpu, precision)
+    streams = min(UB_MAX_STREAMS, chunks)
+    return chunks / streams * gemm_time_s(Gemm(rows * streams, g.n, g.k, g.count, g.fp8_capable), gpu, precision)
 
 
 def tp_overlap_gemm_extra_s(

@@ -81,27 +81,30 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
-    train_gemm: Fraction | None = 0.65
+    train_gemm: Fraction | None = 0.60
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
     serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 41 held H100 runs."""
-    train_gemm_fp8: Fraction | None = 0.65
+    train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
     train_hbm: Fraction | None = 0.60
     """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts and recompute
     (None: use `hbm`). The optimizer step, priced identically by the solver, keeps `hbm`."""
-    train_attention: Fraction | None = None
-    """Training-only override of `attention` (None: use `attention`)."""
-    train_attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] | None = None
-    """Training-only override of `attention_half_seq` (None: use `attention_half_seq`)."""
+    train_attention: Fraction | None = 0.45
+    """Training-only override of `attention` (None: use `attention`). H100 default: measured at kernel
+    level, not fitted (autoshard.costmodel.efficiency.KERNEL_TRAIN_KNOBS)."""
+    train_attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] | None = 630.0
+    """Training-only override of `attention_half_seq` (None: use `attention_half_seq`). H100 default:
+    from kernel benchmarks like train_attention."""
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
     fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
     """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
     Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;
-    the train_* overrides on all 41 held H100 runs)."""
+    the train_* overrides on all 41 held H100 runs, but train_attention and train_attention_half_seq,
+    which come from kernel benchmarks)."""
 
     serve_gemm: Fraction | None = None
     """Serving only (autoshard/costmodel/serve/step.py): fraction of dense BF16 peak an inference

@@ -219,7 +219,8 @@ def _absurd_cluster(tmp_path: Path) -> Path:
     spec = yaml.safe_load((ROOT / "clusters" / "dgx-h100.yaml").read_text())
     spec["name"] = "absurd-h100"
     spec["gpu"]["efficiency"] = {"gemm": 1.0, "gemm_fp8": 1.0, "gemm_half_dim": 0.0, "attention": 1.0, "hbm": 1.0,
-                                 "intra_node_bw": 1.0, "inter_node_bw": 1.0, "kernel_overhead_us": 0.0}
+                                 "intra_node_bw": 1.0, "inter_node_bw": 1.0, "kernel_overhead_us": 0.0,
+                                 "train_gemm": 1.0, "train_gemm_fp8": 1.0, "train_hbm": 1.0, "train_attention": 1.0}
     path = tmp_path / "absurd-h100.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

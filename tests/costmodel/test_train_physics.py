@@ -157,9 +157,11 @@ def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
 def test_tp_overlap_splits_gemms_as_userbuffers_do():
     """Llama-3.1-70B dense layer, TP 8, 4,096 tokens, no kernel overhead, no HBM bound: with
     --tp-comm-overlap QKV and FC1 run as 8 GEMMs of 512 rows (ring exchange), proj and FC2 as 4 of
-    1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. At efficiency
-    e(d) = 0.7 d / (d + 128) (d the smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
-    from autoshard.costmodel.compute import UB_PIPELINE_SM_FRACTION, tp_overlap_gemm_extra_s
+    1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. Transformer Engine
+    issues the chunks round-robin on 3 compute streams, so 3 run at once: the device sees 3 x 512 =
+    1,536-row GEMMs (ring) and 3,072-row ones (pipeline). At efficiency e(d) = 0.7 d / (d + 128) (d the
+    smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
+    from autoshard.costmodel.compute import UB_MAX_STREAMS, UB_PIPELINE_SM_FRACTION, tp_overlap_gemm_extra_s
     from autoshard.costmodel.flops import layer_gemms
 
     eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None)
@@ -174,8 +176,11 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     qkv, proj, fc1, fc2 = gemms
     assert proj.k == 1024 and fc2.k == 28672 // 8  # proj's smallest whole dimension is its k = 8192/8
     whole = {g: t(g.flops, min(g.m, g.n, g.k)) for g in gemms}
-    ring = {g: t(g.flops, min(512, g.n, g.k)) for g in gemms}
-    piped = {g: t(g.flops, min(1024, g.n, g.k)) / UB_PIPELINE_SM_FRACTION for g in gemms}
+    assert UB_MAX_STREAMS == 3
+    ring = {g: t(g.flops, min(3 * 512, g.n, g.k)) for g in gemms}
+    piped = {g: t(g.flops, min(3 * 1024, g.n, g.k)) / UB_PIPELINE_SM_FRACTION for g in gemms}
+    # one stream (the chunks one after another) would cost more: 512-row GEMMs fall down the curve
+    assert t(qkv.flops, 512) > ring[qkv]
     fwd, bwd = tp_overlap_gemm_extra_s(LLAMA70, LayerKind.DENSE, gemms, gpu=gpu, tp=8, precision=Precision.BF16)
     assert fwd == pytest.approx(ring[qkv] - whole[qkv] + ring[fc1] - whole[fc1] + piped[proj] - whole[proj]
                                 + piped[fc2] - whole[fc2], rel=1e-9)
@@ -226,10 +231,49 @@ def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones(
     assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * shape))
     assert training_gpu(gpu).efficiency.train_gemm is None  # applied once, idempotent
     assert training_gpu(training_gpu(gpu)) == training_gpu(gpu)
-    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(train_gemm=None, train_gemm_fp8=None, train_hbm=None)})
+    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(
+        train_gemm=None, train_gemm_fp8=None, train_hbm=None, train_attention=None, train_attention_half_seq=None)})
     assert training_gpu(neutral) is neutral
     # the bundled H100 ships the training refit; A100 files carry their own
     h100 = load_cluster("dgx-h100").primary.gpu
     a100 = load_cluster("dgx-a100-80gb").primary.gpu
-    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.65, 0.70)
+    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.60, 0.70)
+    # H100 attention in training comes from kernel benchmarks (KERNEL_TRAIN_KNOBS), serving keeps its own
+    assert (training_gpu(h100).efficiency.attention, training_gpu(h100).efficiency.attention_half_seq) == (0.45, 630.0)
+    assert (h100.efficiency.attention, h100.efficiency.attention_half_seq) == (0.25, 4096.0)
     assert training_gpu(a100).efficiency.attention == 0.20 and a100.efficiency.attention == 0.30
+
+
+def test_hopper_training_attention_comes_from_kernel_benchmarks():
+    """KERNEL_TRAIN_KNOBS['hopper'] recomputed from cuDNN's fused attention on H100 SXM5 (head dim 128,
+    BF16; FlashAttention-3 paper, Shah et al. 2024, Figs. 5-6): causal forward, non-causal forward and
+    non-causal backward TFLOP/s at 1k-16k tokens. The causal backward is taken at the forward's causal /
+    non-causal ratio; a training step runs forward and backward FLOPs at 1 : 2.5, so the blended speed
+    is 3.5 / (1/fwd + 2.5/bwd). At 4,096 tokens that is 448 TFLOP/s, 0.45 of the 989 TFLOP/s peak, and
+    the least-squares s0 of r(s) = s / (s + s0) over 1k-16k is 630 (the curve is flat beyond)."""
+    import math
+    import sys
+    from pathlib import Path
+
+    from autoshard.costmodel.efficiency import KERNEL_TRAIN_KNOBS
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+    from fit_efficiency import kernel_knobs
+
+    seq = [1024, 2048, 4096, 8192, 16384]
+    causal_fwd = [410, 484, 518, 529, 539]
+    full_fwd = [574, 617, 609, 600, 595]
+    full_bwd = [408, 465, 499, 518, 516]
+    blended = [3.5 / (1 / f + 2.5 / (b * f / n)) for f, n, b in zip(causal_fwd, full_fwd, full_bwd, strict=True)]
+    knobs = KERNEL_TRAIN_KNOBS["hopper"]
+    assert blended[2] / 989 == pytest.approx(knobs["attention"], abs=0.005)
+
+    def misfit(s0: float) -> float:
+        r = [s / (s + s0) for s in seq]
+        return sum((math.log(b / blended[2]) - math.log(x / r[2])) ** 2 for b, x in zip(blended, r, strict=True))
+
+    best = min(range(100, 2000, 10), key=misfit)
+    assert best == knobs["attention_half_seq"]
+    # the fit holds these knobs for every Hopper GPU (never fitted), and only for Hopper
+    assert kernel_knobs("H100-SXM5-80GB") == kernel_knobs(("H200-SXM-141GB",)) == knobs
+    assert kernel_knobs("A100-SXM4-80GB") == {} and kernel_knobs(("B200-SXM-180GB", "GB200-186GB")) == {}

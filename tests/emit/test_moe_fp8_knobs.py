@@ -9,6 +9,7 @@ import pytest
 from test_megatron import make_plan, rule_violations, split_command
 
 from autoshard.api import evaluate, train_job
+from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.step import predict_train
 from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.script import megatron_script
@@ -67,10 +68,17 @@ def test_solver_picks_the_cheapest_dispatcher():
     h100 = load_cluster("dgx-h100").with_gpus(256)
     # EP 32 crosses four nodes: DeepEP/HybridEP sends each token once per remote node
     assert dispatcher_for(qwen, h100, ParallelDims(tp=2, pp=8, dp=16, ep=32, etp=1), 4096) is MoeDispatcher.FLEX
-    # inside one node flex moves the same bytes: alltoall (no extra library)
-    assert dispatcher_for(qwen, h100, ParallelDims(tp=2, pp=8, dp=16, ep=8, etp=1), 4096) is MoeDispatcher.ALLTOALL
-    # EP 4 < top-8: gathering every token (3 T h) beats sending 8 copies (6 T h)
-    assert dispatcher_for(qwen, h100, ParallelDims(tp=1, pp=8, dp=32, ep=4), 4096) is MoeDispatcher.ALLGATHER
+    # inside one node flex still sends a token once per rank holding its experts (5.34 of top-8 over
+    # EP 8), alltoall once per expert
+    assert dispatcher_for(qwen, h100, ParallelDims(tp=2, pp=8, dp=16, ep=8, etp=1), 4096) is MoeDispatcher.FLEX
+    # one expert per rank (Mixtral 8 experts, EP 8): the same bytes, so alltoall (no extra library)
+    mixtral = load_model("mixtral-8x7b")
+    assert dispatcher_for(mixtral, h100, ParallelDims(tp=1, pp=4, dp=64, ep=8, etp=1), 4096) is MoeDispatcher.ALLTOALL
+    # EP 4 < top-8: gathering every token (3 T h each way) beats sending 8 copies (6 T h), but flex sends
+    # a token to the 3.6 ranks holding its experts on average (2.7 T h leave the GPU): flex
+    assert dispatcher_for(qwen, h100, ParallelDims(tp=1, pp=8, dp=32, ep=4), 4096) is MoeDispatcher.FLEX
+    kw = dict(tokens=4096, hidden=qwen.hidden_size, top_k=8, num_experts=128, ep=4, etp=1, pool=h100.primary)
+    assert dispatch_time_s(MoeDispatcher.ALLGATHER, **kw) < dispatch_time_s(MoeDispatcher.ALLTOALL, **kw)
     assert default_fp8_recipe(h100) is Fp8Recipe.DELAYED
     assert default_fp8_recipe(load_cluster("gb200-nvl72")) is Fp8Recipe.MXFP8
 

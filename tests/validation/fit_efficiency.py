@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
 
 from autoshard.costmodel.band_table import gpu_generation  # noqa: E402
+from autoshard.costmodel.efficiency import KERNEL_TRAIN_KNOBS  # noqa: E402
 from autoshard.specs import EfficiencySpec  # noqa: E402
 from autoshard.specs.cluster import TRAIN_KNOBS  # noqa: E402
 
@@ -59,12 +60,24 @@ def loss(gpu: str | tuple[str, ...], eff: EfficiencySpec, runs: list[dict]) -> f
     return total / max(len(results), 1)
 
 
+def kernel_knobs(gpu: str | tuple[str, ...]) -> dict[str, float]:
+    """The knobs `gpu`'s generation takes from kernel benchmarks (autoshard.costmodel.efficiency.
+    KERNEL_TRAIN_KNOBS): held at those values, not fitted."""
+    first = gpu if isinstance(gpu, str) else gpu[0]
+    return KERNEL_TRAIN_KNOBS.get(gpu_generation(first), {})
+
+
 def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2) -> EfficiencySpec:
-    """Coordinate descent over GRID on `runs` (held runs of `gpu`, or of a pool of GPU types)."""
+    """Coordinate descent over GRID on `runs` (held runs of `gpu`, or of a pool of GPU types); the
+    generation's kernel-measured knobs (kernel_knobs) stay fixed."""
+    pinned = kernel_knobs(gpu)
+    start = start.model_copy(update=pinned)
     best, best_loss = start, loss(gpu, start, runs)
     for _ in range(rounds):
         improved = False
         for knob, values in GRID.items():
+            if knob in pinned:
+                continue
             for v in values:
                 if v == getattr(best, knob):
                     continue
