@@ -53,13 +53,27 @@ MOE_ROW_BLOCK = 16
 def serving_gpu(gpu: GpuSpec) -> GpuSpec:
     """The GPU as an inference engine's GEMMs see it: the efficiency field `serve_gemm` (fitted per
     GPU type on published serving runs) in place of the training-fitted `gemm`, FP8 GEMMs at the
-    training ratio gemm_fp8 / gemm. A GPU type without it keeps its training values (no serving run
-    of it to learn from)."""
+    FP8/BF16 ratio of the training fit (`fp8_gemm_ratio`). A GPU type without it keeps its training
+    values (no serving run of it to learn from)."""
     eff = gpu.efficiency
     if eff.serve_gemm is None:
         return gpu
-    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, eff.gemm_fp8 * eff.serve_gemm / eff.gemm)}
+    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, fp8_gemm_ratio(gpu) * eff.serve_gemm)}
     return gpu.model_copy(update={"efficiency": eff.model_copy(update=update)})
+
+
+def fp8_gemm_ratio(gpu: GpuSpec) -> float:
+    """Fraction of its FP8 peak an FP8 GEMM reaches over the fraction of BF16 peak a BF16 GEMM
+    reaches, as the training fit measured it on this GPU type (`train_gemm_fp8 / train_gemm`; the
+    untrained `gemm_fp8 / gemm` defaults where a type has no training fit). One value for both modes:
+    the GEMMs are the same cuBLAS/CUTLASS kernels whichever engine calls them. On H100 the training
+    fit gives 1.0 (0.65 / 0.65), as cuBLAS measures it (~0.75-0.8 of either peak at large shapes);
+    the 0.55 / 0.70 defaults would price an FP16 GEMM 27 % nearer its peak than an FP8 one, so a
+    GPU's serving fit, pinned by its FP8 rows, would run its FP16 engines too fast."""
+    eff = gpu.efficiency
+    fp8 = eff.train_gemm_fp8 if eff.train_gemm_fp8 is not None else eff.gemm_fp8
+    bf16 = eff.train_gemm if eff.train_gemm is not None else eff.gemm
+    return fp8 / bf16
 
 
 def _weight_only_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:

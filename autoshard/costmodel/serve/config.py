@@ -16,7 +16,7 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = ["HOST_US_PER_SEQ", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
 
-HOST_US_PER_SEQ = 5.0
+HOST_US_PER_SEQ = 2.5
 """Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
 scheduling, stop-criteria checks, updating each request's response (what TensorRT-LLM's later
 "overlap scheduler" hides: nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html; the
