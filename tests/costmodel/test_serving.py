@@ -412,6 +412,35 @@ def test_prefill_attention_elsewhere_uses_the_gpu_attention_efficiency():
     assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq) == pytest.approx(expected)
 
 
+def test_fp8_context_attention_runs_at_the_fp8_peak_only_where_asked_and_possible():
+    """TensorRT-LLM FP8 engines (use_fp8_context_fmha) run the prefill attention on FP8 tensor cores:
+    the same FA3 efficiency curve of the 1979 TFLOP/s FP8 peak, half the BF16 time on H100 (at 16k:
+    ~1.24 PFLOP/s, FA3's "close to 1.2 PFLOPs" in FP8); a GPU without FP8 (A100) keeps BF16; a step
+    uses it only with the config flag and an FP8 KV cache."""
+    h100 = POOL1.gpu
+    a100 = load_cluster("dgx-a100-80gb").with_gpus(1).primary.gpu
+    seq = 16384
+    bf16 = prefill_attention_s(LLAMA8, h100, tp=1, prompt_len=seq)
+    fp8 = prefill_attention_s(LLAMA8, h100, tp=1, prompt_len=seq, fp8=True)
+    assert fp8 == pytest.approx(bf16 * 989 / 1979)
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * 256 * 0.5
+    assert flops / fp8 / 1e12 == pytest.approx(1241, rel=0.03)
+    assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq, fp8=True) == prefill_attention_s(
+        LLAMA8, a100, tp=1, prompt_len=seq
+    )
+
+    def attention(**flags):
+        cfg = ServeConfig(weight_dtype=WeightDtype.FP8, **flags)
+        return step_time(
+            LLAMA8, POOL1, cfg, decode_seqs=0, prefill_tokens=seq, prefills=1, prefill_len=seq, context_len=0
+        ).attention_s
+
+    base = attention(kv_cache_dtype=WeightDtype.FP8)
+    assert attention(kv_cache_dtype=WeightDtype.BF16, fp8_context_attention=True) == base  # BF16 cache
+    fast = attention(kv_cache_dtype=WeightDtype.FP8, fp8_context_attention=True)
+    assert base - fast == pytest.approx(32 * (bf16 - fp8))  # 32 layers, one prompt each
+
+
 # --------------------------------------------------------------------------- host work and serving knobs
 
 

@@ -282,6 +282,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         max_num_seqs=bs,
         max_num_batched_tokens=tokens,
         cuda_graphs=False,
+        fp8_context_attention=wdt is WeightDtype.FP8,  # trtllm-bench build: use_fp8_context_fmha
     )
     if knobs is not None:
         settings["host_us_per_seq"] = knobs[0]

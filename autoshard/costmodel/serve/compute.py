@@ -178,13 +178,18 @@ def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
     return gpu.efficiency.attention
 
 
-def prefill_attention_s(model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float) -> float:
+def prefill_attention_s(
+    model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float, fp8: bool = False
+) -> float:
     """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
-    value products at the forward flash-attention efficiency for that length."""
+    value products at the forward flash-attention efficiency for that length, of the BF16 peak or,
+    with `fp8` on a GPU with FP8 tensor cores, of the FP8 peak (FlashAttention-3 reaches about the
+    same fraction of either: ~1.2 PFLOP/s FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / tp
     flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
-    return flops / (gpu.bf16_tflops * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+    peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops
+    return flops / (peak * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
 
 
 def _decode_attention_s(
