@@ -76,9 +76,15 @@ def collective_time_s(kind: Collective, size_bytes: float, ranks: int, link: Lin
     return volume * size_bytes / link.bytes_per_s + steps * link.latency_s
 
 
-def _intra(node: NodeSpec, pool: PoolSpec) -> Link:
+def _intra(node: NodeSpec, pool: PoolSpec, span: int = 1) -> Link:
+    """The intra-node link of a group whose ranks span `span` consecutive GPUs: on a two-socket PCIe
+    node a span beyond one socket's GPUs runs its ring through the CPU interconnect
+    (`NodeSpec.cross_socket_gbps`, the slower of the two)."""
     eff = pool.gpu.efficiency
-    return Link(node.intra_node_gbps * 1e9 * eff.intra_node_bw, eff.intra_node_latency_us * 1e-6, False)
+    gbps = node.intra_node_gbps
+    if node.socket_gpus is not None and node.cross_socket_gbps is not None and span > node.socket_gpus:
+        gbps = min(gbps, node.cross_socket_gbps)
+    return Link(gbps * 1e9 * eff.intra_node_bw, eff.intra_node_latency_us * 1e-6, False)
 
 
 def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
@@ -98,7 +104,7 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
             return _intra(node, pool)
         domain = used
     elif ranks <= 1 or ranks * stride <= domain:
-        return _intra(node, pool)
+        return _intra(node, pool, span=(ranks - 1) * stride + 1)
     eff = pool.gpu.efficiency
     members = max(1, min(ranks, domain // stride))
     bandwidth = min(members * node.inter_node_gbps * eff.inter_node_bw, node.intra_node_gbps * eff.intra_node_bw)

@@ -161,6 +161,13 @@ class NodeSpec(FrozenSpec):
     """GPUs a job uses in each rack-scale NVLink domain (e.g. 64 of an NVL72's 72, leaving spare trays);
     defaults to all of them. Ranks fill one domain up to this count before the next; the last domain of
     a pool may be partly filled (any whole number of trays)."""
+    socket_gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] | None = None
+    """PCIe nodes with two CPU sockets: GPUs under one socket's PCIe root complex. A group of more
+    ranks crosses the CPU interconnect (UPI / xGMI), where NCCL runs through host memory at
+    `cross_socket_gbps`. None: the node's intra-node link reaches every GPU alike."""
+    cross_socket_gbps: Bandwidth | None = None
+    """Bus bandwidth (GB/s per GPU per direction, the `intra_node_gbps` convention) of a ring that
+    crosses the CPU sockets; set together with `socket_gpus`."""
 
     @property
     def domain_size(self) -> int:
@@ -190,6 +197,15 @@ class NodeSpec(FrozenSpec):
                     f"nvlink_domain_gpus_used ({used}) must be a whole number of {self.gpus_per_node}-GPU nodes "
                     f"(trays) and at most nvlink_domain_gpus ({d})"
                 )
+        if (self.socket_gpus is None) != (self.cross_socket_gbps is None):
+            raise ValueError("socket_gpus and cross_socket_gbps go together: set both or neither")
+        if self.socket_gpus is not None and (
+            self.socket_gpus >= self.gpus_per_node or self.gpus_per_node % self.socket_gpus
+        ):
+            raise ValueError(
+                f"socket_gpus ({self.socket_gpus}) must be a divisor of gpus_per_node ({self.gpus_per_node}) "
+                "smaller than it (one socket's share of the node's GPUs)"
+            )
         return self
 
 

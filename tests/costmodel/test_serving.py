@@ -301,6 +301,41 @@ def test_custom_all_reduce_only_where_engines_use_it():
     assert tp_all_reduce_s(65536, 8, plink, pcie) == collective_time_s(Collective.ALL_REDUCE, 65536, 8, plink)
 
 
+def test_pcie_ring_over_both_sockets_runs_at_the_cross_socket_bandwidth():
+    """8x L40S: four GPUs per socket. A group within one socket runs at the PCIe link (25 GB/s), one
+    that spans both sockets (TP 8; DP 2 of stride 4) at cross_socket_gbps (20 GB/s: the 28 / 35 GB/s
+    8- vs 4-GPU busbw ratio of NVIDIA/nccl#1639 on the 25 GB/s link): a TP 8 ring all-reduce of S
+    bytes takes 2 * 7/8 * S / (20e9 * intra_node_bw), 25/20 of the single-socket figure."""
+    from pydantic import ValidationError
+
+    from autoshard.specs.cluster import NodeSpec
+
+    pool = load_cluster("l40s-pcie").with_gpus(8).primary
+    eff = pool.gpu.efficiency.intra_node_bw
+    assert (pool.node.socket_gpus, pool.node.cross_socket_gbps) == (4, 20)
+    assert group_link(pool, ranks=4).bytes_per_s == pytest.approx(25e9 * eff)
+    assert group_link(pool, ranks=2, stride=2).bytes_per_s == pytest.approx(25e9 * eff)  # GPUs 0, 2
+    assert group_link(pool, ranks=8).bytes_per_s == pytest.approx(20e9 * eff)
+    assert group_link(pool, ranks=2, stride=4).bytes_per_s == pytest.approx(20e9 * eff)  # GPUs 0, 4
+    size = 64 * 2**20
+    t8 = collective_time_s(Collective.ALL_REDUCE, size, 8, group_link(pool, ranks=8))
+    lat = 6 * group_link(pool, ranks=8).latency_s
+    assert t8 - lat == pytest.approx(2 * 7 / 8 * size / (20e9 * eff))
+    # NVLink nodes name no sockets: unchanged
+    h100 = H100.with_gpus(8).primary
+    assert h100.node.socket_gpus is None
+    assert group_link(h100, ranks=8).bytes_per_s == pytest.approx(450e9 * h100.gpu.efficiency.intra_node_bw)
+    base = dict(gpus_per_node=8, intra_node_link="pcie", intra_node_gbps=25, inter_node_gbps=12.5)
+    for bad, match in (
+        ({"socket_gpus": 4}, "set both or neither"),
+        ({"cross_socket_gbps": 20}, "set both or neither"),
+        ({"socket_gpus": 3, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
+        ({"socket_gpus": 8, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
+    ):
+        with pytest.raises(ValidationError, match=match):
+            NodeSpec(**base, **bad)
+
+
 def _brute_max_poisson(lam: float, ranks: int) -> float:
     """E[max of `ranks` iid Poisson(lam)] by summing k * P(max = k)."""
     import math as m
@@ -379,6 +414,35 @@ def test_prefill_attention_elsewhere_uses_the_gpu_attention_efficiency():
     assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq) == pytest.approx(expected)
 
 
+def test_fp8_context_attention_runs_at_the_fp8_peak_only_where_asked_and_possible():
+    """TensorRT-LLM FP8 engines (use_fp8_context_fmha) run the prefill attention on FP8 tensor cores:
+    the same FA3 efficiency curve of the 1979 TFLOP/s FP8 peak, half the BF16 time on H100 (at 16k:
+    ~1.24 PFLOP/s, FA3's "close to 1.2 PFLOPs" in FP8); a GPU without FP8 (A100) keeps BF16; a step
+    uses it only with the config flag and an FP8 KV cache."""
+    h100 = POOL1.gpu
+    a100 = load_cluster("dgx-a100-80gb").with_gpus(1).primary.gpu
+    seq = 16384
+    bf16 = prefill_attention_s(LLAMA8, h100, tp=1, prompt_len=seq)
+    fp8 = prefill_attention_s(LLAMA8, h100, tp=1, prompt_len=seq, fp8=True)
+    assert fp8 == pytest.approx(bf16 * 989 / 1979)
+    flops = 2.0 * seq * seq * LLAMA8.num_attention_heads * 256 * 0.5
+    assert flops / fp8 / 1e12 == pytest.approx(1241, rel=0.03)
+    assert prefill_attention_s(LLAMA8, a100, tp=1, prompt_len=seq, fp8=True) == prefill_attention_s(
+        LLAMA8, a100, tp=1, prompt_len=seq
+    )
+
+    def attention(**flags):
+        cfg = ServeConfig(weight_dtype=WeightDtype.FP8, **flags)
+        return step_time(
+            LLAMA8, POOL1, cfg, decode_seqs=0, prefill_tokens=seq, prefills=1, prefill_len=seq, context_len=0
+        ).attention_s
+
+    base = attention(kv_cache_dtype=WeightDtype.FP8)
+    assert attention(kv_cache_dtype=WeightDtype.BF16, fp8_context_attention=True) == base  # BF16 cache
+    fast = attention(kv_cache_dtype=WeightDtype.FP8, fp8_context_attention=True)
+    assert base - fast == pytest.approx(32 * (bf16 - fp8))  # 32 layers, one prompt each
+
+
 # --------------------------------------------------------------------------- host work and serving knobs
 
 
@@ -399,16 +463,28 @@ def test_host_work_is_per_request_per_step():
 
 
 def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
-    """serve_gemm replaces the GEMM efficiency (FP8 at the training FP8/BF16 ratio), serve_attention_hbm
+    """serve_gemm replaces the GEMM efficiency (FP8 at the training fit's FP8/BF16 ratio), serve_attention_hbm
     the HBM fraction of paged decode attention; a GPU without them keeps its training values."""
-    from autoshard.costmodel.serve.compute import serving_gpu
+    from autoshard.costmodel.serve.compute import fp8_gemm_ratio, serving_gpu
 
     gpu = POOL1.gpu
     eff = gpu.efficiency
     assert eff.serve_gemm is not None and eff.serve_attention_hbm is not None
     seen = serving_gpu(gpu).efficiency
     assert seen.gemm == eff.serve_gemm
-    assert seen.gemm_fp8 == pytest.approx(eff.gemm_fp8 * eff.serve_gemm / eff.gemm)
+    # H100: the training fit runs FP8 and BF16 GEMMs at the same fraction of their peaks (0.60 / 0.60),
+    # so serving does too; not the untrained 0.55 / 0.70 defaults
+    assert (eff.train_gemm, eff.train_gemm_fp8, eff.gemm, eff.gemm_fp8) == (0.60, 0.60, 0.70, 0.55)
+    assert fp8_gemm_ratio(gpu) == 1.0
+    assert seen.gemm_fp8 == pytest.approx(eff.serve_gemm)
+    # a type whose training fit prices FP8 lower keeps that ratio (B200: 0.50 / 0.60), capped at 1
+    b200 = load_cluster("dgx-b200").primary.gpu
+    assert fp8_gemm_ratio(b200) == pytest.approx(0.50 / 0.60)
+    untrained = gpu.model_copy(
+        update={"efficiency": eff.model_copy(update={"train_gemm": None, "train_gemm_fp8": None, "serve_gemm": 0.9})}
+    )
+    assert fp8_gemm_ratio(untrained) == pytest.approx(0.55 / 0.70)
+    assert serving_gpu(untrained).efficiency.gemm_fp8 == pytest.approx(0.9 * 0.55 / 0.70)
     assert seen.hbm == eff.hbm  # weights and element-wise kernels keep the training HBM fraction
     bare_eff = eff.model_copy(update={"serve_gemm": None, "serve_attention_hbm": None})
     bare = gpu.model_copy(update={"efficiency": bare_eff})

@@ -57,7 +57,7 @@ def test_only_block_scaled_fp8_checkpoints_are_flagged():
 @pytest.mark.parametrize("shape", sorted(VLLM_BLOCK_FP8_TFLOPS))
 def test_block_fp8_gemm_matches_vllms_kernel_table(shape):
     """Each compute-bound shape predicted between 0.75x the slower and 1.1x the faster of the two
-    kernels vLLM runs (CUTLASS, DeepGEMM); the per-tensor FP8 rate is 1.1-2x above both."""
+    kernels vLLM runs (CUTLASS, DeepGEMM); the per-tensor FP8 rate is above both, by at most 2x."""
     m, n, k = shape
     pool = _h100()
     gpu = model_serving_gpu(DSV3, pool.gpu, FP8)
@@ -66,7 +66,7 @@ def test_block_fp8_gemm_matches_vllms_kernel_table(shape):
     cutlass, deepgemm = VLLM_BLOCK_FP8_TFLOPS[shape]
     assert 0.75 * min(cutlass, deepgemm) <= tflops <= 1.1 * max(cutlass, deepgemm), tflops
     per_tensor = 2 * m * n * k / gemm_time_s(g, serving_gpu(pool.gpu), Precision.FP8) / 1e12
-    assert per_tensor >= 1.1 * max(cutlass, deepgemm)
+    assert max(cutlass, deepgemm) < per_tensor <= 2 * min(cutlass, deepgemm)
 
 
 def test_block_fp8_median_error_over_the_kernel_table():

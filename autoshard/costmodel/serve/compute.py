@@ -101,13 +101,27 @@ def _block_fp8_gpu(gpu: GpuSpec) -> GpuSpec:
 def serving_gpu(gpu: GpuSpec) -> GpuSpec:
     """The GPU as an inference engine's GEMMs see it: the efficiency field `serve_gemm` (fitted per
     GPU type on published serving runs) in place of the training-fitted `gemm`, FP8 GEMMs at the
-    training ratio gemm_fp8 / gemm. A GPU type without it keeps its training values (no serving run
-    of it to learn from)."""
+    FP8/BF16 ratio of the training fit (`fp8_gemm_ratio`). A GPU type without it keeps its training
+    values (no serving run of it to learn from)."""
     eff = gpu.efficiency
     if eff.serve_gemm is None:
         return gpu
-    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, eff.gemm_fp8 * eff.serve_gemm / eff.gemm)}
+    update = {"gemm": eff.serve_gemm, "gemm_fp8": min(1.0, fp8_gemm_ratio(gpu) * eff.serve_gemm)}
     return gpu.model_copy(update={"efficiency": eff.model_copy(update=update)})
+
+
+def fp8_gemm_ratio(gpu: GpuSpec) -> float:
+    """Fraction of its FP8 peak an FP8 GEMM reaches over the fraction of BF16 peak a BF16 GEMM
+    reaches, as the training fit measured it on this GPU type (`train_gemm_fp8 / train_gemm`; the
+    untrained `gemm_fp8 / gemm` defaults where a type has no training fit). One value for both modes:
+    the GEMMs are the same cuBLAS/CUTLASS kernels whichever engine calls them. On H100 the training
+    fit gives 1.0 (0.65 / 0.65), as cuBLAS measures it (~0.75-0.8 of either peak at large shapes);
+    the 0.55 / 0.70 defaults would price an FP16 GEMM 27 % nearer its peak than an FP8 one, so a
+    GPU's serving fit, pinned by its FP8 rows, would run its FP16 engines too fast."""
+    eff = gpu.efficiency
+    fp8 = eff.train_gemm_fp8 if eff.train_gemm_fp8 is not None else eff.gemm_fp8
+    bf16 = eff.train_gemm if eff.train_gemm is not None else eff.gemm
+    return fp8 / bf16
 
 
 def _weight_only_gemm_s(g: Gemm, gpu: GpuSpec, wbytes: float) -> float:
@@ -212,13 +226,18 @@ def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
     return gpu.efficiency.attention
 
 
-def prefill_attention_s(model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float) -> float:
+def prefill_attention_s(
+    model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float, fp8: bool = False
+) -> float:
     """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
-    value products at the forward flash-attention efficiency for that length."""
+    value products at the forward flash-attention efficiency for that length, of the BF16 peak or,
+    with `fp8` on a GPU with FP8 tensor cores, of the FP8 peak (FlashAttention-3 reaches about the
+    same fraction of either: ~1.2 PFLOP/s FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / tp
     flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
-    return flops / (gpu.bf16_tflops * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+    peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops
+    return flops / (peak * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
 
 
 def _decode_attention_s(

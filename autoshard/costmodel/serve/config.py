@@ -16,7 +16,7 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = ["HOST_US_PER_SEQ", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
 
-HOST_US_PER_SEQ = 5.0
+HOST_US_PER_SEQ = 2.5
 """Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
 scheduling, stop-criteria checks, updating each request's response (what TensorRT-LLM's later
 "overlap scheduler" hides: nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html; the
@@ -56,6 +56,10 @@ class ServeConfig:
     host_us_per_seq: float = HOST_US_PER_SEQ
     """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
     with the GPU work)."""
+    fp8_context_attention: bool = False
+    """Prefill (context) attention in FP8 on GPUs with FP8 tensor cores, when the KV cache is FP8:
+    TensorRT-LLM's FP8 engines (`trtllm-bench build --quantization FP8` sets the plugin's
+    use_fp8_context_fmha). False: BF16 prefill attention, as vLLM and SGLang run it by default."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):

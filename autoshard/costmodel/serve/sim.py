@@ -11,11 +11,19 @@ prompt), then waiting requests are admitted in arrival order while the budget, m
 KV cache allow (a request is admitted only if its whole prompt + output fits in the free KV cache:
 no preemption). A step's time is `serving.step_time` of its decode and prefill tokens.
 
+`simulate_at_rate` replays the other benchmark the engines publish: a fixed number of requests sent
+at a request rate (Poisson arrivals, a fixed seed), TTFT counted from each request's arrival. A
+finite run near the engine's capacity is a transient (the queue builds while the requests last),
+which no steady-state queue describes: at the rate the engine just absorbs, an M/D/c wait diverges
+while the benchmark's 500 requests end long before.
+
 Pure function of the specs; one engine, PP = 1, one attention-DP rank.
 """
 
 from __future__ import annotations
 
+import random
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,7 +34,7 @@ from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["BurstResult", "simulate_burst"]
+__all__ = ["BurstResult", "simulate_burst", "simulate_at_rate"]
 
 CONTEXT_BUCKET = 64
 """Decode contexts are rounded to this many tokens to reuse step times (a < 1 % effect)."""
@@ -54,10 +62,44 @@ def simulate_burst(
     model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig, *, requests: int
 ) -> BurstResult:
     """Simulate `requests` requests of job.input_len + job.output_len tokens arriving at once."""
-    if cfg.pp != 1 or cfg.dp_attention != 1:
-        raise ValueError("the burst simulation covers one PP stage and one attention-DP rank")
     if requests < 1:
         raise ValueError(f"requests must be positive, got {requests}")
+    return _simulate(model, pool, job, cfg, [0.0] * requests)
+
+
+def simulate_at_rate(
+    model: ModelSpec,
+    pool: PoolSpec,
+    job: ServeJob,
+    cfg: ServeConfig,
+    *,
+    requests: int,
+    rate: float,
+    seed: int = 0,
+) -> BurstResult:
+    """Simulate `requests` requests arriving as a Poisson process of `rate` requests/s (exponential
+    gaps from `random.Random(seed)`, the first at t = 0); TTFT from each arrival, duration to the
+    last completion."""
+    if requests < 1:
+        raise ValueError(f"requests must be positive, got {requests}")
+    if not rate > 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in range(requests):
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    return _simulate(model, pool, job, cfg, arrivals)
+
+
+def _simulate(
+    model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig, arrivals: list[float]
+) -> BurstResult:
+    """The scheduler loop over requests arriving at the sorted times `arrivals`: a step admits only
+    requests that arrived by its start; an idle engine waits for the next arrival."""
+    requests = len(arrivals)
+    if cfg.pp != 1 or cfg.dp_attention != 1:
+        raise ValueError("the burst simulation covers one PP stage and one attention-DP rank")
     isl, osl = job.input_len, job.output_len
     mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
     kv_tokens = mem.kv_cache_tokens
@@ -78,13 +120,18 @@ def simulate_burst(
             context_len=context,
         ).total_s
 
-    waiting = requests  # not yet admitted (all identical: a count is enough)
-    # running requests: [prefilled tokens, generated tokens, first-token time]
+    pending = deque(arrivals)  # not yet arrived
+    waiting: deque[float] = deque()  # arrived, not yet admitted: their arrival times
+    # running requests: [prefilled tokens, generated tokens, first-token time, arrival time]
     running: list[list[float]] = []
     t = 0.0
     ttft_sum = tpot_sum = 0.0
     done = steps = max_running = 0
     while done < requests:
+        if not running and not waiting:
+            t = max(t, pending[0])  # idle: the next request's arrival
+        while pending and pending[0] <= t:
+            waiting.append(pending.popleft())
         tokens = 0
         decodes = 0
         context = 0.0
@@ -108,9 +155,8 @@ def simulate_burst(
             and len(running) < cfg.max_num_seqs
             and reserved + isl + osl <= kv_tokens
         ):
-            r = [0.0, 0.0, -1.0]
+            r = [0.0, 0.0, -1.0, waiting.popleft()]
             running.append(r)
-            waiting -= 1
             reserved += isl + osl
             take = int(min(isl, budget - tokens))
             chunks.append((r, take))
@@ -135,7 +181,7 @@ def simulate_burst(
         for r in running:
             if r[1] >= osl:
                 done += 1
-                ttft_sum += r[2]
+                ttft_sum += r[2] - r[3]
                 tpot_sum += (t - r[2]) / (osl - 1) if osl > 1 else 0.0
             else:
                 still.append(r)

@@ -66,7 +66,7 @@ from autoshard.costmodel.serve.sharding import (
     pp_send_s,
 )
 from autoshard.specs.cluster import PoolSpec
-from autoshard.specs.job import Precision
+from autoshard.specs.job import Precision, WeightDtype
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
@@ -150,7 +150,8 @@ def _layer_time(
         gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
     attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len)
     if prefills > 0:
-        attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len)
+        fp8 = cfg.fp8_context_attention and cfg.kv_cache_dtype is WeightDtype.FP8
+        attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     ew_s += ELEMENTWISE_KERNELS[kind] * gpu.efficiency.kernel_overhead_us * 1e-6
     routed = expert_tokens if expert_tokens is not None else tokens
