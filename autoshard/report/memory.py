@@ -177,7 +177,10 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
         MemoryRow("allocated", allocated, None, "the four tenants"),
         MemoryRow("reserve", reserve, None, "CUDA context, NCCL and cuBLAS workspaces (outside the allocator)"),
         MemoryRow("fragmentation", frag, None,
-                  f"{100 * gpu.efficiency.fragmentation:.0f} % of allocated (caching allocator)"
+                  f"{100 * gpu.efficiency.fragmentation:.0f} % of "
+                  + ("gradients, activations and transients" if cfg.framework in (TrainFramework.TORCHTITAN,
+                                                                                  TrainFramework.FSDP)
+                     else "activations and transients, not states")
                   + (" + the BF16 logits the loss frees but keeps reserved" if titan else "")),
         MemoryRow("peak", pred.rank_memory_bytes[rank], None, "allocated + reserve + fragmentation"),
         MemoryRow("capacity", pred.rank_capacity_bytes[rank], None, f"HBM of one {gpu.name}"),

@@ -74,7 +74,9 @@ class EfficiencySpec(FrozenSpec):
     reserved_memory_gib: Annotated[float, Field(ge=0, le=1024)] = 4.0
     """CUDA context, NCCL buffers and cuBLAS workspace, per GPU."""
     fragmentation: Annotated[float, Field(ge=0, lt=1)] = 0.07
-    """Fraction of HBM lost to caching-allocator fragmentation (plan for ~90 % of HBM)."""
+    """Caching-allocator fragmentation, as a fraction of the training step's dynamic allocations
+    (activations, working sets, transients); model states allocated once are not charged
+    (costmodel.train.memory.static_bytes)."""
     tp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.8
     """Fraction of tensor-parallel traffic hidden behind GEMMs with Megatron's --tp-comm-overlap
     (userbuffer AG/RS pipelined with the GEMM chunks; needs sequence parallelism)."""

@@ -36,7 +36,10 @@ def test_single_gpu_llama_2_7b_is_18_bytes_per_param(plan_7b_one_gpu, render, as
     assert allocated == pytest.approx(sum(rows[k].bytes for k in ("weights", "gradients", "optimizer state",
                                                                    "activations")))
     assert rows["reserve"].bytes == pytest.approx(eff.reserved_memory_gib * GIB)
-    assert rows["fragmentation"].bytes == pytest.approx(eff.fragmentation * allocated)
+    # Megatron's states (contiguous param/grad buffers, optimizer shards) are static: fragmentation
+    # is charged on the activations (full recompute: saved layer inputs + one layer's working set) only
+    assert rows["fragmentation"].bytes == pytest.approx(eff.fragmentation * rows["activations"].bytes)
+    assert rows["activations"].bytes > 0
     assert rows["peak"].bytes == pytest.approx(plan.prediction.peak_memory_bytes)
     assert rows["peak"].bytes == pytest.approx(allocated + rows["reserve"].bytes + rows["fragmentation"].bytes)
     left = "headroom" if plan.prediction.fits else "SHORT BY"

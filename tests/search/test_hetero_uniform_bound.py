@@ -94,8 +94,8 @@ def test_uniform_hetero_bound_never_exceeds_the_brute_force_optimum(big_hbm, sma
         assert tmax <= best[1], (cfg.dims.describe(), cfg.recompute.value, tmax, best[1])
         checked += 1
         higher += plain is None or tmax > plain
-    # measured: higher on 6 of 19 and 8 of 27 candidates that fit; 11 of 65 and 13 of 57 that do
-    # not fit proven so only by this bound
+    # measured (fragmentation charged on transient memory only): higher on 3 of 21 and 11 of 33
+    # candidates that fit; 9 and 13 that do not fit proven so only by this bound
     assert checked >= 10
-    assert higher >= 4
+    assert higher >= 3
     assert proven >= 8

@@ -29,7 +29,8 @@ MoE and CP fall out of the same count; `dropout=True` reproduces the paper's GPT
 * torchtitan logs `torch.cuda.memory_stats()["reserved_bytes.all.peak"]` (`metrics.py:
   DeviceMemoryMonitor.get_peak_stats`, `train.py` "memory:" line): the caching allocator's peak
   reservation, which excludes the CUDA context and NCCL buffers (see `allocator_reported_bytes`);
-  its gap over the peak allocation is the GPU's `fragmentation` fraction, as for Megatron, plus the
+  its gap over the peak allocation is the GPU's `fragmentation` fraction of the dynamic allocations
+  (`static_bytes`: all but the FP32 parameter shards and the Adam moments), as for Megatron, plus the
   freed BF16 logits the loss leaves inside the expandable segment (`torchtitan_loss_hole_bytes`).
   These torchtitan terms live in `memory_torchtitan.py`.
 """
@@ -50,7 +51,7 @@ from autoshard.units import GIB
 __all__ = [
     "TrainFramework", "fp8_weight_cache_bytes",
     "ParamShards", "layer_param_shards", "model_state_bytes", "ModelStateBytes",
-    "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes",
+    "layer_activation_bytes", "in_flight_microbatches", "usable_bytes", "overhead_bytes", "static_bytes",
 ]
 
 BF16 = 2
@@ -303,10 +304,33 @@ def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: in
     return chunks / vpp
 
 
-def overhead_bytes(gpu: GpuSpec, allocated_bytes: float) -> float:
-    """CUDA context, NCCL and cuBLAS workspaces, plus allocator fragmentation on what is allocated."""
+def static_bytes(framework: TrainFramework, *, weights: float, grads: float, optimizer: float) -> float:
+    """Model-state bytes allocated once, as long-lived tensors, that the caching allocator's
+    fragmentation does not touch (`overhead_bytes` charges it on the rest only).
+
+    PyTorch's caching allocator serves a request of 1 MiB or more from the smallest cached free block
+    that fits, splitting it, or with a cudaMalloc of its own (rounded up to 2 MiB); the gap between
+    reserved and allocated bytes comes from freed blocks that the step's varying sizes cannot reuse.
+    A tensor allocated at start-up and never freed has a segment of its own size (waste < 2 MiB) and
+    is never split or freed. Megatron-Core keeps the BF16 parameters and the gradients in contiguous
+    per-bucket buffers (`_ParamAndGradBuffer`: one `torch.zeros(numel)` each, zeroed in place every
+    step), the distributed optimizer's FP32 master shards and Adam moments live all run, and so do
+    Transformer Engine's FP8 weight copies (cached on the module); NeMo's Apex DistributedFusedAdam
+    keeps contiguous parameter and gradient buffers as well. Under torchtitan (FSDP2) and PyTorch
+    FSDP the sharded FP32 parameters and the moments stay, but the optimizer's `zero_grad()` frees
+    the gradients (set_to_none, PyTorch's default), which the next backward allocates again,
+    interleaved with activations: they count as dynamic. Activations, the recompute working set,
+    ZeRO-3's gathered weights, the loss and the communication buffers are dynamic everywhere."""
+    if framework in (TrainFramework.TORCHTITAN, TrainFramework.FSDP):
+        return weights + optimizer
+    return weights + grads + optimizer
+
+
+def overhead_bytes(gpu: GpuSpec, dynamic_bytes: float) -> float:
+    """CUDA context, NCCL and cuBLAS workspaces, plus allocator fragmentation on the dynamic
+    allocations: everything allocated but the `static_bytes` model states."""
     eff = gpu.efficiency
-    return eff.reserved_memory_gib * GIB + eff.fragmentation * allocated_bytes
+    return eff.reserved_memory_gib * GIB + eff.fragmentation * dynamic_bytes
 
 
 def usable_bytes(gpu: GpuSpec) -> float:

@@ -20,6 +20,7 @@ from autoshard.costmodel.train.memory import (
     TrainFramework,
     layer_param_shards,
     overhead_bytes,
+    static_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
@@ -162,13 +163,15 @@ def _torchtitan_rank_memory(
         loss_phase = torchtitan_loss_bytes(model, **kw)
         hole = torchtitan_loss_hole_bytes(model, **kw)  # reserved, not allocated, at the loss peak
     block_w = block_g = 0.0
+    # fragmentation spares the sharded FP32 parameters and the moments (allocated once, never freed)
+    static = static_bytes(cfg.framework, weights=weights, grads=grads, optimizer=sum(c.optimizer_bytes for c in mine))
     if cfg.zero_stage == 3:
         weights += BF16 * root
         block_w, block_g = 2 * BF16 * largest, (BF16 + FP32) * largest + BF16 * root
     block_act = max(c.working_bytes for c in mine)  # a block's recomputed activations
     base = weights + grads + sum(c.optimizer_bytes for c in mine) + act
-    block_total = (base + block_w + block_g + block_act) + overhead_bytes(gpu, base + block_w + block_g + block_act)
-    loss_total = (base + loss_phase) + overhead_bytes(gpu, base + loss_phase) + hole
+    block_total = (base + block_w + block_g + block_act) + overhead_bytes(gpu, base + block_w + block_g + block_act - static)
+    loss_total = (base + loss_phase) + overhead_bytes(gpu, base + loss_phase - static) + hole
     if block_total > loss_total:
         weights += block_w
         grads += block_g
@@ -177,8 +180,8 @@ def _torchtitan_rank_memory(
     else:
         act += loss_phase
     allocated = weights + grads + sum(c.optimizer_bytes for c in mine) + act
-    # context + NCCL outside the allocator; fragmentation and the loss's hole inside
-    over = overhead_bytes(gpu, allocated) + hole
+    # context + NCCL outside the allocator; fragmentation (dynamic bytes) and the loss's hole inside
+    over = overhead_bytes(gpu, allocated - static) + hole
     return weights, grads, act, over
 
 
@@ -257,6 +260,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             rank_cap.append(gpu.hbm_gib * GIB)
             continue
         act = in_flight * sum(c.activation_bytes for c in mine) + max(c.working_bytes for c in mine)
+        static = static_bytes(cfg.framework, weights=w, grads=g, optimizer=o)  # before ZeRO-3's transients
         if cfg.zero_stage == 3:
             # ZeRO-3/FSDP gathers each layer's weights just in time (the current layer and the
             # prefetched next one) and holds that layer's full gradients until they are reduced.
@@ -264,7 +268,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             w += 2 * BF16 * largest
             g += 4 * largest
         allocated = w + g + o + act
-        over = overhead_bytes(gpu, allocated)
+        over = overhead_bytes(gpu, allocated - static)  # fragmentation on the dynamic allocations only
         bd = MemoryBreakdown(weights=w, grads=g, optimizer=o, activations=act, kv_cache=0.0, overhead=over)
         rank_breakdowns.append(bd)
         rank_mem.append(bd.total)

@@ -90,8 +90,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     prep.scale = scale
     best_floor = math.inf
     prep.capacity_gib = max(p.gpu.hbm_gib for p in cluster.pools)
-    usable = max((options.memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB)
-                 / (1 + p.gpu.efficiency.fragmentation) for p in cluster.pools)
+    # model states are static bytes (costmodel.train.memory.static_bytes): no fragmentation on them
+    usable = max(options.memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB
+                 for p in cluster.pools)
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]

@@ -16,7 +16,7 @@ import numpy as np
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.train.layer import layer_cost
-from autoshard.costmodel.train.memory import in_flight_microbatches
+from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
 from autoshard.costmodel.train.step import _dp_time_s, _p2p_s, optimizer_bytes_per_param
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Recompute
@@ -46,7 +46,9 @@ class PoolTables:
     working_mib: int
     """Transient working set while recomputing a layer (largest over kinds)."""
     capacity_mib: int
-    """HBM left for allocations after the reserved overhead and fragmentation, minus a rounding margin."""
+    """HBM left for allocations after the reserved overhead, minus a rounding margin. Memory entries
+    are charged MiB: dynamic bytes (activations, working sets, ZeRO-3 transients, dynamic states)
+    times 1 + fragmentation, static model states at 1 (costmodel.train.memory.static_bytes)."""
     p2p_us: int
     max_layer_us: int
     decoder_unit: tuple[int, int, int]
@@ -139,10 +141,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         hbm = gpu.hbm_tbps * 1e12 * eff.hbm
         opt = [(d / shard + e / eshard) * optimizer_bytes_per_param(cfg.optimizer) / hbm for d, e in zip(dense, expert, strict=True)]
         extra_us, saving, working = 0, 0, 0
+        frag = 1 + eff.fragmentation  # charged on dynamic bytes only, as costmodel.train.memory.overhead_bytes
         if base_full:
             working = max(layer_cost(model, k, pool, cfg, Recompute.FULL).full_activation_bytes
                           - layer_cost(model, k, pool, cfg, Recompute.FULL).activation_bytes for k in decoder_kinds)
-            working = math.ceil(working / MIB)
+            working = math.ceil(frag * working / MIB)
         else:
             extras, savings, works = [], [], []
             for k in decoder_kinds:
@@ -152,14 +155,16 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
                 savings.append(part.activation_bytes - full.activation_bytes)
                 works.append(full.full_activation_bytes - full.activation_bytes)
             extra_us = math.ceil(max(extras) * US_PER_S)
-            saving = max(0, math.floor(min(savings) / MIB))
-            working = math.ceil(max(works) / MIB)
-        usable = (memory_fraction * gpu.hbm_gib * GIB - eff.reserved_memory_gib * GIB) / (1 + eff.fragmentation)
+            saving = max(0, math.floor(frag * min(savings) / MIB))
+            working = math.ceil(frag * max(works) / MIB)
+        usable = memory_fraction * gpu.hbm_gib * GIB - eff.reserved_memory_gib * GIB
         margin = len(kinds) + 8  # prefix rounding, at most 1 MiB per layer term
         p2p = math.ceil(_p2p_s(model, cfg, pool, pool, cluster) * US_PER_S) if dims.pp > 1 else 0
         dec = [uniq.index(k) for k in decoder_kinds]
-        state_mib = [c.state_bytes / MIB for c in base]
-        act_mib = [c.activation_bytes / MIB for c in base]
+        static = [static_bytes(cfg.framework, weights=c.weights_bytes, grads=c.grads_bytes, optimizer=c.optimizer_bytes)
+                  for c in base]
+        state_mib = [(s + frag * (c.state_bytes - s)) / MIB for s, c in zip(static, base, strict=True)]
+        act_mib = [frag * c.activation_bytes / MIB for c in base]
         pools.append(PoolTables(
             time_us=_per_layer_prefix([c.time_s for c in base], idx, US_PER_S),
             state_mib=_per_layer_prefix(state_mib, idx, 1),
@@ -191,7 +196,9 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         round(in_flight_microbatches(rank=r, pp=dims.pp, vpp=dims.vpp, num_microbatches=m) * dims.vpp)
         for r in range(dims.pp)
     )
-    zero3 = math.ceil(6 * largest_params / MIB) if cfg.zero_stage == 3 else 0
+    # ZeRO-3's transients (costmodel.train.step): two gathered BF16 layers and one layer's FP32 gradients
+    frag = 1 + max(p.gpu.efficiency.fragmentation for p in cluster.pools)
+    zero3 = math.ceil(frag * (2 * 2 + 4) * largest_params / MIB) if cfg.zero_stage == 3 else 0
     return CandidateTables(
         config=cfg, pools=tuple(pools), decoders=decoders, cross_p2p_us=cross, in_flight_chunks=chunks,
         dp_latency_us=math.ceil(_dp_latency_s(cfg, cluster) * US_PER_S), zero3_extra_mib=zero3,
