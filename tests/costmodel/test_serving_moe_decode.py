@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autoshard.costmodel.comm import Collective, collective_time_s, ep_all_to_all_s, group_link, nic_link
+from autoshard.costmodel.moe import busiest_rank_factor, expected_max_normal, rank_load_variance
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.sharding import FP8_WITH_BLOCK_SCALES, _links, ep_dispatch_s
 from autoshard.specs import load_cluster, load_model
@@ -43,15 +44,26 @@ def test_cross_node_all_to_all_matches_deepep_low_latency_table(ep):
     assert ring.bytes_per_s >= 4 * nic_link(pool).bytes_per_s
 
 
-def test_serving_step_prices_the_deepep_shape_through_the_engine_config():
-    """DeepSeek-V3 FP8, DP16 EP16 over two H800 nodes, 128 decode tokens per rank: the step's EP term
-    for one MoE layer is DeepEP's dispatch + combine (118 + 195 us) within 15 %."""
-    pool = _pool(16)
-    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+def _dsv3_factor(ep: int, pairs: float) -> float:
+    moe = DSV3.moe
+    return busiest_rank_factor(ep, pairs, moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups)
+
+
+@pytest.mark.parametrize("ep", sorted(DEEPEP_LOW_LATENCY_US))
+def test_serving_step_prices_the_deepep_shape_through_the_engine_config(ep):
+    """DeepSeek-V3 FP8, DP = EP over H800 nodes, 128 decode tokens per rank: the step's EP term for
+    one MoE layer is the balanced all-to-all with the busiest rank's extra pairs (DeepEP's benchmark
+    routes at random, so its kernel times carry that spread too) and lands within 6 % of DeepEP's
+    dispatch + combine at every EP size (-2 % to +5 %; balanced alone it read -3 % to -10 %)."""
+    pool = _pool(ep)
+    cfg = ServeConfig(tp=1, dp_attention=ep, expert_parallel=True, weight_dtype=WeightDtype.FP8)
     link = _links(pool, cfg)[1]
     assert link.crosses_nodes
     us = ep_dispatch_s(DSV3, LayerKind.MOE, cfg, link, routed=128, pool=pool) * 1e6
-    assert us == pytest.approx(118 + 195, rel=0.15)
+    elements = 128 * 8 * 7168 * _dsv3_factor(ep, 128 * 8)
+    expected = sum(ep_all_to_all_s(elements * b, ep, 8, pool) for b in (FP8_WITH_BLOCK_SCALES, 2.0)) * 1e6
+    assert us == pytest.approx(expected, rel=1e-9)
+    assert us == pytest.approx(sum(DEEPEP_LOW_LATENCY_US[ep]), rel=0.06)
 
 
 def test_remote_share_scales_with_tokens_at_the_nic():
@@ -67,12 +79,12 @@ def test_remote_share_scales_with_tokens_at_the_nic():
 
 def test_inside_one_domain_the_all_to_all_is_unchanged():
     """DP8 EP8 on one node (the MI300X and single-node H100/H200 decode instances) keeps the NVLink
-    all-to-all of `collective_time_s`."""
+    all-to-all of `collective_time_s`, on the busiest rank's pairs."""
     pool = _pool(8)
     cfg = ServeConfig(tp=1, dp_attention=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
     link = _links(pool, cfg)[1]
     assert not link.crosses_nodes
-    moved = 300 * 8 * 7168
+    moved = 300 * 8 * 7168 * _dsv3_factor(8, 300 * 8)
     expected = sum(
         collective_time_s(Collective.ALL_TO_ALL, moved * b, 8, link) for b in (FP8_WITH_BLOCK_SCALES, 2.0)
     )
@@ -89,8 +101,9 @@ def test_tp_inside_each_dp_rank_puts_fewer_ep_ranks_in_a_domain():
     t2 = ep_dispatch_s(DSV3, LayerKind.MOE, two, _links(pool, two)[1], routed=256, pool=pool)
     nic = nic_link(pool)
     size = 256 * 8 * 7168 * 2.0
-    assert t1 == pytest.approx(2 * (8 / 16 * size / nic.bytes_per_s + nic.latency_s), rel=1e-9)
-    assert t2 == pytest.approx(2 * (12 / 16 * size / 2 / nic.bytes_per_s + nic.latency_s), rel=1e-9)
+    f1, f2 = _dsv3_factor(16, 256 * 8), _dsv3_factor(32, 256 * 8 / 2)  # TP2: EP 32, half the pairs a GPU
+    assert t1 == pytest.approx(2 * (8 / 16 * size * f1 / nic.bytes_per_s + nic.latency_s), rel=1e-9)
+    assert t2 == pytest.approx(2 * (12 / 16 * size * f2 / 2 / nic.bytes_per_s + nic.latency_s), rel=1e-9)
 
 
 MORI_LATENCY_US = {8: (35, 47), 32: (157, 280)}
@@ -125,4 +138,4 @@ def test_mi300x_all_to_all_matches_mori_latency_table(ep):
     assert dispatch == pytest.approx(MORI_LATENCY_US[ep][0], rel=tolerance)
     assert combine == pytest.approx(MORI_LATENCY_US[ep][1], rel=tolerance)
     both = ep_dispatch_s(DSV3, LayerKind.MOE, cfg, link, routed=128, pool=pool) * 1e6
-    assert both == pytest.approx(dispatch + combine, rel=1e-9)
+    assert dispatch + combine < both < 1.12 * (dispatch + combine)  # the busiest rank's extra pairs

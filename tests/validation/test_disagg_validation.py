@@ -173,9 +173,10 @@ def test_idle_ttft_band(transfers):
 
 def test_wide_ep_b200_row(results):
     """llm-d's DP16/EP16 decode on B200 at 1,024/995 tokens: the 256-request cap per rank binds (the
-    KV cache would hold more); predicted 3.8k tokens/s per decode GPU against 3.1k measured (+22 %),
-    TPOT 68 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band. It
-    was +28 % (TPOT 64 ms) before the MLA and group-quantization kernels, and
+    KV cache would hold more); predicted 3.7k tokens/s per decode GPU against 3.1k measured (+20 %),
+    TPOT 69 ms against the 82 ms that 4,096 requests in flight imply (Little's law). Pinned band. It
+    was +23 % (TPOT 67 ms) before the busiest EP rank's extra pairs (`moe.busiest_rank_factor`),
+    +28 % (TPOT 64 ms) before the MLA and group-quantization kernels, and
     +67 % (TPOT 49 ms) while the all-to-all across the two nodes ran at the 8 NICs' ring bandwidth
     (`group_link`); each rank's remote half now leaves through its own NIC in one round
     (`comm.ep_all_to_all_s`, checked against DeepEP's low-latency table): EP 16 ms -> 31 ms a step."""

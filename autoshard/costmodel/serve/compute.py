@@ -13,6 +13,7 @@ import math
 
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
 from autoshard.costmodel.flops import Gemm, attention_dims, mlp_gemms
+from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, weight_bytes_per_param
@@ -175,14 +176,16 @@ def _rows(x: float) -> int:
 def _expert_routing(model: ModelSpec, cfg: ServeConfig, tokens: float) -> tuple[float, float, int]:
     """(local experts hit, token-expert pairs on this GPU, TP shards of each expert) for `tokens`
     tokens of one DP rank. Only the experts the batch hits are read: E * (1 - (1 - k/E)^n) of them for
-    n tokens routed at random."""
+    n tokens routed at random. With expert parallelism the layer waits for the busiest EP rank: its
+    pairs are the mean times `moe.busiest_rank_factor` (uniform, group-limited where the model is)."""
     assert model.moe is not None
     moe = model.moe
     e, k = moe.num_experts, moe.top_k
     if cfg.expert_parallel:
         n = tokens * cfg.dp_attention  # tokens of every DP rank meet in the MoE layer
         local = e / cfg.ep
-        pairs = n * k / cfg.ep  # token-expert pairs landing on this GPU
+        pairs = n * k / cfg.ep  # token-expert pairs landing on a GPU, on average
+        pairs *= busiest_rank_factor(cfg.ep, pairs, e, k, moe.num_groups, moe.topk_groups)  # the busiest
         shards = 1
     else:
         n, local, pairs, shards = tokens, float(e), tokens * k, cfg.tp

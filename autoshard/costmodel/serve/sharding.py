@@ -19,6 +19,7 @@ from autoshard.costmodel.comm import (
     group_link,
     tp_all_reduce_s,
 )
+from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.specs.cluster import PoolSpec
@@ -77,11 +78,16 @@ def ep_dispatch_s(
     attention-DP groups only (EP = TP alone needs none: the combine is the TP all-reduce); FP8 models
     dispatch FP8 activations with their per-128-element FP32 scales, the combine returns BF16.
     Inside one NVLink domain the all-to-all runs at the group's `link`; a group that leaves the
-    domain sends each rank's remote copies through its own NIC (`comm.ep_all_to_all_s`)."""
+    domain sends each rank's remote copies through its own NIC (`comm.ep_all_to_all_s`). Every rank
+    sends its own tokens' copies, but the exchange ends when the busiest EP rank has received its
+    pairs (and sent their outputs back): the mean times `moe.busiest_rank_factor`."""
     ep_s = 0.0
     if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
         assert model.moe is not None
-        moved = routed * model.moe.top_k * model.hidden_size / cfg.tp
+        moe = model.moe
+        moved = routed * moe.top_k * model.hidden_size / cfg.tp
+        pairs = routed * cfg.dp_attention * moe.top_k / cfg.ep
+        moved *= busiest_rank_factor(cfg.ep, pairs, moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups)
         dispatch = FP8_WITH_BLOCK_SCALES if cfg.weight_dtype is WeightDtype.FP8 else BF16
         if link.crosses_nodes:
             per_domain = _ep_ranks_per_domain(pool, cfg)
