@@ -43,8 +43,8 @@ from autoshard.parallel import MoeDispatcher
 from autoshard.specs.cluster import PoolSpec
 
 __all__ = [
-    "remote_domains_per_token", "ranks_per_token", "dispatch_time_s", "imbalance_factor", "expected_max_normal",
-    "rank_load_variance", "busiest_rank_factor",
+    "remote_domains_per_token", "ranks_per_token", "dispatch_time_s", "imbalance_factor",
+    "expected_max_normal", "rank_load_variance", "busiest_rank_factor",
 ]
 
 BF16 = 2

@@ -69,7 +69,8 @@ def _draw_deepseek(rng: np.random.Generator, tokens: int) -> np.ndarray:
     groups = np.argpartition(-rng.random((tokens, 8), dtype=np.float32), 4, axis=1)[:, :4]
     mask = np.zeros((tokens, 8), dtype=bool)
     np.put_along_axis(mask, groups, True, axis=1)
-    scores = np.where(np.repeat(mask, 32, axis=1), rng.random((tokens, 256), dtype=np.float32), np.float32(-1))
+    scores = rng.random((tokens, 256), dtype=np.float32)
+    scores = np.where(np.repeat(mask, 32, axis=1), scores, np.float32(-1))
     return np.argpartition(-scores, 8, axis=1)[:, :8]
 
 

@@ -87,7 +87,9 @@ def ep_dispatch_s(
         moe = model.moe
         moved = routed * moe.top_k * model.hidden_size / cfg.tp
         pairs = routed * cfg.dp_attention * moe.top_k / cfg.ep
-        moved *= busiest_rank_factor(cfg.ep, pairs, moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups)
+        moved *= busiest_rank_factor(
+            cfg.ep, pairs, moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups
+        )
         dispatch = FP8_WITH_BLOCK_SCALES if cfg.weight_dtype is WeightDtype.FP8 else BF16
         if link.crosses_nodes:
             per_domain = _ep_ranks_per_domain(pool, cfg)
