@@ -164,8 +164,8 @@ A100_FIT = EfficiencySpec(gemm=0.85, gemm_half_dim=64, attention=0.30, attention
 
 
 def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, runs: int,
-               half_seq: float = 2048) -> EfficiencySpec:
-    return EfficiencySpec(train_gemm=gemm, train_gemm_fp8=gemm_fp8, train_hbm=0.80, train_attention=attention,
+               half_seq: float = 2048, hbm: float = 0.80) -> EfficiencySpec:
+    return EfficiencySpec(train_gemm=gemm, train_gemm_fp8=gemm_fp8, train_hbm=hbm, train_attention=attention,
                           train_attention_half_seq=half_seq, fitted_gpu=fitted_gpu, fitted_runs=runs)
 
 
@@ -173,10 +173,10 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 # GPUs with fewer than 5 held runs on the Blackwell pool.
 _POOL = "Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)"
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.60, 0.50, 0.20, "B200-SXM-180GB", 5),
+    "B200-SXM-180GB": _train_fit(0.60, 0.50, 0.20, "B200-SXM-180GB", 5, hbm=0.90),
     "GB200-186GB": _train_fit(0.60, 0.50, 0.25, "GB200-186GB", 7, half_seq=8192),
-    "GB300-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13),
-    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13),
+    "GB300-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13, hbm=0.90),
+    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.25, _POOL, 13, hbm=0.90),
 }
 
 

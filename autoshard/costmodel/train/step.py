@@ -106,6 +106,18 @@ def _dp_time_s(cfg: TrainConfig, pool: PoolSpec, dense_params: float, expert_par
     return t
 
 
+def dp_exposed_share(cfg: TrainConfig) -> float:
+    """Share of a rank's unhidden DP traffic (traffic beyond one micro-batch's fwd+bwd compute) that
+    stays on the critical path. With the interleaved schedule Megatron-Core keeps one DDP (bucket
+    group) per model chunk: a chunk's gradients are reduced as soon as its last micro-batch's backward
+    is done (`is_last_microbatch_for_model_chunk` in `schedules.py`), while the rank still runs the
+    later chunks' backwards, and a chunk's parameters are gathered just before its first forward
+    (`param_sync_func`); only the chunk that finishes last (model chunk 0) has nothing after it, so
+    about 1/VPP of the excess is exposed. ZeRO-3 gathers every micro-batch (no such split)."""
+    vpp = cfg.dims.vpp
+    return 1.0 / vpp if vpp > 1 and cfg.overlap_grad_reduce and cfg.zero_stage < 3 else 1.0
+
+
 def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> float:
     """Forward FLOPs re-executed per step: whole decoder layers under full recompute, the attention
     core under selective recompute."""
@@ -225,7 +237,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         dp_s = _dp_time_s(cfg, pool, dense, expert)
         window = sum(c.fwd_bwd_compute_s for _, c in mine) * (m if cfg.zero_stage == 3 else 1)
         overlap = pool.gpu.efficiency.dp_overlap
-        exposed = max((1 - overlap) * dp_s, dp_s - window) if cfg.overlap_grad_reduce else dp_s
+        share = dp_exposed_share(cfg)
+        exposed = max((1 - overlap) * dp_s, (dp_s - window) * share) if cfg.overlap_grad_reduce else dp_s
         local = dense / (dims.dp * dims.cp if cfg.zero_stage >= 1 else 1) + expert / (
             dims.expert_dp if cfg.zero_stage >= 1 else 1)
         opt_s = local * optimizer_bytes_per_param(cfg.optimizer) / (pool.gpu.hbm_tbps * 1e12 * pool.gpu.efficiency.hbm)

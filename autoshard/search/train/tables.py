@@ -17,7 +17,7 @@ import numpy as np
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
-from autoshard.costmodel.train.step import _dp_time_s, _p2p_s, optimizer_bytes_per_param
+from autoshard.costmodel.train.step import _dp_time_s, _p2p_s, dp_exposed_share, optimizer_bytes_per_param
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import ClusterSpec
@@ -132,10 +132,14 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         dense = [c.dense_params for c in base]
         expert = [c.expert_params for c in base]
         largest_params = max(largest_params, max(d + e for d, e in zip(dense, expert, strict=True)))
-        win = [c.fwd_bwd_compute_s * (m if cfg.zero_stage == 3 else 1) for c in base]
-        # DP traffic is linear in parameters (latency aside): price each layer's share.
-        dp_full = _dp_linear(cfg, pool, dense, expert)
-        dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_full]
+        # DP traffic is linear in parameters (latency aside): price each layer's share. `dp_full`
+        # and `win` carry the exposed share (1/VPP with interleaving, costmodel.train.step), so
+        # every reader of max(dp_min, dp_full - win) prices the tail as the cost model does.
+        share = dp_exposed_share(cfg)
+        win = [share * c.fwd_bwd_compute_s * (m if cfg.zero_stage == 3 else 1) for c in base]
+        dp_lin = _dp_linear(cfg, pool, dense, expert)
+        dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_lin]
+        dp_full = [share * x for x in dp_lin]
         shard = dims.dp * dims.cp if cfg.zero_stage >= 1 else 1
         eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
         hbm = gpu.hbm_tbps * 1e12 * eff.hbm
@@ -201,7 +205,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
     zero3 = math.ceil(frag * (2 * 2 + 4) * largest_params / MIB) if cfg.zero_stage == 3 else 0
     return CandidateTables(
         config=cfg, pools=tuple(pools), decoders=decoders, cross_p2p_us=cross, in_flight_chunks=chunks,
-        dp_latency_us=math.ceil(_dp_latency_s(cfg, cluster) * US_PER_S), zero3_extra_mib=zero3,
+        dp_latency_us=math.ceil(dp_exposed_share(cfg) * _dp_latency_s(cfg, cluster) * US_PER_S),
+        zero3_extra_mib=zero3,
         base_full=base_full, scale=scale,
         uniform=len({k for k in kinds[1:-1]}) == 1 and kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.OUTPUT,
     )
