@@ -102,11 +102,11 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 21
-    """How many held published runs of `fitted_gpu` the shipped values were fitted on (H100: the 21
-    Megatron-LM/NeMo runs; attention_half_seq was chosen later on the H100 runs incl. long-context MoE;
-    the train_* overrides on all 41 held H100 runs, but train_attention and train_attention_half_seq,
-    which come from kernel benchmarks)."""
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 41
+    """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
+    (H100: 41, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
+    validation rows (tests/validation/validate_serving.py)."""
 
     serve_gemm: Fraction | None = None
     """Serving only (autoshard/costmodel/serve/step.py): fraction of dense BF16 peak an inference
