@@ -30,8 +30,8 @@ def test_first_last_stage_counts_are_listed_as_changes():
 def test_account_for_flags_are_listed_as_changes():
     """Llama 3.1 405B's 126 decoder layers over PP 8: first/last-stage counts 16 and 14 against the
     account-for flags (126 + embedding + loss = 128: E+15, 16 x 6, 15+L)."""
-    yours, best = _plans(LayoutFlags(first=16, last=14), LayoutFlags(account_embedding=True, account_loss=True),
-                         "llama-3.1-405b", tp=8, pp=8)
+    accounted = LayoutFlags(account_embedding=True, account_loss=True)
+    yours, best = _plans(LayoutFlags(first=16, last=14), accounted, "llama-3.1-405b", tp=8, pp=8)
     changes = {c["flag"]: (c["yours"], c["best"]) for c in compare_plans(yours, best)["changes"]}
     assert changes == {"--decoder-first-pipeline-num-layers": ("16", "off"),
                        "--decoder-last-pipeline-num-layers": ("14", "off"),
