@@ -4,6 +4,7 @@ targets, request-rate mode, infeasibility messages and the plan's JSON."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -333,3 +334,13 @@ def test_unreachable_rate_counts_whole_engines():
               pins={"tp": 2, "pp": 3})
     msg = str(err.value)
     assert "needs about 16 GPUs" in msg and "has 8" in msg and "at least 16 GPUs" in msg
+
+
+def test_unreachable_rate_by_default_says_how_many_gpus():
+    """With --disaggregate auto (the CLI default) a rate nothing sustains says how many GPUs it needs, not
+    only that no prefill/decode split meets it (and not to pass the `auto` already in effect)."""
+    with pytest.raises(InfeasibleError) as err:
+        solve_serve(LLAMA70, H100_8, ServeJob(request_rate=1000), pins=None, top_k=1, time_limit_s=10,
+                    num_workers=1, disaggregate="auto")
+    msg = str(err.value)
+    assert re.search(r"needs about \d+ GPUs .* has 8", msg) and "--disaggregate auto" not in msg
