@@ -17,7 +17,9 @@ __all__ = ["compare_plans", "render_comparison"]
 _PLAN_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
-    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout", "--micro-batch-size",
+    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--micro-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
     "--tp-comm-overlap",

@@ -4,6 +4,7 @@ targets, request-rate mode, infeasibility messages and the plan's JSON."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -322,3 +323,24 @@ def test_model_is_read_from_the_command_when_not_given():
     assert plan.model.name == "llama-3.1-8b" and plan.tp == 2
     with pytest.raises(SpecError, match="cannot tell which model"):
         evaluate_vllm(None, H100_8, "vllm serve foo/bar", job=JOB)
+
+
+def test_unreachable_rate_counts_whole_engines():
+    """A pinned TP2 PP3 engine (6 GPUs) sustains just under 6 requests/s: one engine is not enough and
+    two need 12 GPUs (two 8-GPU nodes), not the 7 that the best rate per GPU alone suggests (the 8 GPUs
+    the node has would then look sufficient)."""
+    with pytest.raises(InfeasibleError) as err:
+        solve(LLAMA70, H100_8, ServeJob(input_len=1000, output_len=1000, request_rate=6),
+              pins={"tp": 2, "pp": 3})
+    msg = str(err.value)
+    assert "needs about 16 GPUs" in msg and "has 8" in msg and "at least 16 GPUs" in msg
+
+
+def test_unreachable_rate_by_default_says_how_many_gpus():
+    """With --disaggregate auto (the CLI default) a rate nothing sustains says how many GPUs it needs, not
+    only that no prefill/decode split meets it (and not to pass the `auto` already in effect)."""
+    with pytest.raises(InfeasibleError) as err:
+        solve_serve(LLAMA70, H100_8, ServeJob(request_rate=1000), pins=None, top_k=1, time_limit_s=10,
+                    num_workers=1, disaggregate="auto")
+    msg = str(err.value)
+    assert re.search(r"needs about \d+ GPUs .* has 8", msg) and "--disaggregate auto" not in msg

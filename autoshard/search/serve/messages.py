@@ -66,7 +66,10 @@ def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, spa
 
 
 def rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
+    """GPUs in whole engines: the fewest over the engines of ceil(rate / engine rate) x its GPUs."""
+    rate = job.request_rate or 0.0
     best = 0.0
+    need = 0
     for e in space.engines:
         pool = cluster.pools[e.pool]
         cfg = _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY)
@@ -75,15 +78,16 @@ def rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: S
         except InfeasibleError:
             continue
         best = max(best, pred.requests_per_s / e.gpus)
-    rate = job.request_rate or 0.0
-    need = math.ceil(rate / best) if best else 0
+        if pred.requests_per_s > 0:
+            whole = math.ceil(rate / pred.requests_per_s) * e.gpus
+            need = whole if not need else min(need, whole)
     per_node = cluster.primary.node.gpus_per_node
     if need > per_node:
         need = per_node * math.ceil(need / per_node)
     return (
         f"sustaining {rate:g} requests/s of {job.input_len}+{job.output_len} tokens needs about {need} "
-        f"GPUs at "
-        f"the best rate per GPU ({best:.3g} req/s); {cluster.name} has {cluster.num_gpus}: "
+        f"GPUs in whole engines (the best rate per GPU is {best:.3g} req/s); {cluster.name} has "
+        f"{cluster.num_gpus}: "
         f"nearest fix: use at least {need} GPUs (--gpus), or lower the request rate"
     )
 

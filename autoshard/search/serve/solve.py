@@ -37,6 +37,17 @@ __all__ = ["solve_serve", "evaluate_serve", "model_for_path"]
 DISAGGREGATE = ("auto", "on", "off")
 
 
+def _no_plan_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace,
+                     rows: list[Row], disaggregate: str) -> str:
+    """Targets no aggregated row meets; else, for a request rate no aggregated engine sustains (also
+    when a split was tried beside them), the GPUs it needs in whole engines; else why no split exists."""
+    if rows:
+        return target_message(job, rows)
+    if job.request_rate is not None and disaggregate != "on":
+        return rate_message(model, cluster, job, space)
+    return disagg_message(model, cluster, job, space)
+
+
 def solve_serve(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -87,11 +98,7 @@ def solve_serve(
         if not (tables.prefill and tables.decode):
             tables = None
     if not rows and tables is None:
-        if disaggregate == "on" or job.request_rate is None:
-            raise InfeasibleError(
-                target_message(job, rows) if rows else disagg_message(model, cluster, job, space)
-            )
-        raise InfeasibleError(rate_message(model, cluster, job, space))
+        raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
     pruned = space.reasons() + dropped
     built = build_model(rows, space.engines, job, tables, cluster)
     setup_s = time.perf_counter() - start
@@ -111,9 +118,7 @@ def solve_serve(
             if plans and is_infeasible(status):
                 break
             if is_infeasible(status):
-                raise InfeasibleError(
-                    target_message(job, rows) if rows else disagg_message(model, cluster, job, space)
-                )
+                raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
             raise SolverError(
                 f"CP-SAT returned {solver.status_name(status)} within {time_limit_s} s: raise --time-limit"
             )
