@@ -228,10 +228,15 @@ def likely(row: Row) -> str:
         usd = (f", {money(row.total_usd_low)}-{money(row.total_usd_high)}"
                if row.total_usd_low is not None else "")
         return f" (likely {row.days_low:,.1f}-{row.days_high:,.1f} days{usd})"
-    if row.usd_per_million_output_tokens_low is None or row.usd_per_million_output_tokens_high is None:
+    lo, hi = row.usd_per_million_output_tokens_low, row.usd_per_million_output_tokens_high
+    if lo is None or hi is None:
         return ""
-    return (f" (likely ${row.usd_per_million_output_tokens_low:.3f}-${row.usd_per_million_output_tokens_high:.3f}"
-            " per million)")
+    cap_lo, cap_hi = row.throughput_tokens_per_s_low, row.throughput_tokens_per_s_high
+    if f"{lo:.3f}" == f"{hi:.3f}" and cap_lo is not None and cap_hi is not None:
+        # the whole capacity band exceeds the demand: the GPUs serve the request rate at any point of it
+        return (f" (capacity likely {cap_lo:,.0f}-{cap_hi:,.0f} output tokens/s, above the "
+                f"{row.served_tokens_per_s:,.0f} demanded throughout)")
+    return f" (likely ${lo:.3f}-${hi:.3f} per million)"
 
 
 def money(usd: float | None) -> str:

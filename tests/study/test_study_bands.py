@@ -53,6 +53,18 @@ def test_serve_row_ranges_respect_the_request_rate() -> None:
     assert r.usd_per_million_output_tokens_low == pytest.approx(per_m(5000.0))  # faster than needed: capped
     assert r.usd_per_million_output_tokens_high == pytest.approx(per_m(4000.0))  # slower: fewer tokens served
     assert (r.throughput_tokens_per_s_low, r.throughput_tokens_per_s_high) == (4000.0, 8000.0)
+    assert likely(r) == " (likely $0.111-$0.139 per million)"
+
+
+def test_serve_row_below_capacity_says_the_demand_is_met_instead_of_a_zero_width_range() -> None:
+    """At 20 requests/s (2,000 output tokens/s) the whole capacity band (4,000-8,000) serves the demand:
+    the dollars per million tokens do not depend on where in the band the engine lands."""
+    job = ServeJob(input_len=1000, output_len=100, request_rate=20.0)
+    f = {"gpu": "H100", "plan": "TP1 PP1 DP1", "gpus_used": 1, "status": "optimal", "throughput_tokens_per_s": 6000.0,
+         "ttft_s": 0.1, "tpot_s": 0.02, "meets_targets": True, "throughput_band": (4000.0, 8000.0), "band_basis": "b"}
+    r = _serve_row("dgx", 8, f, job, 2.0)
+    assert r.usd_per_million_output_tokens_low == r.usd_per_million_output_tokens_high
+    assert likely(r) == " (capacity likely 4,000-8,000 output tokens/s, above the 2,000 demanded throughout)"
 
 
 def test_study_rows_files_and_table_show_ranges(tmp_path) -> None:
