@@ -67,17 +67,25 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     fastest = min(tab.pools, key=lambda p: int(p.time_us[-1]))
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
+    tail = tail_lower_bound(tab)
+    scale = tab.scale
+    probe = None
+    if cutoff is not None:
+        # the ranks' average time and the tail: a few array reads, no capacities
+        first = (scale // vpp) * ((m * vpp - 1) * -(-total // pp) + total) + scale * tail
+        if first > cutoff:
+            return first, -(-total // pp)
+        if m * vpp > 1:
+            # beyond it the bound passes the cutoff
+            probe = ((cutoff - scale * tail) // max(1, scale // vpp) - total) // (m * vpp - 1)
     # decoder layers that differ: each class at its own cost, the minority shared out exactly
     # (first: it is also the sharpest memory check)
-    probe = None
-    if cutoff is not None and m * vpp > 1:
-        probe = (cutoff // max(1, tab.scale // vpp) - total) // (m * vpp - 1)  # beyond it the bound passes the cutoff
     mixed = mixed_tmax_lower_bound(tab, probe=probe, uniform_recompute=uniform_recompute)
     if mixed is None:
         return None
     slowest = -(-total // pp) if mixed is True else max(-(-total // pp), mixed)
     if cutoff is not None:
-        first = (tab.scale // vpp) * ((m * vpp - 1) * slowest + total)
+        first = (scale // vpp) * ((m * vpp - 1) * slowest + total) + scale * tail
         if first > cutoff:
             return first, slowest
     if len(tab.pools) >= 2 and pool_gpus is not None:
@@ -87,8 +95,6 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     if found is None:
         return None
     tmax = max(slowest, found)
-    tail = tail_lower_bound(tab)
-    scale = tab.scale
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
     if cutoff is not None and (scale // vpp) * total + pipeline_and_tail > cutoff:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.search.train.bounds_order import Segments, ordered_fit, segments
+from autoshard.search.train.bounds_order import Segments, minor_limits, ordered_fit, segments
 from autoshard.search.train.bounds_rank import rank_room, rank_work
 from autoshard.search.train.tables import CandidateTables
 
@@ -113,7 +113,11 @@ class MixedCapacity:
         self.uniform: int | None = None
         # without interleaving each rank holds one run of the layer sequence: the minority layers'
         # positions decide which ranks can hold them (`bounds_order`)
-        self.order = segments(major_mask(tab, pool)) if vpp == 1 else None
+        is_major = major_mask(tab, pool)
+        self.order = segments(is_major) if vpp == 1 else None
+        # chunks of at least one layer each: a minority layer only reaches the ranks of the chunks
+        # its position allows (`bounds_order.minor_limits`)
+        self.minor_limit = minor_limits(tab.decoders, is_major, tab.config.dims.pp, vpp).astype(np.float64)
 
     def _caps_uniform(self, ts: np.ndarray, k: int) -> np.ndarray:
         """As `_caps` when every chunk recomputes exactly k layers (Megatron's --recompute-num-layers):
@@ -129,7 +133,7 @@ class MixedCapacity:
         with np.errstate(divide="ignore", invalid="ignore"):
             cap = np.floor(np.minimum(room / pl, budget / float(self.d_major)) + 1e-9)
         need = np.maximum(self.least[None, :, None], rc)
-        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need)
+        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need) & (js <= self.minor_limit[None, :, None])
         return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
     def _caps(self, ts: np.ndarray) -> np.ndarray:
@@ -158,7 +162,7 @@ class MixedCapacity:
             else:
                 cap = n1
         cap = np.floor(cap + 1e-9)
-        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None])
+        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None]) & (js <= self.minor_limit[None, :, None])
         return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
     def fits(self, ts: np.ndarray) -> np.ndarray:

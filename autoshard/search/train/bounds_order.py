@@ -14,6 +14,11 @@ in j; then a run that fits still fits when shortened, so the ends a rank can rea
 form one interval [s + fewest, E_r(s)] with E_r non-decreasing in s, and one pass per rank settles
 which boundaries are reachable. Exact for non-increasing capacities, a relaxation otherwise: the
 bounds built on it stay valid (tests/search/test_order_bound.py checks it against every split).
+
+With interleaving, `minor_limits` keeps a weaker part of the order: every chunk holds at least one
+layer, so chunk k holds only layers k .. n - S + k (n layers, S chunks), and a minority layer at
+position i can only sit on the ranks of chunks i - (n - S) .. i: DeepSeek-V3's dense layers 1-3 on
+ranks 0-3 at most, never on the last rank of a deep pipeline.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Segments", "segments", "ordered_fit"]
+__all__ = ["Segments", "segments", "ordered_fit", "minor_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +86,19 @@ def ordered_fit(caps: np.ndarray, seg: Segments, fewest: np.ndarray) -> np.ndarr
         if not reach.any():
             break
     return reach[:, n]
+
+
+def minor_limits(decoders: np.ndarray, is_major: np.ndarray, pp: int, vpp: int) -> np.ndarray:
+    """Most minority decoder layers each pipeline rank can hold in any layout with pp x vpp chunks of
+    at least one layer each: a layer at position i (embedding at 0) lies in a chunk k with
+    i - (n - S) <= k <= i, on rank k mod pp. `decoders` is the prefix count of decoder layers."""
+    n = len(decoders) - 1
+    chunks = pp * vpp
+    layer_of = np.flatnonzero(np.diff(decoders) > 0)  # position of each decoder layer
+    limits = np.zeros(pp, dtype=np.int64)
+    for i in layer_of[~np.asarray(is_major, dtype=bool)]:
+        first, last = max(0, int(i) - (n - chunks)), min(int(i), chunks - 1)
+        ranks = {k % pp for k in range(first, last + 1)} if last - first + 1 < pp else range(pp)
+        for r in ranks:
+            limits[r] += 1
+    return limits
