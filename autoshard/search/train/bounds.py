@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.memory import layer_param_shards
 from autoshard.costmodel.train.step import _p2p_s
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import ParallelDims
@@ -41,7 +42,7 @@ from autoshard.search.train.bounds_rank import (
     uniform_capacity_at,
     uniform_thresholds,
 )
-from autoshard.search.train.tables import CandidateTables
+from autoshard.search.train.tables import CandidateTables, layer_tails
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
@@ -50,7 +51,7 @@ from autoshard.units import US_PER_S
 __all__ = [
     "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
     "uniform_thresholds", "uniform_capacity_at", "pool_rank_limits", "two_pool_assignment", "pools_assignment", "hetero_capacity_at",
-    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "QuickBounds", "rank_work", "LayerClasses", "layer_classes",
+    "hetero_tmax_lower_bound", "joint_search", "quick_lower_bound", "quick_tail_bound", "QuickBounds", "rank_work", "LayerClasses", "layer_classes",
     "MixedCapacity", "mixed_tmax_lower_bound", "hetero_pipeline_bound", "tail_lower_bound",
     "assignment_capacity", "assignment_bounds",
 ]
@@ -67,17 +68,25 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     fastest = min(tab.pools, key=lambda p: int(p.time_us[-1]))
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     total = int(fastest.time_us[-1]) + 2 * (tab.num_chunks - 1) * p2p
+    tail = tail_lower_bound(tab)
+    scale = tab.scale
+    probe = None
+    if cutoff is not None:
+        # the ranks' average time and the tail: a few array reads, no capacities
+        first = (scale // vpp) * ((m * vpp - 1) * -(-total // pp) + total) + scale * tail
+        if first > cutoff:
+            return first, -(-total // pp)
+        if m * vpp > 1:
+            # beyond it the bound passes the cutoff
+            probe = ((cutoff - scale * tail) // max(1, scale // vpp) - total) // (m * vpp - 1)
     # decoder layers that differ: each class at its own cost, the minority shared out exactly
     # (first: it is also the sharpest memory check)
-    probe = None
-    if cutoff is not None and m * vpp > 1:
-        probe = (cutoff // max(1, tab.scale // vpp) - total) // (m * vpp - 1)  # beyond it the bound passes the cutoff
     mixed = mixed_tmax_lower_bound(tab, probe=probe, uniform_recompute=uniform_recompute)
     if mixed is None:
         return None
     slowest = -(-total // pp) if mixed is True else max(-(-total // pp), mixed)
     if cutoff is not None:
-        first = (tab.scale // vpp) * ((m * vpp - 1) * slowest + total)
+        first = (scale // vpp) * ((m * vpp - 1) * slowest + total) + scale * tail
         if first > cutoff:
             return first, slowest
     if len(tab.pools) >= 2 and pool_gpus is not None:
@@ -87,8 +96,6 @@ def bounds(tab: CandidateTables, *, uniform_recompute: bool = False,
     if found is None:
         return None
     tmax = max(slowest, found)
-    tail = tail_lower_bound(tab)
-    scale = tab.scale
     a, b = (scale // vpp) * (m * vpp - 1), scale
     pipeline_and_tail = a * tmax + b * tail
     if cutoff is not None and (scale // vpp) * total + pipeline_and_tail > cutoff:
@@ -160,6 +167,31 @@ def _quick_from_parts(cluster: ClusterSpec, cfg: TrainConfig, parts: tuple[list[
             return 2**62  # the pools cannot host this many ranks
         tmax = max(tmax, math.floor(1 / rate))
     return (scale // vpp) * ((m * vpp - 1) * tmax + total)
+
+
+@lru_cache(maxsize=64)
+def _kind_counts(model: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
+    counts: dict[LayerKind, int] = {}
+    for kind in model.layer_kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda item: item[0].value))
+
+
+def quick_tail_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
+    """What the slowest rank's tail adds to any layout's objective at least: the ranks' average of
+    exposed-at-best data-parallel traffic plus optimizer step (`tables.layer_tails` from each layer's
+    parameter shards, each layer at its cheapest pool, rounded down by 1 us below the tables'
+    per-layer rounding). No timing of any layer: cheaper than the tables by ~10x, so the best-first
+    pass adds it to the cheap bound before building a candidate's tables."""
+    counts = _kind_counts(model)
+    shards = [layer_param_shards(model, kind, cfg.dims) for kind, _ in counts]
+    dense, expert = [sh.dense for sh in shards], [sh.expert for sh in shards]
+    cheapest = [math.inf] * len(counts)
+    for pool in cluster.pools:
+        _, dp_min, opt = layer_tails(cfg, pool, dense, expert)
+        cheapest = [min(c, (d + o) * US_PER_S) for c, d, o in zip(cheapest, dp_min, opt, strict=True)]
+    total = sum(n * max(0, math.floor(c - 1)) for (_, n), c in zip(counts, cheapest, strict=True))
+    return scale * (total // cfg.dims.pp)
 
 
 class QuickBounds:

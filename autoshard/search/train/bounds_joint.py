@@ -8,8 +8,9 @@ the ranks holding only MoE layers set the tail, not the average. Here each rank'
 capped at once by time (slowest-rank time T), memory, and tail (U): with j minority layers and n
 majority layers, n <= (U - g_r - j * s_minor) / s_major for each of the two linear forms of the tail
 (dp_min + opt, and dp_full - window + opt plus the latency), each class at its cheapest slope. The
-minority layers are shared out exactly (the max-plus DP of `MixedCapacity`), so (T, U) is feasible
-only when the ranks absorb every majority layer. For each T the smallest feasible U comes from a
+minority layers are shared out exactly (the max-plus DP of `MixedCapacity`; without interleaving
+also in the layers' order, `bounds_order`), so (T, U) is feasible only when the ranks absorb every
+majority layer. For each T the smallest feasible U comes from a
 bisection; T runs over a grid from the t_max bound to where a longer T cannot pay for itself, each
 segment priced at its left T and its right U (and right sum): valid between grid points, because
 the smallest U (and sum) only shrink as T grows.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from autoshard.search.train.bounds_mixed import _MAX_MINOR, MixedCapacity, absorbed_majority, layer_classes, major_mask
+from autoshard.search.train.bounds_mixed import _MAX_MINOR, MixedCapacity, holds_every_layer, layer_classes, major_mask
 from autoshard.search.train.bounds_rank import rank_work
 from autoshard.search.train.tables import CandidateTables
 
@@ -77,11 +78,13 @@ def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
         n_major, width, least = cls.n_major, cls.n_minor + 1, mixed.least
         is_major = major_mask(tab)
         caps_of = mixed._caps  # noqa: SLF001 - the same capacities, shared with the t_max bound
+        order = mixed.order  # without interleaving: each rank one run of the layer sequence
         assignment = [0] * pp
     else:
         assert time_caps is not None
         n_major, width, least = int(tab.decoders[-1]), 1, rank_work(tab, 0)[3]
         is_major = np.ones(n_major, dtype=bool)
+        order = None
 
         def caps_of(ts: np.ndarray) -> np.ndarray:
             return time_caps(ts)[:, :, None]
@@ -98,7 +101,7 @@ def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
             by_tail = np.where(positive, np.floor(left / np.where(positive, s_major[None, :, None], 1) + 1e-9), np.inf)
             caps = np.minimum(caps, by_tail)
         ok = (caps >= 0) & (caps + js >= least[None, :, None])
-        return absorbed_majority(np.where(ok, np.minimum(caps, n_major), -np.inf)) >= n_major
+        return holds_every_layer(np.where(ok, np.minimum(caps, n_major), -np.inf), n_major, order, least)
 
     top = float(max(g.max() + max(s_major.max(), 0) * n_major + max(s_minor.max(), 0) * (width - 1)
                     for g, s_major, s_minor in forms)) + 1

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.search.train.bounds_order import Segments, minor_limits, ordered_fit, segments
 from autoshard.search.train.bounds_rank import rank_room, rank_work
 from autoshard.search.train.tables import CandidateTables
 
-__all__ = ["LayerClasses", "layer_classes", "major_mask", "MixedCapacity", "absorbed_majority", "mixed_tmax_lower_bound"]
+__all__ = ["LayerClasses", "layer_classes", "major_mask", "MixedCapacity", "absorbed_majority", "holds_every_layer",
+           "mixed_tmax_lower_bound"]
 
 
 _MAX_MINOR = 64
@@ -30,6 +32,16 @@ def absorbed_majority(caps: np.ndarray) -> np.ndarray:
             nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
         best = nxt
     return best[:, -1]
+
+
+def holds_every_layer(caps: np.ndarray, n_major: int, order: Segments | None, fewest: np.ndarray) -> np.ndarray:
+    """(G, pp, D+1) caps -> (G,) whether the ranks hold every decoder layer: the order-free max-plus
+    DP, and where it passes and `order` is given (no interleaving), the order-aware test of
+    `bounds_order` too (both are relaxations of every layout, so both must pass)."""
+    ok = absorbed_majority(caps) >= n_major
+    if order is not None and ok.any():
+        ok[ok] = ordered_fit(caps[ok], order, fewest)
+    return ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +93,8 @@ class MixedCapacity:
     class at its own cheapest cost, not the cheapest layer of the model), and may fully recompute up
     to n + j of them (continuous relaxation). The ranks must share the minority layers exactly, so the
     largest number of majority layers they can absorb at slowest-rank time T is a max-plus DP over
-    ranks of cap_r(T, j); T is feasible when that reaches the majority count. Valid for any layout:
+    ranks of cap_r(T, j); T is feasible when that reaches the majority count (and, without
+    interleaving, when the ranks can take the layers in their order: `bounds_order`). Valid for any layout:
     capacities are over-estimates, so the threshold under-estimates the slowest rank."""
 
     def __init__(self, tab: CandidateTables, pool: int | None = None) -> None:
@@ -98,6 +111,13 @@ class MixedCapacity:
         self.n_dec = int(tab.decoders[-1])
         self.vpp = vpp
         self.uniform: int | None = None
+        # without interleaving each rank holds one run of the layer sequence: the minority layers'
+        # positions decide which ranks can hold them (`bounds_order`)
+        is_major = major_mask(tab, pool)
+        self.order = segments(is_major) if vpp == 1 else None
+        # chunks of at least one layer each: a minority layer only reaches the ranks of the chunks
+        # its position allows (`bounds_order.minor_limits`)
+        self.minor_limit = minor_limits(tab.decoders, is_major, tab.config.dims.pp, vpp).astype(np.float64)
 
     def _caps_uniform(self, ts: np.ndarray, k: int) -> np.ndarray:
         """As `_caps` when every chunk recomputes exactly k layers (Megatron's --recompute-num-layers):
@@ -113,7 +133,7 @@ class MixedCapacity:
         with np.errstate(divide="ignore", invalid="ignore"):
             cap = np.floor(np.minimum(room / pl, budget / float(self.d_major)) + 1e-9)
         need = np.maximum(self.least[None, :, None], rc)
-        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need)
+        ok = (cap >= 0) & (budget >= 0) & (room >= 0) & (cap + js >= need) & (js <= self.minor_limit[None, :, None])
         return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
     def _caps(self, ts: np.ndarray) -> np.ndarray:
@@ -142,15 +162,17 @@ class MixedCapacity:
             else:
                 cap = n1
         cap = np.floor(cap + 1e-9)
-        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None])
+        ok = (cap >= 0) & (budget >= 0) & (cap + js >= self.least[None, :, None]) & (js <= self.minor_limit[None, :, None])
         return np.where(ok, np.minimum(cap, self.cls.n_major), -np.inf)
 
-    def absorbed(self, ts: np.ndarray) -> np.ndarray:
-        """Most majority layers the ranks can absorb at each time in ts while holding every minority
-        layer (with `uniform` set: every chunk recomputing exactly `uniform` layers)."""
+    def fits(self, ts: np.ndarray) -> np.ndarray:
+        """Whether the ranks can hold every decoder layer at each time in ts (with `uniform` set:
+        every chunk recomputing exactly `uniform` layers): the minority layers shared out exactly, and
+        without interleaving each rank's layers one run of the sequence, in rank order."""
         ts = np.asarray(ts, dtype=np.float64)
         caps = self._caps(ts) if self.uniform is None else self._caps_uniform(ts, self.uniform)
-        return absorbed_majority(caps)
+        fewest = self.least if self.uniform is None else np.maximum(self.least, self.vpp * self.uniform)
+        return holds_every_layer(caps, self.cls.n_major, self.order, fewest)
 
     def threshold(self, lo: int, probe: int | None = None) -> int | None:
         """Smallest integer T >= lo at which the ranks can absorb every decoder layer (None: never).
@@ -159,15 +181,15 @@ class MixedCapacity:
         span = (max(self.d_major, self.d_minor) + max(self.x, 0)) * self.n_dec + 1
         hi = int(self.fixed.max()) + span
         if probe is not None and lo <= probe < hi:
-            if self.absorbed(np.array([float(probe)]))[0] < self.cls.n_major:
+            if not self.fits(np.array([float(probe)]))[0]:
                 return probe + 1
             hi = probe
-        elif self.absorbed(np.array([hi]))[0] < self.cls.n_major:
+        elif not self.fits(np.array([float(hi)]))[0]:
             return None
         lo = min(int(lo), hi)
         while hi - lo > 0:
             grid = np.unique(np.linspace(lo, hi, 33).astype(np.int64))
-            good = self.absorbed(grid.astype(np.float64)) >= self.cls.n_major
+            good = self.fits(grid.astype(np.float64))
             first = int(np.argmax(good))  # good[-1] is True: hi is feasible
             if first == 0:
                 return int(grid[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.parallel import Recompute
+from autoshard.search.train.bounds_mixed import major_mask
 from autoshard.search.train.bounds_pools import assignment_capacity, assignment_sends, hetero_capacity_at
 from autoshard.search.train.bounds_rank import (
     _threshold,
@@ -26,12 +27,15 @@ __all__ = ["loads_layout", "fit_recompute", "incumbent", "hetero_incumbent", "gr
 
 
 def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int] | None,
-                 per_chunk: int = 0) -> Layout | None:
+                 per_chunk: int = 0, light_rounds: int = 0) -> Layout | None:
     """A layout giving each rank at most caps[r] decoder layers: start from the caps and shed the
     surplus one layer at a time from the rank with the longest time (its layers plus its fixed work:
     embedding, output, sends; the earlier rank on ties: it holds more micro-batches in flight); each
     rank's layers are split evenly over its chunks, the later chunks taking the remainder. With
-    `per_chunk`, no rank sheds below per_chunk decoder layers per chunk (a uniform recompute count)."""
+    `per_chunk`, no rank sheds below per_chunk decoder layers per chunk (a uniform recompute count).
+    With `light_rounds` (interleaving), each rank's first light_rounds chunks hold max(1, per_chunk)
+    layer(s) and the rest is split over its other chunks: the layers that open the model (DeepSeek-V3's
+    3 dense ones) then go one per rank instead of all to rank 0."""
     pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
     n_dec = int(tab.decoders[-1])
     load = [int(c) for c in caps]
@@ -56,13 +60,19 @@ def loads_layout(tab: CandidateTables, caps: np.ndarray, pool_of_rank: list[int]
     if extra or any(x < lo for x, lo in zip(load, least, strict=True)):
         return None
     sizes = [0] * (pp * vpp)
+    light = min(light_rounds, vpp - 1)
+    small = max(1, per_chunk)
     for r in range(pp):
-        base, rem = divmod(load[r], vpp)
-        for c in range(vpp):
+        first = light if load[r] - light * small >= (vpp - light) * per_chunk else 0
+        for c in range(first):
+            sizes[c * pp + r] = small
+        rest = vpp - first
+        base, rem = divmod(load[r] - first * small, rest)
+        for c in range(rest):
             # the remainder goes to the later chunks, except on the last rank, whose final chunk
             # carries the output layer and may be left without decoder layers
-            later = c >= vpp - rem if r < pp - 1 else c < rem
-            sizes[c * pp + r] = base + (1 if later else 0)
+            later = c >= rest - rem if r < pp - 1 else c < rem
+            sizes[(first + c) * pp + r] = base + (1 if later else 0)
     if any(size == 0 for k, size in enumerate(sizes) if 0 < k < pp * vpp - 1):
         return None
     bounds = [0]
@@ -88,30 +98,48 @@ def fit_recompute(tab: CandidateTables, lay: Layout | None) -> tuple[int, Layout
     return None
 
 
+def _light_rounds(tab: CandidateTables) -> int:
+    """Interleaving rounds that the leading minority decoder layers (DeepSeek-V3's dense ones) fill
+    one per rank: ceil(leading / pp); 0 without interleaving or when the first decoder layer is of
+    the most numerous kind."""
+    dims = tab.config.dims
+    if dims.vpp == 1 or tab.uniform_decoders:
+        return 0
+    is_major = major_mask(tab)
+    leading = int(np.argmax(is_major)) if is_major.any() else 0
+    return -(-leading // dims.pp)
+
+
 def incumbent(tab: CandidateTables, pool_of_rank: list[int] | None, tmax_lb: int,
                uniform: bool) -> tuple[int, Layout] | None:
     """Best of Megatron's even split and balanced splits built from the per-rank capacities at
-    slowest-rank times just above the proven lower bounds (per uniform recompute count k)."""
+    slowest-rank times just above the proven lower bounds (per uniform recompute count k); with
+    interleaving and leading minority layers, each split also with those layers one per rank."""
     found = [fit_recompute(tab, even_layout(tab, pool_of_rank))]
+    rounds = sorted({0, _light_rounds(tab)})
+
+    def splits(caps: np.ndarray) -> list[tuple[int, Layout] | None]:
+        return [fit_recompute(tab, loads_layout(tab, caps, pool_of_rank, light_rounds=v)) for v in rounds]
+
     if tab.config.dims.pp > 1:
         step = max(1, min(p.decoder_unit[0] for p in tab.pools))
         if uniform:
             for t, k in uniform_thresholds(tab)[:3]:
                 for i in range(4):
-                    found.append(fit_recompute(tab, loads_layout(tab, uniform_capacity_at(tab, t + i * step, k), pool_of_rank)))
+                    found.extend(splits(uniform_capacity_at(tab, t + i * step, k)))
         for i in range(4):
-            found.append(fit_recompute(tab, loads_layout(tab, rank_capacity_at(tab, tmax_lb + i * step), pool_of_rank)))
+            found.extend(splits(rank_capacity_at(tab, tmax_lb + i * step)))
         if len(tab.pools) == 1:
             cfg = tab.config
             a = (tab.scale // cfg.dims.vpp) * (cfg.num_microbatches * cfg.dims.vpp - 1)
             for caps in joint_search(tab, tmax_lb, a, tab.scale)[1]:
-                found.append(fit_recompute(tab, loads_layout(tab, caps, pool_of_rank)))
-        found.append(fit_recompute(tab, loads_layout(tab, layer_capacity(tab), pool_of_rank)))
+                found.extend(splits(caps))
+        found.extend(splits(layer_capacity(tab)))
         if not tab.uniform_decoders and len(tab.pools) == 1:
             # decoder layers that differ: loads every rank can hold whatever layers it gets
             big = max(1, max(int(d) for d in np.diff(tab.pools[0].time_us)[1:-1]))
             for i in range(8):
-                found.append(fit_recompute(tab, loads_layout(tab, safe_capacity_at(tab, tmax_lb + i * big), pool_of_rank)))
+                found.extend(splits(safe_capacity_at(tab, tmax_lb + i * big)))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
 

@@ -12,7 +12,7 @@ from autoshard.costmodel.train.memory import layer_param_shards, model_state_byt
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
-from autoshard.search.train.bounds import QuickBounds, bounds
+from autoshard.search.train.bounds import QuickBounds, bounds, quick_tail_bound
 from autoshard.search.train.incumbents import hetero_incumbent, improve, incumbent
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, enumerate_train
@@ -133,6 +133,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.excluded_bound = cheap_lb if prep.excluded_bound is None else min(prep.excluded_bound, cheap_lb)
             prep.pruned["time limit: left out with their cheap bound"] += len(staged) - n_done
             break
+        if best_ub is not None and cheap_lb + quick_tail_bound(model, cluster, cfg, scale=scale) > best_ub:
+            prep.pruned["bound: cannot beat the best plan found"] += 1
+            continue
         tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
         if options.space.even_layout_only and even_layout(tab) is None:
             prep.pruned["even split impossible (layers not divisible by PP x VPP)"] += 1

@@ -15,6 +15,7 @@ from autoshard.search.train.build import build_model
 from autoshard.search.train.options import DEFAULT_MEMORY_FRACTION, SolverOptions
 from autoshard.search.train.prepare import Prepared, prepare
 from autoshard.search.train.result import decode, infeasible, layout_stages
+from autoshard.search.train.settle import settle
 from autoshard.search.train.space import Pins, check_pins
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
@@ -47,16 +48,23 @@ def _stop_reason(optimal: bool, cp_status: int, open_in_model: bool, prep: Prepa
                        open_in_model=open_in_model, relative_gap=options.relative_gap)
 
 
-def _select(prep: Prepared, options: SolverOptions) -> list[int]:
-    """Candidates for the CP-SAT model: those whose lower bound beats the top_k-th best incumbent,
-    lowest bound first, at most max_candidates_in_model of them."""
-    found = sorted(inc[0] for inc in prep.incumbents if inc is not None)
+def _select(prep: Prepared, options: SolverOptions, among: list[int] | None = None) -> list[int]:
+    """Candidates for the CP-SAT model (of `among`, default all): those whose lower bound beats the
+    top_k-th best incumbent, lowest bound first, at most max_candidates_in_model of them. With one
+    plan wanted, a bound equal to the best plan's objective cannot beat it either: only the holder
+    of that plan stays."""
+    among = list(range(len(prep.tables))) if among is None else among
+    found = sorted(inc[0] for i in among if (inc := prep.incumbents[i]) is not None)
     k = max(1, options.top_k)
     ub = found[k - 1] if len(found) >= k else None
-    order = sorted(range(len(prep.tables)), key=lambda i: (prep.lower_bounds[i], i))
+    holder = min((i for i in among if prep.incumbents[i] and prep.incumbents[i][0] == ub), default=None)
+    order = sorted(among, key=lambda i: (prep.lower_bounds[i], i))
     keep = []
     for i in order:
         if ub is not None and prep.lower_bounds[i] > ub and (prep.incumbents[i] is None or prep.incumbents[i][0] > ub):
+            prep.pruned["bound: cannot beat the best plan found"] += 1
+            continue
+        if k == 1 and ub is not None and prep.lower_bounds[i] >= ub and i != holder:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
         keep.append(i)
@@ -103,6 +111,12 @@ def solve_train(
         raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit ({len(prep.tables)} "
                           "candidates bounded, none with a layout found yet): raise --time-limit or pin some knobs")
     keep = _select(prep, options)
+    # one candidate at a time first (small models close fast), then the joint model on what is open
+    settled = settle(prep, keep, pool_gpus=[p.num_gpus for p in cluster.pools],
+                     uniform_recompute=options.space.uniform_recompute, options=options,
+                     recompute_num_layers=pins.recompute_num_layers, deadline=deadline, reserve_s=_RECHECK_RESERVE_S)
+    if settled.solved:
+        keep = _select(prep, options, among=keep)
     tables = [prep.tables[i] for i in keep]
     best_inc = min(((prep.incumbents[i][0], j) for j, i in enumerate(keep) if prep.incumbents[i]), default=None)
     hint_index = best_inc[1] if best_inc else None
@@ -182,8 +196,8 @@ def solve_train(
             wall_s=deadline.elapsed(),
             objective=objective / scale_s,
             bound=bound / scale_s,
-            conflicts=solver.num_conflicts,
-            branches=solver.num_branches,
+            conflicts=solver.num_conflicts + settled.conflicts,
+            branches=solver.num_branches + settled.branches,
             candidates=prep.enumerated,
             candidates_in_model=len(tables),
             pruned=dict(prep.pruned),

@@ -25,7 +25,7 @@ from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, MIB, US_PER_S
 
-__all__ = ["PoolTables", "CandidateTables", "build_tables", "Layout", "int_objective", "even_layout"]
+__all__ = ["PoolTables", "CandidateTables", "build_tables", "Layout", "int_objective", "even_layout", "layer_tails"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,16 +134,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         largest_params = max(largest_params, max(d + e for d, e in zip(dense, expert, strict=True)))
         # DP traffic is linear in parameters (latency aside): price each layer's share. `dp_full`
         # and `win` carry the exposed share (1/VPP with interleaving, costmodel.train.step), so
-        # every reader of max(dp_min, dp_full - win) prices the tail as the cost model does.
+        # every reader of max(dp_min, dp_full - win) prices the tail as the cost model does; dp_min,
+        # the floor at full overlap, stays on the whole traffic (bounds read it as it is).
         share = dp_exposed_share(cfg)
         win = [share * c.fwd_bwd_compute_s * (m if cfg.zero_stage == 3 else 1) for c in base]
-        dp_lin = _dp_linear(cfg, pool, dense, expert)
-        dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_lin]
+        dp_lin, dp_min, opt = layer_tails(cfg, pool, dense, expert)
         dp_full = [share * x for x in dp_lin]
-        shard = dims.dp * dims.cp if cfg.zero_stage >= 1 else 1
-        eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
-        hbm = gpu.hbm_tbps * 1e12 * eff.hbm
-        opt = [(d / shard + e / eshard) * optimizer_bytes_per_param(cfg.optimizer) / hbm for d, e in zip(dense, expert, strict=True)]
         extra_us, saving, working = 0, 0, 0
         frag = 1 + eff.fragmentation  # charged on dynamic bytes only, as costmodel.train.memory.overhead_bytes
         if base_full:
@@ -210,6 +206,21 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         base_full=base_full, scale=scale,
         uniform=len({k for k in kinds[1:-1]}) == 1 and kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.OUTPUT,
     )
+
+
+def layer_tails(cfg: TrainConfig, pool, dense: Sequence[float],
+                expert: Sequence[float]) -> tuple[list[float], list[float], list[float]]:
+    """Per layer with `dense` / `expert` parameters per GPU: (data-parallel traffic in seconds, the
+    part of it that stays exposed at best, optimizer step in seconds), latency aside (a per-rank
+    constant). DP traffic is linear in parameters: each layer is priced at its share."""
+    dims, eff = cfg.dims, pool.gpu.efficiency
+    dp_full = _dp_linear(cfg, pool, dense, expert)
+    dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_full]
+    shard = dims.dp * dims.cp if cfg.zero_stage >= 1 else 1
+    eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
+    hbm = pool.gpu.hbm_tbps * 1e12 * eff.hbm
+    opt = [(d / shard + e / eshard) * optimizer_bytes_per_param(cfg.optimizer) / hbm for d, e in zip(dense, expert, strict=True)]
+    return dp_full, dp_min, opt
 
 
 def _dp_linear(cfg: TrainConfig, pool, dense: Sequence[float], expert: Sequence[float]) -> list[float]:
