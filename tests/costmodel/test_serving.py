@@ -337,9 +337,12 @@ def test_pcie_ring_over_both_sockets_runs_at_the_cross_socket_bandwidth():
         ({"cross_socket_gbps": 20}, "set both or neither"),
         ({"socket_gpus": 3, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
         ({"socket_gpus": 8, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
+        ({"socket_gpus": 4, "cross_socket_gbps": 40}, "no faster than the PCIe link"),
+        ({"socket_gpus": 4, "cross_socket_gbps": 20, "intra_node_link": "nvlink", "intra_node_gbps": 450},
+         "drop socket_gpus"),
     ):
         with pytest.raises(ValidationError, match=match):
-            NodeSpec(**base, **bad)
+            NodeSpec(**{**base, **bad})
 
 
 def _brute_max_poisson(lam: float, ranks: int) -> float:
