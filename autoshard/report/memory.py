@@ -49,7 +49,8 @@ def nominal_bytes_per_param(plan: Plan, *, expert: bool = False) -> tuple[float,
     cfg = plan.config
     s = model_state_bytes(ParamShards(0.0, 1.0) if expert else ParamShards(1.0, 0.0), dims=cfg.dims,
                           zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
-                          grad_fp32=cfg.grad_reduce_fp32, moments_bf16=cfg.optimizer_moments_bf16)
+                          grad_fp32=cfg.grad_reduce_fp32, moments_bf16=cfg.optimizer_moments_bf16,
+                          fp8_params=_fp8_params(plan))
     return s.weights, s.grads, s.optimizer
 
 
@@ -66,9 +67,14 @@ def _params_held(plan: Plan, rank: int) -> tuple[float, float]:
     return dense, expert
 
 
+def _fp8_params(plan: Plan) -> bool:
+    """--fp8-param-gather in effect: the primary weights held in FP8 (1 B), as the prediction counts them."""
+    return plan.config.fp8_param_gather and plan.config.precision is Precision.FP8
+
+
 def _state_weights(plan: Plan, rank: int) -> float:
-    """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16),
-    with ZeRO-3's gathered layers as the prediction counts them."""
+    """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16,
+    or at 1 B under --fp8-param-gather), with ZeRO-3's gathered layers as the prediction counts them."""
     import dataclasses
 
     cfg = dataclasses.replace(plan.config, precision=Precision.BF16)
@@ -77,7 +83,7 @@ def _state_weights(plan: Plan, rank: int) -> float:
     for i, st in enumerate(plan.stages):
         if i % plan.config.dims.pp == rank:
             c = stage_cost(plan.model, st, plan.cluster.pools[st.pool], cfg)
-            w += c.weights_bytes
+            w += c.weights_bytes / (2 if _fp8_params(plan) else 1)
             largest = max(largest, c.largest_layer_params)
     if cfg.zero_stage == 3:
         w += 2 * 2 * largest
@@ -99,7 +105,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     titan = cfg.framework is TrainFramework.TORCHTITAN
     full = model_state_bytes(ParamShards(1.0, 0.0), dims=dims, zero_stage=0, optimizer=cfg.optimizer,
                              framework=cfg.framework, grad_fp32=cfg.grad_reduce_fp32,
-                             moments_bf16=cfg.optimizer_moments_bf16)
+                             moments_bf16=cfg.optimizer_moments_bf16, fp8_params=_fp8_params(plan))
     full_w, full_g, full_o = full.weights, full.grads, full.optimizer
 
     edp = dims.expert_dp
@@ -110,7 +116,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
             text += f"; experts {_g(full)}/EDP = {_g(full)}/{edp}" if edp > 1 else f"; experts {_g(full)} (EDP 1)"
         return text
 
-    w_kind = "FP32 master params (FSDP2)" if titan else "BF16 params"
+    w_kind = "FP32 master params (FSDP2)" if titan else "FP8 params" if full_w == 1 else "BF16 params"
     adam = cfg.optimizer.value == "adam"
     if adam:  # the master copy: FP32 (Megatron), BF16 remainders (NeMo), none (FSDP, NeMo BF16 moments)
         moment_b = 4 if cfg.optimizer_moments_bf16 else 8

@@ -128,3 +128,21 @@ def test_formulas_follow_bf16_gradients_and_moments(extra, grads, optimizer, sta
     assert rows["model states"].formula == f"bytes/param {states}"
     assert rows["gradients"].formula == labels[0]
     assert rows["optimizer state"].formula.startswith(labels[1])
+
+
+def test_fp8_param_gather_formula_counts_fp8_weights():
+    """--fp8-param-gather on H100: the weights are held in FP8 (1 B) plus Transformer Engine's transposed
+    FP8 copy of the decoder GEMM weights; the rows said "BF16 params: 2" and 6 + 12/DP over 1-byte weights."""
+    from autoshard.api import evaluate_megatron
+
+    command = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 4096 "
+               "--num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+               "--global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 32000 "
+               "--use-distributed-optimizer --fp8-format hybrid --fp8-param-gather")
+    plan, _ = evaluate_megatron(command, None, "dgx-h100", None)
+    rows = _rows(plan)
+    held = rows["weights"].bytes / rows["weights"].per_param
+    copies = rows["weights"].bytes - 1 * held
+    assert rows["weights"].formula == f"FP8 params: 1 + {copies / GIB:.2f} GiB FP8 weight copies (Transformer Engine)"
+    assert rows["model states"].formula == f"bytes/param 5 + 12/DP = 6.5, + {copies / held:.2f} FP8 weight copies"
+    assert rows["model states"].per_param == pytest.approx(6.5 + copies / held)
