@@ -141,6 +141,11 @@ def optimizer_moments_bf16(r: FlagReader) -> bool:
         if value not in MOMENT_DTYPES:
             raise SpecError(f"{flag} '{value}' is not one of Megatron-LM's choices ({', '.join(MOMENT_DTYPES)}): "
                             "fix the value", source=r.source)
+    if r.text("--optimizer", "adam") != "adam":
+        if any(v != "fp32" for v in given.values()):
+            r.warnings.append("--exp-avg-dtype/--exp-avg-sq-dtype set Adam's moments; "
+                              f"--optimizer {r.text('--optimizer')} keeps its FP32 state: read as FP32")
+        return False
     if not r.on("--use-precision-aware-optimizer"):
         if any(v != "fp32" for v in given.values()):
             r.warnings.append("--exp-avg-dtype/--exp-avg-sq-dtype need --use-precision-aware-optimizer "
