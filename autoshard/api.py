@@ -155,19 +155,30 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
 
 def _vocab_from_bundled(command: str, parsed: Any) -> Any:
     """A command whose tokenizer files hold the vocabulary (HuggingFace, SentencePiece) and no model given:
-    when a bundled model has the command's architecture in every other respect, its vocabulary is the
-    tokenizer's (Llama 3's 128,256, not the 32,000 fallback), said in a warning."""
+    when the bundled models with the command's architecture in every other respect agree on one
+    vocabulary, it is the tokenizer's (Llama 3's 128,256, not the 32,000 fallback), said in a warning.
+    When they disagree (Llama 2 70B's 32,000 and Llama 3.1 70B's 128,256 share every other shape), the
+    fallback stays and the warning names them."""
+    matches: dict[str, int] = {}
     for name, path in sorted(bundled_models().items()):
         bundled = load_model(path)
-        differences = model_shape_differences(bundled, parsed.model)
-        if differences and all(d.startswith("vocab_size:") for d in differences):
-            again = parse_megatron(command, vocab_size=bundled.vocab_size)
-            note = (f"the vocabulary size is not in the command (the tokenizer files hold it): "
-                    f"{bundled.vocab_size:,} from bundled model {name}, whose architecture the command matches; "
-                    "give the model to be sure")
-            kept = [w for w in again.warnings if "vocabulary size is not in the command" not in w]
-            return dataclasses.replace(again, warnings=(*kept, note))
-    return parsed
+        if all(d.startswith("vocab_size:") for d in model_shape_differences(bundled, parsed.model)):
+            matches[name] = bundled.vocab_size
+    sizes = set(matches.values())
+    if len(sizes) > 1:
+        listed = ", ".join(f"{n} ({v:,})" for n, v in matches.items())
+        note = (f"the command's architecture matches bundled models of different vocabularies: {listed}; "
+                "give the model to use its real size")
+        return dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
+    if not matches or sizes == {parsed.model.vocab_size}:
+        return parsed
+    name, vocab = next(iter(matches.items()))
+    again = parse_megatron(command, vocab_size=vocab)
+    note = (f"the vocabulary size is not in the command (the tokenizer files hold it): "
+            f"{vocab:,} from bundled model {name}, whose architecture the command matches; "
+            "give the model to be sure")
+    kept = [w for w in again.warnings if "vocabulary size is not in the command" not in w]
+    return dataclasses.replace(again, warnings=(*kept, note))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -107,7 +107,9 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
         return _intra(node, pool, span=(ranks - 1) * stride + 1)
     eff = pool.gpu.efficiency
     members = max(1, min(ranks, domain // stride))
-    bandwidth = min(members * node.inter_node_gbps * eff.inter_node_bw, node.intra_node_gbps * eff.intra_node_bw)
+    # never more than the intra-node ring of a node's members (cross-socket on a two-socket PCIe node)
+    intra = _intra(node, pool, span=(members - 1) * stride + 1).bytes_per_s / 1e9
+    bandwidth = min(members * node.inter_node_gbps * eff.inter_node_bw, intra)
     return Link(bandwidth * 1e9, eff.inter_node_latency_us * 1e-6, True)
 
 

@@ -48,7 +48,9 @@ def nominal_bytes_per_param(plan: Plan, *, expert: bool = False) -> tuple[float,
     ZeRO-2 and 18/DP with ZeRO-3 (DP counts the data- and context-parallel replicas)."""
     cfg = plan.config
     s = model_state_bytes(ParamShards(0.0, 1.0) if expert else ParamShards(1.0, 0.0), dims=cfg.dims,
-                          zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework)
+                          zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
+                          grad_fp32=cfg.grad_reduce_fp32, moments_bf16=cfg.optimizer_moments_bf16,
+                          fp8_params=_fp8_params(plan))
     return s.weights, s.grads, s.optimizer
 
 
@@ -65,9 +67,14 @@ def _params_held(plan: Plan, rank: int) -> tuple[float, float]:
     return dense, expert
 
 
+def _fp8_params(plan: Plan) -> bool:
+    """--fp8-param-gather in effect: the primary weights held in FP8 (1 B), as the prediction counts them."""
+    return plan.config.fp8_param_gather and plan.config.precision is Precision.FP8
+
+
 def _state_weights(plan: Plan, rank: int) -> float:
-    """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16),
-    with ZeRO-3's gathered layers as the prediction counts them."""
+    """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16,
+    or at 1 B under --fp8-param-gather), with ZeRO-3's gathered layers as the prediction counts them."""
     import dataclasses
 
     cfg = dataclasses.replace(plan.config, precision=Precision.BF16)
@@ -76,7 +83,7 @@ def _state_weights(plan: Plan, rank: int) -> float:
     for i, st in enumerate(plan.stages):
         if i % plan.config.dims.pp == rank:
             c = stage_cost(plan.model, st, plan.cluster.pools[st.pool], cfg)
-            w += c.weights_bytes
+            w += c.weights_bytes / (2 if _fp8_params(plan) else 1)
             largest = max(largest, c.largest_layer_params)
     if cfg.zero_stage == 3:
         w += 2 * 2 * largest
@@ -97,7 +104,8 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     z = cfg.zero_stage
     titan = cfg.framework is TrainFramework.TORCHTITAN
     full = model_state_bytes(ParamShards(1.0, 0.0), dims=dims, zero_stage=0, optimizer=cfg.optimizer,
-                             framework=cfg.framework)
+                             framework=cfg.framework, grad_fp32=cfg.grad_reduce_fp32,
+                             moments_bf16=cfg.optimizer_moments_bf16, fp8_params=_fp8_params(plan))
     full_w, full_g, full_o = full.weights, full.grads, full.optimizer
 
     edp = dims.expert_dp
@@ -108,11 +116,16 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
             text += f"; experts {_g(full)}/EDP = {_g(full)}/{edp}" if edp > 1 else f"; experts {_g(full)} (EDP 1)"
         return text
 
-    w_kind = "FP32 master params (FSDP2)" if titan else "BF16 params"
+    w_kind = "FP32 master params (FSDP2)" if titan else "FP8 params" if full_w == 1 else "BF16 params"
     adam = cfg.optimizer.value == "adam"
-    o_kind = ("Adam m, v in FP32" if titan else "FP32 master + Adam m, v") if adam else "optimizer state in FP32"
+    if adam:  # the master copy: FP32 (Megatron), BF16 remainders (NeMo), none (FSDP, NeMo BF16 moments)
+        moment_b = 4 if cfg.optimizer_moments_bf16 else 8
+        master = {4: "FP32 master + ", 2: "BF16 master remainders + "}.get(round(full_o - moment_b), "")
+        o_kind = master + ("Adam m, v in BF16" if moment_b == 4 else "Adam m, v" if master else "Adam m, v in FP32")
+    else:
+        o_kind = "optimizer state in FP32"
     weights_f = f"{w_kind}: {sharded(full_w, 3)}"
-    grads_f = f"FP32 grads: {sharded(full_g, 2)}"
+    grads_f = f"{'FP32' if full_g == 4 else 'BF16'} grads: {sharded(full_g, 2)}"
     if z == 3:
         weights_f += " + 2 layers gathered in BF16"
         if not titan:

@@ -208,6 +208,16 @@ class NodeSpec(FrozenSpec):
                 f"socket_gpus ({self.socket_gpus}) must be a divisor of gpus_per_node ({self.gpus_per_node}) "
                 "smaller than it (one socket's share of the node's GPUs)"
             )
+        if self.socket_gpus is not None and self.intra_node_link is not LinkKind.PCIE:
+            raise ValueError(
+                f"socket_gpus describes PCIe nodes whose GPU traffic crosses the CPU sockets; an "
+                f"{self.intra_node_link.value} node's GPUs talk over their own fabric: drop socket_gpus and cross_socket_gbps"
+            )
+        if self.cross_socket_gbps is not None and self.cross_socket_gbps > self.intra_node_gbps:
+            raise ValueError(
+                f"cross_socket_gbps ({self.cross_socket_gbps:g}) is more than intra_node_gbps ({self.intra_node_gbps:g}): "
+                "a ring through the CPU interconnect is no faster than the PCIe link; give the measured cross-socket figure"
+            )
         return self
 
 

@@ -135,3 +135,18 @@ def test_from_megatron_takes_the_vocabulary_of_the_bundled_model_it_matches() ->
     odd = pathlib.Path(launch).read_text().replace("--num-layers 32", "--num-layers 30")
     code, plan, _ = run("evaluate", "dgx-h100", "--from-megatron", odd, "--json")
     assert code == 0 and any("assumed 32000" in w for w in plan["warnings"])
+
+
+def test_from_megatron_does_not_pick_between_bundled_models_of_different_vocabularies() -> None:
+    """Llama 2 70B (32,000 tokens) and Llama 3.1 70B (128,256) share every other shape: a 70B command with
+    a HuggingFace tokenizer is either, so neither vocabulary is taken (Llama 3.1's was, for a Llama 2
+    command too); the fallback stays and the warning names both models."""
+    import pathlib
+
+    launch = str(pathlib.Path(__file__).parents[1] / "emit" / "golden" /
+                 "llama-3.1-70b_dgx-h100_tp8-pp4-vpp2-uneven.command.sh")
+    code, plan, _ = run("evaluate", "dgx-h100", "--from-megatron", launch, "--json")
+    assert code == 0
+    assert not any("from bundled model" in w for w in plan["warnings"])
+    assert any("assumed 32000" in w for w in plan["warnings"])
+    assert any("llama-2-70b (32,000), llama-3.1-70b (128,256)" in w for w in plan["warnings"])

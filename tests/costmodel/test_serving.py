@@ -321,6 +321,12 @@ def test_pcie_ring_over_both_sockets_runs_at_the_cross_socket_bandwidth():
     t8 = collective_time_s(Collective.ALL_REDUCE, size, 8, group_link(pool, ranks=8))
     lat = 6 * group_link(pool, ranks=8).latency_s
     assert t8 - lat == pytest.approx(2 * 7 / 8 * size / (20e9 * eff))
+    # across nodes the rings of a node's 8 members still cross its sockets: capped at 20, not 25 GB/s
+    two = load_cluster("l40s-pcie").with_gpus(16).primary
+    inter = two.gpu.efficiency.inter_node_bw
+    assert group_link(two, ranks=16).bytes_per_s == pytest.approx(min(8 * 12.5e9 * inter, 20e9 * eff))
+    assert group_link(two, ranks=8, stride=2).bytes_per_s == pytest.approx(min(4 * 12.5e9 * inter, 20e9 * eff))
+    assert group_link(two, ranks=2, stride=8).bytes_per_s == pytest.approx(min(12.5e9 * inter, 25e9 * eff))
     # NVLink nodes name no sockets: unchanged
     h100 = H100.with_gpus(8).primary
     assert h100.node.socket_gpus is None
@@ -331,9 +337,12 @@ def test_pcie_ring_over_both_sockets_runs_at_the_cross_socket_bandwidth():
         ({"cross_socket_gbps": 20}, "set both or neither"),
         ({"socket_gpus": 3, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
         ({"socket_gpus": 8, "cross_socket_gbps": 20}, "divisor of gpus_per_node"),
+        ({"socket_gpus": 4, "cross_socket_gbps": 40}, "no faster than the PCIe link"),
+        ({"socket_gpus": 4, "cross_socket_gbps": 20, "intra_node_link": "nvlink", "intra_node_gbps": 450},
+         "drop socket_gpus"),
     ):
         with pytest.raises(ValidationError, match=match):
-            NodeSpec(**base, **bad)
+            NodeSpec(**{**base, **bad})
 
 
 def _brute_max_poisson(lam: float, ranks: int) -> float:

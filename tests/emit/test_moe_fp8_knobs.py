@@ -130,6 +130,32 @@ def test_gradient_and_moment_dtypes_are_read(extra, grads_fp32, moments_bf16, wa
         assert any(warning in w for w in parsed.warnings)
 
 
+@pytest.mark.parametrize("extra", [
+    " --use-precision-aware-optimizer --exp-avg-dtype garbage --exp-avg-sq-dtype bf16",
+    " --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype BF16",
+    " --exp-avg-sq-dtype int8",
+])
+def test_unknown_moment_dtype_is_a_spec_error(extra):
+    """Megatron-LM's argparse allows fp32/fp16/bf16/fp8 only; anything else was read as 16-bit moments."""
+    base = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+            "--tokenizer-type NullTokenizer --vocab-size 32000 --use-distributed-optimizer")
+    with pytest.raises(SpecError, match=r"--exp-avg(-sq)?-dtype '.*' is not one of Megatron-LM's choices"):
+        parse_megatron(base + extra)
+
+
+def test_moment_dtypes_do_not_halve_sgd_momentum():
+    """Only Adam has exp_avg / exp_avg_sq: with --optimizer sgd the flags were read as 16-bit moments and
+    halved SGD's FP32 momentum (8 -> 6 B/param of optimizer state)."""
+    base = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+            "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+            "--tokenizer-type NullTokenizer --vocab-size 32000 --use-distributed-optimizer --optimizer sgd "
+            "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
+    parsed = parse_megatron(base)
+    assert parsed.with_world_size(8).train_config().optimizer_moments_bf16 is False
+    assert any("--optimizer sgd keeps its FP32 state" in w for w in parsed.warnings)
+
+
 def test_bf16_gradients_and_moments_round_trip_and_save_memory():
     """--grad-reduce-in-bf16 halves the gradient buffer (4 -> 2 B/param, DP 1); 16-bit Adam moments
     halve the moments (8 -> 4 B/param) and keep the FP32 master: 18 -> 12 B/param of model states."""

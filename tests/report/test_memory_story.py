@@ -104,3 +104,45 @@ def test_moe_experts_shard_over_expert_dp(make_plan):
     assert "dense 6 + 12/DP = 7.5" in f and "experts 6 + 12/EDP = 12" in f
     share = float(f.rsplit("%", 1)[0].rsplit(" ", 1)[1]) / 100
     assert rows["model states"].per_param == pytest.approx(share * 7.5 + (1 - share) * 12.0, abs=0.05)
+
+
+@pytest.mark.parametrize(("extra", "grads", "optimizer", "states", "labels"), [
+    ("", 4.0, 1.5, "6 + 12/DP = 7.5", ("FP32 grads: 4", "FP32 master + Adam m, v: 12/DP")),
+    (" --grad-reduce-in-bf16", 2.0, 1.5, "4 + 12/DP = 5.5", ("BF16 grads: 2", "FP32 master + Adam m, v: 12/DP")),
+    (" --grad-reduce-in-bf16 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+     2.0, 1.0, "4 + 8/DP = 5", ("BF16 grads: 2", "FP32 master + Adam m, v in BF16: 8/DP")),
+])
+def test_formulas_follow_bf16_gradients_and_moments(extra, grads, optimizer, states, labels):
+    """A Megatron command with --grad-reduce-in-bf16 / 16-bit Adam moments on 8 GPUs (DP 8, distributed
+    optimizer): the rows' formulas give the bytes per parameter the rows hold (they said FP32 grads: 4
+    and 12/DP over 2 and 8/DP bytes)."""
+    from autoshard.api import evaluate_megatron
+
+    command = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 4096 "
+               "--num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+               "--global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 32000 "
+               "--use-distributed-optimizer")
+    plan, _ = evaluate_megatron(command + extra, None, "dgx-h100", None)
+    rows = _rows(plan)
+    assert (rows["gradients"].per_param, rows["optimizer state"].per_param) == pytest.approx((grads, optimizer))
+    assert rows["model states"].formula == f"bytes/param {states}"
+    assert rows["gradients"].formula == labels[0]
+    assert rows["optimizer state"].formula.startswith(labels[1])
+
+
+def test_fp8_param_gather_formula_counts_fp8_weights():
+    """--fp8-param-gather on H100: the weights are held in FP8 (1 B) plus Transformer Engine's transposed
+    FP8 copy of the decoder GEMM weights; the rows said "BF16 params: 2" and 6 + 12/DP over 1-byte weights."""
+    from autoshard.api import evaluate_megatron
+
+    command = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 4096 "
+               "--num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+               "--global-batch-size 8 --bf16 --tokenizer-type NullTokenizer --vocab-size 32000 "
+               "--use-distributed-optimizer --fp8-format hybrid --fp8-param-gather")
+    plan, _ = evaluate_megatron(command, None, "dgx-h100", None)
+    rows = _rows(plan)
+    held = rows["weights"].bytes / rows["weights"].per_param
+    copies = rows["weights"].bytes - 1 * held
+    assert rows["weights"].formula == f"FP8 params: 1 + {copies / GIB:.2f} GiB FP8 weight copies (Transformer Engine)"
+    assert rows["model states"].formula == f"bytes/param 5 + 12/DP = 6.5, + {copies / held:.2f} FP8 weight copies"
+    assert rows["model states"].per_param == pytest.approx(6.5 + copies / held)

@@ -116,7 +116,7 @@ def fp8_gemm_ratio(gpu: GpuSpec) -> float:
     reaches, as the training fit measured it on this GPU type (`train_gemm_fp8 / train_gemm`; the
     untrained `gemm_fp8 / gemm` defaults where a type has no training fit). One value for both modes:
     the GEMMs are the same cuBLAS/CUTLASS kernels whichever engine calls them. On H100 the training
-    fit gives 1.0 (0.65 / 0.65), as cuBLAS measures it (~0.75-0.8 of either peak at large shapes);
+    fit gives 1.0 (0.60 / 0.60), as cuBLAS measures it (~0.75-0.8 of either peak at large shapes);
     the 0.55 / 0.70 defaults would price an FP16 GEMM 27 % nearer its peak than an FP8 one, so a
     GPU's serving fit, pinned by its FP8 rows, would run its FP16 engines too fast."""
     eff = gpu.efficiency

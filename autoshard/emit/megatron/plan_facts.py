@@ -129,10 +129,23 @@ def grad_reduce_fp32(r: FlagReader) -> bool:
     return not r.on("--grad-reduce-in-bf16")
 
 
+MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+"""Megatron-LM's argparse choices for --exp-avg-dtype and --exp-avg-sq-dtype."""
+
+
 def optimizer_moments_bf16(r: FlagReader) -> bool:
     """Adam's moments in 16 bits: --use-precision-aware-optimizer with --exp-avg-dtype and --exp-avg-sq-dtype
     both bf16 or fp16 (Megatron-LM ignores the dtypes without it; fp8 moments are priced as 16-bit)."""
     given = {flag: r.text(flag, "fp32") for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
+    for flag, value in given.items():
+        if value not in MOMENT_DTYPES:
+            raise SpecError(f"{flag} '{value}' is not one of Megatron-LM's choices ({', '.join(MOMENT_DTYPES)}): "
+                            "fix the value", source=r.source)
+    if r.text("--optimizer", "adam") != "adam":
+        if any(v != "fp32" for v in given.values()):
+            r.warnings.append("--exp-avg-dtype/--exp-avg-sq-dtype set Adam's moments; "
+                              f"--optimizer {r.text('--optimizer')} keeps its FP32 state: read as FP32")
+        return False
     if not r.on("--use-precision-aware-optimizer"):
         if any(v != "fp32" for v in given.values()):
             r.warnings.append("--exp-avg-dtype/--exp-avg-sq-dtype need --use-precision-aware-optimizer "
