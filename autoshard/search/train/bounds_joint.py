@@ -53,7 +53,8 @@ def tail_forms(tab: CandidateTables, assignment: Sequence[int], is_major: np.nda
             dec = per_layer[is_dec]
             s_major[r] = dec[is_major].min()
             s_minor[r] = dec[~is_major].min() if (~is_major).any() else s_major[r]
-            g[r] = (tab.dp_latency_us if full else 0) + (per_layer[0] if r == 0 else 0) + (per_layer[n - 1] if r == pp - 1 else 0)
+            g[r] = ((tab.dp_latency_us if full else tab.dp_min_latency_us) + (per_layer[0] if r == 0 else 0)
+                    + (per_layer[n - 1] if r == pp - 1 else 0))
         forms.append((g, s_major, s_minor))
     return forms
 

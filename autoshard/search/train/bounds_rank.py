@@ -221,11 +221,12 @@ def tail_lower_bound(tab: CandidateTables) -> int:
     def end_rank(p: PoolTables, layer: int, count: float) -> int:
         per = lambda arr: int(arr[2] - arr[1]) if tab.uniform_decoders else 0  # noqa: E731
         own = int(p.dp_min_us[layer + 1] - p.dp_min_us[layer]) + int(p.opt_us[layer + 1] - p.opt_us[layer])
-        return own + int(count) * (per(p.dp_min_us) + per(p.opt_us))
+        return own + tab.dp_min_latency_us + int(count) * (per(p.dp_min_us) + per(p.opt_us))
 
     return min(
         max(
-            -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]), int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
+            -(-(int(p.opt_us[-1]) + max(int(p.dp_min_us[-1]) + pp * tab.dp_min_latency_us,
+                                        int(p.dp_full_us[-1]) + pp * tab.dp_latency_us
                                         - int(p.window_us[-1]))) // pp),
             end_rank(p, 0, least[0]),
             end_rank(p, n - 1, least[-1]),
@@ -263,7 +264,7 @@ def joint_search(tab: CandidateTables, tmax: int, a: int, b: int) -> tuple[int, 
     decoders = range(1, n - 1)
     kind = "full" if min(slope("full", i) for i in decoders) >= min(slope("min", i) for i in decoders) else "min"
     e = min(slope(kind, i) for i in decoders)
-    g = np.full(pp, float(tab.dp_latency_us if kind == "full" else 0))
+    g = np.full(pp, float(tab.dp_latency_us if kind == "full" else tab.dp_min_latency_us))
     g[0] += slope(kind, 0)
     g[pp - 1] += slope(kind, n - 1)
     if e <= 0:

@@ -247,7 +247,7 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         totals.append(tr)
         terms = rank_terms[r]
         exposed = model.new_int_var(0, hi, "")
-        model.add(exposed >= sum(terms["dp_min_us"]))
+        model.add(exposed >= sum(terms["dp_min_us"]) + tab.dp_min_latency_us)
         model.add(exposed >= sum(terms["dp_full_us"]) + tab.dp_latency_us - sum(terms["window_us"]))
         model.add(tail >= exposed + sum(terms["opt_us"]))
         # memory of rank r, scaled by vpp so in-flight chunk counts stay integral

@@ -71,6 +71,9 @@ class CandidateTables:
     scale: int
     uniform: bool = False
     """Objective multiplier (lcm of the VPPs in the model) keeping every coefficient integral."""
+    dp_min_latency_us: int = 0
+    """The DP collectives' latency in the exposed floor `dp_min` (the cost model's (1 - overlap) x the
+    whole DP time, latency included; all of it without --overlap-grad-reduce)."""
 
     @property
     def num_layers(self) -> int:
@@ -80,7 +83,7 @@ class CandidateTables:
         """Everything the solver sees of this candidate: equal signatures mean interchangeable plans."""
         dims = self.config.dims
         parts = [repr((dims.pp, dims.vpp, self.config.num_microbatches, self.in_flight_chunks, self.dp_latency_us,
-                       self.zero3_extra_mib, self.base_full, sorted(self.cross_p2p_us.items()))).encode()]
+                       self.dp_min_latency_us, self.zero3_extra_mib, self.base_full, sorted(self.cross_p2p_us.items()))).encode()]
         for p in self.pools:
             parts.append(repr((p.recompute_extra_us, p.recompute_saving_mib, p.working_mib, p.capacity_mib,
                                p.p2p_us)).encode())
@@ -199,9 +202,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
     # ZeRO-3's transients (costmodel.train.step): two gathered BF16 layers and one layer's FP32 gradients
     frag = 1 + max(p.gpu.efficiency.fragmentation for p in cluster.pools)
     zero3 = math.ceil(frag * (2 * 2 + 4) * largest_params / MIB) if cfg.zero_stage == 3 else 0
+    experts = model.moe is not None
     return CandidateTables(
         config=cfg, pools=tuple(pools), decoders=decoders, cross_p2p_us=cross, in_flight_chunks=chunks,
-        dp_latency_us=math.ceil(dp_exposed_share(cfg) * _dp_latency_s(cfg, cluster) * US_PER_S),
+        dp_latency_us=math.ceil(dp_exposed_share(cfg) * _dp_latency_s(cfg, cluster, experts) * US_PER_S),
+        dp_min_latency_us=math.ceil(_dp_min_latency_s(cfg, cluster, experts) * US_PER_S),
         zero3_extra_mib=zero3,
         base_full=base_full, scale=scale,
         uniform=len({k for k in kinds[1:-1]}) == 1 and kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.OUTPUT,
@@ -245,8 +250,20 @@ def _dp_latency_one(cfg: TrainConfig, pool, *, dense: bool) -> float:
     return (1 + gathers) * collective_time_s(Collective.ALL_GATHER, 1e-30, ranks, link)
 
 
-def _dp_latency_s(cfg: TrainConfig, cluster: ClusterSpec) -> float:
-    return max(_dp_latency_one(cfg, p, dense=True) + _dp_latency_one(cfg, p, dense=False) for p in cluster.pools)
+def _dp_latency_s(cfg: TrainConfig, cluster: ClusterSpec, experts: bool) -> float:
+    """Latency of a rank's DP collectives: the dense group's, and the expert-DP group's where the model
+    has routed experts (costmodel.train.step._dp_time_s runs no collective for a group without
+    parameters)."""
+    return max(_dp_latency_one(cfg, p, dense=True) + (_dp_latency_one(cfg, p, dense=False) if experts else 0.0)
+               for p in cluster.pools)
+
+
+def _dp_min_latency_s(cfg: TrainConfig, cluster: ClusterSpec, experts: bool) -> float:
+    """The latency part of the exposed floor, as costmodel.train.step prices it: (1 - overlap) x latency
+    with --overlap-grad-reduce, all of it without."""
+    return max((1 - p.gpu.efficiency.dp_overlap if cfg.overlap_grad_reduce else 1.0)
+               * (_dp_latency_one(cfg, p, dense=True) + (_dp_latency_one(cfg, p, dense=False) if experts else 0.0))
+               for p in cluster.pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +283,7 @@ def int_objective(tab: CandidateTables, layout: Layout) -> tuple[int, bool]:
     b, r, q = layout.bounds, layout.recompute, layout.pools
     rank_time = [0] * pp
     rank_dp_full = [tab.dp_latency_us] * pp
-    rank_dp_min = [0] * pp
+    rank_dp_min = [tab.dp_min_latency_us] * pp
     rank_win = [0] * pp
     rank_opt = [0] * pp
     rank_state = [tab.zero3_extra_mib] * pp
