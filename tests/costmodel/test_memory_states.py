@@ -106,6 +106,23 @@ def test_fp8_layer_weights_add_the_te_copies_of_decoder_gemms_only(zero_stage):
     assert tt[0] == tt[1]  # torchao float8 casts per use, keeps no copy across micro-batches
 
 
+def test_fp8_param_gather_keeps_embedding_and_output_in_bf16():
+    """--fp8-param-gather holds Transformer Engine's linear weights in FP8 (1 B instead of 2; the FP8
+    copy then costs 1 B, not 2); the embedding and the output layer are not TE modules and keep BF16."""
+    model = _llama8b()
+    pool = load_cluster("dgx-h100").primary
+    dims = ParallelDims(tp=2, dp=4)
+    base = dict(dims=dims, micro_batch_size=1, global_batch_size=8, seq_len=4096, zero_stage=1, precision=Precision.FP8)
+    plain, gathered = TrainConfig(**base), TrainConfig(**base, fp8_param_gather=True)
+    params = layer_param_shards(model, LayerKind.DENSE, dims).dense
+    dense = [layer_cost(model, LayerKind.DENSE, pool, c, Recompute.NONE).weights_bytes for c in (plain, gathered)]
+    assert dense[0] - dense[1] == pytest.approx(2 * params)  # 2 + 2 copy -> 1 + 1 copy
+    for kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+        shards = layer_param_shards(model, kind, dims).dense
+        w = [layer_cost(model, kind, pool, c, Recompute.NONE).weights_bytes for c in (plain, gathered)]
+        assert w[0] == w[1] == pytest.approx(2 * shards)
+
+
 def test_memory_report_names_the_fp8_weight_copies():
     """An FP8 plan on H100: the weights tenant is 2 B/param of BF16 weights plus 2 B per decoder GEMM
     parameter of FP8 copies, and the report's formula says so (the BF16 plan has none)."""

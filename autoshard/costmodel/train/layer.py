@@ -163,7 +163,9 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         ep_s = (fwd_passes + 1) * one
 
     shards = layer_param_shards(model, kind, dims)
-    fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8
+    # --fp8-param-gather keeps Transformer Engine's linear weights in FP8; the embedding and the output
+    # layer are not TE FP8 modules and stay BF16
+    fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8 and is_decoder
     fp8_cache = 0.0  # Transformer Engine's FP8 copies of the decoder GEMM weights
     if is_decoder and cfg.precision is Precision.FP8 and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
         fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
