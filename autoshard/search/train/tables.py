@@ -250,20 +250,22 @@ def _dp_latency_one(cfg: TrainConfig, pool, *, dense: bool) -> float:
     return (1 + gathers) * collective_time_s(Collective.ALL_GATHER, 1e-30, ranks, link)
 
 
-def _dp_latency_s(cfg: TrainConfig, cluster: ClusterSpec, experts: bool) -> float:
-    """Latency of a rank's DP collectives: the dense group's, and the expert-DP group's where the model
-    has routed experts (costmodel.train.step._dp_time_s runs no collective for a group without
+def _pool_dp_latency_s(cfg: TrainConfig, pool, experts: bool) -> float:
+    """Latency of a rank's DP collectives on `pool`: the dense group's, and the expert-DP group's where the
+    model has routed experts (costmodel.train.step._dp_time_s runs no collective for a group without
     parameters)."""
-    return max(_dp_latency_one(cfg, p, dense=True) + (_dp_latency_one(cfg, p, dense=False) if experts else 0.0)
-               for p in cluster.pools)
+    return _dp_latency_one(cfg, pool, dense=True) + (_dp_latency_one(cfg, pool, dense=False) if experts else 0.0)
+
+
+def _dp_latency_s(cfg: TrainConfig, cluster: ClusterSpec, experts: bool) -> float:
+    return max(_pool_dp_latency_s(cfg, p, experts) for p in cluster.pools)
 
 
 def _dp_min_latency_s(cfg: TrainConfig, cluster: ClusterSpec, experts: bool) -> float:
     """The latency part of the exposed floor, as costmodel.train.step prices it: (1 - overlap) x latency
     with --overlap-grad-reduce, all of it without."""
     return max((1 - p.gpu.efficiency.dp_overlap if cfg.overlap_grad_reduce else 1.0)
-               * (_dp_latency_one(cfg, p, dense=True) + (_dp_latency_one(cfg, p, dense=False) if experts else 0.0))
-               for p in cluster.pools)
+               * _pool_dp_latency_s(cfg, p, experts) for p in cluster.pools)
 
 
 @dataclass(frozen=True, slots=True)
