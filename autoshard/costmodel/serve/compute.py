@@ -31,6 +31,8 @@ __all__ = [
     "BLOCK_FP8_GEMM_HOPPER",
     "block_scaled_fp8",
     "MLA_EXTRA_KERNELS",
+    "FLASH_MLA_HOPPER",
+    "mla_decode_attention_hopper_s",
     "extra_kernels_s",
     "serving_gpu",
     "model_serving_gpu",
@@ -248,13 +250,18 @@ def _decode_attention_s(
 ) -> float:
     """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
     tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
-    larger. MLA decodes in the absorbed latent form."""
+    larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
+    (`mla_decode_attention_hopper_s`); elsewhere no MLA kernel rate is published, so it keeps the
+    GQA pricing."""
     if seqs <= 0:
         return 0.0
     kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
     heads = model.num_attention_heads / cfg.tp
     if model.mla is not None:
         dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
+        if any(tag in gpu.name for tag in FLASH_MLA_GPUS):
+            return mla_decode_attention_hopper_s(gpu, seqs=seqs, context_len=context_len, heads=heads,
+                                                 dims=dims, kv_bytes=kv)
     else:
         qk, v = attention_dims(model)
         dims = qk + v
@@ -263,6 +270,37 @@ def _decode_attention_s(
     mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
     math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
+
+
+FLASH_MLA_HOPPER = (3000 / 3350, 580 / 989, 64, 2)
+"""MLA decode attention on Hopper as FlashMLA runs it (deepseek-ai/FlashMLA README: BF16, paged KV
+cache in 64-token blocks, "up to 3000 GB/s in memory-bound configuration and 580 TFLOPS in
+computation-bound configuration on H800 SXM5"): (fraction of HBM bandwidth, fraction of the dense
+BF16 peak, query rows per tile, kernels per call). 3,000 GB/s of the H800's 3.35 TB/s is 0.896; 580 of
+its 989 TFLOP/s is 0.586. The kernel tiles a sequence's s_q x h_q query rows (one query token per
+sequence at decode) in blocks of 64 (`kBlockM`), so with fewer than 64 heads on a GPU (TP 8 of
+DeepSeek-V3's 128) a tile is computed whole: the math of 64 rows. A call is a split-KV kernel plus
+the combine of the splits. It is the decode kernel of vLLM's FLASHMLA backend (vLLM's default for MLA
+on Hopper from v0.8 to v0.11.0, vllm-project/vllm PR #14451; PR #27363 later made FlashAttention-MLA
+the default, measured 1.2-1.7x faster than FlashMLA at 1k-token contexts) and of SGLang's `flashmla`
+backend. The GQA paged kernels' `serve_attention_hbm` (fitted on dense engines) and the 0.25 of peak
+of `attention` are not this kernel: before, a wide-EP decode rank of DeepSeek-V3 (128 heads, batch
+~500, ~1,500-token contexts) had its attention priced at 247 TFLOP/s, 2.4x slower than this."""
+FLASH_MLA_GPUS = (*HOPPER_NAMES, "H800")
+
+
+def mla_decode_attention_hopper_s(
+    gpu: GpuSpec, *, seqs: float, context_len: float, heads: float, dims: int, kv_bytes: float
+) -> float:
+    """One layer's absorbed MLA decode attention on Hopper at FlashMLA's published rates
+    (`FLASH_MLA_HOPPER`): the slower of reading `seqs` x `context_len` latent KV entries of `kv_bytes`
+    each and the score/value math of `heads` query heads padded up to the kernel's 64-row tile
+    (`dims`: QK plus V width per head, 2 x kv_lora_rank + rope dim), plus its kernels' launches."""
+    bw, peak, tile, kernels = FLASH_MLA_HOPPER
+    rows = tile * math.ceil(heads / tile - 1e-9)
+    mem_s = seqs * context_len * kv_bytes / (gpu.hbm_tbps * 1e12 * bw)
+    math_s = 2.0 * seqs * context_len * rows * dims / (gpu.bf16_tflops * 1e12 * peak)
+    return max(mem_s, math_s) + kernels * gpu.efficiency.kernel_overhead_us * 1e-6
 
 
 MLA_EXTRA_KERNELS = 4
