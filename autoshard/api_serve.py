@@ -125,8 +125,12 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         # the command loads its own quantized checkpoint: relaunch exactly that one
         wd = applied.weight_dtype
         same = next((c for c in model.checkpoints if c.repo == parsed.model and c.weights is wd), None)
+        block = same is not None and same.block_scaled
+        if same is None and wd is WeightDtype.FP8:
+            block, note = unlisted_fp8_checkpoint(model, parsed.model, parsed.quantization)
+            parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
         own = Checkpoint.model_construct(weights=wd, repo=parsed.model, quantization=parsed.quantization,
-                                         block_scaled=same is not None and same.block_scaled)
+                                         block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     return evaluate_serve(
         model,
@@ -142,6 +146,22 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         warnings=parsed.warnings,
         concurrency=concurrency,
     )
+
+
+def unlisted_fp8_checkpoint(model: ModelSpec, repo: str, quantization: str) -> tuple[bool, str]:
+    """(block-scaled?, the note saying why) for an FP8 checkpoint `repo` that the model's `checkpoints:`
+    do not list: block-scaled when every FP8 checkpoint listed for this architecture is (DeepSeek's and
+    Qwen's own FP8 releases all are) and the command loads it with vLLM's `fp8` method (which reads
+    the checkpoint's weight_block_size) or names `fp8_per_block`; else per-tensor."""
+    listed = [c for c in model.checkpoints if c.weights is WeightDtype.FP8]
+    q = quantization.lower()
+    block = q == "fp8_per_block" or (bool(listed) and all(c.block_scaled for c in listed) and q == "fp8")
+    how = ("block-scaled (--quantization fp8_per_block)" if q == "fp8_per_block" else
+           f"block-scaled (128 x 128) like the listed {listed[0].repo}" if block
+           else "per-tensor FP8" + (f" (the listed {listed[0].repo} is not block-scaled)" if listed and not
+                                    listed[0].block_scaled else ""))
+    return block, (f"{repo} is not under {model.name}'s checkpoints: priced as {how}; pass its config.json "
+                   "as MODEL to read its quantization_config instead")
 
 
 def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, *,

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from autoshard.errors import SpecError
 from autoshard.specs.hf import dense, gpt, moe
+from autoshard.specs.hf.quant import checkpoint_from_quantization_config
 from autoshard.specs.hf.reader import Converter, Reader
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
@@ -68,6 +69,11 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
     if isinstance(name, str) and name.strip("/ "):
         reader.origin["name"] = "_name_or_path"  # a bad name is named by its config key
     fields["source"] = source
+    checkpoint = checkpoint_from_quantization_config(config, source=source, name=fields["name"])
+    if checkpoint is not None:
+        checkpoint["source"] = checkpoint["source"][:2000]
+        fields["checkpoints"] = [checkpoint]
+        reader.origin["checkpoints"] = "quantization_config"
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as exc:
