@@ -55,7 +55,13 @@ class Role:
 
     def label(self) -> str:
         ep = f" EP{self.ep} (attention DP{self.attention_dp})" if self.ep > 1 else ""
-        return f"{self.instances} x {self.role} TP{self.tp} PP{self.pp}{ep}"
+        mtp = f" MTP{self.speculative_tokens}" if self.speculative_tokens else ""
+        return f"{self.instances} x {self.role} TP{self.tp} PP{self.pp}{ep}{mtp}"
+
+    @property
+    def speculative_tokens(self) -> int:
+        """MTP draft tokens per decode step (0: none)."""
+        return self.prediction.config.speculative_tokens
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +82,7 @@ class Role:
             "memory_gib_peak": self.prediction.memory.used_bytes / GIB,
             "kv_cache_tokens": self.prediction.memory.kv_cache_tokens,
             "pool_index": self.pool_index,
+            "speculative_tokens": self.speculative_tokens,
         }
 
 

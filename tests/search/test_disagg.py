@@ -334,3 +334,24 @@ def test_instances_sharing_a_node_never_share_a_port():
                 ports.add(int(words[words.index("--disaggregation-bootstrap-port") + 1]))
             assert not ports & taken.get(node, set()), (node, what)
             taken.setdefault(node, set()).update(ports)
+
+
+def test_deepseek_decode_instances_may_draft_with_mtp_and_say_so():
+    """DeepSeek-V3 on 12 nodes of H100 (1000/1000, FP8): the optimal split's decode instances run MTP
+    (one draft token, 1.9 kept per step: faster than the same instance without it); the roles JSON
+    says so and the decode lines carry the engines' MTP flags, the prefill lines none (golden)."""
+    plan = solve(DSV3, H100.with_gpus(96), JOB.model_copy(update={"weight_dtype": WeightDtype.FP8}))[0]
+    decode = next(r for r in plan.roles if r.role == "decode")
+    prefill = next(r for r in plan.roles if r.role == "prefill")
+    assert decode.speculative_tokens == 1 and prefill.speculative_tokens == 0
+    assert decode.pp == 1 and "MTP1" in decode.label()
+    assert [r["speculative_tokens"] for r in plan.to_json()["plan"]["roles"]] == [0, 1]
+    vllm_mtp = "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1}'"
+    sglang_mtp = ("--speculative-algorithm EAGLE --speculative-num-steps 1 --speculative-eagle-topk 1 "
+                  "--speculative-num-draft-tokens 2")
+    for framework, flags in (("vllm", vllm_mtp), ("sglang", sglang_mtp)):
+        for _, what, line in pd_commands(plan, framework):
+            if what.startswith("decode"):
+                assert flags in line, line
+            else:
+                assert "speculative" not in line, line

@@ -246,13 +246,14 @@ def prefill_attention_s(
 
 
 def _decode_attention_s(
-    model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float
+    model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float, query_len: int = 1
 ) -> float:
     """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
     tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
     larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
     (`mla_decode_attention_hopper_s`); elsewhere no MLA kernel rate is published, so it keeps the
-    GQA pricing."""
+    GQA pricing. `query_len` query tokens per sequence (speculative verification) read the cache once
+    and multiply the math."""
     if seqs <= 0:
         return 0.0
     kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
@@ -260,7 +261,7 @@ def _decode_attention_s(
     if model.mla is not None:
         dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
         if any(tag in gpu.name for tag in FLASH_MLA_GPUS):
-            return mla_decode_attention_hopper_s(gpu, seqs=seqs, context_len=context_len, heads=heads,
+            return mla_decode_attention_hopper_s(gpu, seqs=seqs, context_len=context_len, heads=heads * query_len,
                                                  dims=dims, kv_bytes=kv)
     else:
         qk, v = attention_dims(model)
@@ -268,7 +269,7 @@ def _decode_attention_s(
     eff = gpu.efficiency
     hbm = eff.serve_attention_hbm if eff.serve_attention_hbm is not None else eff.hbm
     mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
-    math_s = 2.0 * seqs * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
+    math_s = 2.0 * seqs * query_len * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
     return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
 
 
@@ -295,7 +296,9 @@ def mla_decode_attention_hopper_s(
     """One layer's absorbed MLA decode attention on Hopper at FlashMLA's published rates
     (`FLASH_MLA_HOPPER`): the slower of reading `seqs` x `context_len` latent KV entries of `kv_bytes`
     each and the score/value math of `heads` query heads padded up to the kernel's 64-row tile
-    (`dims`: QK plus V width per head, 2 x kv_lora_rank + rope dim), plus its kernels' launches."""
+    (`dims`: QK plus V width per head, 2 x kv_lora_rank + rope dim), plus its kernels' launches.
+    With several query tokens per sequence (speculative verification) `heads` is heads x tokens: the
+    kernel folds them into the same rows."""
     bw, peak, tile, kernels = FLASH_MLA_HOPPER
     rows = tile * math.ceil(heads / tile - 1e-9)
     mem_s = seqs * context_len * kv_bytes / (gpu.hbm_tbps * 1e12 * bw)

@@ -56,6 +56,10 @@ class ServeConfig:
     host_us_per_seq: float = HOST_US_PER_SEQ
     """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
     with the GPU work)."""
+    speculative_tokens: int = 0
+    """Draft tokens per decode step from the model's own multi-token-prediction modules (DeepSeek's MTP:
+    vLLM --speculative-config '{"method": "mtp", ...}', SGLang --speculative-algorithm EAGLE); 0: none.
+    At most the model's `mtp_num_layers`. Priced by `autoshard.costmodel.serve.mtp`."""
     fp8_context_attention: bool = False
     """Prefill (context) attention in FP8 on GPUs with FP8 tensor cores, when the KV cache is FP8:
     TensorRT-LLM's FP8 engines (`trtllm-bench build --quantization FP8` sets the plugin's
@@ -74,6 +78,8 @@ class ServeConfig:
             )
         if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8")
+        if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be a non-negative integer, got {self.speculative_tokens!r}")
         if not self.host_us_per_seq >= 0:
             raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 

@@ -39,6 +39,7 @@ from statistics import NormalDist
 from autoshard.costmodel.comm import Link, group_link, nic_link, pool_link, striped_send_s
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import ServeMemory
+from autoshard.costmodel.serve.mtp import mtp_decode_step
 from autoshard.costmodel.serve.predict import decode_context_len
 from autoshard.costmodel.serve.step import StepTime, prefill_time, step_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token
@@ -112,7 +113,8 @@ class DecodeInstance:
     memory: ServeMemory
     concurrency: int
     step: StepTime
-    """One TPOT (PP ticks of the slowest stage), no prefill chunks."""
+    """One decode step (PP ticks of the slowest stage), no prefill chunks: one TPOT, or, with MTP
+    drafts, the time of `tpot_s` x the tokens a step keeps."""
     tpot_s: float
     throughput_tokens_per_s: float
     """Output tokens/s of the instance (all DP ranks)."""
@@ -198,20 +200,26 @@ def decode_instance(
     *,
     concurrency: int,
 ) -> DecodeInstance:
-    """Decode-only steps of `concurrency` requests per DP rank attending to the mean context."""
+    """Decode-only steps of `concurrency` requests per DP rank attending to the mean context; with
+    `cfg.speculative_tokens` each step verifies the MTP drafts and advances every sequence by
+    `mtp.accepted_tokens` tokens (`step` is then one step, TPOT the step over those tokens)."""
     per_mb = concurrency / cfg.pp
-    tick = step_time(
-        model,
-        pool,
-        cfg,
-        decode_seqs=per_mb,
-        prefill_tokens=0,
-        prefills=0,
-        prefill_len=job.input_len,
-        context_len=decode_context_len(job),
-    )
+    advance = 1.0
+    if cfg.speculative_tokens:
+        tick, advance = mtp_decode_step(model, pool, cfg, decode_seqs=per_mb, context_len=decode_context_len(job))
+    else:
+        tick = step_time(
+            model,
+            pool,
+            cfg,
+            decode_seqs=per_mb,
+            prefill_tokens=0,
+            prefills=0,
+            prefill_len=job.input_len,
+            context_len=decode_context_len(job),
+        )
     step = tick.scaled(cfg.pp)
-    tpot = step.total_s
+    tpot = step.total_s / advance
     return DecodeInstance(
         config=cfg,
         memory=memory,

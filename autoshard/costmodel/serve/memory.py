@@ -15,18 +15,21 @@ Step times built on these live in `autoshard.costmodel.serve.step`, predictions 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.flops import attention_dims
-from autoshard.costmodel.serve.config import ServeConfig, stage_layers
+from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
     kv_cache_bytes_per_token_per_gpu,
     stage_weight_bytes,
+    weight_bytes_per_param,
 )
 from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, MIB
 
@@ -176,6 +179,23 @@ class ServeMemory:
         return None
 
 
+def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers: int) -> WeightBytes:
+    """The last stage's weights plus the MTP modules speculative decoding loads there (each: the
+    2h -> h projection, its norms and one decoder layer of the model's last kind; the embedding and
+    the output head are shared with the main model)."""
+    kind = model.mtp_layer_kind
+    one = stage_weight_bytes(
+        model,
+        StageLayers(dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False),
+        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype,
+    )
+    proj = 2 * model.hidden_size * model.hidden_size / cfg.tp * weight_bytes_per_param(cfg.weight_dtype)
+    return dataclasses.replace(
+        w, attention=w.attention + layers * (one.attention + proj), mlp=w.mlp + layers * one.mlp,
+        experts=w.experts + layers * one.experts,
+    )
+
+
 def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_len: int) -> ServeMemory:
     stages = stage_layers(model, cfg.pp)
     tokens = cfg.max_num_batched_tokens
@@ -189,6 +209,9 @@ def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_le
     stage_w, graphs_max = [], 0.0
     for st in stages:
         w = stage_weight_bytes(model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp)
+        mtp_layers = model.mtp_num_layers if cfg.speculative_tokens and st.output else 0
+        if mtp_layers:
+            w = _with_mtp_modules(model, w, cfg, mtp_layers)
         stage_w.append(w.total)
         graphs = (
             cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs)
@@ -202,7 +225,7 @@ def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_le
             else (budget - w.total - act - non_torch - graphs)
         )
         per_token = kv_cache_bytes_per_token_per_gpu(
-            model, tp=cfg.tp, layers=st.decoders, dtype=cfg.kv_cache_dtype
+            model, tp=cfg.tp, layers=st.decoders + mtp_layers, dtype=cfg.kv_cache_dtype
         )
         toks = max(kv, 0.0) / per_token if per_token else math.inf
         if worst_w is None or w.total > worst_w.total:

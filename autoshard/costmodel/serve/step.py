@@ -130,6 +130,7 @@ def _layer_time(
     prefills: float,
     prefill_len: int,
     expert_tokens: float | None = None,
+    query_len: int = 1,
 ) -> StepTime:
     """One decoder layer on one GPU: `tokens` rows through the linear layers, decode attention over
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
@@ -148,7 +149,7 @@ def _layer_time(
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
     if kind is LayerKind.MOE:
         gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
-    attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len)
+    attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len)
     if prefills > 0:
         fp8 = cfg.fp8_context_attention and cfg.kv_cache_dtype is WeightDtype.FP8
         attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
@@ -202,19 +203,23 @@ def step_time(
     prefills: float,
     prefill_len: int,
     context_len: float,
+    decode_query_len: int = 1,
 ) -> StepTime:
     """One tick of the engine: every pipeline stage works on its own micro-batch of `decode_seqs`
     decode tokens plus `prefill_tokens` prefill tokens (`prefills` prompts' worth of attention); the
-    slowest stage sets the tick, plus the activation send to the next stage."""
+    slowest stage sets the tick, plus the activation send to the next stage. `decode_query_len`:
+    tokens each decoding sequence runs through the model (1, or 1 + the draft tokens a speculative
+    step verifies)."""
     links = _links(pool, cfg)
-    tokens = decode_seqs + prefill_tokens
+    q = decode_query_len
+    tokens = decode_seqs * q + prefill_tokens
     busiest, busiest_prefills = tokens, prefills
     if cfg.dp_attention > 1 and prefill_tokens > 0:
         chunk = min(prefill_len, cfg.max_num_batched_tokens)
         worst_prefill = expected_max_prefill_tokens(
             prefill_tokens, ranks=cfg.dp_attention, prompt_tokens=chunk
         )
-        busiest = decode_seqs + worst_prefill
+        busiest = decode_seqs * q + worst_prefill
         busiest_prefills = prefills * worst_prefill / prefill_tokens
     per_kind = {
         kind: _layer_time(
@@ -229,12 +234,13 @@ def step_time(
             prefills=busiest_prefills,
             prefill_len=prefill_len,
             expert_tokens=tokens,
+            query_len=q,
         )
         for kind in _decoder_kinds(model)
     }
     worst: StepTime | None = None
     for st in _stage_layers(model, cfg.pp):
-        t = _edge_time(model, st, pool, cfg, links, tokens=busiest, logit_rows=decode_seqs + busiest_prefills)
+        t = _edge_time(model, st, pool, cfg, links, tokens=busiest, logit_rows=decode_seqs * q + busiest_prefills)
         for kind, n in ((LayerKind.DENSE, st.dense), (LayerKind.MOE, st.moe)):
             if n:
                 t = t + per_kind[kind].scaled(n)

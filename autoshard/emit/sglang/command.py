@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from autoshard.emit.vllm.command import HEAD_ADDRESS, vllm_quantization
+from autoshard.emit.vllm.command import HEAD_ADDRESS, speculative_tokens, vllm_quantization
 from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype
@@ -90,6 +90,10 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
     quant = SGLANG_QUANTIZATION.get(vllm_quantization(plan) or "")
     if quant:
         words += ["--quantization", quant]
+    drafts = speculative_tokens(plan)
+    if drafts:  # DeepSeek's MTP module as SGLang's EAGLE drafter: one chain of `drafts` tokens
+        words += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(drafts),
+                  "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(drafts + 1)]
     return words
 
 

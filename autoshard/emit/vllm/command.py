@@ -18,6 +18,8 @@ The KV cache is `auto` (the model dtype) or `fp8`.
 
 from __future__ import annotations
 
+import json
+
 from autoshard.emit.shell import shell_join
 from autoshard.errors import SpecError
 from autoshard.plans.serve import ServePlan
@@ -66,7 +68,18 @@ def _base(plan: ServePlan) -> list[str]:
     quant = vllm_quantization(plan)
     if quant:
         words += ["--quantization", quant]
+    drafts = speculative_tokens(plan)
+    if drafts:
+        words += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": drafts},
+                                                     separators=(",", ":"))]
     return words
+
+
+def speculative_tokens(plan: ServePlan) -> int:
+    """MTP draft tokens per decode step the plan's engine runs (its prediction's `speculative_tokens`;
+    0 for plans without one)."""
+    pred = plan.prediction
+    return pred.config.speculative_tokens if pred is not None else 0
 
 
 def vllm_quantization(plan: ServePlan) -> str | None:

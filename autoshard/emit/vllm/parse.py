@@ -213,6 +213,10 @@ def parse_vllm(command: str) -> ParsedServe:
     ):
         if get(flag) not in (None, "1"):
             warnings.append(f"{flag}: {what} is not modelled; predicted as if it were 1")
+    if get("--speculative-config") is not None:
+        warnings.append("--speculative-config: speculative decoding is priced only in the decode instances "
+                        "`solve --mode serve --disaggregate` plans (DeepSeek MTP); this engine is predicted "
+                        "without it")
     parsed = ParsedServe(
         model=model,
         tp=integer("--tensor-parallel-size", 1),

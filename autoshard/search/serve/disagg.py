@@ -10,8 +10,9 @@ rows. Physics in `autoshard.costmodel.serve.disagg`.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoshard.costmodel.serve.disagg import (
     MAX_PREFILL_UTILIZATION,
@@ -28,6 +29,7 @@ from autoshard.costmodel.serve.disagg import (
     prefill_instance,
 )
 from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
 from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config
 from autoshard.specs.cluster import ClusterSpec
@@ -130,8 +132,10 @@ def tabulate_disagg(
             context_len=job.context_len,
         )
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
-        for b in concurrency_ladder(limit):
-            dcfg = _config(model, pool, job, e, max_num_seqs=b)
+        # MTP drafts only without PP (SGLang refuses speculative decoding with --pp-size > 1)
+        drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
+        for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
+            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b), speculative_tokens=drafts)
             dmem = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)
             if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
                 dropped["decode concurrency beyond the KV cache"] += 1
