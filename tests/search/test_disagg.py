@@ -355,3 +355,14 @@ def test_deepseek_decode_instances_may_draft_with_mtp_and_say_so():
                 assert flags in line, line
             else:
                 assert "speculative" not in line, line
+
+
+def test_mtp_decode_breakdown_sums_to_the_tpot():
+    """With MTP a decode step keeps 1.9 tokens: the JSON time breakdown is per output token, so its
+    parts add up to step_time_s (the TPOT), as they do without MTP."""
+    plan = solve(DSV3, H100.with_gpus(96), JOB.model_copy(update={"weight_dtype": WeightDtype.FP8}))[0]
+    assert next(r for r in plan.roles if r.role == "decode").speculative_tokens == 1
+    pred = plan.to_json()["predicted"]
+    parts = pred["time_breakdown_s"]
+    total = sum(parts[k] for k in ("gemm", "attention", "elementwise", "logits", "tp_comm", "ep_comm", "pp_comm", "host"))
+    assert total == pytest.approx(pred["step_time_s"], rel=1e-9)

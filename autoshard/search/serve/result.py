@@ -116,7 +116,8 @@ def disagg_serve_plan(
         config=di.config,
         concurrency=di.concurrency,
         memory=di.memory,
-        decode=di.step,
+        # per output token: an MTP step keeps several tokens, its breakdown is shared among them
+        decode=di.step.scaled(di.tpot_s / di.step.total_s) if di.config.speculative_tokens else di.step,
         prefill=pi.prompt,
         tpot_s=di.tpot_s,
         ttft_s=ttft,
