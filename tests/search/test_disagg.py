@@ -364,5 +364,6 @@ def test_mtp_decode_breakdown_sums_to_the_tpot():
     assert next(r for r in plan.roles if r.role == "decode").speculative_tokens == 1
     pred = plan.to_json()["predicted"]
     parts = pred["time_breakdown_s"]
-    total = sum(parts[k] for k in ("gemm", "attention", "elementwise", "logits", "tp_comm", "ep_comm", "pp_comm", "host"))
+    keys = ("gemm", "attention", "elementwise", "logits", "tp_comm", "ep_comm", "pp_comm", "host")
+    total = sum(parts[k] for k in keys)
     assert total == pytest.approx(pred["step_time_s"], rel=1e-9)

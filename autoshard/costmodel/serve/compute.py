@@ -261,8 +261,9 @@ def _decode_attention_s(
     if model.mla is not None:
         dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
         if any(tag in gpu.name for tag in FLASH_MLA_GPUS):
-            return mla_decode_attention_hopper_s(gpu, seqs=seqs, context_len=context_len, heads=heads * query_len,
-                                                 dims=dims, kv_bytes=kv)
+            return mla_decode_attention_hopper_s(
+                gpu, seqs=seqs, context_len=context_len, heads=heads * query_len, dims=dims, kv_bytes=kv
+            )
     else:
         qk, v = attention_dims(model)
         dims = qk + v

@@ -79,7 +79,9 @@ class ServeConfig:
         if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8")
         if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
-            raise ValueError(f"speculative_tokens must be a non-negative integer, got {self.speculative_tokens!r}")
+            raise ValueError(
+                f"speculative_tokens must be a non-negative integer, got {self.speculative_tokens!r}"
+            )
         if not self.host_us_per_seq >= 0:
             raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 

@@ -206,7 +206,9 @@ def decode_instance(
     per_mb = concurrency / cfg.pp
     advance = 1.0
     if cfg.speculative_tokens:
-        tick, advance = mtp_decode_step(model, pool, cfg, decode_seqs=per_mb, context_len=decode_context_len(job))
+        tick, advance = mtp_decode_step(
+            model, pool, cfg, decode_seqs=per_mb, context_len=decode_context_len(job)
+        )
     else:
         tick = step_time(
             model,

@@ -186,7 +186,9 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
     kind = model.mtp_layer_kind
     one = stage_weight_bytes(
         model,
-        StageLayers(dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False),
+        StageLayers(
+            dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False
+        ),
         tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype,
     )
     proj = 2 * model.hidden_size * model.hidden_size / cfg.tp * weight_bytes_per_param(cfg.weight_dtype)

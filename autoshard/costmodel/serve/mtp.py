@@ -51,15 +51,23 @@ def accepted_tokens(model: ModelSpec, k: int) -> float:
     if k == 0:
         return 1.0
     if k not in mtp_draft_options(model):
-        raise ValueError(f"{model.name}: no published MTP acceptance for {k} draft tokens on this architecture")
+        raise ValueError(
+            f"{model.name}: no published MTP acceptance for {k} draft tokens on this architecture"
+        )
     if k > model.mtp_num_layers:
-        raise ValueError(f"{model.name} has {model.mtp_num_layers} MTP module(s); {k} draft tokens need as many")
+        raise ValueError(
+            f"{model.name} has {model.mtp_num_layers} MTP module(s); {k} draft tokens need as many"
+        )
     if k not in MTP_ACCEPTED_TOKENS:
-        raise ValueError(f"no published acceptance for {k} MTP draft tokens (known: {sorted(MTP_ACCEPTED_TOKENS)})")
+        raise ValueError(
+            f"no published acceptance for {k} MTP draft tokens (known: {sorted(MTP_ACCEPTED_TOKENS)})"
+        )
     return MTP_ACCEPTED_TOKENS[k]
 
 
-def mtp_draft_time(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, seqs: float, context_len: float) -> StepTime:
+def mtp_draft_time(
+    model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, seqs: float, context_len: float
+) -> StepTime:
     """One pass of the MTP module for `seqs` sequences of one DP rank (one token each): the 2h -> h
     projection of [normed embedding; normed hidden state], one decoder layer of `model.mtp_layer_kind`
     attending over the context, and the shared head's logits and sampling."""

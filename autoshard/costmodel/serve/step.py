@@ -149,7 +149,9 @@ def _layer_time(
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
     if kind is LayerKind.MOE:
         gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
-    attn_s = _decode_attention_s(model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len)
+    attn_s = _decode_attention_s(
+        model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len
+    )
     if prefills > 0:
         fp8 = cfg.fp8_context_attention and cfg.kv_cache_dtype is WeightDtype.FP8
         attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
@@ -240,7 +242,9 @@ def step_time(
     }
     worst: StepTime | None = None
     for st in _stage_layers(model, cfg.pp):
-        t = _edge_time(model, st, pool, cfg, links, tokens=busiest, logit_rows=decode_seqs * q + busiest_prefills)
+        t = _edge_time(
+            model, st, pool, cfg, links, tokens=busiest, logit_rows=decode_seqs * q + busiest_prefills
+        )
         for kind, n in ((LayerKind.DENSE, st.dense), (LayerKind.MOE, st.moe)):
             if n:
                 t = t + per_kind[kind].scaled(n)

@@ -46,11 +46,12 @@ def _block_128(block: Any, source: str, key: str) -> bool:
     if not isinstance(block, (list, tuple)) or len(block) != 2 or not all(
         isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block
     ):
-        _note(source, key, f"expected two positive integers like [128, 128], got {block!r}; read as per-tensor FP8")
+        _note(source, key,
+              f"expected two positive integers like [128, 128], got {block!r}; read as per-tensor FP8")
         return False
     if list(block) != [128, 128]:
-        _note(source, key, f"block {list(block)} is priced as the 128 x 128 block-scaled FP8 kernels (the only "
-                           "block size with a published kernel measurement)")
+        _note(source, key, f"block {list(block)} is priced as the 128 x 128 block-scaled FP8 kernels "
+                           "(the only block size with a published kernel measurement)")
     return True
 
 
@@ -61,7 +62,8 @@ def _fp8(method: str, block: bool) -> tuple[str, str, bool]:
 def _compressed_tensors(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
-        _note(source, f"{key}.config_groups", "missing or empty: cannot tell the weights' format; imported as BF16")
+        _note(source, f"{key}.config_groups",
+              "missing or empty: cannot tell the weights' format; imported as BF16")
         return None
     group = next(iter(groups.values()))
     weights = group.get("weights") if isinstance(group, dict) else None
@@ -104,8 +106,8 @@ def _read(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
             return _fp8("modelopt", False)
         if algo == "NVFP4":
             return "nvfp4", "modelopt_fp4", False
-        _note(source, f"{key}.quant_algo", f"ModelOpt {q.get('quant_algo')!r} is not modelled (FP8 and NVFP4 are); "
-                                           "imported as BF16")
+        _note(source, f"{key}.quant_algo",
+              f"ModelOpt {q.get('quant_algo')!r} is not modelled (FP8 and NVFP4 are); imported as BF16")
         return None
     if method in ("gptq", "awq"):
         bits = q.get("bits", q.get("w_bit"))
@@ -143,9 +145,10 @@ def checkpoint_from_quantization_config(config: dict[str, Any], *, source: str, 
     weights, method, block = read
     repo = _repo(name)
     if repo is None:
-        _note(source, "_name_or_path", f"{weights} weights ({method}) found, but the model's name {name!r} is "
-                                       "no Hugging Face repo id (owner/name), so the checkpoint cannot be listed; "
-                                       "serve it with --weight-dtype and a model file whose checkpoints: name it")
+        _note(source, "_name_or_path",
+              f"{weights} weights ({method}) found, but the model's name {name!r} is no Hugging Face repo "
+              "id (owner/name), so the checkpoint cannot be listed; serve it with --weight-dtype and a "
+              "model file whose checkpoints: name it")
         return None
     return {"weights": weights, "repo": repo, "quantization": method, "block_scaled": block,
             "source": f"{source}: {key}"}
