@@ -150,7 +150,9 @@ def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # typ
                     if cluster.is_heterogeneous
                     else ""
                 )
-                label = f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()} x{d.instance.concurrency}"
+                mtp = f" MTP{d.instance.config.speculative_tokens}" if d.instance.config.speculative_tokens else ""
+                label = (f"{where}{x}P{y}D P:{p.engine.label()} D:{d.engine.label()}{mtp} "
+                         f"x{d.instance.concurrency}")
                 out.append(
                     FrontPoint(
                         "disaggregated",
