@@ -35,6 +35,8 @@ __all__ = [
     "cuda_graph_capture_sizes",
     "cuda_graph_bytes",
     "default_max_num_batched_tokens",
+    "engine_reserved_bytes",
+    "NCCL_COMMUNICATOR_BYTES",
     "ServeMemory",
     "serve_memory",
 ]
@@ -46,6 +48,12 @@ KV_BLOCK_TOKENS = 16
 NON_TORCH_BYTES = 256 * MIB
 """NCCL communicators and vLLM's custom all-reduce buffers allocated after vLLM's baseline snapshot
 (vLLM logs them as "non-torch memory", typically 0.1-0.5 GiB on a multi-GPU engine)."""
+NCCL_COMMUNICATOR_BYTES = 1.5 * GIB
+"""Device memory of one NCCL communicator that has run its all-reduces (channel buffers for every
+protocol and peer, proxy and work FIFOs): "about 1.6GB" measured for one communicator after an
+all-reduce (NVIDIA/nccl issue #864). On NVSwitch Hopper at more than 2 ranks NCCL adds NVLink SHARP
+buffers on top (NCCL's own log on 8 H200: "nvlsTotalSize 2415919104", vllm-project/vllm issue #9699),
+so this is the smaller, general figure. A one-GPU engine creates no communicator at all."""
 CUDA_GRAPH_POOL_BYTES = 256 * MIB
 """Fixed part of the CUDA graph memory pools (vLLM logs 0.3-1.5 GiB for "graph capturing")."""
 CUDA_GRAPH_BYTES_PER_LAYER_GRAPH = 64 * 1024
@@ -55,6 +63,21 @@ SAMPLER_FP32_COPIES = 3
 
 
 # --------------------------------------------------------------------------- vLLM memory accounting
+
+
+def engine_reserved_bytes(gpu: GpuSpec, *, gpus: int) -> float:
+    """Device memory an engine of `gpus` GPUs (TP x PP) holds per GPU besides weights, activations and
+    KV cache, as the GPU type's `reserved_memory_gib` states it (CUDA context, cuBLAS workspace, runtime
+    and NCCL buffers) for a multi-GPU engine; a one-GPU engine creates no NCCL communicator and holds
+    NCCL_COMMUNICATOR_BYTES less (never below zero). Used for engines that size their KV cache as a
+    fraction of the memory left after loading (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); vLLM's
+    own accounting (`serve_memory`) charges its communicators as NON_TORCH_BYTES on multi-GPU engines
+    only, the same distinction."""
+    reserved = gpu.efficiency.reserved_memory_gib * GIB
+    if gpus > 1:
+        return reserved
+    return max(reserved - NCCL_COMMUNICATOR_BYTES, 0.0)
+
 
 
 def activation_peak_bytes(model: ModelSpec, *, tp: int, ep: int, tokens: int, num_seqs: int) -> float:
