@@ -35,8 +35,9 @@ settings trtllm-bench itself picks:
   FP16 weights and cache in the A100 column;
 - KV cache = 0.95 of the memory left after the engine loads (kv_cache_free_gpu_mem_fraction);
   "left" subtracts the weights, the activation buffers of max_num_tokens, and the GPU type's
-  `efficiency.reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime and NCCL buffers), less
-  one NCCL communicator's buffers on a one-GPU engine, which creates none (`engine_reserved_bytes`);
+  `efficiency.reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime and NCCL buffers), plus
+  NCCL's NVLink SHARP buffers on H100/H200 groups of more than 2 GPUs, less one NCCL communicator's
+  buffers on a one-GPU engine, which creates none (`engine_reserved_bytes`);
 - max_batch_size and max_num_tokens from trtllm-bench's `finetune_setting` heuristic
   (tensorrt_llm/bench/build/tuning.py, reproduced in `trtllm_engine_settings`);
 - concurrency = what the KV cache holds at ISL + OSL per request (the guaranteed-no-evict scheduler);
@@ -289,7 +290,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         settings["host_us_per_seq"] = knobs[0]
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=tokens, num_seqs=0)
-    free = gpu.hbm_gib * GIB - engine_reserved_bytes(gpu, gpus=tp * pp) - mem.weights_bytes - act
+    free = gpu.hbm_gib * GIB - engine_reserved_bytes(pool, gpus=tp * pp) - mem.weights_bytes - act
     fraction = load_data()["sources"][run["source"]].get("kv_cache_free_fraction", KV_FREE_FRACTION)
     cfg = ServeConfig(**settings, kv_cache_memory_bytes=fraction * free)
     pred = predict_serve(model, pool, job, cfg)
@@ -404,7 +405,7 @@ def online_engine(run: dict) -> tuple[ModelSpec, object, ServeJob, ServeConfig]:
     )
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=8192, num_seqs=0)
-    free = gpu.hbm_gib * GIB - engine_reserved_bytes(gpu, gpus=tp * pp) - mem.weights_bytes - act
+    free = gpu.hbm_gib * GIB - engine_reserved_bytes(pool, gpus=tp * pp) - mem.weights_bytes - act
     cfg = ServeConfig(**settings, kv_cache_memory_bytes=ONLINE_KV_FRACTION * free)
     return model, pool, job, cfg
 
