@@ -31,8 +31,11 @@ def test_communicator_figure_is_the_measured_one():
 
 
 def test_nvls_figure_is_nccls_logged_one():
-    # NCCL on 8 H200 (vllm-project/vllm #9699): nvlsPerRankSize 301989888, nvlsTotalSize 2415919104
-    assert NVLS_BYTES_PER_RANK == 36 * 2 * 4 * 1024 * 1024 == 288 * 1024 * 1024
+    # NCCL on 8 H200 (vllm-project/vllm #9699): "nHeads 8 buffSize 4194304 memSize 2097152
+    # nvlsPerRankSize 301989888 nvlsTotalSize 2415919104": two (buffSize + memSize) per channel,
+    # 24 channels, per rank; the total is per rank x heads
+    mib = 1024 * 1024
+    assert NVLS_BYTES_PER_RANK == 24 * 2 * (4 * mib + 2 * mib) == 288 * mib
     assert nvls_bytes(H100_POOL, ranks=8) == 2415919104 == 2.25 * GIB
 
 
