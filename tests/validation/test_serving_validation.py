@@ -307,7 +307,12 @@ def test_latency_at_a_request_rate(metric, median_max):
     errs = [r.error for r in ONLINE if r.metric == metric]
     assert statistics.median(abs(e) for e in errs) <= median_max
     assert max(abs(e) for e in errs) <= 0.25
-    assert all(r.utilization < 1 for r in ONLINE)
+    # below the engine's measured capacity the steady state exists; a row offered exactly what the
+    # engine absorbs (the 70B engines at 16 QPS, their INF rows' 16 req/s) may have none, which is
+    # why every row is predicted by replaying its 500 requests
+    capacity = {run["id"]: run["measured_capacity_req_s"] for run in load_online_runs()}
+    below = [r for r in ONLINE if r.qps < capacity[r.id]]
+    assert len(below) >= 60 and all(r.utilization < 1 for r in below)
 
 
 def test_latency_grows_with_the_request_rate():

@@ -35,7 +35,9 @@ settings trtllm-bench itself picks:
   FP16 weights and cache in the A100 column;
 - KV cache = 0.95 of the memory left after the engine loads (kv_cache_free_gpu_mem_fraction);
   "left" subtracts the weights, the activation buffers of max_num_tokens, and the GPU type's
-  `efficiency.reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime buffers);
+  `efficiency.reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime and NCCL buffers), plus
+  NCCL's NVLink SHARP buffers on H100/H200 groups of more than 2 GPUs, less one NCCL communicator's
+  buffers on a one-GPU engine, which creates none (`engine_reserved_bytes`);
 - max_batch_size and max_num_tokens from trtllm-bench's `finetune_setting` heuristic
   (tensorrt_llm/bench/build/tuning.py, reproduced in `trtllm_engine_settings`);
 - concurrency = what the KV cache holds at ISL + OSL per request (the guaranteed-no-evict scheduler);
@@ -61,7 +63,7 @@ import yaml
 
 from autoshard.costmodel.serve.config import HOST_US_PER_SEQ, ServeConfig
 from autoshard.costmodel.serve.predict import ServePrediction, latency_at_rate, predict_serve
-from autoshard.costmodel.serve.memory import activation_peak_bytes, serve_memory
+from autoshard.costmodel.serve.memory import activation_peak_bytes, engine_reserved_bytes, serve_memory
 from autoshard.costmodel.serve.sim import simulate_at_rate, simulate_burst
 from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.specs import ModelSpec, load_cluster, load_model
@@ -288,7 +290,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         settings["host_us_per_seq"] = knobs[0]
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=tokens, num_seqs=0)
-    free = gpu.hbm_gib * GIB - gpu.efficiency.reserved_memory_gib * GIB - mem.weights_bytes - act
+    free = gpu.hbm_gib * GIB - engine_reserved_bytes(pool, gpus=tp * pp) - mem.weights_bytes - act
     fraction = load_data()["sources"][run["source"]].get("kv_cache_free_fraction", KV_FREE_FRACTION)
     cfg = ServeConfig(**settings, kv_cache_memory_bytes=fraction * free)
     pred = predict_serve(model, pool, job, cfg)
@@ -403,7 +405,7 @@ def online_engine(run: dict) -> tuple[ModelSpec, object, ServeJob, ServeConfig]:
     )
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=8192, num_seqs=0)
-    free = gpu.hbm_gib * GIB - gpu.efficiency.reserved_memory_gib * GIB - mem.weights_bytes - act
+    free = gpu.hbm_gib * GIB - engine_reserved_bytes(pool, gpus=tp * pp) - mem.weights_bytes - act
     cfg = ServeConfig(**settings, kv_cache_memory_bytes=ONLINE_KV_FRACTION * free)
     return model, pool, job, cfg
 

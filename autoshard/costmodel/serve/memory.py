@@ -19,6 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import attention_dims
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
 from autoshard.costmodel.serve.weights import (
@@ -28,7 +29,7 @@ from autoshard.costmodel.serve.weights import (
     stage_weight_bytes,
     weight_bytes_per_param,
 )
-from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.cluster import GpuSpec, LinkKind, PoolSpec
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, MIB
@@ -38,6 +39,10 @@ __all__ = [
     "cuda_graph_capture_sizes",
     "cuda_graph_bytes",
     "default_max_num_batched_tokens",
+    "engine_reserved_bytes",
+    "nvls_bytes",
+    "NCCL_COMMUNICATOR_BYTES",
+    "NVLS_BYTES_PER_RANK",
     "ServeMemory",
     "serve_memory",
 ]
@@ -49,6 +54,20 @@ KV_BLOCK_TOKENS = 16
 NON_TORCH_BYTES = 256 * MIB
 """NCCL communicators and vLLM's custom all-reduce buffers allocated after vLLM's baseline snapshot
 (vLLM logs them as "non-torch memory", typically 0.1-0.5 GiB on a multi-GPU engine)."""
+NCCL_COMMUNICATOR_BYTES = 1.5 * GIB
+"""Device memory of one NCCL communicator that has run its all-reduces (channel buffers for every
+protocol and peer, proxy and work FIFOs): "about 1.6GB" measured for one communicator after an
+all-reduce (NVIDIA/nccl issue #864). On NVSwitch Hopper at more than 2 ranks NCCL adds NVLink SHARP
+buffers on top (NCCL's own log on 8 H200: "nvlsTotalSize 2415919104", vllm-project/vllm issue #9699),
+so this is the smaller, general figure. A one-GPU engine creates no communicator at all."""
+NVLS_BYTES_PER_RANK = 301_989_888
+"""NCCL's NVLink SHARP (NVLS) buffers, per rank of the group: NCCL enables NVLS on NVSwitch systems of
+Hopper and later for groups of more than 2 GPUs, and every GPU of the group backs the whole
+multicast buffer, ranks x this (NCCL's own log on 8 H200: "NVLS comm ... nHeads 8 buffSize 4194304
+... nvlsPerRankSize 301989888 nvlsTotalSize 2415919104", i.e. 2.25 GiB per GPU at TP 8,
+vllm-project/vllm issue #9699, which measured the KV cache it costs; NeMo's launcher and SGLang turn
+NVLS off to save that memory)."""
+NVLS_GENERATIONS = ("hopper", "blackwell")
 CUDA_GRAPH_POOL_BYTES = 256 * MIB
 """Fixed part of the CUDA graph memory pools (vLLM logs 0.3-1.5 GiB for "graph capturing")."""
 CUDA_GRAPH_BYTES_PER_LAYER_GRAPH = 64 * 1024
@@ -58,6 +77,33 @@ SAMPLER_FP32_COPIES = 3
 
 
 # --------------------------------------------------------------------------- vLLM memory accounting
+
+
+def nvls_bytes(pool: PoolSpec, *, ranks: int) -> float:
+    """NCCL's NVLink SHARP buffers on each GPU of a `ranks`-GPU group: NVLS_BYTES_PER_RANK per rank of
+    the group inside one NVLink domain, on NVSwitch nodes of Hopper and later, for more than 2 ranks;
+    none elsewhere (PCIe, Ampere, Ada, AMD)."""
+    local = min(ranks, pool.node.domain_size)
+    if local <= 2 or pool.node.intra_node_link not in (LinkKind.NVLINK, LinkKind.NVLINK_SWITCH):
+        return 0.0
+    if gpu_generation(pool.gpu.name) not in NVLS_GENERATIONS:
+        return 0.0
+    return local * NVLS_BYTES_PER_RANK
+
+
+def engine_reserved_bytes(pool: PoolSpec, *, gpus: int) -> float:
+    """Device memory an engine of `gpus` GPUs (TP x PP) holds per GPU besides weights, activations and
+    KV cache: the GPU type's `reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime and NCCL
+    ring buffers) for a multi-GPU engine, plus NCCL's NVLS buffers where NCCL enables them
+    (`nvls_bytes`); a one-GPU engine creates no NCCL communicator and holds NCCL_COMMUNICATOR_BYTES less
+    (never below zero). Used for engines that size their KV cache as a fraction of the memory left
+    after loading (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); vLLM's own accounting
+    (`serve_memory`) charges its communicators as NON_TORCH_BYTES on multi-GPU engines only."""
+    reserved = pool.gpu.efficiency.reserved_memory_gib * GIB
+    if gpus > 1:
+        return reserved + nvls_bytes(pool, ranks=gpus)
+    return max(reserved - NCCL_COMMUNICATOR_BYTES, 0.0)
+
 
 
 def activation_peak_bytes(model: ModelSpec, *, tp: int, ep: int, tokens: int, num_seqs: int) -> float:
