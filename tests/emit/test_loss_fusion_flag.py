@@ -84,3 +84,14 @@ def test_evaluate_prices_the_unfused_loss():
     tokens = cfg.micro_batch_size * cfg.seq_len * cfg.num_microbatches  # per DP rank, through the last stage
     extra = tokens * (52 - 28) * model.vocab_size / cfg.dims.tp / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     assert t_off - t_on == pytest.approx(extra, rel=1e-6)
+
+
+def test_comparison_names_the_loss_flag():
+    """A launch that differs from the best plan only by the loss lists that flag as the change."""
+    from autoshard.report.compare import compare_plans
+
+    best = make_plan("llama-3.1-8b", "dgx-h100", tp=2, dp=4)
+    yours = _with(best, cross_entropy=CrossEntropyImpl.UNFUSED)
+    assert compare_plans(yours, best)["changes"] == [{"flag": "--cross-entropy-loss-fusion", "yours": "off", "best": "on"}]
+    te = _with(best, cross_entropy=CrossEntropyImpl.TE)
+    assert compare_plans(te, best)["changes"] == [{"flag": "--cross-entropy-fusion-impl", "yours": "te", "best": "off"}]
