@@ -108,9 +108,13 @@ def test_every_run_records_its_loss_with_evidence():
     for r in RUNS:
         assert r["cross_entropy"] in {"unfused", "native", "te", "xentropy"}, r["id"]
         assert len(r["cross_entropy_evidence"]) > 40, r["id"]
-    loss = {source_key(r): r["cross_entropy"] for r in RUNS if not r.get("skip_throughput")}
-    assert loss["mlm"] == loss["megatron2021"] == loss["nemo2407"] == "unfused"
-    assert loss["mlmllama"] == loss["nemo2502"] == "native" and loss["moezoo"] == "te" and loss["mpt"] == "xentropy"
+    loss: dict[str, set[str]] = {}
+    for r in RUNS:
+        if not r.get("skip_throughput"):
+            loss.setdefault(source_key(r), set()).add(r["cross_entropy"])
+    assert loss["mlm"] == loss["megatron2021"] == {"unfused"}
+    assert loss["nemo2407"] == {"unfused", "native"}  # the 24.07 launcher's Llama-3 and Nemotron 8B/22B configs fuse it
+    assert loss["mlmllama"] == loss["nemo2502"] == {"native"} and loss["moezoo"] == {"te"} and loss["mpt"] == {"xentropy"}
 
 
 MEMORY = [r for r in RESULTS if r.memory_error is not None]
