@@ -14,7 +14,7 @@ from autoshard.specs.job import Precision
 from autoshard.specs.layers import AttentionKind
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["Axis", "Recompute", "MoeDispatcher", "Fp8Recipe", "ParallelDims", "check_dims"]
+__all__ = ["Axis", "Recompute", "MoeDispatcher", "Fp8Recipe", "CrossEntropyImpl", "ParallelDims", "check_dims"]
 
 
 class Axis(StrEnum):
@@ -61,6 +61,22 @@ class Fp8Recipe(StrEnum):
     TENSORWISE = "tensorwise"
     BLOCKWISE = "blockwise"
     MXFP8 = "mxfp8"
+
+
+class CrossEntropyImpl(StrEnum):
+    """How the training loss (cross-entropy over the vocabulary-parallel logits) runs.
+
+    unfused: Megatron-Core's default (tensor_parallel/cross_entropy.py; Megatron-LM since 2020).
+    native: --cross-entropy-loss-fusion (fusions/fused_cross_entropy.py, --cross-entropy-fusion-impl native).
+    te: --cross-entropy-loss-fusion --cross-entropy-fusion-impl te (Transformer Engine's Triton kernels).
+    xentropy: one fused CUDA kernel each way (Apex / flash-attention xentropy: llm-foundry's
+    fused_crossentropy loss).
+    """
+
+    UNFUSED = "unfused"
+    NATIVE = "native"
+    TE = "te"
+    XENTROPY = "xentropy"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

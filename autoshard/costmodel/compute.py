@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
 from autoshard.costmodel.moe import imbalance_factor
-from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.layers import LayerKind
@@ -24,10 +24,33 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
-    "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s",
+    "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
 ]
 
 BF16_BYTES = 2
+
+CROSS_ENTROPY_BYTES: dict[CrossEntropyImpl, tuple[float, float]] = {
+    # HBM bytes per logit (one vocabulary element of one token on its TP rank), (forward, backward),
+    # counted from each implementation's kernels with BF16 logits:
+    # unfused (megatron/core/tensor_parallel/cross_entropy.py): .float() copy (read 2, write 4), max
+    # (read 4), in-place subtract (4 + 4), in-place exp (4 + 4), sum (4), in-place divide by the sum
+    # (4 + 4) = 38; backward: grad_input.mul_(grad_output) (4 + 4) and autograd's FP32 -> BF16 cast of
+    # the gradient (4 + 2) = 14.
+    CrossEntropyImpl.UNFUSED: (38.0, 14.0),
+    # native (megatron/core/fusions/fused_cross_entropy.py, each step one jit_fuser kernel): cast + max
+    # (2 + 4), subtract + exp + sum (4 + 4), divide (4 + 4) = 22; backward: scale and cast to BF16 in
+    # one kernel (4 + 2) = 6.
+    CrossEntropyImpl.NATIVE: (22.0, 6.0),
+    # te (transformer_engine/pytorch/triton/cross_entropy.py, 2025 releases): online-softmax pass
+    # (read 2), loss + gradient written over the BF16 logits (2 + 2) = 6; backward: element_mul_kernel
+    # by grad_output (2 + 2), which Megatron's per-token loss mask makes != 1.
+    CrossEntropyImpl.TE: (6.0, 4.0),
+    # xentropy (flash-attention csrc/xentropy, from Apex): two reads of the BF16 logits (max and sum,
+    # then sum of exp) = 4; backward: one kernel reads the logits and writes the gradient = 4.
+    CrossEntropyImpl.XENTROPY: (4.0, 4.0),
+}
+"""HBM bytes per logit of each cross-entropy implementation (forward, backward); see
+`cross_entropy_bytes_per_token`."""
 
 
 # --------------------------------------------------------------------------- time
@@ -87,11 +110,9 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
     residual adds on the hidden stream (split by TP only with sequence parallelism), rotary embedding
     on Q/K, and the MLP activation function on the intermediate (always split by TP)."""
     if kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
-        # Embedding lookup writes h; output norm reads/writes h; loss reads the logits twice (fp32).
+        # Embedding lookup writes h; output norm reads/writes h (the loss: cross_entropy_bytes_per_token).
         split = dims.tp if sequence_parallel else 1
-        if kind is LayerKind.EMBEDDING:
-            return 2 * BF16_BYTES * model.hidden_size / split
-        return 2 * BF16_BYTES * model.hidden_size / split + 3 * 4 * model.vocab_size / dims.tp
+        return 2 * BF16_BYTES * model.hidden_size / split
     h = model.hidden_size
     split = dims.tp if sequence_parallel else 1
     stream = (2 * 2 * h + 2 * 3 * h) * BF16_BYTES / split  # norms (r+w), residual adds (2r+w)
@@ -111,6 +132,15 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
         permute = 2 * 2 * moe.top_k * h * BF16_BYTES * dims.expert_tp / dims.tp
         act = (act_in + 1) * (routed_local + shared_local) * BF16_BYTES + permute
     return stream + rope + act
+
+
+def cross_entropy_bytes_per_token(model: ModelSpec, impl: CrossEntropyImpl, *, tp: int) -> tuple[float, float]:
+    """HBM bytes the loss moves per token on one GPU, (forward, backward): the implementation's bytes
+    per logit (CROSS_ENTROPY_BYTES) over this TP rank's vocabulary/TP logits. 52 B per logit unfused,
+    28 with Megatron's native fusion, 10 with Transformer Engine's, 8 with xentropy."""
+    fwd, bwd = CROSS_ENTROPY_BYTES[impl]
+    logits = model.vocab_size / tp
+    return fwd * logits, bwd * logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +171,16 @@ def layer_compute_time(
     fp8_recipe: Fp8Recipe = Fp8Recipe.DELAYED,
     recompute_moe: bool = False,
     tp_comm_overlap: bool = False,
+    cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE,
 ) -> ComputeTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
 
     recompute_moe: Megatron --recompute-modules moe: the MoE block (router, permutation, shared and
     routed experts) is run again in backward instead of keeping its activations (moe_block_recompute_s).
     tp_comm_overlap: Transformer Engine's userbuffer TP overlap (Megatron --tp-comm-overlap, with
-    sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s)."""
+    sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s).
+    cross_entropy: the loss implementation, priced on the output layer's forward and backward
+    (cross_entropy_bytes_per_token)."""
     gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
@@ -171,6 +204,11 @@ def layer_compute_time(
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x).
     backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd
+    if kind is LayerKind.OUTPUT:
+        loss_fwd, loss_bwd = cross_entropy_bytes_per_token(model, cross_entropy, tp=dims.tp)
+        hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
+        forward += tokens * loss_fwd / hbm
+        backward += tokens * loss_bwd / hbm
     match recompute:
         case Recompute.NONE:
             re = 0.0

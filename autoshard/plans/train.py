@@ -98,6 +98,7 @@ class Plan(PlanBase):
             "fp8_recipe": cfg.fp8_recipe.value if cfg.precision is Precision.FP8 else None,
             "tp_comm_overlap": cfg.tp_comm_overlap and cfg.sp,
             "overlap_grad_reduce": cfg.overlap_grad_reduce,
+            "cross_entropy": cfg.cross_entropy.value,
             "stages": [
                 {
                     "index": i,

@@ -22,7 +22,7 @@ _PLAN_FLAGS = (
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--micro-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--tp-comm-overlap",
+    "--tp-comm-overlap", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",
 )
 
 

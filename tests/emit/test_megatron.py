@@ -40,6 +40,7 @@ GOLDEN = Path(__file__).parent / "golden"
 CHOICES = {
     "--fp8-format": {"e4m3", "hybrid"},
     "--fp8-recipe": {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"},
+    "--cross-entropy-fusion-impl": {"native", "te"},
     "--attention-backend": {"flash", "fused", "unfused", "local", "auto"},
     "--transformer-impl": {"local", "transformer_engine", "inference_optimized"},
     "--tokenizer-type": {
@@ -90,6 +91,7 @@ SWITCHES = {
     "--grad-reduce-in-bf16",
     "--use-precision-aware-optimizer",
     "--fp8-param-gather",
+    "--cross-entropy-loss-fusion",
 }
 REMOVED = {
     "--standalone-embedding-stage",

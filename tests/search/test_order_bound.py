@@ -135,7 +135,9 @@ def test_order_aware_bounds_never_exceed_the_brute_force_optimum(name, monkeypat
             with monkeypatch.context() as m:
                 m.setattr(bounds_mixed.MixedCapacity, "__init__", order_free)
                 before = bounds(tab)
-            assert before is not None and found[0] >= before[0]
+            # the order-aware slowest-rank bound is never lower (its capacities are a subset); the
+            # objective may lose the joint tail bound's grid slack (12 points from its starting t_max)
+            assert before is not None and found[1] >= before[1] and found[0] >= 0.999 * before[0]
             higher += found[0] > before[0]
     assert checked >= 100
     assert higher >= higher_at_least

@@ -67,10 +67,23 @@ def kernel_knobs(gpu: str | tuple[str, ...]) -> dict[str, float]:
     return KERNEL_TRAIN_KNOBS.get(gpu_generation(first), {})
 
 
-def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2) -> EfficiencySpec:
+def unexercised_knobs(runs: list[dict], reference: EfficiencySpec | None) -> dict[str, float]:
+    """The GEMM knob of a precision none of `runs` trains in, at the reference GPU's value: FP8 runs
+    touch the BF16 knob only through their few BF16 GEMMs (the output layer, the router), too little
+    to pin it, so a fit on FP8 runs alone would set it by chance (the way a GPU with too few runs
+    borrows every knob, this borrows one)."""
+    if reference is None:
+        return {}
+    return {knob: getattr(reference, knob) for knob, precision in (("gemm", "bf16"), ("gemm_fp8", "fp8"))
+            if not any(r["precision"] == precision for r in held(runs))}
+
+
+def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2,
+        reference: EfficiencySpec | None = None) -> EfficiencySpec:
     """Coordinate descent over GRID on `runs` (held runs of `gpu`, or of a pool of GPU types); the
-    generation's kernel-measured knobs (kernel_knobs) stay fixed."""
-    pinned = kernel_knobs(gpu)
+    generation's kernel-measured knobs (kernel_knobs) stay fixed, and so do the knobs the runs do not
+    exercise, at the `reference` fit's values (unexercised_knobs)."""
+    pinned = {**unexercised_knobs(runs, reference), **kernel_knobs(gpu)}
     start = start.model_copy(update=pinned)
     best, best_loss = start, loss(gpu, start, runs)
     for _ in range(rounds):
@@ -90,14 +103,16 @@ def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = ST
     return best
 
 
-_FITS: dict[tuple[str | tuple[str, ...], tuple[str, ...]], EfficiencySpec] = {}
+_FITS: dict[tuple, EfficiencySpec] = {}
 
 
-def _fit_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], runs: list[dict]) -> EfficiencySpec:
+def _fit_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], runs: list[dict],
+                reference: EfficiencySpec | None = None) -> EfficiencySpec:
     """A fold that leaves out a source without runs of `gpu` reuses that GPU's fit on the same runs."""
-    if (gpu, key) not in _FITS:
-        _FITS[gpu, key] = fit(gpu, runs)
-    return _FITS[gpu, key]
+    cache = (gpu, key, tuple(sorted(unexercised_knobs(runs, reference).items())))
+    if cache not in _FITS:
+        _FITS[cache] = fit(gpu, runs, reference=reference)
+    return _FITS[cache]
 
 
 def held(runs: list[dict]) -> list[dict]:
@@ -114,14 +129,18 @@ def fit_all(runs: list[dict], also: tuple[str, ...] = ()) -> tuple[dict[str, Eff
         by_gpu.setdefault(run_gpu(r), []).append(r)
     out: dict[str, EfficiencySpec] = {}
     counts: dict[str, int] = {}
+    ref_runs = by_gpu.get(REFERENCE_GPU, [])
+    ref_fit = _fit_cached(REFERENCE_GPU, tuple(sorted(r["id"] for r in ref_runs)), ref_runs) \
+        if len(ref_runs) >= MIN_RUNS else None
     for gpu, rs in by_gpu.items():
         if len(rs) >= MIN_RUNS:
-            out[gpu] = _fit_cached(gpu, tuple(sorted(r["id"] for r in rs)), rs)
+            out[gpu] = ref_fit if gpu == REFERENCE_GPU else \
+                _fit_cached(gpu, tuple(sorted(r["id"] for r in rs)), rs, ref_fit)
             counts[gpu] = len(rs)
     reference = out.get(REFERENCE_GPU, START)
     for gpu in sorted({run_gpu(r) for r in runs} | set(also)):
         if gpu not in out:
-            pooled = generation_fit(gpu, by_gpu)
+            pooled = generation_fit(gpu, by_gpu, ref_fit)
             out[gpu], counts[gpu] = (reference if pooled is None else pooled[0]), 0
     return out, counts
 
@@ -133,7 +152,8 @@ def generation_pool(gpu: str, by_gpu: dict[str, list[dict]]) -> tuple[tuple[str,
     return types, [r for g in types for r in by_gpu[g]]
 
 
-def generation_fit(gpu: str, by_gpu: dict[str, list[dict]]) -> tuple[EfficiencySpec, tuple[str, ...], int] | None:
+def generation_fit(gpu: str, by_gpu: dict[str, list[dict]], reference: EfficiencySpec | None = None
+                   ) -> tuple[EfficiencySpec, tuple[str, ...], int] | None:
     """One fit on the pooled held runs of `gpu`'s generation (None with fewer than MIN_RUNS): the
     efficiency, the GPU types it was fitted on and the number of runs."""
     types, pool = generation_pool(gpu, by_gpu)
@@ -141,7 +161,7 @@ def generation_fit(gpu: str, by_gpu: dict[str, list[dict]]) -> tuple[EfficiencyS
         return None
     # a pool of one GPU type is that type's own fit (same runs, same start)
     key: str | tuple[str, ...] = types[0] if len(types) == 1 else types
-    return _fit_cached(key, tuple(sorted(r["id"] for r in pool)), pool), types, len(pool)
+    return _fit_cached(key, tuple(sorted(r["id"] for r in pool)), pool, reference), types, len(pool)
 
 
 def main() -> int:
@@ -151,7 +171,7 @@ def main() -> int:
     for r in held(runs):
         by_gpu.setdefault(run_gpu(r), []).append(r)
     for gpu, eff in fitted.items():
-        pooled = None if counts[gpu] else generation_fit(gpu, by_gpu)
+        pooled = None if counts[gpu] else generation_fit(gpu, by_gpu, fitted.get(REFERENCE_GPU))
         if counts[gpu]:
             how = f"fitted on {counts[gpu]} runs"
         elif pooled is not None:

@@ -102,6 +102,21 @@ def test_every_skip_has_a_reason():
         assert r.skip_throughput is None or len(r.skip_throughput) > 40
 
 
+def test_every_run_records_its_loss_with_evidence():
+    """Each run says which cross-entropy it ran, with the config file and commit (or the framework
+    default a run without a published launch takes); Megatron-LM's own default is the unfused loss."""
+    for r in RUNS:
+        assert r["cross_entropy"] in {"unfused", "native", "te", "xentropy"}, r["id"]
+        assert len(r["cross_entropy_evidence"]) > 40, r["id"]
+    loss: dict[str, set[str]] = {}
+    for r in RUNS:
+        if not r.get("skip_throughput"):
+            loss.setdefault(source_key(r), set()).add(r["cross_entropy"])
+    assert loss["mlm"] == loss["megatron2021"] == {"unfused"}
+    assert loss["nemo2407"] == {"unfused", "native"}  # the 24.07 launcher's Llama-3 and Nemotron 8B/22B configs fuse it
+    assert loss["mlmllama"] == loss["nemo2502"] == {"native"} and loss["moezoo"] == {"te"} and loss["mpt"] == {"xentropy"}
+
+
 MEMORY = [r for r in RESULTS if r.memory_error is not None]
 
 

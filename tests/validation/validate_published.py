@@ -25,7 +25,7 @@ from autoshard.costmodel.train.memory_torchtitan import allocator_reported_bytes
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.emit.megatron.layout import default_stages, parse_layout
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster, load_model
 from autoshard.units import GIB
 
@@ -115,7 +115,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
         recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
-        compiled_loss=run.get("compiled_loss", False),
+        compiled_loss=run.get("compiled_loss", False), cross_entropy=CrossEntropyImpl(run["cross_entropy"]),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])

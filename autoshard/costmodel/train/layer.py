@@ -115,7 +115,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
-        fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap,
+        fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap, cross_entropy=cfg.cross_entropy,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
@@ -176,6 +176,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
         flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,
+        cross_entropy=cfg.cross_entropy,
     )
     if cfg.framework is TrainFramework.TORCHTITAN:
         tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)

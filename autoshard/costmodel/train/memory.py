@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from autoshard.costmodel.band_table import gpu_generation
-from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Optimizer
 from autoshard.specs.layers import LayerKind
@@ -237,8 +237,13 @@ def layer_activation_bytes(
     dropout: bool = False,
     fp8: bool = False,
     recompute_moe: bool = False,
+    cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE,
 ) -> float:
     """Bytes one micro-batch leaves saved for backward in one layer on one GPU.
+
+    cross_entropy: what the loss keeps for backward per logit: Megatron-Core's unfused and native
+    fused losses the FP32 softmax (4 B), Transformer Engine's and xentropy the BF16 logits or the
+    gradient written over them (2 B).
 
     recompute_moe (Megatron --recompute-modules moe): an MoE layer keeps only the MoE block's input
     (already counted with the norm outputs); router, permuted tokens and expert intermediates are
@@ -259,8 +264,9 @@ def layer_activation_bytes(
     if kind is LayerKind.EMBEDDING:
         return tokens * h * (1 if dropout else 0) / rep
     if kind is LayerKind.OUTPUT:
-        # final norm input + output-layer input (2 B each), FP32 logits for the loss (4 B x vocab / tp)
-        return tokens * (2 * BF16 * h / rep + FP32 * model.vocab_size / tp)
+        # final norm input + output-layer input (2 B each), the loss's saved logits (x vocab / tp)
+        loss = FP32 if cross_entropy in (CrossEntropyImpl.UNFUSED, CrossEntropyImpl.NATIVE) else BF16
+        return tokens * (2 * BF16 * h / rep + loss * model.vocab_size / tp)
     if recompute is Recompute.FULL:
         return tokens * BF16 * h / rep
     # Outside the TP region: two norm inputs and the inputs of QKV and of the MLP (4 x 2 B x h),

@@ -46,6 +46,15 @@ __all__ = ["stage_cost", "predict_train", "optimizer_bytes_per_param"]
 # Adam step traffic per locally-owned parameter: read FP32 param, grad, m, v (16 B); write FP32
 # param, m, v (12 B) and the BF16 copy (2 B).
 ADAM_STEP_BYTES = 30.0
+# PyTorch FSDP outside Megatron (TrainFramework.FSDP: Composer / llm-foundry) steps with an eager,
+# per-tensor AdamW on the FP32 shards (composer/optim/decoupled_weight_decay.py, DecoupledAdamW.adamw,
+# 2023): param.mul_ (4 + 4), exp_avg.mul_ (4 + 4) and .add_(grad) (8 + 4), exp_avg_sq.mul_ (4 + 4)
+# and .addcmul_(grad, grad) (8 + 4), sqrt (4 + 4), / sqrt(bias correction) (4 + 4), .add_(eps)
+# (4 + 4), param.addcdiv_(exp_avg, denom) (12 + 4) = 88 B; gradient clipping by norm (FSDP
+# clip_grad_norm_: read every gradient for the norm, then scale them in place, 4 + 8) = 100 B. SGD
+# with momentum: param.mul_ (8), buf.mul_(m).add_(grad) (8 + 12), param.add_(buf) (12), clipping 12.
+EAGER_ADAM_STEP_BYTES = 100.0
+EAGER_SGD_STEP_BYTES = 52.0
 
 
 def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig) -> StageCost:
@@ -73,7 +82,11 @@ def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig)
     )
 
 
-def optimizer_bytes_per_param(optimizer: Optimizer) -> float:
+def optimizer_bytes_per_param(optimizer: Optimizer, framework: TrainFramework = TrainFramework.MEGATRON) -> float:
+    """HBM bytes of the optimizer step per locally owned parameter: Megatron's fused Adam, or the
+    eager per-tensor optimizer of PyTorch FSDP frameworks (EAGER_ADAM_STEP_BYTES)."""
+    if framework is TrainFramework.FSDP:
+        return EAGER_ADAM_STEP_BYTES if optimizer is Optimizer.ADAM else EAGER_SGD_STEP_BYTES
     return ADAM_STEP_BYTES if optimizer is Optimizer.ADAM else ADAM_STEP_BYTES - 8
 
 
@@ -241,7 +254,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         exposed = max((1 - overlap) * dp_s, (dp_s - window) * share) if cfg.overlap_grad_reduce else dp_s
         local = dense / (dims.dp * dims.cp if cfg.zero_stage >= 1 else 1) + expert / (
             dims.expert_dp if cfg.zero_stage >= 1 else 1)
-        opt_s = local * optimizer_bytes_per_param(cfg.optimizer) / (pool.gpu.hbm_tbps * 1e12 * pool.gpu.efficiency.hbm)
+        opt_s = local * optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / (
+            pool.gpu.hbm_tbps * 1e12 * pool.gpu.efficiency.hbm)
         tail.append((exposed + opt_s, exposed, opt_s))
     _, dp_exposed, opt_s = max(tail)
 

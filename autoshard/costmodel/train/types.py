@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autoshard.costmodel.train.memory import TrainFramework
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.job import Optimizer, Precision
 
 __all__ = [
@@ -58,6 +58,10 @@ class TrainConfig:
     """Adam's moments in BF16 (NeMo distributed_fused_adam optim.dtype=bf16; Megatron-Core
     --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): a run's setting
     that validation replays; plans keep FP32 moments."""
+    cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE
+    """The loss implementation (Megatron --cross-entropy-loss-fusion, --cross-entropy-fusion-impl):
+    plans run Megatron-Core's native fused loss; a parsed launch without the flag runs the unfused
+    default (costmodel.compute.CROSS_ENTROPY_BYTES). Megatron and NeMo runs only."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import autoshard.emit.megatron.flags as megatron_flags
 from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.layers import AttentionKind, LayerKind, MlpKind, NormKind, PositionKind, RouterScore
@@ -358,6 +358,20 @@ def _precision_args(plan: Plan) -> list[Arg]:
     return args
 
 
+def _loss_args(plan: Plan) -> list[Arg]:
+    """The plan's loss implementation (costmodel.compute.CROSS_ENTROPY_BYTES): native fusion by
+    default; Megatron-LM's unfused loss needs no flag."""
+    impl = plan.config.cross_entropy
+    if impl is CrossEntropyImpl.XENTROPY:
+        raise ValueError("cross_entropy 'xentropy' (llm-foundry's loss) is not a Megatron-LM option: use native, te or unfused")
+    if impl is CrossEntropyImpl.UNFUSED:
+        return []
+    args: list[Arg] = [("--cross-entropy-loss-fusion", None)]
+    if impl is CrossEntropyImpl.TE:
+        args.append(("--cross-entropy-fusion-impl", "te"))
+    return args
+
+
 def _optimizer_args(plan: Plan) -> list[Arg]:
     if plan.config.optimizer is Optimizer.SGD:
         return [("--optimizer", "sgd"), ("--sgd-momentum", "0.9")]
@@ -373,7 +387,7 @@ def megatron_args(plan: Plan) -> list[Arg]:
     args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model, plan) + _mtp_args(plan.model)
     args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
     args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
-    args += _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
+    args += _loss_args(plan) + _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
     args += list(LOGGING)
     unknown = [f for f, _ in args if f not in megatron_flags.KNOWN]
     assert not unknown, f"emitter wrote flags Megatron-LM does not have: {unknown}"

@@ -24,7 +24,7 @@ from autoshard.emit.megatron.layout import default_stages, with_block
 from autoshard.emit.megatron.model_args import FlagReader, build_model, moe_pattern
 from autoshard.emit.shell import read_launch
 from autoshard.errors import SpecError
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.base import MAX_LAYERS
 from autoshard.specs.job import Optimizer, Precision
 from autoshard.specs.layers import LayerKind, PositionKind
@@ -87,6 +87,8 @@ class ParsedMegatron:
     """--use-precision-aware-optimizer with 16-bit --exp-avg-dtype and --exp-avg-sq-dtype."""
     recompute_modules: tuple[str, ...] = ()
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
+    cross_entropy: CrossEntropyImpl = CrossEntropyImpl.UNFUSED
+    """--cross-entropy-loss-fusion (+ --cross-entropy-fusion-impl); without it Megatron's unfused loss."""
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -131,6 +133,7 @@ class ParsedMegatron:
                 grad_reduce_fp32=self.grad_reduce_fp32,
                 optimizer_moments_bf16=self.optimizer_moments_bf16,
                 recompute_modules=self.recompute_modules,
+                cross_entropy=self.cross_entropy,
             )
         except ValueError as exc:
             raise SpecError(
@@ -239,6 +242,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         grad_reduce_fp32=facts.grad_reduce_fp32(r),
         optimizer_moments_bf16=facts.optimizer_moments_bf16(r),
         recompute_modules=modules,
+        cross_entropy=facts.cross_entropy(r),
     )
     if launch.world_size is not None:
         try:

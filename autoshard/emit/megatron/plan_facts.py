@@ -9,12 +9,12 @@ from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages, parse_layout, predict_layout
 from autoshard.emit.megatron.model_args import FlagReader
 from autoshard.errors import SpecError
-from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.job import Precision
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["dims", "precision", "dispatcher", "fp8_recipe", "recompute", "zero_stage", "vpp", "layout_flags",
-           "layout"]
+__all__ = ["dims", "precision", "dispatcher", "fp8_recipe", "cross_entropy", "recompute", "zero_stage", "vpp",
+           "layout_flags", "layout"]
 
 
 def dims(tp: int, pp: int, cp: int, ep: int, etp: int | None, vpp: int, world: int) -> ParallelDims:
@@ -69,6 +69,20 @@ def fp8_recipe(r: FlagReader) -> Fp8Recipe:
     except ValueError:
         r.warnings.append(f"--fp8-recipe {recipe} is not delayed, tensorwise, blockwise or mxfp8; read as delayed")
         return Fp8Recipe.DELAYED
+
+
+def cross_entropy(r: FlagReader) -> CrossEntropyImpl:
+    """The loss: Megatron-LM's unfused default, or --cross-entropy-loss-fusion with
+    --cross-entropy-fusion-impl native (its default) or te."""
+    if not r.on("--cross-entropy-loss-fusion"):
+        if r.on("--cross-entropy-fusion-impl"):
+            r.warnings.append("--cross-entropy-fusion-impl has no effect without --cross-entropy-loss-fusion")
+        return CrossEntropyImpl.UNFUSED
+    impl = r.text("--cross-entropy-fusion-impl", "native")
+    if impl not in ("native", "te"):
+        r.warnings.append(f"--cross-entropy-fusion-impl {impl} is not native or te; read as native")
+        return CrossEntropyImpl.NATIVE
+    return CrossEntropyImpl(impl)
 
 
 def recompute(r: FlagReader) -> tuple[Recompute, int, tuple[str, ...]]:

@@ -56,6 +56,7 @@ torchrun --nproc-per-node 4 --nnodes 144 --node-rank "$NODE_RANK" \
     --bf16 \
     --fp8-format hybrid \
     --fp8-recipe mxfp8 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

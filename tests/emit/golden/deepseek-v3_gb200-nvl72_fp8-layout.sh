@@ -92,6 +92,7 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --bf16 \
     --fp8-format hybrid \
     --fp8-recipe mxfp8 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

@@ -22,6 +22,7 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 64 --node-ran
     --recompute-num-layers 1 \
     --overlap-grad-reduce \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

@@ -58,6 +58,7 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --recompute-num-layers 1 \
     --overlap-grad-reduce \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

@@ -27,6 +27,7 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 1 --node-rank
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

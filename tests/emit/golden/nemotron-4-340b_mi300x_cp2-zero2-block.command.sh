@@ -32,6 +32,7 @@ torchrun --nproc-per-node 8 --nnodes 32 --node-rank "$NODE_RANK" \
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

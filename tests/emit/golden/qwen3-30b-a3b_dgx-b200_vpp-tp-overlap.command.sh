@@ -40,6 +40,7 @@ torchrun --nproc-per-node 8 --nnodes 4 --node-rank "$NODE_RANK" \
     --overlap-param-gather \
     --tp-comm-overlap \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \

@@ -73,6 +73,7 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --overlap-param-gather \
     --tp-comm-overlap \
     --bf16 \
+    --cross-entropy-loss-fusion \
     --optimizer adam \
     --adam-beta1 0.9 \
     --adam-beta2 0.95 \
