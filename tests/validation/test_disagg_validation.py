@@ -68,14 +68,15 @@ def test_measured_inside_the_predicted_range_when_workload_unknown(results):
 
 def test_stated_rows_error_band(results):
     """Out-of-sample errors of the stated rows (MI300X, eager decode): the model is optimistic by
-    1.5-1.8x in tokens/s per decode GPU (TPOT 32-44 % short; 1.5-1.9x and 34-47 % before the MLA and
+    1.32-1.52x in tokens/s per decode GPU (TPOT 23-33 % short; 1.5-1.8x and 32-44 % before vLLM's
+    256-token MoE passes at 450 requests per rank, 1.5-1.9x and 34-47 % before the MLA and
     group-quantization kernels). Pinned so a change in the physics that moves them shows up here; the
     band is the measured one plus a margin, not a target."""
     stated = [r for r in results if r.measured_tpot_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert 0.40 <= r.error <= 0.95, (r.id, r.error)
-        assert -0.50 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
+        assert 0.25 <= r.error <= 0.60, (r.id, r.error)
+        assert -0.40 <= r.tpot_error <= -0.18, (r.id, r.tpot_error)
         # the stated prefill instances keep up with the predicted decode rate: decode-bound, as measured
         assert r.prefill_load < 1.0, (r.id, r.prefill_load)
 
@@ -190,13 +191,13 @@ def test_wide_ep_b200_row(results):
 
 def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
     """Every row with a stated workload is predicted faster than measured. The single-node MI300X
-    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.5-2x fast; the two-node B200
+    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.3-1.6x fast; the two-node B200
     DP16/EP16 row, whose all-to-all crosses the NICs, is 1.15-1.3x fast once each rank's remote copies
     are priced on its own NIC (before: 1.67x, like the MI300X rows)."""
     stated = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
     assert len(stated) == 4
     for r in results:
         if r.id in stated and r.id.startswith("moreh-"):
-            assert 0.45 <= r.error <= 1.0, (r.id, r.error)
+            assert 0.25 <= r.error <= 0.60, (r.id, r.error)
         elif r.id in stated:
             assert 0.15 <= r.error <= 0.30, (r.id, r.error)
