@@ -406,7 +406,8 @@ def test_attention_dp_waits_for_the_busiest_rank():
     assert moe_dp_chunks(cfg, 200 + worst) == 5 and moe_dp_chunks(cfg, 400) == 2
 
     def one_pass(tokens):
-        extra = (moe_dp_chunks(cfg, tokens) - 1) * 3 * qwen.num_moe_layers * POOL8.gpu.efficiency.kernel_overhead_us
+        kov = POOL8.gpu.efficiency.kernel_overhead_us
+        extra = (moe_dp_chunks(cfg, tokens) - 1) * 3 * qwen.num_moe_layers * kov
         return flat(tokens).elementwise_s - extra * 1e-6
 
     assert dp8.elementwise_s == pytest.approx(one_pass(200 + worst), rel=1e-9)

@@ -203,7 +203,10 @@ def test_decode_step_runs_its_moe_layer_in_256_token_passes():
     assert decode.elementwise_s - mixed.elementwise_s == pytest.approx(3 * kov, rel=1e-9)
 
 
-DEEPGEMM_MASKED_TFLOPS = {(4096, 7168): {1024: 1233, 512: 1040, 256: 932}, (7168, 2048): {1024: 925, 512: 916, 256: 815}}
+DEEPGEMM_MASKED_TFLOPS = {
+    (4096, 7168): {1024: 1233, 512: 1040, 256: 932},
+    (7168, 2048): {1024: 925, 512: 916, 256: 815},
+}
 """deepseek-ai/DeepGEMM README at its first commit (a6d97a1), "Grouped GEMMs for MoE models (masked
 layout)", H800: 4,096 rows in 1 / 2 / 4 groups of 1,024 / 512 / 256 rows, {(N, K): {rows per group:
 TFLOP/s}}. The decode experts' kernel (DeepEP low-latency output) at the rows per expert a pass gives."""
