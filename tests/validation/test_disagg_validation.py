@@ -68,33 +68,36 @@ def test_measured_inside_the_predicted_range_when_workload_unknown(results):
 
 def test_stated_rows_error_band(results):
     """Out-of-sample errors of the stated rows (MI300X, eager decode): the model is optimistic by
-    1.5-1.8x in tokens/s per decode GPU (TPOT 32-44 % short; 1.5-1.9x and 34-47 % before the MLA and
+    1.17-1.27x in tokens/s per decode GPU (TPOT 13-20 % short; 1.32-1.52x and 23-33 % before MI300X's
+    FP8 GEMMs were priced at the measured hipBLASLt rate, 1.5-1.8x and 32-44 % before vLLM's
+    256-token MoE passes at 450 requests per rank, 1.5-1.9x and 34-47 % before the MLA and
     group-quantization kernels). Pinned so a change in the physics that moves them shows up here; the
     band is the measured one plus a margin, not a target."""
     stated = [r for r in results if r.measured_tpot_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert 0.40 <= r.error <= 0.95, (r.id, r.error)
-        assert -0.50 <= r.tpot_error <= -0.25, (r.id, r.tpot_error)
+        assert 0.10 <= r.error <= 0.40, (r.id, r.error)
+        assert -0.30 <= r.tpot_error <= -0.08, (r.id, r.tpot_error)
         # the stated prefill instances keep up with the predicted decode rate: decode-bound, as measured
         assert r.prefill_load < 1.0, (r.id, r.prefill_load)
 
 
 def test_stated_rows_ttft_band(results):
-    """Mean TTFT at the measured request rate (38-41 % of the predicted prefill capacity). The prefill
-    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.18-0.53 s in
-    prefill, not half of a 6-7 s full-budget step: predicted 0.31 / 0.45 / 0.74 s (with the hand-off and
-    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-71..-81 %). Little's law on the published figures (the client's 10,800 in
+    """Mean TTFT at the measured request rate (45-49 % of the predicted prefill capacity). The prefill
+    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.26-0.70 s in
+    prefill, not half of a full-budget step: predicted 0.46 / 0.63 / 0.98 s (with the hand-off and
+    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-62..-73 %; 0.31 / 0.45 / 0.74 s
+    before MI300X's FP8 GEMMs were priced at the measured hipBLASLt rate). Little's law on the published figures (the client's 10,800 in
     flight less throughput x ITL decoding) puts 1.4 / 2.5 / 4.8 s per request outside the decode
     batch, at least the measured TTFT: those seconds are real. The same eager engines decode
-    1.5-1.9x slower than predicted, and a prefill 2-2.3x slower than predicted would run at 75-90 %
+    1.2-1.3x slower than predicted, and a prefill ~2x slower than predicted would run at 90-100 %
     load, where this queue gives the measured seconds. Pinned, not a target."""
     stated = [r for r in results if r.ttft_s is not None]
     assert len(stated) == 3
     for r in stated:
-        assert -0.90 <= r.ttft_error <= -0.65, (r.id, r.ttft_error)
-        assert 0.35 <= r.ttft_utilization <= 0.42, (r.id, r.ttft_utilization)
-        assert 0.15 <= r.ttft_prefill_s <= 0.55, (r.id, r.ttft_prefill_s)
+        assert -0.80 <= r.ttft_error <= -0.55, (r.id, r.ttft_error)
+        assert 0.42 <= r.ttft_utilization <= 0.52, (r.id, r.ttft_utilization)
+        assert 0.20 <= r.ttft_prefill_s <= 0.75, (r.id, r.ttft_prefill_s)
     for run in load_runs():
         if "measured_ttft_ms" in run:
             outside = run["client_concurrency"] - run["measured_output_tokens_per_s"] * run["measured_tpot_ms"] * 1e-3
@@ -190,13 +193,13 @@ def test_wide_ep_b200_row(results):
 
 def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
     """Every row with a stated workload is predicted faster than measured. The single-node MI300X
-    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.5-2x fast; the two-node B200
+    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.15-1.3x fast; the two-node B200
     DP16/EP16 row, whose all-to-all crosses the NICs, is 1.15-1.3x fast once each rank's remote copies
     are priced on its own NIC (before: 1.67x, like the MI300X rows)."""
     stated = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
     assert len(stated) == 4
     for r in results:
         if r.id in stated and r.id.startswith("moreh-"):
-            assert 0.45 <= r.error <= 1.0, (r.id, r.error)
+            assert 0.10 <= r.error <= 0.40, (r.id, r.error)
         elif r.id in stated:
             assert 0.15 <= r.error <= 0.30, (r.id, r.error)

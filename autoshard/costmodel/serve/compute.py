@@ -28,6 +28,8 @@ __all__ = [
     "HOPPER_NAMES",
     "FLASH_FWD_HOPPER",
     "MOE_ROW_BLOCK",
+    "MOE_DP_CHUNK",
+    "moe_dp_chunks",
     "BLOCK_FP8_GEMM_HOPPER",
     "block_scaled_fp8",
     "MLA_EXTRA_KERNELS",
@@ -55,6 +57,25 @@ same design."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
+
+
+MOE_DP_CHUNK = 256
+"""Tokens per DP rank one pass of an attention-DP + EP MoE layer takes in vLLM (VLLM_MOE_DP_CHUNK_SIZE,
+default 256, on with VLLM_ENABLE_MOE_DP_CHUNK=1): with its batched all-to-all backends (DeepEP
+low-latency, pplx, MORI: `FusedMoE.use_dp_chunking`, vllm/model_executor/layers/fused_moe) the layer
+loops over the busiest DP rank's tokens in chunks of this size, every rank in step; each chunk routes,
+dispatches, runs the grouped expert GEMMs and combines on its own (the low-latency buffers hold one
+chunk per rank). Priced on decode-only steps, which run the low-latency kernels (the wide-EP
+deployments' decode: `--all2all-backend deepep_low_latency`); steps with prefill in them run the
+throughput kernels (DeepEP high-throughput, llm-d's prefill backend), which take the batch whole."""
+
+
+def moe_dp_chunks(cfg: ServeConfig, tokens: float) -> int:
+    """Sequential MoE passes of one step (`MOE_DP_CHUNK`): ceil(tokens of the busiest DP rank / 256)
+    with attention data parallelism and expert parallelism, else one."""
+    if not (cfg.expert_parallel and cfg.dp_attention > 1):
+        return 1
+    return max(1, math.ceil(tokens / MOE_DP_CHUNK - 1e-9))
 
 
 BLOCK_FP8_GEMM_HOPPER = 0.37

@@ -52,6 +52,7 @@ from autoshard.costmodel.serve.compute import (
     _rows,
     extra_kernels_s,
     model_serving_gpu,
+    moe_dp_chunks,
     prefill_attention_s,
     serving_gpu,
 )
@@ -147,8 +148,10 @@ def _layer_time(
         if model.moe.shared_expert_ffn_hidden_size:
             gemms += mlp_gemms(model, rows, model.moe.shared_expert_ffn_hidden_size, cfg.tp)
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
+    routed = expert_tokens if expert_tokens is not None else tokens
+    chunks = moe_dp_chunks(cfg, tokens) if kind is LayerKind.MOE and prefills <= 0 else 1
     if kind is LayerKind.MOE:
-        gemm_s += _grouped_experts_s(model, gpu, cfg, expert_tokens if expert_tokens is not None else tokens)
+        gemm_s += chunks * _grouped_experts_s(model, gpu, cfg, routed / chunks)
     attn_s = _decode_attention_s(
         model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len
     )
@@ -157,11 +160,13 @@ def _layer_time(
         attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
     ew_s = tokens * _elementwise_bytes(model, kind, cfg) / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
     ew_s += ELEMENTWISE_KERNELS[kind] * gpu.efficiency.kernel_overhead_us * 1e-6
-    routed = expert_tokens if expert_tokens is not None else tokens
     ew_s += extra_kernels_s(model, kind, cfg, gpu, gemms, tokens=rows, routed=routed)
+    if chunks > 1:  # each further MoE pass routes its tokens (top-k, align, un-permute) again
+        moe_kernels = ELEMENTWISE_KERNELS[LayerKind.MOE] - ELEMENTWISE_KERNELS[LayerKind.DENSE]
+        ew_s += (chunks - 1) * moe_kernels * gpu.efficiency.kernel_overhead_us * 1e-6
     tp_link, ep_link, _ = links
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
-    ep_s = ep_dispatch_s(model, kind, cfg, ep_link, routed=routed, pool=pool)
+    ep_s = chunks * ep_dispatch_s(model, kind, cfg, ep_link, routed=routed / chunks, pool=pool)
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 
 
