@@ -44,16 +44,17 @@ def test_no_dense_run_worse_than_25_percent(run):
 
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
-    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +25 % (13B on 8 H100 with
-    a single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind).
+    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +16 % (two 8-H100 runs:
+    7B at 8,192 tokens, and 13B with a single micro-batch per step, where FSDP's gathers have nothing
+    to hide behind; 13B was +18.4 % while its eager optimizer step was priced at serving's HBM knob).
     Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
     +10.8 %): the serving-era H100 GEMM knob was too high for training."""
     errs = [abs(r.error) for r in FSDP]
     assert len(errs) == 12
     assert statistics.median(errs) <= 0.06
-    assert max(errs) <= 0.26
+    assert max(errs) <= 0.17
     worst = max(FSDP, key=lambda r: abs(r.error))
-    assert worst.id == "mpt-h100-13b-seq2048-8gpu" and worst.error > 0
+    assert worst.id in ("mpt-h100-7b-seq8192-8gpu", "mpt-h100-13b-seq2048-8gpu") and worst.error > 0
 
 
 def test_moe_runs():
