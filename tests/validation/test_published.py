@@ -118,6 +118,28 @@ def test_every_run_records_its_loss_with_evidence():
     assert loss["mlmllama"] == loss["nemo2502"] == {"native"} and loss["moezoo"] == {"te"} and loss["mpt"] == {"xentropy"}
 
 
+def test_every_moe_run_records_its_cuda_graphs_with_evidence():
+    """Whether a Megatron-Core MoE run captured CUDA graphs (`--cuda-graph-impl transformer_engine
+    --cuda-graph-scope ...`) decides how much host launch time its small micro-batches pay; each MoE
+    run records the scope its published command used, `none` where the command has no such flag, or
+    `unstated` where the source publishes no command (the README's host-launch item reads these)."""
+    moe = {r["id"]: r for r in RUNS if source_key(r) in ("moezoo", "mcore")}
+    assert len(moe) == 13
+    for r in moe.values():
+        assert r["cuda_graph"] in {"none", "unstated", "moe_router moe_preprocess", "attn moe_router moe_preprocess"}, r["id"]
+        assert len(r["cuda_graph_evidence"]) > 40, r["id"]
+    # the -35 % row and its PP 32 / FSDP siblings publish no command; the long-context rows of the same
+    # TP 4 / PP 8 / EP 8 plan ran eager; every Blackwell row and the H100 EP 32 plan captured graphs
+    assert {i for i, r in moe.items() if r["cuda_graph"] == "unstated"} == {
+        "moezoo-qwen3-235b-h100-intranode-ep8-fsdp", "moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a",
+        "moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"}
+    assert all(r["cuda_graph"] == "none" for i, r in moe.items() if "longctx" in i)
+    blackwell = [i for i in moe if ("gb200" in i or "gb300" in i) and not i.endswith("baseline")]
+    assert len(blackwell) == 3 and all(moe[i]["cuda_graph"] == "attn moe_router moe_preprocess" for i in blackwell)
+    assert moe["mcore-dsv3-gb200-256gpu-baseline"]["cuda_graph"] == "none"
+    assert moe["moezoo-qwen3-235b-h100-crossnode-ep32"]["cuda_graph"] == "moe_router moe_preprocess"
+
+
 MEMORY = [r for r in RESULTS if r.memory_error is not None]
 
 
