@@ -91,8 +91,8 @@ class EfficiencySpec(FrozenSpec):
     train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
     train_hbm: Fraction | None = 0.60
-    """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts and recompute
-    (None: use `hbm`). The optimizer step, priced identically by the solver, keeps `hbm`."""
+    """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts, recompute and
+    the optimizer step (None: use `hbm`); the solver prices the optimizer step with the same value."""
     train_attention: Fraction | None = 0.45
     """Training-only override of `attention` (None: use `attention`). H100 default: measured at kernel
     level, not fitted (autoshard.costmodel.efficiency.KERNEL_TRAIN_KNOBS)."""

@@ -44,16 +44,17 @@ def test_no_dense_run_worse_than_25_percent(run):
 
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
-    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +25 % (13B on 8 H100 with
-    a single 2-sequence micro-batch per step, where FSDP's gathers have nothing to hide behind).
+    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +16 % (two 8-H100 runs:
+    7B at 8,192 tokens, and 13B with a single micro-batch per step, where FSDP's gathers have nothing
+    to hide behind; 13B was +18.4 % while its eager optimizer step was priced at serving's HBM knob).
     Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
     +10.8 %): the serving-era H100 GEMM knob was too high for training."""
     errs = [abs(r.error) for r in FSDP]
     assert len(errs) == 12
     assert statistics.median(errs) <= 0.06
-    assert max(errs) <= 0.26
+    assert max(errs) <= 0.17
     worst = max(FSDP, key=lambda r: abs(r.error))
-    assert worst.id == "mpt-h100-13b-seq2048-8gpu" and worst.error > 0
+    assert worst.id in ("mpt-h100-7b-seq8192-8gpu", "mpt-h100-13b-seq2048-8gpu") and worst.error > 0
 
 
 def test_moe_runs():
@@ -115,6 +116,28 @@ def test_every_run_records_its_loss_with_evidence():
     assert loss["mlm"] == loss["megatron2021"] == {"unfused"}
     assert loss["nemo2407"] == {"unfused", "native"}  # the 24.07 launcher's Llama-3 and Nemotron 8B/22B configs fuse it
     assert loss["mlmllama"] == loss["nemo2502"] == {"native"} and loss["moezoo"] == {"te"} and loss["mpt"] == {"xentropy"}
+
+
+def test_every_moe_run_records_its_cuda_graphs_with_evidence():
+    """Whether a Megatron-Core MoE run captured CUDA graphs (`--cuda-graph-impl transformer_engine
+    --cuda-graph-scope ...`) decides how much host launch time its small micro-batches pay; each MoE
+    run records the scope its published command used, `none` where the command has no such flag, or
+    `unstated` where the source publishes no command (the README's host-launch item reads these)."""
+    moe = {r["id"]: r for r in RUNS if source_key(r) in ("moezoo", "mcore")}
+    assert len(moe) == 13
+    for r in moe.values():
+        assert r["cuda_graph"] in {"none", "unstated", "moe_router moe_preprocess", "attn moe_router moe_preprocess"}, r["id"]
+        assert len(r["cuda_graph_evidence"]) > 40, r["id"]
+    # the -35 % row and its PP 32 / FSDP siblings publish no command; the long-context rows of the same
+    # TP 4 / PP 8 / EP 8 plan ran eager; every Blackwell row and the H100 EP 32 plan captured graphs
+    assert {i for i, r in moe.items() if r["cuda_graph"] == "unstated"} == {
+        "moezoo-qwen3-235b-h100-intranode-ep8-fsdp", "moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a",
+        "moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"}
+    assert all(r["cuda_graph"] == "none" for i, r in moe.items() if "longctx" in i)
+    blackwell = [i for i in moe if ("gb200" in i or "gb300" in i) and not i.endswith("baseline")]
+    assert len(blackwell) == 3 and all(moe[i]["cuda_graph"] == "attn moe_router moe_preprocess" for i in blackwell)
+    assert moe["mcore-dsv3-gb200-256gpu-baseline"]["cuda_graph"] == "none"
+    assert moe["moezoo-qwen3-235b-h100-crossnode-ep32"]["cuda_graph"] == "moe_router moe_preprocess"
 
 
 MEMORY = [r for r in RESULTS if r.memory_error is not None]

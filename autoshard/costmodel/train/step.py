@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
-from autoshard.costmodel.efficiency import efficiency_source, is_borrowed
+from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import (
@@ -41,7 +41,7 @@ from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
-__all__ = ["stage_cost", "predict_train", "optimizer_bytes_per_param"]
+__all__ = ["stage_cost", "predict_train", "optimizer_bytes_per_param", "optimizer_hbm_bps"]
 
 # Adam step traffic per locally-owned parameter: read FP32 param, grad, m, v (16 B); write FP32
 # param, m, v (12 B) and the BF16 copy (2 B).
@@ -88,6 +88,13 @@ def optimizer_bytes_per_param(optimizer: Optimizer, framework: TrainFramework = 
     if framework is TrainFramework.FSDP:
         return EAGER_ADAM_STEP_BYTES if optimizer is Optimizer.ADAM else EAGER_SGD_STEP_BYTES
     return ADAM_STEP_BYTES if optimizer is Optimizer.ADAM else ADAM_STEP_BYTES - 8
+
+
+def optimizer_hbm_bps(gpu: GpuSpec) -> float:
+    """HBM bytes per second the optimizer step streams at: a training-time memory-bound kernel, so
+    the training step's `hbm` (EfficiencySpec.train_hbm), the value fit_efficiency.py fits it with;
+    the solver's tables price it with this same function."""
+    return gpu.hbm_tbps * 1e12 * training_gpu(gpu).efficiency.hbm
 
 
 def _p2p_s(model: ModelSpec, cfg: TrainConfig, a: PoolSpec, b: PoolSpec, cluster: ClusterSpec) -> float:
@@ -254,8 +261,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         exposed = max((1 - overlap) * dp_s, (dp_s - window) * share) if cfg.overlap_grad_reduce else dp_s
         local = dense / (dims.dp * dims.cp if cfg.zero_stage >= 1 else 1) + expert / (
             dims.expert_dp if cfg.zero_stage >= 1 else 1)
-        opt_s = local * optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / (
-            pool.gpu.hbm_tbps * 1e12 * pool.gpu.efficiency.hbm)
+        opt_s = local * optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / optimizer_hbm_bps(pool.gpu)
         tail.append((exposed + opt_s, exposed, opt_s))
     _, dp_exposed, opt_s = max(tail)
 

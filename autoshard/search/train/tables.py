@@ -17,7 +17,13 @@ import numpy as np
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
-from autoshard.costmodel.train.step import _dp_time_s, _p2p_s, dp_exposed_share, optimizer_bytes_per_param
+from autoshard.costmodel.train.step import (
+    _dp_time_s,
+    _p2p_s,
+    dp_exposed_share,
+    optimizer_bytes_per_param,
+    optimizer_hbm_bps,
+)
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Recompute
 from autoshard.specs.cluster import ClusterSpec
@@ -223,8 +229,8 @@ def layer_tails(cfg: TrainConfig, pool, dense: Sequence[float],
     dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_full]
     shard = dims.dp * dims.cp if cfg.zero_stage >= 1 else 1
     eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
-    hbm = pool.gpu.hbm_tbps * 1e12 * eff.hbm
-    opt = [(d / shard + e / eshard) * optimizer_bytes_per_param(cfg.optimizer) / hbm for d, e in zip(dense, expert, strict=True)]
+    per_param = optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / optimizer_hbm_bps(pool.gpu)
+    opt = [(d / shard + e / eshard) * per_param for d, e in zip(dense, expert, strict=True)]
     return dp_full, dp_min, opt
 
 
