@@ -21,6 +21,7 @@ published images; pin the version you test.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass
@@ -35,7 +36,10 @@ from autoshard.emit.pd import (
     SGLANG_TRANSFER_BACKEND,
     VLLM_KV_TRANSFER_CONFIG,
     VLLM_PORT,
+    SGLANG_DEEPEP_LL_ENV,
     role_plan,
+    sglang_deepep_decode,
+    uses_deepep,
 )
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
@@ -61,6 +65,8 @@ class _Unit:
     lines: list[str]
     port: int
     pool: str
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables of the engine container."""
 
 
 def _sh(words: list[str]) -> str:
@@ -119,6 +125,14 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
     for role in roles:
         one = role_plan(plan, role)
         per_node = one.pool.node.gpus_per_node
+        nodes = -(-role.gpus_per_instance // per_node)
+        env: tuple[tuple[str, str], ...] = ()
+        graphs: list[str] = []
+        if framework == "sglang" and role.role == "decode" and uses_deepep(role, nodes):
+            seqs, cap = sglang_deepep_decode(role)
+            one = dataclasses.replace(one, max_num_seqs=seqs)
+            env = ((SGLANG_DEEPEP_LL_ENV, str(cap)),)
+            graphs = ["--cuda-graph-max-bs-decode", str(seqs)]
         for i in range(role.instances):
             lines = builder(one)
             extra = ["--host", "0.0.0.0", "--port", str(port)]
@@ -133,12 +147,13 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                 ]
                 if role.role == "prefill":
                     extra += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
-                if role.ep > 1 and len(lines) > 1:
+                if uses_deepep(role, len(lines)):
                     extra += ["--moe-a2a-backend", "deepep"]
+                extra += graphs
             lines = [line + " " + " ".join(shlex.quote(w) for w in extra) for line in lines]
             gpus = min(role.gpus_per_instance, per_node)
             units.append(
-                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name)
+                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name, env)
             )
     return units
 
@@ -181,6 +196,7 @@ def _pod(
                     "ports": [{"containerPort": unit.port, "name": "http"}],
                     "resources": {"limits": {"nvidia.com/gpu": unit.gpus_per_pod}},
                     "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    **({"env": [{"name": k, "value": v} for k, v in unit.env]} if unit.env else {}),
                 }
             ],
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],

@@ -15,6 +15,14 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
   prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
   --prefill URL BOOTSTRAP_PORT ... --decode URL ...`. MoE instances with expert parallelism over
   more than one node use DeepEP (`--moe-a2a-backend deepep`), as SGLang's large-EP deployments do.
+  Its default `--deepep-mode auto` runs decode batches on DeepEP's low-latency kernels, whose buffers
+  hold SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128; SGLang asserts
+  <= 1024, the limit of DeepEP's internode low-latency dispatch, `FINISHED_SUM_TAG`), and a batch or
+  a captured CUDA graph with more tokens on a rank fails its assert (`x.size(0) <=
+  num_max_dispatch_tokens_per_rank`). Decode instances therefore set that variable to the planned
+  tokens per rank (requests x (1 + MTP drafts), rounded up to 128) and cap the captured graphs at the
+  planned requests (`--cuda-graph-max-bs-decode`); a plan with more than 1,024 tokens per rank runs
+  at most 1,024 under SGLang and its line says so (vLLM chunks the layer instead and runs the plan).
 
 Instance commands come from the aggregated builders (`vllm_node_commands`, `sglang_node_commands`)
 applied to a one-instance plan; this module only appends the disaggregation words. Every word this
@@ -43,6 +51,7 @@ __all__ = [
     "VLLM_KV_TRANSFER_CONFIG",
     "SGLANG_TRANSFER_BACKEND",
     "ROUTER_PORT",
+    "sglang_deepep_decode",
 ]
 
 VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
@@ -52,6 +61,9 @@ NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_PORT = 30000
 BOOTSTRAP_PORT = 8998
 ROUTER_PORT = 8000
+SGLANG_DEEPEP_LL_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+SGLANG_DEEPEP_LL_DEFAULT = 128
+SGLANG_DEEPEP_LL_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,21 @@ def role_plan(plan: ServePlan, role: Role) -> ServePlan:
         disaggregation=None,
         pool_index=getattr(role, "pool_index", plan.pool_index),
     )
+
+
+def uses_deepep(role: Role, nodes: int) -> bool:
+    """SGLang instances with expert parallelism over more than one node dispatch with DeepEP."""
+    return role.ep > 1 and nodes > 1
+
+
+def sglang_deepep_decode(role: Role) -> tuple[int, int]:
+    """(requests per attention-DP rank, SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK) for an SGLang
+    decode instance on DeepEP's low-latency kernels: each request sends 1 + MTP-draft tokens per step;
+    the buffer is rounded up to 128 tokens and at most 1,024 (SGLang's assert), which caps the requests."""
+    per_request = 1 + role.speculative_tokens
+    seqs = max(1, min(role.max_num_seqs, SGLANG_DEEPEP_LL_MAX // per_request))
+    cap = -(-seqs * per_request // SGLANG_DEEPEP_LL_DEFAULT) * SGLANG_DEEPEP_LL_DEFAULT
+    return seqs, min(SGLANG_DEEPEP_LL_MAX, cap)
 
 
 def place(plan: ServePlan) -> list[Instance]:
@@ -130,6 +157,10 @@ def _q(word: str) -> str:
 def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str]:
     role = plan.role(inst.role)
     one = role_plan(plan, role)
+    low_latency = framework == "sglang" and inst.role == "decode" and uses_deepep(role, len(inst.nodes))
+    if low_latency:
+        seqs, cap = sglang_deepep_decode(role)
+        one = dataclasses.replace(one, max_num_seqs=seqs)
     base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one)
     head = _addr(inst.nodes[0])
     lines = []
@@ -164,8 +195,11 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
             ]
             if inst.role == "prefill":
                 words += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT + inst.slot)]
-            if role.ep > 1 and len(inst.nodes) > 1:
+            if uses_deepep(role, len(inst.nodes)):
                 words += ["--moe-a2a-backend", "deepep"]
+            if low_latency:
+                env += f"{SGLANG_DEEPEP_LL_ENV}={cap} "
+                words += ["--cuda-graph-max-bs-decode", str(seqs)]
         lines.append(env + line + " " + " ".join(_q(w) for w in words))
     return lines
 
@@ -203,8 +237,17 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
     out: list[tuple[int, str, str]] = []
     pools = plan.cluster.is_heterogeneous
     for inst in instances:
+        what = f"{inst.role} {inst.index}" + (f" ({inst.pool} node)" if pools else "")
+        role = plan.role(inst.role)
+        if framework == "sglang" and inst.role == "decode" and uses_deepep(role, len(inst.nodes)):
+            seqs, _ = sglang_deepep_decode(role)
+            if seqs < role.max_num_seqs:
+                what += (
+                    f" (SGLang's DeepEP low-latency buffers hold at most {SGLANG_DEEPEP_LL_MAX} tokens per"
+                    f" rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
+                )
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
-            out.append((node, f"{inst.role} {inst.index}" + (f" ({inst.pool} node)" if pools else ""), line))
+            out.append((node, what, line))
     out.append((0, "router", _router(framework, instances)))
     return out
 

@@ -1,0 +1,111 @@
+"""SGLang decode instances on DeepEP's low-latency kernels: the buffer holds
+SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128, SGLang asserts <= 1024)
+and a decode batch or captured CUDA graph with more tokens per rank fails DeepEP's assert, so the
+emitted decode lines size the buffer to the planned tokens per rank and cap the captured graphs at the
+planned requests; a plan beyond 1,024 tokens per rank runs at most 1,024 under SGLang and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from types import SimpleNamespace
+
+import pytest
+
+from autoshard.emit.k8s import k8s_manifests
+from autoshard.emit.pd import SGLANG_DEEPEP_LL_ENV, pd_commands, sglang_deepep_decode
+from autoshard.search.serve.solve import solve_serve
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import ServeJob, WeightDtype
+
+
+@pytest.mark.parametrize(
+    ("seqs", "drafts", "expected"),
+    [
+        (1, 0, (1, 128)),
+        (100, 0, (100, 128)),
+        (128, 0, (128, 128)),
+        (129, 0, (129, 256)),
+        (224, 0, (224, 256)),
+        (384, 1, (384, 768)),  # MTP: two tokens per request per step
+        (512, 1, (512, 1024)),
+        (513, 1, (512, 1024)),  # 1,026 tokens would pass SGLang's 1,024 limit: the requests are capped
+        (1024, 0, (1024, 1024)),
+        (1024, 1, (512, 1024)),
+    ],
+)
+def test_buffer_and_requests_per_rank(seqs, drafts, expected):
+    assert sglang_deepep_decode(SimpleNamespace(max_num_seqs=seqs, speculative_tokens=drafts)) == expected
+
+
+@pytest.fixture(scope="module")
+def plan():
+    """DeepSeek-V3 FP8 on 12 nodes of 8 x H100, 1000/1000: DP32/EP32 decode instances over 4 nodes."""
+    job = ServeJob(input_len=1000, output_len=1000, weight_dtype=WeightDtype.FP8)
+    return solve_serve(
+        load_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(96), job,
+        pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on",
+    )[0]
+
+
+def _env(words: list[str]) -> dict[str, str]:
+    return dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+
+
+def test_sglang_decode_lines_size_the_low_latency_buffer(plan):
+    decode = plan.role("decode")
+    assert decode.ep > 1 and decode.gpus_per_instance > 8  # multi-node EP: DeepEP
+    seqs, cap = sglang_deepep_decode(decode)
+    assert seqs == decode.max_num_seqs and cap % 128 == 0
+    assert cap - 128 < seqs * (1 + decode.speculative_tokens) <= cap
+    seen = 0
+    for _, what, line in pd_commands(plan, "sglang"):
+        words = shlex.split(line)
+        if what.startswith("decode"):
+            seen += 1
+            assert _env(words)[SGLANG_DEEPEP_LL_ENV] == str(cap)
+            assert words[words.index("--cuda-graph-max-bs-decode") + 1] == str(seqs)
+            assert words[words.index("--max-running-requests") + 1] == str(seqs * decode.attention_dp)
+            assert words[words.index("--moe-a2a-backend") + 1] == "deepep"
+            assert "(SGLang's DeepEP" not in what
+        else:  # prefill runs DeepEP's normal kernels (whole batches), the router nothing
+            assert SGLANG_DEEPEP_LL_ENV not in line and "--cuda-graph-max-bs-decode" not in line
+    assert seen == decode.instances * decode.gpus_per_instance // 8
+    for _, _, line in pd_commands(plan, "vllm"):  # vLLM chunks the MoE layer instead
+        assert SGLANG_DEEPEP_LL_ENV not in line and "--cuda-graph-max-bs-decode" not in line
+
+
+def test_k8s_decode_containers_carry_the_buffer_size(plan):
+    decode = plan.role("decode")
+    seqs, cap = sglang_deepep_decode(decode)
+    files = k8s_manifests(plan, "sglang")
+    decode_files = [f for f in files if "-decode-" in f]
+    assert len(decode_files) == decode.instances
+    for name in decode_files:
+        lws = files[name][0]
+        for template in ("leaderTemplate", "workerTemplate"):
+            container = lws["spec"]["leaderWorkerTemplate"][template]["spec"]["containers"][0]
+            assert container["env"] == [{"name": SGLANG_DEEPEP_LL_ENV, "value": str(cap)}]
+            assert f"--cuda-graph-max-bs-decode {seqs}" in container["command"][2]
+    for name in files:
+        if "-decode-" not in name:
+            assert SGLANG_DEEPEP_LL_ENV not in str(files[name])
+    assert SGLANG_DEEPEP_LL_ENV not in str(k8s_manifests(plan, "vllm"))
+
+
+def test_a_batch_beyond_the_limit_is_capped_and_said(plan):
+    decode = plan.role("decode")
+    per_request = 1 + decode.speculative_tokens
+    for planned in (1024 // per_request, 1500):
+        big = dataclasses.replace(decode, max_num_seqs=planned)
+        wide = dataclasses.replace(plan, roles=tuple(big if r.role == "decode" else r for r in plan.roles))
+        runs = min(planned, 1024 // per_request)
+        lines = [(what, shlex.split(line)) for _, what, line in pd_commands(wide, "sglang")
+                 if what.startswith("decode")]
+        assert lines
+        for what, words in lines:
+            assert _env(words)[SGLANG_DEEPEP_LL_ENV] == "1024"
+            assert words[words.index("--cuda-graph-max-bs-decode") + 1] == str(runs)
+            assert words[words.index("--max-running-requests") + 1] == str(runs * decode.attention_dp)
+            note = f"{runs} requests per rank instead of the planned {planned}"
+            assert (note in what) == (planned > runs), what
