@@ -24,8 +24,11 @@ def _brute(caps: np.ndarray, lim) -> float | None:
     return best
 
 
+@pytest.mark.parametrize("enumerate_up_to", [6, 0])
 @pytest.mark.parametrize("seed", range(12))
-def test_three_pool_assignment_is_exact(seed):
+def test_three_pool_assignment_is_exact(seed, enumerate_up_to, monkeypatch):
+    """Both ways: every assignment scored at once (few ranks) and the dynamic programme."""
+    monkeypatch.setattr(bounds_pools, "_ENUMERATE_RANKS", enumerate_up_to)
     rng = np.random.default_rng(seed)
     pp = int(rng.integers(2, 8))
     lim = np.array([int(rng.integers(0, pp + 1)) for _ in range(3)])

@@ -168,10 +168,8 @@ def _quick_parts(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig,
         if memory_fraction is not None and major is not None:
             usable = [memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB
                       for p in cluster.pools]
-            # the other layers' states sit somewhere too: the ranks' memory must hold every state
-            rest = min(_minor_state_bytes(model, major, pool, cfg) for pool in cluster.pools)
             majors = [c.state_bytes * count for c in costs]
-            if _top_sum(usable, limits, cfg.dims.pp) < min(majors) + rest:
+            if _top_sum(usable, limits, cfg.dims.pp) < min(majors):
                 return per_pool, p2p, NO_MEMORY
             fracs = [max(0.0, u) / m if m > 0 else math.inf for u, m in zip(usable, majors, strict=True)]
         hetero = _hetero_floors(per_pool, fracs, limits, cfg.dims.pp)
@@ -215,12 +213,6 @@ def _chunk_floors(hetero: tuple, pp: int, vpp: int) -> tuple[int, int] | int:
     if ranks > 0 or left > 1e-12:
         return NO_MEMORY
     return max(0, math.floor(base + room) - 1), max(0, math.floor(lo * slowest) - 1)
-
-
-def _minor_state_bytes(model: ModelSpec, major: LayerKind, pool, cfg: TrainConfig) -> float:
-    """Model-state bytes per GPU of every layer but the major decoder kind's, on `pool`."""
-    return sum(layer_cost(model, kind, pool, cfg, cfg.recompute).state_bytes * n
-               for kind, n in _kind_counts(model) if kind is not major)
 
 
 def _top_sum(values: Sequence[float], limits: Sequence[int], pp: int) -> float:

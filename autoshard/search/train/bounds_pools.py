@@ -5,8 +5,10 @@ fixed rank -> pool assignment that `solve` splits a candidate into."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -103,30 +105,43 @@ _EXACT_STATES = 60_000
 exactly (`three_pool_assignment`, a few numpy operations per rank); past it, the Lagrangian bound."""
 
 
+_ENUMERATE_RANKS = 6
+"""Up to this many ranks, `three_pool_assignment` scores every assignment at once (3^6 = 729)."""
+
+
+@lru_cache(maxsize=256)
+def _assignments(pp: int, lim: tuple[int, ...]) -> np.ndarray:
+    """Every pool per rank (one row each) within the pools' rank limits."""
+    rows = [v for v in itertools.product(range(len(lim)), repeat=pp) if all(v.count(q) <= n for q, n in enumerate(lim))]
+    return np.asarray(rows, dtype=np.int64).reshape(len(rows), pp)
+
+
 def three_pool_assignment(caps: np.ndarray, lim: np.ndarray) -> tuple[float, np.ndarray] | None:
     """Largest total capacity when each rank picks one of three pools within the pools' rank limits,
     and the pool of each rank achieving it: exact, by dynamic programming over the ranks with the
     counts on pools 0 and 1 as state (the count on pool 2 follows)."""
     pp = caps.shape[1]
+    if pp <= _ENUMERATE_RANKS:
+        vectors = _assignments(pp, tuple(int(x) for x in lim))
+        if not len(vectors):
+            return None
+        totals = caps[vectors, np.arange(pp)].sum(axis=1)
+        best = int(np.argmax(totals))
+        return float(totals[best]), vectors[best].astype(np.int64)
     neg = -np.inf
     a = np.arange(lim[0] + 1)[:, None]
     b = np.arange(lim[1] + 1)[None, :]
     best = np.full((lim[0] + 1, lim[1] + 1), neg)
     best[0, 0] = 0.0
     choice = np.zeros((pp, lim[0] + 1, lim[1] + 1), dtype=np.int8)
+    ways = np.full((3, lim[0] + 1, lim[1] + 1), neg)  # rank r on pool 0, 1 or 2
     for r in range(pp):
         before = r - a - b  # ranks on pool 2 among the first r
-        new = np.where((before >= 0) & (before < lim[2]), best + caps[2, r], neg)
-        pick = np.full(new.shape, 2, dtype=np.int8)
-        via0 = np.full(new.shape, neg)
-        via0[1:, :] = best[:-1, :] + caps[0, r]
-        pick = np.where(via0 > new, 0, pick)
-        new = np.maximum(new, via0)
-        via1 = np.full(new.shape, neg)
-        via1[:, 1:] = best[:, :-1] + caps[1, r]
-        pick = np.where(via1 > new, 1, pick)
-        new = np.maximum(new, via1)
-        best, choice[r] = new, pick
+        ways[0, 1:, :] = best[:-1, :] + caps[0, r]
+        ways[1, :, 1:] = best[:, :-1] + caps[1, r]
+        ways[2] = np.where((before >= 0) & (before < lim[2]), best + caps[2, r], neg)
+        choice[r] = np.argmax(ways, axis=0)
+        best = np.max(ways, axis=0)
     end = np.where(pp - a - b <= lim[2], best, neg)
     if not np.isfinite(end.max()):
         return None
