@@ -130,4 +130,5 @@ def test_chunk_floors_closed_form():
     assert _chunk_floors((0, 0, pools, 8, 0), 4, 3) == (249, 99)
     assert _chunk_floors((0, 0, pools, 8, 1), 4, 3) == (174, 49)
     assert _chunk_floors((0, 0, pools, 8, 0), 4, 1) == (0, 0)
+    assert _chunk_floors((0, 0, pools, 8, 0), 1, 3) == (99, 11)  # one rank holds both ends: lo = 1/8
     assert _chunk_floors((0, 0, [(100, math.inf, 2), (400, 0.2, 2)], 8, 0), 4, 3) == NO_MEMORY

@@ -194,7 +194,7 @@ def _chunk_floors(hetero: tuple, pp: int, vpp: int) -> tuple[int, int] | int:
     plus the rest of the layers on the fastest ranks their memory allows (NO_MEMORY: too few ranks
     hold the share)."""
     _, _, pools, count, others = hetero
-    lo = max(0, vpp - 1 - others) / count if count else 0.0
+    lo = max(0, vpp - (2 if pp == 1 else 1) - others) / count if count else 0.0  # one rank: both ends
     if lo <= 0:
         return 0, 0
     base, ranks, slowest = 0.0, pp, 0
