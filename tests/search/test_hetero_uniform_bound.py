@@ -95,7 +95,8 @@ def test_uniform_hetero_bound_never_exceeds_the_brute_force_optimum(big_hbm, sma
         checked += 1
         higher += plain is None or tmax > plain
     # measured (fragmentation charged on transient memory only): higher on 3 of 21 and 11 of 33
-    # candidates that fit; 9 and 13 that do not fit proven so only by this bound
+    # candidates that fit; 5 and 11 that do not fit proven so only by this bound (9 and 13 while the
+    # per-rank bound assigned three pools by a Lagrangian bound; exact now, it proves the others)
     assert checked >= 10
     assert higher >= 3
-    assert proven >= 8
+    assert proven >= 5

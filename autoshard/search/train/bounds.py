@@ -12,6 +12,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from functools import lru_cache
+from operator import attrgetter
 
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import layer_param_shards
@@ -46,7 +47,7 @@ from autoshard.search.train.tables import CandidateTables, layer_tails
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
-from autoshard.units import US_PER_S
+from autoshard.units import GIB, US_PER_S
 
 __all__ = [
     "bounds", "RankRoom", "rank_room", "layer_capacity", "rank_capacity_at", "tmax_lower_bound",
@@ -125,47 +126,163 @@ def _major_decoder(model: ModelSpec) -> tuple[LayerKind | None, int]:
     return major, counts[major]
 
 
-def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
-    """A cheaper, weaker lower bound than `bounds` (no tables, no memory): every rank shares the
-    work of the most numerous decoder kind evenly (the other layers counted as free) and the exposed
-    tail is zero. One `layer_cost` per pool, so the whole space can be bounded before any table."""
-    return _quick_from_parts(cluster, cfg, _quick_parts(model, cluster, cfg), scale)
+NO_RANKS = 2**62
+"""`quick_lower_bound` of a candidate whose ranks the pools cannot host (too few GPUs)."""
+NO_MEMORY = 2**62 + 1
+"""`quick_lower_bound` of a candidate whose model states fit no assignment of its ranks to pools."""
 
 
-def _quick_parts(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig) -> tuple[list[int], int]:
-    """(the most numerous decoder kind's total time per micro-batch on each pool, one send's time):
-    what `quick_lower_bound` reads of the cost model."""
+def quick_lower_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int,
+                      memory_fraction: float | None = None) -> int:
+    """A cheaper, weaker lower bound than `bounds` (no tables): every rank shares the work of the
+    most numerous decoder kind evenly (the other layers counted as free) and the exposed tail is
+    zero. One `layer_cost` per pool, so the whole space can be bounded before any table.
+
+    On a heterogeneous cluster with `memory_fraction` (the solver's cap on each GPU's peak), a rank
+    on a pool holds no more of the decoder layers than its GPUs' memory takes of their model states
+    (activations, overheads and fragmentation counted as free): a slow pool with little memory
+    cannot relieve the fast one, and a candidate whose states fit no assignment of its ranks to
+    pools comes back as NO_MEMORY."""
+    return _quick_from_parts(cluster, cfg, _quick_parts(model, cluster, cfg, memory_fraction), scale)
+
+
+def _quick_parts(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig,
+                 memory_fraction: float | None = None) -> tuple[list[int], int, tuple[int, int] | int | None]:
+    """(the most numerous decoder kind's total time per micro-batch on each pool, the cheapest send,
+    on a heterogeneous cluster the (path time, slowest rank) floors or NO_RANKS / NO_MEMORY): what
+    `quick_lower_bound` reads of the cost model, nothing of it depends on interleaving."""
     major, count = _major_decoder(model)
-    per_pool = [
-        round(layer_cost(model, major, pool, cfg, cfg.recompute).time_s * US_PER_S) * count if major else 0
-        for pool in cluster.pools
-    ]
+    costs = [layer_cost(model, major, pool, cfg, cfg.recompute) if major else None for pool in cluster.pools]
+    per_pool = [round(c.time_s * US_PER_S) * count if c is not None else 0 for c in costs]
     p2p = 0
-    if cfg.dims.pp > 1 and not cluster.is_heterogeneous:
-        p2p = math.ceil(_p2p_s(model, cfg, cluster.primary, cluster.primary, cluster) * US_PER_S)
-    return per_pool, p2p
+    if cfg.dims.pp > 1:
+        # on several pools a boundary sends within a pool or across two: the cheapest of them (as
+        # `bounds` takes it from the tables)
+        p2p = min(math.ceil(_p2p_s(model, cfg, a, b, cluster) * US_PER_S)
+                  for a in cluster.pools for b in cluster.pools)
+    hetero = None
+    if cluster.is_heterogeneous:
+        need = cfg.dims.tp * cfg.dims.cp * cfg.dims.dp
+        limits = [min(p.num_gpus // need, cfg.dims.pp) for p in cluster.pools]
+        fracs = [math.inf] * len(per_pool)
+        if memory_fraction is not None and major is not None:
+            usable = [memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB
+                      for p in cluster.pools]
+            majors = [c.state_bytes * count for c in costs]
+            if _top_sum(usable, limits, cfg.dims.pp) < min(majors):
+                return per_pool, p2p, NO_MEMORY
+            fracs = [max(0.0, u) / m if m > 0 else math.inf for u, m in zip(usable, majors, strict=True)]
+        hetero = _hetero_floors(per_pool, fracs, limits, cfg.dims.pp)
+        if not isinstance(hetero, int):
+            # for the chunks' floor (`_chunk_floors`): the pools fastest first, and how many decoder
+            # layers of another kind could stand in for the major kind's in a rank's chunks
+            pools = sorted(zip([max(t, 1) for t in per_pool], fracs, limits, strict=True))
+            hetero = (*hetero, pools, count, _decoder_count(model) - count)
+    return per_pool, p2p, hetero
 
 
-def _quick_from_parts(cluster: ClusterSpec, cfg: TrainConfig, parts: tuple[list[int], int], scale: int) -> int:
+def _decoder_count(model: ModelSpec) -> int:
+    return sum(n for kind, n in _kind_counts(model) if kind in (LayerKind.DENSE, LayerKind.MOE))
+
+
+def _chunk_floors(hetero: tuple, pp: int, vpp: int) -> tuple[int, int] | int:
+    """(path time, slowest rank) floors from the chunks' minimum: every chunk holds a layer, so each
+    rank holds at least vpp - 1 decoder layers (vpp on all but the first and last), of which at most
+    the model's other decoder layers are not of the major kind. Every one of the pp ranks, on
+    whatever pool, takes that share lo of the major layers: the slowest rank is at least lo x the
+    pp-th fastest pool that has memory for it, and the path at least lo x the pp fastest such ranks
+    plus the rest of the layers on the fastest ranks their memory allows (NO_MEMORY: too few ranks
+    hold the share)."""
+    _, _, pools, count, others = hetero
+    lo = max(0, vpp - (2 if pp == 1 else 1) - others) / count if count else 0.0  # one rank: both ends
+    if lo <= 0:
+        return 0, 0
+    base, ranks, slowest = 0.0, pp, 0
+    room, left = 0.0, 1.0 - pp * lo
+    for t, f, n in pools:
+        if f < lo:
+            continue
+        take = min(ranks, n)
+        if take:
+            base += take * lo * t
+            ranks -= take
+            slowest = t
+        extra = min(left, n * (f - lo))  # any rank with room may take more (a relaxation)
+        room += extra * t
+        left -= extra
+    if ranks > 0 or left > 1e-12:
+        return NO_MEMORY
+    return max(0, math.floor(base + room) - 1), max(0, math.floor(lo * slowest) - 1)
+
+
+def _top_sum(values: Sequence[float], limits: Sequence[int], pp: int) -> float:
+    """Largest sum of `pp` values, at most limits[q] of them equal to values[q] (-inf: too few)."""
+    total, left = 0.0, pp
+    for v, n in sorted(zip(values, limits, strict=True), reverse=True):
+        take = min(left, n)
+        total += take * v
+        left -= take
+    return total if left == 0 else -math.inf
+
+
+def _hetero_floors(per_pool: Sequence[int], fracs: Sequence[float], limits: Sequence[int],
+                   pp: int) -> tuple[int, int] | int:
+    """(path time, slowest rank) floors, microseconds, when each of the `pp` ranks runs on a pool
+    (at most limits[q] on pool q) and takes a share x <= fracs[q] of the major decoder layers, which
+    cost per_pool[q] in all there: the path is the sum of the shares' times (fastest pools filled
+    first), the slowest rank at least the smallest T at which the best ranks' min(T / t, frac)
+    shares reach the whole. NO_RANKS / NO_MEMORY when no assignment takes every layer."""
+    if sum(limits) < pp:
+        return NO_RANKS
+    times = [max(t, 1) for t in per_pool]
+
+    def share(t_cap: float) -> float:
+        return _top_sum([min(t_cap / t, f) for t, f in zip(times, fracs, strict=True)], limits, pp)
+
+    if share(math.inf) < 1:
+        return NO_MEMORY
+    path, left, ranks = 0.0, 1.0, pp
+    for t, f, n in sorted(zip(times, fracs, limits, strict=True)):
+        take = min(left, min(ranks, n) * f)
+        path += take * t
+        left -= take
+        ranks -= min(ranks, n)
+        if left <= 0:
+            break
+    # share() is piecewise linear between the points frac_q x t_p (where a share caps or two cross):
+    # find the first point that reaches 1 and interpolate back into its segment
+    points = sorted({f * t for f in fracs for t in times if f < math.inf})
+    lo_t, lo_s = 0.0, 0.0
+    for point in [*points, None]:
+        hi_t = point if point is not None else 2 * max([lo_t, *times])
+        hi_s = share(hi_t)
+        if hi_s >= 1 or point is None:
+            slope = (hi_s - lo_s) / (hi_t - lo_t) if hi_t > lo_t else math.inf
+            tmax = lo_t + (1 - lo_s) / slope if slope > 0 else hi_t
+            break
+        lo_t, lo_s = hi_t, hi_s
+    # 1 us below the float figures: rounding never lifts them past the exact optimum
+    return max(0, math.floor(path) - 1), max(0, math.floor(tmax) - 1)
+
+
+def _quick_from_parts(cluster: ClusterSpec, cfg: TrainConfig, parts: tuple, scale: int) -> int:
     dims = cfg.dims
     pp, vpp, m = dims.pp, dims.vpp, cfg.num_microbatches
-    per_pool, p2p = parts
+    per_pool, p2p, hetero = parts
     total = min(per_pool)
-    if pp > 1 and not cluster.is_heterogeneous:
-        total += 2 * (pp * vpp - 1) * p2p
-    tmax = -(-total // pp)
     if cluster.is_heterogeneous:
         # ranks work in parallel at their pool's speed; the fastest pools host as many ranks as fit
-        need = dims.tp * dims.cp * dims.dp
-        slots = sorted(((t, p.num_gpus // need) for t, p in zip(per_pool, cluster.pools, strict=True)))
-        rate, left = 0.0, pp
-        for t, n in slots:
-            take = min(left, n)
-            rate += take / max(t, 1)
-            left -= take
-        if left > 0:
-            return 2**62  # the pools cannot host this many ranks
-        tmax = max(tmax, math.floor(1 / rate))
+        # (and as their memory holds)
+        if isinstance(hetero, int):
+            return hetero
+        chunks = _chunk_floors(hetero, pp, vpp)
+        if isinstance(chunks, int):
+            return chunks
+        total = max(total, hetero[0], chunks[0])
+    total += 2 * (pp * vpp - 1) * p2p
+    tmax = -(-total // pp)
+    if cluster.is_heterogeneous:
+        tmax = max(tmax, hetero[1], chunks[1])
     return (scale // vpp) * ((m * vpp - 1) * tmax + total)
 
 
@@ -201,16 +318,32 @@ class QuickBounds:
     TP/CP/micro-batch, links from the TP/CP/DP/EP grid). The key is every other field of the
     configuration and of its degrees, so a field added to either keeps candidates apart."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, scale: int) -> None:
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, *, scale: int,
+                 memory_fraction: float | None = None) -> None:
         self.model, self.cluster, self.scale = model, cluster, scale
-        self.memo: dict[tuple, tuple[list[int], int]] = {}
+        self.memory_fraction = memory_fraction
+        self.memo: dict[tuple, tuple] = {}
+        self.tails: dict[tuple, int] = {}
         self.cfg_fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "dims"]
         self.dims_fields = [f.name for f in dataclasses.fields(ParallelDims) if f.name != "vpp"]
+        self._cfg_key, self._dims_key = attrgetter(*self.cfg_fields), attrgetter(*self.dims_fields)
+
+    def _key(self, cfg: TrainConfig) -> tuple:
+        return self._cfg_key(cfg), self._dims_key(cfg.dims)
+
+    def tail(self, cfg: TrainConfig) -> int:
+        """`quick_tail_bound`, shared the same way: parameter shards, data-parallel traffic and the
+        optimizer step do not depend on interleaving either (`tables.layer_tails` prices the floor
+        on the whole traffic; only the exposed share above it reads VPP)."""
+        key = self._key(cfg)
+        found = self.tails.get(key)
+        if found is None:
+            found = self.tails[key] = quick_tail_bound(self.model, self.cluster, cfg, scale=self.scale)
+        return found
 
     def __call__(self, cfg: TrainConfig) -> int:
-        key = (tuple(getattr(cfg, name) for name in self.cfg_fields)
-               + tuple(getattr(cfg.dims, name) for name in self.dims_fields))
+        key = self._key(cfg)
         parts = self.memo.get(key)
         if parts is None:
-            parts = self.memo[key] = _quick_parts(self.model, self.cluster, cfg)
+            parts = self.memo[key] = _quick_parts(self.model, self.cluster, cfg, self.memory_fraction)
         return _quick_from_parts(self.cluster, cfg, parts, self.scale)

@@ -5,8 +5,10 @@ fixed rank -> pool assignment that `solve` splits a candidate into."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = [
-    "pool_rank_limits", "two_pool_assignment", "pools_assignment", "hetero_capacity_at", "hetero_tmax_lower_bound",
+    "pool_rank_limits", "two_pool_assignment", "three_pool_assignment", "pools_assignment", "hetero_capacity_at", "hetero_tmax_lower_bound",
     "assignment_sends", "assignment_capacity", "assignment_bounds", "hetero_pipeline_bound", "pipeline_sums",
 ]
 
@@ -56,7 +58,8 @@ def pools_assignment(caps: np.ndarray, limits: Sequence[int]) -> tuple[float, np
     """Upper bound on the total capacity when each rank picks one of k pools within the pools' rank
     limits, and a pool per rank that respects the limits (None: the pools cannot host every rank).
 
-    Two pools: exact (greedy by marginal gain). More: Lagrangian relaxation of the pool limits; for
+    Two pools: exact (greedy by marginal gain); three: exact (`three_pool_assignment`) while the
+    counts are small enough. More: Lagrangian relaxation of the pool limits; for
     any multipliers lam >= 0, sum_r max_q (caps[q, r] - lam_q) + sum_q lam_q * L_q bounds the best
     assignment from above, so the smallest over a few multiplier updates is a valid bound. The
     assignment comes from the last multipliers, with ranks over a pool's limit moved to their next
@@ -67,6 +70,8 @@ def pools_assignment(caps: np.ndarray, limits: Sequence[int]) -> tuple[float, np
         return None
     if k == 2:
         return two_pool_assignment(caps[0], caps[1], lim)
+    if k == 3 and (lim[0] + 1) * (lim[1] + 1) * pp <= _EXACT_STATES:
+        return three_pool_assignment(caps, lim)
     lam = np.zeros(k)
     best = math.inf
     for _ in range(2 * k):
@@ -93,6 +98,61 @@ def pools_assignment(caps: np.ndarray, limits: Sequence[int]) -> tuple[float, np
                 pools[r] = q
                 break
     return best, pools
+
+
+_EXACT_STATES = 60_000
+"""Largest (ranks on pool 0 + 1) x (ranks on pool 1 + 1) x ranks for which three pools are assigned
+exactly (`three_pool_assignment`, a few numpy operations per rank); past it, the Lagrangian bound."""
+
+
+_ENUMERATE_RANKS = 6
+"""Up to this many ranks, `three_pool_assignment` scores every assignment at once (3^6 = 729)."""
+
+
+@lru_cache(maxsize=256)
+def _assignments(pp: int, lim: tuple[int, ...]) -> np.ndarray:
+    """Every pool per rank (one row each) within the pools' rank limits."""
+    rows = [v for v in itertools.product(range(len(lim)), repeat=pp) if all(v.count(q) <= n for q, n in enumerate(lim))]
+    return np.asarray(rows, dtype=np.int64).reshape(len(rows), pp)
+
+
+def three_pool_assignment(caps: np.ndarray, lim: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """Largest total capacity when each rank picks one of three pools within the pools' rank limits,
+    and the pool of each rank achieving it: exact, by dynamic programming over the ranks with the
+    counts on pools 0 and 1 as state (the count on pool 2 follows)."""
+    pp = caps.shape[1]
+    if pp <= _ENUMERATE_RANKS:
+        vectors = _assignments(pp, tuple(int(x) for x in lim))
+        if not len(vectors):
+            return None
+        totals = caps[vectors, np.arange(pp)].sum(axis=1)
+        best = int(np.argmax(totals))
+        return float(totals[best]), vectors[best].astype(np.int64)
+    neg = -np.inf
+    a = np.arange(lim[0] + 1)[:, None]
+    b = np.arange(lim[1] + 1)[None, :]
+    best = np.full((lim[0] + 1, lim[1] + 1), neg)
+    best[0, 0] = 0.0
+    choice = np.zeros((pp, lim[0] + 1, lim[1] + 1), dtype=np.int8)
+    ways = np.full((3, lim[0] + 1, lim[1] + 1), neg)  # rank r on pool 0, 1 or 2
+    for r in range(pp):
+        before = r - a - b  # ranks on pool 2 among the first r
+        ways[0, 1:, :] = best[:-1, :] + caps[0, r]
+        ways[1, :, 1:] = best[:, :-1] + caps[1, r]
+        ways[2] = np.where((before >= 0) & (before < lim[2]), best + caps[2, r], neg)
+        choice[r] = np.argmax(ways, axis=0)
+        best = np.max(ways, axis=0)
+    end = np.where(pp - a - b <= lim[2], best, neg)
+    if not np.isfinite(end.max()):
+        return None
+    i, j = np.unravel_index(int(np.argmax(end)), end.shape)
+    total = float(end[i, j])
+    pools = np.zeros(pp, dtype=np.int64)
+    for r in range(pp - 1, -1, -1):
+        q = int(choice[r, i, j])
+        pools[r] = q
+        i, j = i - (q == 0), j - (q == 1)
+    return total, pools
 
 
 class _HeteroCapacity:

@@ -12,7 +12,7 @@ from autoshard.costmodel.train.memory import layer_param_shards, model_state_byt
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
-from autoshard.search.train.bounds import QuickBounds, bounds, quick_tail_bound
+from autoshard.search.train.bounds import NO_MEMORY, NO_RANKS, QuickBounds, bounds
 from autoshard.search.train.incumbents import hetero_incumbent, improve, incumbent
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, enumerate_train
@@ -97,7 +97,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]
     floors: dict[tuple, float] = {}
-    quick = QuickBounds(model, cluster, scale=scale)
+    quick = QuickBounds(model, cluster, scale=scale, memory_fraction=options.memory_fraction)
     for n_seen, cfg in enumerate(configs):
         # past the soft deadline, staging goes on (to the hard one) until a few candidates that
         # could fit are staged: stopping with none would leave no plan at all on a loaded machine
@@ -116,7 +116,14 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if floor > usable:
             prep.pruned["model states alone exceed GPU memory"] += 1
             continue
-        staged.append((quick(cfg), _simplicity(cfg), cfg))
+        cheap = quick(cfg)
+        if cheap == NO_MEMORY:
+            prep.pruned["model states fit no assignment of the ranks to pools"] += 1
+            continue
+        if cheap == NO_RANKS:
+            prep.pruned["the pools cannot host this many pipeline ranks"] += 1
+            continue
+        staged.append((cheap, _simplicity(cfg), cfg))
     if best_floor < math.inf:
         prep.min_memory_gib = best_floor / GIB
     staged.sort(key=lambda item: (item[0], item[1]))
@@ -133,7 +140,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
             prep.excluded_bound = cheap_lb if prep.excluded_bound is None else min(prep.excluded_bound, cheap_lb)
             prep.pruned["time limit: left out with their cheap bound"] += len(staged) - n_done
             break
-        if best_ub is not None and cheap_lb + quick_tail_bound(model, cluster, cfg, scale=scale) > best_ub:
+        if best_ub is not None and cheap_lb + quick.tail(cfg) > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
         tab = build_tables(model, cluster, cfg, scale=scale, memory_fraction=options.memory_fraction)
