@@ -254,3 +254,15 @@ def test_evaluate_reads_nvls_from_the_launch_line():
     assert vllm.prediction.memory.nvls_bytes == 2.25 * GIB
     assert off.prediction.memory.nvls_bytes == sglang.prediction.memory.nvls_bytes == 0.0
     assert vllm.prediction.memory.kv_cache_bytes == off.prediction.memory.kv_cache_bytes
+
+
+def test_startup_floor_is_below_the_measured_nccl_initialization():
+    # vllm-project/vllm PR #25359: an 80 GB GPU saw 78.59 GiB free before NCCL's initialization and
+    # 74.07 GiB after it ("NCCL buffers (~4.5 GiB for tensor parallelism)"). The start-up check is a
+    # floor, so it must not exceed that for any H100 engine, NVLS included, or it would refuse engines
+    # vLLM starts.
+    measured = (78.59 - 74.07) * GIB
+    for tp in (2, 4, 8):
+        floor = startup_comm_bytes(H100_POOL, ServeConfig(tp=tp))
+        assert floor <= measured
+    assert measured - startup_comm_bytes(H100_POOL, ServeConfig(tp=8)) == pytest.approx(0.77 * GIB)
