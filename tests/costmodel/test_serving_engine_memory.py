@@ -266,3 +266,13 @@ def test_startup_floor_is_below_the_measured_nccl_initialization():
         floor = startup_comm_bytes(H100_POOL, ServeConfig(tp=tp))
         assert floor <= measured
     assert measured - startup_comm_bytes(H100_POOL, ServeConfig(tp=8)) == pytest.approx(0.77 * GIB)
+
+
+def test_startup_floor_counts_one_node_of_a_multi_node_nvlink_domain():
+    # GB200 NVL72: 4 GPUs per tray in a 72-GPU NVLink domain. NVLS over the domain is reported by
+    # `engine_nvls_bytes` (72 x 288 MiB at DP 72), but the start-up floor counts only one tray's ranks
+    # (4 x 288 MiB), so no engine is refused on an unmeasured figure.
+    pool = load_cluster("gb200-nvl72").primary
+    cfg = ServeConfig(tp=1, dp_attention=72, expert_parallel=True)
+    assert engine_nvls_bytes(pool, cfg) == 72 * 288 * MIB
+    assert startup_comm_bytes(pool, cfg) == 1536 * MIB + 4 * 288 * MIB

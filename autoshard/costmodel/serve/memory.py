@@ -141,12 +141,16 @@ def engine_comm_bytes(pool: PoolSpec | None, cfg: ServeConfig) -> float:
 
 def startup_comm_bytes(pool: PoolSpec | None, cfg: ServeConfig) -> float:
     """What NCCL holds on each GPU before vLLM's baseline snapshot, outside gpu_memory_utilization: at
-    least one communicator (NCCL_COMMUNICATOR_BYTES) plus `engine_nvls_bytes` on a multi-GPU engine;
-    none on one GPU. A lower bound (vLLM builds more than one communicator per group) used to refuse
-    engines whose headroom cannot hold it."""
+    least one communicator (NCCL_COMMUNICATOR_BYTES) plus the NVLS buffers of `engine_nvls_bytes`,
+    counting at most one node's ranks per group (NCCL's log shows one head per GPU of an 8-GPU node;
+    multi-node NVLink domains are not measured here); none on one GPU. A lower bound (vLLM builds more
+    than one communicator per group) used to refuse engines whose headroom cannot hold it."""
     if cfg.gpus <= 1:
         return 0.0
-    return NCCL_COMMUNICATOR_BYTES + engine_nvls_bytes(pool, cfg)
+    if pool is None or not cfg.nccl_nvls:
+        return NCCL_COMMUNICATOR_BYTES
+    per_node = pool.node.gpus_per_node
+    return NCCL_COMMUNICATOR_BYTES + sum(nvls_bytes(pool, ranks=min(r, per_node)) for r in nvls_group_ranks(cfg))
 
 
 def engine_reserved_bytes(pool: PoolSpec, *, gpus: int) -> float:
