@@ -268,6 +268,16 @@ def test_startup_floor_is_below_the_measured_nccl_initialization():
     assert measured - startup_comm_bytes(H100_POOL, ServeConfig(tp=8)) == pytest.approx(0.77 * GIB)
 
 
+def test_one_communicator_floor_is_below_vllms_logged_tp2_increase():
+    # vllm-project/vllm PR #10511 (vLLM 0.6.5, snapshot taken before NCCL existed), H100, Llama-3-8B:
+    # "non_torch_memory 1.79GiB" at TP1 and "3.58GiB" at -tp 2, i.e. 1.79 GiB of communicators and
+    # custom all-reduce buffers on a 2-GPU engine (no NVLS at 2 ranks); the floor is one communicator
+    logged = (3.58 - 1.79) * GIB
+    floor = startup_comm_bytes(H100_POOL, ServeConfig(tp=2))
+    assert floor == NCCL_COMMUNICATOR_BYTES <= logged
+    assert logged / floor == pytest.approx(1.19, abs=0.01)
+
+
 def test_startup_floor_counts_one_node_of_a_multi_node_nvlink_domain():
     # GB200 NVL72: 4 GPUs per tray in a 72-GPU NVLink domain. NVLS over the domain is reported by
     # `engine_nvls_bytes` (72 x 288 MiB at DP 72), but the start-up floor counts only one tray's ranks
