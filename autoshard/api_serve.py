@@ -145,6 +145,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         max_num_batched_tokens=parsed.max_num_batched_tokens,
         warnings=parsed.warnings,
         concurrency=concurrency,
+        nccl_nvls=parsed.nccl_nvls,
     )
 
 

@@ -97,6 +97,9 @@ class ParsedServe:
     nnodes: int = 1
     node_rank: int = 0
     headless: bool = False
+    nccl_nvls: bool = True
+    """NCCL's NVLink SHARP on (NCCL's default, which vLLM keeps); False: NCCL_NVLS_ENABLE=0 (SGLang
+    sets it unless --enable-nccl-nvls or --enable-symm-mem)."""
     warnings: tuple[str, ...] = ()
 
     @property

@@ -8,6 +8,19 @@ Facts modelled:
   profiled activation peak (a dummy forward of max_num_batched_tokens tokens plus a sampler pass over
   max_num_seqs rows) - non-torch memory (NCCL, custom all-reduce buffers) - CUDA graph pools. The engine
   refuses to start unless the KV cache holds one max_model_len request.
+- Where NCCL's memory lands. Since vLLM PR #25359 (v0.11.0, v1 `gpu_worker.py` `init_device`) the
+  worker initializes its process groups first and only then takes the baseline snapshot
+  (`init_snapshot`) that `memory_profiling` measures against, so the communicators' start-up memory
+  (their buffers and, on NVSwitch Hopper and later, NCCL's NVLink SHARP buffers, `nvls_bytes`; the PR
+  measured 78.59 -> 74.07 GiB free on an H100 across NCCL's initialization) sits outside the
+  gpu_memory_utilization budget, in the headroom beside the CUDA context: it does not shrink the KV
+  cache. The profile's `non_torch_increase` is what the dummy forward then allocates outside torch
+  (`engine_comm_bytes`, NON_TORCH_BYTES). Instead vLLM refuses to start when the free memory after
+  that initialization is below gpu_memory_utilization x HBM ("Free memory on device ... on startup is
+  less than desired GPU memory utilization"): `startup_comm_bytes` (at least one communicator and the
+  NVLS buffers of every group that runs collectives) must fit in the headroom. NCCL_NVLS_ENABLE
+  defaults on and vLLM leaves it; SGLang sets it to 0 unless --enable-nccl-nvls or --enable-symm-mem
+  (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py; sgl-project/sglang PRs #631, #3502).
 
 Step times built on these live in `autoshard.costmodel.serve.step`, predictions in
 `autoshard.costmodel.serve.predict`. Pure functions of the specs: no I/O, no solver.
@@ -39,7 +52,11 @@ __all__ = [
     "cuda_graph_capture_sizes",
     "cuda_graph_bytes",
     "default_max_num_batched_tokens",
+    "engine_comm_bytes",
+    "engine_nvls_bytes",
     "engine_reserved_bytes",
+    "nvls_group_ranks",
+    "startup_comm_bytes",
     "nvls_bytes",
     "NCCL_COMMUNICATOR_BYTES",
     "NVLS_BYTES_PER_RANK",
@@ -52,8 +69,9 @@ FP32 = 4
 KV_BLOCK_TOKENS = 16
 """vLLM's default KV block size: capacity is counted in whole blocks."""
 NON_TORCH_BYTES = 256 * MIB
-"""NCCL communicators and vLLM's custom all-reduce buffers allocated after vLLM's baseline snapshot
-(vLLM logs them as "non-torch memory", typically 0.1-0.5 GiB on a multi-GPU engine)."""
+"""NCCL connections a multi-GPU engine's profiling forward opens after vLLM's baseline snapshot (vLLM
+logs them as "non-torch memory", typically 0.1-0.5 GiB on a multi-GPU engine), NVLS buffers apart
+(`engine_comm_bytes`)."""
 NCCL_COMMUNICATOR_BYTES = 1.5 * GIB
 """Device memory of one NCCL communicator that has run its all-reduces (channel buffers for every
 protocol and peer, proxy and work FIFOs): "about 1.6GB" measured for one communicator after an
@@ -91,6 +109,50 @@ def nvls_bytes(pool: PoolSpec, *, ranks: int) -> float:
     return local * NVLS_BYTES_PER_RANK
 
 
+def nvls_group_ranks(cfg: ServeConfig) -> tuple[int, ...]:
+    """The engine's NCCL communicators that run collectives, by ranks: the TP group (all-reduces) and,
+    with expert parallelism over attention-DP ranks, the DP group vLLM's default all-to-all runs its
+    all-gather (dispatch) and reduce-scatter (combine) on (`AgRsAll2AllManager`, vLLM
+    `distributed/device_communicators/all2all.py`: `get_dp_group().all_gatherv`). The PP group only
+    sends and receives, which NVLS does not serve."""
+    groups = [cfg.tp]
+    if cfg.expert_parallel and cfg.dp_attention > 1:
+        groups.append(cfg.dp_attention)
+    return tuple(groups)
+
+
+def engine_nvls_bytes(pool: PoolSpec | None, cfg: ServeConfig) -> float:
+    """NCCL's NVLS buffers on each GPU of the engine: those of every communicator of
+    `nvls_group_ranks` (each holds its own) where NCCL enables them and the engine leaves NVLS on
+    (`cfg.nccl_nvls`); none on a one-GPU engine or without a pool (no node known)."""
+    if cfg.gpus <= 1 or pool is None or not cfg.nccl_nvls:
+        return 0.0
+    return sum(nvls_bytes(pool, ranks=r) for r in nvls_group_ranks(cfg))
+
+
+def engine_comm_bytes(pool: PoolSpec | None, cfg: ServeConfig) -> float:
+    """Per-GPU communication memory vLLM's profile charges against its budget ("non-torch memory",
+    measured after the communicators exist): NON_TORCH_BYTES on a multi-GPU engine, none on one GPU.
+    NVLS buffers are not in it: they are allocated with the communicators, before the snapshot
+    (`startup_comm_bytes`)."""
+    del pool  # the same on every node: what the profiling forward connects
+    return NON_TORCH_BYTES if cfg.gpus > 1 else 0.0
+
+
+def startup_comm_bytes(pool: PoolSpec | None, cfg: ServeConfig) -> float:
+    """What NCCL holds on each GPU before vLLM's baseline snapshot, outside gpu_memory_utilization: at
+    least one communicator (NCCL_COMMUNICATOR_BYTES) plus the NVLS buffers of `engine_nvls_bytes`,
+    counting at most one node's ranks per group (NCCL's log shows one head per GPU of an 8-GPU node;
+    multi-node NVLink domains are not measured here); none on one GPU. A lower bound (vLLM builds more
+    than one communicator per group) used to refuse engines whose headroom cannot hold it."""
+    if cfg.gpus <= 1:
+        return 0.0
+    if pool is None or not cfg.nccl_nvls:
+        return NCCL_COMMUNICATOR_BYTES
+    per_node = pool.node.gpus_per_node
+    return NCCL_COMMUNICATOR_BYTES + sum(nvls_bytes(pool, ranks=min(r, per_node)) for r in nvls_group_ranks(cfg))
+
+
 def engine_reserved_bytes(pool: PoolSpec, *, gpus: int) -> float:
     """Device memory an engine of `gpus` GPUs (TP x PP) holds per GPU besides weights, activations and
     KV cache: the GPU type's `reserved_memory_gib` (CUDA context, cuBLAS workspace, runtime and NCCL
@@ -98,7 +160,8 @@ def engine_reserved_bytes(pool: PoolSpec, *, gpus: int) -> float:
     (`nvls_bytes`); a one-GPU engine creates no NCCL communicator and holds NCCL_COMMUNICATOR_BYTES less
     (never below zero). Used for engines that size their KV cache as a fraction of the memory left
     after loading (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); vLLM's own accounting
-    (`serve_memory`) charges its communicators as NON_TORCH_BYTES on multi-GPU engines only."""
+    (`serve_memory`) charges what its profile sees (`engine_comm_bytes`) and keeps the communicators
+    and the same NVLS buffers in the headroom outside its budget (`startup_comm_bytes`)."""
     reserved = pool.gpu.efficiency.reserved_memory_gib * GIB
     if gpus > 1:
         return reserved + nvls_bytes(pool, ranks=gpus)
@@ -184,6 +247,16 @@ class ServeMemory:
     context_len: int
     stage_weights_bytes: tuple[float, ...] = ()
     weights: WeightBytes = field(default_factory=WeightBytes)
+    nvls_bytes: float = 0.0
+    """NCCL's NVLS buffers per GPU (none where the engine runs NVLS off, as SGLang does by default),
+    part of `startup_bytes`."""
+    startup_bytes: float = 0.0
+    """NCCL memory allocated before vLLM's baseline snapshot, which the headroom outside the budget
+    (capacity - budget) must hold for the engine to start (`startup_comm_bytes`)."""
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.capacity_bytes - self.budget_bytes
 
     @property
     def overhead_bytes(self) -> float:
@@ -204,7 +277,11 @@ class ServeMemory:
 
     @property
     def fits(self) -> bool:
-        return self.kv_cache_bytes > 0 and self.kv_cache_tokens >= self.context_len
+        return (
+            self.kv_cache_bytes > 0
+            and self.kv_cache_tokens >= self.context_len
+            and self.startup_bytes <= self.headroom_bytes
+        )
 
     def problem(self) -> str | None:
         """Why the engine would not start, phrased as needs/has; None when it fits."""
@@ -221,6 +298,14 @@ class ServeMemory:
             return (
                 f"the KV cache holds {self.kv_cache_tokens} tokens, less than one request of "
                 f"max_model_len {self.context_len}"
+            )
+        if self.startup_bytes > self.headroom_bytes:
+            top = math.floor(100 * (1 - self.startup_bytes / self.capacity_bytes)) / 100
+            return (
+                f"NCCL's communicators (NVLS buffers included) need at least {self.startup_bytes / gib:.2f} "
+                f"GiB per GPU outside gpu_memory_utilization before vLLM measures free memory; "
+                f"{self.budget_bytes / self.capacity_bytes:.2f} leaves {self.headroom_bytes / gib:.2f} GiB "
+                f"(vLLM refuses to start): use gpu_memory_utilization <= {top:.2f}"
             )
         return None
 
@@ -244,13 +329,21 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
     )
 
 
-def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_len: int) -> ServeMemory:
+def serve_memory(
+    model: ModelSpec, gpu: GpuSpec | PoolSpec, cfg: ServeConfig, *, context_len: int
+) -> ServeMemory:
+    """vLLM's accounting on the fullest stage. Given the pool, the start-up check counts NCCL's NVLS
+    buffers where the node's NVSwitch enables them (`startup_comm_bytes`); a bare GpuSpec knows no
+    node and counts none."""
+    pool = gpu if isinstance(gpu, PoolSpec) else None
+    if pool is not None:
+        gpu = pool.gpu
     stages = stage_layers(model, cfg.pp)
     tokens = cfg.max_num_batched_tokens
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    non_torch = NON_TORCH_BYTES if cfg.gpus > 1 else 0.0
+    non_torch = engine_comm_bytes(pool, cfg)
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
@@ -294,4 +387,6 @@ def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_le
         context_len=context_len,
         stage_weights_bytes=tuple(stage_w),
         weights=worst_w,
+        nvls_bytes=engine_nvls_bytes(pool, cfg),
+        startup_bytes=startup_comm_bytes(pool, cfg),
     )

@@ -104,7 +104,7 @@ def predict_serve(
     many as max_num_seqs and the KV cache allow), with p90s (closed loop at that concurrency); with
     `arrival_rate` (requests/s into the engine) also the latencies at that open-loop load (`at_rate`).
     Raises InfeasibleError when the engine cannot start."""
-    mem = memory or serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    mem = memory or serve_memory(model, pool, cfg, context_len=job.context_len)
     problem = mem.problem()
     if problem:
         raise InfeasibleError(

@@ -101,7 +101,7 @@ def _simulate(
     if cfg.pp != 1 or cfg.dp_attention != 1:
         raise ValueError("the burst simulation covers one PP stage and one attention-DP rank")
     isl, osl = job.input_len, job.output_len
-    mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    mem = serve_memory(model, pool, cfg, context_len=job.context_len)
     kv_tokens = mem.kv_cache_tokens
     if kv_tokens < isl + osl:
         raise ValueError(f"the KV cache holds {kv_tokens} tokens, less than one request of {isl + osl}")

@@ -37,7 +37,8 @@ _SGLANG_VALUE: dict[str, str] = {
 }
 _SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--trust-remote-code",
                               "--disable-cuda-graph", "--enable-torch-compile", "--disable-radix-cache",
-                              "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup"})
+                              "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup",
+                              "--enable-nccl-nvls", "--enable-symm-mem"})
 
 
 def parse_sglang(command: str) -> ParsedServe:
@@ -149,4 +150,7 @@ def parse_sglang(command: str) -> ParsedServe:
         max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else to_int("--chunked-prefill-size", chunk),
         quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
         node_rank=integer("--node-rank", 0, minimum=0), warnings=tuple(warnings),
+        # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
+        # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
+        nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
     )

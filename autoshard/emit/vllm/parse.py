@@ -235,6 +235,7 @@ def parse_vllm(command: str) -> ParsedServe:
         nnodes=integer("--nnodes", 1),
         node_rank=integer("--node-rank", 0, minimum=0),
         headless=bool(values.get("--headless", False)),
+        nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],  # an environment word before the command
         warnings=tuple(warnings),
     )
     if parsed.dp_local is not None and parsed.dp_local > parsed.dp:

@@ -108,10 +108,10 @@ def tabulate_disagg(
         budget_cfg = _config(model, pool, job, e, max_num_seqs=1)
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
         cfg = _config(model, pool, job, e, max_num_seqs=seqs)
-        mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+        mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         if mem.problem() or kv_limited_concurrency(mem, job) < 1:
             cfg = budget_cfg
-            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+            mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         inst = prefill_instance(model, pool, job, cfg, mem)
         send = tuple(_side_us(model, job, holders(cfg), lk.bytes_per_s) for lk in plinks)
         for u in levels:
@@ -127,7 +127,7 @@ def tabulate_disagg(
         # ---- decode side
         top = serve_memory(
             model,
-            pool.gpu,
+            pool,
             _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY),
             context_len=job.context_len,
         )
@@ -136,7 +136,7 @@ def tabulate_disagg(
         drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
         for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
             dcfg = replace(_config(model, pool, job, e, max_num_seqs=b), speculative_tokens=drafts)
-            dmem = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)
+            dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
             if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
                 dropped["decode concurrency beyond the KV cache"] += 1
                 continue

@@ -4,6 +4,8 @@ requests as max_num_seqs and the KV cache admit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
@@ -31,6 +33,7 @@ def evaluated_row(
     pool: int = 0,
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
+    nccl_nvls: bool = True,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments."""
@@ -61,6 +64,8 @@ def evaluated_row(
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
     )
+    if not nccl_nvls:
+        cfg = dataclasses.replace(cfg, nccl_nvls=False)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:

@@ -77,7 +77,7 @@ def serve_front(
             pool = cluster.pools[e.pool]
             top = serve_memory(
                 model,
-                pool.gpu,
+                pool,
                 _config(model, pool, free, e, max_num_seqs=MAX_CONCURRENCY),
                 context_len=free.context_len,
             )

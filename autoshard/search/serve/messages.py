@@ -133,7 +133,7 @@ def disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space:
         for e in space.engines:
             pool = cluster.pools[e.pool]
             cfg = _config(model, pool, job, e, max_num_seqs=1)
-            mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+            mem = serve_memory(model, pool, cfg, context_len=job.context_len)
             best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
         parts.append(
             f"TPOT <= {job.tpot_target_s * 1e3:g} ms "

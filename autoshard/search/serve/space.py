@@ -187,7 +187,7 @@ def enumerate_serve(
                     reason = _engine_rules(model, pool, e) or _pinned_out(e, pins)
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
-                        mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+                        mem = serve_memory(model, pool, cfg, context_len=job.context_len)
                         reason = mem.problem()
                         if reason is None and kv_limited_concurrency(mem, job) < 1:
                             reason = f"the KV cache holds {mem.kv_cache_tokens} tokens, less than one request"
@@ -259,7 +259,7 @@ def tabulate(
         pool = cluster.pools[e.pool]
         top = serve_memory(
             model,
-            pool.gpu,
+            pool,
             _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization),
             context_len=job.context_len,
         )
@@ -331,7 +331,7 @@ def _row(
     util: float,
 ) -> Row | None:
     cfg = _config(model, pool, job, engine, max_num_seqs=batch, util=util)
-    mem = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
+    mem = serve_memory(model, pool, cfg, context_len=job.context_len)
     if mem.problem() or kv_limited_concurrency(mem, job) < batch:
         dropped["concurrency beyond the KV cache"] += 1
         return None
