@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,8 +17,10 @@ from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.specs import TrainJob, load_cluster, load_model
+from autoshard.specs.cluster import ClusterSpec
 from conftest import tiny_cluster, tiny_model
 
+REPO = Path(__file__).resolve().parents[2]
 FAST = SolverOptions(num_workers=1, seed=0, time_limit_s=30, space=SpaceOptions(max_micro_batch=4, max_vpp=4))
 
 
@@ -82,7 +87,42 @@ def test_infeasible_says_what_is_missing():
     with pytest.raises(InfeasibleError) as info:
         solve_train(model, cluster, TrainJob(seq_len=4096, global_batch_size=64), options=FAST)
     text = str(info.value)
-    assert "need" in text and "GiB" in text and "--gpus" in text
+    assert "need" in text and "GiB" in text and "--gpus 256" in text
+
+
+def _states_line(text: str) -> tuple[float, float]:
+    m = re.search(r"need at least ([0-9.]+) GiB per GPU in the best layout; a GPU has ([0-9.]+) GiB", text)
+    assert m, text
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_infeasible_numbers_say_what_is_missing():
+    """The states floor is compared with what a rank may use (memory fraction of HBM less the runtime
+    reserve), never with raw HBM: 70B on 16 H100 needs 73.9 GiB of states per GPU, less than the 79.6
+    GiB of HBM but more than the ~65 GiB a rank may use, and the message says so."""
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("dgx-h100").with_gpus(16)
+    with pytest.raises(InfeasibleError) as info:
+        solve_train(model, cluster, TrainJob(seq_len=4096, global_batch_size=64), options=FAST)
+    need, usable = _states_line(str(info.value))
+    assert need == pytest.approx(73.9, abs=0.1)
+    assert need > usable and usable < cluster.primary.gpu.hbm_gib - cluster.primary.gpu.efficiency.reserved_memory_gib
+
+
+def test_infeasible_on_a_heterogeneous_cluster_names_its_pools():
+    """A mixed cluster is described pool by pool, and the fix is more nodes in its YAML (--gpus cannot
+    resize it), not a --gpus value."""
+    spec = yaml.safe_load((REPO / "clusters" / "mixed-h100-a100.yaml").read_text())
+    for pool in spec["pools"]:
+        pool["num_nodes"] = 1
+    cluster = ClusterSpec.model_validate(spec)
+    with pytest.raises(InfeasibleError) as info:
+        solve_train(load_model("llama-3.1-405b"), cluster, TrainJob(seq_len=4096, global_batch_size=64),
+                    options=FAST)
+    text = str(info.value)
+    assert "on 8 x H100-SXM5-80GB (80 GiB) + 8 x A100-SXM4-80GB (80 GiB)." in text
+    assert "num_nodes of the pools in the cluster YAML" in text and "try --gpus" not in text
+    need, usable = _states_line(text)
+    assert need > 400 and usable < 80
 
 
 def test_prune_reasons_are_recorded():

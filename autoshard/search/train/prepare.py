@@ -41,6 +41,8 @@ class Prepared:
     scale: int = 1
     min_memory_gib: float | None = None
     capacity_gib: float | None = None
+    usable_gib: float | None = None
+    """Largest per-GPU memory left for a rank (memory fraction of HBM less the runtime reserve)."""
     fixed_pools: list[tuple[int, ...] | None] = field(default_factory=list)
     """Per table: the pool of each pipeline rank when the candidate was split by pool assignment."""
 
@@ -93,6 +95,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     # model states are static bytes (costmodel.train.memory.static_bytes): no fragmentation on them
     usable = max(options.memory_fraction * p.gpu.hbm_gib * GIB - p.gpu.efficiency.reserved_memory_gib * GIB
                  for p in cluster.pools)
+    prep.usable_gib = usable / GIB
     uniform = (options.space.uniform_recompute or pins.recompute_num_layers is not None) and options.space.per_stage_recompute
     staged: list[tuple[int, tuple, TrainConfig]] = []
     pool_gpus = [p.num_gpus for p in cluster.pools]

@@ -54,22 +54,33 @@ def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prep
         return InfeasibleError(
             f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs (seq {job.seq_len}, global batch "
             f"{job.global_batch_size}) with pins ({pins.describe()}): {reasons or 'no candidate'}. Nearest fixes: a "
-            f"global batch divisible by more micro-batch x DP sizes, fewer pinned knobs, or another --gpus."
+            f"global batch divisible by more micro-batch x DP sizes, fewer pinned knobs, or "
+            + ("other pool sizes (num_nodes in the cluster YAML)." if cluster.is_heterogeneous else "another --gpus.")
         )
     have = prep.capacity_gib or gpu.hbm_gib
+    usable = prep.usable_gib if prep.usable_gib is not None else have
     need = prep.min_memory_gib
-    lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {cluster.num_gpus} x "
-             f"{gpu.name} ({have:.0f} GiB each)."]
-    lines.append(f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
-                 f"layout; the GPU has {have:.1f} GiB before activations and overheads.")
+    if cluster.is_heterogeneous:
+        gpus = " + ".join(f"{p.num_gpus} x {p.gpu.name} ({p.gpu.hbm_gib:.0f} GiB)" for p in cluster.pools)
+    else:
+        gpus = f"{cluster.num_gpus} x {gpu.name} ({have:.0f} GiB each)"
+    lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {gpus}."]
+    state = (f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
+             f"layout; a GPU has {usable:.1f} GiB of its {have:.1f} GiB for a rank (memory fraction less the "
+             f"runtime reserve)")
+    if need < usable:
+        state += (f", which leaves {usable - need:.1f} GiB for activations, buffers and fragmentation: no "
+                  f"layout's fit in it")
+    lines.append(state + ".")
     fixes = []
     total_state_gib = model.num_params * 18 / GIB
-    usable = have * 0.85
     per_node = cluster.primary.node.gpus_per_node
     min_gpus = per_node * math.ceil(math.ceil(total_state_gib / usable) / per_node)
     if min_gpus > cluster.num_gpus:
+        more = ("add nodes: num_nodes of the pools in the cluster YAML, --gpus cannot resize a heterogeneous "
+                "cluster" if cluster.is_heterogeneous else f"try --gpus {2 ** math.ceil(math.log2(min_gpus))}")
         fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
-                     f"~{min_gpus} GPUs (try --gpus {2 ** math.ceil(math.log2(min_gpus))})")
+                     f"~{min_gpus} GPUs ({more})")
     fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
     fixes.append("--recompute full")
     fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
