@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import attention_dims
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
+from autoshard.costmodel.serve.ep_buffers import deepep_ll_engine_bytes
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
@@ -184,6 +185,8 @@ class ServeMemory:
     context_len: int
     stage_weights_bytes: tuple[float, ...] = ()
     weights: WeightBytes = field(default_factory=WeightBytes)
+    ep_buffer_bytes: float = 0.0
+    """DeepEP's low-latency buffers (`autoshard.costmodel.serve.ep_buffers`), part of non_torch_bytes."""
 
     @property
     def overhead_bytes(self) -> float:
@@ -250,7 +253,8 @@ def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_le
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    non_torch = NON_TORCH_BYTES if cfg.gpus > 1 else 0.0
+    ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg)
+    non_torch = (NON_TORCH_BYTES if cfg.gpus > 1 else 0.0) + ep_buffers
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
@@ -294,4 +298,5 @@ def serve_memory(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, context_le
         context_len=context_len,
         stage_weights_bytes=tuple(stage_w),
         weights=worst_w,
+        ep_buffer_bytes=ep_buffers,
     )
