@@ -81,9 +81,11 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     table = compact_table("Memory per GPU")
     add_columns(table, "component|GiB:r")
     for name, value in (("weights", mem.weights_bytes), ("activations (profiled peak)", mem.activation_bytes),
-                        ("CUDA graphs", mem.cuda_graph_bytes), ("non-torch (context, NCCL)", mem.non_torch_bytes),
-                        ("KV cache", mem.kv_cache_bytes)):
-        table.add_row(name, f"{value / GIB:.1f}")
+                        ("CUDA graphs", mem.cuda_graph_bytes),
+                        ("non-torch (context, NCCL)", mem.non_torch_bytes - mem.ep_buffer_bytes),
+                        ("DeepEP low-latency buffers", mem.ep_buffer_bytes), ("KV cache", mem.kv_cache_bytes)):
+        if value or name != "DeepEP low-latency buffers":
+            table.add_row(name, f"{value / GIB:.1f}")
     table.add_section()
     table.add_row("capacity", f"{mem.capacity_bytes / GIB:.1f}", style="bold")
     console.print(table)

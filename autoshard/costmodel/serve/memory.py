@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import attention_dims
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
+from autoshard.costmodel.serve.ep_buffers import deepep_ll_engine_bytes
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
@@ -257,6 +258,8 @@ class ServeMemory:
     @property
     def headroom_bytes(self) -> float:
         return self.capacity_bytes - self.budget_bytes
+    ep_buffer_bytes: float = 0.0
+    """DeepEP's low-latency buffers (`autoshard.costmodel.serve.ep_buffers`), part of non_torch_bytes."""
 
     @property
     def overhead_bytes(self) -> float:
@@ -343,7 +346,8 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    non_torch = engine_comm_bytes(pool, cfg)
+    ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg)
+    non_torch = engine_comm_bytes(pool, cfg) + ep_buffers
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
@@ -389,4 +393,5 @@ def serve_memory(
         weights=worst_w,
         nvls_bytes=engine_nvls_bytes(pool, cfg),
         startup_bytes=startup_comm_bytes(pool, cfg),
+        ep_buffer_bytes=ep_buffers,
     )
