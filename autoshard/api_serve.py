@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
@@ -120,6 +122,14 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
         model = model_for_path(parsed.model)
+    backend = parsed.all2all_backend
+    if (backend is not None and backend not in ("deepep_low_latency", "deepep_high_throughput")
+            and model.moe is not None and parsed.enable_expert_parallel and parsed.dp > 1
+            and gpu_generation(cluster.primary.gpu.name) in DEEPEP_LL_GENERATIONS):
+        note = (f"--all2all-backend {backend}: an expert-parallel engine over data-parallel ranks is priced "
+                "with DeepEP's kernels (autoshard's own commands pass --all2all-backend deepep_low_latency); "
+                "this backend's speed and buffers are not modelled")
+        parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     applied = parsed.apply_to(job)
     if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
         # the command loads its own quantized checkpoint: relaunch exactly that one

@@ -135,6 +135,9 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             graphs = ["--cuda-graph-max-bs-decode", str(seqs)]
         for i in range(role.instances):
             lines = builder(one)
+            if framework == "vllm" and role.role == "prefill":  # as in emit/pd.py
+                lines = [line.replace("--all2all-backend deepep_low_latency",
+                                      "--all2all-backend deepep_high_throughput") for line in lines]
             extra = ["--host", "0.0.0.0", "--port", str(port)]
             if framework == "vllm":
                 extra += ["--kv-transfer-config", _json(VLLM_KV_TRANSFER_CONFIG)]

@@ -162,6 +162,9 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
         seqs, cap = sglang_deepep_decode(role)
         one = dataclasses.replace(one, max_num_seqs=seqs)
     base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one)
+    if framework == "vllm" and inst.role == "prefill":  # DeepEP's throughput kernels take prefill whole
+        base = [line.replace("--all2all-backend deepep_low_latency", "--all2all-backend deepep_high_throughput")
+                for line in base]
     head = _addr(inst.nodes[0])
     lines = []
     for line in base:

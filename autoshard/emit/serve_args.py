@@ -100,6 +100,8 @@ class ParsedServe:
     nccl_nvls: bool = True
     """NCCL's NVLink SHARP on (NCCL's default, which vLLM keeps); False: NCCL_NVLS_ENABLE=0 (SGLang
     sets it unless --enable-nccl-nvls or --enable-symm-mem)."""
+    all2all_backend: str | None = None
+    """vLLM's --all2all-backend (its default when not given); None for SGLang commands."""
     warnings: tuple[str, ...] = ()
 
     @property

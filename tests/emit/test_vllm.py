@@ -57,6 +57,8 @@ VLLM_FLAGS = {  # vLLM 0.33.0 flags this emitter may write (primary spellings)
     "--max-num-batched-tokens",
     "--kv-cache-dtype",
     "--quantization",
+    "--all2all-backend",  # choices include deepep_low_latency / deepep_high_throughput (vLLM 0.33.0)
+    "--speculative-config",
 }
 SWITCHES = {"--enable-expert-parallel", "--headless"}
 KV_CACHE_DTYPES = {"auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"}

@@ -14,19 +14,27 @@ model path, with the --quantization its quantization_config selects; without one
 `--quantization fp8` on the BF16 checkpoint (vLLM quantizes it online, on load). int8 and int4 have no
 online path for a BF16 checkpoint: without a published checkpoint there is no command (SpecError).
 The KV cache is `auto` (the model dtype) or `fp8`.
+
+MoE engines with expert parallelism over attention-DP ranks on Hopper or Blackwell run DeepEP's
+low-latency all-to-all (`--all2all-backend deepep_low_latency`), as the cost model prices them: their
+decode steps in 256-token MoE passes (`costmodel.serve.compute.moe_dp_chunks`) and DeepEP's buffers in
+the engine's memory (`costmodel.serve.ep_buffers`); vLLM's default (allgather_reducescatter) would
+run another path than the one priced. Prefill instances of a split deployment switch to
+`deepep_high_throughput` (emit/pd.py), which takes a prefill batch whole, as priced.
 """
 
 from __future__ import annotations
 
 import json
 
+from autoshard.costmodel.serve.ep_buffers import uses_deepep_low_latency
 from autoshard.emit.shell import shell_join
 from autoshard.errors import SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.job import WeightDtype
 
 __all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
-           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS"]
+           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "all2all_backend"]
 
 HEAD_ADDRESS = "$HEAD_IP"
 DP_RPC_PORT = 13345
@@ -53,6 +61,9 @@ def _base(plan: ServePlan) -> list[str]:
         words += ["--data-parallel-size", str(plan.dp)]
     if plan.expert_parallel:
         words.append("--enable-expert-parallel")
+    backend = all2all_backend(plan)
+    if backend:
+        words += ["--all2all-backend", backend]
     words += [
         "--max-model-len",
         str(plan.max_model_len),
@@ -73,6 +84,15 @@ def _base(plan: ServePlan) -> list[str]:
         words += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": drafts},
                                                      separators=(",", ":"))]
     return words
+
+
+def all2all_backend(plan: ServePlan) -> str | None:
+    """`deepep_low_latency` where the cost model prices DeepEP's low-latency kernels (expert parallelism
+    over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), else None (vLLM's default)."""
+    pred = plan.prediction
+    if pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config):
+        return None
+    return "deepep_low_latency"
 
 
 def speculative_tokens(plan: ServePlan) -> int:

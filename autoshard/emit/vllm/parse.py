@@ -235,7 +235,8 @@ def parse_vllm(command: str) -> ParsedServe:
         nnodes=integer("--nnodes", 1),
         node_rank=integer("--node-rank", 0, minimum=0),
         headless=bool(values.get("--headless", False)),
-        nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],  # an environment word before the command
+        nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
+        all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
         warnings=tuple(warnings),
     )
     if parsed.dp_local is not None and parsed.dp_local > parsed.dp:
