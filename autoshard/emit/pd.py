@@ -16,13 +16,14 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
   --prefill URL BOOTSTRAP_PORT ... --decode URL ...`. MoE instances with expert parallelism over
   more than one node use DeepEP (`--moe-a2a-backend deepep`), as SGLang's large-EP deployments do.
   Its default `--deepep-mode auto` runs decode batches on DeepEP's low-latency kernels, whose buffers
-  hold SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128; SGLang asserts
-  <= 1024, the limit of DeepEP's internode low-latency dispatch, `FINISHED_SUM_TAG`), and a batch or
-  a captured CUDA graph with more tokens on a rank fails its assert (`x.size(0) <=
-  num_max_dispatch_tokens_per_rank`). Decode instances therefore set that variable to the planned
-  tokens per rank (requests x (1 + MTP drafts), rounded up to 128) and cap the captured graphs at the
-  planned requests (`--cuda-graph-max-bs-decode`); a plan with more than 1,024 tokens per rank runs
-  at most 1,024 under SGLang and its line says so (vLLM chunks the layer instead and runs the plan).
+  hold SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128), and a batch or a
+  captured CUDA graph with more tokens on a rank fails its assert (`x.size(0) <=
+  num_max_dispatch_tokens_per_rank`). The plan's memory holds DeepEP's buffers at vLLM's 256 tokens per
+  rank (`costmodel.serve.ep_buffers`; the buffers grow with the cap: 3.6 GiB for DeepSeek-V3 at 256),
+  so decode instances set the variable to the planned tokens per rank (requests x (1 + MTP drafts),
+  rounded up to 128) up to that 256, and cap the captured graphs at the planned requests
+  (`--cuda-graph-max-bs-decode`); a plan with more tokens per rank than 256 runs fewer requests under
+  SGLang (its line says so: SGLang does not split a batch into passes; vLLM does and runs the plan).
 
 Instance commands come from the aggregated builders (`vllm_node_commands`, `sglang_node_commands`)
 applied to a one-instance plan; this module only appends the disaggregation words. Every word this
@@ -36,6 +37,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.plans.disagg import Role
@@ -63,7 +65,8 @@ BOOTSTRAP_PORT = 8998
 ROUTER_PORT = 8000
 SGLANG_DEEPEP_LL_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 SGLANG_DEEPEP_LL_DEFAULT = 128
-SGLANG_DEEPEP_LL_MAX = 1024
+SGLANG_DEEPEP_LL_MAX = VLLM_MOE_DP_CHUNK_SIZE
+"""Tokens per rank the plan's memory holds DeepEP's low-latency buffers for (SGLang itself allows 1,024)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,8 @@ def uses_deepep(role: Role, nodes: int) -> bool:
 def sglang_deepep_decode(role: Role) -> tuple[int, int]:
     """(requests per attention-DP rank, SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK) for an SGLang
     decode instance on DeepEP's low-latency kernels: each request sends 1 + MTP-draft tokens per step;
-    the buffer is rounded up to 128 tokens and at most 1,024 (SGLang's assert), which caps the requests."""
+    the buffer is rounded up to 128 tokens and at most the 256 the plan's memory holds, which caps the
+    requests."""
     per_request = 1 + role.speculative_tokens
     seqs = max(1, min(role.max_num_seqs, SGLANG_DEEPEP_LL_MAX // per_request))
     cap = -(-seqs * per_request // SGLANG_DEEPEP_LL_DEFAULT) * SGLANG_DEEPEP_LL_DEFAULT
@@ -246,8 +250,8 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
             seqs, _ = sglang_deepep_decode(role)
             if seqs < role.max_num_seqs:
                 what += (
-                    f" (SGLang's DeepEP low-latency buffers hold at most {SGLANG_DEEPEP_LL_MAX} tokens per"
-                    f" rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
+                    f" (the plan's memory holds SGLang's DeepEP low-latency buffers for {SGLANG_DEEPEP_LL_MAX}"
+                    f" tokens per rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
                 )
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
             out.append((node, what, line))

@@ -1,8 +1,9 @@
 """SGLang decode instances on DeepEP's low-latency kernels: the buffer holds
-SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128, SGLang asserts <= 1024)
-and a decode batch or captured CUDA graph with more tokens per rank fails DeepEP's assert, so the
-emitted decode lines size the buffer to the planned tokens per rank and cap the captured graphs at the
-planned requests; a plan beyond 1,024 tokens per rank runs at most 1,024 under SGLang and says so."""
+SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK tokens per rank (default 128) and a decode batch or
+captured CUDA graph with more tokens per rank fails DeepEP's assert, so the emitted decode lines size
+the buffer to the planned tokens per rank and cap the captured graphs at the planned requests; the
+plan's memory holds the buffers for 256 tokens per rank (vLLM's chunk), so a plan beyond that runs
+fewer requests under SGLang and says so."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from autoshard.emit.k8s import k8s_manifests
-from autoshard.emit.pd import SGLANG_DEEPEP_LL_ENV, pd_commands, sglang_deepep_decode
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
+from autoshard.emit.pd import SGLANG_DEEPEP_LL_ENV, SGLANG_DEEPEP_LL_MAX, pd_commands, sglang_deepep_decode
 from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -27,11 +29,12 @@ from autoshard.specs.job import ServeJob, WeightDtype
         (128, 0, (128, 128)),
         (129, 0, (129, 256)),
         (224, 0, (224, 256)),
-        (384, 1, (384, 768)),  # MTP: two tokens per request per step
-        (512, 1, (512, 1024)),
-        (513, 1, (512, 1024)),  # 1,026 tokens would pass SGLang's 1,024 limit: the requests are capped
-        (1024, 0, (1024, 1024)),
-        (1024, 1, (512, 1024)),
+        (256, 0, (256, 256)),
+        (257, 0, (256, 256)),  # beyond the 256 tokens per rank the plan's memory holds buffers for
+        (1024, 0, (256, 256)),
+        (64, 1, (64, 128)),  # MTP: two tokens per request per step
+        (100, 1, (100, 256)),
+        (384, 1, (128, 256)),
     ],
 )
 def test_buffer_and_requests_per_rank(seqs, drafts, expected):
@@ -96,15 +99,16 @@ def test_k8s_decode_containers_carry_the_buffer_size(plan):
 def test_a_batch_beyond_the_limit_is_capped_and_said(plan):
     decode = plan.role("decode")
     per_request = 1 + decode.speculative_tokens
-    for planned in (1024 // per_request, 1500):
+    assert SGLANG_DEEPEP_LL_MAX == VLLM_MOE_DP_CHUNK_SIZE == 256  # the cap the memory is priced at
+    for planned in (256 // per_request, 1500):
         big = dataclasses.replace(decode, max_num_seqs=planned)
         wide = dataclasses.replace(plan, roles=tuple(big if r.role == "decode" else r for r in plan.roles))
-        runs = min(planned, 1024 // per_request)
+        runs = min(planned, 256 // per_request)
         lines = [(what, shlex.split(line)) for _, what, line in pd_commands(wide, "sglang")
                  if what.startswith("decode")]
         assert lines
         for what, words in lines:
-            assert _env(words)[SGLANG_DEEPEP_LL_ENV] == "1024"
+            assert _env(words)[SGLANG_DEEPEP_LL_ENV] == "256"
             assert words[words.index("--cuda-graph-max-bs-decode") + 1] == str(runs)
             assert words[words.index("--max-running-requests") + 1] == str(runs * decode.attention_dp)
             note = f"{runs} requests per rank instead of the planned {planned}"
