@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import serve_memory
-from autoshard.costmodel.serve.step import step_time
+from autoshard.costmodel.serve.step import StepTime, step_time
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -50,6 +50,9 @@ class BurstResult:
     mean_tpot_s: float
     steps: int
     max_running: int
+    breakdown: StepTime = field(default_factory=StepTime)
+    """The run's seconds by kind of work (the sum of its steps' `StepTime`s; `total_s` = duration,
+    less any idle wait for arrivals)."""
 
     def output_tokens_per_s(self, output_len: int) -> float:
         return self.requests * output_len / self.duration_s
@@ -108,7 +111,7 @@ def _simulate(
     budget = cfg.max_num_batched_tokens
 
     @lru_cache(maxsize=65536)
-    def step_s(decodes: int, prefill_tokens: int, context: int) -> float:
+    def step_s(decodes: int, prefill_tokens: int, context: int) -> StepTime:
         return step_time(
             model,
             pool,
@@ -118,13 +121,14 @@ def _simulate(
             prefills=prefill_tokens / isl,
             prefill_len=isl,
             context_len=context,
-        ).total_s
+        )
 
     pending = deque(arrivals)  # not yet arrived
     waiting: deque[float] = deque()  # arrived, not yet admitted: their arrival times
     # running requests: [prefilled tokens, generated tokens, first-token time, arrival time]
     running: list[list[float]] = []
     t = 0.0
+    spent = StepTime()
     ttft_sum = tpot_sum = 0.0
     done = steps = max_running = 0
     while done < requests:
@@ -166,7 +170,9 @@ def _simulate(
             raise RuntimeError("the scheduler made no progress")
         mean_context = context / decodes if decodes else 0.0
         bucket = CONTEXT_BUCKET * round(mean_context / CONTEXT_BUCKET)
-        t += step_s(decodes, prefill, int(bucket))
+        step = step_s(decodes, prefill, int(bucket))
+        t += step.total_s
+        spent = spent + step
         steps += 1
         max_running = max(max_running, len(running))
         for r in running:
@@ -193,5 +199,6 @@ def _simulate(
         mean_tpot_s=tpot_sum / requests,
         steps=steps,
         max_running=max_running,
+        breakdown=spent,
     )
 
