@@ -77,6 +77,9 @@ class DisaggResult:
     """The prefill part of `ttft_s` (wait for the running step + its own step: `prefill_wait_s`)."""
     ttft_utilization: float | None = None
     """Prefill utilization at the measured request rate."""
+    prefill_tokens_per_s_per_gpu: float | None = None
+    """Prompt tokens/s per prefill GPU at full load (predicted), where the source measured it."""
+    measured_prefill_tokens_per_s_per_gpu: float | None = None
 
     @property
     def error(self) -> float:
@@ -89,6 +92,12 @@ class DisaggResult:
     @property
     def ttft_error(self) -> float | None:
         return None if self.ttft_s is None else self.ttft_s / self.measured_ttft_s - 1.0
+
+    @property
+    def prefill_error(self) -> float | None:
+        if self.prefill_tokens_per_s_per_gpu is None:
+            return None
+        return self.prefill_tokens_per_s_per_gpu / self.measured_prefill_tokens_per_s_per_gpu - 1.0
 
     @property
     def prefill_load(self) -> float | None:
@@ -192,7 +201,13 @@ def _ttft_at_measured_rate(
     )
 
 
-def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
+def concurrency_stated(run: dict) -> bool:
+    """False where the source publishes neither the client's cap nor the engines' batch limit
+    (`assumed_concurrency`: one prediction per assumed per-rank concurrency)."""
+    return "assumed_concurrency" not in run
+
+
+def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = None) -> DisaggResult:
     model = _model(run)
     e = _engine(run["decode"])
     pool = _pool(run, e.gpus)
@@ -206,6 +221,8 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
     cap = min(run["max_num_seqs"], kv_limited_concurrency(top, job))
     if "client_concurrency" in run:
         cap = min(cap, run["client_concurrency"] // decode_ranks(run))
+    if assumed is not None:
+        cap = min(cap, assumed)
     batch = max(1, cap)
     cfg = _config(model, pool, job, e, max_num_seqs=batch)
     inst = decode_instance(
@@ -221,6 +238,9 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
     ttft = part = load = None
     if prefill is not None and "measured_ttft_ms" in run:
         ttft, part, load = _ttft_at_measured_rate(run, job, prefill, inst)
+    prefill_per_gpu = None
+    if prefill is not None and "measured_prefill_tokens_per_s_per_gpu" in run:
+        prefill_per_gpu = prefill.requests_per_s * input_len / prefill.gpus
     return DisaggResult(
         run["id"],
         input_len,
@@ -236,6 +256,8 @@ def _decode(run: dict, input_len: int, output_len: int) -> DisaggResult:
         None if ttft is None else run["measured_ttft_ms"] * 1e-3,
         part,
         load,
+        prefill_per_gpu,
+        run.get("measured_prefill_tokens_per_s_per_gpu"),
     )
 
 
@@ -276,7 +298,9 @@ def evaluate_transfers() -> list[TransferResult]:
 def evaluate_runs() -> list[DisaggResult]:
     out = []
     for run in load_runs():
-        if run.get("workload_stated", True):
+        if not concurrency_stated(run):
+            out += [_decode(run, run["input_len"], run["output_len"], c) for c in run["assumed_concurrency"]]
+        elif run.get("workload_stated", True):
             out.append(_decode(run, run["input_len"], run["output_len"]))
         else:
             out += [_decode(run, isl, run["assumed_output_len"]) for isl in run["assumed_input_lens"]]
@@ -301,7 +325,7 @@ def main() -> int:
             f"{meas_tpot:>6} {_pct(r.tpot_error):>7} {r.predicted:>15,.0f} {r.measured:>9,.0f} "
             f"{_pct(r.error):>7} {load:>13}"
         )
-    stated_ids = {run["id"] for run in load_runs() if run.get("workload_stated", True)}
+    stated_ids = {run["id"] for run in load_runs() if run.get("workload_stated", True) and concurrency_stated(run)}
     stated = [r for r in results if r.id in stated_ids]
     if stated:
         errs = sorted(abs(r.error) for r in stated)
@@ -315,6 +339,15 @@ def main() -> int:
                 f"{r.id}: mean TTFT {r.ttft_s:.2f} s predicted at the measured request rate "
                 f"(prefill {r.ttft_prefill_s:.2f} s at {100 * r.ttft_utilization:.0f}% load), "
                 f"{r.measured_ttft_s:.2f} s measured ({_pct(r.ttft_error)})"
+            )
+    seen = set()
+    for r in results:
+        if r.prefill_tokens_per_s_per_gpu is not None and r.id not in seen:
+            seen.add(r.id)
+            print(
+                f"{r.id}: prefill {r.prefill_tokens_per_s_per_gpu:,.0f} prompt tokens/s per prefill GPU "
+                f"predicted at full load ({r.input_len}-token prompts), "
+                f"{r.measured_prefill_tokens_per_s_per_gpu:,.0f} measured ({_pct(r.prefill_error)})"
             )
     transfers = evaluate_transfers()
     if transfers:
@@ -331,7 +364,8 @@ def main() -> int:
             )
     print(
         "\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
-        "should fall inside the predicted range, not match one row.\n"
+        "should fall inside the predicted range, not match one row; the same where the source states no "
+        "decode concurrency (one row per assumed requests per rank).\n"
         "batch: requests per decode DP rank; prefill load: predicted decode rate / predicted prefill "
         "capacity of the stated prefill instances (> 100%: the prediction is prefill-bound)."
     )
