@@ -147,10 +147,10 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     stages = parsed.layout()
     prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
-    plan = Plan(model=parsed.model, cluster=cluster_spec, config=cfg, stages=stages, prediction=prediction, solver=stats)
-    if expected is not None:
-        plan = dataclasses.replace(plan, model=parsed.model)
-    return with_launch(plan), warnings
+    # the command's shapes are what runs; a given model names it (its differences are warnings above)
+    model = parsed.model if expected is None else parsed.model.model_copy(update={"name": expected.name})
+    plan = Plan(model=model, cluster=cluster_spec, config=cfg, stages=stages, prediction=prediction, solver=stats)
+    return with_launch(dataclasses.replace(plan, band=band_for(plan))), warnings
 
 
 def _vocab_from_bundled(command: str, parsed: Any) -> Any:

@@ -150,3 +150,27 @@ def test_from_megatron_does_not_pick_between_bundled_models_of_different_vocabul
     assert not any("from bundled model" in w for w in plan["warnings"])
     assert any("assumed 32000" in w for w in plan["warnings"])
     assert any("llama-2-70b (32,000), llama-3.1-70b (128,256)" in w for w in plan["warnings"])
+
+
+def test_from_megatron_terminal_report_names_the_model_and_shows_the_band() -> None:
+    """`evaluate MODEL CLUSTER --from-megatron`: the report is titled with the given model (not the
+    parser's placeholder name) and its headline carries the prediction band, as every other report does;
+    the JSON band is the same range."""
+    import pathlib
+    import re
+
+    launch = str(pathlib.Path(__file__).parents[1] / "emit" / "golden" / "llama-3.1-8b_dgx-h100_tp2-dp4.command.sh")
+    res = CliRunner().invoke(app, ["evaluate", "llama-3.1-8b", "dgx-h100", "--from-megatron", launch],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.stderr
+    text = res.stdout
+    assert "llama-3.1-8b on 8 x H100" in text and "from-megatron on" not in text
+    m = re.search(r"likely ([0-9,]+)-([0-9,]+) tokens/s per GPU", text)
+    assert m, text
+    code, plan, _ = run("evaluate", "llama-3.1-8b", "dgx-h100", "--from-megatron", launch, "--json")
+    band = plan["predicted"]["band"]["tokens_per_s"]
+    assert code == 0 and plan["model"] == "llama-3.1-8b"
+    per_gpu = plan["predicted"]["tokens_per_s_per_gpu"]
+    lo, hi = (int(x.replace(",", "")) for x in m.groups())
+    assert lo < per_gpu < hi
+    assert (lo, hi) == (pytest.approx(band[0] / 8, rel=0.005), pytest.approx(band[1] / 8, rel=0.005))  # 3 digits

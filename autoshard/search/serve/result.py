@@ -20,7 +20,7 @@ __all__ = ["choice", "disagg_serve_plan"]
 def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
     """One sentence: which kind won and by how much, or why the other kind had no plan."""
     kind = "disaggregated" if best.disaggregated else "aggregated"
-    other_kind = "aggregated replicas" if best.disaggregated else "a prefill/decode split"
+    other_kind, verb = ("aggregated replicas", "need") if best.disaggregated else ("a prefill/decode split", "needs")
     if other is None:
         return f"{kind}: no plan with {other_kind} meets the targets on these GPUs"
 
@@ -30,7 +30,7 @@ def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
     if job.request_rate is not None:
         return (
             f"{kind}: {best.num_gpus} GPUs sustain {job.request_rate:g} req/s ({figures(best)}); "
-            f"{other_kind} need {other.num_gpus} ({other.describe()}; {figures(other)})"
+            f"{other_kind} {verb} {other.num_gpus} ({other.describe()}; {figures(other)})"
         )
     a = best.throughput_tokens_per_s / best.cluster.num_gpus
     b = other.throughput_tokens_per_s / other.cluster.num_gpus
