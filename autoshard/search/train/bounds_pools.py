@@ -24,6 +24,7 @@ from autoshard.search.train.bounds_rank import (
     tail_lower_bound,
 )
 from autoshard.search.train.bounds_joint import joint_tail_bound
+from autoshard.search.train.bounds_sends import SendsCapacity, min_total_sends
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = [
@@ -160,7 +161,8 @@ class _HeteroCapacity:
     `uniform_k`, every chunk recomputes exactly that many decoder layers (Megatron's
     --recompute-num-layers, one count for the whole model) instead of each rank its own share."""
 
-    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None = None) -> None:
+    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None = None,
+                 exact_sends: bool = False) -> None:
         self.tab, self.uniform_k = tab, uniform_k
         self.n_dec = int(tab.decoders[-1])
         self.parts = []
@@ -172,8 +174,15 @@ class _HeteroCapacity:
         # a rank that cannot hold its minimum (one decoder layer per chunk) on a pool cannot run there:
         # its capacity there counts so negative that no assignment using it reaches the layer count
         self.barred = -float(self.n_dec + 1) * (tab.config.dims.pp + 1)
+        # every send at its own link's price (`bounds_sends`): the total only, no assignment
+        self.sends = None
+        if exact_sends and SendsCapacity.fits(len(tab.pools), tab.config.dims.pp, self.limits):
+            self.sends = SendsCapacity(tab, self.parts, self.least, self.barred, self.limits, uniform_k)
 
-    def at(self, t: float) -> tuple[float, np.ndarray] | None:
+    def at(self, t: float) -> tuple[float, np.ndarray | None] | None:
+        if self.sends is not None:
+            total = self.sends.at(t)
+            return None if total is None else (total, None)
         if self.uniform_k is None:
             caps = np.stack([_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts])
         else:
@@ -195,10 +204,10 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], prob
     it cannot absorb the layers. With `uniform_recompute`, the best over the one recompute count k
     every chunk shares (a tight pool that can hold only a few layers caps k for every rank)."""
     if not uniform_recompute:
-        return _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus), probe)
+        return _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, exact_sends=True), probe)
     allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
-    found = [_hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=k), probe) for k in ks]
+    found = [_hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=k, exact_sends=True), probe) for k in ks]
     found = [t for t in found if t is not None]
     return min(found) if found else None
 
@@ -347,6 +356,10 @@ def pipeline_sums(tab: CandidateTables, pool_gpus: Sequence[int], assignment: Se
     ends = (min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)
             + min(int(p.time_us[n] - p.time_us[n - 1]) for p in tab.pools)
             + (2 * (tab.num_chunks - 1) * p2p if sends is None else int(sends.sum())))
+    if sends is None:  # every assignment's sends, each at its own link's price, at the least
+        least_sends = min_total_sends(tab, limits)
+        if least_sends is not None:
+            ends += max(0, int(least_sends) - 2 * (tab.num_chunks - 1) * p2p)
 
     def smallest_sum(t: float) -> int | None:
         left, total = n_dec, 0
