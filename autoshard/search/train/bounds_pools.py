@@ -204,20 +204,39 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], prob
     it cannot absorb the layers. With `uniform_recompute`, the best over the one recompute count k
     every chunk shares (a tight pool that can hold only a few layers caps k for every rank)."""
     if not uniform_recompute:
-        return _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, exact_sends=True), probe)
+        return _exact_threshold(tab, pool_gpus, None, probe, None)
     allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
-    found = [_hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=k, exact_sends=True), probe) for k in ks]
-    found = [t for t in found if t is not None]
-    return min(found) if found else None
+    best = None
+    for k in ks:
+        found = _exact_threshold(tab, pool_gpus, k, probe, best)
+        if found is not None and (best is None or found < best):
+            best = found
+    return best
 
 
-def _hetero_threshold(tab: CandidateTables, cap: _HeteroCapacity, probe: int | None) -> int | None:
+def _exact_threshold(tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None, probe: int | None,
+                     ceiling: int | None) -> int | None:
+    """The cheapest-link threshold, then, where it could still matter (at most `probe` and below
+    `ceiling`, the best of the other recompute counts), the exact-sends one searched from it: the
+    exact capacities are never larger, so the exact threshold is never smaller."""
+    loose = _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=uniform_k), probe)
+    if loose is None or (probe is not None and loose > probe) or (ceiling is not None and loose >= ceiling):
+        return loose
+    exact = _HeteroCapacity(tab, pool_gpus, uniform_k=uniform_k, exact_sends=True)
+    if exact.sends is None:
+        return loose
+    return _hetero_threshold(tab, exact, probe, lo_at_least=loose, extra_hi=exact.sends.extra_us)
+
+
+def _hetero_threshold(tab: CandidateTables, cap: _HeteroCapacity, probe: int | None, lo_at_least: int = 0,
+                      extra_hi: int = 0) -> int | None:
     n_dec = int(tab.decoders[-1])
     _, _, fixed, _ = rank_work(tab)
     d = max(p.decoder_unit[0] for p in tab.pools)
     x = max(p.recompute_extra_us for p in tab.pools)
-    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1
+    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1 + extra_hi
+    lo = min(max(lo, lo_at_least), hi)
 
     def capacity(t: float) -> np.ndarray:
         found = cap.at(t)

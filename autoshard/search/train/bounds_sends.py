@@ -67,6 +67,8 @@ class SendsCapacity:
             sends = ml[None, None, :] * links[:, b][:, None, None] + mr[None, None, :] * links[b, :][None, :, None]
             self.fixed.append(fixed[None, None, :] - relaxed[None, None, :] + sends)
         self.parts = parts
+        # the most any rank's sends exceed the cheapest-link price: how much later its threshold can be
+        self.extra_us = int(np.ceil(float((ml + mr).max()) * float(links.max() - p2p))) + 1
 
     @staticmethod
     def fits(k: int, pp: int, limits: Sequence[int]) -> bool:
