@@ -21,7 +21,7 @@ from conftest import gpu, node, tiny_model
 from test_hetero_uniform_bound import _brute
 
 
-def _cluster(inter_gbps: float) -> ClusterSpec:
+def _cluster(inter_gbps: float, pools: int = 3) -> ClusterSpec:
     """Fast GPUs in a 2-GPU NVLink node, slower ones in 1-GPU nodes (every send leaves the node),
     small ones; pools joined by a thin link: a send's price depends on both ends' pools."""
     return ClusterSpec.model_validate({
@@ -30,14 +30,14 @@ def _cluster(inter_gbps: float) -> ClusterSpec:
             {"name": "fast", "gpu": gpu("H100", hbm=12.0), "node": node(2), "num_nodes": 1},
             {"name": "slow", "gpu": gpu("A100", hbm=12.0, tflops=312.0), "node": node(1), "num_nodes": 2},
             {"name": "small", "gpu": gpu("A10", hbm=6.0, tflops=125.0), "node": node(1), "num_nodes": 2},
-        ],
+        ][:pools],
         "inter_pool_gbps": inter_gbps,
     })
 
 
-def _tables(inter_gbps: float, min_pp: int = 2):
+def _tables(inter_gbps: float, min_pp: int = 2, pools: int = 3):
     model = tiny_model(layers=6, hidden=2048, heads=16, kv=4)
-    cluster = _cluster(inter_gbps)
+    cluster = _cluster(inter_gbps, pools)
     job = TrainJob(seq_len=2048, global_batch_size=16)
     space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
     pool_gpus = [p.num_gpus for p in cluster.pools]
@@ -52,10 +52,10 @@ def _assignments(tab, pool_gpus):
     return [v for v in itertools.product(range(k), repeat=pp) if all(v.count(q) <= limits[q] for q in range(k))]
 
 
-@pytest.mark.parametrize("inter_gbps", [2.0, 25.0])
-def test_dp_equals_brute_force_over_assignments(inter_gbps):
+@pytest.mark.parametrize("inter_gbps,pools", [(2.0, 3), (25.0, 3), (2.0, 2)])
+def test_dp_equals_brute_force_over_assignments(inter_gbps, pools):
     checked = vpp2 = 0
-    for tab, pool_gpus in _tables(inter_gbps):
+    for tab, pool_gpus in _tables(inter_gbps, pools=pools):
         cap = _HeteroCapacity(tab, pool_gpus, exact_sends=True)
         assert cap.sends is not None
         vectors = _assignments(tab, pool_gpus)
@@ -71,7 +71,7 @@ def test_dp_equals_brute_force_over_assignments(inter_gbps):
             assert max(dp, 0.0) == brute, (tab.config.dims.describe(), t, dp, brute)
             checked += 1
         vpp2 += tab.config.dims.vpp > 1
-    assert checked >= 40 and vpp2 >= 1
+    assert checked >= 25 and vpp2 >= 1
 
 
 @pytest.mark.parametrize("inter_gbps", [2.0, 25.0])
