@@ -13,7 +13,8 @@ import pytest
 
 from autoshard.search.train.bounds import bounds
 from autoshard.search.train.bounds_pools import _HeteroCapacity, assignment_capacity, assignment_sends, pool_rank_limits
-from autoshard.search.train.bounds_sends import SendsCapacity, min_total_sends
+from autoshard.search.train.bounds_rank import _rank_sends
+from autoshard.search.train.bounds_sends import SendsCapacity, link_matrix, min_total_sends, pool_send_floor
 from autoshard.search.train.space import SpaceOptions, enumerate_train
 from autoshard.search.train.tables import build_tables
 from autoshard.specs import ClusterSpec, TrainJob
@@ -106,3 +107,24 @@ def test_candidate_bound_below_the_optimum_and_tighter_than_the_cheapest_link():
                 higher += b[0] < a[0]
         checked += 1
     assert checked >= 5 and higher >= 1
+
+
+@pytest.mark.parametrize("inter_gbps", [2.0, 25.0])
+def test_pool_send_floor_never_exceeds_a_ranks_sends(inter_gbps):
+    """Every rank's sends, in every assignment, cost at least its pool's floor more than the
+    cheapest-link price; the floor is reached by some assignment (it is the sharpest such price)."""
+    checked = raised = 0
+    for tab, pool_gpus in _tables(inter_gbps):
+        floor = pool_send_floor(tab)
+        links = link_matrix(tab)
+        relaxed = np.asarray(_rank_sends(tab), dtype=np.float64) * links.min()
+        reached = np.zeros_like(floor, dtype=bool)
+        for v in itertools.product(range(len(pool_gpus)), repeat=tab.config.dims.pp):
+            extra = assignment_sends(tab, v) - relaxed
+            for r, q in enumerate(v):
+                assert extra[r] >= floor[q, r] - 1e-9
+                reached[q, r] |= abs(extra[r] - floor[q, r]) < 1e-9
+        assert reached.all(), tab.config.dims.describe()
+        checked += 1
+        raised += bool((floor > 0).any())
+    assert checked >= 10 and raised >= 10

@@ -24,7 +24,7 @@ from autoshard.search.train.bounds_rank import (
     tail_lower_bound,
 )
 from autoshard.search.train.bounds_joint import joint_tail_bound
-from autoshard.search.train.bounds_sends import SendsCapacity, min_total_sends
+from autoshard.search.train.bounds_sends import SendsCapacity, min_total_sends, pool_send_floor
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = [
@@ -166,9 +166,10 @@ class _HeteroCapacity:
         self.tab, self.uniform_k = tab, uniform_k
         self.n_dec = int(tab.decoders[-1])
         self.parts = []
+        floor = pool_send_floor(tab)  # each pool's sends at its own cheapest links
         for q in range(len(tab.pools)):
             d, x, fixed, least = rank_work(tab, q)
-            self.parts.append((rank_room(tab, q), d, x, fixed))
+            self.parts.append((rank_room(tab, q), d, x, fixed + floor[q]))
         self.least = least if uniform_k is None else np.maximum(least, tab.config.dims.vpp * uniform_k)
         self.limits = pool_rank_limits(tab, pool_gpus)
         # a rank that cannot hold its minimum (one decoder layer per chunk) on a pool cannot run there:
@@ -366,10 +367,12 @@ def pipeline_sums(tab: CandidateTables, pool_gpus: Sequence[int], assignment: Se
     own = None if assignment is None else np.asarray(assignment)
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     exact = 0.0 if sends is None else sends - np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    floor = pool_send_floor(tab) if sends is None else np.zeros((len(tab.pools), pp))
     parts = []
     for q in range(len(tab.pools)):
         d, x, fixed, _ = rank_work(tab, q)
-        parts.append((d, rank_room(tab, q), x, fixed + exact, int(limits[q]), None if own is None else own == q))
+        parts.append((d, rank_room(tab, q), x, fixed + exact + floor[q], int(limits[q]),
+                      None if own is None else own == q))
     parts.sort(key=lambda item: item[0])
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     ends = (min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)

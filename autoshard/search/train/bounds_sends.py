@@ -17,7 +17,7 @@ import numpy as np
 from autoshard.search.train.bounds_rank import RankRoom, _rank_capacity, _rank_sends, _uniform_capacity
 from autoshard.search.train.tables import CandidateTables
 
-__all__ = ["link_matrix", "send_multiplicity", "SendsCapacity"]
+__all__ = ["link_matrix", "send_multiplicity", "pool_send_floor", "SendsCapacity", "min_total_sends"]
 
 MAX_STATES = 250_000
 """Largest DP state (pools^4 x ranks-per-pool counts) for which the exact-sends bound runs."""
@@ -43,10 +43,24 @@ def send_multiplicity(pp: int, vpp: int) -> tuple[np.ndarray, np.ndarray]:
     return left, right
 
 
+def pool_send_floor(tab: CandidateTables) -> np.ndarray:
+    """(pools, pp): the least a rank on each pool pays for its sends per micro-batch beyond what the
+    cheapest link of the cluster (`bounds_rank.rank_work`'s price) charges. Every send of a rank on
+    pool q crosses a link that touches q: from the rank before on some pool a (L[a, q]) or to the rank
+    after on some pool c (L[q, c]), so the cheapest such links price it from below."""
+    pp, vpp = tab.config.dims.pp, tab.config.dims.vpp
+    if pp == 1:  # one rank: no sends (and no cross-pool prices in the tables)
+        return np.zeros((len(tab.pools), pp))
+    links = link_matrix(tab)
+    relaxed = np.asarray(_rank_sends(tab), dtype=np.float64) * float(links.min())
+    ml, mr = send_multiplicity(pp, vpp)
+    return np.stack([ml * links[:, q].min() + mr * links[q, :].min() - relaxed for q in range(len(tab.pools))])
+
+
 class SendsCapacity:
     """Largest total decoder capacity at slowest-rank time t over every rank -> pool assignment,
     sends exact. `parts` per pool: (room, layer us, recompute extra us, fixed us per rank with the
-    cheapest-link sends); `least` the fewest layers per rank; `barred` the capacity that rules a rank
+    sends at the cheapest-link price plus `pool_send_floor`); `least` the fewest layers per rank; `barred` the capacity that rules a rank
     out of a pool; `uniform_k` as `bounds_pools._HeteroCapacity`."""
 
     def __init__(self, tab: CandidateTables, parts: Sequence[tuple[RankRoom, int, int, np.ndarray]],
@@ -60,12 +74,13 @@ class SendsCapacity:
         links = link_matrix(tab)
         p2p = float(links.min())
         relaxed = np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+        floor = pool_send_floor(tab)
         ml, mr = send_multiplicity(pp, vpp)
         # fixed[b][a, c, r]: rank r's fixed work on pool b, left neighbour on a, right on c
         self.fixed = []
         for b, (_, _, _, fixed) in enumerate(parts):
             sends = ml[None, None, :] * links[:, b][:, None, None] + mr[None, None, :] * links[b, :][None, :, None]
-            self.fixed.append(fixed[None, None, :] - relaxed[None, None, :] + sends)
+            self.fixed.append((fixed - relaxed - floor[b])[None, None, :] + sends)
         self.parts = parts
         # the most any rank's sends exceed the cheapest-link price: how much later its threshold can be
         self.extra_us = int(np.ceil(float((ml + mr).max()) * float(links.max() - p2p))) + 1
