@@ -24,6 +24,7 @@ from autoshard.search.train.bounds_rank import (
     tail_lower_bound,
 )
 from autoshard.search.train.bounds_joint import joint_tail_bound
+from autoshard.search.train.bounds_sends import SendsCapacity, min_total_sends, pool_send_floor
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = [
@@ -160,20 +161,29 @@ class _HeteroCapacity:
     `uniform_k`, every chunk recomputes exactly that many decoder layers (Megatron's
     --recompute-num-layers, one count for the whole model) instead of each rank its own share."""
 
-    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None = None) -> None:
+    def __init__(self, tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None = None,
+                 exact_sends: bool = False) -> None:
         self.tab, self.uniform_k = tab, uniform_k
         self.n_dec = int(tab.decoders[-1])
         self.parts = []
+        floor = pool_send_floor(tab)  # each pool's sends at its own cheapest links
         for q in range(len(tab.pools)):
             d, x, fixed, least = rank_work(tab, q)
-            self.parts.append((rank_room(tab, q), d, x, fixed))
+            self.parts.append((rank_room(tab, q), d, x, fixed + floor[q]))
         self.least = least if uniform_k is None else np.maximum(least, tab.config.dims.vpp * uniform_k)
         self.limits = pool_rank_limits(tab, pool_gpus)
         # a rank that cannot hold its minimum (one decoder layer per chunk) on a pool cannot run there:
         # its capacity there counts so negative that no assignment using it reaches the layer count
         self.barred = -float(self.n_dec + 1) * (tab.config.dims.pp + 1)
+        # every send at its own link's price (`bounds_sends`): the total only, no assignment
+        self.sends = None
+        if exact_sends and SendsCapacity.fits(len(tab.pools), tab.config.dims.pp, self.limits):
+            self.sends = SendsCapacity(tab, self.parts, self.least, self.barred, self.limits, uniform_k)
 
-    def at(self, t: float) -> tuple[float, np.ndarray] | None:
+    def at(self, t: float) -> tuple[float, np.ndarray | None] | None:
+        if self.sends is not None:
+            total = self.sends.at(t)
+            return None if total is None else (total, None)
         if self.uniform_k is None:
             caps = np.stack([_rank_capacity(rr, t - fixed, d, x, self.n_dec) for rr, d, x, fixed in self.parts])
         else:
@@ -195,20 +205,39 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], prob
     it cannot absorb the layers. With `uniform_recompute`, the best over the one recompute count k
     every chunk shares (a tight pool that can hold only a few layers caps k for every rank)."""
     if not uniform_recompute:
-        return _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus), probe)
+        return _exact_threshold(tab, pool_gpus, None, probe, None)
     allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
-    found = [_hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=k), probe) for k in ks]
-    found = [t for t in found if t is not None]
-    return min(found) if found else None
+    best = None
+    for k in ks:
+        found = _exact_threshold(tab, pool_gpus, k, probe, best)
+        if found is not None and (best is None or found < best):
+            best = found
+    return best
 
 
-def _hetero_threshold(tab: CandidateTables, cap: _HeteroCapacity, probe: int | None) -> int | None:
+def _exact_threshold(tab: CandidateTables, pool_gpus: Sequence[int], uniform_k: int | None, probe: int | None,
+                     ceiling: int | None) -> int | None:
+    """The cheapest-link threshold, then, where it could still matter (at most `probe` and below
+    `ceiling`, the best of the other recompute counts), the exact-sends one searched from it: the
+    exact capacities are never larger, so the exact threshold is never smaller."""
+    loose = _hetero_threshold(tab, _HeteroCapacity(tab, pool_gpus, uniform_k=uniform_k), probe)
+    if loose is None or (probe is not None and loose > probe) or (ceiling is not None and loose >= ceiling):
+        return loose
+    exact = _HeteroCapacity(tab, pool_gpus, uniform_k=uniform_k, exact_sends=True)
+    if exact.sends is None:
+        return loose
+    return _hetero_threshold(tab, exact, probe, lo_at_least=loose, extra_hi=exact.sends.extra_us)
+
+
+def _hetero_threshold(tab: CandidateTables, cap: _HeteroCapacity, probe: int | None, lo_at_least: int = 0,
+                      extra_hi: int = 0) -> int | None:
     n_dec = int(tab.decoders[-1])
     _, _, fixed, _ = rank_work(tab)
     d = max(p.decoder_unit[0] for p in tab.pools)
     x = max(p.recompute_extra_us for p in tab.pools)
-    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1
+    lo, hi = int(fixed.max()), int(fixed.max()) + (d + max(x, 0)) * n_dec * 4 + 1 + extra_hi
+    lo = min(max(lo, lo_at_least), hi)
 
     def capacity(t: float) -> np.ndarray:
         found = cap.at(t)
@@ -338,15 +367,21 @@ def pipeline_sums(tab: CandidateTables, pool_gpus: Sequence[int], assignment: Se
     own = None if assignment is None else np.asarray(assignment)
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     exact = 0.0 if sends is None else sends - np.asarray(_rank_sends(tab), dtype=np.float64) * p2p
+    floor = pool_send_floor(tab) if sends is None else np.zeros((len(tab.pools), pp))
     parts = []
     for q in range(len(tab.pools)):
         d, x, fixed, _ = rank_work(tab, q)
-        parts.append((d, rank_room(tab, q), x, fixed + exact, int(limits[q]), None if own is None else own == q))
+        parts.append((d, rank_room(tab, q), x, fixed + exact + floor[q], int(limits[q]),
+                      None if own is None else own == q))
     parts.sort(key=lambda item: item[0])
     p2p = min([p.p2p_us for p in tab.pools] + list(tab.cross_p2p_us.values()))
     ends = (min(int(p.time_us[1] - p.time_us[0]) for p in tab.pools)
             + min(int(p.time_us[n] - p.time_us[n - 1]) for p in tab.pools)
             + (2 * (tab.num_chunks - 1) * p2p if sends is None else int(sends.sum())))
+    if sends is None:  # every assignment's sends, each at its own link's price, at the least
+        least_sends = min_total_sends(tab, limits)
+        if least_sends is not None:
+            ends += max(0, int(least_sends) - 2 * (tab.num_chunks - 1) * p2p)
 
     def smallest_sum(t: float) -> int | None:
         left, total = n_dec, 0
