@@ -95,8 +95,9 @@ class SendsCapacity:
             size *= min(pp, int(x)) + 1
         return size <= MAX_STATES
 
-    def caps(self, t: float) -> np.ndarray:
-        """(pp, left pool, own pool, right pool) capacities, barred where below the minimum."""
+    def caps(self, t: float, limit: np.ndarray | None = None) -> np.ndarray:
+        """(pp, left pool, own pool, right pool) capacities, barred where below the minimum; with
+        `limit` (pools, pp), each rank's capacity on each pool is at most that (a tail's cap)."""
         out = np.empty((self.pp, self.k, self.k, self.k))
         for b, (rr, d, x, _) in enumerate(self.parts):
             fixed = self.fixed[b]
@@ -104,13 +105,15 @@ class SendsCapacity:
                 cap = _rank_capacity(rr, t - fixed, d, x, self.n_dec)
             else:
                 cap = _uniform_capacity(self.tab, rr, fixed, d, x, t, self.uniform_k)
+            if limit is not None:
+                cap = np.minimum(cap, limit[b][None, None, :])
             cap = np.where(cap >= self.least, cap, self.barred)
             out[:, :, b, :] = np.moveaxis(cap, 2, 0)
         return out
 
-    def at(self, t: float) -> float | None:
-        """The largest total capacity at t (None: the pools cannot host the ranks)."""
-        c = self.caps(t)
+    def at(self, t: float, limit: np.ndarray | None = None) -> float | None:
+        """The largest total capacity at t (None: the pools cannot host the ranks); `limit` as `caps`."""
+        c = self.caps(t, limit)
         k, pp, lim = self.k, self.pp, self.lim
         counted = lim[:-1]  # ranks on every pool but the last are state; the last one's follow
         shape = (k, k, k, k, *[x + 1 for x in counted])

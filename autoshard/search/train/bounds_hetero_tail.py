@@ -1,0 +1,91 @@
+"""The joint bound on slowest-rank time and slowest-rank tail of a heterogeneous candidate, over every
+rank -> pool assignment at once.
+
+`bounds` prices the tail (exposed data-parallel traffic plus optimizer step) by its average over
+the ranks, and `hetero_pipeline_bound` the sends by the least total of any assignment: each term at
+its own best assignment. Here one assignment has to serve both the slowest-rank time T and the tail
+U: a rank on pool q at position r holds at most min(its capacity at T with its sends priced at
+their own links, (U - g) / s for each linear form of its tail on q) decoder layers
+(`bounds_joint.tail_forms`, every decoder layer at its cheapest slope), and the dynamic programme of
+`bounds_sends.SendsCapacity` finds the largest total of those over every assignment within the
+pools' rank limits exactly; (T, U) is feasible only when that total reaches the decoder layers. The
+smallest U per T comes from a bisection; T runs over a grid from the t_max bound to where a longer
+T cannot pay for itself, each segment priced at its left T and its right U and right sum of rank
+times (`pipeline_sums`, itself the least over every assignment): valid between grid points, because
+the smallest U and sum only shrink as T grows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from autoshard.search.train.bounds_joint import tail_forms
+from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums
+from autoshard.search.train.tables import CandidateTables
+
+__all__ = ["hetero_joint_tail_bound"]
+
+GRID_POINTS = 12
+"""Segments of the slowest-rank time grid (as `bounds_joint.joint_tail_bound`)."""
+
+
+def hetero_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, b: int,
+                            c: int) -> int:
+    """Lower bound on a*t_max + b*tail + c*sum_r T_r over every layout and rank -> pool assignment,
+    t_max >= `tmax`; 0 when it does not apply (one pool, one rank, or a DP state too large)."""
+    pp, k, n_dec = tab.config.dims.pp, len(tab.pools), int(tab.decoders[-1])
+    if k < 2:
+        return 0
+    sends = _HeteroCapacity(tab, pool_gpus, exact_sends=True).sends
+    if sends is None:
+        return 0
+    is_major = np.ones(n_dec, dtype=bool)
+    forms = [[(g, s) for g, s, _ in tail_forms(tab, [q] * pp, is_major)] for q in range(k)]
+    top = float(max(g.max() + max(s.max(), 0.0) * n_dec for pool in forms for g, s in pool)) + 1
+
+    def limit(u: float) -> np.ndarray:
+        out = np.full((k, pp), np.inf)
+        for q, pool in enumerate(forms):
+            for g, s in pool:
+                positive = s > 0
+                # a non-positive slope puts no cap on the count (only an upper bound is needed)
+                by_tail = np.where(positive, np.floor((u - g) / np.where(positive, s, 1.0) + 1e-9), np.inf)
+                out[q] = np.minimum(out[q], by_tail)
+        return out
+
+    def feasible(t: float, u: float) -> bool:
+        total = sends.at(t, limit(u))
+        return total is not None and total >= n_dec
+
+    def min_tail(t: float) -> int | None:
+        """Smallest integer tail U at slowest-rank time t (None: infeasible at any U)."""
+        if not feasible(t, top):
+            return None
+        lo, hi = 0, int(top)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if feasible(t, mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    sums = pipeline_sums(tab, pool_gpus)
+    first, floor = min_tail(float(tmax)), min_tail(math.inf)
+    sum_first, sum_floor = sums(float(tmax)), sums(math.inf)
+    if floor is None or sum_floor is None:
+        return 0
+    if a <= 0:
+        return b * floor + c * sum_floor
+    if first is None or sum_first is None:  # only feasible further out: each term at its floor
+        return a * tmax + b * floor + c * sum_floor
+    span = max(1, math.ceil((b * (first - floor) + c * (sum_first - sum_floor)) / a))
+    grid = [tmax + math.ceil(span * i / GRID_POINTS) for i in range(GRID_POINTS + 1)]
+    best = a * grid[-1] + b * floor + c * sum_floor
+    for i in range(GRID_POINTS):
+        right, right_sum = min_tail(float(grid[i + 1])), sums(float(grid[i + 1]))
+        if right is not None and right_sum is not None:
+            best = min(best, a * grid[i] + b * right + c * right_sum)
+    return best
