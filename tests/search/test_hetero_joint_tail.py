@@ -1,16 +1,21 @@
 """The joint bound over every rank -> pool assignment on slowest-rank time, sends and tail
-(`bounds_hetero_tail`): never above the brute-force optimum over every assignment, layout and
-recompute count, and above the candidate bound of `bounds` (each term at its own best assignment)
-on some candidates."""
+(`bounds_hetero_tail`): never above the brute-force optimum over every assignment, contiguous
+layout and one recompute count for every chunk, and above the candidate bound of `bounds` (each
+term at its own best assignment) on some candidates."""
 
 from __future__ import annotations
 
 import pytest
 
+import autoshard.search.train.assign as assign_module
 from autoshard.search.train.bounds import bounds
 from autoshard.search.train.bounds_hetero_tail import hetero_joint_tail_bound
-from autoshard.search.train.space import SpaceOptions
-from test_exact_sends import _tables
+from autoshard.search.train.options import SolverOptions
+from autoshard.search.train.prepare import prepare
+from autoshard.search.train.space import Pins, SpaceOptions
+from autoshard.specs import TrainJob
+from conftest import tiny_model
+from test_exact_sends import _cluster, _tables
 from test_hetero_uniform_bound import _brute
 
 
@@ -40,13 +45,6 @@ def test_preparation_bounds_open_candidates_jointly_and_stays_below_the_optimum(
     """`prepare` raises every open heterogeneous candidate's bound to at least the joint bound (pools
     left free: no candidate split by assignment here, as candidates with too many assignments are),
     and the result stays below the brute-force optimum of that candidate."""
-    import autoshard.search.train.assign as assign_module
-    from autoshard.search.train.options import SolverOptions
-    from autoshard.search.train.prepare import prepare
-    from autoshard.search.train.space import Pins
-    from autoshard.specs import TrainJob
-    from conftest import tiny_model
-    from test_exact_sends import _cluster
 
     monkeypatch.setattr(assign_module, "_MAX_ASSIGNMENTS", 0)
     model, cluster = tiny_model(layers=6, hidden=2048, heads=16, kv=4), _cluster(2.0)
