@@ -53,7 +53,8 @@ def test_preparation_bounds_open_candidates_jointly_and_stays_below_the_optimum(
     prep = prepare(model, cluster, job, pins=Pins(), options=options)
     pool_gpus = [p.num_gpus for p in cluster.pools]
     checked = 0
-    for tab, lb, tmax, fixed in zip(prep.tables, prep.lower_bounds, prep.tmax_bounds, prep.fixed_pools, strict=True):
+    rows = zip(prep.tables, prep.lower_bounds, prep.tmax_bounds, prep.fixed_pools, strict=True)
+    for tab, lb, tmax, fixed in rows:
         if fixed is not None or not 1 < tab.config.dims.pp <= 3:
             continue
         assert lb >= hetero_joint_tail_bound(tab, pool_gpus, tmax, *_weights(tab)) > 0
