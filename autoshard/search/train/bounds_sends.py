@@ -138,13 +138,7 @@ class SendsCapacity:
                 extra = (None,) * len(counted)
                 tmp = (v + add[(None, None, slice(None), slice(None), *extra)]).max(axis=2)  # (p0, p1, cur, n...)
                 if nxt < k - 1:
-                    ax = 3 + nxt
-                    shifted = np.full_like(tmp, neg)
-                    src = [slice(None)] * tmp.ndim
-                    dst = [slice(None)] * tmp.ndim
-                    src[ax], dst[ax] = slice(0, -1), slice(1, None)
-                    shifted[tuple(dst)] = tmp[tuple(src)]
-                    tmp = shifted
+                    tmp = _one_more(tmp, 3 + nxt, neg)
                 else:
                     tmp = np.where((r + 2 - used) <= lim[-1], tmp, neg)
                 new[:, :, :, nxt] = tmp
@@ -155,6 +149,17 @@ class SendsCapacity:
         first = np.transpose(c[0], (1, 2, 0))[(slice(None), slice(None), None, slice(None), *extra)]
         total = float((v + last + first).max())
         return None if total == neg else total
+
+
+def _one_more(values: np.ndarray, axis: int, fill: float) -> np.ndarray:
+    """`values` moved one step along a pool's rank-count axis (the next rank goes on that pool): the
+    entry for n ranks becomes the one for n + 1; counts of 0 get `fill` (unreachable)."""
+    shifted = np.full_like(values, fill)
+    src = [slice(None)] * values.ndim
+    dst = [slice(None)] * values.ndim
+    src[axis], dst[axis] = slice(0, -1), slice(1, None)
+    shifted[tuple(dst)] = values[tuple(src)]
+    return shifted
 
 
 def min_total_sends(tab: CandidateTables, limits: Sequence[int]) -> float | None:
@@ -184,13 +189,7 @@ def min_total_sends(tab: CandidateTables, limits: Sequence[int]) -> float | None
         for nxt in range(k):
             tmp = (v + 2 * vpp * links[:, nxt][(None, slice(None), *extra)]).min(axis=1)  # (p0, n...)
             if nxt < k - 1:
-                ax = 1 + nxt
-                shifted = np.full_like(tmp, np.inf)
-                src = [slice(None)] * tmp.ndim
-                dst = [slice(None)] * tmp.ndim
-                src[ax], dst[ax] = slice(0, -1), slice(1, None)
-                shifted[tuple(dst)] = tmp[tuple(src)]
-                tmp = shifted
+                tmp = _one_more(tmp, 1 + nxt, np.inf)
             else:
                 tmp = np.where((r + 1 - used) <= lim[-1], tmp, np.inf)
             new[:, nxt] = tmp
