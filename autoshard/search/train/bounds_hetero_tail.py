@@ -16,20 +16,15 @@ the smallest U and sum only shrink as T grows."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from autoshard.search.train.bounds_joint import tail_forms
+from autoshard.search.train.bounds_joint import grid_bound, tail_forms
 from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums
 from autoshard.search.train.tables import CandidateTables
 
 __all__ = ["hetero_joint_tail_bound"]
-
-GRID_POINTS = 12
-"""Segments of the slowest-rank time grid (as `bounds_joint.joint_tail_bound`)."""
-
 
 def hetero_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, b: int,
                             c: int) -> int:
@@ -73,19 +68,4 @@ def hetero_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax
         return lo
 
     sums = pipeline_sums(tab, pool_gpus)
-    first, floor = min_tail(float(tmax)), min_tail(math.inf)
-    sum_first, sum_floor = sums(float(tmax)), sums(math.inf)
-    if floor is None or sum_floor is None:
-        return 0
-    if a <= 0:
-        return b * floor + c * sum_floor
-    if first is None or sum_first is None:  # only feasible further out: each term at its floor
-        return a * tmax + b * floor + c * sum_floor
-    span = max(1, math.ceil((b * (first - floor) + c * (sum_first - sum_floor)) / a))
-    grid = [tmax + math.ceil(span * i / GRID_POINTS) for i in range(GRID_POINTS + 1)]
-    best = a * grid[-1] + b * floor + c * sum_floor
-    for i in range(GRID_POINTS):
-        right, right_sum = min_tail(float(grid[i + 1])), sums(float(grid[i + 1]))
-        if right is not None and right_sum is not None:
-            best = min(best, a * grid[i] + b * right + c * right_sum)
-    return best
+    return grid_bound(tmax, a, b, c, lambda ts: [min_tail(t) for t in ts], sums)

@@ -122,8 +122,20 @@ def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
     def extra(t: float) -> int | None:
         return 0 if sums is None else sums(t)
 
+    return grid_bound(tmax, a, b, c, min_tail, extra)
+
+
+JOINT_GRID_POINTS = 12
+"""Segments of the slowest-rank time grid of the joint bounds."""
+
+
+def grid_bound(tmax: int, a: int, b: int, c: int, min_tail: Callable[[list[float]], list[int | None]],
+               sums: Callable[[float], int | None]) -> int:
+    """min over t_max >= `tmax` of a*t_max + b*U(t_max) + c*S(t_max), U the smallest tail and S the
+    smallest rank-time sum at a slowest-rank time (both non-increasing, None: infeasible there), on a
+    grid whose right ends bound each segment from below. `min_tail` takes a list of times."""
     first, floor = min_tail([float(tmax), math.inf])
-    sum_first, sum_floor = extra(float(tmax)), extra(math.inf)
+    sum_first, sum_floor = sums(float(tmax)), sums(math.inf)
     if floor is None or sum_floor is None:
         return 0
     if a <= 0:
@@ -132,12 +144,12 @@ def joint_tail_bound(tab: CandidateTables, tmax: int, a: int, b: int, *,
         return a * tmax + b * floor + c * sum_floor
     # past tmax + (b * (U(tmax) - U_floor) + c * (S(tmax) - S_floor)) / a a longer T cannot pay for itself
     span = max(1, math.ceil((b * (first - floor) + c * (sum_first - sum_floor)) / a))
-    points = 12
+    points = JOINT_GRID_POINTS
     grid = [tmax + math.ceil(span * i / points) for i in range(points + 1)]
     tails = [first, *min_tail([float(t) for t in grid[1:]])]
     best = a * grid[-1] + b * floor + c * sum_floor
     for i in range(points):
-        right, right_sum = tails[i + 1], extra(float(grid[i + 1]))
+        right, right_sum = tails[i + 1], sums(float(grid[i + 1]))
         if right is not None and right_sum is not None:
             best = min(best, a * grid[i] + b * right + c * right_sum)
     return best
