@@ -47,6 +47,19 @@ def hetero_cluster(*, hbm_a: float = 80.0, hbm_b: float = 40.0) -> ClusterSpec:
     })
 
 
+def three_tight_cluster(big_hbm: float, small_hbm: float) -> ClusterSpec:
+    """Fast GPUs, slow GPUs with as much memory and slow GPUs with less, one 2-GPU node each."""
+    return ClusterSpec.model_validate({
+        "name": "three-tight",
+        "pools": [
+            {"name": "fast", "gpu": gpu("H100", hbm=big_hbm), "node": node(2), "num_nodes": 1},
+            {"name": "slow", "gpu": gpu("A100", hbm=big_hbm, tflops=312.0), "node": node(2), "num_nodes": 1},
+            {"name": "small", "gpu": gpu("A10", hbm=small_hbm, tflops=125.0), "node": node(2), "num_nodes": 1},
+        ],
+        "inter_pool_gbps": 25,
+    })
+
+
 @pytest.fixture
 def small_dense() -> ModelSpec:
     return tiny_model()

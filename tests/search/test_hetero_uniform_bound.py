@@ -14,21 +14,8 @@ from autoshard.search.train.bounds import bounds
 from autoshard.search.train.bounds_pools import hetero_tmax_lower_bound, pool_rank_limits
 from autoshard.search.train.space import SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
-from autoshard.specs import ClusterSpec, TrainJob
-from conftest import gpu, node, tiny_model
-
-
-def _cluster(big_hbm: float, small_hbm: float) -> ClusterSpec:
-    """Fast GPUs, slow GPUs with as much memory and slow GPUs with less, one 2-GPU node each."""
-    return ClusterSpec.model_validate({
-        "name": "three-tight",
-        "pools": [
-            {"name": "fast", "gpu": gpu("H100", hbm=big_hbm), "node": node(2), "num_nodes": 1},
-            {"name": "slow", "gpu": gpu("A100", hbm=big_hbm, tflops=312.0), "node": node(2), "num_nodes": 1},
-            {"name": "small", "gpu": gpu("A10", hbm=small_hbm, tflops=125.0), "node": node(2), "num_nodes": 1},
-        ],
-        "inter_pool_gbps": 25,
-    })
+from autoshard.specs import TrainJob
+from conftest import three_tight_cluster, tiny_model
 
 
 def _rank_times(tab, lay: Layout) -> list[int]:
@@ -73,7 +60,7 @@ def _brute(tab, pool_gpus) -> tuple[int, int] | None:
 @pytest.mark.parametrize("big_hbm,small_hbm,seq", [(8.0, 3.0, 2048), (10.0, 4.0, 4096)])
 def test_uniform_hetero_bound_never_exceeds_the_brute_force_optimum(big_hbm, small_hbm, seq):
     model = tiny_model(layers=6, hidden=2048, heads=16, kv=4)
-    cluster = _cluster(big_hbm, small_hbm)
+    cluster = three_tight_cluster(big_hbm, small_hbm)
     job = TrainJob(seq_len=seq, global_batch_size=16)
     space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
     pool_gpus = [p.num_gpus for p in cluster.pools]

@@ -18,21 +18,8 @@ from autoshard.search.train.bounds_pools import pool_rank_limits
 from autoshard.search.train.result import layout_stages
 from autoshard.search.train.space import SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
-from autoshard.specs import ClusterSpec, TrainJob
-from conftest import gpu, node, tiny_model
-
-
-def _cluster(big_hbm: float, small_hbm: float) -> ClusterSpec:
-    """Fast GPUs, slow GPUs with as much memory and slow GPUs with less, one 2-GPU node each."""
-    return ClusterSpec.model_validate({
-        "name": "three-tight",
-        "pools": [
-            {"name": "fast", "gpu": gpu("H100", hbm=big_hbm), "node": node(2), "num_nodes": 1},
-            {"name": "slow", "gpu": gpu("A100", hbm=big_hbm, tflops=312.0), "node": node(2), "num_nodes": 1},
-            {"name": "small", "gpu": gpu("A10", hbm=small_hbm, tflops=125.0), "node": node(2), "num_nodes": 1},
-        ],
-        "inter_pool_gbps": 25,
-    })
+from autoshard.specs import TrainJob
+from conftest import three_tight_cluster, tiny_model
 
 
 def _layouts(tab, pool_gpus):
@@ -54,11 +41,11 @@ def _layouts(tab, pool_gpus):
 
 CASES = {  # name: (model, cluster, sequence length)
     # dense: the small pool holds a layer or two at most; the model's states need the big pools
-    "dense": (tiny_model(layers=6, hidden=2048, heads=16, kv=4), _cluster(7.0, 3.0), 2048),
-    "dense-looser": (tiny_model(layers=6, hidden=2048, heads=16, kv=4), _cluster(10.0, 4.0), 4096),
+    "dense": (tiny_model(layers=6, hidden=2048, heads=16, kv=4), three_tight_cluster(7.0, 3.0), 2048),
+    "dense-looser": (tiny_model(layers=6, hidden=2048, heads=16, kv=4), three_tight_cluster(10.0, 4.0), 4096),
     # MoE with a dense first layer: the experts' states set each rank's share
     "moe": (tiny_model(layers=6, hidden=1024, heads=8, kv=8, moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 4096}, dense_first=1),
-            _cluster(8.0, 3.0), 2048),
+            three_tight_cluster(8.0, 3.0), 2048),
 }
 
 
