@@ -40,7 +40,8 @@ settings trtllm-bench itself picks:
   buffers on a one-GPU engine, which creates none (`engine_reserved_bytes`);
 - max_batch_size and max_num_tokens from trtllm-bench's `finetune_setting` heuristic
   (tensorrt_llm/bench/build/tuning.py, reproduced in `trtllm_engine_settings`);
-- concurrency = what the KV cache holds at ISL + OSL per request (the guaranteed-no-evict scheduler);
+- concurrency = what the KV cache holds at ISL + OSL per request, in whole 64-token blocks (the
+  guaranteed-no-evict scheduler reserves ceil((ISL + OSL) / 64) blocks at admission);
 - a finite run: the source's `num_requests` for the row's ISL/OSL, all queued at once, measured to
   the last completion (`finite_run_throughput`: waves of that concurrency, the last one partly full);
 - TensorRT-LLM's custom all-reduce kernels (one-shot/two-shot below their size limits), as vLLM and
@@ -77,6 +78,13 @@ KV_FREE_FRACTION = 0.95
 METRIC = "output_tokens_per_s"
 ONLINE_KV_FRACTION = 0.90
 """trtllm's default kv_cache_free_gpu_mem_fraction (the online table states none)."""
+TRTLLM_TOKENS_PER_BLOCK = 64
+"""Paged KV-cache block of the TensorRT-LLM engines: the plugin config's `tokens_per_block` default,
+which trtllm-bench build leaves (64 in tensorrt_llm/plugin/plugin.py `PluginConfig` of the TensorRT
+engine era; the later PluginConfig, with FP4 support, defaults to 32, which reserves at most 1.6 %
+less on the published shapes; which of the two each of 0.14-0.17 shipped was not pinned down). The
+guaranteed-no-evict scheduler reserves ceil((ISL + OSL) / block) whole blocks per request at
+admission (`ServeConfig.kv_block_tokens`): 2,560 tokens for a 500/2000 request, 2,048 for 1000/1000."""
 ONLINE_REQUESTS = 500
 """Requests per online row ("generated using version 0.14.0, with 500 requests"), replayed by
 `simulate_at_rate`: a finite run, not a steady state (near capacity the two differ most)."""
@@ -256,8 +264,12 @@ def finite_run_throughput(
     return requests * job.output_len / ((waves - 1) * wave_s + last_s), min(batch, requests)
 
 
-def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
-    """One offline row predicted with the bundled cluster's serving efficiencies, or with `knobs`."""
+def offline_engine(
+    run: dict, knobs: ServeKnobs | None = None
+) -> tuple[ModelSpec, object, ServeJob, ServeConfig]:
+    """(model, pool, job, engine settings) of an offline row as trtllm-bench builds and runs it:
+    `trtllm_engine_settings`, whole 64-token KV blocks, the KV cache the source's fraction of the
+    memory free after the weights, activations and reserve; the serving knobs `knobs` if given."""
     model = _model(run["model"])
     tp, pp = run["tp"], run["pp"]
     pool = _pool(run["cluster"], tp * pp, knobs)
@@ -285,6 +297,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         max_num_batched_tokens=tokens,
         cuda_graphs=False,
         fp8_context_attention=wdt is WeightDtype.FP8,  # trtllm-bench build: use_fp8_context_fmha
+        kv_block_tokens=TRTLLM_TOKENS_PER_BLOCK,
     )
     if knobs is not None:
         settings["host_us_per_seq"] = knobs[0]
@@ -293,10 +306,17 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
     free = gpu.hbm_gib * GIB - engine_reserved_bytes(pool, gpus=tp * pp) - mem.weights_bytes - act
     fraction = load_data()["sources"][run["source"]].get("kv_cache_free_fraction", KV_FREE_FRACTION)
     cfg = ServeConfig(**settings, kv_cache_memory_bytes=fraction * free)
-    pred = predict_serve(model, pool, job, cfg)
     assert (
         abs(mem.weights_bytes * tp - total_weight_bytes(model, wdt)) / total_weight_bytes(model, wdt) < 0.05
     )
+    return model, pool, job, cfg
+
+
+def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
+    """One offline row predicted with the bundled cluster's serving efficiencies, or with `knobs`."""
+    model, pool, job, cfg = offline_engine(run, knobs)
+    gpu, wdt = pool.gpu, job.weight_dtype
+    pred = predict_serve(model, pool, job, cfg)
     requests = num_requests(run)
     throughput, batch = pred.throughput_tokens_per_s, pred.concurrency
     if requests is not None:
@@ -308,7 +328,7 @@ def predict_run(run: dict, knobs: ServeKnobs | None = None) -> RunResult:
         family="moe" if model.moe is not None else "dense",
         gpu=gpu.name,
         precision=wdt.value,
-        tp=tp,
+        tp=cfg.tp,
         input_len=job.input_len,
         output_len=job.output_len,
         measured=float(run["measured_output_tokens_per_s"]),
@@ -402,6 +422,7 @@ def online_engine(run: dict) -> tuple[ModelSpec, object, ServeJob, ServeConfig]:
         max_num_seqs=2048,
         max_num_batched_tokens=8192,
         cuda_graphs=False,
+        kv_block_tokens=TRTLLM_TOKENS_PER_BLOCK,
     )
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=8192, num_seqs=0)

@@ -64,6 +64,12 @@ class ServeConfig:
     """Draft tokens per decode step from the model's own multi-token-prediction modules (DeepSeek's MTP:
     vLLM --speculative-config '{"method": "mtp", ...}', SGLang --speculative-algorithm EAGLE); 0: none.
     At most the model's `mtp_num_layers`. Priced by `autoshard.costmodel.serve.mtp`."""
+    kv_block_tokens: int | None = None
+    """Tokens per paged KV-cache block when the engine reserves a request's whole prompt + output in
+    blocks at admission: TensorRT-LLM's guaranteed-no-evict scheduler (its default policy) takes
+    ceil((ISL + OSL) / tokens_per_block) blocks per request (64 or 32 tokens: the plugin config's
+    default, by release), and its pool holds whole blocks. None: vLLM/SGLang accounting, the cache counted in tokens (vLLM's
+    16-token blocks are filled as a request grows: at most one partial block per request)."""
     fp8_context_attention: bool = False
     """Prefill (context) attention in FP8 on GPUs with FP8 tensor cores, when the KV cache is FP8:
     TensorRT-LLM's FP8 engines (`trtllm-bench build --quantization FP8` sets the plugin's
@@ -86,6 +92,10 @@ class ServeConfig:
             raise ValueError(
                 f"speculative_tokens must be a non-negative integer, got {self.speculative_tokens!r}"
             )
+        if self.kv_block_tokens is not None and (
+            not isinstance(self.kv_block_tokens, int) or self.kv_block_tokens < 1
+        ):
+            raise ValueError(f"kv_block_tokens must be a positive integer, got {self.kv_block_tokens!r}")
         if not self.host_us_per_seq >= 0:
             raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 

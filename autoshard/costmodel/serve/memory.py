@@ -169,7 +169,6 @@ def engine_reserved_bytes(pool: PoolSpec, *, gpus: int) -> float:
     return max(reserved - NCCL_COMMUNICATOR_BYTES, 0.0)
 
 
-
 def activation_peak_bytes(model: ModelSpec, *, tp: int, ep: int, tokens: int, num_seqs: int) -> float:
     """Peak of vLLM's profiling forward pass on one GPU: `tokens` tokens through one layer at a time
     (residual, hidden, normed and attention-output streams live together with the larger of the QKV
@@ -260,6 +259,8 @@ class ServeMemory:
         return self.capacity_bytes - self.budget_bytes
     ep_buffer_bytes: float = 0.0
     """DeepEP's low-latency buffers (`autoshard.costmodel.serve.ep_buffers`), part of non_torch_bytes."""
+    kv_block_tokens: int | None = None
+    """`ServeConfig.kv_block_tokens`: the block a request's reservation is rounded up to (None: none)."""
 
     @property
     def overhead_bytes(self) -> float:
@@ -378,7 +379,8 @@ def serve_memory(
         worst_kv = min(worst_kv, kv)
         kv_tokens = min(kv_tokens, toks)
     assert worst_w is not None
-    blocks = int(kv_tokens // KV_BLOCK_TOKENS) if math.isfinite(kv_tokens) else 0
+    block = cfg.kv_block_tokens or KV_BLOCK_TOKENS
+    blocks = int(kv_tokens // block) if math.isfinite(kv_tokens) else 0
     return ServeMemory(
         capacity_bytes=capacity,
         budget_bytes=budget,
@@ -387,11 +389,12 @@ def serve_memory(
         cuda_graph_bytes=graphs_max,
         non_torch_bytes=non_torch,
         kv_cache_bytes=worst_kv,
-        kv_cache_tokens=blocks * KV_BLOCK_TOKENS,
+        kv_cache_tokens=blocks * block,
         context_len=context_len,
         stage_weights_bytes=tuple(stage_w),
         weights=worst_w,
         nvls_bytes=engine_nvls_bytes(pool, cfg),
         startup_bytes=startup_comm_bytes(pool, cfg),
         ep_buffer_bytes=ep_buffers,
+        kv_block_tokens=cfg.kv_block_tokens,
     )

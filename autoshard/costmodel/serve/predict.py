@@ -25,6 +25,7 @@ __all__ = [
     "predict_serve",
     "decode_context_len",
     "kv_limited_concurrency",
+    "request_kv_tokens",
     "concurrency_ladder",
     "latency_at_rate",
 ]
@@ -84,9 +85,17 @@ class ServePrediction:
         return self.memory.max_concurrency
 
 
+def request_kv_tokens(memory: ServeMemory, tokens: int) -> int:
+    """Cache tokens one request of `tokens` (prompt + output) reserves at admission: whole blocks of
+    `kv_block_tokens` where the engine reserves in blocks (TensorRT-LLM), else the tokens themselves."""
+    block = memory.kv_block_tokens
+    return tokens if block is None else block * math.ceil(tokens / block)
+
+
 def kv_limited_concurrency(memory: ServeMemory, job: ServeJob) -> int:
-    """Requests whose whole prompt + output fit in the KV cache at once (no preemption)."""
-    return memory.kv_cache_tokens // (job.input_len + job.output_len)
+    """Requests whose whole prompt + output fit in the KV cache at once (no preemption), each
+    reserving `request_kv_tokens`."""
+    return memory.kv_cache_tokens // request_kv_tokens(memory, job.input_len + job.output_len)
 
 
 def predict_serve(

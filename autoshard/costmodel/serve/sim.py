@@ -29,6 +29,7 @@ from functools import lru_cache
 
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import request_kv_tokens
 from autoshard.costmodel.serve.step import StepTime, step_time
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import ServeJob
@@ -106,8 +107,9 @@ def _simulate(
     isl, osl = job.input_len, job.output_len
     mem = serve_memory(model, pool, cfg, context_len=job.context_len)
     kv_tokens = mem.kv_cache_tokens
-    if kv_tokens < isl + osl:
-        raise ValueError(f"the KV cache holds {kv_tokens} tokens, less than one request of {isl + osl}")
+    per_request = request_kv_tokens(mem, isl + osl)  # what admission reserves (whole blocks in TensorRT-LLM)
+    if kv_tokens < per_request:
+        raise ValueError(f"the KV cache holds {kv_tokens} tokens, less than one request of {per_request}")
     budget = cfg.max_num_batched_tokens
 
     @lru_cache(maxsize=65536)
@@ -152,16 +154,16 @@ def _simulate(
                 chunks.append((r, take))
                 tokens += take
                 prefill += take
-        reserved = len(running) * (isl + osl)
+        reserved = len(running) * per_request
         while (
             waiting
             and tokens < budget
             and len(running) < cfg.max_num_seqs
-            and reserved + isl + osl <= kv_tokens
+            and reserved + per_request <= kv_tokens
         ):
             r = [0.0, 0.0, -1.0, waiting.popleft()]
             running.append(r)
-            reserved += isl + osl
+            reserved += per_request
             take = int(min(isl, budget - tokens))
             chunks.append((r, take))
             tokens += take
