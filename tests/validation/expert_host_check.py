@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from validate_published import RESIDUALS, _cluster, _model, load_runs
 
-from autoshard.costmodel.compute import gemm_time_s
+from autoshard.costmodel.compute import gemm_time_s, wgrad_time_s
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import layer_gemms
 from autoshard.parallel import ParallelDims
@@ -114,10 +114,12 @@ def expert_host_rows() -> list[ExpertHostRow]:
         experts = layer_gemms(model, LayerKind.MOE, tokens=tokens, dims=dims)[-2:]
         local = experts[0].count
         fwd = sum(gemm_time_s(g, gpu, Precision.BF16) for g in experts) / local
+        # backward: dgrad (a forward's time) + wgrad into the FP32 main gradient (Megatron's default)
+        bwd = fwd + sum(wgrad_time_s(g, gpu, Precision.BF16, 4) for g in experts) / local
         units = run["global_batch_size"] / (run["micro_batch_size"] * dims.dp) * model.num_layers / dims.pp
         out.append(ExpertHostRow(
             id=run["id"], local_experts=local, rows_per_expert=experts[0].m,
-            gpu_fwd_s=fwd, gpu_bwd_s=2.0 * fwd,
+            gpu_fwd_s=fwd, gpu_bwd_s=bwd,
             gap_s=(res["measured"] - res["predicted_loso"]) / units, measured_layer_s=res["measured"] / units,
         ))
     return out
