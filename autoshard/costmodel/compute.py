@@ -82,8 +82,9 @@ def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes
     """Roofline time of the weight-gradient GEMM of a forward GEMM (m x k) @ (k x n): dW (k x n) =
     X^T (k x m) @ dY (m x n), the forward's FLOPs at the same shape efficiency, accumulated into the
     parameter's main gradient. Transformer Engine's fused wgrad accumulation (Megatron
-    --gradient-accumulation-fusion, on by default: `accumulate=True` into `main_grad` in the backward
-    of te Linear and GroupedLinear, Megatron's own `wgrad_gemm_accum_fp32` for the output layer) has
+    --gradient-accumulation-fusion, on by default: `accumulate=True`, `out=main_grad` in the backward
+    of TE v2.4 `module/linear.py` and `module/grouped_linear.py`; Megatron-Core's
+    `tensor_parallel/layers.py` `wgrad_gemm_accum_fp32` for the output layer) has
     cuBLAS read and write the k x n main gradient in its epilogue (beta = 1): 2 x main_grad_bytes per
     weight element, where the forward reads the weight once. At an FP32 main gradient that is about
     m/4 FLOP per byte: it binds when the contraction m (an expert's rows) is short."""
