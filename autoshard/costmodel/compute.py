@@ -25,6 +25,7 @@ from autoshard.specs.model import ModelSpec
 __all__ = [
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
+    "wgrad_time_s",
 ]
 
 BF16_BYTES = 2
@@ -72,6 +73,27 @@ def gemm_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
     shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
     elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
     traffic = (gemm.m * gemm.k + gemm.k * gemm.n) * elem + gemm.m * gemm.n * BF16_BYTES
+    math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
+    mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    return gemm.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
+
+
+def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes: int) -> float:
+    """Roofline time of the weight-gradient GEMM of a forward GEMM (m x k) @ (k x n): dW (k x n) =
+    X^T (k x m) @ dY (m x n), the forward's FLOPs at the same shape efficiency, accumulated into the
+    parameter's main gradient. Transformer Engine's fused wgrad accumulation (Megatron
+    --gradient-accumulation-fusion, on by default: `accumulate=True`, `out=main_grad` in the backward
+    of TE v2.4 `module/linear.py` and `module/grouped_linear.py`; Megatron-Core's
+    `tensor_parallel/layers.py` `wgrad_gemm_accum_fp32` for the output layer) has
+    cuBLAS read and write the k x n main gradient in its epilogue (beta = 1): 2 x main_grad_bytes per
+    weight element, where the forward reads the weight once. At an FP32 main gradient that is about
+    m/4 FLOP per byte: it binds when the contraction m (an expert's rows) is short."""
+    eff = gpu.efficiency
+    peak, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
+    smallest = min(gemm.m, gemm.n, gemm.k)
+    shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+    elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
+    traffic = (gemm.m * gemm.k + gemm.m * gemm.n) * elem + 2 * gemm.k * gemm.n * main_grad_bytes
     math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
     mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
     return gemm.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
@@ -172,6 +194,7 @@ def layer_compute_time(
     recompute_moe: bool = False,
     tp_comm_overlap: bool = False,
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE,
+    main_grad_bytes: int | None = None,
 ) -> ComputeTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
 
@@ -180,7 +203,10 @@ def layer_compute_time(
     tp_comm_overlap: Transformer Engine's userbuffer TP overlap (Megatron --tp-comm-overlap, with
     sequence parallelism) runs some linear GEMMs split into chunks (tp_overlap_gemm_extra_s).
     cross_entropy: the loss implementation, priced on the output layer's forward and backward
-    (cross_entropy_bytes_per_token)."""
+    (cross_entropy_bytes_per_token).
+    main_grad_bytes: bytes per element of the main gradient the weight-gradient GEMMs accumulate into
+    (wgrad_time_s: Megatron's fused accumulation, 4 for FP32 main grads); None prices each wgrad
+    GEMM as its forward (frameworks whose wgrad writes a fresh BF16 gradient)."""
     gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
@@ -204,6 +230,9 @@ def layer_compute_time(
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x).
     backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd
+    if main_grad_bytes:  # the wgrad GEMMs' main-gradient epilogue (wgrad_time_s) instead of a forward's time
+        backward += sum(
+            wgrad_time_s(g, gpu, precision, main_grad_bytes) - gemm_time_s(g, gpu, precision) for g in gemms)
     if kind is LayerKind.OUTPUT:
         loss_fwd, loss_bwd = cross_entropy_bytes_per_token(model, cross_entropy, tp=dims.tp)
         hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm

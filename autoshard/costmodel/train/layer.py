@@ -109,6 +109,15 @@ def _layer_key(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, dims=norm, global_batch_size=per_step * cfg.num_microbatches)
 
 
+def _main_grad_bytes(cfg: TrainConfig) -> int | None:
+    """Megatron-Core and NeMo accumulate weight gradients into the main-gradient buffer inside the
+    wgrad GEMM (FP32 with --accumulate-allreduce-grads-in-fp32, Megatron's default for BF16; else
+    the BF16 reduce dtype); PyTorch FSDP and torchtitan write a fresh BF16 gradient."""
+    if cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
+        return 4 if cfg.grad_reduce_fp32 else 2
+    return None
+
+
 @lru_cache(maxsize=65536)
 def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     dims, gpu = cfg.dims, pool.gpu
@@ -116,6 +125,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
         fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap, cross_entropy=cfg.cross_entropy,
+        main_grad_bytes=_main_grad_bytes(cfg),
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp

@@ -1,0 +1,62 @@
+"""expert_host_check.py (#10): the numbers behind README's verdict on the per-expert host-launch floor.
+
+If the cost model's expert GEMM times or the leave-one-source-out residuals move, these fail and the
+README paragraph ("Accuracy against published runs", Qwen3 intra-node rows) must be redone."""
+
+from __future__ import annotations
+
+import pytest
+from expert_host_check import EXPERT_HOST_OPS, HOST_OP_S, closing_op_s, expert_host_rows, main
+
+TP4 = "moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"
+PP32 = "moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"
+GB200 = "moezoo-qwen3-235b-gb200-bf16"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r.id: r for r in expert_host_rows()}
+
+
+def test_the_two_rows_as_the_issue_states_them(rows):
+    # 128 experts over EP 8 = 16 local; 4096 tokens / TP x top-8 over 16 experts: 512 and 1,024 rows
+    assert (rows[TP4].local_experts, rows[TP4].rows_per_expert) == (16, 512)
+    assert (rows[PP32].local_experts, rows[PP32].rows_per_expert) == (16, 1024)
+    # measured step / (micro-batches per pipeline x decoder layers per rank): 29.0 s / (256 x 94/8)
+    assert rows[TP4].measured_layer_s == pytest.approx(29.0 / (256 * 94 / 8))
+    assert rows[PP32].measured_layer_s == pytest.approx(24.2 / (512 * 94 / 32))
+    assert rows[TP4].gap_s == pytest.approx(2.90e-3, abs=0.05e-3)
+    assert rows[PP32].gap_s == pytest.approx(3.07e-3, abs=0.05e-3)
+
+
+def test_published_host_cost_closes_almost_none_of_the_gap(rows):
+    assert sum(EXPERT_HOST_OPS) * HOST_OP_S == pytest.approx(120e-6)
+    for rid in (TP4, PP32):
+        assert rows[rid].floor_s < 0.05 * rows[rid].gap_s
+    # ...and it would move no other held BF16 MoE run by more than 0.05 ms per layer and micro-batch
+    assert all(r.floor_s < 0.05e-3 for r in rows.values())
+
+
+def test_closing_the_gap_needs_three_times_the_published_cost_and_two_different_ones(rows):
+    tp4, pp32 = rows[TP4].needed_op_s, rows[PP32].needed_op_s
+    assert tp4 > 2.5 * HOST_OP_S and pp32 > 2.5 * HOST_OP_S
+    # the same 16 experts issue the same ops in both runs: one host cost cannot fit both
+    assert pp32 / tp4 > 1.15
+    assert closing_op_s(list(rows.values())) == tp4
+
+
+def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows):
+    # Qwen3 on GB200 (BF16): the same 16 local experts on the same eager GroupedLinear path
+    # (its CUDA graphs cover attn, moe_router, moe_preprocess only)
+    gb200 = rows[GB200]
+    assert gb200.local_experts == 16 and gb200.floor_s == 0.0
+    cost = closing_op_s(list(rows.values()))
+    assert rows[TP4].error_at(cost) == pytest.approx(0.0, abs=1e-6)
+    assert gb200.error_at(cost) > 0.20  # predicted -4.5 % today
+    assert gb200.needed_op_s < 0.6 * cost
+
+
+def test_script_prints_every_row(capsys):
+    main()
+    out = capsys.readouterr().out
+    assert TP4 in out and PP32 in out and "needs us/op" in out
