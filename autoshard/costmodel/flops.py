@@ -20,7 +20,7 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops",
-    "model_flops_per_step", "causal_model_flops_per_step", "mtp_forward_flops",
+    "model_flops_per_step", "causal_model_flops_per_step", "mtp_forward_flops", "expert_rows",
 ]
 
 
@@ -109,16 +109,24 @@ def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: Paralle
             gemms.append(Gemm(tokens, moe.num_experts, model.hidden_size, fp8_capable=False))
             if moe.shared_expert_ffn_hidden_size:
                 gemms += mlp_gemms(model, tokens, moe.shared_expert_ffn_hidden_size, tp)
-            # Token-expert pairs per GPU: every attention group (TP x CP GPUs) routes its b*s tokens to
-            # top_k experts, and the same GPUs host the experts (MoE folding), so each GPU runs
-            # tokens * top_k / TP pairs, times ETP because an ETP group shares each pair (each member
-            # with 1/ETP of the expert FFN). EP only decides how many experts those pairs spread over.
-            routed = max(1, round(tokens * moe.top_k * dims.expert_tp / tp))
-            experts_local = max(moe.num_experts // dims.ep, 1)
-            per_expert = max(1, routed // experts_local)
+            # routed experts: balanced rows per local expert (expert_rows)
+            per_expert, experts_local = expert_rows(model, tokens=tokens, dims=dims)
             gemms += mlp_gemms(model, per_expert, moe.expert_ffn_hidden_size, dims.expert_tp, count=experts_local)
             return gemms
     raise AssertionError(kind)
+
+
+def expert_rows(model: ModelSpec, *, tokens: int, dims: ParallelDims) -> tuple[int, int]:
+    """(rows per local expert, local experts) of one GPU's grouped expert GEMMs for `tokens` micro-batch
+    tokens of its context-parallel shard, balanced routing: every attention group (TP x CP GPUs) routes
+    its tokens to top_k experts and the same GPUs host the experts (MoE folding), so each GPU runs
+    tokens * top_k / TP token-expert pairs, times ETP because an ETP group shares each pair (each
+    member with 1/ETP of the expert FFN); EP only decides how many experts those pairs spread over."""
+    assert model.moe is not None
+    moe = model.moe
+    routed = max(1, round(tokens * moe.top_k * dims.expert_tp / dims.tp))
+    experts_local = max(moe.num_experts // dims.ep, 1)
+    return max(1, routed // experts_local), experts_local
 
 
 def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int) -> LayerFlops:

@@ -297,7 +297,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
     if show_schedule:
         console.print()
         console.print(schedule_text(plan, width=console.width), highlight=False, soft_wrap=True)
-    for note in notes:
+    for note in (*pred.notes, *notes):  # the prediction's own (borrowed efficiencies, unmeasured regimes) first
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if "megatron" in plan.launch:
         console.print("\n[bold]Megatron-LM launch[/bold] (fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL):")

@@ -23,6 +23,7 @@ from autoshard.costmodel.train.memory import (
     static_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
+from autoshard.costmodel.train.notes import small_expert_note
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import schedule_time
 from autoshard.costmodel.train.types import (
@@ -328,6 +329,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         "own: its speed is that fit scaled by datasheet peaks, less certain)"
         for g in sorted(used_gpus, key=lambda g: g.name) if is_borrowed(g)
     )
+    if (regime := small_expert_note(model, cfg)) is not None:
+        notes += (regime,)
     return TrainPrediction(
         step_time_s=step,
         tokens_per_s=tokens / step,
