@@ -79,6 +79,10 @@ def test_padded_rows_limits_and_a_simulation():
 def test_tiles_switch_at_vllms_nearest_tuned_key():
     assert fused_moe_tile_rows(1) == fused_moe_tile_rows(768) == 16
     assert fused_moe_tile_rows(769) == fused_moe_tile_rows(16384) == 64
+    # BF16 tables (E=128,N=192 H100): 64 rows through key 1024, 128 from 1536 (nearest from 1,280)
+    assert fused_moe_tile_rows(768, bf16=True) == 16
+    assert fused_moe_tile_rows(1279, bf16=True) == 64
+    assert fused_moe_tile_rows(1280, bf16=True) == fused_moe_tile_rows(8192, bf16=True) == 128
 
 
 def test_moe_sum_moves_k_plus_one_rows_where_permutes_move_4k():

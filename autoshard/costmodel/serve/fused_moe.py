@@ -27,6 +27,8 @@ from autoshard.costmodel.serve.config import ServeConfig
 __all__ = [
     "FUSED_MOE_TILE_ROWS",
     "FUSED_MOE_LARGE_TILE_TOKENS",
+    "BF16_TILE_ROWS",
+    "BF16_LARGE_TILE_TOKENS",
     "TRITON_BLOCK_FP8_HOPPER",
     "fused_moe_tile_rows",
     "expected_padded_rows",
@@ -42,10 +44,15 @@ to a multiple): (decode-sized steps, prefill-sized steps). vLLM picks the kernel
 the tuned table for the layer's shape and GPU is nearest the step's token count; its Hopper tables use
 16-row tiles through key 512 and 64 from key 1024 (configs/E=256,N=256,device_name=NVIDIA_H200,
 dtype=fp8_w8a8,block_shape=[128,128].json, DeepSeek-V3 at TP 8), and `get_default_config` gives
-block-FP8 layers without a table 64 rows (BF16 tables reach 128 at >= 1,536 tokens:
-E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3.json; taken as 64 here)."""
+block-FP8 layers without a table 64 rows."""
 FUSED_MOE_LARGE_TILE_TOKENS = 768
 """Tokens above which the nearest tuned key is 1024 rather than 512: fused_moe runs 64-row tiles."""
+BF16_TILE_ROWS = 128
+BF16_LARGE_TILE_TOKENS = 1280
+"""BF16 experts' tables go on to 128-row tiles from key 1536 (E=128,N=192,device_name=
+NVIDIA_H100_80GB_HBM3.json, Qwen3-235B at TP 8: 64 rows at keys 512-1024, 128 from 1536), the
+nearest key from 1,280 tokens. That table already uses 32 and 64 rows from 192 and 384 tokens;
+those decode-sized steps are priced with 16-row tiles here (they read the hit experts' weights)."""
 
 TRITON_BLOCK_FP8_HOPPER = 0.22
 """Fraction of the dense FP8 peak fused_moe's block-scaled FP8 tiles reach on Hopper at prefill sizes
@@ -65,9 +72,12 @@ the dense GEMMs: the median inter-token latencies of the GPUStack vLLM runs (mos
 steps) agree with that within 7 % and are 30-50 % shorter than 0.22 at 16-row tiles would make them."""
 
 
-def fused_moe_tile_rows(tokens: float) -> int:
-    """BLOCK_SIZE_M fused_moe uses for a step routing `tokens` tokens on this rank."""
+def fused_moe_tile_rows(tokens: float, *, bf16: bool = False) -> int:
+    """BLOCK_SIZE_M fused_moe uses for a step routing `tokens` tokens on this rank (`bf16`: unquantized
+    experts, whose tuned tables go on to BF16_TILE_ROWS)."""
     small, large = FUSED_MOE_TILE_ROWS
+    if bf16 and tokens >= BF16_LARGE_TILE_TOKENS:
+        return BF16_TILE_ROWS
     return large if tokens > FUSED_MOE_LARGE_TILE_TOKENS else small
 
 
