@@ -10,7 +10,10 @@ validate_serving.py replays with `autoshard.costmodel.serve.sim.simulate_burst`)
   kernels, logits, TP all-reduce, host), summed over all its steps;
 - two steps priced alone, with the routed experts' grouped GEMMs split out of the GEMMs: a
   prefill-only step (one token budget of the prompt, the first steps of a burst) and a decode-only
-  step at the replay's peak concurrency, mid-output context (the drain).
+  step at the replay's peak concurrency, mid-output context (the drain);
+- the run's measured median and P99 inter-token latency (MEASURED_ITL): where most of a run's steps
+  are decode-only, the median is such a step; the P99 is a full-budget step (at 32k-token prompts the
+  chunk that attends to the longest prefix).
 
 No fit, no I/O beyond the YAML: a diagnostic for the cost model's serving terms.
 """
@@ -31,6 +34,21 @@ from autoshard.costmodel.serve.step import StepTime, step_time  # noqa: E402
 from autoshard.specs.job import ServeJob, WeightDtype  # noqa: E402
 
 KINDS = ("gemm_s", "attention_s", "elementwise_s", "logits_s", "tp_comm_s", "host_s")
+MEASURED_ITL = {
+    "gpustack-qwen3-235b-h100-vllm-tp8-bf16-32000-82": (23.29, 376.34),
+    "gpustack-qwen3-235b-h100-vllm-tp8-bf16-3996-184": (30.18, 245.68),
+    "gpustack-qwen3-235b-h100-vllm-tp8-bf16-1996-99": (35.94, 244.64),
+    "gpustack-qwen3-235b-h100-vllm-tp4-fp8-32000-83": (27.60, 1117.34),
+    "gpustack-qwen3-235b-h100-vllm-tp4-fp8-3996-182": (34.82, 642.94),
+    "gpustack-qwen3-235b-h100-vllm-tp4-fp8-1996-99": (39.21, 632.84),
+    "gpustack-deepseek-r1-h200-vllm-tp8-31999-100": (459.96, 614.75),
+    "gpustack-deepseek-r1-h200-vllm-tp8-3995-200": (57.87, 383.79),
+    "gpustack-deepseek-r1-h200-vllm-tp8-1997-100": (357.74, 379.46),
+}
+"""(median, P99) inter-token latency in ms that `vllm bench serve` printed for each checked burst row,
+from the same pages as the rows (serving_runs.yaml citations: gpustack/gpustack
+docs/performance-lab/qwen3-235b-a22b/h100.md at git 10e9444a, baseline and optimized results;
+docs/performance-lab/deepseek-r1/h200.md at git a5c9fafc, baseline results)."""
 
 
 def burst_setup(run: dict) -> tuple:
@@ -48,6 +66,7 @@ def burst_setup(run: dict) -> tuple:
         kv_cache_dtype=kvdt,
         max_num_seqs=run["max_num_seqs"],
         max_num_batched_tokens=run["max_num_batched_tokens"],
+        deep_gemm=False,  # as validate_serving.predict_burst: GPUStack's image has no DeepGEMM
     )
     return model, pool, job, cfg
 
@@ -112,6 +131,8 @@ def main() -> int:
                 f" {_ms(st.elementwise_s)} {_ms(st.logits_s)} {_ms(st.tp_comm_s)} {_ms(st.host_s)}"
                 f" {_ms(st.total_s)}"
             )
+        median, p99 = MEASURED_ITL[run["id"]]
+        print(f"  measured inter-token latency: median {median:.1f} ms, P99 {p99:.1f} ms")
     return 0
 
 

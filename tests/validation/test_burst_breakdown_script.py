@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from burst_breakdown import burst_setup, main, step_rows
+from burst_breakdown import MEASURED_ITL, burst_setup, main, step_rows
 from validate_serving import load_burst_runs, predict_burst
 
 from autoshard.costmodel.serve.sim import simulate_burst
@@ -24,3 +24,8 @@ def test_script_prints_every_checked_row(capsys):
     assert main() == 0
     out = capsys.readouterr().out
     assert all(run["id"] in out for run in load_burst_runs())
+
+
+def test_measured_itl_covers_the_checked_rows_and_orders_its_percentiles():
+    assert set(MEASURED_ITL) == {run["id"] for run in load_burst_runs()}
+    assert all(0 < median <= p99 for median, p99 in MEASURED_ITL.values())

@@ -298,6 +298,7 @@ def offline_engine(
         cuda_graphs=False,
         fp8_context_attention=wdt is WeightDtype.FP8,  # trtllm-bench build: use_fp8_context_fmha
         kv_block_tokens=TRTLLM_TOKENS_PER_BLOCK,
+        moe_kernels="tensorrt_llm",
     )
     if knobs is not None:
         settings["host_us_per_seq"] = knobs[0]
@@ -423,6 +424,7 @@ def online_engine(run: dict) -> tuple[ModelSpec, object, ServeJob, ServeConfig]:
         max_num_batched_tokens=8192,
         cuda_graphs=False,
         kv_block_tokens=TRTLLM_TOKENS_PER_BLOCK,
+        moe_kernels="tensorrt_llm",
     )
     mem = serve_memory(model, gpu, ServeConfig(**settings), context_len=job.context_len)
     act = activation_peak_bytes(model, tp=tp, ep=1, tokens=8192, num_seqs=0)
@@ -505,6 +507,7 @@ def predict_burst(run: dict) -> list[LatencyResult]:
         kv_cache_dtype=kvdt,
         max_num_seqs=run["max_num_seqs"],
         max_num_batched_tokens=run["max_num_batched_tokens"],
+        deep_gemm=False,  # GPUStack's vLLM 0.11.0 image: pip vllm, no DeepGEMM (serve.fused_moe)
     )
     sim = simulate_burst(model, pool, job, cfg, requests=run["requests"])
     common = dict(

@@ -14,6 +14,7 @@ import math
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
 from autoshard.costmodel.flops import Gemm, attention_dims, mlp_gemms
 from autoshard.costmodel.moe import busiest_rank_factor
+from autoshard.costmodel.serve import fused_moe
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, weight_bytes_per_param
@@ -110,9 +111,13 @@ def model_serving_gpu(model: ModelSpec, gpu: GpuSpec, dtype: WeightDtype) -> Gpu
     """`serving_gpu`, with the block-scaled FP8 GEMM efficiency on Hopper when the model's FP8
     checkpoint is block-scaled (`BLOCK_FP8_GEMM_HOPPER`)."""
     engine = serving_gpu(gpu)
-    if block_scaled_fp8(model, dtype) and any(tag in gpu.name for tag in BLOCK_FP8_GPUS):
+    if _block_fp8_hopper(model, gpu, dtype):
         return _block_fp8_gpu(engine)
     return engine
+
+
+def _block_fp8_hopper(model: ModelSpec, gpu: GpuSpec, dtype: WeightDtype) -> bool:
+    return block_scaled_fp8(model, dtype) and any(tag in gpu.name for tag in BLOCK_FP8_GPUS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -220,7 +225,7 @@ def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens:
     """Routed experts of one MoE layer on one GPU as grouped GEMMs (one kernel per weight matrix):
     the slower of the math over every hit expert's rows, padded to MOE_ROW_BLOCK, at the GEMM
     efficiency and shape fall-off of `gemm_time_s`, and the HBM traffic (hit experts' weights once,
-    plus the activations in and out); one launch per matrix."""
+    plus the activations in and out); one launch per matrix. fused_moe engines: `serve.fused_moe`."""
     assert model.moe is not None
     hit, pairs, shards = _expert_routing(model, cfg, tokens)
     rows = max(pairs / hit, 1.0)
@@ -229,6 +234,13 @@ def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens:
     dtype = cfg.weight_dtype
     fp8_math = dtype is WeightDtype.FP8 and bool(gpu.fp8_tflops)
     peak, gemm_eff = (gpu.fp8_tflops * 1e12, eff.gemm_fp8) if fp8_math else (gpu.bf16_tflops * 1e12, eff.gemm)
+    if fused_moe.runs_fused_moe(cfg):  # Poisson-padded tiles; prefill tiles of block FP8 at Triton's rate
+        tile = fused_moe.fused_moe_tile_rows(tokens, bf16=not fp8_math)
+        if _block_fp8_hopper(model, gpu, dtype) and fused_moe.deep_gemm_experts(cfg, tokens):
+            tile = fused_moe.DEEP_GEMM_ROWS
+        elif tile > MOE_ROW_BLOCK and _block_fp8_hopper(model, gpu, dtype):
+            gemm_eff = fused_moe.TRITON_BLOCK_FP8_HOPPER
+        padded = fused_moe.expected_padded_rows(pairs * cfg.ep / model.moe.num_experts, tile)
     wbytes = weight_bytes_per_param(dtype)
     act = 1 if fp8_math else BF16
     total = 0.0
@@ -373,7 +385,7 @@ def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> f
     """HBM bytes of memory-bound kernels per token of the DP rank on one GPU: the dense layer's norms,
     residual adds and rotary embedding (`elementwise_bytes_per_token`, no sequence parallelism); for
     MoE layers the activation of the routed and shared experts this GPU runs (1/TP of the token's top-k
-    expert intermediates either way) and the permute/unpermute copies of the routed hidden states."""
+    expert intermediates either way) and the routed rows' copies outside the GEMMs (`serve.fused_moe`)."""
     dense = elementwise_bytes_per_token(
         model, LayerKind.DENSE, dims=ParallelDims(tp=cfg.tp), sequence_parallel=False
     )
@@ -384,5 +396,5 @@ def _elementwise_bytes(model: ModelSpec, kind: LayerKind, cfg: ServeConfig) -> f
     gates = model.mlp.num_matrices  # activation reads gate (and up), writes one output
     dense_act = gates * model.ffn_hidden_size / cfg.tp * BF16
     act = gates * (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_expert_ffn_hidden_size) / cfg.tp * BF16
-    copies = moe.top_k / (cfg.tp if cfg.expert_parallel else 1)
-    return dense - dense_act + act + 2 * 2 * copies * model.hidden_size * BF16
+    rows = fused_moe.moe_sum_rows(moe.top_k) if fused_moe.runs_fused_moe(cfg) else 2 * 2 * moe.top_k
+    return dense - dense_act + act + rows / (cfg.tp if cfg.expert_parallel else 1) * model.hidden_size * BF16

@@ -74,6 +74,14 @@ class ServeConfig:
     """Prefill (context) attention in FP8 on GPUs with FP8 tensor cores, when the KV cache is FP8:
     TensorRT-LLM's FP8 engines (`trtllm-bench build --quantization FP8` sets the plugin's
     use_fp8_context_fmha). False: BF16 prefill attention, as vLLM and SGLang run it by default."""
+    moe_kernels: str = "fused_moe"
+    """The routed experts' kernels: "fused_moe", vLLM's and SGLang's Triton fused_moe
+    (`autoshard.costmodel.serve.fused_moe`); "tensorrt_llm", TensorRT-LLM's MoE plugin (permute and
+    finalize kernels around its grouped GEMMs), for the published runs of that engine."""
+    deep_gemm: bool = True
+    """DeepGEMM is installed (the vllm/vllm-openai images build it; autoshard's manifests use them):
+    vLLM's fused_moe hands block-scaled FP8 experts of >= 128-token steps to its grouped GEMMs, except
+    at TP 8 (`serve.fused_moe.deep_gemm_experts`). False: a PyPI install, which ships without it."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):
@@ -96,6 +104,8 @@ class ServeConfig:
             not isinstance(self.kv_block_tokens, int) or self.kv_block_tokens < 1
         ):
             raise ValueError(f"kv_block_tokens must be a positive integer, got {self.kv_block_tokens!r}")
+        if self.moe_kernels not in ("fused_moe", "tensorrt_llm"):
+            raise ValueError(f"moe_kernels must be fused_moe or tensorrt_llm, got {self.moe_kernels!r}")
         if not self.host_us_per_seq >= 0:
             raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 
