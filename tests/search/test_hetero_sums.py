@@ -96,8 +96,8 @@ def test_joint_sums_is_non_increasing_in_t():
 def test_gpt3_on_mixed_3pool_is_proven_optimal():
     """GPT-3 175B on mixed-3pool (TP4 PP24, pools chosen by CP-SAT): the sum bound took the sends of
     an order with two boundaries across pools, which the A100 40GB ranks' memory rules out at the
-    plan's slowest-rank time; at one assignment the bound meets the plan (was 1,153 us a
-    micro-batch below it, FEASIBLE at 10 s)."""
+    plan's slowest-rank time; at one assignment the bound meets the plan (was 1,153 us below it,
+    FEASIBLE at 10 s)."""
     model = load_model("gpt3-175b")
     job = TrainJob(seq_len=2048, global_batch_size=1536)
     plan = solve_train(model, load_cluster("mixed-3pool"), job,

@@ -5,8 +5,8 @@ sends and the layers' pools taken at one rank -> pool assignment.
 least total of sends over every assignment: each term at its own best assignment. GPT-3 TP4 PP24 on
 mixed-3pool (three pools of eight ranks): at the plan's slowest-rank time the H100 ranks are full at
 six layers each and the A100 ranks take three, which only an order with three boundaries across
-pools fits; the least sends of any order have two, so the bound sat one boundary (1,153 us a
-micro-batch) below the plan and the solve stayed unproven.
+pools fits; the least sends of any order have two, so the bound on the sum of rank times sat 1,153 us
+below the plan's (1,080 of it that one boundary) and the solve stayed unproven.
 
 Here the sum is bounded by Lagrangian duality on the one coupling constraint, sum_r x_r = n (the
 decoder layers): for any price lam, sum_r d_r x_r = lam * n + sum_r (d_r - lam) x_r, and each rank
