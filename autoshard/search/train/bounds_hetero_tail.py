@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoshard.search.train.bounds_hetero_sums import joint_sums
 from autoshard.search.train.bounds_joint import grid_bound, tail_forms
 from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums
 from autoshard.search.train.tables import CandidateTables
@@ -67,5 +68,12 @@ def hetero_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax
                 lo = mid + 1
         return lo
 
-    sums = pipeline_sums(tab, pool_gpus)
+    plain, joint = pipeline_sums(tab, pool_gpus), joint_sums(sends)
+
+    def sums(t: float) -> int | None:
+        """The larger of the two lower bounds on the sum of rank times (None: infeasible at t)."""
+        first = plain(t)
+        second = None if first is None else joint(t)
+        return None if second is None else max(first, second)
+
     return grid_bound(tmax, a, b, c, lambda ts: [min_tail(t) for t in ts], sums)

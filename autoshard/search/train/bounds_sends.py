@@ -113,7 +113,11 @@ class SendsCapacity:
 
     def at(self, t: float, limit: np.ndarray | None = None) -> float | None:
         """The largest total capacity at t (None: the pools cannot host the ranks); `limit` as `caps`."""
-        c = self.caps(t, limit)
+        return self.best_total(self.caps(t, limit))
+
+    def best_total(self, c: np.ndarray) -> float | None:
+        """The largest sum over the ranks of c[r, pool before, own pool, pool after] over every
+        assignment within the pools' rank limits (neighbours cyclic, as the sends); None: none."""
         k, pp, lim = self.k, self.pp, self.lim
         counted = lim[:-1]  # ranks on every pool but the last are state; the last one's follow
         shape = (k, k, k, k, *[x + 1 for x in counted])

@@ -122,6 +122,15 @@ def _per_layer_prefix(per_kind: Sequence[float], idx: np.ndarray, scale: float) 
     return out
 
 
+def _per_layer_prefixes(per_kind: Sequence[Sequence[float]], idx: np.ndarray,
+                        scales: Sequence[float]) -> list[np.ndarray]:
+    """`_per_layer_prefix` of several per-kind rows at once (one array operation, the same integers)."""
+    rounded = np.round(np.asarray(per_kind, dtype=np.float64) * np.asarray(scales, dtype=np.float64)[:, None])
+    out = np.zeros((len(per_kind), len(idx) + 1), dtype=np.int64)
+    out[:, 1:] = np.cumsum(rounded.astype(np.int64)[:, idx], axis=1)
+    return list(out)
+
+
 def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int = 1,
                  memory_fraction: float = 1.0) -> CandidateTables:
     """Integer tables of one candidate. `memory_fraction` caps each GPU's predicted peak (overheads
@@ -174,14 +183,17 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
                   for c in base]
         state_mib = [(s + frag * (c.state_bytes - s)) / MIB for s, c in zip(static, base, strict=True)]
         act_mib = [frag * c.activation_bytes / MIB for c in base]
+        time_us, state, act, full_us, min_us, window_us, opt_us = _per_layer_prefixes(
+            [[c.time_s for c in base], state_mib, act_mib, dp_full, dp_min, win, opt], idx,
+            [US_PER_S, 1, 1, US_PER_S, US_PER_S, US_PER_S, US_PER_S])
         pools.append(PoolTables(
-            time_us=_per_layer_prefix([c.time_s for c in base], idx, US_PER_S),
-            state_mib=_per_layer_prefix(state_mib, idx, 1),
-            act_mib=_per_layer_prefix(act_mib, idx, 1),
-            dp_full_us=_per_layer_prefix(dp_full, idx, US_PER_S),
-            dp_min_us=_per_layer_prefix(dp_min, idx, US_PER_S),
-            window_us=_per_layer_prefix(win, idx, US_PER_S),
-            opt_us=_per_layer_prefix(opt, idx, US_PER_S),
+            time_us=time_us,
+            state_mib=state,
+            act_mib=act,
+            dp_full_us=full_us,
+            dp_min_us=min_us,
+            window_us=window_us,
+            opt_us=opt_us,
             recompute_extra_us=extra_us,
             recompute_saving_mib=saving,
             working_mib=working,
