@@ -17,7 +17,9 @@ from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import parse_sglang, sglang_node_commands
-from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, parse_vllm, vllm_node_commands
+from autoshard.emit.vllm import (
+    VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
+)
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
@@ -58,6 +60,9 @@ def serve_job_for(
                 data[key] = value
         if defaults.precision is not None:
             data["weight_dtype"] = defaults.precision
+    if model is not None and (weight_dtype is None or weight_dtype in {d.value for d in WeightDtype}):
+        # a quantized-only repository (DeepSeek-V3's FP8) decides the default and refuses what it cannot load
+        weight_dtype = serve_weight_dtype(model, weight_dtype or data.get("weight_dtype"))
     given = {
         "input_len": input_len, "output_len": output_len, "max_model_len": max_model_len,
         "tpot_target_s": None if tpot_ms is None else tpot_ms / 1000.0, "ttft_target_s": ttft_s,
