@@ -47,6 +47,11 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def model_file(tmp: Path, old: str = "", new: str = "", *, extra: str = "") -> Path:
     path = tmp / "model.yaml"
     path.write_text((_replace(MODEL, old, new) if old else MODEL) + extra)
@@ -129,6 +134,15 @@ CASES = [
      ["expands to more than 100000 values"]),
     ("file-name-too-long", lambda t: ["solve", "x" * 5000 + ".yaml", "dgx-h100"], 2, ["too long"]),
     ("model-is-a-directory", lambda t: ["solve", str(t) + "/", "dgx-h100"], 2, ["directory"]),
+    # a UTF-8 byte-order mark (as Windows editors save) is read past, in JSON as in YAML; it used to be
+    # "invalid JSON ... Unexpected UTF-8 BOM (decode using utf-8-sig)"
+    ("json-with-bom", lambda t: ["solve", _write_bytes(t / "config.json", b"\xef\xbb\xbf" + (
+        REPO / "tests" / "fixtures" / "hf" / "llama-3.1-8b.json").read_bytes()), "dgx-h100", "--gpus", "8", *FAST],
+     0, []),
+    ("yaml-with-bom", lambda t: ["solve", _write_bytes(t / "m.yaml", b"\xef\xbb\xbf" + MODEL.encode()), "dgx-h100",
+                                 "--gpus", "8", *FAST], 0, []),
+    ("json-not-utf8", lambda t: ["solve", _write_bytes(t / "config.json", b'{"model_type": "caf\xe9"}'),
+                                 "dgx-h100"], 2, ["config.json", "not UTF-8"]),
     # --- cluster file fields
     ("gpus-per-node-1e6", _c("gpus_per_node: 8", "gpus_per_node: 1e6"), 2, ["gpus_per_node", "576"]),
     ("num-nodes-2^40", _c("num_nodes: 128", f"num_nodes: {2**40}"), 2, ["num_nodes", "131072"]),
