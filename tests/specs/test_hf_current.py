@@ -51,7 +51,8 @@ def test_kimi_k2_is_deepseek_v3_with_384_experts() -> None:
     assert s.moe.num_groups is None  # n_group 1: no group-limited routing
     assert s.mtp_num_layers == 0 and s.num_params_with_mtp == s.num_params
     (ckpt,) = s.checkpoints  # the hub's block-scaled FP8 weights
-    assert (ckpt.weights, ckpt.repo, ckpt.block_scaled) == (WeightDtype.FP8, "moonshotai/Kimi-K2-Instruct", True)
+    assert (ckpt.weights, ckpt.repo, ckpt.block_scaled) == (
+        WeightDtype.FP8, "moonshotai/Kimi-K2-Instruct", True)
 
 
 def test_glm_4_5_fields() -> None:

@@ -147,7 +147,8 @@ def _deepseek_moe(r: Reader, routed: int, *, expert_ffn_default: int, shared_def
                   routing: dict[str, Any]) -> dict[str, Any]:
     """The DeepSeek MoE block (routed experts plus n_shared_experts of the same width), as DeepSeek-V2/V3,
     Kimi K2 and GLM-4.5 configure it."""
-    expert_ffn = r.int("moe_intermediate_size", default=expert_ffn_default, spec_field="moe.expert_ffn_hidden_size")
+    expert_ffn = r.int("moe_intermediate_size", default=expert_ffn_default,
+                       spec_field="moe.expert_ffn_hidden_size")
     shared = r.int("n_shared_experts", default=shared_default, minimum=0, spec_field="moe.num_shared_experts")
     return {
         "num_experts": routed,
