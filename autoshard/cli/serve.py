@@ -45,6 +45,9 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
     model_spec, cluster_spec = api.load(model, cluster, gpus)
+    if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
+        raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",
+                        source="--ep")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
     found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,

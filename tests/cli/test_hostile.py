@@ -205,6 +205,8 @@ CASES = [
                                                             *FAST], 2, [flag, "--mode serve"])
       for flag, value in (("--input-len", ["100"]), ("--request-rate", ["5"]), ("--weight-dtype", ["fp8"]),
                           ("--kv-cache-dtype", ["fp8"]))],
+    ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                     "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
     # --- output paths, checked before solving
