@@ -32,10 +32,16 @@ def _fail(exc: AutoshardError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+NOTES: list[str] = []
+"""The warnings shown while the current command runs (the importer's notes), which `--json` output
+carries under "warnings" too (cli.options.print_json)."""
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     """A warning as one `warning:` line on stderr, like the commands' own (not Python's file:line echo
     of the source line that raised it)."""
+    NOTES.append(str(message))
     err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 
 
@@ -45,6 +51,7 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        NOTES.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("default", UserWarning)  # each note once, whatever the caller's filters
             warnings.showwarning = _show_warning

@@ -48,6 +48,10 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
         raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",
                         source="--ep")
+    heads, tp = model_spec.num_attention_heads, pins.get("tp")
+    if tp and heads % tp:  # vLLM and SGLang split the attention heads over TP (as in train mode: exit 2)
+        fits = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0 and d <= 64)
+        raise SpecError(f"TP {tp} must divide the {heads} attention heads: use one of {fits}", source="--tp")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
     found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,

@@ -207,6 +207,9 @@ CASES = [
                           ("--kv-cache-dtype", ["fp8"]))],
     ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                      "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
+    ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                               "--tp", "3", *FAST], 2, ["--tp", "TP 3 must divide the 32 attention heads",
+                                                                        "1, 2, 4, 8, 16, 32"]),
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
     # --- output paths, checked before solving

@@ -183,6 +183,17 @@ def test_importer_notes_print_as_warning_lines(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["solve", str(path), "dgx-h100", "--gpus", "8", "--mode", "serve",
                                       "--time-limit", "5", "--workers", "1", "--json"])
     assert result.exit_code == 0, result.stderr
-    json.loads(result.stdout)  # stdout stays one JSON object
+    plan = json.loads(result.stdout)  # stdout stays one JSON object, and carries the note
+    assert any("'bitsandbytes' is not modelled" in w for w in plan["warnings"])
     assert "warning: " in result.stderr and "'bitsandbytes' is not modelled" in result.stderr
     assert "UserWarning" not in result.stderr and "checkpoint_from_quantization_config" not in result.stderr
+
+
+def test_train_json_carries_the_sliding_window_note() -> None:
+    result = CliRunner().invoke(app, ["solve", str(HF / "mistral-7b-v0.1.json"), "dgx-h100", "--gpus", "8",
+                                      "--time-limit", "5", "--workers", "1", "--json"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["schema"] == "autoshard.plan/v1" and plan["mode"] == "train"
+    assert [w for w in plan["warnings"] if "sliding window is not modelled" in w] == [
+        line.removeprefix("warning: ") for line in result.stderr.splitlines() if "sliding window" in line][:1]
