@@ -48,10 +48,13 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
         raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",
                         source="--ep")
-    heads, tp = model_spec.num_attention_heads, pins.get("tp")
-    if tp and heads % tp:  # vLLM and SGLang split the attention heads over TP (as in train mode: exit 2)
-        fits = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0 and d <= 64)
-        raise SpecError(f"TP {tp} must divide the {heads} attention heads: use one of {fits}", source="--tp")
+    heads, kv, tp = model_spec.num_attention_heads, model_spec.kv_heads, pins.get("tp")
+    gqa = model_spec.mla is None  # vLLM splits KV heads over TP or replicates them: one divides the other
+    legal = [d for d in range(1, min(heads, 64) + 1) if heads % d == 0 and (not gqa or kv % d == 0 or d % kv == 0)]
+    if tp and tp not in legal and (heads % tp or tp <= 64):  # as in train mode: bad input (exit 2), not "no plan"
+        why = (f"must divide the {heads} attention heads" if heads % tp else
+               f"and the {kv} KV heads must divide one another")
+        raise SpecError(f"TP {tp} {why}: use one of {', '.join(map(str, legal))}", source="--tp")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
     found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,

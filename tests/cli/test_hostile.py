@@ -210,6 +210,9 @@ CASES = [
     ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                                "--tp", "3", *FAST], 2, ["--tp", "TP 3 must divide the 32 attention heads",
                                                                         "1, 2, 4, 8, 16, 32"]),
+    ("serve-tp-vs-kv-heads", lambda t: ["solve", REPO / "tests" / "fixtures" / "hf" / "phi-4.json", "dgx-h100",
+                                        "--gpus", "8", "--mode", "serve", "--tp", "8", *FAST], 2,
+     ["--tp", "TP 8 and the 10 KV heads must divide one another", "use one of 1, 2, 5, 10, 20, 40"]),
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
     # --- output paths, checked before solving
