@@ -8,6 +8,7 @@ never builds one."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import parse_sglang, sglang_node_commands
-from autoshard.emit.vllm import VLLM_QUANTIZATION, no_checkpoint, parse_vllm, vllm_node_commands
+from autoshard.emit.vllm import (
+    VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
+)
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
@@ -30,7 +33,7 @@ from autoshard.specs.prepare import resize
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
-           "plan_serving", "serve_launch_script", "write_k8s_manifests"]
+           "plan_serving", "repo_weights", "serve_launch_script", "write_k8s_manifests"]
 
 INTERACTIVE_TPOT_MS = 50.0
 """The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
@@ -58,6 +61,9 @@ def serve_job_for(
                 data[key] = value
         if defaults.precision is not None:
             data["weight_dtype"] = defaults.precision
+    if model is not None and (weight_dtype is None or weight_dtype in {d.value for d in WeightDtype}):
+        # a quantized-only repository (DeepSeek-V3's FP8) decides the default and refuses what it cannot load
+        weight_dtype = serve_weight_dtype(model, weight_dtype or data.get("weight_dtype"))
     given = {
         "input_len": input_len, "output_len": output_len, "max_model_len": max_model_len,
         "tpot_target_s": None if tpot_ms is None else tpot_ms / 1000.0, "ttft_target_s": ttft_s,
@@ -131,15 +137,31 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 "this backend's speed and buffers are not modelled")
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     applied = parsed.apply_to(job)
-    if parsed.quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
+    quantization = parsed.quantization
+    if quantization is None:
+        # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
+        # are what that repository holds (listed under checkpoints:, else what its name says)
+        listed = next((c for c in model.checkpoints if c.repo == parsed.model), None)
+        named = None if listed is not None else repo_weights(parsed.model)
+        if listed is not None or named is not None:
+            wd, quantization = (listed.weights, listed.quantization) if listed is not None else named
+            applied = ServeJob.model_validate({**applied.model_dump(), "weight_dtype": wd})
+        if named is not None:
+            note = (f"{parsed.model}: the command gives no --quantization and its name says {named[0].value} "
+                    f"weights: priced as {named[0].value}"
+                    + (f" ({named[1]})" if named[1] != named[0].value else "")
+                    + "; pass --quantization, or the repository's "
+                    "config.json as MODEL, to state it")
+            parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
+    if quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
         # the command loads its own quantized checkpoint: relaunch exactly that one
         wd = applied.weight_dtype
         same = next((c for c in model.checkpoints if c.repo == parsed.model and c.weights is wd), None)
         block = same is not None and same.block_scaled
         if same is None and wd is WeightDtype.FP8:
-            block, note = unlisted_fp8_checkpoint(model, parsed.model, parsed.quantization)
+            block, note = unlisted_fp8_checkpoint(model, parsed.model, quantization)
             parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
-        own = Checkpoint.model_construct(weights=wd, repo=parsed.model, quantization=parsed.quantization,
+        own = Checkpoint.model_construct(weights=wd, repo=parsed.model, quantization=quantization,
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     return evaluate_serve(
@@ -157,6 +179,28 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         concurrency=concurrency,
         nccl_nvls=parsed.nccl_nvls,
     )
+
+
+# Name words of quantized Hugging Face releases -> (weights, vLLM method its quantization_config selects):
+# Qwen's -FP8 / -AWQ / -GPTQ-Int4|Int8, RedHatAI's -FP8-dynamic / -W4A16 / -W8A8, NVIDIA's -FP8 / -NVFP4 /
+# -FP4, gpt-oss's MXFP4.
+_NAME_WEIGHTS: tuple[tuple[frozenset[str], WeightDtype, str], ...] = (
+    (frozenset({"nvfp4", "fp4"}), WeightDtype.NVFP4, "modelopt_fp4"),
+    (frozenset({"mxfp4"}), WeightDtype.MXFP4, "mxfp4"),
+    (frozenset({"fp8"}), WeightDtype.FP8, "fp8"),
+    (frozenset({"awq"}), WeightDtype.INT4, "awq_marlin"),
+    (frozenset({"w4a16", "int4"}), WeightDtype.INT4, "compressed-tensors"),
+    (frozenset({"w8a8", "w8a16", "int8"}), WeightDtype.INT8, "compressed-tensors"),
+)
+
+
+def repo_weights(repo: str) -> tuple[WeightDtype, str] | None:
+    """(weights, vLLM method) a quantized release's repository name states (``Qwen/Qwen3-Coder-480B-A35B-
+    Instruct-FP8``: FP8; ``...-GPTQ-Int4``: int4 by gptq_marlin), or None for a name that states none."""
+    words = set(re.split(r"[-_./]", repo.rsplit("/", 1)[-1].lower()))
+    if "gptq" in words:
+        return (WeightDtype.INT8, "gptq_marlin") if "int8" in words else (WeightDtype.INT4, "gptq_marlin")
+    return next(((wd, method) for names, wd, method in _NAME_WEIGHTS if words & names), None)
 
 
 def unlisted_fp8_checkpoint(model: ModelSpec, repo: str, quantization: str) -> tuple[bool, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from functools import wraps
 from typing import Annotated, Any
@@ -31,16 +32,34 @@ def _fail(exc: AutoshardError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+NOTES: list[str] = []
+"""The warnings shown while the current command runs (the importer's notes), which `--json` output
+carries under "warnings" too (cli.options.print_json)."""
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one `warning:` line on stderr, like the commands' own (not Python's file:line echo
+    of the source line that raised it)."""
+    NOTES.append(str(message))
+    err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
+
+
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn every AutoshardError into its message and exit code, never a traceback."""
+    """Turn every AutoshardError into its message and exit code, never a traceback; warnings raised
+    while the command runs (the Hugging Face importer's notes) print as `warning:` lines."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            _finite_options(kwargs)
-            return fn(*args, **kwargs)
-        except AutoshardError as exc:
-            _fail(exc)
+        NOTES.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", UserWarning)  # each note once, whatever the caller's filters
+            warnings.showwarning = _show_warning
+            try:
+                _finite_options(kwargs)
+                return fn(*args, **kwargs)
+            except AutoshardError as exc:
+                _fail(exc)
 
     return wrapper
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
-from autoshard.cli.app import err
+from autoshard.cli.app import NOTES, err
 from autoshard.errors import SpecError
 
 
@@ -74,6 +74,10 @@ Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP
 
 
 def print_json(obj: dict) -> None:
+    """One JSON object on stdout; a plan's carries the warnings the command showed on stderr (the
+    importer's notes first) under "warnings"."""
+    if NOTES and obj.get("schema") == "autoshard.plan/v1":
+        obj = {**obj, "warnings": [*NOTES, *(w for w in obj.get("warnings", []) if w not in NOTES)]}
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 

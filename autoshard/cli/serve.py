@@ -45,6 +45,16 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
     model_spec, cluster_spec = api.load(model, cluster, gpus)
+    if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
+        raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",
+                        source="--ep")
+    heads, kv, tp = model_spec.num_attention_heads, model_spec.kv_heads, pins.get("tp")
+    gqa = model_spec.mla is None  # vLLM splits KV heads over TP or replicates them: one divides the other
+    legal = [d for d in range(1, min(heads, 64) + 1) if heads % d == 0 and (not gqa or kv % d == 0 or d % kv == 0)]
+    if tp and tp not in legal and (heads % tp or tp <= 64):  # as in train mode: bad input (exit 2), not "no plan"
+        why = (f"must divide the {heads} attention heads" if heads % tp else
+               f"and the {kv} KV heads must divide one another")
+        raise SpecError(f"TP {tp} {why}: use one of {', '.join(map(str, legal))}", source="--tp")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
     found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,

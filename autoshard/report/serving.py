@@ -78,7 +78,7 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     console.print(Panel(head, expand=False))
     render_roles(plan, console)
     render_choice(plan, console)
-    table = compact_table("Memory per GPU")
+    table = compact_table(f"Memory per {decode}GPU")
     add_columns(table, "component|GiB:r")
     for name, value in (("weights", mem.weights_bytes), ("activations (profiled peak)", mem.activation_bytes),
                         ("CUDA graphs", mem.cuda_graph_bytes),

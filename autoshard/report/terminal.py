@@ -260,8 +260,12 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     head.append(f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
                 f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}\n", style="bold")
     fit = "fits" if pred.fits else "DOES NOT FIT"
-    head.append(f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB ({fit})",
-                style="green" if pred.fits else "bold red")
+    memory = (f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB "
+              f"({fit})")
+    if (band := getattr(plan, "band", None)) is not None:
+        lo, hi = band.memory_gib_peak  # the JSON's predicted.band.memory_gib_peak
+        memory += f", likely {lo:.1f}-{hi:.1f} GiB"
+    head.append(memory, style="green" if pred.fits else "bold red")
     s = plan.solver
     if s.status != "EVALUATED":
         head.append("\n" + solver_text(s, time_limit_s=time_limit_s) +

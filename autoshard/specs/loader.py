@@ -174,7 +174,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
         if size > MAX_FILE_BYTES:
             raise SpecError(f"the file is {size / 2**20:.1f} MiB; a model or cluster file is at most "
                             f"{MAX_FILE_BYTES >> 20} MiB: give the right file", source=str(path))
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not content
     except OSError as exc:
         raise SpecError(f"cannot read the file ({exc.strerror})", source=str(path)) from None
     except UnicodeDecodeError:

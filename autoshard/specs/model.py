@@ -100,6 +100,12 @@ class ModelSpec(FrozenSpec):
     attention: AttentionKind = AttentionKind.GQA
     position_embedding: PositionKind = PositionKind.ROPE
     max_position_embeddings: Context
+    rope_theta: Annotated[float, Field(gt=0, le=1e12)] | None = None
+    """RoPE base (Hugging Face rope_theta; Megatron --rotary-base). A launch fact only: no parameter,
+    FLOP or byte depends on it. None: the launcher's default (10,000)."""
+    rotary_percent: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Fraction of each head's channels RoPE rotates (Hugging Face partial_rotary_factor / rotary_pct:
+    GLM-4.5 and Nemotron 0.5, GPT-NeoX 0.25; Megatron --rotary-percent). None: all of them."""
     linear_bias: bool = False
     """Every linear layer has a bias (GPT-2/3, BLOOM, OPT, GPT-NeoX)."""
     qkv_bias: bool = False

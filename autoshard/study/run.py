@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from autoshard.emit.vllm.command import serve_weight_dtype
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
@@ -208,10 +209,12 @@ def _serve_job(model: ModelSpec, precision: str | None, rate: float | None, tpot
             if getattr(model.serving, key) is not None:
                 data[key] = getattr(model.serving, key)
     dtype = precision or (model.serving.precision if model.serving else None)
+    if dtype is not None and dtype not in {d.value for d in WeightDtype}:
+        raise SpecError(f"'{dtype}' is not a serving weight type: use "
+                        f"{', '.join(d.value for d in WeightDtype)}", source="--precision")
+    # a quantized-only repository (DeepSeek-V3's FP8) decides the default and refuses what it cannot load
+    dtype = serve_weight_dtype(model, dtype, flag="--precision")
     if dtype is not None:
-        if dtype not in {d.value for d in WeightDtype}:
-            raise SpecError(f"'{dtype}' is not a serving weight type: use bf16, fp8, int8 or int4",
-                            source="--precision")
         data["weight_dtype"] = dtype
     if rate is not None:
         data["request_rate"] = rate

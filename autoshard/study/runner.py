@@ -33,12 +33,14 @@ def _gpu_names(cluster: ClusterSpec) -> str:
 
 
 def _plan_summary(plan: Any) -> str:
+    """The plan in one line: degrees, micro-batch, recomputation (with the decoder layers per stage fully
+    recomputed on top), ZeRO-2/3."""
     cfg = plan.config
     text = f"{cfg.dims.describe()} mbs{cfg.micro_batch_size}"
     if cfg.recompute.value != "none":
         text += f" rc-{cfg.recompute.value}"
-    if plan.recompute_num_layers:
-        text += f"+{plan.recompute_num_layers}"
+    if plan.recompute_num_layers:  # the terminal report's "+N full/stage" ("mbs4+42" read as a sum)
+        text += f" +{plan.recompute_num_layers} full/stage"
     if cfg.zero_stage >= 2:
         text += f" ZeRO-{cfg.zero_stage}"
     return text

@@ -47,6 +47,11 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def model_file(tmp: Path, old: str = "", new: str = "", *, extra: str = "") -> Path:
     path = tmp / "model.yaml"
     path.write_text((_replace(MODEL, old, new) if old else MODEL) + extra)
@@ -129,6 +134,15 @@ CASES = [
      ["expands to more than 100000 values"]),
     ("file-name-too-long", lambda t: ["solve", "x" * 5000 + ".yaml", "dgx-h100"], 2, ["too long"]),
     ("model-is-a-directory", lambda t: ["solve", str(t) + "/", "dgx-h100"], 2, ["directory"]),
+    # a UTF-8 byte-order mark (as Windows editors save) is read past, in JSON as in YAML; it used to be
+    # "invalid JSON ... Unexpected UTF-8 BOM (decode using utf-8-sig)"
+    ("json-with-bom", lambda t: ["solve", _write_bytes(t / "config.json", b"\xef\xbb\xbf" + (
+        REPO / "tests" / "fixtures" / "hf" / "llama-3.1-8b.json").read_bytes()), "dgx-h100", "--gpus", "8", *FAST],
+     0, []),
+    ("yaml-with-bom", lambda t: ["solve", _write_bytes(t / "m.yaml", b"\xef\xbb\xbf" + MODEL.encode()), "dgx-h100",
+                                 "--gpus", "8", *FAST], 0, []),
+    ("json-not-utf8", lambda t: ["solve", _write_bytes(t / "config.json", b'{"model_type": "caf\xe9"}'),
+                                 "dgx-h100"], 2, ["config.json", "not UTF-8"]),
     # --- cluster file fields
     ("gpus-per-node-1e6", _c("gpus_per_node: 8", "gpus_per_node: 1e6"), 2, ["gpus_per_node", "576"]),
     ("num-nodes-2^40", _c("num_nodes: 128", f"num_nodes: {2**40}"), 2, ["num_nodes", "131072"]),
@@ -191,6 +205,14 @@ CASES = [
                                                             *FAST], 2, [flag, "--mode serve"])
       for flag, value in (("--input-len", ["100"]), ("--request-rate", ["5"]), ("--weight-dtype", ["fp8"]),
                           ("--kv-cache-dtype", ["fp8"]))],
+    ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                     "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
+    ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                               "--tp", "3", *FAST], 2, ["--tp", "TP 3 must divide the 32 attention heads",
+                                                                        "1, 2, 4, 8, 16, 32"]),
+    ("serve-tp-vs-kv-heads", lambda t: ["solve", REPO / "tests" / "fixtures" / "hf" / "phi-4.json", "dgx-h100",
+                                        "--gpus", "8", "--mode", "serve", "--tp", "8", *FAST], 2,
+     ["--tp", "TP 8 and the 10 KV heads must divide one another", "use one of 1, 2, 5, 10, 20, 40"]),
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
     # --- output paths, checked before solving

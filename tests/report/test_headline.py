@@ -36,6 +36,10 @@ def test_band_rendered_only_when_present(plan_70b):
     text = headline(dataclasses.replace(plan_70b, band=band)).plain
     # per GPU, three significant digits: 61,234.4 / 64 = 957, 80,987.6 / 64 = 1,265
     assert "likely 957-1,270 tokens/s per GPU (H100 dense BF16 training, 12 measured runs)" in text
+    # the memory band too (JSON predicted.band.memory_gib_peak), on the memory line
+    peak = plan_70b.prediction.peak_memory_bytes / 2**30
+    assert f"memory: peak {peak:.1f} GiB of 79.6 GiB (fits), likely 70.0-80.0 GiB" in text
+    assert "likely 70.0" not in headline(bare).plain
 
 
 def _stats(status, objective, bound, wall=1.0, **kw):

@@ -57,6 +57,8 @@ def test_split_header_names_prefill_and_decode_instances(split_plan, width, rend
     assert p.instances * p.gpus_per_instance + d.instances * d.gpus_per_instance == plan.num_gpus == 16
     assert p.max_num_seqs != d.max_num_seqs
     assert "running requests per decode DP rank" in head and "GiB per decode GPU" in head
+    # the memory table below is the decode instances' too, and says so (it was "Memory per GPU")
+    assert "Memory per decode GPU" in text and "Memory per GPU" not in text
 
 
 def test_split_header_matches_the_launch(split_plan, render):

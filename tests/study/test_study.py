@@ -248,3 +248,20 @@ def test_heterogeneous_cluster_runs_at_its_own_size_with_a_weighted_price():
     assert r.num_gpus == 8 and r.price_per_gpu_hour == 2.0 and r.gpu == "H100+A100"
     (s,) = res.skipped
     assert s.num_gpus == 16 and "heterogeneous" in s.reason
+
+
+def test_plan_summary_names_the_fully_recomputed_layers():
+    """'mbs4+42' read as a sum: the layers fully recomputed per stage are said as the terminal says them."""
+    from types import SimpleNamespace
+
+    from autoshard.study.runner import _plan_summary
+
+    def plan(recompute: str, layers: int, zero: int = 1):
+        dims = SimpleNamespace(describe=lambda: "TP2 PP1 DP64")
+        cfg = SimpleNamespace(dims=dims, micro_batch_size=4, recompute=SimpleNamespace(value=recompute),
+                              zero_stage=zero)
+        return SimpleNamespace(config=cfg, recompute_num_layers=layers)
+
+    assert _plan_summary(plan("none", 42)) == "TP2 PP1 DP64 mbs4 +42 full/stage"
+    assert _plan_summary(plan("selective", 3, zero=3)) == "TP2 PP1 DP64 mbs4 rc-selective +3 full/stage ZeRO-3"
+    assert _plan_summary(plan("none", 0)) == "TP2 PP1 DP64 mbs4"

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import autoshard.emit.megatron.flags as megatron_flags
 from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages
+from autoshard.emit.megatron.rope import rope_args
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
@@ -204,6 +205,7 @@ def _model_args(model: ModelSpec, seq_len: int) -> list[Arg]:
             "--position-embedding-type",
             "learned_absolute" if model.position_embedding is PositionKind.LEARNED else "rope",
         ),
+        *rope_args(model),
         ("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"),
     ]
     if model.mlp is MlpKind.SWIGLU:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import math
 
 from autoshard.errors import SpecError
 from autoshard.specs.layers import (
@@ -197,6 +198,21 @@ def _position(r: FlagReader) -> PositionKind:
     return PositionKind.ROPE
 
 
+def _positive(r: FlagReader, name: str, maximum: float) -> float | None:
+    """A RoPE fact (--rotary-base, --rotary-percent) as the model states it, or None when absent."""
+    text = r.text(name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= maximum:  # NaN fails too
+        raise SpecError(f"{name} {text!r}: expected a positive number of at most {maximum:g}", source=r.source,
+                        field=name)
+    return value
+
+
 def _mlp(r: FlagReader) -> MlpKind:
     if r.on("--swiglu") and r.on("--squared-relu"):
         r.warnings.append("--swiglu and --squared-relu both given; read --swiglu")
@@ -297,6 +313,8 @@ def build_model(
         attention=AttentionKind.MLA if mla is not None else AttentionKind.GQA,
         position_embedding=_position(r),
         max_position_embeddings=max_pos,
+        rope_theta=_positive(r, "--rotary-base", 1e12),
+        rotary_percent=_positive(r, "--rotary-percent", 1),
         linear_bias=linear_bias,
         qkv_bias=r.on("--add-qkv-bias") and not linear_bias,
         qk_norm=r.on("--qk-layernorm"),

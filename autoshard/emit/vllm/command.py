@@ -30,11 +30,12 @@ import json
 from autoshard.costmodel.serve.ep_buffers import uses_deepep_low_latency
 from autoshard.emit.shell import shell_join
 from autoshard.errors import SpecError
-from autoshard.plans.serve import ServePlan
+from autoshard.plans.serve import ServePlan, model_path
 from autoshard.specs.job import WeightDtype
+from autoshard.specs.model import Checkpoint, ModelSpec
 
 __all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
-           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "all2all_backend"]
+           "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "all2all_backend", "native_checkpoint", "serve_weight_dtype"]
 
 HEAD_ADDRESS = "$HEAD_IP"
 DP_RPC_PORT = 13345
@@ -120,6 +121,36 @@ def no_checkpoint(model_name: str, weights: WeightDtype) -> SpecError:
         f"{weights.value} weights need a published {weights.value} checkpoint of {model_name} (vLLM and SGLang only "
         "quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, or use "
         "--weight-dtype fp8 or bf16", source="--weight-dtype")
+
+
+def native_checkpoint(model: ModelSpec) -> Checkpoint | None:
+    """The quantized checkpoint published under the model's own repository (DeepSeek-V3's and Kimi K2's
+    block-scaled FP8 weights, an imported AWQ or GPTQ config.json): the weights a launch command naming
+    that repository loads, whatever the plan's weight dtype."""
+    own = model_path(model)
+    return next((c for c in model.checkpoints if c.repo == own), None)
+
+
+def serve_weight_dtype(model: ModelSpec, requested: str | WeightDtype | None, *,
+                       flag: str = "--weight-dtype") -> str | None:
+    """The weight dtype a serving job plans for: the requested one, else the model's own repository's
+    (FP8 for DeepSeek-V3). A dtype the launchers cannot serve from the model's quantized-only repository
+    (BF16 from an FP8 repo, FP8 from an AWQ repo) with no other checkpoint listed for it is refused: the
+    plan would price weights the command does not load."""
+    own = native_checkpoint(model)
+    if own is None:
+        return None if requested is None else WeightDtype(requested).value
+    if requested is None:
+        return own.weights.value
+    wanted = WeightDtype(requested)
+    if wanted is own.weights or any(c.weights is wanted for c in model.checkpoints):
+        return wanted.value
+    method = f" ({own.quantization})" if own.quantization != own.weights.value else ""
+    raise SpecError(
+        f"{own.repo} publishes {own.weights.value} weights{method}, not {wanted.value}: vLLM and "
+        f"SGLang load them as {own.weights.value} whatever the plan says, so a {wanted.value} plan would not "
+        f"describe the run; use {flag} {own.weights.value} (this model's default), or a model file "
+        f"whose source or `checkpoints:` name a {wanted.value} repository", source=flag)
 
 
 def vllm_node_commands(plan: ServePlan) -> list[str]:

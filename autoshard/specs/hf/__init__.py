@@ -2,14 +2,19 @@
 
 One converter per ``model_type``, each reading the field names that transformers itself uses for that
 architecture (and its defaults when a field is absent, as ``from_pretrained`` would). Only the facts that
-decide weight shapes, memory and FLOPs are read; dropout, token ids, RoPE scaling and sliding windows
-are ignored. A ``quantization_config`` becomes the model's one `checkpoints:` entry (quant.py: FP8 with
-or without 128 x 128 block scales, int8/int4, NVFP4, MXFP4; anything else a warning, never an error).
+decide weight shapes, memory and FLOPs are read, and the RoPE base and rotated fraction the launch
+command carries (``rope_theta``, ``partial_rotary_factor``); dropout, token ids and RoPE scaling are
+ignored. A sliding window shorter than the context (Mistral-7B-v0.1, Qwen with use_sliding_window) is
+priced as full attention, an upper bound, and a UserWarning says so. Architectures whose attention or layer mix the
+schema cannot describe (gpt-oss, Llama 4, Gemma 2/3, Qwen3-Next, DeepSeek-V3.2, Mamba hybrids, ...) are
+refused with what they lack (importer.py `_NOT_MODELLED`), never imported as the nearest family. A
+``quantization_config`` becomes the model's one `checkpoints:` entry (quant.py: FP8 with or without
+128 x 128 block scales, int8/int4, NVFP4, MXFP4; anything else a warning, never an error).
 
 Which file owns what: importer.py picks the converter by ``model_type`` (`model_from_hf_config`);
 quant.py reads ``quantization_config``; reader.py is the typed field reader and the helpers every family shares; dense.py (Llama-like), gpt.py
-(GPT-2/NeoX, BLOOM, OPT) and moe.py (Mixtral, Qwen-MoE, DeepSeek) hold the converters. A new family
-is a converter in the file of its kind plus its ``model_type`` in that file's ``CONVERTERS`` table.
+(GPT-2/NeoX, BLOOM, OPT) and moe.py (Mixtral, Qwen-MoE, DeepSeek, Kimi K2, GLM-4.5) hold the converters.
+A new family is a converter in the file of its kind plus its ``model_type`` in that file's ``CONVERTERS`` table.
 
 Where the schema cannot represent a detail exactly the importer approximates, and says so here:
 

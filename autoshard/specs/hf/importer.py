@@ -5,6 +5,7 @@ validation error."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from autoshard.errors import SpecError
 from autoshard.specs.hf import dense, gpt, moe
 from autoshard.specs.hf.quant import checkpoint_from_quantization_config
 from autoshard.specs.hf.reader import Converter, Reader
+from autoshard.specs.layers import PositionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
 
@@ -22,6 +24,32 @@ __all__ = ["model_from_hf_config", "SUPPORTED_MODEL_TYPES"]
 _CONVERTERS: dict[str, Converter] = {**dense.CONVERTERS, **moe.CONVERTERS, **gpt.CONVERTERS}
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_CONVERTERS))
+
+# Architectures users bring that the schema cannot describe, with what it lacks: importing them as the
+# nearest supported family would give wrong attention FLOPs and KV-cache bytes without a word.
+_NOT_MODELLED: dict[str, str] = {
+    "gpt_oss": "every other layer attends over a 128-token sliding window with learned attention sinks, "
+               "and the experts carry biases; the schema has full attention only",
+    "llama4": "3 of 4 layers use chunked attention (attention_chunk_size) and MoE layers interleave with "
+              "dense ones (interleave_moe_layer_step) beside a shared expert; the schema has full attention "
+              "only",
+    "gemma2": "local sliding-window layers alternate with global ones and the logits are soft-capped; the "
+              "schema has full attention only",
+    "gemma3": "5 of 6 layers attend over a local sliding window (sliding_window); the schema has full "
+              "attention only",
+    "qwen3_next": "3 of 4 layers are Gated DeltaNet linear attention (linear_* keys, no KV cache) and "
+                  "attention is gated; the schema has softmax attention only",
+    "deepseek_v32": "DeepSeek sparse attention (index_n_heads, index_topk: a lightning indexer picks the "
+                    "tokens each query attends to) changes attention FLOPs; importing it as deepseek_v3 "
+                    "would price dense MLA attention",
+    "mamba": "state-space layers have no attention or KV cache",
+    "mamba2": "state-space layers have no attention or KV cache",
+    "jamba": "Mamba layers interleave with attention layers",
+    "nemotron_h": "Mamba-2 layers interleave with attention layers",
+    "falcon_h1": "Mamba-2 heads run beside attention heads",
+    "minimax": "7 of 8 layers use lightning (linear) attention",
+    "minimax_m1": "7 of 8 layers use lightning (linear) attention",
+}
 
 
 def _default_name(source: str) -> str:
@@ -58,12 +86,23 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
     if model_type is None:
         raise reader.error("model_type", f"required key is missing: cannot tell the architecture (supported: "
                                          f"{supported}); add it, or write a YAML model spec instead")
+    base_type = model_type.removesuffix("_text") if isinstance(model_type, str) else None
+    if base_type in _NOT_MODELLED:
+        raise reader.error("model_type", f"model_type {model_type!r} is not supported: {_NOT_MODELLED[base_type]}. "
+                                         "autoshard does not approximate it (its numbers would be wrong). A YAML model "
+                                         "spec with full attention in every layer gives an upper bound on attention "
+                                         f"time and KV memory; Hugging Face configs import for {supported}")
     if not isinstance(model_type, str) or model_type not in _CONVERTERS:
         raise reader.error("model_type", f"unsupported model_type {model_type!r}: autoshard imports "
                                          f"{supported}; for other architectures write a YAML model spec "
                                          "(see models/ for examples)")
 
     fields = _CONVERTERS[model_type](reader, model_type)
+    if fields.get("position_embedding", PositionKind.ROPE) is PositionKind.ROPE:
+        # launch facts the Megatron-LM command carries (--rotary-base, --rotary-percent); no cost depends on them
+        fields["rope_theta"] = reader.number("rope_theta", "rotary_emb_base", maximum=1e12, spec_field="rope_theta")
+        fields["rotary_percent"] = reader.number("partial_rotary_factor", "rotary_pct", maximum=1,
+                                                 spec_field="rotary_percent")
     name = data.get("_name_or_path")
     fields["name"] = name.rstrip("/") if isinstance(name, str) and name.strip("/ ") else _default_name(source)
     if isinstance(name, str) and name.strip("/ "):
@@ -75,11 +114,31 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
         fields["checkpoints"] = [checkpoint]
         reader.origin["checkpoints"] = "quantization_config"
     try:
-        return ModelSpec.model_validate(fields)
+        spec = ModelSpec.model_validate(fields)
     except ValidationError as exc:
         field, message = format_validation_error(exc, ModelSpec)
         raise SpecError(f"{message} (model_type {model_type})", source=source,
                         field=_config_key(reader.origin, field, message)) from None
+    _note_sliding_window(reader, model_type, spec.max_position_embeddings)
+    return spec
+
+
+# model types whose sliding window applies only with use_sliding_window: true (transformers' Qwen2/Qwen3)
+_WINDOW_SWITCHED = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+
+
+def _note_sliding_window(reader: Reader, model_type: str, context: int) -> None:
+    """A sliding window shorter than the context is not modelled (every layer is priced as full
+    attention): say so, naming the key, rather than let the KV cache and attention time be read as exact."""
+    window = reader.data.get("sliding_window")
+    if model_type in _WINDOW_SWITCHED and reader.data.get("use_sliding_window") is not True:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < context:
+        return
+    warnings.warn(f"{reader.source}: {reader.where('sliding_window')}: a {window}-token sliding window is not "
+                  f"modelled: attention time and the KV cache are priced as full attention over the {context}-"
+                  f"token context, an upper bound for sequences longer than {window} tokens", UserWarning,
+                  stacklevel=3)
 
 
 def _config_key(origin: dict[str, str], field: str, message: str) -> str:

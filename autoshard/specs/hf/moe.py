@@ -1,5 +1,6 @@
-"""Hugging Face converters for the mixture-of-experts families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE
-and DeepSeek-V2/V3 (multi-head latent attention, shared experts, group-limited routing, MTP modules)."""
+"""Hugging Face converters for the mixture-of-experts families: Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE,
+DeepSeek-V2/V3 and Kimi K2 (multi-head latent attention, shared experts, group-limited routing, MTP
+modules) and GLM-4.5 (the DeepSeek-V3 MoE block under grouped-query attention)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def _qwen3_moe(r: Reader, model_type: str) -> dict[str, Any]:
 
 
 def _deepseek(r: Reader, model_type: str) -> dict[str, Any]:
-    v3 = model_type == "deepseek_v3"
+    # Kimi K2 (model_type kimi_k2) is the DeepSeek-V3 architecture (DeepseekV3ForCausalLM) with 384 experts.
+    v3 = model_type in ("deepseek_v3", "kimi_k2")
     layers = r.layers("num_hidden_layers")
     hidden = r.int("hidden_size", spec_field="hidden_size")
     heads = r.int("num_attention_heads", spec_field="num_attention_heads")
@@ -134,18 +136,57 @@ def _deepseek(r: Reader, model_type: str) -> dict[str, Any]:
         "layers": run_length(kinds),
     }
     if LayerKind.MOE in kinds:
-        expert_ffn = r.int("moe_intermediate_size", default=2048 if v3 else 1407,
-                           spec_field="moe.expert_ffn_hidden_size")
-        shared = r.int("n_shared_experts", default=1 if v3 else 2, minimum=0,
-                       spec_field="moe.num_shared_experts")
-        spec["moe"] = {
-            "num_experts": routed,
-            "top_k": r.int("num_experts_per_tok", default=8 if v3 else MISSING, spec_field="moe.top_k"),
-            "expert_ffn_hidden_size": expert_ffn,
-            "num_shared_experts": shared,
-            "shared_expert_ffn_hidden_size": shared * expert_ffn,
-            **_deepseek_routing(r, v3),
-        }
+        spec["moe"] = _deepseek_moe(r, routed, expert_ffn_default=2048 if v3 else 1407,
+                                    shared_default=1 if v3 else 2, top_k_default=8 if v3 else MISSING,
+                                    routing=_deepseek_routing(r, v3))
+    spec["mtp_num_layers"] = r.int("num_nextn_predict_layers", default=0, minimum=0, maximum=16)
+    return spec
+
+
+def _deepseek_moe(r: Reader, routed: int, *, expert_ffn_default: int, shared_default: int, top_k_default: Any,
+                  routing: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSeek MoE block (routed experts plus n_shared_experts of the same width), as DeepSeek-V2/V3,
+    Kimi K2 and GLM-4.5 configure it."""
+    expert_ffn = r.int("moe_intermediate_size", default=expert_ffn_default,
+                       spec_field="moe.expert_ffn_hidden_size")
+    shared = r.int("n_shared_experts", default=shared_default, minimum=0, spec_field="moe.num_shared_experts")
+    return {
+        "num_experts": routed,
+        "top_k": r.int("num_experts_per_tok", default=top_k_default, spec_field="moe.top_k"),
+        "expert_ffn_hidden_size": expert_ffn,
+        "num_shared_experts": shared,
+        "shared_expert_ffn_hidden_size": shared * expert_ffn,
+        **routing,
+    }
+
+
+def _glm4_moe(r: Reader, model_type: str) -> dict[str, Any]:
+    """GLM-4.5 / GLM-4.5-Air (transformers Glm4MoeForCausalLM): grouped-query attention with head_dim
+    wider than hidden_size / heads, Q/K/V biases (attention_bias), optional per-head QK RMSNorm
+    (use_qk_norm); first_k_dense_replace dense layers, then DeepSeek-V3 MoE layers (sigmoid router with
+    the expert-score correction bias, n_shared_experts shared experts); num_nextn_predict_layers MTP
+    layers. Partial RoPE (partial_rotary_factor) changes no weight shape."""
+    layers = r.layers("num_hidden_layers")
+    routed = r.int("n_routed_experts", default=128, minimum=0, spec_field="moe.num_experts")
+    first_dense = r.int("first_k_dense_replace", default=1, minimum=0)
+    kinds = [LayerKind.MOE if routed and i >= first_dense else LayerKind.DENSE for i in range(layers)]
+    spec: dict[str, Any] = {
+        **common_dense(r),
+        "ffn_hidden_size": r.int("intermediate_size", default=10944, spec_field="ffn_hidden_size"),
+        "num_kv_heads": kv_heads(r, default=8),
+        "head_dim": r.int("head_dim", default=128, spec_field="head_dim"),
+        "tied_embeddings": r.bool("tie_word_embeddings", default=False),
+        "max_position_embeddings": r.int("max_position_embeddings", default=131072,
+                                         spec_field="max_position_embeddings"),
+        "qkv_bias": r.bool("attention_bias", default=False),  # q/k/v_proj biased, o_proj not
+        "qk_norm": r.bool("use_qk_norm", default=False),
+        "layers": run_length(kinds),
+    }
+    if LayerKind.MOE in kinds:
+        # Glm4MoeTopkRouter always scores with a sigmoid and selects with e_score_correction_bias.
+        routing = _deepseek_routing(r, True) | {"score_function": "sigmoid", "expert_bias": True}
+        spec["moe"] = _deepseek_moe(r, routed, expert_ffn_default=1408, shared_default=1, top_k_default=8,
+                                    routing=routing)
     spec["mtp_num_layers"] = r.int("num_nextn_predict_layers", default=0, minimum=0, maximum=16)
     return spec
 
@@ -177,4 +218,6 @@ CONVERTERS: dict[str, Converter] = {
     "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
+    "glm4_moe": _glm4_moe,
 }

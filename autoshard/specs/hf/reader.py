@@ -62,6 +62,17 @@ class Reader:
             self.origin[spec_field] = self.where(key)
         return value
 
+    def number(self, *keys: str, maximum: float, spec_field: str | None = None) -> float | None:
+        """A positive finite number in (0, maximum] from the first present key, else None."""
+        key, value = self.lookup(keys)
+        if value is MISSING:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= maximum:
+            raise self.error(key, f"expected a positive number of at most {maximum:g} (got {value!r})")
+        if spec_field:
+            self.origin[spec_field] = self.where(key)
+        return float(value)
+
     def layers(self, *keys: str) -> int:
         """The decoder layer count (one entry per layer is built, so absurd values are refused)."""
         return self.int(*keys, maximum=MAX_LAYERS)
