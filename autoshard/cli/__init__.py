@@ -11,11 +11,13 @@ commands, in the order `--help` lists them.
 
 from autoshard.cli import solve, evaluate, study, catalog  # noqa: F401, I001  (registers the commands, in this order)
 from autoshard.cli.app import app
+from autoshard.cli.options import mark_process_start
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    mark_process_start()
     app()
 
 

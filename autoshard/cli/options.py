@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +16,31 @@ from rich.markup import escape
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
 from autoshard.cli.app import NOTES, err
 from autoshard.errors import SpecError
+
+_ENTRY: dict[str, float] = {}
+
+
+def mark_process_start() -> None:
+    """Called by the console entry point (`autoshard`, `python -m autoshard.cli`) before the command
+    runs: `--time-limit` then also counts the interpreter start-up and the imports (ortools, numpy,
+    pydantic: about a second). Linux reads the process start from /proc (its start tick against the
+    uptime); elsewhere, or when that fails, the clock starts here."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat field 22: starttime
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    _ENTRY["started"] = now - age if 0.0 <= age < 600.0 else now
+
+
+def command_started() -> float:
+    """time.monotonic() at which the command's `--time-limit` starts: the process start under the
+    console entry point, else (the Typer app called in-process, as tests do) now."""
+    return _ENTRY.get("started", time.monotonic())
 
 
 class Mode(StrEnum):

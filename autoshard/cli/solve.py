@@ -3,7 +3,6 @@ with its predictions and launch command; `--from-megatron` compares an existing 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from autoshard.api import MAX_CONTEXT
 from autoshard.cli.app import app, err, guard, out
 from autoshard.cli.options import (
     AcctEmbOpt,
+    command_started,
     AcctLossOpt,
     CpOpt,
     Disaggregate,
@@ -98,7 +98,7 @@ def solve(
     disaggregate: Annotated[Disaggregate, typer.Option("--disaggregate", help="Serve: prefill/decode disaggregation: auto (the solver chooses), on (xPyD only) or off (aggregated replicas only).")] = Disaggregate.AUTO,
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
-    started = time.monotonic()  # --time-limit covers the whole command, loading and checks included
+    started = command_started()  # --time-limit covers the whole command: start-up, loading and checks included
     check_output(output, emit)
     given = {k: v for k, v in locals().items() if v is not None and v is not False}
     check_mode_flags(mode, given)
