@@ -185,6 +185,10 @@ CASES = [
     ("vllm-kv-int4", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
                                 "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype int4"], 2,
      ["--kv-cache-dtype int4"]),
+    ("sglang-tp-across-nodes", lambda t: ["evaluate", "dgx-h200", "--gpus", "16", "--from-sglang",
+                                          "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
+                                          "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
+     ["TP 16 spans 2 NVLink domains of 8 GPUs", "TP 8 x PP 2", "2 attention data-parallel ranks", "(EP 16)"]),
     # --- contradictions that used to be exit 1 or silently ignored
     ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
      2, ["--vpp", "--pp 1"]),

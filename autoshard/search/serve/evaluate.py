@@ -46,9 +46,17 @@ def evaluated_row(
         expert_parallel = False
     e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel)
     replicas = 1 if expert_parallel else dp
+    if tp > spec.node.domain_size:
+        # a legal launch for SGLang (--tp 16 --nnodes 2) and vLLM alike, but not one autoshard prices
+        dom, hops = spec.node.domain_size, -(-tp // spec.node.domain_size)
+        raise SpecError(
+            f"TP {tp} spans {hops} NVLink domains of {dom} GPUs ({spec.name}): autoshard does not model "
+            f"tensor parallelism over the inter-node network; evaluate the same GPUs as TP {dom} x PP {hops * pp}"
+            + (f", or as TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
+               f"(EP {dom * hops * dp})" if model.is_moe else ""))
     reason = _engine_rules(model, spec, e, check_size=False)
     if reason:
-        raise SpecError(f"{e.label()} is not a legal vLLM engine for {model.name}: {reason}")
+        raise SpecError(f"{e.label()} is not an engine autoshard can run for {model.name}: {reason}")
     if e.gpus * replicas > spec.num_gpus:
         raise InfeasibleError(
             f"TP{tp} x PP{pp} x DP{dp} needs {e.gpus * replicas} GPUs; pool '{spec.name}' has "

@@ -51,14 +51,20 @@ def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, spa
             if job.kv_cache_dtype is WeightDtype.BF16:
                 fixes.append("use an fp8 KV cache")
     for dtype in (WeightDtype.FP8, WeightDtype.INT4):
+        # vLLM and SGLang quantize BF16 weights online only to fp8: int4 needs a published checkpoint
+        ckpt = next((c for c in model.checkpoints if c.weights is dtype), None)
+        if dtype is not WeightDtype.FP8 and ckpt is None:
+            continue
         w = total_weight_bytes(model, dtype)
         if w < weights and w < usable * 0.85:
-            fixes.append(f"quantize the weights to {dtype.value} ({_gib(w)})")
+            fixes.append(f"quantize the weights to {dtype.value} ({_gib(w)}"
+                         + (f", {ckpt.repo})" if ckpt is not None else ")"))
             break
     per_gpu = pool.gpu.hbm_gib * GIB * GPU_MEMORY_UTILIZATION * 0.85
     count = math.ceil(weights / per_gpu)
     per_node = pool.node.gpus_per_node
-    count = per_node * math.ceil(count / per_node) if count > per_node else 1 << (count - 1).bit_length()
+    # whole 8-GPU nodes past one node; else a power of two (--gpus below a node shrinks the node to it)
+    count = per_node * math.ceil(count / per_node) if count > per_node >= 8 else 1 << (count - 1).bit_length()
     if count <= pool.num_gpus:
         count = pool.num_gpus + per_node if pool.num_gpus >= per_node else 2 * pool.num_gpus
     fixes.append(f"use at least {count} GPUs (--gpus {count})")
