@@ -2,6 +2,7 @@
 
 Plan -> launch (the emitter):
 - args.py: every `pretrain_gpt.py` flag of a plan, in launch order (`megatron_args`), layout flags included.
+- network_args.py: the model's shape, MoE and MTP flags; rope.py: its RoPE base, fraction and scaling flags.
 - command.py: the `torchrun ... pretrain_gpt.py` command line (`megatron_command`), launch geometry.
 - script.py: the multi-node bash script (`megatron_script`) and what the launch cannot say (`megatron_notes`).
 Launch -> plan facts (the parser):

@@ -28,14 +28,13 @@ from collections.abc import Sequence
 import autoshard.emit.megatron.flags as megatron_flags
 from autoshard.costmodel.train.types import Stage
 from autoshard.emit.megatron.layout import LayoutFlags, layout_stages
-from autoshard.emit.megatron.rope import rope_args
-from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, Recompute
+from autoshard.emit.megatron.network_args import Arg, moe_args, mtp_args, network_args
+from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, Recompute
 from autoshard.plans.train import Plan, layer_counts
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.layers import AttentionKind, LayerKind, MlpKind, NormKind, PositionKind, RouterScore
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["Arg", "megatron_args", "pipeline_layout", "layout_flags", "moe_layer_pattern", "TOKENIZER_TYPE",
+__all__ = ["megatron_args", "pipeline_layout", "layout_flags", "TOKENIZER_TYPE",
            "SCAFFOLDING", "LOGGING"]
 
 # Reads the vocabulary from $TOKENIZER_MODEL; Megatron-LM ignores --vocab-size with it, so none is written.
@@ -67,7 +66,6 @@ LOGGING: tuple[tuple[str, str | None], ...] = (
     ("--attention-backend", "auto"),
 )
 
-Arg = tuple[str, str | None]
 
 
 # ----------------------------------------------------------------------------- plan facts
@@ -147,138 +145,12 @@ def _compress_stages(parts: list[str]) -> str:
     return "".join(out)
 
 
-def moe_layer_pattern(model: ModelSpec) -> str | None:
-    """`--moe-layer-freq` as a Python list expression ("([0]*3+[1]*58)"), or None when every decoder
-    layer is an MoE layer (Megatron's default, freq 1)."""
-    bits = [
-        1 if k is LayerKind.MOE else 0 for k in model.layer_kinds if k in (LayerKind.DENSE, LayerKind.MOE)
-    ]
-    if all(bits):
-        return None
-    runs: list[tuple[int, int]] = []
-    for b in bits:
-        if runs and runs[-1][0] == b:
-            runs[-1] = (b, runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
-
-
 def _init_std(model: ModelSpec) -> str:
     """Small-init standard deviation sqrt(2 / (5 h)) (Nguyen & Salazar 2019, used by GPT-NeoX)."""
     return f"{math.sqrt(2 / (5 * model.hidden_size)):.4f}"
 
 
 # ----------------------------------------------------------------------------- flags
-
-
-def _model_args(model: ModelSpec, seq_len: int) -> list[Arg]:
-    h, heads = model.hidden_size, model.num_attention_heads
-    args: list[Arg] = [
-        ("--num-layers", str(model.num_layers)),
-        ("--hidden-size", str(h)),
-        ("--ffn-hidden-size", str(model.ffn_hidden_size)),
-        ("--num-attention-heads", str(heads)),
-    ]
-    if model.attention is AttentionKind.MLA and model.mla is not None:
-        mla = model.mla
-        args.append(("--multi-latent-attention", None))
-        if mla.q_lora_rank:
-            args.append(("--q-lora-rank", str(mla.q_lora_rank)))
-        args += [
-            ("--kv-lora-rank", str(mla.kv_lora_rank)),
-            ("--qk-head-dim", str(mla.qk_nope_head_dim)),
-            ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)),
-            ("--v-head-dim", str(mla.v_head_dim)),
-        ]
-        if h % heads:
-            args.append(("--kv-channels", str(model.kv_channels)))
-    else:
-        if model.kv_heads != heads:
-            args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
-        if h % heads or model.kv_channels != h // heads:
-            args.append(("--kv-channels", str(model.kv_channels)))
-    args += [
-        ("--seq-length", str(seq_len)),
-        ("--max-position-embeddings", str(max(model.max_position_embeddings, seq_len))),
-        (
-            "--position-embedding-type",
-            "learned_absolute" if model.position_embedding is PositionKind.LEARNED else "rope",
-        ),
-        *rope_args(model),
-        ("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"),
-    ]
-    if model.mlp is MlpKind.SWIGLU:
-        args.append(("--swiglu", None))
-    elif model.mlp is MlpKind.SQUARED_RELU:
-        args.append(("--squared-relu", None))
-    if not model.tied_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
-    if not model.linear_bias:
-        args.append(("--disable-bias-linear", None))
-        if model.qkv_bias:
-            args.append(("--add-qkv-bias", None))
-    if model.qk_norm:
-        args.append(("--qk-layernorm", None))
-    return args
-
-
-def _dispatcher_args(plan: Plan) -> list[Arg]:
-    """--moe-token-dispatcher-type; flex names its backend: HybridEP where the NVLink domain spans
-    several nodes (GB200/GB300 NVL72), DeepEP elsewhere."""
-    dispatcher = plan.config.moe_dispatcher
-    args: list[Arg] = [("--moe-token-dispatcher-type", dispatcher.value)]
-    if dispatcher is MoeDispatcher.FLEX:
-        multi_node_nvlink = all(plan.cluster.pools[s.pool].node.domain_size > plan.cluster.pools[s.pool].node.gpus_per_node
-                                for s in plan.stages)
-        args.append(("--moe-flex-dispatcher-backend", "hybridep" if multi_node_nvlink else "deepep"))
-    return args
-
-
-def _moe_args(model: ModelSpec, plan: Plan | None = None) -> list[Arg]:
-    moe = model.moe
-    if moe is None:
-        return []
-    args: list[Arg] = [
-        ("--num-experts", str(moe.num_experts)),
-        ("--moe-router-topk", str(moe.top_k)),
-        ("--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size)),
-    ]
-    if moe.shared_expert_ffn_hidden_size:
-        args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)))
-    pattern = moe_layer_pattern(model)
-    if pattern is not None:
-        args.append(("--moe-layer-freq", pattern))
-    if moe.score_function is RouterScore.SIGMOID:
-        args += [("--moe-router-score-function", "sigmoid"), ("--moe-router-dtype", "fp32")]
-    if moe.num_groups is not None and moe.topk_groups is not None:
-        args += [("--moe-router-num-groups", str(moe.num_groups)), ("--moe-router-group-topk", str(moe.topk_groups))]
-    if moe.topk_scaling_factor is not None:
-        args.append(("--moe-router-topk-scaling-factor", f"{moe.topk_scaling_factor:g}"))
-    args += [
-        ("--moe-grouped-gemm", None),
-        *(_dispatcher_args(plan) if plan is not None else [("--moe-token-dispatcher-type", "alltoall")]),
-    ]
-    if moe.expert_bias:
-        # auxiliary-loss-free balancing with a small sequence-wise auxiliary loss (DeepSeek-V3 Section
-        # 2.1.2: bias update speed 0.001, sequence-wise balance factor 0.0001)
-        args += [
-            ("--moe-router-enable-expert-bias", None),
-            ("--moe-router-bias-update-rate", "1e-3"),
-            ("--moe-router-load-balancing-type", "seq_aux_loss"),
-            ("--moe-aux-loss-coeff", "1e-4"),
-        ]
-    else:
-        args += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
-    return args
-
-
-def _mtp_args(model: ModelSpec) -> list[Arg]:
-    """Multi-token prediction (DeepSeek-V3 Section 2.2: loss weight 0.3, then 0.1 for the last 4.8T
-    tokens; the later value is written)."""
-    if not model.mtp_num_layers:
-        return []
-    return [("--mtp-num-layers", str(model.mtp_num_layers)), ("--mtp-loss-scaling-factor", "0.1")]
 
 
 def _parallel_args(plan: Plan) -> list[Arg]:
@@ -386,7 +258,7 @@ def _optimizer_args(plan: Plan) -> list[Arg]:
 def megatron_args(plan: Plan) -> list[Arg]:
     """Every `pretrain_gpt.py` flag of the plan, in launch order: (flag, value or None for a switch)."""
     cfg = plan.config
-    args = _model_args(plan.model, cfg.seq_len) + _moe_args(plan.model, plan) + _mtp_args(plan.model)
+    args = network_args(plan.model, cfg.seq_len) + moe_args(plan.model, plan) + mtp_args(plan.model)
     args += [("--tokenizer-type", TOKENIZER_TYPE), ("--tokenizer-model", "$TOKENIZER_MODEL")]
     args += _parallel_args(plan) + _recompute_args(plan) + _distributed_args(plan) + _precision_args(plan)
     args += _loss_args(plan) + _optimizer_args(plan) + list(SCAFFOLDING) + [("--init-method-std", _init_std(plan.model))]
