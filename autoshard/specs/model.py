@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from autoshard.specs.base import (
     MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_HEADS, MAX_LAYERS, MAX_NAME_LEN, MAX_SEQ_LEN, MAX_TOKENS, MAX_VOCAB,
@@ -21,6 +21,7 @@ from autoshard.specs.layers import (
     AttentionKind, Ffn, Hidden, LayerGroup, LayerKind, MLAConfig, MlpKind, MoEConfig, NormKind, PositionKind,
     RouterScore,
 )
+from autoshard.specs.rope import RopeScaling
 
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind",
@@ -106,6 +107,18 @@ class ModelSpec(FrozenSpec):
     rotary_percent: Annotated[float, Field(gt=0, le=1)] | None = None
     """Fraction of each head's channels RoPE rotates (Hugging Face partial_rotary_factor / rotary_pct:
     GLM-4.5 and Nemotron 0.5, GPT-NeoX 0.25; Megatron --rotary-percent). None: all of them."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE context extension (Hugging Face rope_scaling: llama3, yarn or linear; `autoshard.specs.rope`).
+    A launch fact only, like rope_theta. None: unscaled RoPE."""
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _rope_scaling_needs_rope(cls, value: RopeScaling | None, info: ValidationInfo) -> RopeScaling | None:
+        kind = info.data.get("position_embedding")
+        if value is not None and kind is not None and kind is not PositionKind.ROPE:
+            raise ValueError(f"rope_scaling scales rotary embeddings, but position_embedding is {kind.value}: "
+                             "remove rope_scaling or set position_embedding: rope")
+        return value
     linear_bias: bool = False
     """Every linear layer has a bias (GPT-2/3, BLOOM, OPT, GPT-NeoX)."""
     qkv_bias: bool = False

@@ -92,6 +92,8 @@ SWITCHES = {
     "--use-precision-aware-optimizer",
     "--fp8-param-gather",
     "--cross-entropy-loss-fusion",
+    "--use-rope-scaling",
+    "--no-yarn-correction-range-round-to-int",
 }
 REMOVED = {
     "--standalone-embedding-stage",

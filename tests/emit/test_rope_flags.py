@@ -1,7 +1,7 @@
 """The Megatron-LM launch carries the model's RoPE facts: `--rotary-base` (Hugging Face rope_theta; Megatron's
 default 10,000 would train Llama 3 (500,000) or GLM-4.5 (1,000,000) as another model) and `--rotary-percent`
 (partial rotary embeddings: GLM-4.5 and Nemotron 0.5, GPT-NeoX 0.25). They were never written. `--from-megatron`
-reads them back; bundled models that state none are launched as before (tests/emit/golden)."""
+reads them back; a model that states none is launched with Megatron-LM's defaults."""
 
 from __future__ import annotations
 
@@ -51,11 +51,13 @@ def test_imported_models_launch_with_their_rope(name: str, base: str, percent: s
     assert (parsed.rope_theta, parsed.rotary_percent) == (model.rope_theta, model.rotary_percent)
 
 
-def test_bundled_models_without_rope_facts_launch_as_before() -> None:
-    model = load_model("llama-3.1-8b")
-    assert model.rope_theta is None and model.rotary_percent is None
-    cmd = command_for("llama-3.1-8b", tp=8, pp=1)
-    assert "--rotary-base" not in cmd and "--rotary-percent" not in cmd
+def test_bundled_models_launch_with_their_published_rope() -> None:
+    # the bundled YAMLs state their config.json rope_theta (tests/specs/test_spec_rope_scaling.py); GPT-3 has
+    # learned positions and launches with no RoPE flag
+    assert flag(command_for("llama-3.1-8b", tp=8, pp=1), "--rotary-base") == "500000"
+    cmd = (Path(__file__).parent / "golden" / "gpt3-175b_dgx-a100-80gb_tp8-pp16-full.command.sh").read_text()
+    assert "--position-embedding-type learned_absolute" in cmd
+    assert "--rotary-base" not in cmd and "--rotary-percent" not in cmd and "--use-rope-scaling" not in cmd
 
 
 def test_learned_positions_carry_no_rope() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import math
 
+from pydantic import ValidationError
+
 from autoshard.errors import SpecError
 from autoshard.specs.layers import (
     AttentionKind,
@@ -19,6 +21,8 @@ from autoshard.specs.layers import (
     RouterScore,
 )
 from autoshard.specs.model import ModelSpec
+from autoshard.specs.rope import RopeScaling
+from autoshard.specs.validation import format_validation_error
 
 __all__ = ["FlagReader", "build_model", "moe_pattern", "eval_moe_layer_freq"]
 
@@ -198,8 +202,9 @@ def _position(r: FlagReader) -> PositionKind:
     return PositionKind.ROPE
 
 
-def _positive(r: FlagReader, name: str, maximum: float) -> float | None:
-    """A RoPE fact (--rotary-base, --rotary-percent) as the model states it, or None when absent."""
+def _positive(r: FlagReader, name: str, maximum: float, *, zero: bool = False) -> float | None:
+    """A RoPE fact (--rotary-base, --rotary-percent, ...) as the model states it, or None when absent;
+    `zero`: 0 is allowed too."""
     text = r.text(name)
     if text is None:
         return None
@@ -207,10 +212,44 @@ def _positive(r: FlagReader, name: str, maximum: float) -> float | None:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= maximum:  # NaN fails too
-        raise SpecError(f"{name} {text!r}: expected a positive number of at most {maximum:g}", source=r.source,
-                        field=name)
+    if not (0 <= value if zero else 0 < value) or not value <= maximum:  # NaN fails too
+        raise SpecError(f"{name} {text!r}: expected a {'non-negative' if zero else 'positive'} number of at most "
+                        f"{maximum:g}", source=r.source, field=name)
     return value
+
+
+def _rope_scaling(r: FlagReader, mla: bool) -> RopeScaling | None:
+    """RoPE scaling as the command states it (emit/megatron/rope.py has the mapping), or None."""
+    got: dict[str, float | int | bool | None] = {}
+    yarn = r.text("--position-embedding-type") == "yarn" and not mla
+    if yarn:
+        if r.on("--use-rope-scaling"):
+            r.warnings.append("--use-rope-scaling has no effect with --position-embedding-type yarn; read YaRN")
+        got = {"type": "yarn", "factor": _positive(r, "--rotary-scaling-factor", 1e4) or 1.0,
+               "original_max_position_embeddings": r.int("--yarn-original-max-position-embeddings", 4096),
+               "beta_fast": _positive(r, "--yarn-beta-fast", 1e6), "beta_slow": _positive(r, "--yarn-beta-slow", 1e6),
+               "truncate": False if r.flags.get("--no-yarn-correction-range-round-to-int") is not None else None}
+    elif r.on("--use-rope-scaling"):
+        got = {"type": "llama3", "factor": _positive(r, "--rope-scaling-factor", 1e4) or 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    elif mla and r.text("--rope-type") != "rope" and (_positive(r, "--rotary-scaling-factor", 1e4) or 1.0) != 1:
+        # MLATransformerConfig applies YaRN with original context 4096 and betas 32, 1 (no flag sets them)
+        got = {"type": "yarn", "factor": _positive(r, "--rotary-scaling-factor", 1e4),
+               "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+    elif (linear := r.int("--rotary-seq-len-interpolation-factor")) is not None and linear > 1:
+        got = {"type": "linear", "factor": float(linear)}
+    if got.get("type") == "yarn" and (r.on("--mscale") or r.on("--mscale-all-dim")):
+        got["mscale"] = _positive(r, "--mscale", 100, zero=True) if r.on("--mscale") else 1.0
+        got["mscale_all_dim"] = _positive(r, "--mscale-all-dim", 100, zero=True) if r.on("--mscale-all-dim") else 0.0
+    if not got:
+        return None
+    try:
+        return RopeScaling.model_validate({k: v for k, v in got.items() if v is not None})
+    except ValidationError as exc:
+        field, message = format_validation_error(exc, RopeScaling)
+        flag = {"factor": {"llama3": "--rope-scaling-factor", "linear": "--rotary-seq-len-interpolation-factor"}
+                .get(str(got["type"]), "--rotary-scaling-factor")}.get(field, "--yarn-beta-fast")
+        raise SpecError(f"{flag}: {message} ({got['type']} RoPE scaling)", source=r.source, field=flag) from None
 
 
 def _mlp(r: FlagReader) -> MlpKind:
@@ -315,6 +354,7 @@ def build_model(
         max_position_embeddings=max_pos,
         rope_theta=_positive(r, "--rotary-base", 1e12),
         rotary_percent=_positive(r, "--rotary-percent", 1),
+        rope_scaling=_rope_scaling(r, mla is not None),
         linear_bias=linear_bias,
         qkv_bias=r.on("--add-qkv-bias") and not linear_bias,
         qk_norm=r.on("--qk-layernorm"),

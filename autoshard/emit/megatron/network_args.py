@@ -4,10 +4,10 @@ them in launch order with the parallel, memory, precision and optimizer flags.""
 
 from __future__ import annotations
 
-from autoshard.emit.megatron.rope import rope_args
+from autoshard.emit.megatron.rope import position_embedding_type, rope_args
 from autoshard.parallel import MoeDispatcher
 from autoshard.plans.train import Plan
-from autoshard.specs.layers import AttentionKind, LayerKind, MlpKind, NormKind, PositionKind, RouterScore
+from autoshard.specs.layers import AttentionKind, LayerKind, MlpKind, NormKind, RouterScore
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["Arg", "network_args", "moe_args", "dispatcher_args", "mtp_args", "moe_layer_pattern"]
@@ -61,10 +61,7 @@ def network_args(model: ModelSpec, seq_len: int) -> list[Arg]:
     args += [
         ("--seq-length", str(seq_len)),
         ("--max-position-embeddings", str(max(model.max_position_embeddings, seq_len))),
-        (
-            "--position-embedding-type",
-            "learned_absolute" if model.position_embedding is PositionKind.LEARNED else "rope",
-        ),
+        ("--position-embedding-type", position_embedding_type(model)),
         *rope_args(model),
         ("--normalization", "RMSNorm" if model.norm is NormKind.RMSNORM else "LayerNorm"),
     ]

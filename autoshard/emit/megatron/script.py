@@ -20,6 +20,7 @@ from autoshard.emit.megatron.command import (
     needs_single_cuda_connection,
     needs_ub_skipmc,
 )
+from autoshard.emit.megatron.rope import rope_notes
 from autoshard.emit.shell import comment, path_component, shell_word
 from autoshard.parallel import Recompute
 from autoshard.plans.train import Plan
@@ -48,6 +49,7 @@ def megatron_notes(plan: Plan) -> list[str]:
         )
     if model.position_embedding is PositionKind.ALIBI:
         notes.append("Megatron-LM has no ALiBi; the launch uses rotary position embeddings (same cost)")
+    notes += rope_notes(model)
     if model.mlp is MlpKind.RELU:
         notes.append("Megatron-LM has no plain-ReLU MLP flag; the launch uses its default GeLU (same shapes)")
     if cfg.seq_len > model.max_position_embeddings:

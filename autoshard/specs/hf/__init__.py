@@ -3,8 +3,8 @@
 One converter per ``model_type``, each reading the field names that transformers itself uses for that
 architecture (and its defaults when a field is absent, as ``from_pretrained`` would). Only the facts that
 decide weight shapes, memory and FLOPs are read, and the RoPE base and rotated fraction the launch
-command carries (``rope_theta``, ``partial_rotary_factor``); dropout, token ids and RoPE scaling are
-ignored. A sliding window shorter than the context (Mistral-7B-v0.1, Qwen with use_sliding_window) is
+command carries (``rope_theta``, ``partial_rotary_factor``, ``rope_scaling``: llama3, yarn, linear; another
+scaling type is a warning naming it, rope.py); dropout and token ids are ignored. A sliding window shorter than the context (Mistral-7B-v0.1, Qwen with use_sliding_window) is
 priced as full attention, an upper bound, and a UserWarning says so. Architectures whose attention or layer mix the
 schema cannot describe (gpt-oss, Llama 4, Gemma 2/3, Qwen3-Next, DeepSeek-V3.2, Mamba hybrids, ...) are
 refused with what they lack (importer.py `_NOT_MODELLED`), never imported as the nearest family. A

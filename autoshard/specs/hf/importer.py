@@ -15,6 +15,7 @@ from autoshard.errors import SpecError
 from autoshard.specs.hf import dense, gpt, moe
 from autoshard.specs.hf.quant import checkpoint_from_quantization_config
 from autoshard.specs.hf.reader import Converter, Reader
+from autoshard.specs.hf.rope import rope_scaling_fields
 from autoshard.specs.layers import PositionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
@@ -103,6 +104,7 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
         fields["rope_theta"] = reader.number("rope_theta", "rotary_emb_base", maximum=1e12, spec_field="rope_theta")
         fields["rotary_percent"] = reader.number("partial_rotary_factor", "rotary_pct", maximum=1,
                                                  spec_field="rotary_percent")
+        fields["rope_scaling"] = rope_scaling_fields(reader, fields["max_position_embeddings"])
     name = data.get("_name_or_path")
     fields["name"] = name.rstrip("/") if isinstance(name, str) and name.strip("/ ") else _default_name(source)
     if isinstance(name, str) and name.strip("/ "):

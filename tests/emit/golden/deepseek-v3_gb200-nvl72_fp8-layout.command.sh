@@ -14,6 +14,10 @@ torchrun --nproc-per-node 4 --nnodes 144 --node-rank "$NODE_RANK" \
     --seq-length 4096 \
     --max-position-embeddings 163840 \
     --position-embedding-type rope \
+    --rotary-base 10000 \
+    --rotary-scaling-factor 40 \
+    --mscale 1 \
+    --mscale-all-dim 1 \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

@@ -50,6 +50,10 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --seq-length 4096 \
     --max-position-embeddings 163840 \
     --position-embedding-type rope \
+    --rotary-base 10000 \
+    --rotary-scaling-factor 40 \
+    --mscale 1 \
+    --mscale-all-dim 1 \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

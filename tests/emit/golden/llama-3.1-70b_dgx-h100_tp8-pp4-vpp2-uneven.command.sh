@@ -10,6 +10,8 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --nnodes 8 --node-rank
     --seq-length 8192 \
     --max-position-embeddings 131072 \
     --position-embedding-type rope \
+    --rotary-base 500000 \
+    --use-rope-scaling \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

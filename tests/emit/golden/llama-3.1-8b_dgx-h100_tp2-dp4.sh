@@ -46,6 +46,8 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --seq-length 8192 \
     --max-position-embeddings 131072 \
     --position-embedding-type rope \
+    --rotary-base 500000 \
+    --use-rope-scaling \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

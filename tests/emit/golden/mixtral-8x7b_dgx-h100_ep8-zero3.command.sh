@@ -10,6 +10,7 @@ torchrun --nproc-per-node 8 --nnodes 2 --node-rank "$NODE_RANK" \
     --seq-length 4096 \
     --max-position-embeddings 32768 \
     --position-embedding-type rope \
+    --rotary-base 1000000 \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

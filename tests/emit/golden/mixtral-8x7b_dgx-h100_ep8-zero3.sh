@@ -46,6 +46,7 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --seq-length 4096 \
     --max-position-embeddings 32768 \
     --position-embedding-type rope \
+    --rotary-base 1000000 \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \

@@ -10,6 +10,8 @@ torchrun --nproc-per-node 8 --nnodes 32 --node-rank "$NODE_RANK" \
     --seq-length 4096 \
     --max-position-embeddings 4096 \
     --position-embedding-type rope \
+    --rotary-base 10000 \
+    --rotary-percent 0.5 \
     --normalization LayerNorm \
     --squared-relu \
     --untie-embeddings-and-output-weights \

@@ -46,6 +46,8 @@ torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE
     --seq-length 4096 \
     --max-position-embeddings 4096 \
     --position-embedding-type rope \
+    --rotary-base 10000 \
+    --rotary-percent 0.5 \
     --normalization LayerNorm \
     --squared-relu \
     --untie-embeddings-and-output-weights \

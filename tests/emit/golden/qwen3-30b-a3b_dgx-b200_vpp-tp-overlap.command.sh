@@ -11,6 +11,7 @@ torchrun --nproc-per-node 8 --nnodes 4 --node-rank "$NODE_RANK" \
     --seq-length 4096 \
     --max-position-embeddings 40960 \
     --position-embedding-type rope \
+    --rotary-base 1000000 \
     --normalization RMSNorm \
     --swiglu \
     --untie-embeddings-and-output-weights \
