@@ -61,6 +61,7 @@ from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.layout import LayoutFlags, default_stages, layout_stages, predict_layout
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
+from autoshard.emit.megatron.rope import rope_differences
 from autoshard.emit.megatron.script import megatron_notes, megatron_script
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
@@ -135,7 +136,8 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
         parsed = _vocab_from_bundled(command, parsed)
     warnings = list(parsed.warnings)
     if expected is not None:
-        warnings += [f"the command's model differs from {expected.name}: {d}" for d in model_shape_differences(expected, parsed.model)]
+        differences = model_shape_differences(expected, parsed.model) + rope_differences(expected, parsed.model)
+        warnings += [f"the command's model differs from {expected.name}: {d}" for d in differences]
     world = gpus or parsed.world_size
     if world is None:
         raise SpecError("the command does not say how many GPUs it runs on (no torchrun --nproc-per-node/--nnodes): "

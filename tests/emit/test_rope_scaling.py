@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autoshard.api import evaluate, train_job
+from autoshard.api import evaluate, evaluate_megatron, train_job
 from autoshard.cli import app
 from autoshard.emit import megatron_command, megatron_notes, parse_megatron
 from autoshard.emit.megatron.flags import KNOWN
@@ -169,3 +169,16 @@ def test_from_megatron_refuses_bad_scaling_flags(old: str, new: str, flag: str) 
     cmd = megatron_command(plan_for(load_model(model), 8, tp=8, pp=1)).replace(old, new)
     result = CliRunner().invoke(app, ["evaluate", "dgx-h100", "--gpus", "8", "--from-megatron", cmd])
     assert result.exit_code == 2 and flag in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_command_without_the_models_rope_is_named_in_the_warnings() -> None:
+    # Llama 3.1 70B launched without --rotary-base / --use-rope-scaling trains base 10,000, unscaled
+    cmd = megatron_command(plan_for(load_model("llama-3.1-8b"), 8, tp=8, pp=1))
+    _, warned = evaluate_megatron(cmd, "llama-3.1-8b", "dgx-h100", None)
+    assert not [w for w in warned if "rope" in w]
+    bare = cmd.replace("--rotary-base 500000", "").replace("--use-rope-scaling", "")
+    _, warned = evaluate_megatron(bare, "llama-3.1-8b", "dgx-h100", None)
+    assert [w for w in warned if "rope" in w] == [
+        "the command's model differs from llama-3.1-8b: rope_theta: 500000 vs 10000 (--rotary-base)",
+        "the command's model differs from llama-3.1-8b: rope_scaling: llama3 factor 8 vs none (the launch's RoPE "
+        "scaling flags)"]

@@ -26,7 +26,7 @@ from autoshard.specs.layers import AttentionKind, PositionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.rope import RopeScaling
 
-__all__ = ["rope_args", "rope_notes", "position_embedding_type", "LLAMA3_FIXED", "MLA_YARN_FIXED"]
+__all__ = ["rope_args", "rope_notes", "rope_differences", "position_embedding_type", "LLAMA3_FIXED", "MLA_YARN_FIXED"]
 
 # Megatron-LM's hard-coded llama3 parameters (low_freq_factor, high_freq_factor, original context) and
 # the factor GPTModel applies
@@ -131,3 +131,36 @@ def rope_notes(model: ModelSpec) -> list[str]:
             notes.append(f"YaRN truncate: false: multi-latent attention in {at} always rounds the correction "
                          "range to integers")
     return notes
+
+
+def rope_differences(expected: ModelSpec, got: ModelSpec) -> list[str]:
+    """The RoPE facts a Megatron-LM command states differently from the model it is said to train (each
+    as the launch applies it: no --rotary-base is Megatron-LM's 10,000, no scaling flag unscaled RoPE).
+    Kept apart from the shape differences: no cost depends on them, but the run trains another model."""
+    if expected.position_embedding is not PositionKind.ROPE or got.position_embedding is not PositionKind.ROPE:
+        return []
+    out: list[str] = []
+    theta = (expected.rope_theta or 10000.0, got.rope_theta or 10000.0)
+    if theta[0] != theta[1]:
+        out.append(f"rope_theta: {theta[0]:g} vs {theta[1]:g} (--rotary-base)")
+    percent = (expected.rotary_percent or 1.0, got.rotary_percent or 1.0)
+    if percent[0] != percent[1]:
+        out.append(f"rotary_percent: {percent[0]:g} vs {percent[1]:g} (--rotary-percent)")
+    a, b = _applied(expected), _applied(got)
+    if a != b:
+        detail = f"{_say(a)} vs {_say(b)}" if _say(a) != _say(b) else f"{a} vs {b}"
+        out.append(f"rope_scaling: {detail} (the launch's RoPE scaling flags)")
+    return out
+
+
+def _applied(model: ModelSpec) -> dict[str, object] | None:
+    """The scaling as the launch applies it: unset YaRN betas and truncate are the defaults 32, 1, true."""
+    scaling = _scaling(model)
+    if scaling is None:
+        return None
+    facts = scaling.model_dump(exclude_none=True)
+    return {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True} | facts if scaling.type == "yarn" else facts
+
+
+def _say(facts: dict[str, object] | None) -> str:
+    return "none" if facts is None else f"{facts['type']} factor {facts['factor']:g}"
