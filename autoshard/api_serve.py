@@ -178,6 +178,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         warnings=parsed.warnings,
         concurrency=concurrency,
         nccl_nvls=parsed.nccl_nvls,
+        deep_gemm=parsed.deep_gemm,
     )
 
 

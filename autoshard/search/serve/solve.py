@@ -246,6 +246,7 @@ def evaluate_serve(
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
     nccl_nvls: bool = True,
+    deep_gemm: bool = True,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
@@ -255,7 +256,7 @@ def evaluate_serve(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm,
     )
     return _plan(model, cluster, job, row, stats, warn)
 
