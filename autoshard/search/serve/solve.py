@@ -120,8 +120,8 @@ def solve_serve(
             if is_infeasible(status):
                 raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
             raise SolverError(
-                f"no deployment found within the {time_limit_s:g} s time limit ({len(rows)} candidate engines in the "
-                "model, none placed before the limit): raise --time-limit"
+                f"no deployment found within the {time_limit_s:g} s time limit ({len(space.engines)} candidate "
+                "engines in the model, none placed before the limit): raise --time-limit"
             )
         stats = SolverStats(
             status=solver.status_name(status),
