@@ -137,7 +137,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 "this backend's speed and buffers are not modelled")
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     applied = parsed.apply_to(job)
-    quantization = parsed.quantization
+    quantization, named = parsed.quantization, None
     if quantization is None:
         # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
         # are what that repository holds (listed under checkpoints:, else what its name says)
@@ -150,8 +150,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
             note = (f"{parsed.model}: the command gives no --quantization and its name says {named[0].value} "
                     f"weights: priced as {named[0].value}"
                     + (f" ({named[1]})" if named[1] != named[0].value else "")
-                    + "; pass --quantization, or the repository's "
-                    "config.json as MODEL, to state it")
+                    + "; pass --quantization, or the repository's config.json as MODEL, to state it (the "
+                    "launch lines leave the method to its quantization_config, as the command does)")
             parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if quantization is not None and applied.weight_dtype is not WeightDtype.BF16:
         # the command loads its own quantized checkpoint: relaunch exactly that one
@@ -161,7 +161,10 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         if same is None and wd is WeightDtype.FP8:
             block, note = unlisted_fp8_checkpoint(model, parsed.model, quantization)
             parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
-        own = Checkpoint.model_construct(weights=wd, repo=parsed.model, quantization=quantization,
+        # a method guessed from the name is not written back: vLLM refuses a --quantization that differs
+        # from the repository's quant_method (RedHatAI's -FP8-dynamic is compressed-tensors, not fp8)
+        own = Checkpoint.model_construct(weights=wd, repo=parsed.model,
+                                         quantization=None if named is not None else quantization,
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     return evaluate_serve(
@@ -178,6 +181,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         warnings=parsed.warnings,
         concurrency=concurrency,
         nccl_nvls=parsed.nccl_nvls,
+        deep_gemm=parsed.deep_gemm,
     )
 
 

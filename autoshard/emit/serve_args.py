@@ -102,6 +102,10 @@ class ParsedServe:
     sets it unless --enable-nccl-nvls or --enable-symm-mem)."""
     all2all_backend: str | None = None
     """vLLM's --all2all-backend (its default when not given); None for SGLang commands."""
+    deep_gemm: bool = True
+    """Block-scaled FP8 experts of TP-sharded MoE layers may run DeepGEMM (`ServeConfig.deep_gemm`):
+    vLLM's fused_moe hands them over where DeepGEMM is installed; SGLang's TP MoE path runs Triton
+    unless --moe-runner-backend deep_gemm (or DeepEP/Mooncake all-to-all under auto)."""
     warnings: tuple[str, ...] = ()
 
     @property

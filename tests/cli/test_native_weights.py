@@ -135,3 +135,24 @@ def test_from_vllm_reads_the_weights_from_the_release_name() -> None:
     plan = json.loads(out)
     assert plan["plan"]["weight_dtype"] == "fp8"
     assert any("its name says fp8 weights: priced as fp8; pass --quantization" in w for w in plan["warnings"])
+
+
+@pytest.mark.parametrize(("repo", "flag"), [
+    # RedHatAI's llm-compressor releases are compressed-tensors, not fp8: vLLM refuses a --quantization
+    # that differs from the checkpoint's quant_method, so a method guessed from the name is not written
+    ("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8-dynamic", None),
+    ("Qwen/Qwen2.5-72B-Instruct-AWQ", None),
+    # the listed checkpoint's method is a stated fact: written as before
+    ("nvidia/Llama-3.1-70B-Instruct-FP8", "modelopt"),
+])
+def test_a_guessed_method_is_not_written_back(repo: str, flag: str | None) -> None:
+    code, out, err = run("evaluate", "llama-3.1-70b", "dgx-h100", "--json", "--from-vllm",
+                         f"vllm serve {repo} --tensor-parallel-size 4")
+    assert code == 0, err
+    launch = json.loads(out)["launch"]
+    assert launch["vllm"].startswith(f"vllm serve {repo} ")
+    if flag is None:
+        assert "--quantization" not in launch["vllm"] and "--quantization" not in launch["sglang"]
+    else:
+        assert launch["vllm"].endswith(f"--quantization {flag}")
+        assert "--quantization modelopt_fp8" in launch["sglang"]

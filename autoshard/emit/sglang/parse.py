@@ -34,6 +34,7 @@ _SGLANG_VALUE: dict[str, str] = {
     "--quantization": "--quantization",
     "--kv-cache-dtype": "--kv-cache-dtype",
     "--nnodes": "--nnodes", "--node-rank": "--node-rank",
+    "--moe-runner-backend": "--moe-runner-backend", "--moe-a2a-backend": "--moe-a2a-backend",
 }
 _SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--trust-remote-code",
                               "--disable-cuda-graph", "--enable-torch-compile", "--disable-radix-cache",
@@ -143,6 +144,12 @@ def parse_sglang(command: str) -> ParsedServe:
         if note:
             warnings.append(note)
     chunk = values.get("--chunked-prefill-size")
+    # SGLang's Fp8MoEMethod.create_moe_runner: "auto" takes DeepGEMM only behind DeepEP / Mooncake
+    # all-to-all (is_deepgemm_moe_runner_backend_enabled), Triton's fused_moe for TP-sharded experts
+    runner, a2a = values.get("--moe-runner-backend", "auto"), values.get("--moe-a2a-backend", "none")
+    deep_gemm = runner == "deep_gemm" or (runner == "auto" and a2a in ("deepep", "mooncake"))
+    if runner not in ("auto", "triton", "deep_gemm"):
+        warnings.append(f"--moe-runner-backend {runner} is not modelled: its experts are priced as Triton's fused_moe")
     return ParsedServe(
         model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),
@@ -153,4 +160,5 @@ def parse_sglang(command: str) -> ParsedServe:
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
         # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
+        deep_gemm=deep_gemm,
     )

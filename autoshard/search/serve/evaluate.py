@@ -34,6 +34,7 @@ def evaluated_row(
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
     nccl_nvls: bool = True,
+    deep_gemm: bool = True,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments."""
@@ -72,8 +73,8 @@ def evaluated_row(
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    if not nccl_nvls:
-        cfg = dataclasses.replace(cfg, nccl_nvls=False)
+    if not nccl_nvls or not deep_gemm:
+        cfg = dataclasses.replace(cfg, nccl_nvls=nccl_nvls, deep_gemm=deep_gemm)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:

@@ -17,6 +17,8 @@ import time
 from collections import Counter
 
 from autoshard.costmodel.bands import mark_ties
+from autoshard.costmodel.serve.compute import BLOCK_FP8_GPUS, block_scaled_fp8
+from autoshard.costmodel.serve.fused_moe import DEEP_GEMM_ROWS, runs_fused_moe
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
@@ -120,8 +122,8 @@ def solve_serve(
             if is_infeasible(status):
                 raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
             raise SolverError(
-                f"no deployment found within the {time_limit_s:g} s time limit ({len(rows)} candidate engines in the "
-                "model, none placed before the limit): raise --time-limit"
+                f"no deployment found within the {time_limit_s:g} s time limit ({len(space.engines)} candidate "
+                "engines in the model, none placed before the limit): raise --time-limit"
             )
         stats = SolverStats(
             status=solver.status_name(status),
@@ -208,6 +210,12 @@ def _plan(
 ) -> ServePlan:
     e, cfg = row.engine, row.config
     dp = e.dp_attention if e.expert_parallel else row.replicas
+    gpu = cluster.pools[e.pool].gpu.name
+    if (model.moe is not None and cfg.deep_gemm and cfg.tp != 8 and runs_fused_moe(cfg)
+            and block_scaled_fp8(model, cfg.weight_dtype) and any(t in gpu for t in BLOCK_FP8_GPUS)):
+        warnings = (*warnings, f"the block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM "
+                    "(vLLM with DeepGEMM installed, as the vllm/vllm-openai image builds it); a PyPI vLLM install "
+                    "and SGLang's TP MoE path run Triton's fused_moe (evaluate --from-sglang prices that)")
     plan = ServePlan(
         model=model,
         cluster=cluster,
@@ -246,6 +254,7 @@ def evaluate_serve(
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
     nccl_nvls: bool = True,
+    deep_gemm: bool = True,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
@@ -255,7 +264,7 @@ def evaluate_serve(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm,
     )
     return _plan(model, cluster, job, row, stats, warn)
 

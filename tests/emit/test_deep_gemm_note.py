@@ -1,0 +1,35 @@
+"""A serving plan whose block-FP8 experts are priced on DeepGEMM says so: only vLLM with DeepGEMM
+installed runs them there (fused_moe hands >= 128-token steps to it, except at TP 8); a PyPI install and
+SGLang's TP MoE path run Triton's fused_moe, which prices differently (tests/emit/test_sglang_moe_runner.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard import api
+
+SGLANG = "python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B-FP8 --tp {tp}"
+VLLM = "vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size {tp}"
+
+
+def _noted(command: str, *, sglang: bool, model: str = "qwen3-235b-a22b", cluster: str = "dgx-h100") -> bool:
+    plan = api.evaluate_serve_command(command, model, cluster, None, input_len=2048, output_len=128, sglang=sglang)
+    return any("priced on DeepGEMM" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(("command", "sglang", "tp", "noted"), [
+    (VLLM, False, 4, True),  # block-FP8 experts at TP 4 on H100: DeepGEMM priced
+    (VLLM, False, 8, False),  # TP 8: Triton (vLLM PR #29346)
+    (VLLM + " --pipeline-parallel-size 2", False, 2, True),
+    (SGLANG, True, 4, False),  # SGLang's TP MoE: Triton, and priced so
+    (SGLANG + " --moe-runner-backend deep_gemm", True, 4, True),
+])
+def test_the_note_follows_the_priced_kernel(command: str, sglang: bool, tp: int, noted: bool) -> None:
+    assert _noted(command.format(tp=tp), sglang=sglang) is noted
+
+
+def test_no_note_without_block_fp8_experts() -> None:
+    assert not _noted("vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 4 --pipeline-parallel-size 2",
+                      sglang=False)  # BF16 experts at TP 4
+    assert not _noted("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --quantization fp8",
+                      sglang=False, model="llama-3.1-70b")  # dense

@@ -1,0 +1,54 @@
+"""SGLang's TP-sharded MoE layers run Triton's fused_moe for block-scaled FP8 experts: its
+`Fp8MoEMethod.create_moe_runner` resolves --moe-runner-backend auto to DeepGEMM only behind DeepEP or
+Mooncake all-to-all. `evaluate --from-sglang` therefore prices those experts with `deep_gemm=False`,
+where the same engine launched by vLLM (DeepGEMM installed) hands >= 128-token steps to DeepGEMM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoshard import api
+from autoshard.costmodel.serve.predict import predict_serve
+from autoshard.emit.sglang.parse import parse_sglang
+
+SGLANG = "python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B-FP8 --tp 4"
+VLLM = "vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4"
+
+
+@pytest.mark.parametrize(("extra", "deep_gemm"), [
+    ("", False),
+    (" --moe-runner-backend triton", False),
+    (" --moe-runner-backend deep_gemm", True),
+    (" --moe-a2a-backend deepep", True),
+    (" --moe-runner-backend=deep_gemm", True),
+])
+def test_parse_reads_the_moe_runner(extra: str, deep_gemm: bool) -> None:
+    parsed = parse_sglang(SGLANG + extra)
+    assert parsed.deep_gemm is deep_gemm
+    assert not any("moe-runner-backend" in w or "moe-a2a-backend" in w for w in parsed.warnings)
+
+
+def test_unmodelled_runner_is_said() -> None:
+    parsed = parse_sglang(SGLANG + " --moe-runner-backend flashinfer_cutlass")
+    assert parsed.deep_gemm is False
+    assert any("flashinfer_cutlass is not modelled" in w for w in parsed.warnings)
+
+
+def _evaluate(command: str, *, sglang: bool):
+    return api.evaluate_serve_command(command, "qwen3-235b-a22b", "dgx-h100", None, input_len=2048,
+                                      output_len=128, sglang=sglang)
+
+
+def test_sglang_tp4_block_fp8_experts_priced_on_triton() -> None:
+    sg, vl = _evaluate(SGLANG, sglang=True), _evaluate(VLLM, sglang=False)
+    assert sg.prediction.config.deep_gemm is False and vl.prediction.config.deep_gemm is True
+    # the SGLang engine is the vLLM one with Triton experts, NVLS off as SGLang sets it: nothing else differs
+    same = predict_serve(sg.model, sg.pool, sg.job, dataclasses.replace(vl.prediction.config, deep_gemm=False, nccl_nvls=False))
+    assert sg.prediction.tokens_per_s_per_gpu == pytest.approx(same.tokens_per_s_per_gpu, rel=1e-12)
+    # and the kernel choice is priced: 2,048-token prompts prefill in >= 128-token steps
+    assert sg.prediction.ttft_s > vl.prediction.ttft_s * 1.02
+    sg_dg = _evaluate(SGLANG + " --moe-runner-backend deep_gemm", sglang=True)
+    assert sg_dg.prediction.config.deep_gemm is True
+    assert sg_dg.prediction.ttft_s < sg.prediction.ttft_s
