@@ -169,6 +169,31 @@ def test_shared_quick_bounds_equal_the_plain_ones(cluster_name):
     assert [quick(c) for c in configs] == [quick_lower_bound(model, cluster, c, scale=12) for c in configs]
     assert any(c.dims.vpp > 1 for c in configs)
     assert len(quick.memo) < 0.8 * len(configs)
+    if not cluster.is_heterogeneous:
+        # one pool: the decoder layer's time is shared across DP degrees, ZeRO stages and pipeline depths
+        assert quick.times is not None and len(quick.times) < 0.5 * len(quick.memo)
+        assert len({c.zero_stage for c in configs}) > 1 and len({c.dims.dp for c in configs}) > 1
+    else:
+        assert quick.times is None  # states bound each pool's layers: nothing shared beyond VPP
+
+
+@pytest.mark.parametrize(("model_name", "gpus"), [("qwen3-30b-a3b", 128), ("deepseek-v3", 512), ("llama-3.1-8b", 32)])
+def test_decoder_time_does_not_read_what_the_time_key_leaves_out(model_name, gpus):
+    """The premise of `QuickBounds._time_key`, checked on the cost model itself: every candidate's
+    most numerous decoder layer costs exactly the time of the first candidate with its key."""
+    from autoshard.api import resize, train_job
+    from autoshard.costmodel.train.layer import layer_cost
+    from autoshard.search.train.bounds import QuickBounds, _major_decoder
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model(model_name)
+    cluster = resize(load_cluster("dgx-h100"), gpus)
+    configs = enumerate_train(model, cluster, train_job(model), options=SpaceOptions(max_micro_batch=2, max_vpp=2)).candidates
+    quick, (major, _), first = QuickBounds(model, cluster, scale=2), _major_decoder(model), {}
+    for cfg in configs:
+        time_s = layer_cost(model, major, cluster.pools[0], cfg, cfg.recompute).time_s
+        assert first.setdefault(quick._time_key(cfg), time_s) == time_s, cfg
+    assert len(first) < 0.5 * len(configs)
 
 
 def test_a_better_incumbent_beats_an_unproven_cpsat_solution(monkeypatch):
