@@ -249,3 +249,20 @@ def test_a_better_incumbent_beats_an_unproven_cpsat_solution(monkeypatch):
     assert seen["cpsat"] > seen["incumbent"]  # the situation under test: CP-SAT's first find is worse
     assert round(plan.solver.objective * scale) == seen["incumbent"]
     assert plan.solver.status == "FEASIBLE"
+
+
+def test_state_floor_does_not_read_interleaving():
+    """`prepare` shares the model-state floor of candidates that differ only in VPP: on every
+    candidate it equals the floor of the first candidate with the same degrees but VPP."""
+    from autoshard.api import resize, train_job
+    from autoshard.search.train.prepare import _DIMS_BUT_VPP, _quick_state_floor_bytes
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model("deepseek-v3")  # dense-first MoE with MTP modules
+    cluster = resize(load_cluster("dgx-h100"), 256)
+    configs = enumerate_train(model, cluster, train_job(model), options=SpaceOptions(max_micro_batch=1, max_vpp=4)).candidates
+    first: dict[tuple, float] = {}
+    for cfg in configs:
+        floor = _quick_state_floor_bytes(model, cfg)
+        assert first.setdefault((_DIMS_BUT_VPP(cfg.dims), cfg.zero_stage, cfg.optimizer), floor) == floor, cfg
+    assert any(c.dims.vpp > 1 for c in configs) and len(first) < 0.5 * len(configs)
