@@ -169,6 +169,42 @@ def test_shared_quick_bounds_equal_the_plain_ones(cluster_name):
     assert [quick(c) for c in configs] == [quick_lower_bound(model, cluster, c, scale=12) for c in configs]
     assert any(c.dims.vpp > 1 for c in configs)
     assert len(quick.memo) < 0.8 * len(configs)
+    # the decoder layer's time is shared across DP degrees, ZeRO stages and pipeline depths
+    assert len(quick.times) < 0.5 * len(quick.memo)
+    assert len({c.zero_stage for c in configs}) > 1 and len({c.dims.dp for c in configs}) > 1
+    memory = QuickBounds(model, cluster, scale=12, memory_fraction=0.9)
+    assert [memory(c) for c in configs] == [
+        quick_lower_bound(model, cluster, c, scale=12, memory_fraction=0.9) for c in configs]
+    assert (len(memory.states) > 0) == cluster.is_heterogeneous  # only there do states bound a pool's layers
+    assert len(memory.times) + len(memory.states) < 0.5 * len(memory.memo)
+
+
+@pytest.mark.parametrize(("model_name", "cluster_name"), [
+    ("qwen3-30b-a3b", "dgx-h100"), ("deepseek-v3", "dgx-h100"), ("llama-3.1-8b", "dgx-h100"),
+    ("mixtral-8x7b", "mixed-3pool")])
+def test_decoder_costs_do_not_read_what_the_shared_keys_leave_out(model_name, cluster_name):
+    """The premise of `QuickBounds._time_key` and `_state_key`, checked on the cost model itself:
+    every candidate's most numerous decoder layer costs exactly the time of the first candidate
+    with its time key and holds exactly the model states of the first with its state key, on every
+    pool (FP8 among the candidates on the H100 pools)."""
+    from autoshard.api import resize, train_job
+    from autoshard.costmodel.train.layer import layer_cost
+    from autoshard.search.train.bounds import QuickBounds, _major_decoder
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model(model_name)
+    cluster = load_cluster(cluster_name)
+    if not cluster.is_heterogeneous:
+        cluster = resize(cluster, 128 if model.moe else 32)
+    configs = enumerate_train(model, cluster, train_job(model), options=SpaceOptions(max_micro_batch=2, max_vpp=2)).candidates
+    quick, (major, _), times, states = QuickBounds(model, cluster, scale=2), _major_decoder(model), {}, {}
+    for cfg in configs:
+        for pool in cluster.pools:
+            cost = layer_cost(model, major, pool, cfg, cfg.recompute)
+            assert times.setdefault((quick._time_key(cfg), pool.name), cost.time_s) == cost.time_s, cfg
+            assert states.setdefault((quick._state_key(cfg), pool.name), cost.state_bytes) == cost.state_bytes, cfg
+    assert len(times) < 0.5 * len(configs) * len(cluster.pools)
+    assert len(states) < 0.5 * len(configs) * len(cluster.pools)
 
 
 def test_a_better_incumbent_beats_an_unproven_cpsat_solution(monkeypatch):
@@ -213,3 +249,20 @@ def test_a_better_incumbent_beats_an_unproven_cpsat_solution(monkeypatch):
     assert seen["cpsat"] > seen["incumbent"]  # the situation under test: CP-SAT's first find is worse
     assert round(plan.solver.objective * scale) == seen["incumbent"]
     assert plan.solver.status == "FEASIBLE"
+
+
+def test_state_floor_does_not_read_interleaving():
+    """`prepare` shares the model-state floor of candidates that differ only in VPP: on every
+    candidate it equals the floor of the first candidate with the same degrees but VPP."""
+    from autoshard.api import resize, train_job
+    from autoshard.search.train.prepare import _DIMS_BUT_VPP, _quick_state_floor_bytes
+    from autoshard.specs import load_cluster, load_model
+
+    model = load_model("deepseek-v3")  # dense-first MoE with MTP modules
+    cluster = resize(load_cluster("dgx-h100"), 256)
+    configs = enumerate_train(model, cluster, train_job(model), options=SpaceOptions(max_micro_batch=1, max_vpp=4)).candidates
+    first: dict[tuple, float] = {}
+    for cfg in configs:
+        floor = _quick_state_floor_bytes(model, cfg)
+        assert first.setdefault((_DIMS_BUT_VPP(cfg.dims), cfg.zero_stage, cfg.optimizer), floor) == floor, cfg
+    assert any(c.dims.vpp > 1 for c in configs) and len(first) < 0.5 * len(configs)

@@ -24,13 +24,13 @@ def absorbed_majority(caps: np.ndarray) -> np.ndarray:
     layers between them (max-plus DP over ranks; -inf marks a count a rank cannot take)."""
     g, pp, width = caps.shape
     best = caps[:, 0, :]
+    k = np.arange(width)
+    before = k[:, None] - k[None, :]  # [k, j]: the count the ranks before hold when this one takes j
+    taken = before >= 0
     for r in range(1, pp):
-        nxt = np.full((g, width), -np.inf)
-        for j in range(width):
-            shifted = np.full((g, width), -np.inf)
-            shifted[:, j:] = best[:, : width - j]
-            nxt = np.maximum(nxt, shifted + caps[:, r, j][:, None])
-        best = nxt
+        # nxt[k] = max over j of best[k - j] + caps[r, j], all (k, j) at once
+        prior = np.where(taken, best[:, np.maximum(before, 0)], -np.inf)
+        best = (prior + caps[:, r, None, :]).max(axis=2)
     return best[:, -1]
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from autoshard.costmodel.train.memory import layer_param_shards, model_state_bytes
 from autoshard.costmodel.train.types import TrainConfig
+from autoshard.parallel import ParallelDims
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
 from autoshard.search.train.bounds import NO_MEMORY, NO_RANKS, QuickBounds, bounds
@@ -58,6 +60,11 @@ def _simplicity(cfg: TrainConfig) -> tuple:
     d = cfg.dims
     return (d.cp, cfg.zero_stage, _RECOMPUTE_ORDER[cfg.recompute.value], d.vpp, d.etp is not None, d.ep, d.tp, d.pp,
             cfg.micro_batch_size)
+
+
+_DIMS_BUT_VPP = attrgetter(*[f.name for f in fields(ParallelDims) if f.name != "vpp"])
+"""The degrees `_quick_state_floor_bytes` reads: parameter shards and model states do not depend on
+interleaving (the candidates that differ only in VPP share one floor)."""
 
 
 def _quick_state_floor_bytes(model: ModelSpec, cfg: TrainConfig) -> float:
@@ -112,7 +119,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if pins.recompute_num_layers and cfg.recompute.value == "full":
             prep.pruned["recompute-num-layers pinned with full recompute"] += 1
             continue
-        key = (cfg.dims, cfg.zero_stage, cfg.optimizer)
+        key = (_DIMS_BUT_VPP(cfg.dims), cfg.zero_stage, cfg.optimizer)
         floor = floors.get(key)
         if floor is None:
             floor = floors[key] = _quick_state_floor_bytes(model, cfg)

@@ -12,6 +12,7 @@ import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
@@ -302,15 +303,21 @@ def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, s
     """The cheapest MoE dispatcher for this expert grid. The dispatchers differ only in the bytes they
     move (memory and compute are the same), so the cheapest one dominates: pick it per plan instead
     of multiplying the candidates. Ties go to alltoall (no extra library needed)."""
-    from autoshard.costmodel.moe import dispatch_time_s
-
     if model.moe is None or dims.ep * dims.expert_tp <= 1:
         return MoeDispatcher.ALLTOALL
+    return _cheapest_dispatcher(model, cluster, seq_len / dims.cp / dims.tp, dims.ep, dims.expert_tp)
+
+
+@lru_cache(maxsize=4096)
+def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, ep: int, etp: int) -> MoeDispatcher:
+    """`dispatcher_for` on what it reads of the grid (the candidates of one solve share a few)."""
+    from autoshard.costmodel.moe import dispatch_time_s
+
+    assert model.moe is not None
     pool = min(cluster.pools, key=lambda p: p.node.domain_size)
-    tokens = seq_len / dims.cp / dims.tp
     costs = {
         d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
-                           num_experts=model.moe.num_experts, ep=dims.ep, etp=dims.expert_tp, pool=pool)
+                           num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool)
         for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
     }
     return min(costs, key=costs.__getitem__)  # first of equals: alltoall
