@@ -119,7 +119,7 @@ def test_infeasible_on_a_heterogeneous_cluster_names_its_pools():
         solve_train(load_model("llama-3.1-405b"), cluster, TrainJob(seq_len=4096, global_batch_size=64),
                     options=FAST)
     text = str(info.value)
-    assert "on 8 x H100-SXM5-80GB (80 GiB) + 8 x A100-SXM4-80GB (80 GiB)." in text
+    assert "on 8 x H100-SXM5-80GB (79.6 GiB) + 8 x A100-SXM4-80GB (80.0 GiB)." in text  # as nvidia-smi reports
     assert "num_nodes of the pools in the cluster YAML" in text and "try --gpus" not in text
     need, usable = _states_line(text)
     assert need > 400 and usable < 80

@@ -61,9 +61,9 @@ def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prep
     usable = prep.usable_gib if prep.usable_gib is not None else have
     need = prep.min_memory_gib
     if cluster.is_heterogeneous:
-        gpus = " + ".join(f"{p.num_gpus} x {p.gpu.name} ({p.gpu.hbm_gib:.0f} GiB)" for p in cluster.pools)
+        gpus = " + ".join(f"{p.num_gpus} x {p.gpu.name} ({p.gpu.hbm_gib:.1f} GiB)" for p in cluster.pools)
     else:
-        gpus = f"{cluster.num_gpus} x {gpu.name} ({have:.0f} GiB each)"
+        gpus = f"{cluster.num_gpus} x {gpu.name} ({have:.1f} GiB each)"
     lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {gpus}."]
     state = (f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
              f"layout; a GPU has {usable:.1f} GiB of its {have:.1f} GiB for a rank (memory fraction less the "
