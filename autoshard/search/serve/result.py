@@ -4,7 +4,10 @@ disaggregated serving won."""
 
 from __future__ import annotations
 
+from autoshard.costmodel.serve.compute import BLOCK_FP8_GPUS, block_scaled_fp8
+from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.disagg import disagg_ttft_s
+from autoshard.costmodel.serve.fused_moe import DEEP_GEMM_ROWS, runs_fused_moe
 from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.plans.base import SolverStats
 from autoshard.plans.disagg import Disaggregation, Role
@@ -50,6 +53,19 @@ def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
         f"{other_kind} ({other.describe()}; {figures(other)}); {reason}"
     )
 
+
+
+def deep_gemm_warning(model: ModelSpec, cfg: ServeConfig, gpu_name: str, *, role: str = "") -> str | None:
+    """The warning for an engine whose block-FP8 experts are priced on DeepGEMM (vLLM with DeepGEMM
+    installed: Hopper, TP-sharded experts, TP other than 8), which a PyPI vLLM install and SGLang's TP
+    MoE path do not run; None for every other engine."""
+    if not (model.moe is not None and cfg.deep_gemm and cfg.tp != 8 and runs_fused_moe(cfg)
+            and block_scaled_fp8(model, cfg.weight_dtype) and any(t in gpu_name for t in BLOCK_FP8_GPUS)):
+        return None
+    whose = f"the {role} instances' " if role else "the "
+    return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM (vLLM with "
+            "DeepGEMM installed, as the vllm/vllm-openai image builds it); a PyPI vLLM install and SGLang's TP "
+            "MoE path run Triton's fused_moe (evaluate --from-sglang prices that)")
 
 
 def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):
@@ -153,6 +169,10 @@ def disagg_serve_plan(
             ),
         )
     )
+    for name, row, cfg in (("prefill", prow, pi.config), ("decode", drow, di.config)):
+        note = deep_gemm_warning(model, cfg, cluster.pools[row.engine.pool].gpu.name, role=name)
+        if note is not None:
+            warnings = (*warnings, note)
     e = drow.engine
     return ServePlan(
         model=model,

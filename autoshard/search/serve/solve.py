@@ -17,8 +17,6 @@ import time
 from collections import Counter
 
 from autoshard.costmodel.bands import mark_ties
-from autoshard.costmodel.serve.compute import BLOCK_FP8_GPUS, block_scaled_fp8
-from autoshard.costmodel.serve.fused_moe import DEEP_GEMM_ROWS, runs_fused_moe
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
@@ -27,7 +25,7 @@ from autoshard.search.serve.disagg import DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
 from autoshard.search.serve.messages import disagg_message, no_engine_message, rate_message, target_message
 from autoshard.search.serve.model import Pick, build_model, exclude, objective_units, read_pick
-from autoshard.search.serve.result import choice, disagg_serve_plan
+from autoshard.search.serve.result import choice, deep_gemm_warning, disagg_serve_plan
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Row, ServeSpace, enumerate_serve, tabulate
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.cluster import ClusterSpec
@@ -210,12 +208,8 @@ def _plan(
 ) -> ServePlan:
     e, cfg = row.engine, row.config
     dp = e.dp_attention if e.expert_parallel else row.replicas
-    gpu = cluster.pools[e.pool].gpu.name
-    if (model.moe is not None and cfg.deep_gemm and cfg.tp != 8 and runs_fused_moe(cfg)
-            and block_scaled_fp8(model, cfg.weight_dtype) and any(t in gpu for t in BLOCK_FP8_GPUS)):
-        warnings = (*warnings, f"the block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM "
-                    "(vLLM with DeepGEMM installed, as the vllm/vllm-openai image builds it); a PyPI vLLM install "
-                    "and SGLang's TP MoE path run Triton's fused_moe (evaluate --from-sglang prices that)")
+    if (note := deep_gemm_warning(model, cfg, cluster.pools[e.pool].gpu.name)) is not None:
+        warnings = (*warnings, note)
     plan = ServePlan(
         model=model,
         cluster=cluster,
