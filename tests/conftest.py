@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from autoshard.search.train.bounds_pools import pool_rank_limits
+from autoshard.search.train.tables import Layout
 from autoshard.specs import ClusterSpec, ModelSpec
 
 
@@ -58,6 +62,30 @@ def three_tight_cluster(big_hbm: float, small_hbm: float) -> ClusterSpec:
         ],
         "inter_pool_gbps": 25,
     })
+
+
+def pool_assignments(tab, pool_gpus) -> list[tuple[int, ...]]:
+    """Every pipeline rank -> pool assignment within the pools' rank limits (brute-force tests of the
+    heterogeneous bounds)."""
+    pp, k = tab.config.dims.pp, len(pool_gpus)
+    limits = pool_rank_limits(tab, pool_gpus)
+    return [v for v in itertools.product(range(k), repeat=pp) if all(v.count(q) <= limits[q] for q in range(k))]
+
+
+def uniform_layouts(tab, pool_gpus):
+    """Every layout with one recompute count for every chunk: each assignment within the pools' rank
+    limits, each contiguous split, each count up to the smallest chunk's decoder layers (none where
+    the plan recomputes everything already or selectively)."""
+    cfg = tab.config
+    s, n, pp = tab.num_chunks, tab.num_layers, cfg.dims.pp
+    allow_rc = not tab.base_full and cfg.recompute.value != "selective"
+    for v in pool_assignments(tab, pool_gpus):
+        chunk_pools = tuple(v[k % pp] for k in range(s))
+        for inner in itertools.combinations(range(1, n), s - 1):
+            bnds = (0, *inner, n)
+            smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
+            for rc in range(smallest + 1 if allow_rc else 1):
+                yield Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
 from autoshard.units import US_PER_S
-from conftest import gpu, hetero_cluster, node, tiny_cluster, tiny_model
+from conftest import gpu, hetero_cluster, node, pool_assignments, tiny_cluster, tiny_model
 
 OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, memory_fraction=1.0,
                         space=SpaceOptions(max_micro_batch=4, max_vpp=2))
@@ -202,7 +202,7 @@ def test_three_pool_cpsat_reaches_the_brute_force_optimum(layers, moe):
 def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
     """For every candidate and every rank -> pool assignment on three pools: the assignment's bound
     <= the best feasible layout with exactly those pools (brute force), and 'no fit' only if none fits."""
-    from autoshard.search.train.bounds_pools import assignment_bounds, pool_rank_limits
+    from autoshard.search.train.bounds_pools import assignment_bounds
 
     model = tiny_model(layers=6)
     cluster = three_pool_cluster()
@@ -216,10 +216,7 @@ def test_assignment_bounds_never_exceed_the_best_layout_of_that_assignment():
             continue  # keeps the enumeration (3^PP assignments x layouts) fast
         tab = build_tables(model, cluster, cfg, scale=scale)
         pp, s, n = cfg.dims.pp, tab.num_chunks, tab.num_layers
-        limits = pool_rank_limits(tab, pool_gpus)
-        for v in itertools.product(range(3), repeat=pp):
-            if any(v.count(q) > limits[q] for q in range(3)):
-                continue
+        for v in pool_assignments(tab, pool_gpus):
             best = None
             chunk_pools = tuple(v[k % pp] for k in range(s))
             for inner in itertools.combinations(range(1, n), s - 1):

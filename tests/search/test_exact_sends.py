@@ -18,7 +18,7 @@ from autoshard.search.train.bounds_sends import SendsCapacity, link_matrix, min_
 from autoshard.search.train.space import SpaceOptions, enumerate_train
 from autoshard.search.train.tables import build_tables
 from autoshard.specs import ClusterSpec, TrainJob
-from conftest import gpu, node, tiny_model
+from conftest import gpu, node, pool_assignments, tiny_model
 from test_hetero_uniform_bound import _brute
 
 
@@ -47,19 +47,13 @@ def _tables(inter_gbps: float, min_pp: int = 2, pools: int = 3):
             yield build_tables(model, cluster, cfg, scale=2), pool_gpus
 
 
-def _assignments(tab, pool_gpus):
-    pp, k = tab.config.dims.pp, len(pool_gpus)
-    limits = pool_rank_limits(tab, pool_gpus)
-    return [v for v in itertools.product(range(k), repeat=pp) if all(v.count(q) <= limits[q] for q in range(k))]
-
-
 @pytest.mark.parametrize("inter_gbps,pools", [(2.0, 3), (25.0, 3), (2.0, 2)])
 def test_dp_equals_brute_force_over_assignments(inter_gbps, pools):
     checked = vpp2 = 0
     for tab, pool_gpus in _tables(inter_gbps, pools=pools):
         cap = _HeteroCapacity(tab, pool_gpus, exact_sends=True)
         assert cap.sends is not None
-        vectors = _assignments(tab, pool_gpus)
+        vectors = pool_assignments(tab, pool_gpus)
         step = max(1, max(p.decoder_unit[0] for p in tab.pools))
         base = int(max(max(p.p2p_us for p in tab.pools), max(tab.cross_p2p_us.values())))
         for t in (base + step * i for i in range(0, 14, 3)):
@@ -79,7 +73,7 @@ def test_dp_equals_brute_force_over_assignments(inter_gbps, pools):
 def test_least_total_sends_is_the_brute_force_minimum(inter_gbps):
     checked = 0
     for tab, pool_gpus in _tables(inter_gbps):
-        vectors = _assignments(tab, pool_gpus)
+        vectors = pool_assignments(tab, pool_gpus)
         brute = min(float(assignment_sends(tab, v).sum()) for v in vectors)
         found = min_total_sends(tab, pool_rank_limits(tab, pool_gpus))
         assert found == pytest.approx(brute), tab.config.dims.describe()

@@ -11,11 +11,12 @@ import itertools
 import pytest
 
 from autoshard.search.train.bounds_hetero_sums import joint_sums
-from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums, pool_rank_limits
+from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.solve import solve_train
 from autoshard.search.train.tables import Layout, int_objective
 from autoshard.specs import TrainJob, load_cluster, load_model
+from conftest import pool_assignments
 from test_exact_sends import _tables
 
 
@@ -38,13 +39,10 @@ def _layouts(tab, pool_gpus):
     """(slowest rank, sum of rank times) of every layout that fits: every assignment within the
     pools' rank limits, every contiguous split, every recompute count of every chunk."""
     cfg = tab.config
-    s, n, pp, k = tab.num_chunks, tab.num_layers, cfg.dims.pp, len(pool_gpus)
-    limits = pool_rank_limits(tab, pool_gpus)
+    s, n, pp = tab.num_chunks, tab.num_layers, cfg.dims.pp
     allow_rc = not tab.base_full and cfg.recompute.value != "selective"
     out = []
-    for v in itertools.product(range(k), repeat=pp):
-        if any(v.count(q) > limits[q] for q in range(k)):
-            continue
+    for v in pool_assignments(tab, pool_gpus):
         pools = tuple(v[c % pp] for c in range(s))
         for inner in itertools.combinations(range(1, n), s - 1):
             bnds = (0, *inner, n)

@@ -6,16 +6,14 @@ than the per-rank (continuous) recompute bound where a tight pool caps the count
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from autoshard.search.train.bounds import bounds
-from autoshard.search.train.bounds_pools import hetero_tmax_lower_bound, pool_rank_limits
+from autoshard.search.train.bounds_pools import hetero_tmax_lower_bound
 from autoshard.search.train.space import SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
-from conftest import three_tight_cluster, tiny_model
+from conftest import three_tight_cluster, tiny_model, uniform_layouts
 
 
 def _rank_times(tab, lay: Layout) -> list[int]:
@@ -36,24 +34,12 @@ def _rank_times(tab, lay: Layout) -> list[int]:
 
 def _brute(tab, pool_gpus) -> tuple[int, int] | None:
     """(best objective, smallest slowest-rank time) over every assignment, layout and uniform count."""
-    cfg = tab.config
-    s, n, pp = tab.num_chunks, tab.num_layers, cfg.dims.pp
-    limits = pool_rank_limits(tab, pool_gpus)
-    allow_rc = not tab.base_full and cfg.recompute.value != "selective"
     best = None
-    for v in itertools.product(range(len(pool_gpus)), repeat=pp):
-        if any(v.count(q) > limits[q] for q in range(len(pool_gpus))):
-            continue
-        chunk_pools = tuple(v[k % pp] for k in range(s))
-        for inner in itertools.combinations(range(1, n), s - 1):
-            bnds = (0, *inner, n)
-            smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
-            for rc in range(smallest + 1 if allow_rc else 1):
-                lay = Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools)
-                obj, fits = int_objective(tab, lay)
-                if fits:
-                    tmax = max(_rank_times(tab, lay))
-                    best = (obj, tmax) if best is None else (min(best[0], obj), min(best[1], tmax))
+    for lay in uniform_layouts(tab, pool_gpus):
+        obj, fits = int_objective(tab, lay)
+        if fits:
+            tmax = max(_rank_times(tab, lay))
+            best = (obj, tmax) if best is None else (min(best[0], obj), min(best[1], tmax))
     return best
 
 

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from autoshard.search.train.bounds import assignment_bounds, bounds, pool_rank_limits, tail_lower_bound
+from autoshard.search.train.bounds import assignment_bounds, bounds, tail_lower_bound
 from autoshard.search.train.bounds_joint import joint_tail_bound
 from autoshard.search.train.bounds_pools import assignment_capacity, assignment_sends, hetero_pipeline_bound, pipeline_sums
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import TrainJob
-from conftest import tiny_cluster, tiny_model
+from conftest import pool_assignments, tiny_cluster, tiny_model
 from test_bruteforce import three_pool_cluster
 
 MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 4096}
@@ -98,11 +98,8 @@ def test_assignment_joint_bound_is_valid_and_bites_on_three_pools():
         if not 1 < cfg.dims.pp <= 3 or cfg.recompute.value != "none":
             continue
         tab = build_tables(model, cluster, cfg, scale=1)
-        pp, vpp, m = cfg.dims.pp, cfg.dims.vpp, cfg.num_microbatches
-        limits = pool_rank_limits(tab, pool_gpus)
-        for v in itertools.product(range(3), repeat=pp):
-            if any(v.count(q) > limits[q] for q in range(3)):
-                continue
+        vpp, m = cfg.dims.vpp, cfg.num_microbatches
+        for v in pool_assignments(tab, pool_gpus):
             best = _best(tab, v)
             found = assignment_bounds(tab, v, pool_gpus, 0)
             if best is None:

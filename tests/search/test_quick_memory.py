@@ -7,36 +7,17 @@ it drops as NO_MEMORY has no layout that fits, neither in the tables nor in the 
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 
 from autoshard.costmodel.train.step import predict_train
 from autoshard.search.train.bounds import NO_MEMORY, NO_RANKS, quick_lower_bound
-from autoshard.search.train.bounds_pools import pool_rank_limits
 from autoshard.search.train.result import layout_stages
 from autoshard.search.train.space import SpaceOptions, enumerate_train
-from autoshard.search.train.tables import Layout, build_tables, int_objective
+from autoshard.search.train.tables import build_tables, int_objective
 from autoshard.specs import TrainJob
-from conftest import three_tight_cluster, tiny_model
-
-
-def _layouts(tab, pool_gpus):
-    """Every (assignment, layout, uniform recompute count) the pools can host."""
-    cfg = tab.config
-    s, n, pp = tab.num_chunks, tab.num_layers, cfg.dims.pp
-    limits = pool_rank_limits(tab, pool_gpus)
-    allow_rc = not tab.base_full and cfg.recompute.value != "selective"
-    for v in itertools.product(range(len(pool_gpus)), repeat=pp):
-        if any(v.count(q) > limits[q] for q in range(len(pool_gpus))):
-            continue
-        chunk_pools = tuple(v[k % pp] for k in range(s))
-        for inner in itertools.combinations(range(1, n), s - 1):
-            bnds = (0, *inner, n)
-            smallest = min(int(tab.decoders[bnds[k + 1]] - tab.decoders[bnds[k]]) for k in range(s))
-            for rc in range(smallest + 1 if allow_rc else 1):
-                yield Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools)
+from conftest import three_tight_cluster, tiny_model, uniform_layouts
 
 
 CASES = {  # name: (model, cluster, sequence length)
@@ -64,14 +45,14 @@ def test_memory_aware_quick_bound_against_brute_force(case):
         assert quick != NO_RANKS and blind != NO_RANKS
         tab = build_tables(model, cluster, cfg, scale=2)
         best = None
-        for lay in _layouts(tab, pool_gpus):
+        for lay in uniform_layouts(tab, pool_gpus):
             obj, fits = int_objective(tab, lay)
             if fits:
                 best = obj if best is None else min(best, obj)
         if quick == NO_MEMORY:
             assert best is None, (case, cfg.dims.describe())
             # the cost model itself agrees: no assignment and layout fits, with most recomputation
-            for lay in _layouts(tab, pool_gpus):
+            for lay in uniform_layouts(tab, pool_gpus):
                 if lay.recompute[0] == min(int(tab.decoders[b1] - tab.decoders[b0])
                                            for b0, b1 in zip(lay.bounds, lay.bounds[1:])):
                     pred = predict_train(model, cluster, *layout_stages(tab, lay))
