@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.train.types import TrainConfig
-from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["SMALL_EXPERT_ROWS", "small_expert_note"]
@@ -26,7 +25,7 @@ SMALL_EXPERT_ROWS = 2048
 def small_expert_note(model: ModelSpec, cfg: TrainConfig) -> str | None:
     """The note for a plan whose routed-expert GEMMs run fewer than SMALL_EXPERT_ROWS rows per local
     expert per micro-batch; None for dense models and larger expert GEMMs."""
-    if model.moe is None or not any(k is LayerKind.MOE for k in model.layer_kinds):
+    if not model.is_moe:
         return None
     dims = cfg.dims
     rows, local = expert_rows(model, tokens=cfg.micro_batch_size * cfg.seq_len // dims.cp, dims=dims)
