@@ -1,14 +1,21 @@
 """The disaggregation model against the published deployments of disagg_runs.yaml (see
 validate_disagg.py): rows are cited and not from reserved sources; the published figures of each
-stated-workload row agree with each other (Little's law); where the source states no workload the
-measured decode throughput lies inside the range predicted over the assumed ones; and the errors of
-the stated rows stay inside the band this file pins (it moves only when the physics does)."""
+row agree with each other (Little's law, a chart against its own labels); where the source states no
+decode concurrency the measured throughput is compared with the range predicted over assumed ones;
+and the errors stay inside the bands this file pins (they move only when the physics does)."""
 
 from __future__ import annotations
 
 import pytest
 import validate_disagg
-from validate_disagg import concurrency_stated, decode_ranks, evaluate_runs, evaluate_transfers, load_runs
+from validate_disagg import (
+    concurrency_stated,
+    decode_ranks,
+    evaluate_prefills,
+    evaluate_runs,
+    evaluate_transfers,
+    load_runs,
+)
 
 RESERVED = ("lmsys.org", "LMSYS", "deepseek-ai/open-infra", "DeepSeek-V3 Technical Report", "deepseek.com")
 
@@ -19,13 +26,18 @@ def results():
 
 
 @pytest.fixture(scope="module")
+def prefills():
+    return evaluate_prefills()
+
+
+@pytest.fixture(scope="module")
 def transfers():
     return evaluate_transfers()
 
 
 def test_rows_are_cited_and_not_reserved():
-    runs = load_runs() + load_runs("kv_transfer")
-    assert len(load_runs()) >= 4 and load_runs("kv_transfer")
+    runs = load_runs() + load_runs("prefill") + load_runs("kv_transfer")
+    assert len(load_runs()) >= 4 and load_runs("prefill") and load_runs("kv_transfer")
     assert len({run["id"] for run in runs}) == len(runs)
     for run in runs:
         assert run["source"] and run["framework"]
@@ -52,19 +64,6 @@ def test_client_cap_sets_the_decode_batch(results):
     for run in load_runs():
         if "client_concurrency" in run:
             assert by_id[run["id"]].concurrency == run["client_concurrency"] // decode_ranks(run) == 450
-
-
-def test_measured_inside_the_predicted_range_when_workload_unknown(results):
-    for run in load_runs():
-        if run.get("workload_stated", True):
-            continue
-        mine = [r for r in results if r.id == run["id"]]
-        assert len(mine) == len(run["assumed_input_lens"])
-        lo, hi = min(r.predicted for r in mine), max(r.predicted for r in mine)
-        assert lo <= run["measured_decode_tokens_per_s_per_gpu"] <= hi, (lo, hi)
-        # longer prompts hold more KV per request: fewer running requests, less throughput
-        ordered = sorted(mine, key=lambda r: r.input_len)
-        assert [r.concurrency for r in ordered] == sorted((r.concurrency for r in ordered), reverse=True)
 
 
 def test_stated_rows_error_band(results):
@@ -192,18 +191,87 @@ def test_wide_ep_b200_row(results):
     assert 0.77 <= r.tpot_s / implied_tpot <= 0.87
 
 
-def test_decode_is_optimistic_on_every_stated_wide_ep_row(results):
-    """Every row with a stated workload is predicted faster than measured. The single-node MI300X
-    DP8/EP8 rows (eager decode, all-to-all inside the node) stay 1.15-1.3x fast; the two-node B200
-    DP16/EP16 row, whose all-to-all crosses the NICs, is 1.15-1.3x fast once each rank's remote copies
-    are priced on its own NIC (before: 1.67x, like the MI300X rows)."""
-    stated = {run["id"] for run in load_runs() if run.get("workload_stated", True) and concurrency_stated(run)}
-    assert len(stated) == 4
+def test_decode_error_on_every_stated_wide_ep_row(results):
+    """Rows whose decode concurrency is stated. The single-node MI300X DP8/EP8 rows (eager decode,
+    all-to-all inside the node) stay 1.15-1.3x fast; the two-node B200 DP16/EP16 row, whose
+    all-to-all crosses the NICs, is 1.15-1.3x fast once each rank's remote copies are priced on its
+    own NIC (before: 1.67x, like the MI300X rows); the H200 DP32-96 rows (CUDA graphs, DBO, EPLB,
+    FlashMLA) are within 5 %, two slow and one fast."""
+    stated = {run["id"] for run in load_runs() if concurrency_stated(run)}
+    assert len(stated) == 7
     for r in results:
         if r.id in stated and r.id.startswith("moreh-"):
             assert 0.10 <= r.error <= 0.40, (r.id, r.error)
+        elif r.id in stated and r.id.startswith(H200):
+            assert -0.06 <= r.error <= 0.04, (r.id, r.error)
         elif r.id in stated:
             assert 0.15 <= r.error <= 0.30, (r.id, r.error)
+
+
+H200 = "vllm-wide-ep-h200-dsr1-"
+
+
+def test_h200_chart_readings_agree_with_the_labels():
+    """The December post's bars carry no labels: the rows read them off the PNG. Where the February
+    post labels the same bar (EP 32 decode 2,200; EP 16 prefill 7,000), the reading is within 1 %,
+    which bounds the error of the unlabelled readings (EP 72 / 96 decode, EP 8 / 32 prefill)."""
+    runs = {r["id"]: r for r in load_runs() + load_runs("prefill") if r["id"].startswith(H200)}
+    assert len(runs) == 6
+    labelled = [r for r in runs.values() if not r.get("chart_read")]
+    assert len(labelled) == 2
+    for run in labelled:
+        measured = run.get("measured_decode_tokens_per_s_per_gpu") or run["measured_prefill_tokens_per_s_per_gpu"]
+        assert run["chart_reading"] == pytest.approx(measured, rel=0.01), run["id"]
+    for run in runs.values():
+        if run.get("chart_read"):
+            measured = run.get("measured_decode_tokens_per_s_per_gpu") or run["measured_prefill_tokens_per_s_per_gpu"]
+            assert measured == run["chart_reading"], run["id"]
+
+
+def test_h200_wide_ep_decode_rows(results):
+    """vLLM's wide-EP DeepSeek-R1 decode on 4, 9 and 12 nodes of H200 at 2,000 / 2,000 tokens and the
+    stated 256 requests per rank (the KV cache holds more, so the stated cap is the batch): predicted
+    2,098 / 2,027 / 2,012 output tokens/s per GPU against 2,200 / 2,070 / 1,970 measured (-4.6 % /
+    -2.1 % / +2.1 %). Both fall with the EP size, the prediction by less (its all-to-all leaves each
+    rank through its own NIC whatever the group's size; only the busiest rank's spread grows). By
+    Little's law the measured figures imply a TPOT of 256 / tokens per GPU = 116 / 124 / 130 ms,
+    predicted 122 / 126 / 127 ms. Pinned band, out of sample."""
+    mine = sorted((r for r in results if r.id.startswith(H200)), key=lambda r: r.id)
+    assert [r.id.split("-")[-2] for r in mine] == ["dep32", "dep72", "dep96"]
+    assert all(r.concurrency == 256 and r.input_len == r.output_len == 2000 for r in mine)
+    assert [r.measured for r in mine] == sorted((r.measured for r in mine), reverse=True)
+    assert [r.predicted for r in mine] == sorted((r.predicted for r in mine), reverse=True)
+    assert mine[0].predicted - mine[-1].predicted < mine[0].measured - mine[-1].measured
+    for r in mine:
+        implied = 256 / r.measured
+        assert 0.95 <= r.tpot_s / implied <= 1.06, (r.id, r.tpot_s, implied)
+    # the stated 16-GPU prefill instance: predicted prefill-bound (130 %), where the measured prefill
+    # (16 x 7,000 prompt tokens/s = 56 requests/s) keeps up with the measured decode (35 requests/s)
+    (dep32,) = [r for r in mine if r.prefill_load is not None]
+    assert 1.2 <= dep32.prefill_load <= 1.4
+    run = next(r for r in load_runs() if r["id"] == dep32.id)
+    measured_prefill = 16 * 7000 / run["input_len"]
+    measured_decode = 32 * run["measured_decode_tokens_per_s_per_gpu"] / run["output_len"]
+    assert measured_decode / measured_prefill == pytest.approx(0.629, abs=0.001)
+
+
+def test_h200_prefill_rows(prefills):
+    """vLLM's wide-EP prefill instance alone at 2,000-token prompts on 8, 16 and 32 H200: 4,887 /
+    3,237 / 2,642 prompt tokens/s per GPU predicted against 6,510 / 7,000 / 5,080 measured (-25 % /
+    -54 % / -48 %). Unlike the MI300X EP16 prefill (-3 %), the model is slow here and its EP trend
+    is wrong: measured EP 16 beats EP 8, predicted EP 16 loses a third to it. At EP 16 the predicted
+    8,192-token step spends 1.19 s in GEMMs (block FP8 at BLOCK_FP8_GEMM_HOPPER) and 0.93 s in the
+    all-to-all (every token-expert pair on its rank's NIC, no DBO), against 1.17 s for the whole
+    measured step. Pinned, not a target; the step budget is not published (a 65,536-token budget
+    would raise the predictions by 15-22 %, not close the gap)."""
+    by_gpus = {q.gpus: q for q in prefills if q.id.startswith(H200)}
+    assert sorted(by_gpus) == [8, 16, 32]
+    assert -0.30 <= by_gpus[8].error <= -0.20, by_gpus[8].error
+    assert -0.60 <= by_gpus[16].error <= -0.48, by_gpus[16].error
+    assert -0.55 <= by_gpus[32].error <= -0.42, by_gpus[32].error
+    assert by_gpus[16].measured > by_gpus[8].measured > by_gpus[32].measured
+    assert by_gpus[8].predicted > by_gpus[16].predicted > by_gpus[32].predicted
+    assert not by_gpus[16].chart_read and by_gpus[8].chart_read and by_gpus[32].chart_read
 
 
 AMD = "amd-rocm-mi300x-dsr1-2p2d-ep16-2000-100"
@@ -244,9 +312,9 @@ def test_amd_mi300x_ep16_row(results):
 # Every row's predicted figure as the script prints it today (regression guard, not a fit: a change in
 # the physics moves these, and the README's validation paragraph must move with them).
 PREDICTED = {
-    ("vllm-llmd-wide-ep-h200-dsr1-1p16-1d16", 1000, 462): (2558, 180.6),
-    ("vllm-llmd-wide-ep-h200-dsr1-1p16-1d16", 2000, 308): (2081, 148.0),
-    ("vllm-llmd-wide-ep-h200-dsr1-1p16-1d16", 4000, 185): (1841, 100.5),
+    (H200 + "decode-dep32-2k2k", 2000, 256): (2098, 122.0),
+    (H200 + "decode-dep72-2k2k", 2000, 256): (2027, 126.3),
+    (H200 + "decode-dep96-2k2k", 2000, 256): (2012, 127.2),
     ("moreh-mi300x-dsr1-2p8-3d8-sharegpt-512", 512, 450): (3503, 128.5),
     ("moreh-mi300x-dsr1-2p8-3d8-sharegpt-1000", 1000, 450): (3091, 145.6),
     ("moreh-mi300x-dsr1-2p8-3d8-sharegpt-2000", 2000, 450): (2491, 180.7),
@@ -258,7 +326,14 @@ PREDICTED = {
 }
 
 
-def test_every_row_predicts_what_it_does_now(results):
+PREDICTED_PREFILL = {
+    H200 + "prefill-dep8-2k": 4887,
+    H200 + "prefill-dep16-2k": 3237,
+    H200 + "prefill-dep32-2k": 2642,
+}
+
+
+def test_every_row_predicts_what_it_does_now(results, prefills):
     got = {(r.id, r.input_len, r.concurrency): r for r in results}
     assert set(got) == set(PREDICTED)
     for key, (tokens, tpot_ms) in PREDICTED.items():
@@ -266,12 +341,14 @@ def test_every_row_predicts_what_it_does_now(results):
         assert 1e3 * got[key].tpot_s == pytest.approx(tpot_ms, abs=0.05 + 1e-3 * tpot_ms), key
     (amd,) = {r.prefill_tokens_per_s_per_gpu for r in results if r.id == AMD}
     assert amd == pytest.approx(3910, abs=0.5 + 1e-3 * 3910)
+    assert {q.id: q.predicted for q in prefills} == pytest.approx(PREDICTED_PREFILL, abs=5)
 
 
 def test_script_runs_and_prints_every_row(capsys):
     assert validate_disagg.main() == 0
     out = capsys.readouterr().out
-    for run in load_runs() + load_runs("kv_transfer"):
+    for run in load_runs() + load_runs("prefill") + load_runs("kv_transfer"):
         assert run["id"] in out
+    assert "-53.8%" in out and "(chart reading)" in out
     assert "prefill 3,910 prompt tokens/s per prefill GPU" in out and "4,038 measured (-3.2%)" in out
     assert "+27.0%" in out and "+69.9%" in out

@@ -8,6 +8,10 @@ the run's decode concurrency, the measured figures, and the errors; then, where 
 workload and the prefill layout, the predicted prefill capacity against the rate the decode side
 drains (a measured figure that is decode-bound needs a prefill side that keeps up).
 
+Rows of `kind: prefill` are a prefill instance measured alone at full load (prompt tokens/s per
+prefill GPU), against `prefill_instance` at the row's step budget (autoshard's default where the
+source states none).
+
 Rows of `kind: kv_transfer` are a 1P1D pair measured one request at a time: for each prompt length the
 source's KV-cache size, the hand-off time and the mean TTFT, against `kv_transfer_bytes`,
 `kv_transfer` (over the cluster's NICs) and an idle TTFT (the prompt's prefill + the hand-off + one
@@ -15,10 +19,11 @@ decode step; no queue at concurrency 1). A row may give its model as a Hugging F
 (`model_hf_config`) and its NIC speed (`inter_node_gbps`) where the testbed differs from the bundled
 cluster.
 
-The decode concurrency per DP rank is, in this order: the benchmark client's in-flight requests
-spread over the decode DP ranks (`client_concurrency`, when the source states it), capped by
-`max_num_seqs` and by what the KV cache holds (`kv_limited_concurrency`). Where the source states no
-workload, one row per assumed input length. Nothing is fitted: the figures come from
+The decode concurrency per DP rank is what the source states, the requests per rank
+(`requests_per_rank`) or the benchmark client's in-flight requests spread over the decode DP ranks
+(`client_concurrency`), capped by `max_num_seqs` and by what the KV cache holds
+(`kv_limited_concurrency`); where the source states none, one row per assumed requests per rank
+(`assumed_concurrency`). Nothing is fitted: the figures come from
 `autoshard.costmodel.serve.disagg.decode_instance` / `prefill_instance` with the bundled cluster's
 defaults.
 """
@@ -108,6 +113,22 @@ class DisaggResult:
 
 
 @dataclass(frozen=True)
+class PrefillResult:
+    """A `kind: prefill` row: one prefill instance at full load."""
+
+    id: str
+    gpus: int
+    predicted: float
+    """Prompt tokens/s per prefill GPU."""
+    measured: float
+    chart_read: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+
+@dataclass(frozen=True)
 class TransferResult:
     """One prompt length of a `kind: kv_transfer` row."""
 
@@ -132,7 +153,7 @@ class TransferResult:
 
 
 def load_runs(kind: str = "decode") -> list[dict]:
-    """The rows of one kind: "decode" (the default: decode throughput) or "kv_transfer"."""
+    """The rows of one kind: "decode" (the default: decode throughput), "prefill" or "kv_transfer"."""
     return [r for r in yaml.safe_load(RUNS.read_text()) if r.get("kind", "decode") == kind]
 
 
@@ -221,6 +242,8 @@ def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = No
     cap = min(run["max_num_seqs"], kv_limited_concurrency(top, job))
     if "client_concurrency" in run:
         cap = min(cap, run["client_concurrency"] // decode_ranks(run))
+    if "requests_per_rank" in run:
+        cap = min(cap, run["requests_per_rank"])
     if assumed is not None:
         cap = min(cap, assumed)
     batch = max(1, cap)
@@ -291,6 +314,23 @@ def _transfer_points(run: dict) -> list[TransferResult]:
     return out
 
 
+def evaluate_prefills() -> list[PrefillResult]:
+    out = []
+    for run in load_runs("prefill"):
+        job = _job(run, run["input_len"], run["output_len"])
+        p = _prefill(run, job)
+        out.append(
+            PrefillResult(
+                run["id"],
+                p.gpus,
+                p.requests_per_s * job.input_len / p.gpus,
+                float(run["measured_prefill_tokens_per_s_per_gpu"]),
+                run.get("chart_read", False),
+            )
+        )
+    return out
+
+
 def evaluate_transfers() -> list[TransferResult]:
     return [p for run in load_runs("kv_transfer") for p in _transfer_points(run)]
 
@@ -300,10 +340,8 @@ def evaluate_runs() -> list[DisaggResult]:
     for run in load_runs():
         if not concurrency_stated(run):
             out += [_decode(run, run["input_len"], run["output_len"], c) for c in run["assumed_concurrency"]]
-        elif run.get("workload_stated", True):
-            out.append(_decode(run, run["input_len"], run["output_len"]))
         else:
-            out += [_decode(run, isl, run["assumed_output_len"]) for isl in run["assumed_input_lens"]]
+            out.append(_decode(run, run["input_len"], run["output_len"]))
     return out
 
 
@@ -325,7 +363,7 @@ def main() -> int:
             f"{meas_tpot:>6} {_pct(r.tpot_error):>7} {r.predicted:>15,.0f} {r.measured:>9,.0f} "
             f"{_pct(r.error):>7} {load:>13}"
         )
-    stated_ids = {run["id"] for run in load_runs() if run.get("workload_stated", True) and concurrency_stated(run)}
+    stated_ids = {run["id"] for run in load_runs() if concurrency_stated(run)}
     stated = [r for r in results if r.id in stated_ids]
     if stated:
         errs = sorted(abs(r.error) for r in stated)
@@ -349,6 +387,12 @@ def main() -> int:
                 f"predicted at full load ({r.input_len}-token prompts), "
                 f"{r.measured_prefill_tokens_per_s_per_gpu:,.0f} measured ({_pct(r.prefill_error)})"
             )
+    prefills = evaluate_prefills()
+    if prefills:
+        print(f"\n{'prefill alone, full load':<44} {'GPUs':>5} {'pred tok/s/GPU':>15} {'measured':>9} {'error':>7}")
+        for q in prefills:
+            read = " (chart reading)" if q.chart_read else ""
+            print(f"{q.id:<44} {q.gpus:>5} {q.predicted:>15,.0f} {q.measured:>9,.0f} {_pct(q.error):>7}{read}")
     transfers = evaluate_transfers()
     if transfers:
         print(
@@ -363,9 +407,8 @@ def main() -> int:
                 f"{1e3 * t.ttft_s:>8.1f} {1e3 * t.measured_ttft_s:>6.1f} {_pct(t.ttft_error):>7}"
             )
     print(
-        "\nworkload not stated by the source: the rows span the assumed input lengths; the measured figure "
-        "should fall inside the predicted range, not match one row; the same where the source states no "
-        "decode concurrency (one row per assumed requests per rank).\n"
+        "\ndecode concurrency not stated by the source: one row per assumed requests per rank; the measured "
+        "figure should fall inside the predicted range, not match one row.\n"
         "batch: requests per decode DP rank; prefill load: predicted decode rate / predicted prefill "
         "capacity of the stated prefill instances (> 100%: the prediction is prefill-bound)."
     )
