@@ -2,9 +2,12 @@
 
     python tests/validation/disagg_targets.py [--workers 2]
 
-1. DeepSeek-V3 (FP8 weights, 1000 and 2000 input tokens, 1000 output) on 12 and 13 nodes of 8 x H100 with a
-   prefill/decode split: planning wall time (enumeration, tables and CP-SAT), the solver status, the
-   chosen xPyD layout, and output tokens/s per node.
+1. DeepSeek-V3 (FP8 weights; 1000/1000, 2000/1000 and 2000/2000 input/output tokens) on 12 and 13
+   nodes of 8 x H100 with a prefill/decode split: planning wall time (enumeration, tables and CP-SAT),
+   the solver status, the chosen xPyD layout, and output tokens/s per node. No H100 split is published
+   outside the reserved sources, so the per-node figures are predictions; beside them the nearest
+   measurements, vLLM's wide-EP decode instances on 4, 9 and 12 nodes of H200 at 2000/2000
+   (disagg_runs.yaml, predicted as validate_disagg.py does).
 2. Llama-3.1-70B on 8-64 H100 at the interactive SLA (TPOT <= 50 ms): aggregated or disaggregated,
    with the planner's reason.
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import time
+
+import validate_disagg
 
 from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
@@ -26,7 +31,7 @@ def main() -> None:
     h100 = load_cluster("dgx-h100")
     dsv3 = load_model("deepseek-v3")
     print("DeepSeek-V3, FP8 weights, --disaggregate on")
-    for isl, osl in ((1000, 1000), (2000, 1000)):
+    for isl, osl in ((1000, 1000), (2000, 1000), (2000, 2000)):
         for nodes in (12, 13):
             job = ServeJob(input_len=isl, output_len=osl, weight_dtype=WeightDtype.FP8)
             t0 = time.perf_counter()
@@ -46,6 +51,15 @@ def main() -> None:
                 f"{plan.throughput_tokens_per_s / nodes:,.0f} output tok/s per node "
                 f"({plan.num_gpus} GPUs used), TPOT {1e3 * plan.prediction.tpot_s:.0f} ms, "
                 f"TTFT {plan.ttft_s:.2f} s"
+            )
+    print("  nearest measured: vLLM wide-EP decode on H200, 2000/2000, 256 requests per rank")
+    for r in validate_disagg.evaluate_runs():
+        if r.id.startswith("vllm-wide-ep-h200-"):
+            ranks = r.id.split("-")[-2].removeprefix("dep")
+            print(
+                f"    DP{ranks}/EP{ranks} decode on {int(ranks) // 8} nodes: {r.predicted:,.0f} predicted, "
+                f"{r.measured:,.0f} measured output tok/s per GPU ({100 * r.error:+.1f}%), "
+                f"{8 * r.measured:,.0f} per decode node"
             )
     llama = load_model("llama-3.1-70b")
     print("\nLlama-3.1-70B, BF16, 1000/1000, TPOT <= 50 ms, --disaggregate auto")

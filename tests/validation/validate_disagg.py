@@ -389,10 +389,12 @@ def main() -> int:
             )
     prefills = evaluate_prefills()
     if prefills:
-        print(f"\n{'prefill alone, full load':<44} {'GPUs':>5} {'pred tok/s/GPU':>15} {'measured':>9} {'error':>7}")
+        head = f"{'GPUs':>5} {'pred tok/s/GPU':>15} {'measured':>9} {'error':>7}"
+        print(f"\n{'prefill alone, full load':<44} {head}")
         for q in prefills:
             read = " (chart reading)" if q.chart_read else ""
-            print(f"{q.id:<44} {q.gpus:>5} {q.predicted:>15,.0f} {q.measured:>9,.0f} {_pct(q.error):>7}{read}")
+            figures = f"{q.predicted:>15,.0f} {q.measured:>9,.0f} {_pct(q.error):>7}"
+            print(f"{q.id:<44} {q.gpus:>5} {figures}{read}")
     transfers = evaluate_transfers()
     if transfers:
         print(
