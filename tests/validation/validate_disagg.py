@@ -47,7 +47,7 @@ from autoshard.costmodel.serve.disagg import (
 )
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import kv_limited_concurrency
-from autoshard.costmodel.serve.step import prefill_time
+from autoshard.costmodel.serve.step import StepTime, prefill_time
 from autoshard.search.serve.space import Engine, _config
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.hf import model_from_hf_config
@@ -122,10 +122,18 @@ class PrefillResult:
     """Prompt tokens/s per prefill GPU."""
     measured: float
     chart_read: bool
+    step: StepTime
+    """The predicted engine step (`max_num_batched_tokens` prompt tokens per DP rank), by kind of work."""
+    step_tokens: int
 
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1.0
+
+    @property
+    def measured_step_s(self) -> float:
+        """The step the measured rate implies: the same prompt tokens per rank at the measured speed."""
+        return self.step_tokens / self.measured
 
 
 @dataclass(frozen=True)
@@ -326,6 +334,8 @@ def evaluate_prefills() -> list[PrefillResult]:
                 p.requests_per_s * job.input_len / p.gpus,
                 float(run["measured_prefill_tokens_per_s_per_gpu"]),
                 run.get("chart_read", False),
+                p.step,
+                p.config.max_num_batched_tokens,
             )
         )
     return out
@@ -390,11 +400,14 @@ def main() -> int:
     prefills = evaluate_prefills()
     if prefills:
         head = f"{'GPUs':>5} {'pred tok/s/GPU':>15} {'measured':>9} {'error':>7}"
-        print(f"\n{'prefill alone, full load':<44} {head}")
+        print(f"\n{'prefill alone, full load':<44} {head}   predicted step: GEMM / EP all-to-all / rest")
         for q in prefills:
             read = " (chart reading)" if q.chart_read else ""
             figures = f"{q.predicted:>15,.0f} {q.measured:>9,.0f} {_pct(q.error):>7}"
-            print(f"{q.id:<44} {q.gpus:>5} {figures}{read}")
+            rest = q.step.total_s - q.step.gemm_s - q.step.ep_comm_s
+            parts = f"{q.step.gemm_s:.2f} / {q.step.ep_comm_s:.2f} / {rest:.2f} s"
+            step = f"{q.step_tokens:,} tokens per rank: {parts} (measured {q.measured_step_s:.2f} s)"
+            print(f"{q.id:<44} {q.gpus:>5} {figures}   {step}{read}")
     transfers = evaluate_transfers()
     if transfers:
         print(
