@@ -132,7 +132,8 @@ class PrefillResult:
 
     @property
     def measured_step_s(self) -> float:
-        """The step the measured rate implies: the same prompt tokens per rank at the measured speed."""
+        """The step the measured rate implies: the same prompt tokens per rank at the measured speed
+        (the rows run TP 1, one GPU per DP rank)."""
         return self.step_tokens / self.measured
 
 
