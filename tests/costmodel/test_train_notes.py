@@ -18,6 +18,8 @@ from autoshard.specs import LayerKind, load_model
 
 QWEN3 = load_model("qwen3-235b-a22b")  # 128 experts, top-8
 VALIDATION = Path(__file__).resolve().parents[1] / "validation"
+LONG_CONTEXT_BLACKWELL = ("nemo2502-b200-fp8-mixtral-8x22b", "nemo2504-gb200-fp8-mixtral-8x22b",
+                          "moezoo-qwen3-235b-gb200-mxfp8-longctx-seq131072")
 
 
 def _cfg(tp: int, ep: int, *, mbs: int = 1, seq: int = 4096, cp: int = 1, etp: int = 1) -> TrainConfig:
@@ -53,10 +55,11 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took >= 20 % longer than predicted (measured / predicted
-    speed <= 1 / 1.2); every one at or above it is within 15 % either way."""
+    speed <= 1 / 1.2); every one at or above it is within 15 % either way, except the three long-context
+    Blackwell runs the docstring names, whose errors go both ways."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
     residuals = json.loads((VALIDATION / "residuals_train.json").read_text())
-    below, above = [], []
+    below, above, long_context = [], [], {}
     for x in residuals:
         r = runs[x["id"]]
         if not x["held"] or r.get("model_file") not in ("qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b",
@@ -69,10 +72,15 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
         rows, _ = expert_rows(model, tokens=r["micro_batch_size"] * r["seq_len"] // dims.cp, dims=dims)
         ratio = x["predicted_loso"] / x["measured"]
         speed = 1 / ratio if x["metric"] == "step_time_s" else ratio  # predicted speed / measured speed
-        (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
+        if x["id"] in LONG_CONTEXT_BLACKWELL:
+            long_context[x["id"]] = speed
+        else:
+            (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
     assert len(below) == 2 and all(s >= 1.2 for s in below)
     assert sorted(round(s, 2) for s in below) == [1.24, 1.43]  # the note's "24-43 %"
     assert len(above) >= 10 and all(1 / 1.15 <= s <= 1.15 for s in above)
+    # the note's exceptions: 35 % and 15 % fast (Mixtral 8x22B, B200 and GB200), 43 % slow (Qwen3 131K)
+    assert sorted(round(s, 2) for s in long_context.values()) == [0.57, 1.15, 1.35]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:

@@ -58,15 +58,17 @@ def test_fsdp_runs():
 
 
 def test_moe_runs():
-    """Fine-grained MoE (Qwen3-235B-A22B on H100/GB200/GB300, DeepSeek-V3 on GB200, Mixtral on
-    B200/GB200): 13 held runs, median |error| 9.5 % (5.2 % with the serving-era H100 knobs: the
-    training refit is dominated by dense runs). Known gaps, reported in README: the intra-node EP8
-    plans with PP32 (-14 %) or TP4 (-34 %) run slower than predicted. Mixtral 8x7B on B200 was
-    predicted 24 % fast while B200 borrowed the H100 training knobs; with the B200 fit, +10 %."""
+    """Fine-grained MoE (Qwen3-235B-A22B on H100/GB200/GB300, DeepSeek-V3 on GB200, Mixtral 8x7B and
+    8x22B on B200/GB200): 16 held runs, median |error| 4.6 % with the shipped knobs. Known gaps,
+    reported in README: the intra-node EP8 plans with PP32 (-21 %) or TP4 (-33 %) run slower than
+    predicted; Mixtral 8x22B at 65,536 tokens on GB200 runs 23 % slower than predicted (token-drop
+    padding and CP 8 at that length); Qwen3 MXFP8 at 131,072 tokens on GB200 15 % faster. Mixtral
+    8x7B on B200 was predicted 24 % fast while B200 borrowed the H100 training knobs; with the B200
+    fit, +14 % (NeMo 25.02 ran delayed FP8 scaling, whose casts are cheaper than current scaling's)."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 13
+    assert len(errs) == 16
     assert statistics.median(errs) <= 0.10
-    assert sum(e <= 0.15 for e in errs) >= 10
+    assert sum(e <= 0.15 for e in errs) >= 12
 
 
 def test_published_runs_fit_in_memory():
@@ -75,7 +77,9 @@ def test_published_runs_fit_in_memory():
     an 80 GB H100 (79.6 GiB) while the 7 % fragmentation allowance was charged on every allocated
     byte; charged on the dynamic allocations only (the contiguous parameter/gradient buffers, the
     optimizer shards and the FP8 weight copies are allocated once), 77.5 GiB."""
-    assert [r.id for r in RESULTS if not r.fits] == []
+    assert [r.id for r in RESULTS if not r.fits and not r.skip_memory] == []
+    # the one exception ran with activation offloading to host memory, which autoshard does not model
+    assert [r.id for r in RESULTS if r.skip_memory] == ["moezoo-qwen3-235b-gb200-mxfp8-ep64-offload"]
     tight = next(r for r in RESULTS if r.id == "nemo2407-h100-fp8-gpt3-20b")
     assert tight.predicted_memory_gib == pytest.approx(77.5, abs=0.1)
 
@@ -124,7 +128,7 @@ def test_every_moe_run_records_its_cuda_graphs_with_evidence():
     run records the scope its published command used, `none` where the command has no such flag, or
     `unstated` where the source publishes no command (the README's host-launch item reads these)."""
     moe = {r["id"]: r for r in RUNS if source_key(r) in ("moezoo", "mcore")}
-    assert len(moe) == 13
+    assert len(moe) == 16
     for r in moe.values():
         assert r["cuda_graph"] in {"none", "unstated", "moe_router moe_preprocess", "attn moe_router moe_preprocess"}, r["id"]
         assert len(r["cuda_graph_evidence"]) > 40, r["id"]
@@ -134,8 +138,8 @@ def test_every_moe_run_records_its_cuda_graphs_with_evidence():
         "moezoo-qwen3-235b-h100-intranode-ep8-fsdp", "moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a",
         "moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"}
     assert all(r["cuda_graph"] == "none" for i, r in moe.items() if "longctx" in i)
-    blackwell = [i for i in moe if ("gb200" in i or "gb300" in i) and not i.endswith("baseline")]
-    assert len(blackwell) == 3 and all(moe[i]["cuda_graph"] == "attn moe_router moe_preprocess" for i in blackwell)
+    blackwell = [i for i in moe if ("gb200" in i or "gb300" in i) and not i.endswith("baseline") and "longctx" not in i]
+    assert len(blackwell) == 5 and all(moe[i]["cuda_graph"] == "attn moe_router moe_preprocess" for i in blackwell)
     assert moe["mcore-dsv3-gb200-256gpu-baseline"]["cuda_graph"] == "none"
     assert moe["moezoo-qwen3-235b-h100-crossnode-ep32"]["cuda_graph"] == "moe_router moe_preprocess"
 
@@ -189,7 +193,7 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     for gpu in ("GB300-288GB", "B300-SXM-288GB"):
         types, pool = generation_pool(gpu, by_gpu)
         assert types == blackwell
-        assert [len(by_gpu[t]) for t in types] == [5, 7, 1] and len(pool) == 13 >= MIN_RUNS
+        assert [len(by_gpu[t]) for t in types] == [8, 11, 1] and len(pool) == 20 >= MIN_RUNS
         assert all(run_gpu(r) in blackwell for r in pool)
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs alone
     assert generation_pool("H200-SXM-141GB", by_gpu)[0] == ("H100-SXM5-80GB",)

@@ -47,6 +47,8 @@ class RunResult:
     predicted_memory_gib: float
     fits: bool = True
     """Whether the plan is predicted to fit in GPU memory (every published run did)."""
+    skip_memory: str | None = None
+    """Why this run may be predicted not to fit (a memory feature autoshard does not model; None: it must fit)."""
 
     @property
     def error(self) -> float:
@@ -146,7 +148,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
     return RunResult(
         id=run["id"], gpu=cluster.primary.gpu.name, skip_throughput=run.get("skip_throughput"), metric=metric, measured=measured, predicted=predicted,
         measured_memory_gib=run.get("measured_memory_gib"), predicted_memory_gib=predicted_memory / GIB,
-        fits=pred.fits,
+        fits=pred.fits, skip_memory=run.get("skip_memory"),
     )
 
 
@@ -245,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     mem_errs = [abs(r.memory_error) for r in results if r.memory_error is not None]
     if mem_errs:
         print(f"memory:     {len(mem_errs)} runs, median |error| {statistics.median(mem_errs):.1%}, max |error| {max(mem_errs):.1%}")
-    unfit = [r.id for r in results if not r.fits]
+    unfit = [r.id for r in results if not r.fits and not r.skip_memory]
     print(f"published runs predicted not to fit in memory: {len(unfit)} {unfit if unfit else ''}")
+    for r in results:
+        if not r.fits and r.skip_memory:
+            print(f"  predicted not to fit, not held ({r.id}): {r.skip_memory}")
 
     loso = leave_one_source_out(runs)
     held = [r for r in runs if not r.get("skip_throughput")]
