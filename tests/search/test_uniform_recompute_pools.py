@@ -2,7 +2,9 @@
 prices: the CP-SAT model with the pools left to choose scores a layout exactly as `int_objective`
 does (each rank's recompute time, activation saving and working set at its own pool's values, not
 the dearest pool's), so its optimum is the brute-force optimum over every assignment, contiguous
-layout and count."""
+layout and count; the joint bound taken per count (`uniform_joint_tail_bound`) never exceeds that
+optimum and is above the plain joint bound where every chunk has to recompute; and the incumbent
+search's uniform-count assignments give real layouts."""
 
 from __future__ import annotations
 
@@ -10,10 +12,14 @@ import pytest
 from ortools.sat.python import cp_model
 
 from autoshard.search.cpsat import new_solver
+from autoshard.search.train.bounds import bounds
+from autoshard.search.train.bounds_hetero_tail import hetero_joint_tail_bound, uniform_joint_tail_bound
 from autoshard.search.train.build import build_model
+from autoshard.search.train.incumbents import _uniform_pools, assignment_incumbent
 from autoshard.search.train.tables import int_objective
-from conftest import uniform_layouts
+from conftest import pool_assignments, uniform_layouts
 from test_exact_sends import _tables
+from test_hetero_joint_tail import _weights
 
 
 def _brute_best(tab, pool_gpus):
@@ -57,3 +63,41 @@ def test_free_pool_model_reaches_the_brute_force_optimum(inter_gbps, pools, chea
     # price over-charged (with it the model's optimum was above the brute force's on 2 of the 52
     # candidates of each three-pool cluster, e.g. TP1 PP3 VPP2 DP2: 883,171 against 871,755)
     assert checked >= 30 and recomputed == cheaper, (checked, recomputed)
+
+
+@pytest.mark.parametrize("inter_gbps,pools,above", [(2.0, 3, 5), (25.0, 3, 7), (2.0, 2, 1)])
+def test_uniform_joint_bound_never_above_the_brute_force_optimum(inter_gbps, pools, above):
+    checked = higher = 0
+    for tab, pool_gpus in _tables(inter_gbps, pools=pools):
+        if tab.config.dims.pp > 3:
+            continue
+        best = _brute_best(tab, pool_gpus)
+        found = bounds(tab, uniform_recompute=True, pool_gpus=pool_gpus)
+        if best is None:
+            continue
+        assert found is not None
+        plain = hetero_joint_tail_bound(tab, pool_gpus, found[1], *_weights(tab))
+        uniform = uniform_joint_tail_bound(tab, pool_gpus, found[1], *_weights(tab))
+        assert 0 < uniform <= best[0], (tab.config.dims.describe(), tab.config.recompute.value, uniform, best[0])
+        higher += uniform > max(plain, found[0])
+        checked += 1
+    # `above`: candidates (of 52, 52 and 36 with a layout) where it beats both the plain joint bound
+    # and `bounds`
+    assert checked >= 30 and higher == above, (checked, higher)
+
+
+def test_uniform_count_assignments_are_assignments_with_real_layouts():
+    checked = 0
+    for tab, pool_gpus in _tables(2.0, pools=3):
+        found = bounds(tab, uniform_recompute=True, pool_gpus=pool_gpus)
+        if found is None:
+            continue
+        allowed = set(pool_assignments(tab, pool_gpus))
+        for v in _uniform_pools(tab, pool_gpus, found[1]):
+            assert v in allowed, (tab.config.dims.describe(), v)
+            inc = assignment_incumbent(tab, v, found[1])
+            if inc is not None:
+                obj, fits = int_objective(tab, inc[1])
+                assert fits and obj == inc[0] and tuple(inc[1].pools[:tab.config.dims.pp]) == v
+                checked += 1
+    assert checked >= 10, checked
