@@ -22,8 +22,20 @@ from test_exact_sends import _tables
 from test_hetero_joint_tail import _weights
 
 
+_BRUTE: dict = {}
+
+
 def _brute_best(tab, pool_gpus):
-    """(best objective, its layout) over every assignment, contiguous split and uniform count."""
+    """(best objective, its layout) over every assignment, contiguous split and uniform count (kept
+    per candidate: two tests read it)."""
+    dims = tab.config.dims
+    key = (tab.signature(), dims.tp * dims.cp * dims.dp, tuple(pool_gpus))  # the pools' rank limits too
+    if key not in _BRUTE:
+        _BRUTE[key] = _brute_search(tab, pool_gpus)
+    return _BRUTE[key]
+
+
+def _brute_search(tab, pool_gpus):
     best = None
     for lay in uniform_layouts(tab, pool_gpus):
         obj, fits = int_objective(tab, lay)
@@ -65,7 +77,7 @@ def test_free_pool_model_reaches_the_brute_force_optimum(inter_gbps, pools, chea
     assert checked >= 30 and recomputed == cheaper, (checked, recomputed)
 
 
-@pytest.mark.parametrize("inter_gbps,pools,above", [(2.0, 3, 5), (25.0, 3, 7), (2.0, 2, 1)])
+@pytest.mark.parametrize("inter_gbps,pools,above", [(2.0, 3, 5), (2.0, 2, 1)])  # (25.0, 3): 7 of 52, 7 s
 def test_uniform_joint_bound_never_above_the_brute_force_optimum(inter_gbps, pools, above):
     checked = higher = 0
     for tab, pool_gpus in _tables(inter_gbps, pools=pools):
@@ -81,7 +93,7 @@ def test_uniform_joint_bound_never_above_the_brute_force_optimum(inter_gbps, poo
         assert 0 < uniform <= best[0], (tab.config.dims.describe(), tab.config.recompute.value, uniform, best[0])
         higher += uniform > max(plain, found[0])
         checked += 1
-    # `above`: candidates (of 52, 52 and 36 with a layout) where it beats both the plain joint bound
+    # `above`: candidates (of 52 and 36 with a layout) where it beats both the plain joint bound
     # and `bounds`
     assert checked >= 30 and higher == above, (checked, higher)
 
@@ -101,3 +113,4 @@ def test_uniform_count_assignments_are_assignments_with_real_layouts():
                 assert fits and obj == inc[0] and tuple(inc[1].pools[:tab.config.dims.pp]) == v
                 checked += 1
     assert checked >= 10, checked
+
