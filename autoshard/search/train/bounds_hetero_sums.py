@@ -42,6 +42,10 @@ def joint_sums(sends: SendsCapacity) -> Callable[[float], int | None]:
     price = np.asarray([float(part[1]) for part in sends.parts])  # us per decoder layer, per pool
     # fixed[r, a, b, c]: rank r on pool b between a and c: embedding / output and its sends
     fixed = np.stack([np.moveaxis(sends.fixed[b], 2, 0) for b in range(k)], axis=2)
+    if sends.uniform_k:
+        # one count for every chunk: each rank recomputes vpp * k layers at its own pool's extra price
+        extra = np.asarray([float(part[2]) for part in sends.parts]) * sends.tab.config.dims.vpp * sends.uniform_k
+        fixed = fixed + extra.reshape(1, 1, k, 1)
     least = np.asarray(sends.least, dtype=np.float64).reshape(pp, 1, 1, 1)
     # the pools' layer prices, and past the dearest one prices at which leaving capacity unused (to
     # save a boundary across pools, say) no longer pays: one and four times the most a rank's sends

@@ -22,19 +22,49 @@ import numpy as np
 
 from autoshard.search.train.bounds_hetero_sums import joint_sums
 from autoshard.search.train.bounds_joint import grid_bound, tail_forms
-from autoshard.search.train.bounds_pools import _HeteroCapacity, pipeline_sums
+from autoshard.parallel import Recompute
+from autoshard.search.train.bounds_pools import _exact_threshold, _HeteroCapacity, pipeline_sums
+from autoshard.search.train.bounds_rank import tail_lower_bound
 from autoshard.search.train.tables import CandidateTables
 
-__all__ = ["hetero_joint_tail_bound"]
+__all__ = ["hetero_joint_tail_bound", "uniform_joint_tail_bound"]
+
+
+def uniform_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, b: int,
+                             c: int) -> int:
+    """`hetero_joint_tail_bound` when every chunk recomputes one count k of decoder layers (Megatron's
+    --recompute-num-layers, what the CP-SAT model allows by default): the smallest over k of the bound
+    at that count, whose capacities and sum of rank times both carry the k recomputed layers of every
+    chunk at the rank's own pool's price. The per-rank (continuous) recompute of the plain bound lets
+    the ranks with room skip the recompute the tight ranks force on every chunk: Qwen3-235B TP4 PP12
+    on mixed-3pool, where every rank recomputes two layers in the best layout (81,656 us of its sum
+    of rank times), 45,582,462,240 -> 45,678,724,560, the optimum. Counts are tried in order of their
+    slowest-rank threshold and stop once that alone (with the tail floor) reaches the best so far."""
+    allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
+    thresholds = sorted((t, k) for k in ks if (t := _exact_threshold(tab, pool_gpus, k, None, None)) is not None)
+    floor = b * tail_lower_bound(tab)
+    best = None
+    for t, k in thresholds:
+        start = max(tmax, t)
+        if best is not None and a * start + floor >= best:
+            break  # thresholds only grow from here
+        found = hetero_joint_tail_bound(tab, pool_gpus, start, a, b, c, uniform_k=k)
+        if found == 0:
+            return 0  # the joint bound does not apply
+        best = found if best is None else min(best, found)
+    return 0 if best is None else best
 
 def hetero_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tmax: int, a: int, b: int,
-                            c: int) -> int:
+                            c: int, uniform_k: int | None = None) -> int:
     """Lower bound on a*t_max + b*tail + c*sum_r T_r over every layout and rank -> pool assignment,
-    t_max >= `tmax`; 0 when it does not apply (one pool, one rank, or a DP state too large)."""
+    t_max >= `tmax`; 0 when it does not apply (one pool, one rank, or a DP state too large). With
+    `uniform_k`, over the layouts whose every chunk recomputes exactly that many decoder layers
+    (capacities at that count, and its recompute time in the sum of rank times)."""
     pp, k, n_dec = tab.config.dims.pp, len(tab.pools), int(tab.decoders[-1])
     if k < 2:
         return 0
-    sends = _HeteroCapacity(tab, pool_gpus, exact_sends=True).sends
+    sends = _HeteroCapacity(tab, pool_gpus, uniform_k=uniform_k, exact_sends=True).sends
     if sends is None:
         return 0
     is_major = np.ones(n_dec, dtype=bool)

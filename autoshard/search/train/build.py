@@ -145,6 +145,22 @@ def _chunk_linear(model: cp_model.CpModel, tab: CandidateTables, k: int, bounds:
     return zero, up
 
 
+def _per_pool(model: cp_model.CpModel, rk: cp_model.IntVar, lits: list, n: int, cache: dict) -> list:
+    """rk copied onto the rank's pool: one variable per pool, rk on the pool whose literal holds and 0 on
+    the others (half-reified, as `_chunk_linear` channels decoder counts), so a pool's price times it is
+    linear. One copy per (count variable, rank): a uniform count shares it across the rank's chunks."""
+    key = (id(rk), id(lits[0]))
+    if key not in cache:
+        copies = []
+        for lit in lits:
+            c = model.new_int_var(0, n, "")
+            model.add(c == rk).only_enforce_if(lit)
+            model.add(c == 0).only_enforce_if(~lit)
+            copies.append(c)
+        cache[key] = copies
+    return cache[key]
+
+
 def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: list[int], uniform_recompute: bool,
                    per_stage_recompute: bool, hint: Layout | None, hi: int, lower: int, tmax_lower: int,
                    fixed_pools: tuple[int, ...] | None = None) -> CandidateVars:
@@ -183,12 +199,14 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         rank_pools = list(fixed_pools) if fixed_pools is not None else [0] * pp
 
     cache: dict = {}
-    # recompute bounds use the conservative values across pools (exact on homogeneous clusters and
-    # with fixed pools, where each rank uses its own pool's)
-    pool_of = (lambda r: [tab.pools[rank_pools[r]]]) if fixed_pools is not None else (lambda r: tab.pools)  # noqa: E731
+    # recompute's extra time, activation saving and working set are each rank's own pool's: a constant
+    # with the pools fixed, with pools chosen linear in the count copied onto the rank's pool
+    # (`_per_pool`; the worst pool's values made the model's optimum a layout's upper bound, not its cost)
+    pool_of = (lambda r: [tab.pools[rank_pools[r]]]) if not hetero else (lambda r: tab.pools)  # noqa: E731
     extras = [max(p.recompute_extra_us for p in pool_of(r)) for r in range(pp)]
     savings = [min(p.recompute_saving_mib for p in pool_of(r)) for r in range(pp)]
     workings = [max(p.working_mib for p in pool_of(r)) for r in range(pp)]
+    copies: dict = {}
     # Megatron-LM takes one --recompute-granularity: block full recompute (--recompute-num-layers)
     # cannot be added to selective recompute, so selective candidates recompute no extra layers
     allow_rc = per_stage_recompute and not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
@@ -216,7 +234,11 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         recompute.append(rk)
         t = [up["time_us"] - lo["time_us"]]
         if allow_rc:
-            t.append(extras[r] * rk)
+            if hetero:
+                per_pool = _per_pool(model, rk, member[r], n, copies)
+                t.append(sum(p.recompute_extra_us * c for p, c in zip(tab.pools, per_pool, strict=True)))
+            else:
+                t.append(extras[r] * rk)
             rank_rc[r].append(rk)
         for nb in ([k + 1] if k + 1 < s else []) + ([k - 1] if k > 0 else []):
             qn = rank_pools[nb % pp]
@@ -235,7 +257,11 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
             if c == "time_us":
                 continue
             rank_terms[r][c].append(up[c] - lo[c])
-        rank_terms[r]["act_mib"].append(-savings[r] * rk if allow_rc else 0)
+        if allow_rc and hetero:
+            per_pool = _per_pool(model, rk, member[r], n, copies)
+            rank_terms[r]["act_mib"].append(-sum(p.recompute_saving_mib * c for p, c in zip(tab.pools, per_pool, strict=True)))
+        else:
+            rank_terms[r]["act_mib"].append(-savings[r] * rk if allow_rc else 0)
 
     tmax = model.new_int_var(min(tmax_lower, hi), hi, "tmax")
     tail = model.new_int_var(0, hi, "tail")
@@ -258,6 +284,16 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
             for rk in rank_rc[r]:
                 model.add(rk == 0).only_enforce_if(~z)
             work = vpp * workings[r] * z
+            if hetero:
+                # the working set of the rank's own pool: above the smallest, charged where z and the pool's
+                # literal both hold (memory only caps from above, so y >= z + lit - 1 is enough)
+                low = min(p.working_mib for p in tab.pools)
+                work = vpp * low * z
+                for p, lit in zip(tab.pools, member[r], strict=True):
+                    if p.working_mib > low:
+                        y = model.new_bool_var("")
+                        model.add(y >= z + lit - 1)
+                        work += vpp * (p.working_mib - low) * y
         else:
             work = 0
         q = rank_pools[r]

@@ -7,7 +7,7 @@ import numpy as np
 
 from autoshard.parallel import Recompute
 from autoshard.search.train.bounds_mixed import major_mask
-from autoshard.search.train.bounds_pools import assignment_capacity, assignment_sends, hetero_capacity_at
+from autoshard.search.train.bounds_pools import _HeteroCapacity, assignment_capacity, assignment_sends, hetero_capacity_at
 from autoshard.search.train.bounds_rank import (
     _threshold,
     _uniform_capacity,
@@ -203,8 +203,10 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
             found.append(fit_recompute(tab, loads_layout(tab, caps, ranks)))
             tried.add(tuple(ranks))
     # the greedy assignments (fastest pools first; roomiest pools first, the tightest on the last
-    # ranks, which hold the fewest micro-batches in flight) always, then the bound's ones
+    # ranks, which hold the fewest micro-batches in flight) always, then the uniform count's, then the bound's ones
     first = [tuple(v) for v in (greedy, memory_pools(cluster, tab)) if v is not None]
+    if len(cluster.pools) >= 2:
+        first += _uniform_pools(tab, [p.num_gpus for p in cluster.pools], tmax_lb)
     tried -= set(first)
     # the same assignments with exact per-rank capacities (own pool, exact sends), stepping by the
     # slowest pool's layer time so that the slow ranks' loads move too
@@ -213,6 +215,26 @@ def hetero_incumbent(cluster: ClusterSpec, tab: CandidateTables, tmax_lb: int) -
         found.append(assignment_incumbent(tab, v, tmax_lb, step=slow))
     found = [f for f in found if f]
     return min(found, key=lambda f: f[0]) if found else None
+
+
+def _uniform_pools(tab: CandidateTables, pool_gpus: list[int], tmax_lb: int, steps: int = 4) -> list[tuple[int, ...]]:
+    """The rank -> pool assignment that holds every decoder layer soonest when every chunk recomputes
+    one count k (the model's default): per k, the first of a few times from the bound, stepping by
+    the fastest pool's layer time, at which the ranks' capacities at that count (own pool, cheapest
+    links) hold the layers, and the assignment achieving it; the counts whose time is smallest."""
+    rc_allowed = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if rc_allowed else range(1)
+    step = max(1, min(p.decoder_unit[0] for p in tab.pools))
+    found = []
+    for k in ks:
+        cap = _HeteroCapacity(tab, pool_gpus, uniform_k=k)
+        for i in range(steps):
+            got = cap.at(tmax_lb + i * step)
+            if got is not None and got[1] is not None and got[0] >= int(tab.decoders[-1]):
+                found.append((i, k, tuple(int(q) for q in got[1])))
+                break
+    first = min((i for i, _, _ in found), default=None)
+    return list(dict.fromkeys(v for i, _, v in sorted(found) if i == first))
 
 
 def uniform_assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ...] | list[int],

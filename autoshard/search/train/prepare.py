@@ -15,7 +15,7 @@ from autoshard.parallel import ParallelDims
 from autoshard.search.deadline import Deadline
 from autoshard.search.train.assign import split_by_assignment
 from autoshard.search.train.bounds import NO_MEMORY, NO_RANKS, QuickBounds, bounds
-from autoshard.search.train.bounds_hetero_tail import hetero_joint_tail_bound
+from autoshard.search.train.bounds_hetero_tail import hetero_joint_tail_bound, uniform_joint_tail_bound
 from autoshard.search.train.incumbents import hetero_incumbent, improve, incumbent
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, enumerate_train
@@ -195,7 +195,7 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
         if (cluster.is_heterogeneous and not (fixed and fixed[0] is not None) and not deadline.expired()
                 and (best_ub is None or lb <= best_ub)):
             # still open on its pools chosen freely: one assignment for time, sends and tail at once
-            lb = max(lb, _joint_over_assignments(tab, pool_gpus, tmax_lb))
+            lb = max(lb, _joint_over_assignments(tab, pool_gpus, tmax_lb, uniform))
         if best_ub is not None and lb > best_ub:
             prep.pruned["bound: cannot beat the best plan found"] += 1
             continue
@@ -207,7 +207,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     return prep
 
 
-def _joint_over_assignments(tab: CandidateTables, pool_gpus: list[int], tmax_lb: int) -> int:
-    """`bounds_hetero_tail.hetero_joint_tail_bound` with the objective's weights of the candidate."""
+def _joint_over_assignments(tab: CandidateTables, pool_gpus: list[int], tmax_lb: int, uniform: bool) -> int:
+    """`bounds_hetero_tail.hetero_joint_tail_bound` with the objective's weights of the candidate, at
+    each recompute count every chunk may share when the layouts take one (`uniform_joint_tail_bound`)."""
     vpp, m, scale = tab.config.dims.vpp, tab.config.num_microbatches, tab.scale
-    return hetero_joint_tail_bound(tab, pool_gpus, tmax_lb, (scale // vpp) * (m * vpp - 1), scale, scale // vpp)
+    joint = uniform_joint_tail_bound if uniform else hetero_joint_tail_bound
+    return joint(tab, pool_gpus, tmax_lb, (scale // vpp) * (m * vpp - 1), scale, scale // vpp)
