@@ -55,7 +55,7 @@ class ServeConfig:
     --disable-custom-all-reduce, NCCL only)."""
     nccl_nvls: bool = True
     """NCCL's NVLink SHARP left on: NCCL's default, which vLLM keeps (NVLS buffers are charged where
-    the node enables them, `serve.memory.engine_comm_bytes`). False: NCCL_NVLS_ENABLE=0, SGLang's
+    the node enables them, `serve.comm_memory.engine_comm_bytes`). False: NCCL_NVLS_ENABLE=0, SGLang's
     default unless --enable-nccl-nvls."""
     host_us_per_seq: float = HOST_US_PER_SEQ
     """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
