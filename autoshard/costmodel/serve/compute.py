@@ -227,7 +227,7 @@ def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens:
     peak, gemm_eff = (gpu.fp8_tflops * 1e12, eff.gemm_fp8) if fp8_math else (gpu.bf16_tflops * 1e12, eff.gemm)
     if fused_moe.runs_fused_moe(cfg):  # Poisson-padded tiles; prefill tiles of block FP8 at Triton's rate
         tile = fused_moe.fused_moe_tile_rows(tokens, bf16=not fp8_math)
-        if _block_fp8_hopper(model, gpu, dtype) and fused_moe.deep_gemm_experts(cfg, tokens):
+        if _block_fp8_hopper(model, gpu, dtype) and fused_moe.deep_gemm_experts(model, cfg, tokens):
             tile = fused_moe.DEEP_GEMM_ROWS
         elif tile > MOE_ROW_BLOCK and _block_fp8_hopper(model, gpu, dtype):
             gemm_eff = fused_moe.TRITON_BLOCK_FP8_HOPPER
