@@ -129,6 +129,20 @@ def test_deep_gemm_takes_the_expert_shapes_the_engine_hands_it(model, tp, ep, en
     assert not deep_gemm_experts(model, ServeConfig(tp=tp, expert_parallel=ep, engine=engine, deep_gemm=False), 8192)
 
 
+def test_decode_steps_of_128_tokens_pad_each_expert_to_128_rows_on_deep_gemm():
+    """vLLM v0.11.0 hands any step of M >= 128 tokens to DeepGEMM's contiguous grouped GEMM, decode steps
+    included, with each expert's rows rounded up to 128 (fused_moe.py:1398-1399 -> deep_gemm_moe_fp8 ->
+    deepgemm_moe_permute, deep_gemm_utils.py:36-49; the masked layout is only behind DeepEP low-latency
+    / pplx, fp8.py:837-865). DeepSeek-V3 FP8 at TP 2 on H200 (1,024-wide experts): a 128-token decode
+    step is priced on 128-row segments at the block kernels' rate, a 127-token one on fused_moe's
+    16-row tiles."""
+    h200 = model_serving_gpu(DSV3, load_cluster("dgx-h200").pools[0].gpu, FP8)
+    cfg = ServeConfig(tp=2, weight_dtype=FP8)
+    for tokens, tile in ((128, 128), (256, 128), (127, 16)):
+        assert _grouped_experts_s(DSV3, h200, cfg, tokens) == pytest.approx(
+            _closed_form_experts(DSV3, h200, tp=2, tokens=tokens, rate=BLOCK_FP8_GEMM_HOPPER, tile=tile), rel=1e-9)
+
+
 def _closed_form_experts(model, gpu, *, tp, tokens, rate, tile):
     """One MoE layer's routed experts on one GPU, the E (1 - (1 - k/E)^tokens) experts the step hits:
     per weight matrix the slower of 2 x hit x padded rows x n x k at `rate` x the shape fall-off and

@@ -121,8 +121,10 @@ fused_moe.py:1398-1399); `DeepGemmExperts.apply` then permutes the token-expert 
 `deepgemm_moe_permute`, which rounds each expert's rows up to a multiple of 128 (deep_gemm_utils.py:
 36-49 `compute_aligned_M`, :349-355), and runs `m_grouped_fp8_gemm_nt_contiguous` over them. That is
 the contiguous layout for every step DeepGEMM takes, decode steps of >= 128 tokens included: the
-masked (low-latency) layout is `BatchedDeepGemmExperts`, reached only behind a batched all-to-all
-(DeepEP low-latency, pplx), which runs the attention-DP + EP engines (`runs_fused_moe` False)."""
+masked (low-latency) layout, `BatchedDeepGemmExperts` (batched_deep_gemm_moe.py:216, its
+`fp8_m_grouped_gemm_nt_masked` at :315-321), is what `Fp8MoEMethod.select_gemm_impl` picks only for a
+batched activation format, i.e. behind DeepEP low-latency or pplx all-to-all (quantization/fp8.py:
+837-865), which runs the attention-DP + EP engines (`runs_fused_moe` False)."""
 DEEP_GEMM_MIN_N = 512
 """vLLM v0.11.0's `_valid_deep_gemm` (deep_gemm_moe.py:29-31, 45-72) refuses DeepGEMM, and fused_moe
 falls back to Triton, unless the step has M >= 128 tokens, both the expert's intermediate width per
