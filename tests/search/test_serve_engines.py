@@ -70,6 +70,8 @@ def test_sglang_target_prices_triton_experts():
         cfg = plan.prediction.config
         assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", False, False)
         assert not (plan.expert_parallel and plan.dp_attention > 1)  # SGLang's line runs no DeepEP there
+        assert any(w.endswith("--target vllm plans them (vLLM's line runs DeepEP)") and SGLANG_UNPRICED in w
+                   for w in plan.warnings)  # and the plan says what was left out
     plan = sol.alternative
     cfg = plan.prediction.config
     assert (plan.tp, plan.pp, plan.ep) == (4, 2, 4)

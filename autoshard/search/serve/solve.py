@@ -17,7 +17,7 @@ import time
 from collections import Counter
 
 from autoshard.costmodel.bands import mark_ties
-from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
+from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, SGLANG_UNPRICED
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
@@ -148,6 +148,10 @@ def solve_serve(
             seed,
         )
         plans[0] = dataclasses.replace(plans[0], choice=choice(job, plans[0], other))
+    if framework == "sglang" and (left := pruned.get(SGLANG_UNPRICED, 0)):
+        note = (f"{left} engine(s) with attention DP + EP left out: {SGLANG_UNPRICED}; --target vllm plans them "
+                "(vLLM's line runs DeepEP)")
+        plans = [dataclasses.replace(p, warnings=(*p.warnings, note)) for p in plans]
     return mark_ties(plans)
 
 

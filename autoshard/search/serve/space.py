@@ -285,7 +285,7 @@ def tabulate(
     for e in space.engines:
         pool = cluster.pools[e.pool]
         if _unpriced(pool, e, split=False):
-            dropped["SGLang's line runs attention-DP + EP without DeepEP (not priced)"] += 1
+            dropped[SGLANG_UNPRICED] += 1
             continue
         top = serve_memory(
             model,
