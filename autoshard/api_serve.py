@@ -378,13 +378,13 @@ def serve_launch_script(plan: ServePlan, engine: str) -> str:
 
 def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = None) -> int:
     """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
-    the number of files. `framework` defaults to SGLang for a prefill/decode split (its router ships in
-    its image; vLLM's PD proxy is an example script), else vLLM."""
+    the number of files. `framework` defaults to the engine the plan is priced for (its figures are that
+    engine's: `costmodel.serve.engines`)."""
     if output.exists() and not output.is_dir():
         raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
     output.mkdir(parents=True, exist_ok=True)
     if framework is None:
-        framework = "sglang" if plan.disaggregated else "vllm"
+        framework = plan.prediction.config.engine
     files = k8s_manifests(plan, framework)
     for name, objects in files.items():
         (output / name).write_text(k8s_yaml(objects))
