@@ -64,3 +64,13 @@ def test_sglang_tp2_block_fp8_experts_priced_on_triton_where_vllm_runs_deep_gemm
                    sglang=False)
     assert (sg.tp, sg.pp, vl.tp, vl.pp) == (2, 2, 2, 2)
     assert sg.prediction.ttft_s > vl.prediction.ttft_s * 1.02
+
+
+@pytest.mark.parametrize(("extra", "noted"), [
+    (" --attn-dp-size 2 --ep-size 8", True),  # SGLang's all-gather path: not what is priced
+    (" --attn-dp-size 2 --ep-size 8 --moe-a2a-backend deepep", False),  # DeepEP, as priced
+    (" --ep-size 8", False),  # no attention DP: experts over the TP group, no dispatch to price
+])
+def test_attention_dp_without_deepep_is_said(extra: str, noted: bool) -> None:
+    parsed = parse_sglang(SGLANG.replace("--tp 4", "--tp 8") + extra)
+    assert any("is not modelled" in w and "--moe-a2a-backend" in w for w in parsed.warnings) is noted

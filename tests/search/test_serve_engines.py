@@ -175,3 +175,23 @@ def test_hostile_engine_names(bad):
         engine_config(ServeConfig(), bad, gpus_per_node=8)
     with pytest.raises(SpecError, match="vllm, sglang"):
         enumerate_serve(QWEN, H100x8, api.serve_job_for(QWEN, weight_dtype="fp8"), framework=bad)
+
+
+def test_k8s_manifests_run_the_priced_engine(tmp_path):
+    """Without a framework the manifests are written for the engine the plan is priced for."""
+    import yaml
+
+    for framework, image in (("vllm", "vllm/vllm-openai"), ("sglang", "lmsysorg/sglang")):
+        plan = _solved(framework).plans[0]
+        out = tmp_path / framework
+        assert api.write_k8s_manifests(plan, out) >= 1
+        images = {c["image"].split(":")[0] for f in out.glob("*.yaml") for o in yaml.safe_load_all(f.read_text())
+                  if o for c in _containers(o)}
+        assert images == {image}
+
+
+def _containers(obj):
+    spec = obj.get("spec", {})
+    templates = [spec.get("template")] + [spec.get("leaderWorkerTemplate", {}).get(k) for k in
+                                          ("leaderTemplate", "workerTemplate")]
+    return [c for t in templates if t for c in t.get("spec", {}).get("containers", [])]
