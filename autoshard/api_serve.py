@@ -14,7 +14,9 @@ from pathlib import Path
 
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.disagg import decode_instance, prefill_instance
-from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED, engine_config, sglang_priced
+from autoshard.costmodel.serve.engines import (
+    DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED, engine_config, sglang_priced,
+)
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction
@@ -303,7 +305,8 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
         figures = _split_on(plan, other) if plan.disaggregated else _aggregated_on(plan, other)
     except InfeasibleError as exc:
         return dataclasses.replace(plan, engine_other={
-            "engine": other, "differs": True, "note": f"under {other_name} this deployment would not start: {exc}"})
+            "engine": other, "differs": True,
+            "note": f"under {other_name} this deployment would not start: {exc}"})
     ours = _split_figures(plan) if plan.disaggregated else _figures(plan.throughput_tokens_per_s, plan.prediction)
     differs = any(abs(figures[k] / ours[k] - 1) > ENGINE_SAME_REL for k in ours if ours[k])
     if not differs:
@@ -324,7 +327,8 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
 def _sglang_priced(plan: ServePlan) -> bool:
     """Whether SGLang's launch lines of this deployment run paths autoshard prices (`sglang_priced`)."""
     if plan.disaggregated:
-        return all(sglang_priced(r.prediction.config, plan.cluster.pools[r.pool_index].node.gpus_per_node, split=True)
+        pools = plan.cluster.pools
+        return all(sglang_priced(r.prediction.config, pools[r.pool_index].node.gpus_per_node, split=True)
                    for r in plan.roles)
     return sglang_priced(plan.prediction.config, plan.pool.node.gpus_per_node)
 

@@ -33,9 +33,9 @@ def serve_engine(target: Target | None, emit: Target | None) -> str:
     (api.DEFAULT_ENGINE). Two different engines are bad input: a plan is priced for one."""
     engines = {t.value for t in (target, emit) if t in (Target.VLLM, Target.SGLANG)}
     if len(engines) > 1:
-        raise SpecError(f"--target {target.value} and --emit {emit.value} name different engines: a plan is priced for "  # type: ignore[union-attr]
-                        "the kernels of the engine it is launched with; give one (both engines' commands are printed)",
-                        source="--emit")
+        raise SpecError(f"--target {target.value} and --emit {emit.value} name different engines: "  # type: ignore[union-attr]
+                        "a plan is priced for the kernels of the engine it is launched with; give one (both "
+                        "engines' commands are printed)", source="--emit")
     return engines.pop() if engines else api.DEFAULT_ENGINE
 
 

@@ -390,7 +390,8 @@ class ServePlan(PlanBase):
 
     def _extra_json(self) -> dict[str, Any]:
         roles = {r.role: engine_json(r.prediction.config) for r in self.roles}
-        engine = {**engine_json(self.prediction.config), **({"roles": roles} if roles else {}), "other": self.engine_other}
+        engine = {**engine_json(self.prediction.config), **({"roles": roles} if roles else {}),
+                  "other": self.engine_other}
         return {"warnings": list(self.warnings), "engine": engine}  # the engine the figures are priced for
 
     def _solver_json(self) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
-from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_priced
+from autoshard.costmodel.serve.engines import (
+    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_priced,
+)
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
     ServePrediction,
@@ -207,7 +209,8 @@ def enumerate_serve(
                         continue  # far beyond the pool: not a candidate worth listing
                     space.enumerated += 1
                     label = f"{pool.name}: {e.label()}"
-                    reason = _engine_rules(model, pool, e) or _pinned_out(e, pins) or _unpriced(pool, e, split=None)
+                    reason = (_engine_rules(model, pool, e) or _pinned_out(e, pins)
+                              or _unpriced(pool, e, split=None))
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
                         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
