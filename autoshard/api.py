@@ -56,6 +56,7 @@ from autoshard.api_train import (
     train_pins,
 )
 from autoshard.costmodel.bands import band_for, mark_ties
+from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINE_NAMES
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.command import megatron_command
@@ -92,7 +93,8 @@ __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "
            "memory_headroom", "overflow_messages", "megatron_script", "megatron_notes", "load", "write_launch_script",
            "evaluate_megatron", "compare_megatron", "MegatronComparison", "solve_with_layout", "Recompute",
            "MoeDispatcher", "Fp8Recipe", "MAX_CONTEXT", "MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_SEQ_LEN",
-           "MAX_TOKENS", "bundled_models", "bundled_clusters", "load_model", "load_cluster"]
+           "MAX_TOKENS", "bundled_models", "bundled_clusters", "load_model", "load_cluster", "DEFAULT_ENGINE",
+           "ENGINE_NAMES"]
 
 
 def with_launch(plan: Plan) -> Plan:
@@ -121,6 +123,7 @@ def load(model_ref: str, cluster_ref: str, gpus: int | None = None) -> tuple[Mod
 def write_launch_script(text: str, output: Path) -> None:
     """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written."""
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)  # as --out and --emit k8s -o DIR create theirs
         output.write_text(text)
         output.chmod(0o755)
     except OSError as exc:

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.serve.disagg import decode_instance, prefill_instance
+from autoshard.costmodel.serve.engines import (
+    DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED, engine_config, sglang_priced,
+)
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
+from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
@@ -24,6 +30,7 @@ from autoshard.emit.vllm import (
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
+from autoshard.search.serve.evaluate import evaluated_row
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -33,7 +40,7 @@ from autoshard.specs.prepare import resize
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
-           "plan_serving", "repo_weights", "serve_launch_script", "write_k8s_manifests"]
+           "plan_serving", "repo_weights", "serve_launch_script", "write_k8s_manifests", "with_engine_check"]
 
 INTERACTIVE_TPOT_MS = 50.0
 """The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
@@ -167,7 +174,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                                          quantization=None if named is not None else quantization,
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
-    return evaluate_serve(
+    return with_engine_check(evaluate_serve(
         model,
         cluster,
         applied,
@@ -182,7 +189,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         concurrency=concurrency,
         nccl_nvls=parsed.nccl_nvls,
         deep_gemm=parsed.deep_gemm,
-    )
+        framework="sglang" if sglang else "vllm",
+    ))
 
 
 # Name words of quantized Hugging Face releases -> (weights, vLLM method its quantization_config selects):
@@ -250,12 +258,15 @@ class ServeSolution:
 
 def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k: int, pins: dict[str, int | None] | None,
                  time_limit_s: float, num_workers: int, seed: int, disaggregate: str = "auto",
-                 started_at: float | None = None) -> ServeSolution:
-    """The best `top_k` serving plans. A job with no TPOT/TTFT target and no request rate is planned at
+                 started_at: float | None = None, framework: str = DEFAULT_ENGINE) -> ServeSolution:
+    """The best `top_k` serving plans, priced for `framework` (vllm or sglang: the kernels its launch line
+    runs, `costmodel.serve.engines`), each with the same deployment priced for the other engine
+    (`with_engine_check`). A job with no TPOT/TTFT target and no request rate is planned at
     the interactive TPOT (`INTERACTIVE_TPOT_MS`), with the throughput-optimal plan as the alternative;
     when no plan reaches it, the throughput-optimal plan is the answer, with a note saying so."""
     run = dict(pins={k: v for k, v in (pins or {}).items() if v is not None}, time_limit_s=time_limit_s,
-               num_workers=num_workers, seed=seed, disaggregate=disaggregate, started_at=started_at)
+               num_workers=num_workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
+               framework=framework)
     interactive = interactive_job(job)
     alternative, sla_note = None, ""
     if interactive is None:
@@ -270,7 +281,97 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k
             plans, alternative = [alternative], None
             sla_note = (f"no plan reaches the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
                         "showing the throughput-optimal plan")
+    plans = [with_engine_check(p) for p in plans]
+    alternative = None if alternative is None else with_engine_check(alternative)
     return ServeSolution(plans, alternative, sla_note, interactive is not None)
+
+
+ENGINE_SAME_REL = 0.005
+"""Figures within 0.5 % of each other are reported as the same under both engines."""
+
+
+def with_engine_check(plan: ServePlan) -> ServePlan:
+    """The plan with `engine_other`: the same deployment (degrees, batch caps, running requests) priced
+    for the other engine as its own launch line runs it, with one sentence saying whether and how much
+    the figures differ. The plan's own figures stay those of the engine it is priced for."""
+    engine = plan.prediction.config.engine
+    other = "sglang" if engine == "vllm" else "vllm"
+    name, other_name = ENGINE_NAMES[engine], ENGINE_NAMES[other]
+    if other == "sglang" and not _sglang_priced(plan):
+        return dataclasses.replace(plan, engine_other={
+            "engine": other, "differs": True, "priced": False,
+            "note": f"{SGLANG_UNPRICED} for this deployment; --target sglang plans only what it prices"})
+    try:
+        figures = _split_on(plan, other) if plan.disaggregated else _aggregated_on(plan, other)
+    except InfeasibleError as exc:
+        return dataclasses.replace(plan, engine_other={
+            "engine": other, "differs": True,
+            "note": f"under {other_name} this deployment would not start: {exc}"})
+    ours = _split_figures(plan) if plan.disaggregated else _figures(plan.throughput_tokens_per_s, plan.prediction)
+    differs = any(abs(figures[k] / ours[k] - 1) > ENGINE_SAME_REL for k in ours if ours[k])
+    if not differs:
+        note = f"{other_name}'s launch line runs the same kernels here: the same figures"
+    elif plan.disaggregated:
+        note = (f"under {other_name} (its own launch lines) a prefill instance sustains "
+                f"{figures['prefill_requests_per_s']:,.2f} requests/s ({_pct(figures, ours, 'prefill_requests_per_s')} "
+                f"vs {name}) and decode TPOT is {1e3 * figures['decode_tpot_s']:.1f} ms "
+                f"({_pct(figures, ours, 'decode_tpot_s')}); --target {other} plans for {other_name}")
+    else:
+        note = (f"under {other_name} (its own launch line) this deployment predicts {figures['tokens_per_s']:,.0f} "
+                f"output tokens/s ({_pct(figures, ours, 'tokens_per_s')} vs {name}), TPOT "
+                f"{1e3 * figures['tpot_s']:.1f} ms, TTFT {figures['ttft_s']:.2f} s; --target {other} plans for "
+                f"{other_name}")
+    return dataclasses.replace(plan, engine_other={"engine": other, **figures, "differs": differs, "note": note})
+
+
+def _sglang_priced(plan: ServePlan) -> bool:
+    """Whether SGLang's launch lines of this deployment run paths autoshard prices (`sglang_priced`)."""
+    if plan.disaggregated:
+        pools = plan.cluster.pools
+        return all(sglang_priced(r.prediction.config, pools[r.pool_index].node.gpus_per_node, split=True)
+                   for r in plan.roles)
+    return sglang_priced(plan.prediction.config, plan.pool.node.gpus_per_node)
+
+
+def _pct(figures: dict[str, float], ours: dict[str, float], key: str) -> str:
+    return f"{100 * (figures[key] / ours[key] - 1):+.1f} %"
+
+
+def _figures(tokens_per_s: float, pred: ServePrediction) -> dict[str, float]:
+    return {"tokens_per_s": tokens_per_s, "tpot_s": pred.tpot_s, "ttft_s": pred.ttft_s}
+
+
+def _aggregated_on(plan: ServePlan, engine: str) -> dict[str, float]:
+    """Throughput, TPOT and TTFT of an aggregated plan's deployment launched with `engine`."""
+    row, _, _ = evaluated_row(
+        plan.model, plan.cluster, plan.job, tp=plan.tp, pp=plan.pp, dp=plan.dp, expert_parallel=plan.expert_parallel,
+        gpu_memory_utilization=plan.gpu_memory_utilization, max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=plan.max_num_batched_tokens, pool=plan.pool_index,
+        concurrency=plan.prediction.concurrency * plan.dp, framework=engine)
+    return _figures(row.throughput, row.prediction)
+
+
+def _split_figures(plan: ServePlan) -> dict[str, float]:
+    return {"prefill_requests_per_s": plan.role("prefill").requests_per_s,
+            "decode_tpot_s": plan.role("decode").prediction.tpot_s}
+
+
+def _split_on(plan: ServePlan, engine: str) -> dict[str, float]:
+    """A prefill/decode plan's prefill rate per instance and decode TPOT at its running requests, each
+    role's instance launched with `engine`."""
+    out = {}
+    for role in plan.roles:
+        pool = plan.cluster.pools[role.pool_index]
+        cfg = engine_config(role.prediction.config, engine, gpus_per_node=pool.node.gpus_per_node, split=True)
+        mem = serve_memory(plan.model, pool, cfg, context_len=plan.job.context_len)
+        if (problem := mem.problem()) is not None:
+            raise InfeasibleError(f"the {role.role} instances: {problem}")
+        if role.role == "prefill":
+            out["prefill_requests_per_s"] = prefill_instance(plan.model, pool, plan.job, cfg, mem).requests_per_s
+        else:
+            out["decode_tpot_s"] = decode_instance(plan.model, pool, plan.job, cfg, mem,
+                                                   concurrency=role.prediction.concurrency).tpot_s
+    return out
 
 
 def serve_launch_script(plan: ServePlan, engine: str) -> str:
@@ -281,13 +382,13 @@ def serve_launch_script(plan: ServePlan, engine: str) -> str:
 
 def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = None) -> int:
     """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
-    the number of files. `framework` defaults to SGLang for a prefill/decode split (its router ships in
-    its image; vLLM's PD proxy is an example script), else vLLM."""
+    the number of files. `framework` defaults to the engine the plan is priced for (its figures are that
+    engine's: `costmodel.serve.engines`)."""
     if output.exists() and not output.is_dir():
         raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
     output.mkdir(parents=True, exist_ok=True)
     if framework is None:
-        framework = "sglang" if plan.disaggregated else "vllm"
+        framework = plan.prediction.config.engine
     files = k8s_manifests(plan, framework)
     for name, objects in files.items():
         (output / name).write_text(k8s_yaml(objects))

@@ -149,16 +149,33 @@ def check_output(output: Path | None, emit: Target | None) -> None:
     if emit is None:
         raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
     where = str(output)
+    if emit is Target.K8S:  # a directory of manifests, created with its missing parents
+        check_dir_path(output, "-o", "--emit k8s writes a directory of manifests")
+        return
     try:
         if output.is_dir():
             raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
-        parent = output.parent
-        if not parent.is_dir():
-            raise SpecError(f"the directory {parent} does not exist: create it or write elsewhere", source="-o")
-        if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        check_dir_path(output.parent, "-o", "the launch script's directory")
+        if output.exists() and not os.access(output, os.W_OK):
             raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
     except OSError as exc:
         raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def check_dir_path(path: Path, source: str, what: str) -> None:
+    """Refuse, before any solving, a directory an output will be written in that cannot be made: a file
+    in its place or on its path, or a nearest existing directory that is not writable. Missing
+    directories are created when the output is written (`-o` and `--out` alike)."""
+    where = str(path)[:120]
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise SpecError(f"{existing} is a file, not a directory ({what}): choose another path", source=source)
+        if not os.access(existing, os.W_OK):
+            raise SpecError(f"{existing} is not writable ({what} {where}): choose a path you can write to",
+                            source=source)
+    except OSError as exc:
+        raise SpecError(f"cannot write {where}: {exc.strerror}: choose another path", source=source) from None
 
 
 def write_script(text: str, output: Path | None, json_out: bool) -> None:

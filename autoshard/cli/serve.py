@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from autoshard import api
 from autoshard.cli.app import err, out
-from autoshard.cli.options import Target, print_json, write_script
+from autoshard.cli.options import Target, check_dir_path, print_json, write_script
 from autoshard.errors import SpecError
 from autoshard.report.pareto import front_json, render_front, write_front_png
 from autoshard.report.serving import render_serve_plan
@@ -25,6 +25,31 @@ def evaluate_vllm(command: str, model_ref: str | None, cluster_ref: str, gpus: i
         print_json(plan.to_json())
     else:
         render_serve_plan(plan, out)
+        print_engine(plan, out)
+
+
+def serve_engine(target: Target | None, emit: Target | None) -> str:
+    """The engine a serving plan is priced for: --target's, else --emit's (vllm or sglang), else vLLM
+    (api.DEFAULT_ENGINE). Two different engines are bad input: a plan is priced for one."""
+    engines = {t.value for t in (target, emit) if t in (Target.VLLM, Target.SGLANG)}
+    if len(engines) > 1:
+        raise SpecError(f"--target {target.value} and --emit {emit.value} name different engines: "  # type: ignore[union-attr]
+                        "a plan is priced for the kernels of the engine it is launched with; give one (both "
+                        "engines' commands are printed)", source="--emit")
+    return engines.pop() if engines else api.DEFAULT_ENGINE
+
+
+def print_engine(plan, console, *, chosen: bool = True) -> None:  # type: ignore[no-untyped-def]
+    """Which engine's kernels the figures are for and, when the other engine's launch line prices this
+    deployment differently, by how much."""
+    name = api.ENGINE_NAMES[plan.prediction.config.engine]
+    how = "" if chosen else " (no --target: vLLM by default; --target sglang prices SGLang's kernels)"
+    console.print(f"priced for {name}'s kernels, as its launch line runs them{how}", markup=False, highlight=False)
+    other = plan.engine_other
+    if other is not None and other.get("differs"):
+        console.print(f"[yellow]engines differ:[/yellow] {escape(other['note'])}", highlight=False)
+    elif other is not None:
+        console.print(other["note"], markup=False, highlight=False)
 
 
 def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, json_out, explain, pins, input_len,
@@ -40,10 +65,13 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
+    if out_dir is not None:  # created with its missing parents, as -o's directory is
+        check_dir_path(out_dir, "--out", "pareto.png's directory")
     if emit is Target.K8S and output is None:
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
+    framework = serve_engine(target, emit)
     model_spec, cluster_spec = api.load(model, cluster, gpus)
     if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
         raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",
@@ -58,12 +86,13 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
     found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,
-                             num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at)
+                             num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
+                             framework=framework)
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
     front = None
     if pareto:
-        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate)
+        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework)
         if out_dir is not None:
             png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
                                   title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
@@ -84,6 +113,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
     else:
         console = out if emit is None or output is not None else err
         render_serve_plan(best, console, runners=plans[1:], explain=explain, time_limit_s=time_limit)
+        print_engine(best, console, chosen=target is not None or emit in (Target.VLLM, Target.SGLANG))
         if sla_note:
             console.print(f"[bold]{escape(sla_note)}[/bold]")
         if alternative is not None:
@@ -95,8 +125,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
                          tpot_target_s=best.job.tpot_target_s)
-    if emit is Target.K8S:
-        framework = target.value if target in (Target.VLLM, Target.SGLANG) else None
+    if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
         err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
                   highlight=False)

@@ -21,6 +21,7 @@ from typing import Any
 from autoshard.costmodel.bands import Band, band_of
 from autoshard.costmodel.flops import layer_flops
 from autoshard.costmodel.serve.config import pp_layer_split
+from autoshard.costmodel.serve.engines import engine_json
 from autoshard.costmodel.serve.latency import LatencyQuantiles
 from autoshard.costmodel.serve.predict import ServePrediction, decode_context_len, latency_at_rate
 from autoshard.plans.base import PlanBase, SolverStats
@@ -74,6 +75,8 @@ class ServePlan(PlanBase):
     disaggregation: Disaggregation | None = None
     choice: str = ""
     """Why this kind of deployment (aggregated or xPyD) won, against the best of the other kind."""
+    engine_other: dict[str, Any] | None = None
+    """The same deployment priced for the other engine (`api_serve.with_engine_check`); None: not done."""
 
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp * self.dp):
@@ -386,7 +389,10 @@ class ServePlan(PlanBase):
         }
 
     def _extra_json(self) -> dict[str, Any]:
-        return {"warnings": list(self.warnings)}
+        roles = {r.role: engine_json(r.prediction.config) for r in self.roles}
+        engine = {**engine_json(self.prediction.config), **({"roles": roles} if roles else {}),
+                  "other": self.engine_other}
+        return {"warnings": list(self.warnings), "engine": engine}  # the engine the figures are priced for
 
     def _solver_json(self) -> dict[str, Any]:
         return {**self.solver.to_json(), "objective_unit": self.objective_unit}

@@ -308,6 +308,8 @@ def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict
                    + (f", TTFT <= {job.ttft_target_s:g} s" if job.ttft_target_s else "")
                    + ". Dollars per million output tokens = the GPUs the deployment uses x price / tokens served "
                    "(at the request rate when given, else at full throughput).")
+        out.append("Serving speeds are priced for vLLM's kernels, as autoshard's vLLM launch line runs them "
+                   "(`solve --mode serve --target sglang` prices SGLang's).")
     out.append("Speeds come from autoshard's cost model with each cluster file's efficiency knobs (the fitted "
                "defaults unless the file sets its own); GPU types without a published run to fit on scale with "
                "their datasheet peaks.")

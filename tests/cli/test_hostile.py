@@ -222,8 +222,9 @@ CASES = [
     # --- output paths, checked before solving
     ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
      2, ["-o", "is a directory"]),
-    ("o-missing-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron",
-                                       "-o", t / "nope" / "x.sh"], 2, ["does not exist"]),
+    # a missing directory is created (as --out's and --emit k8s's are); a file on the path is refused
+    ("o-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron",
+                                      "-o", model_file(t) / "x.sh"], 2, ["-o", "is a file, not a directory"]),
     ("o-without-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "-o", t / "x.sh"], 2,
      ["--emit"]),
     ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",

@@ -21,6 +21,7 @@ from autoshard.costmodel.serve.fused_moe import (
     DEEP_GEMM_ROWS,
     TRITON_BLOCK_FP8_HOPPER,
     deep_gemm_experts,
+    deep_gemm_shape,
     expected_padded_rows,
     fused_moe_tile_rows,
     moe_sum_rows,
@@ -99,11 +100,47 @@ def test_moe_sum_moves_k_plus_one_rows_where_permutes_move_4k():
     assert _elementwise_bytes(QWEN, LayerKind.MOE, dp) == _elementwise_bytes(QWEN, LayerKind.MOE, trt_dp)
 
 
-def test_deep_gemm_takes_block_fp8_experts_only_where_vllm_hands_them_over():
-    assert deep_gemm_experts(ServeConfig(tp=4), 8192)
-    assert not deep_gemm_experts(ServeConfig(tp=4), DEEP_GEMM_ROWS - 1)  # _valid_deep_gemm: M >= 128
-    assert not deep_gemm_experts(ServeConfig(tp=8), 8192)  # PR #29346: Triton at TP 8
-    assert not deep_gemm_experts(ServeConfig(tp=4, deep_gemm=False), 8192)  # a PyPI install
+QWEN30 = load_model("qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize(("model", "tp", "ep", "engine", "deep"), [
+    # vLLM v0.11.0 `_valid_deep_gemm` (fused_moe/deep_gemm_moe.py:29-31, 45-72): N = the expert's width
+    # per GPU a multiple of 128 and above 512, K = hidden a multiple of 128
+    (DSV3, 1, False, "vllm", True),  # N 2,048
+    (DSV3, 2, False, "vllm", True),  # N 1,024
+    (DSV3, 4, False, "vllm", False),  # N 512: "DeepGemm disabled for N <= 512"
+    (DSV3, 8, False, "vllm", False),  # N 256 (and TP 8: vLLM PR #29346)
+    (QWEN, 2, False, "vllm", True),  # N 768
+    (QWEN, 4, False, "vllm", False),  # N 384
+    (QWEN, 8, False, "vllm", False),  # N 192: not a multiple of 128 either
+    (QWEN30, 1, False, "vllm", True),  # N 768
+    (QWEN30, 2, False, "vllm", False),  # N 384
+    (QWEN, 4, True, "vllm", True),  # expert parallelism: whole experts, N 1,536
+    # SGLang's DeepGEMM runner: DeepGEMM's own 128-alignment only
+    (QWEN, 4, False, "sglang", True),  # N 384
+    (DSV3, 8, False, "sglang", True),  # N 256
+    (QWEN, 8, False, "sglang", False),  # N 192
+])
+def test_deep_gemm_takes_the_expert_shapes_the_engine_hands_it(model, tp, ep, engine, deep):
+    cfg = ServeConfig(tp=tp, expert_parallel=ep, engine=engine)
+    assert deep_gemm_shape(model, cfg) is deep
+    assert deep_gemm_experts(model, cfg, 8192) is deep
+    assert not deep_gemm_experts(model, cfg, DEEP_GEMM_ROWS - 1)  # _valid_deep_gemm: M >= 128
+    assert not deep_gemm_experts(model, ServeConfig(tp=tp, expert_parallel=ep, engine=engine, deep_gemm=False), 8192)
+
+
+def test_decode_steps_of_128_tokens_pad_each_expert_to_128_rows_on_deep_gemm():
+    """vLLM v0.11.0 hands any step of M >= 128 tokens to DeepGEMM's contiguous grouped GEMM, decode steps
+    included, with each expert's rows rounded up to 128 (fused_moe.py:1398-1399 -> deep_gemm_moe_fp8 ->
+    deepgemm_moe_permute, deep_gemm_utils.py:36-49; the masked layout is only behind DeepEP low-latency
+    / pplx, fp8.py:837-865). DeepSeek-V3 FP8 at TP 2 on H200 (1,024-wide experts): a 128-token decode
+    step is priced on 128-row segments at the block kernels' rate, a 127-token one on fused_moe's
+    16-row tiles."""
+    h200 = model_serving_gpu(DSV3, load_cluster("dgx-h200").pools[0].gpu, FP8)
+    cfg = ServeConfig(tp=2, weight_dtype=FP8)
+    for tokens, tile in ((128, 128), (256, 128), (127, 16)):
+        assert _grouped_experts_s(DSV3, h200, cfg, tokens) == pytest.approx(
+            _closed_form_experts(DSV3, h200, tp=2, tokens=tokens, rate=BLOCK_FP8_GEMM_HOPPER, tile=tile), rel=1e-9)
 
 
 def _closed_form_experts(model, gpu, *, tp, tokens, rate, tile):
@@ -125,19 +162,24 @@ def _closed_form_experts(model, gpu, *, tp, tokens, rate, tile):
 
 
 def test_prefill_tiles_of_block_fp8_experts_run_at_the_triton_rate_without_deep_gemm():
-    """Qwen3-235B FP8 at TP 4 on H100, a 16,384-token step (the GPUStack run's budget): 64-row tiles at
-    Triton's 0.22 of the FP8 peak without DeepGEMM; with it 128-row segments at the block kernels'
-    0.37. Both math-bound: the Triton step is slower by about 0.37 / 0.22 less the padding difference."""
+    """Qwen3-235B FP8 on H100, a 16,384-token step (the GPUStack run's budget): at TP 2 (768-wide experts
+    per GPU) 64-row tiles at Triton's 0.22 of the FP8 peak without DeepGEMM; with it 128-row segments at
+    the block kernels' 0.37. Both math-bound: the Triton step is slower by about 0.37 / 0.22 less the
+    padding difference. At TP 4 (384 wide) vLLM keeps Triton with DeepGEMM installed (N <= 512)."""
     gpu = model_serving_gpu(QWEN, load_cluster("dgx-h100").pools[0].gpu, FP8)
-    triton = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=4, weight_dtype=FP8, deep_gemm=False), 16384)
-    deep = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=4, weight_dtype=FP8), 16384)
+    triton = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=2, weight_dtype=FP8, deep_gemm=False), 16384)
+    deep = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=2, weight_dtype=FP8), 16384)
     assert triton == pytest.approx(
-        _closed_form_experts(QWEN, gpu, tp=4, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
+        _closed_form_experts(QWEN, gpu, tp=2, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
     )
     assert deep == pytest.approx(
-        _closed_form_experts(QWEN, gpu, tp=4, tokens=16384, rate=BLOCK_FP8_GEMM_HOPPER, tile=128), rel=1e-9
+        _closed_form_experts(QWEN, gpu, tp=2, tokens=16384, rate=BLOCK_FP8_GEMM_HOPPER, tile=128), rel=1e-9
     )
     assert 1.5 < triton / deep < 0.37 / 0.22
+    for deep_gemm in (True, False):
+        assert _grouped_experts_s(QWEN, gpu, ServeConfig(tp=4, weight_dtype=FP8, deep_gemm=deep_gemm), 16384) == (
+            pytest.approx(_closed_form_experts(QWEN, gpu, tp=4, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64),
+                          rel=1e-9))
 
 
 def test_decode_tiles_keep_the_block_kernels_rate():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_link, tp_all_reduce_s
-from autoshard.costmodel.serve.compute import _grouped_experts_s, moe_dp_chunks, prefill_attention_s
+from autoshard.costmodel.serve.attention import prefill_attention_s
+from autoshard.costmodel.serve.compute import _grouped_experts_s, moe_dp_chunks
 from autoshard.costmodel.serve.config import ServeConfig, pp_layer_split, stage_layers
 from autoshard.costmodel.serve.memory import (
     activation_peak_bytes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autoshard.costmodel.serve.config import ServeConfig
-from autoshard.costmodel.serve.memory import (
+from autoshard.costmodel.serve.comm_memory import (
     NCCL_COMMUNICATOR_BYTES,
     NON_TORCH_BYTES,
     NVLS_BYTES_PER_RANK,
@@ -19,9 +19,9 @@ from autoshard.costmodel.serve.memory import (
     engine_reserved_bytes,
     nvls_bytes,
     nvls_group_ranks,
-    serve_memory,
     startup_comm_bytes,
 )
+from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype

@@ -15,7 +15,8 @@ from autoshard.costmodel.serve.ep_buffers import (
     deepep_ll_buffer_bytes,
     deepep_ll_engine_bytes,
 )
-from autoshard.costmodel.serve.memory import NON_TORCH_BYTES, serve_memory
+from autoshard.costmodel.serve.comm_memory import NON_TORCH_BYTES
+from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype

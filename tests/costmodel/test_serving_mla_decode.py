@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.costmodel.serve.compute import (
-    FLASH_MLA_HOPPER,
-    _decode_attention_s,
-    model_serving_gpu,
-    serving_gpu,
-)
+from autoshard.costmodel.serve.attention import FLASH_MLA_HOPPER, _decode_attention_s
+from autoshard.costmodel.serve.compute import model_serving_gpu, serving_gpu
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype

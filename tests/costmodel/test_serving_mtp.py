@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from autoshard.costmodel.serve.compute import FLASH_MLA_HOPPER, _decode_attention_s, serving_gpu
+from autoshard.costmodel.serve.attention import FLASH_MLA_HOPPER, _decode_attention_s
+from autoshard.costmodel.serve.compute import serving_gpu
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers
 from autoshard.costmodel.serve.disagg import decode_instance
 from autoshard.costmodel.serve.memory import serve_memory

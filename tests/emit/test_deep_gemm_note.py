@@ -1,5 +1,5 @@
 """A serving plan whose block-FP8 experts are priced on DeepGEMM says so: only vLLM with DeepGEMM
-installed runs them there (fused_moe hands >= 128-token steps to it, except at TP 8); a PyPI install and
+installed runs them there (fused_moe hands >= 128-token steps of experts wider than 512 per GPU to it); a PyPI install and
 SGLang's TP MoE path run Triton's fused_moe, which prices differently (tests/emit/test_sglang_moe_runner.py)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ def _noted(command: str, *, sglang: bool, model: str = "qwen3-235b-a22b", cluste
 
 
 @pytest.mark.parametrize(("command", "sglang", "tp", "noted"), [
-    (VLLM, False, 4, True),  # block-FP8 experts at TP 4 on H100: DeepGEMM priced
-    (VLLM, False, 8, False),  # TP 8: Triton (vLLM PR #29346)
-    (VLLM + " --pipeline-parallel-size 2", False, 2, True),
+    (VLLM, False, 4, False),  # 384 wide: vLLM v0.11.0 keeps Triton for N <= 512 (_valid_deep_gemm)
+    (VLLM, False, 8, False),  # TP 8: Triton (192 wide; vLLM PR #29346)
+    (VLLM + " --pipeline-parallel-size 2", False, 2, True),  # 768 wide per GPU at TP 2: DeepGEMM priced
     (SGLANG, True, 4, False),  # SGLang's TP MoE: Triton, and priced so
     (SGLANG + " --moe-runner-backend deep_gemm", True, 4, True),
 ])

@@ -44,7 +44,7 @@ def test_both_kinds_share_the_envelope(train_plan, serve_plan):
     assert isinstance(train_plan, PlanBase) and isinstance(serve_plan, PlanBase)
     t, s = train_plan.to_json(), serve_plan.to_json()
     assert list(t) == ENVELOPE + ["solver"]
-    assert list(s) == ENVELOPE + ["warnings", "solver"]
+    assert list(s) == ENVELOPE + ["warnings", "engine", "solver"]  # engine: which engine the figures are for
     assert t["schema"] == s["schema"] == "autoshard.plan/v1"
     assert (t["mode"], s["mode"]) == ("train", "serve")
     assert (t["num_gpus"], s["num_gpus"]) == (8, 8)

@@ -64,7 +64,8 @@ import yaml
 
 from autoshard.costmodel.serve.config import HOST_US_PER_SEQ, ServeConfig
 from autoshard.costmodel.serve.predict import ServePrediction, latency_at_rate, predict_serve
-from autoshard.costmodel.serve.memory import activation_peak_bytes, engine_reserved_bytes, serve_memory
+from autoshard.costmodel.serve.comm_memory import engine_reserved_bytes
+from autoshard.costmodel.serve.memory import activation_peak_bytes, serve_memory
 from autoshard.costmodel.serve.sim import simulate_at_rate, simulate_burst
 from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.specs import ModelSpec, load_cluster, load_model

@@ -5,8 +5,10 @@ Which file owns what:
 - config.py: the engine's settings (ServeConfig, named as vLLM's flags) and layers per PP stage.
 - weights.py: weight bytes per GPU (per storage dtype, TP/EP sharded) and KV-cache bytes per token.
 - memory.py: vLLM's memory accounting (activation peak, CUDA graphs, KV cache left: ServeMemory).
-- compute.py: per-GPU compute and HBM terms of a step (GEMMs per dtype, grouped experts, attention,
-  elementwise kernels).
+- comm_memory.py: NCCL's memory per GPU (communicators, NVLS buffers) and where vLLM charges it.
+- compute.py: per-GPU compute and HBM terms of a step (GEMMs per dtype, grouped experts, elementwise
+  kernels).
+- attention.py: prefill and decode attention (FlashAttention-3 on Hopper, paged GQA, FlashMLA).
 - sharding.py: what TP, EP, PP and attention-DP add (links, TP all-reduces, EP dispatch volumes,
   PP sends, the busiest DP rank's prefill); collectives are priced in `costmodel.comm`.
 - step.py: one engine step and a prompt's prefill assembled over the stages (StepTime).

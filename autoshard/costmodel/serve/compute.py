@@ -1,7 +1,8 @@
 """Per-GPU compute and HBM terms of one serving step: the linear layers (BF16, FP8, FP4 and
-weight-only GEMMs), the routed experts as grouped GEMMs, prefill and decode attention, and the
-memory-bound elementwise kernels. Priced on the GPU as an inference engine sees it (`serving_gpu`).
-Communication lives in `autoshard.costmodel.serve.sharding` (and the collectives in `comm`).
+weight-only GEMMs), the routed experts as grouped GEMMs and the memory-bound elementwise kernels.
+Priced on the GPU as an inference engine sees it (`serving_gpu`). Attention lives in
+`autoshard.costmodel.serve.attention`, communication in `autoshard.costmodel.serve.sharding` (and the
+collectives in `comm`).
 
 Pure functions of the specs: no I/O, no solver.
 """
@@ -12,12 +13,12 @@ import functools
 import math
 
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
-from autoshard.costmodel.flops import Gemm, attention_dims, mlp_gemms
+from autoshard.costmodel.flops import Gemm, mlp_gemms
 from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve import fused_moe
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
-from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, weight_bytes_per_param
+from autoshard.costmodel.serve.weights import weight_bytes_per_param
 from autoshard.parallel import ParallelDims
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision, WeightDtype
@@ -27,19 +28,15 @@ from autoshard.specs.model import ModelSpec
 __all__ = [
     "ELEMENTWISE_KERNELS",
     "HOPPER_NAMES",
-    "FLASH_FWD_HOPPER",
     "MOE_ROW_BLOCK",
     "MOE_DP_CHUNK",
     "moe_dp_chunks",
     "BLOCK_FP8_GEMM_HOPPER",
     "block_scaled_fp8",
     "MLA_EXTRA_KERNELS",
-    "FLASH_MLA_HOPPER",
-    "mla_decode_attention_hopper_s",
     "extra_kernels_s",
     "serving_gpu",
     "model_serving_gpu",
-    "prefill_attention_s",
 ]
 
 ELEMENTWISE_KERNELS = {LayerKind.DENSE: 4, LayerKind.MOE: 7}
@@ -49,12 +46,6 @@ two fused add+RMSNorms, rotary embedding and the MLP activation (vLLM `fused_add
 experts and the weighted un-permute (vLLM `topk_softmax`, `moe_align_block_size`, `moe_sum`). Each
 costs the GPU's `kernel_overhead_us` however few bytes it moves (what sets decode at small batch)."""
 HOPPER_NAMES = ("H100", "H200", "GH200")
-FLASH_FWD_HOPPER = (0.64, 241.0)
-"""Forward flash attention on Hopper as `top * s / (s + half)` of the BF16 peak: FlashAttention-3,
-head dim 128, measured on H100 by pytorch/benchmark PR #2391 (commit ff65cb67): 430 / 517 / 566 /
-590 / 614 / 621 TFLOP/s at 512 / 1K / 2K / 4K / 8K / 16K tokens = 0.43-0.63 of 989. The engines'
-prefill kernels on Hopper are FlashAttention-3 (vLLM, SGLang) or TensorRT-LLM's own fused MHA of the
-same design."""
 MOE_ROW_BLOCK = 16
 """Rows of one grouped-GEMM tile at decode sizes: each expert's tokens are padded to a multiple
 (vLLM `moe_align_block_size`; the smallest BLOCK_SIZE_M of its fused_moe configs)."""
@@ -236,7 +227,7 @@ def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens:
     peak, gemm_eff = (gpu.fp8_tflops * 1e12, eff.gemm_fp8) if fp8_math else (gpu.bf16_tflops * 1e12, eff.gemm)
     if fused_moe.runs_fused_moe(cfg):  # Poisson-padded tiles; prefill tiles of block FP8 at Triton's rate
         tile = fused_moe.fused_moe_tile_rows(tokens, bf16=not fp8_math)
-        if _block_fp8_hopper(model, gpu, dtype) and fused_moe.deep_gemm_experts(cfg, tokens):
+        if _block_fp8_hopper(model, gpu, dtype) and fused_moe.deep_gemm_experts(model, cfg, tokens):
             tile = fused_moe.DEEP_GEMM_ROWS
         elif tile > MOE_ROW_BLOCK and _block_fp8_hopper(model, gpu, dtype):
             gemm_eff = fused_moe.TRITON_BLOCK_FP8_HOPPER
@@ -252,92 +243,6 @@ def _grouped_experts_s(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, tokens:
         mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
         total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
     return total
-
-
-def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
-    """Fraction of dense BF16 peak a forward (prefill) flash-attention kernel reaches on a causal
-    prompt of `seq_len` tokens: FlashAttention-3's measured curve on Hopper (FLASH_FWD_HOPPER), the
-    GPU type's (training-fitted) attention efficiency elsewhere."""
-    if any(tag in gpu.name for tag in HOPPER_NAMES):
-        top, half = FLASH_FWD_HOPPER
-        return max(top * seq_len / (seq_len + half), gpu.efficiency.attention)
-    return gpu.efficiency.attention
-
-
-def prefill_attention_s(
-    model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float, fp8: bool = False
-) -> float:
-    """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
-    value products at the forward flash-attention efficiency for that length, of the BF16 peak or,
-    with `fp8` on a GPU with FP8 tensor cores, of the FP8 peak (FlashAttention-3 reaches about the
-    same fraction of either: ~1.2 PFLOP/s FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
-    qk_dim, v_dim = attention_dims(model)
-    heads = model.num_attention_heads / tp
-    flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
-    peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops
-    return flops / (peak * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
-
-
-def _decode_attention_s(
-    model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float, query_len: int = 1
-) -> float:
-    """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
-    tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
-    larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
-    (`mla_decode_attention_hopper_s`); elsewhere no MLA kernel rate is published, so it keeps the
-    GQA pricing. `query_len` query tokens per sequence (speculative verification) read the cache once
-    and multiply the math."""
-    if seqs <= 0:
-        return 0.0
-    kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
-    heads = model.num_attention_heads / cfg.tp
-    if model.mla is not None:
-        dims = 2 * model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
-        if any(tag in gpu.name for tag in FLASH_MLA_GPUS):
-            return mla_decode_attention_hopper_s(
-                gpu, seqs=seqs, context_len=context_len, heads=heads * query_len, dims=dims, kv_bytes=kv
-            )
-    else:
-        qk, v = attention_dims(model)
-        dims = qk + v
-    eff = gpu.efficiency
-    hbm = eff.serve_attention_hbm if eff.serve_attention_hbm is not None else eff.hbm
-    mem_s = seqs * context_len * kv / (gpu.hbm_tbps * 1e12 * hbm)
-    math_s = 2.0 * seqs * query_len * context_len * heads * dims / (gpu.bf16_tflops * 1e12 * eff.attention)
-    return max(mem_s, math_s) + eff.kernel_overhead_us * 1e-6
-
-
-FLASH_MLA_HOPPER = (3000 / 3350, 580 / 989, 64, 2)
-"""MLA decode attention on Hopper as FlashMLA runs it (deepseek-ai/FlashMLA README: BF16, paged KV
-cache in 64-token blocks, "up to 3000 GB/s in memory-bound configuration and 580 TFLOPS in
-computation-bound configuration on H800 SXM5"): (fraction of HBM bandwidth, fraction of the dense
-BF16 peak, query rows per tile, kernels per call). 3,000 GB/s of the H800's 3.35 TB/s is 0.896; 580 of
-its 989 TFLOP/s is 0.586. The kernel tiles a sequence's s_q x h_q query rows (one query token per
-sequence at decode) in blocks of 64 (`kBlockM`), so with fewer than 64 heads on a GPU (TP 8 of
-DeepSeek-V3's 128) a tile is computed whole: the math of 64 rows. A call is a split-KV kernel plus
-the combine of the splits. It is the decode kernel of vLLM's FLASHMLA backend (vLLM's default for MLA
-on Hopper from v0.8 to v0.11.0, vllm-project/vllm PR #14451; PR #27363 later made FlashAttention-MLA
-the default, measured 1.2-1.7x faster than FlashMLA at 1k-token contexts) and of SGLang's `flashmla`
-backend. The GQA paged kernels' `serve_attention_hbm` (fitted on dense engines) and the 0.25 of peak
-of `attention` are not this kernel: before, a wide-EP decode rank of DeepSeek-V3 (128 heads, batch
-~500, ~1,500-token contexts) had its attention priced at 247 TFLOP/s, 2.4x slower than this."""
-FLASH_MLA_GPUS = (*HOPPER_NAMES, "H800")
-
-
-def mla_decode_attention_hopper_s(
-    gpu: GpuSpec, *, seqs: float, context_len: float, heads: float, dims: int, kv_bytes: float
-) -> float:
-    """One layer's absorbed MLA decode attention on Hopper at FlashMLA's published rates
-    (`FLASH_MLA_HOPPER`): the slower of reading `seqs` x `context_len` latent KV entries of `kv_bytes`
-    each and the score/value math of `heads` query heads padded up to the kernel's 64-row tile
-    (`dims`: QK plus V width per head, 2 x kv_lora_rank + rope dim), plus its kernels' launches.
-    With several query tokens per sequence (speculative verification) `heads` is heads x tokens: the
-    kernel folds them into the same rows."""
-    bw, peak, tile, kernels = FLASH_MLA_HOPPER
-    rows = tile * math.ceil(heads / tile - 1e-9)
-    mem_s = seqs * context_len * kv_bytes / (gpu.hbm_tbps * 1e12 * bw)
-    math_s = 2.0 * seqs * context_len * rows * dims / (gpu.bf16_tflops * 1e12 * peak)
-    return max(mem_s, math_s) + kernels * gpu.efficiency.kernel_overhead_us * 1e-6
 
 
 MLA_EXTRA_KERNELS = 4

@@ -55,7 +55,7 @@ class ServeConfig:
     --disable-custom-all-reduce, NCCL only)."""
     nccl_nvls: bool = True
     """NCCL's NVLink SHARP left on: NCCL's default, which vLLM keeps (NVLS buffers are charged where
-    the node enables them, `serve.memory.engine_comm_bytes`). False: NCCL_NVLS_ENABLE=0, SGLang's
+    the node enables them, `serve.comm_memory.engine_comm_bytes`). False: NCCL_NVLS_ENABLE=0, SGLang's
     default unless --enable-nccl-nvls."""
     host_us_per_seq: float = HOST_US_PER_SEQ
     """Serial host work per request per engine step, microseconds (0: an engine that overlaps it
@@ -79,9 +79,14 @@ class ServeConfig:
     (`autoshard.costmodel.serve.fused_moe`); "tensorrt_llm", TensorRT-LLM's MoE plugin (permute and
     finalize kernels around its grouped GEMMs), for the published runs of that engine."""
     deep_gemm: bool = True
-    """DeepGEMM is installed (the vllm/vllm-openai images build it; autoshard's manifests use them):
-    vLLM's fused_moe hands block-scaled FP8 experts of >= 128-token steps to its grouped GEMMs, except
-    at TP 8 (`serve.fused_moe.deep_gemm_experts`). False: a PyPI install, which ships without it."""
+    """DeepGEMM may run the block-scaled FP8 experts. vLLM: DeepGEMM is installed (the vllm/vllm-openai
+    images build it; autoshard's manifests use them) and fused_moe hands it the steps its shape rules
+    allow (`serve.fused_moe.deep_gemm_experts`); False: a PyPI install, which ships without it. SGLang:
+    its MoE runner is DeepGEMM (--moe-runner-backend deep_gemm, or auto behind DeepEP / Mooncake)."""
+    engine: str = "vllm"
+    """The engine whose kernel-dispatch rules apply where vLLM and SGLang differ ("vllm" or "sglang"):
+    vLLM's fused_moe takes DeepGEMM only for some expert shapes (`serve.fused_moe.deep_gemm_experts`);
+    `serve.engines.engine_config` sets what each engine's launch line runs."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):
@@ -106,6 +111,8 @@ class ServeConfig:
             raise ValueError(f"kv_block_tokens must be a positive integer, got {self.kv_block_tokens!r}")
         if self.moe_kernels not in ("fused_moe", "tensorrt_llm"):
             raise ValueError(f"moe_kernels must be fused_moe or tensorrt_llm, got {self.moe_kernels!r}")
+        if self.engine not in ("vllm", "sglang"):
+            raise ValueError(f"engine must be vllm or sglang, got {self.engine!r}")
         if not self.host_us_per_seq >= 0:
             raise ValueError(f"host_us_per_seq must be >= 0, got {self.host_us_per_seq!r}")
 

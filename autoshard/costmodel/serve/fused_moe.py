@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "FUSED_MOE_TILE_ROWS",
@@ -35,6 +36,8 @@ __all__ = [
     "moe_sum_rows",
     "runs_fused_moe",
     "DEEP_GEMM_ROWS",
+    "DEEP_GEMM_MIN_N",
+    "deep_gemm_shape",
     "deep_gemm_experts",
 ]
 
@@ -64,9 +67,11 @@ PR #23280): 0.22 of 1,979 after the shape fall-off of `gemm_time_s`. This is the
 install runs for block-scaled checkpoints with TP-sharded experts: the PyPI wheel ships no DeepGEMM
 (vLLM builds it separately, tools/install_deepgemm.sh; GPUStack's vLLM 0.11.0 image, gpustack/runner
 pack/cuda/Dockerfile, installs vllm==0.11.0, FlashInfer and LMCache only), and from vLLM PR #29346 TP 8
-block-FP8 MoE layers take Triton even with DeepGEMM present (measured faster there); elsewhere an
-install with DeepGEMM (`ServeConfig.deep_gemm`, `deep_gemm_experts`) runs its grouped GEMMs at
-BLOCK_FP8_GEMM_HOPPER on 128-row-aligned expert segments (DEEP_GEMM_ROWS). With 16-row
+block-FP8 MoE layers take Triton even with DeepGEMM present (measured faster there), as do experts
+narrower than vLLM's DeepGEMM shape rule (DEEP_GEMM_MIN_N); where those rules allow, an install with
+DeepGEMM (`ServeConfig.deep_gemm`, `deep_gemm_experts`) runs its grouped GEMMs at
+BLOCK_FP8_GEMM_HOPPER on 128-row-aligned expert segments (DEEP_GEMM_ROWS). SGLang's TP-sharded
+experts run this Triton kernel under its default runner (`serve.engines`). With 16-row
 tiles (decode) the kernel reads each hit expert's weights once and stays priced at the block rate of
 the dense GEMMs: the median inter-token latencies of the GPUStack vLLM runs (mostly decode-only
 steps) agree with that within 7 % and are 30-50 % shorter than 0.22 at 16-row tiles would make them."""
@@ -109,13 +114,44 @@ def runs_fused_moe(cfg: ServeConfig) -> bool:
 
 
 DEEP_GEMM_ROWS = 128
-"""Row alignment of DeepGEMM's contiguous grouped GEMM (`get_mk_alignment_for_contiguous_layout`,
-its BLOCK_M): vLLM's deep_gemm_moe_fp8 pads each expert's rows to a multiple of 128 and runs it only
-for steps of at least 128 tokens (`_valid_deep_gemm`, vLLM v0.11 fused_moe)."""
+"""Row alignment of DeepGEMM's contiguous grouped GEMM (`get_m_alignment_for_contiguous_layout`, its
+BLOCK_M), checked in vLLM v0.11.0's wheel: `fused_experts` hands a block-FP8 MoE layer to
+`deep_gemm_moe_fp8` when allow_deep_gemm and `_valid_deep_gemm` (vllm/model_executor/layers/fused_moe/
+fused_moe.py:1398-1399); `DeepGemmExperts.apply` then permutes the token-expert pairs with
+`deepgemm_moe_permute`, which rounds each expert's rows up to a multiple of 128 (deep_gemm_utils.py:
+36-49 `compute_aligned_M`, :349-355), and runs `m_grouped_fp8_gemm_nt_contiguous` over them. That is
+the contiguous layout for every step DeepGEMM takes, decode steps of >= 128 tokens included: the
+masked (low-latency) layout, `BatchedDeepGemmExperts` (batched_deep_gemm_moe.py:216, its
+`fp8_m_grouped_gemm_nt_masked` at :315-321), is what `Fp8MoEMethod.select_gemm_impl` picks only for a
+batched activation format, i.e. behind DeepEP low-latency or pplx all-to-all (quantization/fp8.py:
+837-865), which runs the attention-DP + EP engines (`runs_fused_moe` False)."""
+DEEP_GEMM_MIN_N = 512
+"""vLLM v0.11.0's `_valid_deep_gemm` (deep_gemm_moe.py:29-31, 45-72) refuses DeepGEMM, and fused_moe
+falls back to Triton, unless the step has M >= 128 tokens, both the expert's intermediate width per
+GPU N (`_, K, N = w2.size()`) and the hidden size K are multiples of 128, and N > 512 ("DeepGemm
+disabled for N <= 512 ... fallback to triton for this specific shape for further speed up"). On Hopper
+no E8M0 short-circuit applies (`is_deep_gemm_e8m0_used` needs VLLM_USE_DEEP_GEMM_E8M0_HOPPER=1,
+default 0: vllm/utils/deep_gemm.py:34-60). So DeepSeek-V3's 2,048-wide experts reach DeepGEMM at
+TP 1-2 (N 2,048 / 1,024), not at TP 4 (512) or 8 (256); Qwen3-235B's 1,536 at TP 1-2 (1,536 / 768),
+not at TP 4 (384) or 8 (192); with expert parallelism the experts are whole (N = the full width)."""
 
 
-def deep_gemm_experts(cfg: ServeConfig, tokens: float) -> bool:
-    """Whether vLLM runs a block-scaled FP8 MoE layer of `tokens` tokens on DeepGEMM rather than Triton:
-    DeepGEMM installed (`ServeConfig.deep_gemm`), at least DEEP_GEMM_ROWS tokens, and TP other than 8
-    (vLLM PR #29346 turned DeepGEMM MoE off at TP 8, where Triton measured faster)."""
-    return cfg.deep_gemm and tokens >= DEEP_GEMM_ROWS and cfg.tp != 8
+def deep_gemm_shape(model: ModelSpec, cfg: ServeConfig) -> bool:
+    """Whether the engine's expert shapes pass the engine's DeepGEMM shape rules: N (the expert's
+    intermediate width on one GPU) and K (the hidden size) multiples of DEEP_GEMM_ROWS, and for vLLM
+    N > DEEP_GEMM_MIN_N and TP other than 8 (vLLM PR #29346, after v0.11, turned DeepGEMM MoE off at
+    TP 8, where Triton measured faster). SGLang's DeepGEMM runner has no such width rule."""
+    if model.moe is None:
+        return False
+    shards = 1 if cfg.expert_parallel else cfg.tp
+    n, k = model.moe.expert_ffn_hidden_size / shards, model.hidden_size
+    if n != int(n) or int(n) % DEEP_GEMM_ROWS or k % DEEP_GEMM_ROWS:
+        return False
+    return cfg.engine != "vllm" or (n > DEEP_GEMM_MIN_N and cfg.tp != 8)
+
+
+def deep_gemm_experts(model: ModelSpec, cfg: ServeConfig, tokens: float) -> bool:
+    """Whether a block-scaled FP8 MoE layer of `tokens` tokens runs on DeepGEMM rather than Triton:
+    allowed (`ServeConfig.deep_gemm`), at least DEEP_GEMM_ROWS tokens and shapes DeepGEMM takes
+    (`deep_gemm_shape`)."""
+    return cfg.deep_gemm and tokens >= DEEP_GEMM_ROWS and deep_gemm_shape(model, cfg)

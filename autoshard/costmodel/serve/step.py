@@ -43,9 +43,9 @@ from dataclasses import dataclass, replace
 from autoshard.costmodel.comm import Link
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
 from autoshard.costmodel.flops import Gemm, attention_gemms, mlp_gemms
+from autoshard.costmodel.serve.attention import _decode_attention_s, prefill_attention_s
 from autoshard.costmodel.serve.compute import (
     ELEMENTWISE_KERNELS,
-    _decode_attention_s,
     _elementwise_bytes,
     _gemm_s,
     _grouped_experts_s,
@@ -53,7 +53,6 @@ from autoshard.costmodel.serve.compute import (
     extra_kernels_s,
     model_serving_gpu,
     moe_dp_chunks,
-    prefill_attention_s,
     serving_gpu,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers

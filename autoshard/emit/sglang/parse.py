@@ -150,6 +150,11 @@ def parse_sglang(command: str) -> ParsedServe:
     deep_gemm = runner == "deep_gemm" or (runner == "auto" and a2a in ("deepep", "mooncake"))
     if runner not in ("auto", "triton", "deep_gemm"):
         warnings.append(f"--moe-runner-backend {runner} is not modelled: its experts are priced as Triton's fused_moe")
+    if expert_parallel and attn_dp > 1 and a2a not in ("deepep", "mooncake"):
+        # costmodel.serve.engines.sglang_priced: the attention-DP + EP path is priced with DeepEP's all-to-all
+        warnings.append(f"--moe-a2a-backend {a2a}: attention DP with expert parallelism is priced with DeepEP's "
+                        "all-to-all (as --moe-a2a-backend deepep runs it); without it SGLang gathers every DP rank's "
+                        "tokens onto each GPU, which is not modelled")
     return ParsedServe(
         model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),

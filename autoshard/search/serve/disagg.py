@@ -105,9 +105,9 @@ def tabulate_disagg(
         pool = cluster.pools[e.pool]
         plinks = all_links[e.pool]
         # ---- prefill side
-        budget_cfg = _config(model, pool, job, e, max_num_seqs=1)
+        budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True)
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
-        cfg = _config(model, pool, job, e, max_num_seqs=seqs)
+        cfg = _config(model, pool, job, e, max_num_seqs=seqs, split=True)
         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         if mem.problem() or kv_limited_concurrency(mem, job) < 1:
             cfg = budget_cfg
@@ -128,14 +128,14 @@ def tabulate_disagg(
         top = serve_memory(
             model,
             pool,
-            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY),
+            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, split=True),
             context_len=job.context_len,
         )
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
         # MTP drafts only without PP (SGLang refuses speculative decoding with --pp-size > 1)
         drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
         for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
-            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b), speculative_tokens=drafts)
+            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b, split=True), speculative_tokens=drafts)
             dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
             if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
                 dropped["decode concurrency beyond the KV cache"] += 1

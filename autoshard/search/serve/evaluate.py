@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
@@ -33,8 +34,9 @@ def evaluated_row(
     pool: int = 0,
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
-    nccl_nvls: bool = True,
-    deep_gemm: bool = True,
+    nccl_nvls: bool | None = None,
+    deep_gemm: bool | None = None,
+    framework: str = DEFAULT_ENGINE,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments."""
@@ -45,7 +47,7 @@ def evaluated_row(
     if expert_parallel and not model.is_moe:
         warn.append("--enable-expert-parallel has no effect on a dense model; ignored")
         expert_parallel = False
-    e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel)
+    e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel, framework)
     replicas = 1 if expert_parallel else dp
     if tp > spec.node.domain_size:
         # a legal launch for SGLang (--tp 16 --nnodes 2) and vLLM alike, but not one autoshard prices
@@ -73,8 +75,9 @@ def evaluated_row(
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
     )
-    if not nccl_nvls or not deep_gemm:
-        cfg = dataclasses.replace(cfg, nccl_nvls=nccl_nvls, deep_gemm=deep_gemm)
+    given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
+    if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
+        cfg = dataclasses.replace(cfg, **given)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:

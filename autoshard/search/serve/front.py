@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency, predict_serve
 from autoshard.errors import InfeasibleError
 from autoshard.search.serve.disagg import tabulate_disagg
-from autoshard.search.serve.space import MAX_CONCURRENCY, _config, enumerate_serve
+from autoshard.search.serve.space import MAX_CONCURRENCY, _config, _unpriced, enumerate_serve
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -64,17 +65,21 @@ def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
 
 
 def serve_front(
-    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto"
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto",
+    framework: str = DEFAULT_ENGINE,
 ) -> Front:
-    """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front. The job's TPOT
-    target is ignored (the front spans all TPOTs); its TTFT target filters points."""
+    """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front, priced for
+    `framework` ("vllm" or "sglang"). The job's TPOT target is ignored (the front spans all TPOTs); its
+    TTFT target filters points."""
     free = job.model_copy(update={"tpot_target_s": None})
-    space = enumerate_serve(model, cluster, free)
+    space = enumerate_serve(model, cluster, free, framework=framework)
     points: list[FrontPoint] = []
     ttft_ok = (lambda t: True) if job.ttft_target_s is None else (lambda t: t <= job.ttft_target_s)
     if disaggregate != "on":
         for e in space.engines:
             pool = cluster.pools[e.pool]
+            if _unpriced(pool, e, split=False):
+                continue
             top = serve_memory(
                 model,
                 pool,

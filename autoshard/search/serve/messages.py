@@ -24,7 +24,8 @@ def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, spa
     reasons = space.reasons()
     if space.closest is None:
         top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
-        return f"no vLLM engine is legal for {model.name} on {cluster.name}: {top}"
+        name = "SGLang" if space.framework == "sglang" else "vLLM"
+        return f"no {name} engine is legal for {model.name} on {cluster.name}: {top}"
     engine, need, has, per_token = space.closest
     pool = cluster.pools[engine.pool]
     where = "this node has" if pool.num_nodes == 1 else f"these {pool.num_gpus} GPUs have"
@@ -138,7 +139,7 @@ def disagg_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space:
         best = math.inf
         for e in space.engines:
             pool = cluster.pools[e.pool]
-            cfg = _config(model, pool, job, e, max_num_seqs=1)
+            cfg = _config(model, pool, job, e, max_num_seqs=1, split=True)
             mem = serve_memory(model, pool, cfg, context_len=job.context_len)
             best = min(best, decode_instance(model, pool, job, cfg, mem, concurrency=1).tpot_s)
         parts.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from autoshard.costmodel.serve.compute import BLOCK_FP8_GPUS, block_scaled_fp8
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.disagg import disagg_ttft_s
-from autoshard.costmodel.serve.fused_moe import DEEP_GEMM_ROWS, runs_fused_moe
+from autoshard.costmodel.serve.fused_moe import DEEP_GEMM_ROWS, deep_gemm_shape, runs_fused_moe
 from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.plans.base import SolverStats
 from autoshard.plans.disagg import Disaggregation, Role
@@ -57,15 +57,18 @@ def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
 
 def deep_gemm_warning(model: ModelSpec, cfg: ServeConfig, gpu_name: str, *, role: str = "") -> str | None:
     """The warning for an engine whose block-FP8 experts are priced on DeepGEMM (vLLM with DeepGEMM
-    installed: Hopper, TP-sharded experts, TP other than 8), which a PyPI vLLM install and SGLang's TP
-    MoE path do not run; None for every other engine."""
-    if not (model.moe is not None and cfg.deep_gemm and cfg.tp != 8 and runs_fused_moe(cfg)
+    installed, or SGLang's DeepGEMM runner: Hopper, TP-sharded experts of shapes it takes), which a PyPI
+    vLLM install and SGLang's default TP MoE path do not run; None for every other engine."""
+    if not (model.moe is not None and cfg.deep_gemm and runs_fused_moe(cfg) and deep_gemm_shape(model, cfg)
             and block_scaled_fp8(model, cfg.weight_dtype) and any(t in gpu_name for t in BLOCK_FP8_GPUS)):
         return None
     whose = f"the {role} instances' " if role else "the "
+    if cfg.engine == "sglang":
+        return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM (SGLang's "
+                "DeepGEMM MoE runner, as its launch line selects it); its default runner is Triton's fused_moe")
     return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM (vLLM with "
             "DeepGEMM installed, as the vllm/vllm-openai image builds it); a PyPI vLLM install and SGLang's TP "
-            "MoE path run Triton's fused_moe (evaluate --from-sglang prices that)")
+            "MoE path run Triton's fused_moe (--target sglang and evaluate --from-sglang price that)")
 
 
 def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):

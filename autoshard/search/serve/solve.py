@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 from autoshard.costmodel.bands import mark_ties
+from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, SGLANG_UNPRICED
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
@@ -60,11 +61,13 @@ def solve_serve(
     seed: int = 0,
     disaggregate: str = "off",
     started_at: float | None = None,
+    framework: str = DEFAULT_ENGINE,
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
 
     `disaggregate`: "off" plans aggregated replicas only, "on" prefill/decode (xPyD) deployments only,
-    "auto" lets the solver choose between both in one model.
+    "auto" lets the solver choose between both in one model. `framework`: the engine ("vllm" or
+    "sglang") every candidate is priced for, as its launch line runs it (`costmodel.serve.engines`).
 
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
     when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time.
@@ -84,7 +87,7 @@ def solve_serve(
         )
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")
-    space = enumerate_serve(model, cluster, job, pins=pins)
+    space = enumerate_serve(model, cluster, job, pins=pins, framework=framework)
     if not space.engines:
         raise InfeasibleError(no_engine_message(model, cluster, job, space))
     rows: list[Row] = []
@@ -145,6 +148,10 @@ def solve_serve(
             seed,
         )
         plans[0] = dataclasses.replace(plans[0], choice=choice(job, plans[0], other))
+    if framework == "sglang" and (left := pruned.get(SGLANG_UNPRICED, 0)):
+        note = (f"{left} engine(s) with attention DP + EP left out: {SGLANG_UNPRICED}; --target vllm plans them "
+                "(vLLM's line runs DeepEP)")
+        plans = [dataclasses.replace(p, warnings=(*p.warnings, note)) for p in plans]
     return mark_ties(plans)
 
 
@@ -247,18 +254,20 @@ def evaluate_serve(
     pool: int = 0,
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
-    nccl_nvls: bool = True,
-    deep_gemm: bool = True,
+    nccl_nvls: bool | None = None,
+    deep_gemm: bool | None = None,
+    framework: str = DEFAULT_ENGINE,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
     as many as max_num_seqs and the KV cache allow). Raises InfeasibleError if it would not start,
-    SpecError if illegal."""
+    SpecError if illegal. `framework`: the engine it runs on; `nccl_nvls` / `deep_gemm`: what its command
+    sets, where that differs from the engine's launch defaults (None: the defaults)."""
     row, stats, warn = evaluated_row(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework,
     )
     return _plan(model, cluster, job, row, stats, warn)
 

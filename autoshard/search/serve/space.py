@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
+from autoshard.costmodel.serve.engines import (
+    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_priced,
+)
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
     ServePrediction,
@@ -59,6 +62,8 @@ class Engine:
     pp: int
     dp_attention: int = 1
     expert_parallel: bool = False
+    framework: str = "vllm"
+    """The engine it is launched with and priced for (`costmodel.serve.engines`)."""
 
     @property
     def gpus(self) -> int:
@@ -79,6 +84,8 @@ class ServeSpace:
     pruned: list[tuple[str, str]] = field(default_factory=list)
     """(candidate, reason) for every candidate dropped."""
     enumerated: int = 0
+    framework: str = DEFAULT_ENGINE
+    """The engine every candidate is priced for."""
     closest: tuple[Engine, float, float, float] | None = None
     """The memory-pruned engine nearest to fitting: (engine, bytes per GPU it needs, bytes it has,
     KV-cache bytes per token per GPU)."""
@@ -146,6 +153,19 @@ def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bo
     return None
 
 
+def _unpriced(pool: PoolSpec, e: Engine, *, split: bool | None) -> str | None:
+    """Why `e` is left out for its framework: an SGLang engine whose launch line runs a path autoshard
+    does not price (`costmodel.serve.engines.sglang_priced`), as an aggregated engine (`split` False), a
+    prefill/decode instance (True) or both (None: left out only where neither is priced)."""
+    if e.framework != "sglang":
+        return None
+    cfg = ServeConfig(tp=e.tp, pp=e.pp, dp_attention=e.dp_attention, expert_parallel=e.expert_parallel)
+    per_node = pool.node.gpus_per_node
+    if any(sglang_priced(cfg, per_node, split=s) for s in ((False, True) if split is None else (split,))):
+        return None
+    return SGLANG_UNPRICED
+
+
 def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
     if "tp" in pins and e.tp != pins["tp"]:
         return f"pinned tp={pins['tp']}"
@@ -165,13 +185,18 @@ def enumerate_serve(
     *,
     pins: dict[str, int] | None = None,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    framework: str = DEFAULT_ENGINE,
 ) -> ServeSpace:
-    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons."""
+    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons.
+    Each is priced for `framework` ("vllm" or "sglang": `costmodel.serve.engines`)."""
+    if framework not in ENGINES:
+        raise SpecError(f"the serving engine must be one of {', '.join(ENGINES)}, got {framework!r}",
+                        field="--target")
     pins = dict(pins or {})
     bad = set(pins) - set(PINNABLE)
     if bad:
         raise SpecError(f"cannot pin {sorted(bad)} for serving; pin one of {', '.join(PINNABLE)}")
-    space = ServeSpace()
+    space = ServeSpace(framework=framework)
     for pi, pool in enumerate(cluster.pools):
         for tp in _tp_choices(pool.node.domain_size):
             for pp in PP_CHOICES:
@@ -179,12 +204,13 @@ def enumerate_serve(
                 if model.is_moe:
                     options += [(d, True) for d in DP_ATTENTION_CHOICES]
                 for dpa, ep_on in options:
-                    e = Engine(pi, tp, pp, dpa, ep_on)
+                    e = Engine(pi, tp, pp, dpa, ep_on, framework)
                     if e.gpus > 2 * pool.num_gpus and (tp > 1 or pp > 1 or dpa > 1):
                         continue  # far beyond the pool: not a candidate worth listing
                     space.enumerated += 1
                     label = f"{pool.name}: {e.label()}"
-                    reason = _engine_rules(model, pool, e) or _pinned_out(e, pins)
+                    reason = (_engine_rules(model, pool, e) or _pinned_out(e, pins)
+                              or _unpriced(pool, e, split=None))
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
                         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
@@ -220,9 +246,12 @@ def _config(
     max_num_seqs: int,
     util: float = GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int | None = None,
+    split: bool = False,
 ) -> ServeConfig:
+    """The engine's settings as `e.framework` runs them (`split`: an instance of a prefill/decode
+    deployment, whose launch lines differ)."""
     budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu)
-    return ServeConfig(
+    cfg = ServeConfig(
         tp=e.tp,
         pp=e.pp,
         dp_attention=e.dp_attention,
@@ -233,6 +262,7 @@ def _config(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs),
     )
+    return engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split)
 
 
 # --------------------------------------------------------------------------- tables
@@ -257,6 +287,9 @@ def tabulate(
     rows: list[Row] = []
     for e in space.engines:
         pool = cluster.pools[e.pool]
+        if _unpriced(pool, e, split=False):
+            dropped[SGLANG_UNPRICED] += 1
+            continue
         top = serve_memory(
             model,
             pool,

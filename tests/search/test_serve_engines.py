@@ -1,0 +1,197 @@
+"""Serving plans priced for the engine they are launched with (#13 / #10): `solve --mode serve --target
+sglang` prices SGLang's kernels (Triton's fused_moe for block-FP8 experts under its default MoE runner,
+NVLS off), `--target vllm` and no target keep vLLM's (DeepGEMM where vLLM v0.11.0 hands it the experts),
+every plan says which, and the other engine's figures for the same deployment come with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from autoshard import api
+from autoshard.costmodel.flops import mlp_gemms
+from autoshard.costmodel.moe import busiest_rank_factor
+from autoshard.costmodel.serve.compute import (
+    BLOCK_FP8_GEMM_HOPPER,
+    _grouped_experts_s,
+    model_serving_gpu,
+)
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.engines import SGLANG_UNPRICED, engine_config, sglang_deepep, sglang_priced
+from autoshard.costmodel.serve.fused_moe import TRITON_BLOCK_FP8_HOPPER, expected_padded_rows
+from autoshard.emit.pd import place, uses_deepep
+from autoshard.errors import SpecError
+from autoshard.search.serve.space import enumerate_serve
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import WeightDtype
+
+QWEN = load_model("qwen3-235b-a22b")
+H100x8 = load_cluster("dgx-h100").with_gpus(8)
+FP8 = WeightDtype.FP8
+
+
+@functools.cache
+def _solved(framework: str) -> api.ServeSolution:
+    job = api.serve_job_for(QWEN, weight_dtype="fp8")
+    return api.plan_serving(QWEN, H100x8, job, top_k=1, pins=None, time_limit_s=30, num_workers=1, seed=0,
+                            framework=framework)
+
+
+def _closed_form_ep_experts(model, gpu, *, ep: int, tokens: float, rate: float, tile: int) -> float:
+    """One MoE layer's routed experts on the busiest of `ep` expert-parallel GPUs (whole experts, no
+    attention DP): E/ep local experts, of which E/ep (1 - (1 - k/E)^tokens) are hit; the busiest rank's
+    pairs tokens k / ep x `busiest_rank_factor`, each hit expert's rows padded to `tile` (Poisson); per
+    weight matrix the slower of 2 x hit x padded x n x k at `rate` of the FP8 peak (shape fall-off) and
+    the FP8 weights plus activations, plus one launch."""
+    e, k = model.moe.num_experts, model.moe.top_k
+    pairs = tokens * k / ep
+    pairs *= busiest_rank_factor(ep, pairs, e, k, model.moe.num_groups, model.moe.topk_groups)
+    hit = e / ep * (1 - (1 - k / e) ** tokens)
+    padded = expected_padded_rows(pairs * ep / e, tile)
+    eff = gpu.efficiency
+    total = 0.0
+    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, 1):
+        d = min(padded, g.n, g.k)
+        math_s = 2 * hit * padded * g.n * g.k / (gpu.fp8_tflops * 1e12 * rate * d / (d + eff.gemm_half_dim))
+        mem_s = (hit * g.n * g.k + pairs * (g.k + 2 * g.n)) / (gpu.hbm_tbps * 1e12 * eff.hbm)
+        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
+    return total
+
+
+def test_sglang_target_prices_triton_experts():
+    """Qwen3-235B-FP8 on 8 H100, --target sglang: every plan runs SGLang's settings, and its throughput
+    plan (TP 4 x PP 2, experts over EP 4) prices a prefill chunk's experts at Triton's block-FP8 rate on
+    64-row tiles; the same engine priced for vLLM takes DeepGEMM's 128-row segments at the block
+    kernels' rate (1,536-wide experts at TP 4: vLLM v0.11.0 hands them over)."""
+    sol = _solved("sglang")
+    for plan in (sol.plans[0], sol.alternative):
+        cfg = plan.prediction.config
+        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", False, False)
+        assert not (plan.expert_parallel and plan.dp_attention > 1)  # SGLang's line runs no DeepEP there
+        assert any(w.endswith("--target vllm plans them (vLLM's line runs DeepEP)") and SGLANG_UNPRICED in w
+                   for w in plan.warnings)  # and the plan says what was left out
+    plan = sol.alternative
+    cfg = plan.prediction.config
+    assert (plan.tp, plan.pp, plan.ep) == (4, 2, 4)
+    gpu = model_serving_gpu(QWEN, plan.pool.gpu, FP8)
+    chunk = cfg.max_num_batched_tokens
+    triton = _closed_form_ep_experts(QWEN, gpu, ep=4, tokens=chunk, rate=TRITON_BLOCK_FP8_HOPPER, tile=64)
+    assert _grouped_experts_s(QWEN, gpu, cfg, chunk) == pytest.approx(triton, rel=1e-9)
+    vllm_cfg = engine_config(cfg, "vllm", gpus_per_node=8)
+    deep = _closed_form_ep_experts(QWEN, gpu, ep=4, tokens=chunk, rate=BLOCK_FP8_GEMM_HOPPER, tile=128)
+    assert _grouped_experts_s(QWEN, gpu, vllm_cfg, chunk) == pytest.approx(deep, rel=1e-9)
+    assert triton > 1.4 * deep
+    # so the plan states the other engine's figures for the same deployment, vLLM the faster
+    other = plan.engine_other
+    assert other["engine"] == "vllm" and other["differs"] is True
+    assert other["tokens_per_s"] > plan.throughput_tokens_per_s * 1.02
+    assert "under vLLM" in other["note"] and "--target vllm" in other["note"]
+
+
+def test_vllm_target_plan_unchanged():
+    """The vLLM-priced plans of Qwen3-235B-FP8 on 8 H100 (golden, as before engines were told apart):
+    TP 4 x attention DP 2 with EP 8, 192 requests per DP rank at the interactive SLA (8,212 output
+    tokens/s, TPOT 46.8 ms), 407 for the throughput-optimal one (11,829 tokens/s, TPOT 68.8 ms)."""
+    sol = _solved("vllm")
+    for plan, seqs, tokens, tpot in ((sol.plans[0], 192, 8212, 0.0468), (sol.alternative, 407, 11829, 0.0688)):
+        assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == (4, 1, 2, 8, seqs)
+        assert plan.throughput_tokens_per_s == pytest.approx(tokens, abs=0.5)
+        assert plan.prediction.tpot_s == pytest.approx(tpot, abs=5e-5)
+        cfg = plan.prediction.config
+        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("vllm", True, True)
+        # SGLang's line for this deployment runs a path autoshard does not price: said, not hidden
+        assert plan.engine_other["priced"] is False and SGLANG_UNPRICED in plan.engine_other["note"]
+
+
+def test_json_states_the_engine():
+    sg, vl = _solved("sglang").plans[0], _solved("vllm").plans[0]
+    for plan, engine, other in ((sg, "sglang", "vllm"), (vl, "vllm", "sglang")):
+        block = plan.to_json()["engine"]
+        assert block["priced_for"] == engine and block["other"]["engine"] == other
+        assert set(block) >= {"priced_for", "name", "moe_deep_gemm", "nccl_nvls", "other"}
+    # the SGLang interactive plan (TP 8, EP 8) runs Triton on either engine: the same figures
+    assert sg.engine_other["differs"] is False and sg.engine_other["tokens_per_s"] == pytest.approx(
+        sg.throughput_tokens_per_s, rel=1e-9)
+
+
+def test_sglang_plan_round_trips_through_its_own_command():
+    """The SGLang-priced plan's own launch line, read back by evaluate --from-sglang at the same running
+    requests, predicts the plan's throughput: the numbers are those of the command launched."""
+    plan = _solved("sglang").plans[0]
+    back = api.evaluate_serve_command(plan.launch["sglang"], "qwen3-235b-a22b", "dgx-h100", 8,
+                                      input_len=plan.job.input_len, output_len=plan.job.output_len,
+                                      concurrency=plan.prediction.concurrency * plan.dp, sglang=True)
+    assert back.prediction.config.engine == "sglang" and back.prediction.config.deep_gemm is False
+    assert back.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("tp", "pp", "dpa", "ep", "split", "deepep", "priced"), [
+    (8, 1, 1, False, False, False, True),  # TP MoE: Triton, priced
+    (1, 1, 8, True, False, False, False),  # attention DP + EP without DeepEP: not priced
+    (1, 1, 8, True, True, False, False),  # a one-node split instance: no DeepEP either (emit.pd)
+    (1, 1, 16, True, True, True, True),  # a two-node split instance: --moe-a2a-backend deepep
+    (8, 2, 1, True, True, True, True),  # EP over two nodes (PP): DeepEP, so DeepGEMM
+])
+def test_sglang_settings_follow_its_launch_lines(tp, pp, dpa, ep, split, deepep, priced):
+    cfg = ServeConfig(tp=tp, pp=pp, dp_attention=dpa, expert_parallel=ep)
+    assert sglang_deepep(cfg, 8, split=split) is deepep
+    assert sglang_priced(cfg, 8, split=split) is priced
+    sg = engine_config(cfg, "sglang", gpus_per_node=8, split=split)
+    assert (sg.engine, sg.deep_gemm, sg.nccl_nvls) == ("sglang", deepep, False)
+    back = engine_config(sg, "vllm", gpus_per_node=8, split=split)
+    assert back == dataclasses.replace(cfg, engine="vllm")  # vLLM's defaults restored
+
+
+def test_split_plan_roles_priced_for_sglang():
+    """--disaggregate on with --target sglang: both roles carry SGLang's settings and the JSON says so
+    per role."""
+    from autoshard.specs.job import ServeJob
+
+    job = ServeJob(input_len=2000, output_len=200, weight_dtype=FP8)
+    plan = api.plan_serving(QWEN, load_cluster("dgx-h100").with_gpus(32), job.model_copy(update={"tpot_target_s": 0.1}),
+                            top_k=1, pins=None, time_limit_s=30, num_workers=1, seed=0, disaggregate="on",
+                            framework="sglang").plans[0]
+    assert plan.disaggregated
+    roles = plan.to_json()["engine"]["roles"]
+    assert set(roles) == {"prefill", "decode"} and {r["priced_for"] for r in roles.values()} == {"sglang"}
+    for role in plan.roles:
+        cfg = role.prediction.config
+        assert cfg.engine == "sglang" and not cfg.nccl_nvls
+        assert sglang_priced(cfg, 8, split=True)
+    # DeepGEMM is priced exactly where the split deployment's SGLang lines pass --moe-a2a-backend deepep
+    for inst in place(plan):
+        role = plan.role(inst.role)
+        assert uses_deepep(role, len(inst.nodes)) is role.prediction.config.deep_gemm
+    assert plan.engine_other["engine"] == "vllm"
+
+
+@pytest.mark.parametrize("bad", ["trtllm", "", "VLLM "])
+def test_hostile_engine_names(bad):
+    with pytest.raises(ValueError):
+        ServeConfig(engine=bad)
+    with pytest.raises(ValueError):
+        engine_config(ServeConfig(), bad, gpus_per_node=8)
+    with pytest.raises(SpecError, match="vllm, sglang"):
+        enumerate_serve(QWEN, H100x8, api.serve_job_for(QWEN, weight_dtype="fp8"), framework=bad)
+
+
+def test_k8s_manifests_run_the_priced_engine(tmp_path):
+    """Without a framework the manifests are written for the engine the plan is priced for."""
+    import yaml
+
+    for framework, image in (("vllm", "vllm/vllm-openai"), ("sglang", "lmsysorg/sglang")):
+        plan = _solved(framework).plans[0]
+        out = tmp_path / framework
+        assert api.write_k8s_manifests(plan, out) >= 1
+        images = {c["image"].split(":")[0] for f in out.glob("*.yaml") for o in yaml.safe_load_all(f.read_text())
+                  if o for c in _containers(o)}
+        assert images == {image}
+
+
+def _containers(obj):
+    spec = obj.get("spec", {})
+    templates = [spec.get("template")] + [spec.get("leaderWorkerTemplate", {}).get(k) for k in
+                                          ("leaderTemplate", "workerTemplate")]
+    return [c for t in templates if t for c in t.get("spec", {}).get("containers", [])]
