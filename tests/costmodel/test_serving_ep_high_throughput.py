@@ -160,3 +160,30 @@ def test_engines_without_deepep_keep_the_per_copy_pricing():
 def test_nvlink_fraction_is_the_intranode_row():
     """7/8 of 153 GB/s (the copies that leave the rank) on H800's 200 GB/s NVLink per direction."""
     assert DEEPEP_NORMAL_NVL_FRACTION == pytest.approx(7 / 8 * 153 / 200, abs=0.005)
+
+
+def test_a_saturated_prefill_instance_fills_every_ranks_budget():
+    """At full load every DP rank of a prefill instance runs its own 8,192-token budget: the step is the
+    one-rank step at that budget (the per-rank GEMMs and attention of exactly 8,192 tokens), not the
+    busiest rank of whole 2,000-token prompts arriving at random (`expected_max_prefill_tokens`: 1.96x
+    the budget over 16 ranks), which `step_time` still prices for steps of an engine at partial load."""
+    from autoshard.costmodel.serve.disagg import prefill_instance
+    from autoshard.costmodel.serve.memory import serve_memory
+    from autoshard.costmodel.serve.sharding import expected_max_prefill_tokens
+    from autoshard.specs.job import ServeJob
+
+    pool = load_cluster("dgx-h200").with_gpus(16).pools[0]
+    cfg = ServeConfig(dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    job = ServeJob(input_len=2000, output_len=1, weight_dtype=WeightDtype.FP8)
+    inst = prefill_instance(DSV3, pool, job, cfg, serve_memory(DSV3, pool.gpu, cfg, context_len=job.context_len))
+    kw = dict(decode_seqs=0, prefill_tokens=8192, prefills=8192 / 2000, prefill_len=2000, context_len=0)
+    balanced = step_time(DSV3, pool, cfg, balanced_prefill=True, **kw)
+    busiest = step_time(DSV3, pool, cfg, **kw)
+    assert inst.step == balanced
+    assert inst.requests_per_s == pytest.approx(16 * 8192 / 2000 / balanced.total_s)
+    assert expected_max_prefill_tokens(8192, ranks=16, prompt_tokens=2000) / 8192 == pytest.approx(1.956, abs=0.005)
+    assert busiest.gemm_s > 1.3 * balanced.gemm_s and busiest.ep_comm_s == pytest.approx(balanced.ep_comm_s)
+    # one DP rank: nothing to balance
+    one = ServeConfig(tp=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    h200 = load_cluster("dgx-h200").with_gpus(8).pools[0]
+    assert step_time(DSV3, h200, one, balanced_prefill=True, **kw) == step_time(DSV3, h200, one, **kw)

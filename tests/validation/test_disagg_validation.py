@@ -266,8 +266,9 @@ def test_h200_prefill_rows(prefills):
     priced as DeepEP's low-latency kernels move it (every token-expert copy on the NIC: 0.18 / 0.93 /
     1.39 s a step), where prefill steps run its normal kernels (`serve.ep_dispatch`: once per remote
     node plus the NVLink fan-out, DeepSeek-V3's group limit: 0.11 / 0.23 / 0.52 s, no DBO); and the
-    saturated instance's step priced at its busiest DP rank of randomly arriving prompts (1.4-1.5x
-    the budget in the dense layers), where every rank fills its 8,192-token budget from its backlog.
+    saturated instance's step priced at its busiest DP rank of randomly arriving prompts (1.75-2.15x
+    the budget through attention and the dense GEMMs), where every rank fills its 8,192-token budget
+    from its backlog.
     The step is now 0.85 s of GEMMs (block FP8 at BLOCK_FP8_GEMM_HOPPER), the all-to-all and
     0.22 s of the rest, against 1.26 / 1.17 / 1.61 s measured. The EP 8 -> 16 trend is still not
     reproduced (measured EP 16 beats EP 8 by 8 %, predicted EP 16 loses 9 %; EP 8 and 32 are chart
