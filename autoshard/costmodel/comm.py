@@ -28,7 +28,7 @@ from autoshard.specs.cluster import LinkKind, NodeSpec, PoolSpec
 __all__ = [
     "Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link",
     "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s", "ep_all_to_all_s",
-    "striped_send_s",
+    "striped_send_s", "deepep_normal_all_to_all_s",
 ]
 
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
@@ -215,6 +215,23 @@ def ep_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) ->
     remote = (ranks - per_domain) / ranks * size / nic.bytes_per_s
     lat = nvl.latency_s if ranks <= per_domain else nic.latency_s
     return max(local, remote) + lat
+
+
+def deepep_normal_all_to_all_s(
+    rank_bytes: float, remote_bytes: float, ranks: int, per_domain: int, pool: PoolSpec, nvl_fraction: float
+) -> float:
+    """One dispatch or combine on DeepEP's normal (high-throughput) kernels over `ranks` ranks,
+    `per_domain` of them in each NVLink domain: `rank_bytes` per rank go once to every destination rank
+    (the (d-1)/d that leave the GPU over NVLink, at `nvl_fraction` of the node's NVLink figure: the
+    kernels copy through a few dozen SMs), `remote_bytes` cross the GPU's own NIC once per remote
+    domain; both at once, plus one latency (NVLink inside a domain, the NIC across) per log2(ranks)."""
+    if ranks <= 1 or (rank_bytes <= 0 and remote_bytes <= 0):
+        return 0.0
+    local = max(1, min(per_domain, ranks))
+    nvl_s = (local - 1) / local * rank_bytes / (pool.node.intra_node_gbps * 1e9 * nvl_fraction)
+    nic = nic_link(pool)
+    lat = nic.latency_s if remote_bytes > 0 else group_link(pool, ranks=1).latency_s
+    return max(nvl_s, remote_bytes / nic.bytes_per_s) + math.ceil(math.log2(ranks)) * lat
 
 
 def striped_send_s(size_bytes: float, streams: int, link: Link) -> float:

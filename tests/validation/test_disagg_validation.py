@@ -83,10 +83,11 @@ def test_stated_rows_error_band(results):
 
 
 def test_stated_rows_ttft_band(results):
-    """Mean TTFT at the measured request rate (45-49 % of the predicted prefill capacity). The prefill
-    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.26-0.70 s in
-    prefill, not half of a full-budget step: predicted 0.46 / 0.63 / 0.98 s (with the hand-off and
-    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-62..-73 %; 0.31 / 0.45 / 0.74 s
+    """Mean TTFT at the measured request rate (40-47 % of the predicted prefill capacity, every DP rank
+    of a saturated prefill instance filling its budget). The prefill
+    engines batch what has arrived (prefill_cycle), so at that load a request spends 0.25-0.65 s in
+    prefill, not half of a full-budget step: predicted 0.44 / 0.60 / 0.92 s (with the hand-off and
+    1.5 decode steps) against the measured 1.68 / 1.80 / 2.57 s (-64..-74 %; 0.31 / 0.45 / 0.74 s
     before MI300X's FP8 GEMMs were priced at the measured hipBLASLt rate). Little's law on the published figures (the client's 10,800 in
     flight less throughput x ITL decoding) puts 1.4 / 2.5 / 4.8 s per request outside the decode
     batch, at least the measured TTFT: those seconds are real. The same eager engines decode
@@ -96,7 +97,7 @@ def test_stated_rows_ttft_band(results):
     assert len(stated) == 3
     for r in stated:
         assert -0.80 <= r.ttft_error <= -0.55, (r.id, r.ttft_error)
-        assert 0.42 <= r.ttft_utilization <= 0.52, (r.id, r.ttft_utilization)
+        assert 0.38 <= r.ttft_utilization <= 0.50, (r.id, r.ttft_utilization)
         assert 0.20 <= r.ttft_prefill_s <= 0.75, (r.id, r.ttft_prefill_s)
     for run in load_runs():
         if "measured_ttft_ms" in run:
@@ -246,10 +247,12 @@ def test_h200_wide_ep_decode_rows(results):
     for r in mine:
         implied = 256 / r.measured
         assert 0.95 <= r.tpot_s / implied <= 1.06, (r.id, r.tpot_s, implied)
-    # the stated 16-GPU prefill instance: predicted prefill-bound (130 %), where the measured prefill
-    # (16 x 7,000 prompt tokens/s = 56 requests/s) keeps up with the measured decode (35 requests/s)
+    # the stated 16-GPU prefill instance keeps up, as measured (16 x 7,000 prompt tokens/s = 56
+    # requests/s against 35 decoded): predicted at 66 % load since its steps run DeepEP's normal
+    # kernels and every rank fills its budget (130 %, prefill-bound, before: every token-expert copy
+    # on the NIC and the busiest rank of randomly arriving prompts)
     (dep32,) = [r for r in mine if r.prefill_load is not None]
-    assert 1.2 <= dep32.prefill_load <= 1.4
+    assert 0.55 <= dep32.prefill_load <= 0.75
     run = next(r for r in load_runs() if r["id"] == dep32.id)
     measured_prefill = 16 * 7000 / run["input_len"]
     measured_decode = 32 * run["measured_decode_tokens_per_s_per_gpu"] / run["output_len"]
@@ -257,30 +260,34 @@ def test_h200_wide_ep_decode_rows(results):
 
 
 def test_h200_prefill_rows(prefills):
-    """vLLM's wide-EP prefill instance alone at 2,000-token prompts on 8, 16 and 32 H200: 4,887 /
-    3,237 / 2,642 prompt tokens/s per GPU predicted against 6,510 / 7,000 / 5,080 measured (-25 % /
-    -54 % / -48 %). Unlike the MI300X EP16 prefill (-3 %), the model is slow here and its EP trend
-    is wrong: measured EP 16 beats EP 8, predicted EP 16 loses a third to it. The predicted
-    8,192-token step spends 1.12 / 1.19 / 1.26 s in GEMMs (block FP8 at BLOCK_FP8_GEMM_HOPPER) and
-    0.18 / 0.93 / 1.39 s in the all-to-all (every token-expert pair on its rank's NIC once the group
-    leaves the node, no DBO), against 1.26 / 1.17 / 1.61 s for the whole measured step: without the
-    all-to-all the predicted step would be 1.06-1.37x the measured one, so the cross-node all-to-all
-    is most of the miss at EP 16 and 32. Pinned, not a target; the step budget is not published (a
-    65,536-token budget would raise the predictions by 15-22 %, not close the gap)."""
+    """vLLM's wide-EP prefill instance alone at 2,000-token prompts on 8, 16 and 32 H200: 6,933 /
+    6,332 / 5,183 prompt tokens/s per GPU predicted against 6,510 / 7,000 / 5,080 measured (+6.5 % /
+    -9.5 % / +2.0 %). Before: -25 % / -54 % / -48 %, from two errors at their root: the all-to-all
+    priced as DeepEP's low-latency kernels move it (every token-expert copy on the NIC: 0.18 / 0.93 /
+    1.39 s a step), where prefill steps run its normal kernels (`serve.ep_dispatch`: once per remote
+    node plus the NVLink fan-out, DeepSeek-V3's group limit: 0.11 / 0.23 / 0.52 s, no DBO); and the
+    saturated instance's step priced at its busiest DP rank of randomly arriving prompts (1.75-2.15x
+    the budget through attention and the dense GEMMs), where every rank fills its 8,192-token budget
+    from its backlog.
+    The step is now 0.85 s of GEMMs (block FP8 at BLOCK_FP8_GEMM_HOPPER), the all-to-all and
+    0.22 s of the rest, against 1.26 / 1.17 / 1.61 s measured. The EP 8 -> 16 trend is still not
+    reproduced (measured EP 16 beats EP 8 by 8 %, predicted EP 16 loses 9 %; EP 8 and 32 are chart
+    readings). Pinned, not a target; the step budget is not published."""
     by_gpus = {q.gpus: q for q in prefills if q.id.startswith(H200)}
     assert sorted(by_gpus) == [8, 16, 32]
-    assert -0.30 <= by_gpus[8].error <= -0.20, by_gpus[8].error
-    assert -0.60 <= by_gpus[16].error <= -0.48, by_gpus[16].error
-    assert -0.55 <= by_gpus[32].error <= -0.42, by_gpus[32].error
+    assert 0.0 <= by_gpus[8].error <= 0.12, by_gpus[8].error
+    assert -0.15 <= by_gpus[16].error <= -0.04, by_gpus[16].error
+    assert -0.05 <= by_gpus[32].error <= 0.08, by_gpus[32].error
     assert by_gpus[16].measured > by_gpus[8].measured > by_gpus[32].measured
     assert by_gpus[8].predicted > by_gpus[16].predicted > by_gpus[32].predicted
     assert not by_gpus[16].chart_read and by_gpus[8].chart_read and by_gpus[32].chart_read
-    assert by_gpus[8].step.ep_comm_s < 0.25
-    assert 0.8 <= by_gpus[16].step.ep_comm_s <= 1.1 and 1.2 <= by_gpus[32].step.ep_comm_s <= 1.6
+    assert by_gpus[8].step.ep_comm_s < 0.15
+    assert 0.18 <= by_gpus[16].step.ep_comm_s <= 0.30 and 0.42 <= by_gpus[32].step.ep_comm_s <= 0.62
     for q in by_gpus.values():
         assert q.step_tokens == 8192
         assert q.step.total_s == pytest.approx(q.step_tokens / q.predicted)
-        assert 1.0 <= (q.step.total_s - q.step.ep_comm_s) / q.measured_step_s <= 1.45, q.id
+        assert 0.80 <= q.step.gemm_s <= 0.90, q.id
+        assert 0.6 <= (q.step.total_s - q.step.ep_comm_s) / q.measured_step_s <= 0.95, q.id
 
 
 AMD = "amd-rocm-mi300x-dsr1-2p2d-ep16-2000-100"
@@ -306,16 +313,18 @@ def test_amd_mi300x_ep16_row(results):
     2,000 / 100 tokens. Decode: the measured 1,550 output tokens/s per decode GPU lies BELOW the range
     predicted over 128-1,024 requests per rank (1,968-2,633, +27 % to +70 %): the model is optimistic
     here unless the run held fewer than ~80 requests per rank (the prediction crosses 1,550 near 75).
-    Prefill: 3,910 prompt tokens/s per prefill GPU predicted for one DP16/EP16 instance at full load
-    against 4,038 measured (-3 %); two DP8/EP8 instances (all-to-all inside each node) would predict
-    6,377 (+58 %), so the figure hinges on the layout the blog implies, not on a fit. Pinned band."""
+    Prefill: 4,637 prompt tokens/s per prefill GPU predicted for one DP16/EP16 instance at full load
+    against 4,038 measured (+15 %; -3 % while the saturated instance was priced at its busiest rank of
+    randomly arriving prompts); two DP8/EP8 instances (all-to-all inside each node) would predict
+    7,995 (+98 %), so the figure hinges on the layout the blog implies, not on a fit. MI300X engines
+    do not run DeepEP: their all-to-all keeps every token-expert copy on the NIC. Pinned band."""
     mine = sorted((r for r in results if r.id == AMD), key=lambda r: r.concurrency)
     assert [r.concurrency for r in mine] == [128, 256, 512, 1024]
     assert [r.predicted for r in mine] == sorted(r.predicted for r in mine)
     assert all(r.measured < r.predicted for r in mine)
     assert 0.20 <= mine[0].error <= 0.35 and 0.60 <= mine[-1].error <= 0.80
     for r in mine:
-        assert -0.10 <= r.prefill_error <= 0.05, r.prefill_error
+        assert 0.08 <= r.prefill_error <= 0.22, r.prefill_error
 
 
 # Every row's predicted figure as the script prints it today (regression guard, not a fit: a change in
@@ -336,9 +345,9 @@ PREDICTED = {
 
 
 PREDICTED_PREFILL = {
-    H200 + "prefill-dep8-2k": 4887,
-    H200 + "prefill-dep16-2k": 3237,
-    H200 + "prefill-dep32-2k": 2642,
+    H200 + "prefill-dep8-2k": 6933,
+    H200 + "prefill-dep16-2k": 6332,
+    H200 + "prefill-dep32-2k": 5183,
 }
 
 
@@ -349,7 +358,7 @@ def test_every_row_predicts_what_it_does_now(results, prefills):
         assert got[key].predicted == pytest.approx(tokens, abs=0.5 + 1e-3 * tokens), key
         assert 1e3 * got[key].tpot_s == pytest.approx(tpot_ms, abs=0.05 + 1e-3 * tpot_ms), key
     (amd,) = {r.prefill_tokens_per_s_per_gpu for r in results if r.id == AMD}
-    assert amd == pytest.approx(3910, abs=0.5 + 1e-3 * 3910)
+    assert amd == pytest.approx(4637, abs=0.5 + 1e-3 * 4637)
     assert {q.id: q.predicted for q in prefills} == pytest.approx(PREDICTED_PREFILL, abs=5)
 
 
@@ -358,6 +367,6 @@ def test_script_runs_and_prints_every_row(capsys):
     out = capsys.readouterr().out
     for run in load_runs() + load_runs("prefill") + load_runs("kv_transfer"):
         assert run["id"] in out
-    assert "-53.8%" in out and "(chart reading)" in out
-    assert "prefill 3,910 prompt tokens/s per prefill GPU" in out and "4,038 measured (-3.2%)" in out
+    assert "-9.5%" in out and "(chart reading)" in out
+    assert "prefill 4,637 prompt tokens/s per prefill GPU" in out and "4,038 measured (+14.9%)" in out
     assert "+27.0%" in out and "+69.9%" in out

@@ -173,7 +173,9 @@ def prefill_instance(
     model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig, memory: ServeMemory
 ) -> PrefillInstance:
     """Prefill throughput of one instance: every tick each DP rank runs `max_num_batched_tokens`
-    prompt tokens (prompts chunked as vLLM/SGLang chunk them), with PP micro-batches in flight."""
+    prompt tokens (prompts chunked as vLLM/SGLang chunk them), with PP micro-batches in flight. At
+    full load every rank has a backlog (the engines route each request to the least-loaded DP rank),
+    so every rank fills its budget: no busiest-rank excess (`step_time(balanced_prefill=True)`)."""
     budget = cfg.max_num_batched_tokens
     per_tick_prompts = budget / job.input_len
     tick = step_time(
@@ -185,6 +187,7 @@ def prefill_instance(
         prefills=per_tick_prompts,
         prefill_len=job.input_len,
         context_len=0,
+        balanced_prefill=True,
     )
     prompt = prefill_time(model, pool, cfg, prompt_len=job.input_len)
     rate = cfg.dp_attention * per_tick_prompts / tick.total_s

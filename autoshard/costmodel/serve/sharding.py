@@ -21,6 +21,7 @@ from autoshard.costmodel.comm import (
 )
 from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.ep_dispatch import ht_dispatch_combine_s, uses_deepep_high_throughput
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import WeightDtype
@@ -72,7 +73,8 @@ def layer_tp_comm_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, link: Li
 
 
 def ep_dispatch_s(
-    model: ModelSpec, kind: LayerKind, cfg: ServeConfig, link: Link, *, routed: float, pool: PoolSpec
+    model: ModelSpec, kind: LayerKind, cfg: ServeConfig, link: Link, *, routed: float, pool: PoolSpec,
+    high_throughput: bool = False,
 ) -> float:
     """EP dispatch and combine of one MoE layer for `routed` tokens of one DP rank: all-to-alls between
     attention-DP groups only (EP = TP alone needs none: the combine is the TP all-reduce); FP8 models
@@ -80,17 +82,26 @@ def ep_dispatch_s(
     Inside one NVLink domain the all-to-all runs at the group's `link`; a group that leaves the
     domain sends each rank's remote copies through its own NIC (`comm.ep_all_to_all_s`). Every rank
     sends its own tokens' copies, but the exchange ends when the busiest EP rank has received its
-    pairs (and sent their outputs back): the mean times `moe.busiest_rank_factor`."""
+    pairs (and sent their outputs back): the mean times `moe.busiest_rank_factor`.
+    `high_throughput`: a prefill-only step, which runs DeepEP's normal kernels where the engine has them
+    (`serve.ep_dispatch`: one copy per destination rank, across nodes one per remote node plus the
+    NVLink fan-out); decode steps keep the low-latency kernels' per-copy pricing here."""
     ep_s = 0.0
     if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
         assert model.moe is not None
         moe = model.moe
         moved = routed * moe.top_k * model.hidden_size / cfg.tp
         pairs = routed * cfg.dp_attention * moe.top_k / cfg.ep
-        moved *= busiest_rank_factor(
+        imbalance = busiest_rank_factor(
             cfg.ep, pairs, moe.num_experts, moe.top_k, moe.num_groups, moe.topk_groups
         )
+        moved *= imbalance
         dispatch = FP8_WITH_BLOCK_SCALES if cfg.weight_dtype is WeightDtype.FP8 else BF16
+        if high_throughput and uses_deepep_high_throughput(model, pool, cfg):
+            return ht_dispatch_combine_s(
+                model, cfg, pool, routed=routed, per_domain=_ep_ranks_per_domain(pool, cfg),
+                dispatch_bytes=dispatch, combine_bytes=BF16, imbalance=imbalance,
+            )
         if link.crosses_nodes:
             per_domain = _ep_ranks_per_domain(pool, cfg)
             return sum(ep_all_to_all_s(moved * b, cfg.dp_attention, per_domain, pool) for b in (dispatch, BF16))

@@ -165,7 +165,10 @@ def _layer_time(
         ew_s += (chunks - 1) * moe_kernels * gpu.efficiency.kernel_overhead_us * 1e-6
     tp_link, ep_link, _ = links
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
-    ep_s = chunks * ep_dispatch_s(model, kind, cfg, ep_link, routed=routed / chunks, pool=pool)
+    ep_s = chunks * ep_dispatch_s(
+        model, kind, cfg, ep_link, routed=routed / chunks, pool=pool,
+        high_throughput=prefills > 0 and decode_seqs <= 0,
+    )
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 
 
@@ -210,17 +213,20 @@ def step_time(
     prefill_len: int,
     context_len: float,
     decode_query_len: int = 1,
+    balanced_prefill: bool = False,
 ) -> StepTime:
     """One tick of the engine: every pipeline stage works on its own micro-batch of `decode_seqs`
     decode tokens plus `prefill_tokens` prefill tokens (`prefills` prompts' worth of attention); the
     slowest stage sets the tick, plus the activation send to the next stage. `decode_query_len`:
     tokens each decoding sequence runs through the model (1, or 1 + the draft tokens a speculative
-    step verifies)."""
+    step verifies). `balanced_prefill`: every attention-DP rank carries exactly `prefill_tokens` (a
+    saturated prefill-only engine, each rank's scheduler filling its token budget from its own
+    backlog) instead of the busiest rank of whole prompts arriving at random."""
     links = _links(pool, cfg)
     q = decode_query_len
     tokens = decode_seqs * q + prefill_tokens
     busiest, busiest_prefills = tokens, prefills
-    if cfg.dp_attention > 1 and prefill_tokens > 0:
+    if cfg.dp_attention > 1 and prefill_tokens > 0 and not balanced_prefill:
         chunk = min(prefill_len, cfg.max_num_batched_tokens)
         worst_prefill = expected_max_prefill_tokens(
             prefill_tokens, ranks=cfg.dp_attention, prompt_tokens=chunk
