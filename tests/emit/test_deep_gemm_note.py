@@ -36,18 +36,20 @@ def test_no_note_without_block_fp8_experts() -> None:
 
 
 def test_a_split_plan_names_the_role_priced_on_deep_gemm() -> None:
-    """Disaggregated plans carry the note too, for the role whose experts are priced there: Qwen3-235B
-    FP8 on 8 H100 splits into an attention-DP 2 + EP 2 prefill instance (DeepEP's path: no note) and a
-    TP 4 decode instance (fused_moe at TP 4: DeepGEMM)."""
+    """Disaggregated plans carry the note too, for the role whose experts are priced there: Qwen3-30B-A3B
+    FP8 on 8 H100 splits into TP 1 prefill instances (fused_moe at TP 1: DeepGEMM, the experts' 768-wide
+    intermediate passes vLLM's shape rule) and an attention-DP + EP decode instance (DeepEP's path: no
+    note). Qwen3-235B's TP 4 roles no longer qualify: 1,536 / 4 = 384 columns per GPU is below
+    DeepGEMM's 512 (vLLM v0.11.0 deep_gemm_moe.py), so they run Triton and carry no note."""
     from autoshard.search.serve.solve import solve_serve
     from autoshard.specs import load_cluster, load_model
     from autoshard.specs.job import ServeJob, WeightDtype
 
-    plan = solve_serve(load_model("qwen3-235b-a22b"), load_cluster("dgx-h100").with_gpus(8),
+    plan = solve_serve(load_model("qwen3-30b-a3b"), load_cluster("dgx-h100").with_gpus(8),
                        ServeJob(input_len=2000, output_len=200, weight_dtype=WeightDtype.FP8), pins=None, top_k=1,
                        time_limit_s=30, num_workers=1, disaggregate="on")[0]
     shapes = {r.role: (r.tp, r.ep, r.attention_dp) for r in plan.roles}
-    assert shapes["prefill"][1] > 1 and shapes["prefill"][2] > 1
-    assert shapes["decode"][0] not in (1, 8) and shapes["decode"][1] == 1
+    assert shapes["prefill"] == (1, 1, 1)
+    assert shapes["decode"][1] > 1 and shapes["decode"][2] > 1
     notes = [w for w in plan.warnings if "priced on DeepGEMM" in w]
-    assert len(notes) == 1 and notes[0].startswith("the decode instances' block-FP8 experts")
+    assert len(notes) == 1 and notes[0].startswith("the prefill instances' block-FP8 experts")
