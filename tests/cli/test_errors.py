@@ -253,7 +253,7 @@ def test_bad_cluster_yaml(tmp_path: Path, mutate: Mutation, field: str, fixes: l
     pytest.param("model.yaml", "name: x\nhidden_size: [4096\n", ["invalid YAML", "line"], id="yaml-syntax"),
     pytest.param("model.yaml", "name: x\n  hidden_size: 4096\n", ["invalid YAML", "line 2"],
                  id="yaml-indent"),
-    pytest.param("model.yaml", "", ["expected a mapping"], id="empty-file"),
+    pytest.param("model.yaml", "", ["the file is empty"], id="empty-file"),
     pytest.param("model.yaml", "- embedding\n- dense\n", ["expected a mapping", "list"], id="top-level-list"),
     pytest.param("model.yaml", b"\xff\xfe\x00 not text", ["UTF-8"], id="not-utf8"),
     pytest.param("config.json", '{"model_type": ', ["invalid JSON", "line 1"], id="json-syntax"),

@@ -143,7 +143,18 @@ CASES = [
                                  "--gpus", "8", *FAST], 0, []),
     ("json-not-utf8", lambda t: ["solve", _write_bytes(t / "config.json", b'{"model_type": "caf\xe9"}'),
                                  "dgx-h100"], 2, ["config.json", "not UTF-8"]),
+    ("empty-model-file", lambda t: ["solve", _write(t / "m.yaml", "# nothing yet\n"), "dgx-h100"], 2,
+     ["m.yaml", "the file is empty"]),  # was "expected a mapping ..., got NoneType"
+    # arguments swapped: named as such, not a list of unknown fields or "unknown model 'dgx-h100'"
+    ("swapped-files", lambda t: ["solve", cluster_file(t), model_file(t)], 2,
+     ["cluster.yaml", "this is a cluster file (gpu, node, num_nodes), not a model file"]),
+    ("swapped-names", lambda t: ["solve", "dgx-h100", "llama-3.1-8b"], 2, ["'dgx-h100' is a bundled cluster, not a model"]),
+    ("model-as-study-cluster", lambda t: ["study", "llama-3.1-8b", "--cluster", model_file(t), "--gpus", "8"], 2,
+     ["model.yaml", "this is a model file", "not a cluster file"]),
     # --- cluster file fields
+    # a flat (single-pool) cluster's top level holds the pool's fields: they are the ones listed and matched
+    ("flat-cluster-typo", _c("num_nodes: 128", "num_node: 128"), 2,
+     ["field 'num_node'", "did you mean 'num_nodes'?", "gpu, inter_pool_gbps, name, node, num_nodes"]),
     ("gpus-per-node-1e6", _c("gpus_per_node: 8", "gpus_per_node: 1e6"), 2, ["gpus_per_node", "576"]),
     ("num-nodes-2^40", _c("num_nodes: 128", f"num_nodes: {2**40}"), 2, ["num_nodes", "131072"]),
     ("bf16-tflops-1e-12", _c("bf16_tflops: 989", "bf16_tflops: 1e-12"), 2,
