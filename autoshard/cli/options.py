@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
-from autoshard.cli.app import NOTES, err
+from autoshard.cli.app import JSON_PRINTED, NOTES, err
 from autoshard.errors import SpecError
 
 _ENTRY: dict[str, float] = {}
@@ -105,6 +105,7 @@ def print_json(obj: dict) -> None:
     if NOTES and obj.get("schema") == "autoshard.plan/v1":
         obj = {**obj, "warnings": [*NOTES, *(w for w in obj.get("warnings", []) if w not in NOTES)]}
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    JSON_PRINTED.append(True)
 
 
 def plans_json(plans: list) -> dict:

@@ -470,7 +470,8 @@ def test_infeasible_says_what_is_missing() -> None:
 def test_infeasible_json_mode_keeps_stdout_clean() -> None:
     run = cli("solve", "llama-3.1-405b", "dgx-a100-40gb", "--gpus", "8", "--json", *FAST)
     assert_infeasible(run, "needs", "GiB")
-    assert run.stdout == "", "no half JSON on stdout when there is no plan\n" + str(run)
+    obj = json.loads(run.stdout)  # one whole object (no half plan): status, no plan, the message
+    assert obj["status"] == "infeasible" and obj["plan"] is None and "needs" in obj["error"], str(run)
 
 
 def test_infeasible_through_console_script() -> None:

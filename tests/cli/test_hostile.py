@@ -280,6 +280,40 @@ def test_json_stdout_is_exactly_one_object(extra: list[str]) -> None:
         assert "CpSolverResponse" in stderr or "#Bound" in stderr or "Starting" in stderr
 
 
+@pytest.mark.parametrize(("argv", "mode"), [
+    (["solve", "deepseek-v3", "dgx-h100", "--gpus", "128"], "train"),  # model states alone need 87.9 GiB per GPU
+    (["solve", "llama-3.1-405b", "dgx-h100", "--gpus", "8", "--mode", "serve"], "serve"),  # 756 GiB of weights
+])
+def test_json_without_a_plan_is_still_one_object(argv: list[str], mode: str) -> None:
+    """`solve --json` that finds no plan (exit 1) used to print nothing on stdout: a pipeline reading it got
+    no JSON at all. It prints the one object, with status infeasible, no plan and the message."""
+    code, stdout, stderr = run_cli(*argv, "--json", *FAST)
+    assert code == 1, stderr
+    obj = json.loads(stdout)
+    assert obj["schema"] == "autoshard.plan/v1" and obj["status"] == "infeasible" and obj["mode"] == mode
+    assert obj["plan"] is None and obj["predicted"] is None and obj["launch"] == {}
+    assert obj["num_gpus"] == int(argv[4]) and obj["model"] == argv[1]
+    assert obj["error"] in " ".join(stderr.split()) or obj["error"].split("\n")[0] in stderr
+
+
+def test_json_when_the_time_limit_finds_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoshard.api as api
+    from autoshard.errors import SolverError
+
+    def no_plan(*args, **kwargs):
+        raise SolverError("no plan found within the 5 s time limit: raise --time-limit or pin some knobs")
+
+    monkeypatch.setattr(api, "solve", no_plan)
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--json", *FAST)
+    assert code == 1
+    obj = json.loads(stdout)
+    assert obj["status"] == "unknown" and "raise --time-limit" in obj["error"]
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST)  # no --json: stderr only
+    assert code == 1 and stdout == "" and "raise --time-limit" in stderr
+    code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "12", "--json", *FAST)  # bad input
+    assert code == 2 and stdout == ""
+
+
 # ----------------------------------------------------------------------------- plans that launch
 
 
@@ -297,6 +331,24 @@ def test_default_plan_keeps_headroom_and_says_so() -> None:
                               "1.0", *FAST)
     brim = json.loads(stdout)["memory_headroom"]
     assert brim["memory_fraction"] == 1.0 and brim["peak_gib"] > 0.87 * brim["hbm_gib"]
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [
+    ("8", "(fill TOKENIZER_MODEL, DATA_PATH, CKPT_DIR)"),  # one node: localhost, node rank 0
+    ("16", "(fill NODE_RANK, MASTER_ADDR, TOKENIZER_MODEL, DATA_PATH, CKPT_DIR)"),
+])
+def test_launch_header_names_the_variables_the_command_reads(gpus: str, expected: str) -> None:
+    """The header used to say "fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL" whatever the command
+    read: CKPT_DIR (--save/--load "$CKPT_DIR", empty when unset) was never named, and a one-node command reads
+    neither MASTER_ADDR nor NODE_RANK."""
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", gpus, *FAST)
+    assert code == 0, stderr
+    flat = " ".join(stdout.split())  # the header may wrap at 80 columns
+    header = f"Megatron-LM launch {expected}:"
+    assert header in flat, flat[flat.index("Megatron-LM launch"):][:120]
+    command = flat[flat.index(header) + len(header):]
+    used = {w.strip('"').lstrip("$").strip("{}") for w in command.split() if w.strip('"').startswith("$")}
+    assert used == set(expected[len("(fill "):-1].split(", "))
 
 
 def test_a_plan_that_does_not_fit_has_no_launch_command() -> None:
