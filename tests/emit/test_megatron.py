@@ -941,7 +941,7 @@ def test_world_size_that_cannot_run_the_plan_is_left_open() -> None:
         (
             "python pretrain_gpt.py --num-layers 4 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "
             "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 5",
-            "split evenly",
+            "put 5 decoder layers on the first pipeline rank, more than the model's 4",
         ),
     ],
 )
