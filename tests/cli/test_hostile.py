@@ -104,6 +104,9 @@ CASES = [
      ["--tokens"]),
     ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
      ["--gpus", "at most 131072"]),
+    # no size is whole nodes of the cluster: bad input like solve's --gpus 12 (was exit 1, "no plan")
+    ("study-no-whole-node-size", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "12,20"], 2,
+     ["--gpus", "dgx-h100 x 12: 12 GPUs is not a whole number of 8-GPU nodes", "dgx-h100 x 20"]),
     ("study-too-many-sizes", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus",
                                         ",".join(str(8 * k) for k in range(1, 200))], 2, ["at most", "64 sizes"]),
     ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
