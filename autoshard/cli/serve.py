@@ -44,6 +44,9 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
         raise SpecError("Megatron-LM is a training launcher: use --target vllm or sglang with --mode serve", source="--target")
+    if target in (Target.VLLM, Target.SGLANG) and emit in (Target.VLLM, Target.SGLANG) and target is not emit:
+        raise SpecError(f"--target {target.value} contradicts --emit {emit.value} (the script would be {emit.value}'s): "
+                        "give one launcher", source="--emit")
     model_spec, cluster_spec = api.load(model, cluster, gpus)
     if (pins.get("ep") or 1) > 1 and model_spec.moe is None:  # as in train mode: bad input, not "no plan"
         raise SpecError(f"expert parallelism needs a mixture-of-experts model; {model_spec.name} is dense: drop --ep",

@@ -235,6 +235,10 @@ CASES = [
                                                             *FAST], 2, [flag, "--mode serve"])
       for flag, value in (("--input-len", ["100"]), ("--request-rate", ["5"]), ("--weight-dtype", ["fp8"]),
                           ("--kv-cache-dtype", ["fp8"]))],
+    # the script was --emit's launcher whatever --target said
+    ("serve-target-vs-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                        "--target", "sglang", "--emit", "vllm", *FAST], 2,
+     ["--emit", "--target sglang contradicts --emit vllm"]),
     ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                      "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
     ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
