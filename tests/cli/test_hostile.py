@@ -189,6 +189,14 @@ CASES = [
     ("megatron-layers-1e9", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                        MEGATRON.replace("--num-layers 32", "--num-layers 1000000000")], 2,
      ["--num-layers 1000000000", "at most 1024"]),
+    # TP that does not divide the processes torchrun starts: was "the command does not say how many GPUs it runs
+    # on (no torchrun --nproc-per-node/--nnodes)" about a command that says --nproc-per-node 8
+    ("megatron-tp-vs-nproc", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                        MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 3"], 2,
+     ["the launcher starts 8 processes", "TP x PP x CP = 3 x 1 x 1", "or pass --gpus"]),
+    ("megatron-gpus-override", lambda t: ["evaluate", "dgx-h100", "--gpus", "16", "--from-megatron",
+                                          MEGATRON + " --micro-batch-size 1 --use-distributed-optimizer"], 0,
+     ["--gpus 16 replaces the 8 processes the command's launcher starts"]),  # was silent
     ("megatron-with-tp-pin", lambda t: ["evaluate", "dgx-h100", "--tp", "4", "--from-megatron",
                                         MEGATRON + " --micro-batch-size 1"], 2, ["--tp would be ignored"]),
     ("vllm-with-pp-pin", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--pp", "2", "--from-vllm",

@@ -90,6 +90,10 @@ class ParsedMegatron:
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.UNFUSED
     """--cross-entropy-loss-fusion (+ --cross-entropy-fusion-impl); without it Megatron's unfused loss."""
+    launcher_world_size: int | None = None
+    """The processes the launcher starts (torchrun --nproc-per-node x --nnodes, ...), None if it does not say."""
+    launcher_problem: str | None = None
+    """Why the launcher's process count cannot run the command's parallel sizes (world_size is then None)."""
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -246,13 +250,13 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         cross_entropy=facts.cross_entropy(r),
     )
     if launch.world_size is not None:
+        parsed = dataclasses.replace(parsed, launcher_world_size=launch.world_size)
         try:
             parsed = parsed.with_world_size(launch.world_size)
         except SpecError as exc:
-            warnings.append(
-                f"the launcher starts {launch.world_size} processes, which cannot run this plan "
-                f"({exc}); the GPU count is left open"
-            )
+            problem = f"the launcher starts {launch.world_size} processes, which cannot run this plan ({exc})"
+            parsed = dataclasses.replace(parsed, launcher_problem=problem)
+            warnings.append(f"{problem}; the GPU count is left open")
     return dataclasses.replace(parsed, warnings=tuple(warnings))
 
 
