@@ -257,6 +257,14 @@ CASES = [
      ["--tp", "TP 8 and the 10 KV heads must divide one another", "use one of 1, 2, 5, 10, 20, 40"]),
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
+    # a plan over HBM names only fixes that apply to it: one GPU has no DP to trade for PP or to shard the
+    # optimizer over (was "try --recompute full, more PP or Megatron-FSDP (--zero-stage 3)")
+    ("overflow-one-gpu", lambda t: ["evaluate", "llama-2-7b", "dgx-h200", "--gpus", "1", "--tp", "1", "--pp", "1",
+                                    "--mbs", "2", "--seq-len", "4096", "--global-batch-size", "16", "--recompute",
+                                    "selective"], 1, ["over by 12.1 GiB); try --recompute full or more GPUs (--gpus)"]),
+    ("overflow-with-dp", lambda t: ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                    "--zero-stage", "0"], 1,
+     ["try --recompute full, more PP, the distributed optimizer (--zero-stage 1) or more GPUs (--gpus)"]),
     # --- output paths, checked before solving
     ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
      2, ["-o", "is a directory"]),
