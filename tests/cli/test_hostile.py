@@ -212,6 +212,11 @@ CASES = [
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
      ["TP 16 spans 2 NVLink domains of 8 GPUs", "TP 8 x PP 2", "2 attention data-parallel ranks", "(EP 16)"]),
     # --- contradictions that used to be exit 1 or silently ignored
+    # a two-chunk layout at PP 1: was "virtual pipeline stages (vpp > 1) need pipeline parallelism", about a VPP
+    # the user never gave
+    ("layout-chunks-at-pp1", lambda t: ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--tp", "8", "--pp",
+                                        "1", "--layout", "Et*40|t*40L"], 2,
+     ["'Et*40|t*40L' has 2 chunks, which with PP 1 is VPP 2", "PP > 1"]),
     ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
      2, ["--vpp", "--pp 1"]),
     ("etp-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--etp", "8", *FAST],

@@ -61,6 +61,12 @@ def parse_layout(
                 source=flag,
             )
     chunks = _expand_layout(text.strip())
+    if pp == 1 and len(chunks) > 1:  # was "virtual pipeline stages (vpp > 1) need pipeline parallelism"
+        raise SpecError(
+            f"{flag} '{text[:80]}' has {len(chunks)} chunks, which with PP 1 is VPP {len(chunks)}: Megatron-LM "
+            f"interleaves only with PP > 1: set the PP size to a divisor of {len(chunks)} above 1, or write one chunk",
+            source=flag,
+        )
     warnings: list[str] = []
     bad = sorted({c for chunk in chunks for c in chunk} - set("EtLm"))
     if bad:
