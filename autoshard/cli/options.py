@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -150,6 +151,9 @@ def check_output(output: Path | None, emit: Target | None) -> None:
     if emit is None:
         raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
     where = str(output)
+    if emit is Target.K8S:
+        _check_manifest_dir(output)
+        return
     try:
         if output.is_dir():
             raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
@@ -158,8 +162,32 @@ def check_output(output: Path | None, emit: Target | None) -> None:
             raise SpecError(f"the directory {parent} does not exist: create it or write elsewhere", source="-o")
         if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
             raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
+        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=parent))  # root passes os.access on /proc
     except OSError as exc:
         raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
+
+
+def _check_manifest_dir(output: Path) -> None:
+    """--emit k8s -o DIR: a directory (new, or one without manifests) that can be written. Manifests already
+    in it would be applied too by the `kubectl apply -f DIR` the command prints."""
+    where = str(output)[:200]
+    try:
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"{where} is a file: --emit k8s writes a directory of manifests: give a directory",
+                            source="-o")
+        stale = sorted(p.name for p in output.iterdir() if p.suffix in (".yaml", ".yml", ".json")) if output.exists() else []
+        if stale:
+            listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+            raise SpecError(f"{where} already holds {len(stale)} manifest file(s) ({listed}): `kubectl apply -f "
+                            f"{where}` would apply them too: give a new or empty directory", source="-o")
+        existing = output
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SpecError(f"{existing} is a file, so {where} cannot be created: choose another directory", source="-o")
+        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))
+    except OSError as exc:
+        raise SpecError(f"cannot write manifests to {where}: {exc.strerror}: choose another directory", source="-o") from None
 
 
 def write_script(text: str, output: Path | None, json_out: bool) -> None:

@@ -277,6 +277,21 @@ CASES = [
                                        "-o", t / "nope" / "x.sh"], 2, ["does not exist"]),
     ("o-without-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "-o", t / "x.sh"], 2,
      ["--emit"]),
+    # --emit k8s -o takes a directory: an existing one was refused as "a directory: give a file name"
+    ("k8s-out-is-a-file", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
+                                     "k8s", "-o", model_file(t), *FAST], 2,
+     ["model.yaml is a file: --emit k8s writes a directory of manifests"]),
+    # manifests already there would be applied with the new ones by the printed `kubectl apply -f DIR`
+    ("k8s-out-holds-manifests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                           "--emit", "k8s", "-o", _write(t / "old-0.yaml", "kind: Deployment\n").parent,
+                                           *FAST], 2, ["already holds 1 manifest file(s) (old-0.yaml)", "kubectl apply"]),
+    # a directory no one can create files in (root passes os.access there): refused before solving, not a traceback
+    # from the study's temporary directory after it
+    ("study-out-in-proc", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--out",
+                                     "/proc/autoshard-study"], 2, ["--out", "cannot use /proc/autoshard-study"]),
+    ("k8s-out-in-proc", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
+                                   "k8s", "-o", "/proc/autoshard-k8s", *FAST], 2,
+     ["cannot write manifests to /proc/autoshard-k8s"]),
     ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                                      "--out", model_file(t)], 2, ["--out", "is a file"]),
 ]
@@ -407,6 +422,15 @@ def test_a_plan_that_does_not_fit_has_no_launch_command() -> None:
 
 STUDY = ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--time-limit", "5", "--jobs", "1"]
 SET = {"study.csv", "study.json", "study.md", "pareto.png"}
+
+
+def test_k8s_manifests_into_an_existing_empty_directory(tmp_path: Path) -> None:
+    """--emit k8s -o DIR with DIR already there (empty) used to be refused: "is a directory: give a file name"."""
+    code, _, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit", "k8s",
+                              "-o", tmp_path, *FAST)
+    assert code == 0, stderr
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".yaml"] * len(list(tmp_path.iterdir())) != []
+    assert f"kubectl apply -f {tmp_path}" in " ".join(stderr.split())
 
 
 def test_study_set_lands_whole_beside_other_files(tmp_path: Path) -> None:
