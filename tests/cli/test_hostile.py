@@ -505,3 +505,22 @@ def test_rich_markup_in_pool_and_gpu_names(tmp_path: Path) -> None:
                                    "--pp", "2", "--cp", "1", "--mbs", "1")
     assert code == 0, stderr
     assert "h[/x]" in stdout and "G[/y]" in stdout
+
+
+def test_serving_header_counts_idle_gpus() -> None:
+    """A serving plan of whole engines that leaves GPUs of the cluster unused printed "on 8 x H100" and one per-GPU
+    figure per GPU used, while the deployment line and the solver's objective count every GPU of the cluster (a
+    split plan on 15 of 16 GPUs read 7,064 per GPU in its head and 6,623 per GPU two lines below)."""
+    argv = ["evaluate", "dgx-h100", "--gpus", "16", "--from-vllm",
+            "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 4 --data-parallel-size 2"]
+    code, stdout, stderr = run_cli(*argv, "--json")
+    assert code == 0, stderr
+    obj = json.loads(stdout)
+    assert obj["num_gpus"] == 8 and obj["plan"]["unused_gpus"] == 8
+    total = obj["predicted"]["serve"]["throughput_tokens_per_s"]
+    code, stdout, stderr = run_cli(*argv)
+    flat = " ".join(stdout.split())
+    assert "serving on 8 x H100-SXM5-80GB (dgx-h100; 8 of its 16 GPUs idle)" in flat
+    assert f"{total:,.0f} output tokens/s ({total / 8:,.0f} per GPU used, {total / 16:,.0f} per GPU of all 16)" in flat
+    code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST)
+    assert code == 0 and "idle" not in stdout and "per GPU used" not in stdout  # every GPU serves
