@@ -119,6 +119,10 @@ def evaluate(
     if model is None or cluster is None:
         raise SpecError("evaluate needs MODEL and CLUSTER (or --from-megatron/--from-vllm)", source="evaluate")
     model_spec, cluster_spec = api.load(model, cluster, gpus)
+    for flag, value in (("--ep", ep), ("--etp", etp)):
+        if (value or 1) > 1 and not model_spec.is_moe:  # was "parallel degrees: ... (EP/ETP > 1) ...", no fix
+            raise SpecError(f"{flag} {value}: expert parallelism needs a mixture-of-experts model; {model_spec.name} "
+                            f"is dense: drop {flag}", source=flag)
     job = api.train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     flags = api.layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
                              account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)

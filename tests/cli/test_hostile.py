@@ -252,6 +252,10 @@ CASES = [
     ("serve-target-vs-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                         "--target", "sglang", "--emit", "vllm", *FAST], 2,
      ["--emit", "--target sglang contradicts --emit vllm"]),
+    ("evaluate-ep-on-dense", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                        "--ep", "2"], 2, ["--ep 2", "llama-3.1-8b is dense: drop --ep"]),
+    ("evaluate-etp-on-dense", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp",
+                                         "1", "--etp", "2"], 2, ["--etp 2", "is dense: drop --etp"]),
     ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                      "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
     ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
