@@ -33,8 +33,9 @@ __all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", 
 def plan_summary(plan: Plan) -> str:
     cfg = plan.config
     parts = [cfg.dims.describe(), f"mbs {cfg.micro_batch_size}", f"recompute {cfg.recompute.value}"]
-    if plan.recompute_num_layers:
-        parts.append(f"+{plan.recompute_num_layers} full/stage")
+    if plan.recompute_num_layers:  # Megatron's block method: N layers per stage fully, the rest as `recompute`
+        parts[-1] = (f"recompute full on {plan.recompute_num_layers} layers/stage"
+                     + ("" if cfg.recompute.value == "none" else f", {cfg.recompute.value} on the rest"))
     if cfg.sp:
         parts.append("SP")
     parts.append(f"ZeRO-{cfg.zero_stage}")

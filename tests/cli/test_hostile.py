@@ -528,3 +528,14 @@ def test_serving_header_counts_idle_gpus() -> None:
     assert f"{total:,.0f} output tokens/s ({total / 8:,.0f} per GPU used, {total / 16:,.0f} per GPU of all 16)" in flat
     code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST)
     assert code == 0 and "idle" not in stdout and "per GPU used" not in stdout  # every GPU serves
+
+
+def test_block_recompute_reads_as_what_the_launch_does() -> None:
+    """`--recompute-num-layers 4` printed "recompute none, +4 full/stage" over a launch that says
+    --recompute-granularity full --recompute-method block --recompute-num-layers 4."""
+    code, stdout, stderr = run_cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--pp", "2",
+                                   "--recompute-num-layers", "4")
+    assert code == 0, stderr
+    flat = " ".join(stdout.split())
+    assert "TP2 PP2 DP2, mbs 1, recompute full on 4 layers/stage, SP, ZeRO-1" in flat and "recompute none" not in flat[:400]
+    assert "--recompute-granularity full \\ --recompute-method block \\ --recompute-num-layers 4" in flat
