@@ -177,6 +177,12 @@ CASES = [
     ("megatron-script-2mb", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                        _write(t / "big.sh", MEGATRON + " --micro-batch-size 1\n" + "# pad\n" * 400_000)],
      2, ["MiB", "at most 1 MiB"]),
+    # a directory was "file not found", a binary file the codec's own words
+    ("megatron-script-is-a-directory", lambda t: ["evaluate", "dgx-h100", "--from-megatron", str(t) + "/"], 2,
+     ["this is a directory, not a launch script"]),
+    ("megatron-script-not-utf8", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                            _write_bytes(t / "run.sh", b"\xff\xfe torchrun pretrain_gpt.py")], 2,
+     ["run.sh", "the launch script is not UTF-8 text"]),
     ("megatron-layout-1e11", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
                                         "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
                                         "'Et*16|t*100000000000L'"], 2, ["repeats something", "decoder layers"]),
