@@ -142,9 +142,15 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
         differences = model_shape_differences(expected, parsed.model) + rope_differences(expected, parsed.model)
         warnings += [f"the command's model differs from {expected.name}: {d}" for d in differences]
     world = gpus or parsed.world_size
+    if world is None and parsed.launcher_problem is not None:
+        raise SpecError(f"{parsed.launcher_problem}: fix the command's parallel sizes or its process count, or pass "
+                        "--gpus with a count that runs them", source="--from-megatron")
     if world is None:
         raise SpecError("the command does not say how many GPUs it runs on (no torchrun --nproc-per-node/--nnodes): "
                         "pass --gpus", source="--from-megatron")
+    if gpus is not None and parsed.launcher_world_size not in (None, gpus):
+        warnings.append(f"--gpus {gpus} replaces the {parsed.launcher_world_size} processes the command's launcher "
+                        f"starts: predicted on {gpus} GPUs (data parallelism from them), not as the command runs")
     parsed = parsed.with_world_size(world)
     cluster_spec = resize(load_cluster(cluster_ref), world)
     cfg = parsed.train_config()

@@ -82,12 +82,16 @@ def overflow_messages(plan: Plan) -> list[str]:
     """One line per pipeline rank over its GPU's memory: what it needs, has, and the fixes the plan
     does not already use."""
     pred = plan.prediction
+    dims = plan.config.dims
     fixes = [] if plan.config.recompute.value == "full" else ["--recompute full"]
-    fixes.append("more PP")
-    if plan.config.zero_stage == 0:
-        fixes.append("the distributed optimizer (--zero-stage 1)")
-    elif plan.config.zero_stage < 3 and plan.config.dims.pp == 1:
-        fixes.append("Megatron-FSDP (--zero-stage 3)")
+    if dims.dp > 1:  # PP from data-parallel replicas; without any, more PP needs more GPUs
+        fixes.append("more PP")
+    if dims.dp * dims.cp > 1:  # the optimizer state shards over DP x CP: nothing to shard over one replica
+        if plan.config.zero_stage == 0:
+            fixes.append("the distributed optimizer (--zero-stage 1)")
+        elif plan.config.zero_stage < 3 and dims.pp == 1:
+            fixes.append("Megatron-FSDP (--zero-stage 3)")
+    fixes.append("more GPUs (--gpus)")
     tries = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
     over = [(r, m, c) for r, (m, c) in enumerate(zip(pred.rank_memory_bytes, pred.rank_capacity_bytes, strict=True)) if m > c]
     return [f"pipeline rank {r} needs {m / GIB:.1f} GiB per GPU, has {c / GIB:.1f} GiB (over by {(m - c) / GIB:.1f} GiB); "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from functools import wraps
@@ -12,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from autoshard.errors import AutoshardError, SpecError
+from autoshard.errors import AutoshardError, SolverError, SpecError
 
 app = typer.Typer(
     name="autoshard",
@@ -45,6 +47,22 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 
 
+JSON_PRINTED: list[bool] = []
+"""Set by cli.options.print_json when the current command has printed its JSON object."""
+
+
+def _no_plan_json(exc: AutoshardError, kwargs: dict[str, Any]) -> None:
+    """`solve`/`evaluate --json` that ends without a plan (exit 1) still prints its one JSON object: the
+    status ("infeasible": no plan fits; "unknown": the time limit ran out before any plan was found), no
+    plan or prediction, and the message stderr shows under "error"."""
+    serve = str(kwargs.get("mode", "train")) == "serve" or any(kwargs.get(k) for k in ("from_vllm", "from_sglang"))
+    obj = {"schema": "autoshard.plan/v1", "status": "unknown" if isinstance(exc, SolverError) else "infeasible",
+           "mode": "serve" if serve else "train", "model": kwargs.get("model"), "cluster": kwargs.get("cluster"),
+           "num_gpus": kwargs.get("gpus"), "plan": None, "predicted": None, "launch": {}, "warnings": list(NOTES),
+           "error": str(exc)}
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn every AutoshardError into its message and exit code, never a traceback; warnings raised
     while the command runs (the Hugging Face importer's notes) print as `warning:` lines."""
@@ -52,6 +70,7 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         NOTES.clear()
+        JSON_PRINTED.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("default", UserWarning)  # each note once, whatever the caller's filters
             warnings.showwarning = _show_warning
@@ -59,6 +78,9 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
                 _finite_options(kwargs)
                 return fn(*args, **kwargs)
             except AutoshardError as exc:
+                if (kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate") and not JSON_PRINTED
+                        and not isinstance(exc, SpecError)):
+                    _no_plan_json(exc, kwargs)
                 _fail(exc)
 
     return wrapper

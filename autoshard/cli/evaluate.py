@@ -13,6 +13,7 @@ from autoshard.cli.app import app, err, guard, out
 from autoshard.cli.options import (
     AcctEmbOpt,
     AcctLossOpt,
+    command_started,
     CpOpt,
     DispatcherOpt,
     DistOptOpt,
@@ -77,6 +78,7 @@ def evaluate(
     workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 8,
 ) -> None:
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""
+    started = command_started()  # as in solve: --time-limit counts from the process start
     if sum(x is not None for x in (from_megatron, from_vllm, from_sglang)) > 1:
         raise SpecError("give one of --from-megatron, --from-vllm and --from-sglang", source="evaluate")
     if from_megatron is None and (input_len is not None or output_len is not None or concurrency is not None) \
@@ -117,6 +119,10 @@ def evaluate(
     if model is None or cluster is None:
         raise SpecError("evaluate needs MODEL and CLUSTER (or --from-megatron/--from-vllm)", source="evaluate")
     model_spec, cluster_spec = api.load(model, cluster, gpus)
+    for flag, value in (("--ep", ep), ("--etp", etp)):
+        if (value or 1) > 1 and not model_spec.is_moe:  # was "parallel degrees: ... (EP/ETP > 1) ...", no fix
+            raise SpecError(f"{flag} {value}: expert parallelism needs a mixture-of-experts model; {model_spec.name} "
+                            f"is dense: drop {flag}", source=flag)
     job = api.train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     flags = api.layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,
                              account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
@@ -148,12 +154,12 @@ def evaluate(
         pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,
                               zero_stage, modules)
         plan = api.solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins,
-                                     options=api.solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
+                                     options=api.solver_options(1, time_limit, workers, 0, False, zero_stage, started))[0]
     else:
         pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,
                               zero_stage, modules, moe_dispatcher, fp8_recipe)
         plan = api.solve(model_spec, cluster_spec, job, pins=pins,
-                         options=api.solver_options(1, time_limit, workers, 0, False, zero_stage))[0]
+                         options=api.solver_options(1, time_limit, workers, 0, False, zero_stage, started))[0]
     if json_out:
         print_json(plan.to_json())
     else:

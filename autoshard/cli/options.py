@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -14,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
-from autoshard.cli.app import NOTES, err
+from autoshard.cli.app import JSON_PRINTED, NOTES, err
 from autoshard.errors import SpecError
 
 _ENTRY: dict[str, float] = {}
@@ -105,6 +106,7 @@ def print_json(obj: dict) -> None:
     if NOTES and obj.get("schema") == "autoshard.plan/v1":
         obj = {**obj, "warnings": [*NOTES, *(w for w in obj.get("warnings", []) if w not in NOTES)]}
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    JSON_PRINTED.append(True)
 
 
 def plans_json(plans: list) -> dict:
@@ -150,7 +152,7 @@ def check_output(output: Path | None, emit: Target | None) -> None:
         raise SpecError("-o/--output is the file for the launch script: add --emit megatron, vllm or sglang", source="-o")
     where = str(output)
     if emit is Target.K8S:  # a directory of manifests, created with its missing parents
-        check_dir_path(output, "-o", "--emit k8s writes a directory of manifests")
+        _check_manifest_dir(output)
         return
     try:
         if output.is_dir():
@@ -174,8 +176,33 @@ def check_dir_path(path: Path, source: str, what: str) -> None:
         if not os.access(existing, os.W_OK):
             raise SpecError(f"{existing} is not writable ({what} {where}): choose a path you can write to",
                             source=source)
+        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))  # root passes os.access on /proc
     except OSError as exc:
         raise SpecError(f"cannot write {where}: {exc.strerror}: choose another path", source=source) from None
+
+
+def _check_manifest_dir(output: Path) -> None:
+    """--emit k8s -o DIR: a directory (new, or one without manifests) that can be written. Manifests already
+    in it would be applied too by the `kubectl apply -f DIR` the command prints."""
+    where = str(output)[:200]
+    try:
+        if output.exists() and not output.is_dir():
+            raise SpecError(f"{where} is a file: --emit k8s writes a directory of manifests: give a directory",
+                            source="-o")
+        stale = sorted(p.name for p in output.iterdir() if p.suffix in (".yaml", ".yml", ".json")) if output.exists() else []
+        if stale:
+            listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+            raise SpecError(f"{where} already holds {len(stale)} manifest file(s) ({listed}): `kubectl apply -f "
+                            f"{where}` would apply them too: give a new or empty directory", source="-o")
+        existing = output
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise SpecError(f"{existing} is a file, not a directory, so {where} cannot be created: choose another directory",
+                            source="-o")
+        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))
+    except OSError as exc:
+        raise SpecError(f"cannot write manifests to {where}: {exc.strerror}: choose another directory", source="-o") from None
 
 
 def write_script(text: str, output: Path | None, json_out: bool) -> None:

@@ -118,7 +118,7 @@ def solve(
         raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     if from_megatron is not None:
         best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
-                                 verbose, console=err if emit is not None and output is None else out)
+                                 verbose, console=err if emit is not None and output is None else out, started=started)
         write_emit(best, emit, output, json_out)
         return
     model_spec, cluster_spec = api.load(model, cluster, gpus)
@@ -157,10 +157,10 @@ def write_emit(plan, emit: Target | None, output: Path | None, json_out: bool = 
 
 
 def _compare_megatron(command, model_ref, cluster_ref, gpus, top, time_limit, workers, seed, json_out, verbose,
-                      console: Console = out):
+                      console: Console = out, started: float | None = None):
     """Compare an existing Megatron-LM command with the best plan; returns the best plan."""
     found = api.compare_megatron(command, model_ref, cluster_ref, gpus,
-                                 options=api.solver_options(top, time_limit, workers, seed, verbose, None))
+                                 options=api.solver_options(top, time_limit, workers, seed, verbose, None, started))
     yours, best = found.yours, found.best
     if json_out:
         obj = best.to_json()

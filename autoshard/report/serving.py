@@ -52,12 +52,17 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     p, j = plan.prediction, plan.job
     mem = p.memory
     head = Text()
-    head.append(f"{plan.model.name} serving on {_where(plan)} ({plan.cluster.name})\n", style="bold")
+    idle = plan.cluster.num_gpus - plan.num_gpus  # whole engines leave the rest of the cluster unused
+    head.append(f"{plan.model.name} serving on {_where(plan)} ({plan.cluster.name}"
+                + (f"; {idle:,} of its {plan.cluster.num_gpus:,} GPUs idle" if idle > 0 else "") + ")\n", style="bold")
     head.append(_deployment(plan) + "\n", style="bold cyan")
     decode = "decode " if plan.roles else ""  # the figures below are the decode instances'
     head.append(f"requests: {j.input_len} in / {j.output_len} out tokens, max model length {plan.max_model_len}, "
                 f"weights {j.weight_dtype.value}, KV cache {j.kv_cache_dtype.value}\n")
-    head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU) | "
+    per_gpu = f"{plan.tokens_per_s_per_gpu:,.0f} per GPU" + (
+        f" used, {plan.throughput_tokens_per_s / plan.cluster.num_gpus:,.0f} per GPU of all {plan.cluster.num_gpus:,}"
+        if idle > 0 else "")
+    head.append(f"{plan.throughput_tokens_per_s:,.0f} output tokens/s ({per_gpu}) | "
                 f"TPOT {1e3 * p.tpot_s:.1f} ms (p90 {1e3 * (p.tpot_p90_s or p.tpot_s):.1f}) | TTFT {plan.ttft_s:.2f} s "
                 f"(p90 {plan.ttft_p90_s:.2f}) | {p.concurrency} running requests per {decode}DP rank\n",
                 style="bold")

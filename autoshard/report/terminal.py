@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 
@@ -32,8 +33,9 @@ __all__ = ["render_plan", "render_models", "render_clusters", "schedule_chart", 
 def plan_summary(plan: Plan) -> str:
     cfg = plan.config
     parts = [cfg.dims.describe(), f"mbs {cfg.micro_batch_size}", f"recompute {cfg.recompute.value}"]
-    if plan.recompute_num_layers:
-        parts.append(f"+{plan.recompute_num_layers} full/stage")
+    if plan.recompute_num_layers:  # Megatron's block method: N layers per stage fully, the rest as `recompute`
+        parts[-1] = (f"recompute full on {plan.recompute_num_layers} layers/stage"
+                     + ("" if cfg.recompute.value == "none" else f", {cfg.recompute.value} on the rest"))
     if cfg.sp:
         parts.append("SP")
     parts.append(f"ZeRO-{cfg.zero_stage}")
@@ -304,8 +306,15 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
     for note in (*pred.notes, *notes):  # the prediction's own (borrowed efficiencies, unmeasured regimes) first
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if "megatron" in plan.launch:
-        console.print("\n[bold]Megatron-LM launch[/bold] (fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL):")
-        print_command(console, plan.launch["megatron"])
+        command = plan.launch["megatron"]
+        console.print(f"\n[bold]Megatron-LM launch[/bold] (fill {', '.join(command_variables(command))}):")
+        print_command(console, command)
+
+
+def command_variables(command: str) -> list[str]:
+    """The shell variables a launch command reads ("$NODE_RANK", "${DATA_PATH}"), in order of first use:
+    what the user fills in (a one-node command has no MASTER_ADDR/NODE_RANK, every one has CKPT_DIR)."""
+    return list(dict.fromkeys(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", command)))
 
 
 def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> None:

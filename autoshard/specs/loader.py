@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from autoshard.errors import SpecError
-from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.hf import model_from_hf_config
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
@@ -158,6 +158,11 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     catalog = _bundled(kind)
     if str(ref) in catalog:
         return catalog[str(ref)]
+    other = "clusters" if kind == "models" else "models"
+    if str(ref) in _bundled(other):
+        raise SpecError(f"'{ref}' is a bundled {other[:-1]}, not a {kind[:-1]}: give the {kind[:-1]} where a "
+                        f"{kind[:-1]} is expected (`autoshard solve MODEL CLUSTER`, `autoshard study MODEL "
+                        f"--cluster CLUSTER`; `autoshard {kind}` lists the bundled ones)")
     close = difflib.get_close_matches(str(ref), list(catalog), n=3, cutoff=0.5)
     hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
     raise SpecError(
@@ -196,6 +201,9 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except ValueError as exc:  # a duplicate JSON key, or a number Python cannot hold
         raise SpecError(f"invalid JSON: {exc}", source=str(path)) from None
     _check_shape(data, str(path))
+    if data is None:
+        raise SpecError("the file is empty (or only comments): a model or cluster file is a mapping of fields, "
+                        "e.g. `name: ...`", source=str(path))
     if not isinstance(data, dict):
         raise SpecError(
             f"expected a mapping of fields at the top level, got {type(data).__name__}", source=str(path)
@@ -212,7 +220,35 @@ def validate(model: type[T], data: dict[str, Any], *, source: str) -> T:
         field, msg = format_validation_error(exc, model)
         if model is ClusterSpec and "pools" not in data and field.startswith("pools[0]."):
             field = field[len("pools[0]."):]  # the file is written flat: name the field as written
+        elif model is ClusterSpec and "pools" not in data and "." not in field and msg.startswith("unknown field"):
+            msg = _unknown_flat_field(field)  # a flat file's top level holds the pool's fields too
         raise SpecError(msg, source=source, field=field) from None
+
+
+_FLAT_CLUSTER_FIELDS = sorted((set(ClusterSpec.model_fields) - {"pools"}) | set(PoolSpec.model_fields))
+"""The top-level fields of a single-pool cluster written flat (gpu/node/num_nodes at the top)."""
+
+
+def _unknown_flat_field(field: str) -> str:
+    close = difflib.get_close_matches(field, _FLAT_CLUSTER_FIELDS, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (f"unknown field; {hint}allowed fields here: {', '.join(_FLAT_CLUSTER_FIELDS)} "
+            "(or pools: [...] for several GPU types)")
+
+
+_CLUSTER_KEYS = ("gpu", "node", "num_nodes", "pools")
+_MODEL_KEYS = ("layers", "hidden_size", "num_attention_heads", "model_type")
+
+
+def _check_kind(data: dict[str, Any], kind: str, source: str) -> None:
+    """A cluster file given as the model (or the other way round, arguments swapped) is named as such,
+    not reported as a list of unknown fields."""
+    mine, other = (_MODEL_KEYS, _CLUSTER_KEYS) if kind == "model" else (_CLUSTER_KEYS, _MODEL_KEYS)
+    if not any(k in data for k in mine) and any(k in data for k in other):
+        found = "cluster" if kind == "model" else "model"
+        raise SpecError(f"this is a {found} file ({', '.join(k for k in other if k in data)}), not a {kind} file: "
+                        f"give the {kind} where a {kind} is expected (`autoshard solve MODEL CLUSTER`, "
+                        "`autoshard study MODEL --cluster CLUSTER`)", source=source)
 
 
 def _is_hf_config(path: Path, data: dict[str, Any]) -> bool:
@@ -225,6 +261,7 @@ def load_model(ref: str | Path) -> ModelSpec:
         return ref
     path = _resolve(ref, "models")
     data = read_mapping(path)
+    _check_kind(data, "model", str(path))
     if _is_hf_config(path, data):
         return model_from_hf_config(data, source=str(path))
     data.setdefault("name", path.stem)
@@ -237,5 +274,6 @@ def load_cluster(ref: str | Path) -> ClusterSpec:
         return ref
     path = _resolve(ref, "clusters")
     data = read_mapping(path)
+    _check_kind(data, "cluster", str(path))
     data.setdefault("name", path.stem)
     return validate(ClusterSpec, data, source=str(path))

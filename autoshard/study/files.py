@@ -34,6 +34,7 @@ def check_out_dir(out_dir: Path) -> None:
                             source="--out")
         if not os.access(existing, os.W_OK | os.X_OK):
             raise SpecError(f"{existing} is not writable: choose a directory you can write to", source="--out")
+        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))  # root passes os.access on /proc
     except OSError as exc:
         raise SpecError(f"cannot use {where}: {exc.strerror}: choose another directory", source="--out") from None
 
@@ -45,8 +46,11 @@ def write_study_set(result: StudyResult, out_dir: Path, extra: Sequence[Callable
     set, removed first and moved last. An interruption leaves either no new set or one without its
     study.json, never one that looks complete. `extra` writers add files (e.g. serving fronts) to the set."""
     check_out_dir(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    except OSError as exc:  # the directory went away or turned read-only while the study ran
+        raise SpecError(f"cannot write the study to {str(out_dir)[:200]}: {exc.strerror}", source="--out") from None
     try:
         written = {p.name for p in report.write_outputs(result, tmp)}
         assert written == set(STUDY_FILES), written

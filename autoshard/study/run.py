@@ -177,6 +177,8 @@ def run_study(
     skipped.sort(key=lambda s: (order[s.cluster], s.num_gpus))
     if not rows:
         lines = "\n".join(f"  {s.cluster} x {s.num_gpus}: {s.reason}" for s in skipped)
+        if not tasks:  # no size is a whole number of any cluster's nodes: bad input (exit 2), not "no plan"
+            raise SpecError(f"no studied size fits the clusters' nodes:\n{lines}", source="--gpus")
         raise InfeasibleError(f"no studied size can run {model_spec.name}:\n{lines}")
     priced = [i for i, r in enumerate(rows) if r.y is not None]
     pareto: list[Row] = []

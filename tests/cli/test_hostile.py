@@ -104,6 +104,9 @@ CASES = [
      ["--tokens"]),
     ("study-gpus-1e30", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", f"8,{10**30}"], 2,
      ["--gpus", "at most 131072"]),
+    # no size is whole nodes of the cluster: bad input like solve's --gpus 12 (was exit 1, "no plan")
+    ("study-no-whole-node-size", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "12,20"], 2,
+     ["--gpus", "dgx-h100 x 12: 12 GPUs is not a whole number of 8-GPU nodes", "dgx-h100 x 20"]),
     ("study-too-many-sizes", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus",
                                         ",".join(str(8 * k) for k in range(1, 200))], 2, ["at most", "64 sizes"]),
     ("price-nan", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
@@ -143,7 +146,18 @@ CASES = [
                                  "--gpus", "8", *FAST], 0, []),
     ("json-not-utf8", lambda t: ["solve", _write_bytes(t / "config.json", b'{"model_type": "caf\xe9"}'),
                                  "dgx-h100"], 2, ["config.json", "not UTF-8"]),
+    ("empty-model-file", lambda t: ["solve", _write(t / "m.yaml", "# nothing yet\n"), "dgx-h100"], 2,
+     ["m.yaml", "the file is empty"]),  # was "expected a mapping ..., got NoneType"
+    # arguments swapped: named as such, not a list of unknown fields or "unknown model 'dgx-h100'"
+    ("swapped-files", lambda t: ["solve", cluster_file(t), model_file(t)], 2,
+     ["cluster.yaml", "this is a cluster file (gpu, node, num_nodes), not a model file"]),
+    ("swapped-names", lambda t: ["solve", "dgx-h100", "llama-3.1-8b"], 2, ["'dgx-h100' is a bundled cluster, not a model"]),
+    ("model-as-study-cluster", lambda t: ["study", "llama-3.1-8b", "--cluster", model_file(t), "--gpus", "8"], 2,
+     ["model.yaml", "this is a model file", "not a cluster file"]),
     # --- cluster file fields
+    # a flat (single-pool) cluster's top level holds the pool's fields: they are the ones listed and matched
+    ("flat-cluster-typo", _c("num_nodes: 128", "num_node: 128"), 2,
+     ["field 'num_node'", "did you mean 'num_nodes'?", "gpu, inter_pool_gbps, name, node, num_nodes"]),
     ("gpus-per-node-1e6", _c("gpus_per_node: 8", "gpus_per_node: 1e6"), 2, ["gpus_per_node", "576"]),
     ("num-nodes-2^40", _c("num_nodes: 128", f"num_nodes: {2**40}"), 2, ["num_nodes", "131072"]),
     ("bf16-tflops-1e-12", _c("bf16_tflops: 989", "bf16_tflops: 1e-12"), 2,
@@ -163,6 +177,12 @@ CASES = [
     ("megatron-script-2mb", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                        _write(t / "big.sh", MEGATRON + " --micro-batch-size 1\n" + "# pad\n" * 400_000)],
      2, ["MiB", "at most 1 MiB"]),
+    # a directory was "file not found", a binary file the codec's own words
+    ("megatron-script-is-a-directory", lambda t: ["evaluate", "dgx-h100", "--from-megatron", str(t) + "/"], 2,
+     ["this is a directory, not a launch script"]),
+    ("megatron-script-not-utf8", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                            _write_bytes(t / "run.sh", b"\xff\xfe torchrun pretrain_gpt.py")], 2,
+     ["run.sh", "the launch script is not UTF-8 text"]),
     ("megatron-layout-1e11", lambda t: ["evaluate", "dgx-h100", "--from-megatron", MEGATRON + " --micro-batch-size 1 "
                                         "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
                                         "'Et*16|t*100000000000L'"], 2, ["repeats something", "decoder layers"]),
@@ -175,6 +195,14 @@ CASES = [
     ("megatron-layers-1e9", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
                                        MEGATRON.replace("--num-layers 32", "--num-layers 1000000000")], 2,
      ["--num-layers 1000000000", "at most 1024"]),
+    # TP that does not divide the processes torchrun starts: was "the command does not say how many GPUs it runs
+    # on (no torchrun --nproc-per-node/--nnodes)" about a command that says --nproc-per-node 8
+    ("megatron-tp-vs-nproc", lambda t: ["evaluate", "dgx-h100", "--from-megatron",
+                                        MEGATRON + " --micro-batch-size 1 --tensor-model-parallel-size 3"], 2,
+     ["the launcher starts 8 processes", "TP x PP x CP = 3 x 1 x 1", "or pass --gpus"]),
+    ("megatron-gpus-override", lambda t: ["evaluate", "dgx-h100", "--gpus", "16", "--from-megatron",
+                                          MEGATRON + " --micro-batch-size 1 --use-distributed-optimizer"], 0,
+     ["--gpus 16 replaces the 8 processes the command's launcher starts"]),  # was silent
     ("megatron-with-tp-pin", lambda t: ["evaluate", "dgx-h100", "--tp", "4", "--from-megatron",
                                         MEGATRON + " --micro-batch-size 1"], 2, ["--tp would be ignored"]),
     ("vllm-with-pp-pin", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--pp", "2", "--from-vllm",
@@ -190,6 +218,11 @@ CASES = [
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
      ["TP 16 spans 2 NVLink domains of 8 GPUs", "TP 8 x PP 2", "2 attention data-parallel ranks", "(EP 16)"]),
     # --- contradictions that used to be exit 1 or silently ignored
+    # a two-chunk layout at PP 1: was "virtual pipeline stages (vpp > 1) need pipeline parallelism", about a VPP
+    # the user never gave
+    ("layout-chunks-at-pp1", lambda t: ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "64", "--tp", "8", "--pp",
+                                        "1", "--layout", "Et*40|t*40L"], 2,
+     ["'Et*40|t*40L' has 2 chunks, which with PP 1 is VPP 2", "PP > 1"]),
     ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
      2, ["--vpp", "--pp 1"]),
     ("etp-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--etp", "8", *FAST],
@@ -197,6 +230,18 @@ CASES = [
     ("recompute-layers-beyond-stage", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
                                                  "--recompute-num-layers", "100", *FAST], 2,
      ["--recompute-num-layers", "at most 31"]),
+    # more layers on the first/last rank than the model has: was "leave -8 of 32 layers for 1 other pipeline ranks"
+    ("first-rank-beyond-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
+                                               "--decoder-first-pipeline-num-layers", "40", *FAST], 2,
+     ["put 40 decoder layers on the first pipeline rank, more than the model's 32"]),
+    ("first-and-last-short-of-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
+                                                     "--decoder-first-pipeline-num-layers", "10",
+                                                     "--decoder-last-pipeline-num-layers", "10", *FAST], 2,
+     ["put 20 decoder layers on the first and last pipeline ranks, not the model's 32", "add up to 32"]),
+    ("first-and-last-take-all", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "4",
+                                           "--decoder-first-pipeline-num-layers", "16",
+                                           "--decoder-last-pipeline-num-layers", "16", *FAST], 2,
+     ["none for the 2 other pipeline ranks"]),
     ("seq-beyond-learned-positions", lambda t: ["solve", "gpt3-175b", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
                                                 *FAST], 2, ["--seq-len", "2048 learned position embeddings"]),
     ("fp8-on-a100", lambda t: ["solve", "llama-3.1-8b", "dgx-a100-80gb", "--gpus", "8", "--precision", "fp8", *FAST],
@@ -209,6 +254,14 @@ CASES = [
                                                             *FAST], 2, [flag, "--mode serve"])
       for flag, value in (("--input-len", ["100"]), ("--request-rate", ["5"]), ("--weight-dtype", ["fp8"]),
                           ("--kv-cache-dtype", ["fp8"]))],
+    # the script was --emit's launcher whatever --target said
+    ("serve-target-vs-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                        "--target", "sglang", "--emit", "vllm", *FAST], 2,
+     ["--emit", "--target sglang and --emit vllm name different engines"]),
+    ("evaluate-ep-on-dense", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                        "--ep", "2"], 2, ["--ep 2", "llama-3.1-8b is dense: drop --ep"]),
+    ("evaluate-etp-on-dense", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp",
+                                         "1", "--etp", "2"], 2, ["--etp 2", "is dense: drop --etp"]),
     ("serve-ep-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                      "--ep", "2", *FAST], 2, ["--ep", "dense"]),  # was exit 1, "no plan"
     ("serve-tp-not-dividing-heads", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
@@ -219,6 +272,14 @@ CASES = [
      ["--tp", "TP 8 and the 10 KV heads must divide one another", "use one of 1, 2, 5, 10, 20, 40"]),
     ("int4-without-checkpoint", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--weight-dtype", "int4", *FAST], 2, ["int4 checkpoint", "checkpoints:"]),
+    # a plan over HBM names only fixes that apply to it: one GPU has no DP to trade for PP or to shard the
+    # optimizer over (was "try --recompute full, more PP or Megatron-FSDP (--zero-stage 3)")
+    ("overflow-one-gpu", lambda t: ["evaluate", "llama-2-7b", "dgx-h200", "--gpus", "1", "--tp", "1", "--pp", "1",
+                                    "--mbs", "2", "--seq-len", "4096", "--global-batch-size", "16", "--recompute",
+                                    "selective"], 1, ["over by 12.1 GiB); try --recompute full or more GPUs (--gpus)"]),
+    ("overflow-with-dp", lambda t: ["evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
+                                    "--zero-stage", "0"], 1,
+     ["try --recompute full, more PP, the distributed optimizer (--zero-stage 1) or more GPUs (--gpus)"]),
     # --- output paths, checked before solving
     ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
      2, ["-o", "is a directory"]),
@@ -227,6 +288,21 @@ CASES = [
                                       "-o", model_file(t) / "x.sh"], 2, ["-o", "is a file, not a directory"]),
     ("o-without-emit", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "-o", t / "x.sh"], 2,
      ["--emit"]),
+    # --emit k8s -o takes a directory: an existing one was refused as "a directory: give a file name"
+    ("k8s-out-is-a-file", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
+                                     "k8s", "-o", model_file(t), *FAST], 2,
+     ["model.yaml is a file: --emit k8s writes a directory of manifests"]),
+    # manifests already there would be applied with the new ones by the printed `kubectl apply -f DIR`
+    ("k8s-out-holds-manifests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                           "--emit", "k8s", "-o", _write(t / "old-0.yaml", "kind: Deployment\n").parent,
+                                           *FAST], 2, ["already holds 1 manifest file(s) (old-0.yaml)", "kubectl apply"]),
+    # a directory no one can create files in (root passes os.access there): refused before solving, not a traceback
+    # from the study's temporary directory after it
+    ("study-out-in-proc", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--out",
+                                     "/proc/autoshard-study"], 2, ["--out", "cannot use /proc/autoshard-study"]),
+    ("k8s-out-in-proc", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
+                                   "k8s", "-o", "/proc/autoshard-k8s", *FAST], 2,
+     ["cannot write manifests to /proc/autoshard-k8s"]),
     ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
                                      "--out", model_file(t)], 2, ["--out", "is a file"]),
 ]
@@ -270,6 +346,40 @@ def test_json_stdout_is_exactly_one_object(extra: list[str]) -> None:
         assert "CpSolverResponse" in stderr or "#Bound" in stderr or "Starting" in stderr
 
 
+@pytest.mark.parametrize(("argv", "mode"), [
+    (["solve", "deepseek-v3", "dgx-h100", "--gpus", "128"], "train"),  # model states alone need 87.9 GiB per GPU
+    (["solve", "llama-3.1-405b", "dgx-h100", "--gpus", "8", "--mode", "serve"], "serve"),  # 756 GiB of weights
+])
+def test_json_without_a_plan_is_still_one_object(argv: list[str], mode: str) -> None:
+    """`solve --json` that finds no plan (exit 1) used to print nothing on stdout: a pipeline reading it got
+    no JSON at all. It prints the one object, with status infeasible, no plan and the message."""
+    code, stdout, stderr = run_cli(*argv, "--json", *FAST)
+    assert code == 1, stderr
+    obj = json.loads(stdout)
+    assert obj["schema"] == "autoshard.plan/v1" and obj["status"] == "infeasible" and obj["mode"] == mode
+    assert obj["plan"] is None and obj["predicted"] is None and obj["launch"] == {}
+    assert obj["num_gpus"] == int(argv[4]) and obj["model"] == argv[1]
+    assert obj["error"] in " ".join(stderr.split()) or obj["error"].split("\n")[0] in stderr
+
+
+def test_json_when_the_time_limit_finds_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoshard.api as api
+    from autoshard.errors import SolverError
+
+    def no_plan(*args, **kwargs):
+        raise SolverError("no plan found within the 5 s time limit: raise --time-limit or pin some knobs")
+
+    monkeypatch.setattr(api, "solve", no_plan)
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--json", *FAST)
+    assert code == 1
+    obj = json.loads(stdout)
+    assert obj["status"] == "unknown" and "raise --time-limit" in obj["error"]
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST)  # no --json: stderr only
+    assert code == 1 and stdout == "" and "raise --time-limit" in stderr
+    code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "12", "--json", *FAST)  # bad input
+    assert code == 2 and stdout == ""
+
+
 # ----------------------------------------------------------------------------- plans that launch
 
 
@@ -289,6 +399,24 @@ def test_default_plan_keeps_headroom_and_says_so() -> None:
     assert brim["memory_fraction"] == 1.0 and brim["peak_gib"] > 0.87 * brim["hbm_gib"]
 
 
+@pytest.mark.parametrize(("gpus", "expected"), [
+    ("8", "(fill TOKENIZER_MODEL, DATA_PATH, CKPT_DIR)"),  # one node: localhost, node rank 0
+    ("16", "(fill NODE_RANK, MASTER_ADDR, TOKENIZER_MODEL, DATA_PATH, CKPT_DIR)"),
+])
+def test_launch_header_names_the_variables_the_command_reads(gpus: str, expected: str) -> None:
+    """The header used to say "fill MASTER_ADDR, NODE_RANK, DATA_PATH, TOKENIZER_MODEL" whatever the command
+    read: CKPT_DIR (--save/--load "$CKPT_DIR", empty when unset) was never named, and a one-node command reads
+    neither MASTER_ADDR nor NODE_RANK."""
+    code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", gpus, *FAST)
+    assert code == 0, stderr
+    flat = " ".join(stdout.split())  # the header may wrap at 80 columns
+    header = f"Megatron-LM launch {expected}:"
+    assert header in flat, flat[flat.index("Megatron-LM launch"):][:120]
+    command = flat[flat.index(header) + len(header):]
+    used = {w.strip('"').lstrip("$").strip("{}") for w in command.split() if w.strip('"').startswith("$")}
+    assert used == set(expected[len("(fill "):-1].split(", "))
+
+
 def test_a_plan_that_does_not_fit_has_no_launch_command() -> None:
     code, stdout, stderr = run_cli("evaluate", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--tp", "1", "--pp", "1",
                                    "--json")
@@ -305,6 +433,15 @@ def test_a_plan_that_does_not_fit_has_no_launch_command() -> None:
 
 STUDY = ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--time-limit", "5", "--jobs", "1"]
 SET = {"study.csv", "study.json", "study.md", "pareto.png"}
+
+
+def test_k8s_manifests_into_an_existing_empty_directory(tmp_path: Path) -> None:
+    """--emit k8s -o DIR with DIR already there (empty) used to be refused: "is a directory: give a file name"."""
+    code, _, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit", "k8s",
+                              "-o", tmp_path, *FAST)
+    assert code == 0, stderr
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".yaml"] * len(list(tmp_path.iterdir())) != []
+    assert f"kubectl apply -f {tmp_path}" in " ".join(stderr.split())
 
 
 def test_study_set_lands_whole_beside_other_files(tmp_path: Path) -> None:
@@ -379,3 +516,33 @@ def test_rich_markup_in_pool_and_gpu_names(tmp_path: Path) -> None:
                                    "--pp", "2", "--cp", "1", "--mbs", "1")
     assert code == 0, stderr
     assert "h[/x]" in stdout and "G[/y]" in stdout
+
+
+def test_serving_header_counts_idle_gpus() -> None:
+    """A serving plan of whole engines that leaves GPUs of the cluster unused printed "on 8 x H100" and one per-GPU
+    figure per GPU used, while the deployment line and the solver's objective count every GPU of the cluster (a
+    split plan on 15 of 16 GPUs read 7,064 per GPU in its head and 6,623 per GPU two lines below)."""
+    argv = ["evaluate", "dgx-h100", "--gpus", "16", "--from-vllm",
+            "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 4 --data-parallel-size 2"]
+    code, stdout, stderr = run_cli(*argv, "--json")
+    assert code == 0, stderr
+    obj = json.loads(stdout)
+    assert obj["num_gpus"] == 8 and obj["plan"]["unused_gpus"] == 8
+    total = obj["predicted"]["serve"]["throughput_tokens_per_s"]
+    code, stdout, stderr = run_cli(*argv)
+    flat = " ".join(stdout.split())
+    assert "serving on 8 x H100-SXM5-80GB (dgx-h100; 8 of its 16 GPUs idle)" in flat
+    assert f"{total:,.0f} output tokens/s ({total / 8:,.0f} per GPU used, {total / 16:,.0f} per GPU of all 16)" in flat
+    code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST)
+    assert code == 0 and "idle" not in stdout and "per GPU used" not in stdout  # every GPU serves
+
+
+def test_block_recompute_reads_as_what_the_launch_does() -> None:
+    """`--recompute-num-layers 4` printed "recompute none, +4 full/stage" over a launch that says
+    --recompute-granularity full --recompute-method block --recompute-num-layers 4."""
+    code, stdout, stderr = run_cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--pp", "2",
+                                   "--recompute-num-layers", "4")
+    assert code == 0, stderr
+    flat = " ".join(stdout.split())
+    assert "TP2 PP2 DP2, mbs 1, recompute full on 4 layers/stage, SP, ZeRO-1" in flat and "recompute none" not in flat[:400]
+    assert "--recompute-granularity full \\ --recompute-method block \\ --recompute-num-layers 4" in flat

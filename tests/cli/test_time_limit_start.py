@@ -32,3 +32,24 @@ def test_in_process_the_clock_starts_now(monkeypatch: pytest.MonkeyPatch) -> Non
     assert abs(options.command_started() - time.monotonic()) < 0.5
     options.mark_process_start()
     assert options.command_started() <= time.monotonic()
+
+
+MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+            "--seq-length 4096 --max-position-embeddings 4096 --global-batch-size 64 --micro-batch-size 1 --bf16")
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2"],  # PP left out: the solver fills it in
+    ["solve", "llama-3.1-8b", "dgx-h100", "--from-megatron", MEGATRON],  # compared with the best plan
+])
+def test_evaluate_and_compare_count_from_the_process_start(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """evaluate's solver and solve --from-megatron's used to start their clock when the solve started, not at
+    the process start like solve: a process that started 100 s ago has no time left of a 5 s limit."""
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    monkeypatch.setitem(options._ENTRY, "started", time.monotonic() - 100.0)
+    result = CliRunner().invoke(app, [*argv, "--time-limit", "5", "--workers", "1"])
+    assert result.exit_code == 1, result.output
+    assert "time limit" in " ".join(result.stderr.split())

@@ -941,7 +941,7 @@ def test_world_size_that_cannot_run_the_plan_is_left_open() -> None:
         (
             "python pretrain_gpt.py --num-layers 4 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "
             "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 5",
-            "split evenly",
+            "put 5 decoder layers on the first pipeline rank, more than the model's 4",
         ),
     ],
 )
@@ -1010,3 +1010,18 @@ def test_flag_table_matches_megatron() -> None:
     } <= mf.ONE_VALUE | mf.NO_VALUE
     assert REMOVED <= set(flags_retired.REMOVED) and not REMOVED & mf.KNOWN
     assert "--recompute-activations" in flags_retired.DEPRECATED and "--moe-router-load-balancing-type" in mf.MULTI_VALUE
+
+
+def test_shape_differences_read_as_facts() -> None:
+    """`evaluate MODEL --from-megatron` with another model's command listed the MoE layer pattern as two
+    tuples of 80 and 32 zeros for dense models, and the MoE block as two reprs (`<RouterScore.SIGMOID:
+    'sigmoid'>`): each differing fact now reads on its own."""
+    dense = model_shape_differences(load_model("llama-3.1-70b"), load_model("llama-2-7b"))
+    assert "num_layers: 80 vs 32" in dense and not any(d.startswith("moe") for d in dense)
+    moe = model_shape_differences(load_model("deepseek-v3"), load_model("qwen3-235b-a22b"))
+    assert "moe_layers: dense 0-2, MoE 3-60 vs MoE 0-93" in moe
+    assert "moe.num_experts: 256 vs 128" in moe and "moe.score_function: sigmoid vs softmax" in moe
+    assert "moe.top_k" not in " ".join(moe)  # both route 8 experts per token
+    assert any(d.startswith("mla: q_lora_rank=1536 kv_lora_rank=512") and d.endswith(" vs none") for d in moe)
+    mixed = model_shape_differences(load_model("llama-3.1-70b"), load_model("mixtral-8x7b"))
+    assert "moe_layers: none vs MoE 0-31" in mixed and not any("<" in d for d in moe + mixed)

@@ -84,7 +84,9 @@ def test_split_header_names_each_roles_gpu_on_a_mixed_cluster(mixed_split_plan, 
     assert_fits(text, 80)
     head = _header(text)
     where = " + ".join(f"{r.gpus} x {pools[r.pool_index].gpu.name} ({r.role})" for r in plan.roles)
-    assert f"serving on {where} (mixed-h100-a100)" in head
+    idle = plan.cluster.num_gpus - plan.num_gpus
+    assert f"serving on {where} (mixed-h100-a100" + (f"; {idle} of its {plan.cluster.num_gpus} GPUs idle)" if idle
+                                                     else ")") in head
     assert f"{plan.num_gpus} x {plan.pool.gpu.name}" not in head  # not every GPU is the decode pool's
     # the roles table (12 columns with the pool) keeps every figure whole at 80 columns
     for r in plan.roles:

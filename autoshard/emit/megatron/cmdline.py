@@ -39,8 +39,18 @@ def read_text(command_or_path: str) -> tuple[str, str]:
                                     f"script holds (at most {MAX_SCRIPT_BYTES >> 20} MiB): give the right file",
                                     source=str(path))
                 return path.read_text(encoding="utf-8"), str(path)
-            except (OSError, UnicodeDecodeError) as exc:
-                raise SpecError(f"cannot read the launch script ({exc})", source=str(path)) from None
+            except UnicodeDecodeError:
+                raise SpecError("the launch script is not UTF-8 text: give the shell script or the command line",
+                                source=str(path)) from None
+            except OSError as exc:
+                raise SpecError(f"cannot read the launch script ({exc.strerror})", source=str(path)) from None
+        try:
+            is_dir = path.is_dir()
+        except (OSError, ValueError):
+            is_dir = False
+        if is_dir:
+            raise SpecError("this is a directory, not a launch script: give the script inside it, or the command "
+                            "itself", source=str(path))
         if " " not in text and (path.suffix in (".sh", ".bash") or "/" in text):
             raise SpecError(
                 f"file not found: {text} (give the path of a launch script, or the command itself)"

@@ -61,6 +61,12 @@ def parse_layout(
                 source=flag,
             )
     chunks = _expand_layout(text.strip())
+    if pp == 1 and len(chunks) > 1:  # was "virtual pipeline stages (vpp > 1) need pipeline parallelism"
+        raise SpecError(
+            f"{flag} '{text[:80]}' has {len(chunks)} chunks, which with PP 1 is VPP {len(chunks)}: Megatron-LM "
+            f"interleaves only with PP > 1: set the PP size to a divisor of {len(chunks)} above 1, or write one chunk",
+            source=flag,
+        )
     warnings: list[str] = []
     bad = sorted({c for chunk in chunks for c in chunk} - set("EtLm"))
     if bad:
@@ -126,7 +132,17 @@ def _chunk_decoders(num_layers: int, pp: int, vpp: int, first: int | None, last:
         per_rank[-1] = last
     rest = num_layers - sum(x for x in per_rank if x is not None)
     middle = sum(1 for x in per_rank if x is None)
-    if (rest != 0) != (middle != 0) or (middle and rest % middle) or rest < 0:
+    given = num_layers - rest
+    where = ("first and last pipeline ranks" if first is not None and last is not None
+             else f"{'first' if first is not None else 'last'} pipeline rank")
+    if rest < 0 or (middle == 0) != (rest == 0):
+        problem = (f"more than the model's {num_layers}: lower them" if rest < 0
+                   else f"not the model's {num_layers}, and no other rank holds the rest: make them add up to "
+                        f"{num_layers}" if middle == 0
+                   else f"all of the model's {num_layers}, none for the {middle} other pipeline ranks: lower them")
+        raise SpecError(f"--decoder-first/last-pipeline-num-layers put {given} decoder layers on the {where}, "
+                        f"{problem}", source=f"--decoder-{'first' if first is not None else 'last'}-pipeline-num-layers")
+    if (rest != 0) != (middle != 0) or (middle and rest % middle):
         raise SpecError(
             f"--decoder-first/last-pipeline-num-layers leave {rest} of {num_layers} layers for {middle} "
             "other pipeline ranks: they must split evenly",

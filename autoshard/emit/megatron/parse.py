@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import autoshard.emit.megatron.plan_facts as facts
 from autoshard.costmodel.train.types import Stage, TrainConfig
@@ -89,6 +90,10 @@ class ParsedMegatron:
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.UNFUSED
     """--cross-entropy-loss-fusion (+ --cross-entropy-fusion-impl); without it Megatron's unfused loss."""
+    launcher_world_size: int | None = None
+    """The processes the launcher starts (torchrun --nproc-per-node x --nnodes, ...), None if it does not say."""
+    launcher_problem: str | None = None
+    """Why the launcher's process count cannot run the command's parallel sizes (world_size is then None)."""
 
     def with_world_size(self, world_size: int) -> ParsedMegatron:
         """The same launch on `world_size` GPUs (fills DP, and the global batch if it was defaulted)."""
@@ -245,13 +250,13 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         cross_entropy=facts.cross_entropy(r),
     )
     if launch.world_size is not None:
+        parsed = dataclasses.replace(parsed, launcher_world_size=launch.world_size)
         try:
             parsed = parsed.with_world_size(launch.world_size)
         except SpecError as exc:
-            warnings.append(
-                f"the launcher starts {launch.world_size} processes, which cannot run this plan "
-                f"({exc}); the GPU count is left open"
-            )
+            problem = f"the launcher starts {launch.world_size} processes, which cannot run this plan ({exc})"
+            parsed = dataclasses.replace(parsed, launcher_problem=problem)
+            warnings.append(f"{problem}; the GPU count is left open")
     return dataclasses.replace(parsed, warnings=tuple(warnings))
 
 
@@ -275,9 +280,7 @@ def model_shape_differences(expected: ModelSpec, got: ModelSpec) -> list[str]:
             "linear_bias": m.linear_bias,
             "qkv_bias": m.qkv_bias and not m.linear_bias,
             "qk_norm": m.qk_norm,
-            "mla": m.mla,
-            "moe": m.moe,
-            "moe_layers": moe_pattern(m),
+            "moe_layers": _runs(moe_pattern(m)),
             "num_layers": m.num_layers,
             "max_position_embeddings": (
                 m.max_position_embeddings if m.position_embedding is PositionKind.LEARNED else None
@@ -285,4 +288,34 @@ def model_shape_differences(expected: ModelSpec, got: ModelSpec) -> list[str]:
         }
 
     a, b = facts(expected), facts(got)
-    return [f"{k}: {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
+    return ([f"{k}: {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
+            + _block_differences("mla", expected.mla, got.mla) + _block_differences("moe", expected.moe, got.moe))
+
+
+def _block_differences(name: str, a: BaseModel | None, b: BaseModel | None) -> list[str]:
+    """An MLA or MoE block's differing fields one by one ("moe.num_experts: 256 vs 128"), not two reprs."""
+    def value(v: object) -> object:
+        return v.value if isinstance(v, Enum) else v
+
+    def whole(block: BaseModel | None) -> str:
+        return "none" if block is None else " ".join(f"{f}={value(getattr(block, f))}" for f in type(block).model_fields)
+
+    if a is None or b is None:
+        return [] if a is b else [f"{name}: {whole(a)} vs {whole(b)}"]
+    return [f"{name}.{f}: {value(getattr(a, f))} vs {value(getattr(b, f))}"
+            for f in type(a).model_fields if getattr(a, f) != getattr(b, f)]
+
+
+def _runs(pattern: tuple[int, ...]) -> str:
+    """Which decoder layers are MoE, as runs ("dense 0-2, MoE 3-60"); "none" without MoE layers (a dense
+    model's layer count is num_layers' fact, not a list of 80 zeros)."""
+    if not any(pattern):
+        return "none"
+    runs: list[str] = []
+    start = 0
+    for i in range(1, len(pattern) + 1):
+        if i == len(pattern) or pattern[i] != pattern[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            runs.append(f"{'MoE' if pattern[start] else 'dense'} {span}")
+            start = i
+    return ", ".join(runs)
