@@ -23,7 +23,7 @@ from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import parse_sglang, sglang_node_commands
+from autoshard.emit.sglang import parse_sglang, runs_deepep, sglang_deepep_seqs, sglang_node_commands
 from autoshard.emit.vllm import (
     VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
 )
@@ -328,9 +328,10 @@ def _sglang_priced(plan: ServePlan) -> bool:
     """Whether SGLang's launch lines of this deployment run paths autoshard prices (`sglang_priced`)."""
     if plan.disaggregated:
         pools = plan.cluster.pools
-        return all(sglang_priced(r.prediction.config, pools[r.pool_index].node.gpus_per_node, split=True)
+        return all(sglang_priced(r.prediction.config, pools[r.pool_index].node.gpus_per_node, split=True,
+                                 gpu=pools[r.pool_index].gpu)
                    for r in plan.roles)
-    return sglang_priced(plan.prediction.config, plan.pool.node.gpus_per_node)
+    return sglang_priced(plan.prediction.config, plan.pool.node.gpus_per_node, gpu=plan.pool.gpu)
 
 
 def _pct(figures: dict[str, float], ours: dict[str, float], key: str) -> str:
@@ -342,12 +343,14 @@ def _figures(tokens_per_s: float, pred: ServePrediction) -> dict[str, float]:
 
 
 def _aggregated_on(plan: ServePlan, engine: str) -> dict[str, float]:
-    """Throughput, TPOT and TTFT of an aggregated plan's deployment launched with `engine`."""
+    """Throughput, TPOT and TTFT of an aggregated plan's deployment launched with `engine` (SGLang's
+    DeepEP line runs at most the requests its low-latency buffer holds: `sglang_deepep_seqs`)."""
+    seqs = sglang_deepep_seqs(plan) if engine == "sglang" and runs_deepep(plan) else plan.max_num_seqs
     row, _, _ = evaluated_row(
         plan.model, plan.cluster, plan.job, tp=plan.tp, pp=plan.pp, dp=plan.dp, expert_parallel=plan.expert_parallel,
-        gpu_memory_utilization=plan.gpu_memory_utilization, max_num_seqs=plan.max_num_seqs,
+        gpu_memory_utilization=plan.gpu_memory_utilization, max_num_seqs=seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens, pool=plan.pool_index,
-        concurrency=plan.prediction.concurrency * plan.dp, framework=engine)
+        concurrency=min(plan.prediction.concurrency, seqs) * plan.dp, framework=engine)
     return _figures(row.throughput, row.prediction)
 
 
@@ -362,7 +365,8 @@ def _split_on(plan: ServePlan, engine: str) -> dict[str, float]:
     out = {}
     for role in plan.roles:
         pool = plan.cluster.pools[role.pool_index]
-        cfg = engine_config(role.prediction.config, engine, gpus_per_node=pool.node.gpus_per_node, split=True)
+        cfg = engine_config(role.prediction.config, engine, gpus_per_node=pool.node.gpus_per_node, split=True,
+                            gpu=pool.gpu)
         mem = serve_memory(plan.model, pool, cfg, context_len=plan.job.context_len)
         if (problem := mem.problem()) is not None:
             raise InfeasibleError(f"the {role.role} instances: {problem}")

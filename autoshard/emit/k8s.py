@@ -39,9 +39,10 @@ from autoshard.emit.pd import (
     SGLANG_DEEPEP_LL_ENV,
     role_plan,
     sglang_deepep_decode,
+    sglang_deepep_prefill,
     uses_deepep,
 )
-from autoshard.emit.sglang import sglang_node_commands
+from autoshard.emit.sglang import sglang_env, sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.plans.serve import ServePlan
 
@@ -103,13 +104,14 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
     base = workload_name(plan)
     roles = plan.roles or ()
     units: list[_Unit] = []
-    builder = vllm_node_commands if framework == "vllm" else sglang_node_commands
+    sglang = framework == "sglang"
     port = VLLM_PORT if framework == "vllm" else SGLANG_PORT
     if not roles:
         one = role_plan(plan, _AggRole(plan))  # type: ignore[arg-type]
         per_node = plan.pool.node.gpus_per_node
+        env = sglang_env(one) if sglang else ()  # DeepEP's buffer size, as container env
         for i in range(plan.replicas):
-            lines = builder(one)
+            lines = sglang_node_commands(one, env=False) if sglang else vllm_node_commands(one)
             units.append(
                 _Unit(
                     f"{base}-{i}",
@@ -119,6 +121,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                     lines,
                     port,
                     plan.pool.name,
+                    env,
                 )
             )
         return units
@@ -133,8 +136,10 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             one = dataclasses.replace(one, max_num_seqs=seqs)
             env = ((SGLANG_DEEPEP_LL_ENV, str(cap)),)
             graphs = ["--cuda-graph-max-bs-decode", str(seqs)]
+        elif framework == "sglang" and uses_deepep(role, nodes):
+            env = ((SGLANG_DEEPEP_LL_ENV, str(sglang_deepep_prefill(role))),)
         for i in range(role.instances):
-            lines = builder(one)
+            lines = sglang_node_commands(one, deepep=False) if sglang else vllm_node_commands(one)
             if framework == "vllm" and role.role == "prefill":  # as in emit/pd.py
                 lines = [line.replace("--all2all-backend deepep_low_latency",
                                       "--all2all-backend deepep_high_throughput") for line in lines]

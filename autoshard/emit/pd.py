@@ -24,6 +24,9 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
   rounded up to 128) up to that 256, and cap the captured graphs at the planned requests
   (`--cuda-graph-max-bs-decode`); a plan with more tokens per rank than 256 runs fewer requests under
   SGLang (its line says so: SGLang does not split a batch into passes; vLLM does and runs the plan).
+  Prefill instances on DeepEP set the variable the same way from their own running requests: SGLang's
+  `--deepep-mode auto` allocates the low-latency buffer on them too, and the plan's memory counts it
+  at that size (`costmodel.serve.ep_buffers.deepep_sglang_engine_bytes`).
 
 Instance commands come from the aggregated builders (`vllm_node_commands`, `sglang_node_commands`)
 applied to a one-instance plan; this module only appends the disaggregation words. Every word this
@@ -37,7 +40,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, sglang_deepep_tokens
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.plans.disagg import Role
@@ -54,6 +57,7 @@ __all__ = [
     "SGLANG_TRANSFER_BACKEND",
     "ROUTER_PORT",
     "sglang_deepep_decode",
+    "sglang_deepep_prefill",
 ]
 
 VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
@@ -115,8 +119,14 @@ def sglang_deepep_decode(role: Role) -> tuple[int, int]:
     requests."""
     per_request = 1 + role.speculative_tokens
     seqs = max(1, min(role.max_num_seqs, SGLANG_DEEPEP_LL_MAX // per_request))
-    cap = -(-seqs * per_request // SGLANG_DEEPEP_LL_DEFAULT) * SGLANG_DEEPEP_LL_DEFAULT
-    return seqs, min(SGLANG_DEEPEP_LL_MAX, cap)
+    return seqs, sglang_deepep_tokens(seqs, role.speculative_tokens)
+
+
+def sglang_deepep_prefill(role: Role) -> int:
+    """SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK of an SGLang prefill instance on DeepEP: its
+    running requests' tokens per rank, as its memory counts the buffer."""
+    cfg = role.prediction.config
+    return sglang_deepep_tokens(cfg.max_num_seqs, cfg.speculative_tokens)
 
 
 def place(plan: ServePlan) -> list[Instance]:
@@ -165,7 +175,7 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
     if low_latency:
         seqs, cap = sglang_deepep_decode(role)
         one = dataclasses.replace(one, max_num_seqs=seqs)
-    base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one)
+    base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one, deepep=False)
     if framework == "vllm" and inst.role == "prefill":  # DeepEP's throughput kernels take prefill whole
         base = [line.replace("--all2all-backend deepep_low_latency", "--all2all-backend deepep_high_throughput")
                 for line in base]
@@ -207,6 +217,8 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
             if low_latency:
                 env += f"{SGLANG_DEEPEP_LL_ENV}={cap} "
                 words += ["--cuda-graph-max-bs-decode", str(seqs)]
+            elif uses_deepep(role, len(inst.nodes)):
+                env += f"{SGLANG_DEEPEP_LL_ENV}={sglang_deepep_prefill(role)} "
         lines.append(env + line + " " + " ".join(_q(w) for w in words))
     return lines
 

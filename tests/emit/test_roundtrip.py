@@ -19,7 +19,13 @@ from autoshard.emit.megatron.command import megatron_command
 from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.megatron.parse import model_shape_differences, parse_megatron
 from autoshard.emit.vllm.parse import parse_vllm
-from autoshard.emit.sglang import SGLANG_KV_CACHE_DTYPE, mem_fraction_static, sglang_node_commands
+from autoshard.emit.sglang import (
+    SGLANG_KV_CACHE_DTYPE,
+    mem_fraction_static,
+    runs_deepep,
+    sglang_deepep_seqs,
+    sglang_node_commands,
+)
 from autoshard.emit.vllm import vllm_node_commands
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.parallel import Recompute
@@ -124,6 +130,8 @@ def serve_plans(name: str):
 
 def _sglang_flags(command: str) -> dict[str, str | bool]:
     words = shlex.split(command)
+    if words[0].startswith("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK="):  # DeepEP lines (#13)
+        words = words[1:]
     assert words[:3] == ["python", "-m", "sglang.launch_server"]
     flags: dict[str, str | bool] = {}
     i = 3
@@ -174,7 +182,11 @@ def test_sglang_commands_say_what_the_plan_says(name: str) -> None:
             assert not (dp > 1 and nnodes > 1)  # SGLang refuses --dp-size with --nnodes > 1
             assert int(f["--context-length"]) == plan.max_model_len
             assert float(f["--mem-fraction-static"]) == pytest.approx(mem_fraction_static(plan))
-            assert int(f["--max-running-requests"]) == plan.max_num_seqs * plan.dp_attention
+            seqs = sglang_deepep_seqs(plan) if runs_deepep(plan) else plan.max_num_seqs  # DeepEP's buffer
+            assert seqs == plan.max_num_seqs or seqs * (1 + plan.prediction.config.speculative_tokens) <= 256
+            assert int(f["--max-running-requests"]) == seqs * plan.dp_attention
+            assert (f.get("--moe-a2a-backend"), f.get("--cuda-graph-max-bs-decode")) == (
+                ("deepep", str(seqs)) if runs_deepep(plan) else (None, None))
             assert int(f["--chunked-prefill-size"]) == plan.max_num_batched_tokens
             assert f["--kv-cache-dtype"] == SGLANG_KV_CACHE_DTYPE[plan.job.kv_cache_dtype]
             assert ("--quantization" in f) == (plan.job.weight_dtype is not WeightDtype.BF16)

@@ -31,6 +31,7 @@ CASES = {
     "llama70b-h100x32-tp4dp8": ("llama-3.1-70b", "dgx-h100", 32, "bf16", "bf16", 4, 1, 8, False, 256),
     "mixtral-h100x8-tp2dp4-ep8": ("mixtral-8x7b", "dgx-h100", 8, "bf16", "bf16", 2, 1, 4, True, 256),
     "deepseekv3-fp8-h200x16-tp8dp2-ep16": ("deepseek-v3", "dgx-h200", 16, "fp8", "bf16", 8, 1, 2, True, 128),
+    "deepseekv3-fp8-h200x8-dp8-ep8": ("deepseek-v3", "dgx-h200", 8, "fp8", "bf16", 1, 1, 8, True, 192),
     "qwen235b-int4-l40sx8-tp4pp2": ("qwen3-235b-a22b", "l40s-pcie", 8, "int4", "fp8", 4, 2, 1, False, 64),
 }
 
@@ -50,7 +51,11 @@ SGLANG_FLAGS = {
     "--context-length",
     "--kv-cache-dtype",
     "--quantization",
+    "--moe-a2a-backend",
+    "--deepep-mode",
+    "--cuda-graph-max-bs-decode",
 }
+DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 KV_CACHE_DTYPES = {"auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"}
 QUANTIZATIONS = {
     "awq",
@@ -89,8 +94,10 @@ def build(name):
 
 def flags(command: str) -> dict[str, str]:
     words = shlex.split(command)
-    assert words[:3] == ["python", "-m", "sglang.launch_server"]
     out: dict[str, str] = {}
+    if words[0].startswith(DEEPEP_ENV + "="):  # the one variable autoshard's lines set (DeepEP's buffer)
+        out[DEEPEP_ENV] = words.pop(0).split("=", 1)[1]
+    assert words[:3] == ["python", "-m", "sglang.launch_server"]
     for name, value in zip(words[3::2], words[4::2], strict=True):
         assert name in SGLANG_FLAGS, name
         assert name not in out
@@ -128,6 +135,14 @@ def test_every_node_command_follows_sglang_rules(name):
         assert f.get("--quantization", "fp8") in QUANTIZATIONS
         assert int(f["--context-length"]) == plan.max_model_len
         assert f["--model-path"] == plan.model_path
+        if "--moe-a2a-backend" in f:  # DeepEP: EP over the whole TP group (SGLang forces ep_size = tp_size),
+            # auto mode, and no rank's decode batch or captured graph beyond the low-latency buffer
+            assert (f["--moe-a2a-backend"], f["--deepep-mode"], ep) == ("deepep", "auto", tp)
+            cap = int(f[DEEPEP_ENV])
+            assert cap % 128 == 0 and 128 <= cap <= 1024
+            assert int(f["--cuda-graph-max-bs-decode"]) == int(f["--max-running-requests"]) // adp <= cap
+        else:
+            assert DEEPEP_ENV not in f and "--cuda-graph-max-bs-decode" not in f
         total += tp * pp * dp // nnodes  # GPUs this node runs
     assert total == plan.num_gpus
 
@@ -136,6 +151,36 @@ def test_expert_parallel_maps_to_attention_dp():
     f = flags(build("deepseekv3-fp8-h200x16-tp8dp2-ep16").launch["sglang"])
     assert (f["--tp-size"], f["--attn-dp-size"], f["--ep-size"], f["--nnodes"]) == ("16", "2", "16", "2")
     assert f["--max-running-requests"] == "256"  # 128 per attention-DP rank
+    # on DeepEP (#13), its low-latency buffer sized for the 128 decode tokens per rank
+    assert (f["--moe-a2a-backend"], f["--deepep-mode"], f[DEEPEP_ENV]) == ("deepep", "auto", "128")
+    assert f["--cuda-graph-max-bs-decode"] == "128"
+
+
+def test_deepseek_v3_fp8_on_8_h200_runs_deepep():
+    """The golden line of DeepSeek-V3 FP8 on one 8 x H200 node, attention DP 8 x EP 8 at 192 requests per
+    rank: --moe-a2a-backend deepep --deepep-mode auto, the buffer for 256 tokens per rank (192 rounded up
+    to 128s), graphs captured up to 192; the plan is priced with DeepGEMM experts and counts that buffer."""
+    plan = build("deepseekv3-fp8-h200x8-dp8-ep8")
+    (line,) = sglang_node_commands(plan)
+    f = flags(line)
+    assert (f["--tp-size"], f["--attn-dp-size"], f["--ep-size"], f["--max-running-requests"]) == ("8", "8", "8", "1536")
+    assert (f[DEEPEP_ENV], f["--cuda-graph-max-bs-decode"], f["--moe-a2a-backend"]) == ("256", "192", "deepep")
+    assert plan.prediction.memory.ep_buffer_bytes == 3_816_818_816 + 1024 * 2**20  # vLLM's: 256 tokens + 1 GiB
+    model, cluster, gpus, wd, kv, tp, pp, dp, ep, seqs = CASES["deepseekv3-fp8-h200x8-dp8-ep8"]
+    sglang = evaluate_serve(load_model(model), load_cluster(cluster).with_gpus(gpus),
+                            ServeJob(input_len=1000, output_len=1000, weight_dtype=wd, kv_cache_dtype=kv),
+                            tp=tp, pp=pp, dp=dp, expert_parallel=ep, max_num_seqs=seqs, framework="sglang")
+    cfg = sglang.prediction.config
+    assert (cfg.engine, cfg.deep_gemm) == ("sglang", True)
+    # SGLang's buffers are 0.83 GiB smaller than vLLM's: one more percent of HBM for weights + KV pool
+    assert sglang.launch["sglang"] == line.replace("--mem-fraction-static 0.83", "--mem-fraction-static 0.84")
+    # DeepEP's low-latency layout at 256 tokens (h = 7,168, 256 experts): 2 x send + 2 x receive of
+    # 256 x 256 x 14,560 B (combine messages 2h + 4h/128) + 2 x 1,024 B of signals, aligned up by 128;
+    # plus the normal kernels' NVLink buffer: 10 channels x 8 ranks x 256 tokens x (7,168 FP8 + 8 + 128 x
+    # (8 + 4) + 128 x 4) B + 10 x 8 x 5 ints, rounded up to 128 B
+    low_latency = 4 * 256 * 256 * 14_560 + 2 * 1024 + 128
+    nvl = -(-(10 * 8 * 256 * (7168 + 8 + 128 * 12 + 512) + 10 * 8 * 5 * 4) // 128) * 128
+    assert sglang.prediction.memory.ep_buffer_bytes == low_latency + nvl == 4_005_728_000
 
 
 def test_replicas_across_nodes_are_one_server_per_node():

@@ -19,7 +19,9 @@ from autoshard.costmodel.serve.compute import (
     model_serving_gpu,
 )
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.api_serve import with_engine_check
 from autoshard.costmodel.serve.engines import SGLANG_UNPRICED, engine_config, sglang_deepep, sglang_priced
+from autoshard.costmodel.serve.ep_buffers import SGLANG_DEEPEP_TOKENS_MAX
 from autoshard.costmodel.serve.fused_moe import TRITON_BLOCK_FP8_HOPPER, expected_padded_rows
 from autoshard.emit.pd import place, uses_deepep
 from autoshard.errors import SpecError
@@ -60,21 +62,17 @@ def _closed_form_ep_experts(model, gpu, *, ep: int, tokens: float, rate: float, 
     return total
 
 
-def test_sglang_target_prices_triton_experts():
-    """Qwen3-235B-FP8 on 8 H100, --target sglang: every plan runs SGLang's settings, and its throughput
-    plan (TP 4 x PP 2, experts over EP 4) prices a prefill chunk's experts at Triton's block-FP8 rate on
-    64-row tiles; the same engine priced for vLLM takes DeepGEMM's 128-row segments at the block
+def test_sglang_tp_sharded_ep_engine_prices_triton_experts():
+    """Qwen3-235B-FP8 on 8 H100 as SGLang runs TP 4 x PP 2 with experts over EP 4 (no attention DP, so
+    no DeepEP: its MoE runner `auto` takes Triton): a prefill chunk's experts at Triton's block-FP8 rate
+    on 64-row tiles; the same engine priced for vLLM takes DeepGEMM's 128-row segments at the block
     kernels' rate (1,536-wide experts at TP 4: vLLM v0.11.0 hands them over)."""
-    sol = _solved("sglang")
-    for plan in (sol.plans[0], sol.alternative):
-        cfg = plan.prediction.config
-        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", False, False)
-        assert not (plan.expert_parallel and plan.dp_attention > 1)  # SGLang's line runs no DeepEP there
-        assert any(w.endswith("--target vllm plans them (vLLM's line runs DeepEP)") and SGLANG_UNPRICED in w
-                   for w in plan.warnings)  # and the plan says what was left out
-    plan = sol.alternative
+    job = api.serve_job_for(QWEN, weight_dtype="fp8")
+    plan = with_engine_check(api.evaluate_serve(QWEN, H100x8, job, tp=4, pp=2, dp=1, expert_parallel=True,
+                                                framework="sglang"))
     cfg = plan.prediction.config
-    assert (plan.tp, plan.pp, plan.ep) == (4, 2, 4)
+    assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", False, False)
+    assert "--moe-a2a-backend" not in plan.launch["sglang"]
     gpu = model_serving_gpu(QWEN, plan.pool.gpu, FP8)
     chunk = cfg.max_num_batched_tokens
     triton = _closed_form_ep_experts(QWEN, gpu, ep=4, tokens=chunk, rate=TRITON_BLOCK_FP8_HOPPER, tile=64)
@@ -90,10 +88,34 @@ def test_sglang_target_prices_triton_experts():
     assert "under vLLM" in other["note"] and "--target vllm" in other["note"]
 
 
+def test_sglang_target_plans_deepep_engines():
+    """--target sglang plans the attention-DP + EP engines on DeepEP (#13): Qwen3-235B-FP8 on 8 H100
+    gets vLLM's interactive deployment (TP 4 x attention DP 2, EP 8, 192 requests per rank: 8,212
+    output tokens/s, TPOT 46.8 ms; before, 5,283 on TP 8), and a throughput-optimal one kept within the
+    256 decode tokens per rank of the DeepEP low-latency buffer its line sizes (TP 2 x DP 4, 196 per
+    rank: 11,546 tokens/s, TPOT 67.9 ms; before, 10,121 on TP 4 x PP 2). Nothing is left out."""
+    sol = _solved("sglang")
+    for plan, shape, tokens, tpot in ((sol.plans[0], (4, 1, 2, 8, 192), 8212, 0.0468),
+                                      (sol.alternative, (2, 1, 4, 8, 196), 11546, 0.0679)):
+        cfg = plan.prediction.config
+        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", True, False)
+        assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == shape
+        assert plan.max_num_seqs <= SGLANG_DEEPEP_TOKENS_MAX
+        assert plan.throughput_tokens_per_s == pytest.approx(tokens, abs=0.5)
+        assert plan.prediction.tpot_s == pytest.approx(tpot, abs=5e-5)
+        assert not any(SGLANG_UNPRICED in w for w in plan.warnings)
+        line = plan.launch["sglang"]
+        assert "--moe-a2a-backend deepep --deepep-mode auto" in line
+        assert line.startswith(f"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=256 python -m sglang.launch_server")
+        assert f"--cuda-graph-max-bs-decode {plan.max_num_seqs}" in line
+
+
 def test_vllm_target_plan_unchanged():
     """The vLLM-priced plans of Qwen3-235B-FP8 on 8 H100 (golden, as before engines were told apart):
     TP 4 x attention DP 2 with EP 8, 192 requests per DP rank at the interactive SLA (8,212 output
-    tokens/s, TPOT 46.8 ms), 407 for the throughput-optimal one (11,829 tokens/s, TPOT 68.8 ms)."""
+    tokens/s, TPOT 46.8 ms), 407 for the throughput-optimal one (11,829 tokens/s, TPOT 68.8 ms). SGLang's
+    line for the same deployment runs DeepEP: the same figures at 192 requests per rank; at 407 it runs
+    the 256 its low-latency buffer holds (9,563 tokens/s), and says so."""
     sol = _solved("vllm")
     for plan, seqs, tokens, tpot in ((sol.plans[0], 192, 8212, 0.0468), (sol.alternative, 407, 11829, 0.0688)):
         assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == (4, 1, 2, 8, seqs)
@@ -101,8 +123,10 @@ def test_vllm_target_plan_unchanged():
         assert plan.prediction.tpot_s == pytest.approx(tpot, abs=5e-5)
         cfg = plan.prediction.config
         assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("vllm", True, True)
-        # SGLang's line for this deployment runs a path autoshard does not price: said, not hidden
-        assert plan.engine_other["priced"] is False and SGLANG_UNPRICED in plan.engine_other["note"]
+    assert sol.plans[0].engine_other["differs"] is False
+    other = sol.alternative.engine_other
+    assert other["differs"] is True and other["tokens_per_s"] == pytest.approx(9563, abs=0.5)
+    assert "--max-running-requests 512 " in sol.alternative.launch["sglang"]  # 256 per rank x 2
 
 
 def test_json_states_the_engine():
@@ -123,13 +147,20 @@ def test_sglang_plan_round_trips_through_its_own_command():
     back = api.evaluate_serve_command(plan.launch["sglang"], "qwen3-235b-a22b", "dgx-h100", 8,
                                       input_len=plan.job.input_len, output_len=plan.job.output_len,
                                       concurrency=plan.prediction.concurrency * plan.dp, sglang=True)
-    assert back.prediction.config.engine == "sglang" and back.prediction.config.deep_gemm is False
+    assert back.prediction.config == plan.prediction.config.__class__(
+        **{**{f: getattr(plan.prediction.config, f) for f in plan.prediction.config.__dataclass_fields__},
+           "gpu_memory_utilization": back.prediction.config.gpu_memory_utilization})
+    assert back.prediction.config.engine == "sglang" and back.prediction.config.deep_gemm is True  # DeepEP
     assert back.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-9)
+    assert back.prediction.tpot_s == pytest.approx(plan.prediction.tpot_s, rel=1e-9)
+    assert not any("not read" in w or "DeepEP's assert" in w for w in back.warnings)
 
 
 @pytest.mark.parametrize(("tp", "pp", "dpa", "ep", "split", "deepep", "priced"), [
     (8, 1, 1, False, False, False, True),  # TP MoE: Triton, priced
-    (1, 1, 8, True, False, False, False),  # attention DP + EP without DeepEP: not priced
+    (1, 1, 8, True, False, True, True),  # aggregated attention DP + EP on one node: DeepEP (#13)
+    (4, 2, 4, True, False, True, True),  # ... with PP over two nodes
+    (2, 1, 8, True, False, True, True),  # ... EP 16 over two nodes
     (1, 1, 8, True, True, False, False),  # a one-node split instance: no DeepEP either (emit.pd)
     (1, 1, 16, True, True, True, True),  # a two-node split instance: --moe-a2a-backend deepep
     (8, 2, 1, True, True, True, True),  # EP over two nodes (PP): DeepEP, so DeepGEMM

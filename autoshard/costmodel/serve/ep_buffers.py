@@ -18,8 +18,17 @@ Facts modelled:
   NVLink buffer of VLLM_DEEPEP_BUFFER_SIZE_MB (1024 MiB by default) that DeepEP's `Buffer`
   cudaMallocs. Both are allocated after vLLM's memory baseline, so its profiler counts them as
   non-torch memory and the KV cache shrinks by them.
-- SGLang (`--moe-a2a-backend deepep`) sizes the same RDMA buffer with cap =
-  SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128 by default, at most 1024).
+- SGLang (`--moe-a2a-backend deepep`, default `--deepep-mode auto`) creates one DeepEP `Buffer` per
+  GPU for both modes (`DeepEPBuffer.get_deepep_buffer`, sglang/srt/layers/moe/token_dispatcher/
+  deepep.py, sgl-project/sglang 003a81bf): the RDMA buffer is the larger of the low-latency layout at
+  cap = SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (128 by default, asserted <= 1024) and the
+  normal kernels' `get_rdma_buffer_size_hint`; the NVLink buffer is the normal kernels'
+  `get_nvl_buffer_size_hint` (no 1 GiB default), both from DeepEP's recommended dispatch and combine
+  `Config` for the EP size (deep_ep/buffer.py `get_dispatch_config` / `get_combine_config`, 20 SMs)
+  at hidden x 1 byte per element (SGLang's FP8 dispatch, its default: `get_deepep_output_dtype`) or
+  2 for BF16 models. autoshard's SGLang lines set the variable to the planned decode tokens per rank
+  rounded up to 128, at most SGLANG_DEEPEP_TOKENS_MAX (`sglang_deepep_tokens`), so the memory counts
+  the buffer the line allocates (`deepep_sglang_engine_bytes`).
 
 Pure functions of the specs: no I/O, no solver.
 """
@@ -29,11 +38,18 @@ from __future__ import annotations
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import WeightDtype
 from autoshard.specs.model import ModelSpec
 from autoshard.units import MIB
 
 __all__ = [
     "DEEPEP_ALIGNMENT_BYTES",
+    "DEEPEP_EP_RANKS",
+    "SGLANG_DEEPEP_TOKENS_MAX",
+    "SGLANG_DEEPEP_TOKENS_STEP",
+    "deepep_normal_buffer_bytes",
+    "deepep_sglang_engine_bytes",
+    "sglang_deepep_tokens",
     "DEEPEP_LL_GENERATIONS",
     "SGLANG_DEEPEP_MAX_DISPATCH_TOKENS",
     "VLLM_DEEPEP_NVL_BYTES",
@@ -56,6 +72,40 @@ VLLM_DEEPEP_NVL_BYTES = 1024 * MIB
 DEEPEP_LL_GENERATIONS = ("hopper", "blackwell")
 """GPUs DeepEP's low-latency kernels run on (SM90 and later; its SM80 build has intranode kernels
 only). AMD engines use other all-to-all libraries (MORI), whose buffers are not modelled here."""
+
+
+SGLANG_DEEPEP_TOKENS_STEP = 128
+"""autoshard's SGLang lines size the low-latency buffer in steps of SGLang's default cap."""
+SGLANG_DEEPEP_TOKENS_MAX = VLLM_MOE_DP_CHUNK_SIZE
+"""The most decode tokens per rank autoshard plans for an SGLang engine on DeepEP (its line's
+SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK): SGLang does not split a decode batch into passes,
+and a batch or captured CUDA graph with more tokens on a rank fails DeepEP's assert (`x.size(0) <=
+num_max_dispatch_tokens_per_rank`), so its plans keep at most this many running requests x (1 + MTP
+drafts) per attention-DP rank; 256, as vLLM's MoE chunk, bounds the buffer (3.6 GiB for DeepSeek-V3)."""
+DEEPEP_EP_RANKS = (2, 4, 8, 16, 24, 32, 64, 128, 144, 160)
+"""EP sizes DeepEP's `Buffer.get_dispatch_config` / `get_combine_config` have a config for (it asserts
+`num_ranks in config_map`; deepseek-ai/DeepEP deep_ep/buffer.py at 04b06f7a): the normal kernels SGLang's
+`--deepep-mode auto` runs for prefill start nowhere else."""
+DEEPEP_NUM_SMS = 20
+"""DeepEP's `Buffer.num_sms` default: the high-throughput kernels run num_sms / 2 channels."""
+_DEEPEP_NORMAL_CONFIGS: dict[int, tuple[tuple[int, int, int, int], tuple[int, int, int, int]]] = {
+    # EP ranks: (dispatch, combine) Config(nvl send, nvl recv, rdma send, rdma recv) at 04b06f7a
+    2: ((24, 256, 6, 128), (10, 256, 6, 128)),
+    4: ((6, 256, 6, 128), (9, 256, 6, 128)),
+    8: ((6, 256, 6, 128), (4, 256, 6, 128)),
+    16: ((16, 288, 20, 128), (2, 288, 28, 128)),
+    24: ((8, 288, 32, 128), (1, 288, 20, 128)),
+    32: ((8, 288, 32, 128), (1, 288, 20, 128)),
+    64: ((20, 288, 28, 128), (1, 288, 20, 128)),
+    128: ((20, 560, 32, 128), (1, 560, 12, 128)),
+    144: ((32, 720, 12, 128), (2, 720, 8, 128)),
+    160: ((28, 720, 12, 128), (2, 720, 8, 128)),
+}
+NUM_MAX_NVL_PEERS = 8
+DEEPEP_SOURCE_META_BYTES = 8
+"""`internode::get_source_meta_bytes()`: SourceMeta's two ints (src_rdma_rank, is_token_in_nvl_rank_bits)."""
+_MAX_TOPK = 128
+_MAX_SCALES = 128
 
 
 def _align(n: int, to: int) -> int:
@@ -100,7 +150,59 @@ def uses_deepep_low_latency(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) ->
 def deepep_ll_engine_bytes(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> float:
     """Non-torch bytes DeepEP holds on each GPU of a vLLM engine with the low-latency backend: the
     RDMA buffer at cap VLLM_MOE_DP_CHUNK_SIZE plus vLLM's NVLink buffer; 0 for engines that do not
-    run it (`uses_deepep_low_latency`)."""
+    run it (`uses_deepep_low_latency`). An SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`."""
+    if cfg.engine == "sglang":
+        return deepep_sglang_engine_bytes(model, gpu, cfg)
     if not uses_deepep_low_latency(model, gpu, cfg):
         return 0.0
     return float(deepep_ll_buffer_bytes(model, VLLM_MOE_DP_CHUNK_SIZE, cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
+
+
+def sglang_deepep_tokens(seqs: int, drafts: int = 0) -> int:
+    """SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK autoshard's SGLang lines set for `seqs` running
+    requests per attention-DP rank with `drafts` MTP draft tokens each: the decode tokens per rank
+    rounded up to SGLANG_DEEPEP_TOKENS_STEP, at most SGLANG_DEEPEP_TOKENS_MAX."""
+    if not isinstance(seqs, int) or seqs < 1 or not isinstance(drafts, int) or drafts < 0:
+        raise ValueError(f"seqs must be a positive and drafts a non-negative integer, got {seqs!r}, {drafts!r}")
+    tokens = _align(seqs * (1 + drafts), SGLANG_DEEPEP_TOKENS_STEP)
+    return min(SGLANG_DEEPEP_TOKENS_MAX, tokens)
+
+
+def deepep_normal_buffer_bytes(hidden_bytes: int, ranks: int) -> tuple[int, int]:
+    """(NVLink bytes, RDMA bytes) of DeepEP's normal (high-throughput) kernels for an `ranks`-rank EP
+    group moving `hidden_bytes` per token: the larger of the dispatch and combine configs'
+    `get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint` (deepseek-ai/DeepEP csrc/config.hpp), as
+    SGLang sizes them. The RDMA part is 0 inside one node (<= 8 ranks)."""
+    if ranks not in _DEEPEP_NORMAL_CONFIGS:
+        raise ValueError(f"DeepEP has no config for {ranks} EP ranks (it has {', '.join(map(str, DEEPEP_EP_RANKS))})")
+    channels = DEEPEP_NUM_SMS // 2
+    rdma_ranks, nvl_ranks = max(ranks // NUM_MAX_NVL_PEERS, 1), min(ranks, NUM_MAX_NVL_PEERS)
+    per_token = hidden_bytes + DEEPEP_SOURCE_META_BYTES + _MAX_TOPK * 8 + _MAX_TOPK * 4 + _MAX_SCALES * 4
+    nvl = rdma = 0
+    for _, nvl_recv, rdma_send, rdma_recv in _DEEPEP_NORMAL_CONFIGS[ranks]:
+        n = channels * nvl_ranks * (2 * rdma_ranks + 3) * 4 + channels * nvl_ranks * nvl_recv * per_token
+        nvl = max(nvl, _align(n, DEEPEP_ALIGNMENT_BYTES))
+        if ranks > NUM_MAX_NVL_PEERS:
+            recv = _align(rdma_recv, rdma_send)  # Config rounds the RDMA receive tokens up to the send chunk
+            r = channels * rdma_ranks * (NUM_MAX_NVL_PEERS * 2 + 2) * 2 * 4
+            r += channels * rdma_ranks * recv * (per_token + 16) * 2  # plus an int4 per token
+            rdma = max(rdma, _align(r + 1048576, DEEPEP_ALIGNMENT_BYTES))
+    return nvl, rdma
+
+
+def deepep_sglang_engine_bytes(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> float:
+    """Bytes of the DeepEP buffer SGLang's `--moe-a2a-backend deepep --deepep-mode auto` allocates on
+    each GPU (see the module docstring): the NVLink buffer of the normal kernels plus the larger of
+    their RDMA buffer and the low-latency one at `sglang_deepep_tokens` of the engine's running
+    requests; 0 for engines that run no DeepEP (`uses_deepep_low_latency`). An EP size DeepEP has no
+    config for keeps the low-latency buffer alone (SGLang does not start such an engine: it is left
+    out, `costmodel.serve.engines.sglang_priced`)."""
+    if not uses_deepep_low_latency(model, gpu, cfg):
+        return 0.0
+    cap = sglang_deepep_tokens(cfg.max_num_seqs, cfg.speculative_tokens)
+    low_latency = deepep_ll_buffer_bytes(model, cap, cfg.ep)
+    if cfg.ep not in _DEEPEP_NORMAL_CONFIGS:
+        return float(low_latency)
+    hidden_bytes = model.hidden_size * (1 if cfg.weight_dtype is WeightDtype.FP8 else 2)
+    nvl, rdma = deepep_normal_buffer_bytes(hidden_bytes, cfg.ep)
+    return float(nvl + max(rdma, low_latency))

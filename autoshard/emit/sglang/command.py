@@ -15,12 +15,30 @@ the activation and graph memory SGLang keeps outside it. Weights: the same check
 (`autoshard.emit.vllm.command.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
 name for is left to SGLang, which reads it from the checkpoint's quantization_config. KV cache: `auto`
 or `fp8_e4m3`.
+
+Attention-DP + EP engines run DeepEP where SGLang can start it (`costmodel.serve.engines.sglang_deepep`:
+Hopper/Blackwell, an EP size DeepEP has a config for, one node or several): `--moe-a2a-backend deepep
+--deepep-mode auto` (normal kernels for steps with prefill, low-latency ones for decode-only steps; the
+MoE runner `auto` then takes DeepGEMM), SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK set to the
+planned decode tokens per rank rounded up to 128 (`costmodel.serve.ep_buffers.sglang_deepep_tokens`,
+the buffer the plan's memory counts), and `--cuda-graph-max-bs-decode` at the planned requests per
+rank, since a captured graph or a batch with more tokens on a rank than the buffer holds fails DeepEP's
+assert. A plan with more requests per rank than that buffer allows (at most 256 tokens: autoshard's
+SGLang plans never have one) runs fewer under SGLang (`sglang_deepep_seqs`). The variable is a
+`VAR=value` prefix of each line (`sglang_env` gives it alone, for Kubernetes manifests).
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 
+from autoshard.costmodel.serve.engines import sglang_deepep
+from autoshard.costmodel.serve.ep_buffers import (
+    SGLANG_DEEPEP_TOKENS_MAX,
+    sglang_deepep_tokens,
+    uses_deepep_low_latency,
+)
 from autoshard.emit.vllm.command import HEAD_ADDRESS, speculative_tokens, vllm_quantization
 from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
@@ -30,6 +48,10 @@ __all__ = [
     "sglang_command",
     "sglang_node_commands",
     "mem_fraction_static",
+    "runs_deepep",
+    "sglang_deepep_seqs",
+    "sglang_env",
+    "SGLANG_DEEPEP_ENV",
     "SGLANG_QUANTIZATION",
     "SGLANG_KV_CACHE_DTYPE",
 ]
@@ -46,6 +68,30 @@ SGLANG_QUANTIZATION: dict[str, str] = {  # vLLM method -> SGLang 0.5 --quantizat
     "mxfp4": "mxfp4",
 }
 SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8_e4m3"}
+SGLANG_DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+
+
+def runs_deepep(plan: ServePlan) -> bool:
+    """Whether the plan's aggregated SGLang line runs DeepEP (see the module docstring)."""
+    pred = plan.prediction
+    if pred is None:
+        return False
+    cfg = pred.config
+    return uses_deepep_low_latency(plan.model, plan.pool.gpu, cfg) and sglang_deepep(
+        cfg, plan.pool.node.gpus_per_node, split=False, gpu=plan.pool.gpu)
+
+
+def sglang_deepep_seqs(plan: ServePlan) -> int:
+    """Running requests per attention-DP rank the DeepEP line allows: the plan's, at most as many as
+    SGLANG_DEEPEP_TOKENS_MAX decode tokens per rank hold."""
+    return max(1, min(plan.max_num_seqs, SGLANG_DEEPEP_TOKENS_MAX // (1 + speculative_tokens(plan))))
+
+
+def sglang_env(plan: ServePlan) -> tuple[tuple[str, str], ...]:
+    """Environment the plan's aggregated SGLang line needs: DeepEP's low-latency buffer size, or none."""
+    if not runs_deepep(plan):
+        return ()
+    return ((SGLANG_DEEPEP_ENV, str(sglang_deepep_tokens(sglang_deepep_seqs(plan), speculative_tokens(plan)))),)
 
 
 def mem_fraction_static(plan: ServePlan) -> float:
@@ -55,7 +101,7 @@ def mem_fraction_static(plan: ServePlan) -> float:
     return min(0.95, max(0.05, math.floor(100 * static / mem.capacity_bytes) / 100))
 
 
-def _base(plan: ServePlan, *, dp: int) -> list[str]:
+def _base(plan: ServePlan, *, dp: int, deepep: bool = False) -> list[str]:
     tp = plan.tp * plan.dp_attention
     words = [
         "python",
@@ -74,7 +120,8 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
         if plan.dp_attention > 1:
             words += ["--attn-dp-size", str(plan.dp_attention)]
         words += ["--ep-size", str(plan.ep)]
-    running = plan.max_num_seqs * plan.dp_attention
+    seqs = sglang_deepep_seqs(plan) if deepep else plan.max_num_seqs
+    running = seqs * plan.dp_attention
     words += [
         "--context-length",
         str(plan.max_model_len),
@@ -90,6 +137,8 @@ def _base(plan: ServePlan, *, dp: int) -> list[str]:
     quant = SGLANG_QUANTIZATION.get(vllm_quantization(plan) or "")
     if quant:
         words += ["--quantization", quant]
+    if deepep:
+        words += ["--moe-a2a-backend", "deepep", "--deepep-mode", "auto", "--cuda-graph-max-bs-decode", str(seqs)]
     drafts = speculative_tokens(plan)
     if drafts:  # DeepSeek's MTP module as SGLang's EAGLE drafter: one chain of `drafts` tokens
         words += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(drafts),
@@ -107,14 +156,22 @@ def _multi_node(base: list[str], nodes: int, head: str) -> list[str]:
     ]
 
 
-def sglang_node_commands(plan: ServePlan) -> list[str]:
-    """The command for every node of the deployment, head node first."""
+def sglang_node_commands(plan: ServePlan, *, deepep: bool = True, env: bool = True) -> list[str]:
+    """The command for every node of the deployment, head node first. `deepep` False leaves DeepEP's
+    words out (`emit.pd` adds its own to prefill/decode instances); `env` False leaves out the
+    `VAR=value` prefix (`sglang_env`)."""
+    deepep = deepep and runs_deepep(plan)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sglang_env(plan)) if deepep and env else ""
+    return [prefix + line for line in _node_commands(plan, deepep)]
+
+
+def _node_commands(plan: ServePlan, deepep: bool) -> list[str]:
     per_node = plan.pool.node.gpus_per_node
     if plan.num_gpus <= per_node:
-        return [shell_join(_base(plan, dp=plan.replicas))]
+        return [shell_join(_base(plan, dp=plan.replicas, deepep=deepep))]
     engine = plan.engine_gpus
     if plan.expert_parallel:
-        return _multi_node(_base(plan, dp=1), -(-engine // per_node), HEAD_ADDRESS)
+        return _multi_node(_base(plan, dp=1, deepep=deepep), -(-engine // per_node), HEAD_ADDRESS)
     if engine <= per_node:
         local = per_node // engine
         nodes = -(-plan.replicas // local)

@@ -35,7 +35,12 @@ _SGLANG_VALUE: dict[str, str] = {
     "--kv-cache-dtype": "--kv-cache-dtype",
     "--nnodes": "--nnodes", "--node-rank": "--node-rank",
     "--moe-runner-backend": "--moe-runner-backend", "--moe-a2a-backend": "--moe-a2a-backend",
+    "--deepep-mode": "--deepep-mode", "--cuda-graph-max-bs-decode": "--cuda-graph-max-bs-decode",
+    "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
 }
+DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+DEEPEP_ENV_DEFAULT = 128
+"""SGLang's default low-latency buffer: tokens one rank dispatches per call (sglang/srt/environ.py)."""
 _SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--trust-remote-code",
                               "--disable-cuda-graph", "--enable-torch-compile", "--disable-radix-cache",
                               "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup",
@@ -55,7 +60,10 @@ def parse_sglang(command: str) -> ParsedServe:
     warnings: list[str] = []
     tokens = split_command(command)
     k = 0
+    env: dict[str, str] = {}
     while k < len(tokens) and ENV_WORD.match(tokens[k]):
+        name, _, value = tokens[k].partition("=")
+        env[name] = value
         k += 1
     rest = tokens[k:]
     args = None
@@ -155,6 +163,8 @@ def parse_sglang(command: str) -> ParsedServe:
         warnings.append(f"--moe-a2a-backend {a2a}: attention DP with expert parallelism is priced with DeepEP's "
                         "all-to-all (as --moe-a2a-backend deepep runs it); without it SGLang gathers every DP rank's "
                         "tokens onto each GPU, which is not modelled")
+    if a2a == "deepep" and expert_parallel and attn_dp > 1:
+        warnings += _deepep_notes(values, env, seqs)
     return ParsedServe(
         model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),
@@ -167,3 +177,27 @@ def parse_sglang(command: str) -> ParsedServe:
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
         deep_gemm=deep_gemm,
     )
+
+
+def _deepep_notes(values: dict[str, str], env: dict[str, str], seqs: int | None) -> list[str]:
+    """What a DeepEP line runs that autoshard's pricing does not: a mode other than auto (normal kernels
+    for steps with prefill, low-latency ones for decode-only steps), or more requests per rank than the
+    low-latency buffer (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK) or the captured CUDA graphs take."""
+    out = []
+    mode = values.get("--deepep-mode", "auto")
+    if mode != "auto":
+        out.append(f"--deepep-mode {mode}: priced as auto (DeepEP's normal kernels for steps with prefill, its "
+                   "low-latency kernels for decode-only steps)")
+    raw = env.get(DEEPEP_ENV)
+    cap = DEEPEP_ENV_DEFAULT if raw is None else to_int(DEEPEP_ENV, raw)
+    if not 1 <= cap <= 1024:
+        raise SpecError(f"{DEEPEP_ENV}={raw} must be in 1..1024 (SGLang asserts <= 1024)", field=DEEPEP_ENV)
+    graphs = values.get("--cuda-graph-max-bs-decode")
+    if seqs is not None and seqs > cap:
+        out.append(f"{seqs} running requests per attention-DP rank exceed the {cap} tokens per rank DeepEP's "
+                   f"low-latency buffer holds ({DEEPEP_ENV}): SGLang fails DeepEP's assert on such a decode batch; "
+                   f"set {DEEPEP_ENV} to at least {seqs} (autoshard prices the buffer at the running requests)")
+    elif graphs is not None and to_int("--cuda-graph-max-bs-decode", graphs) > cap:
+        out.append(f"--cuda-graph-max-bs-decode {graphs} exceeds the {cap} tokens per rank of DeepEP's low-latency "
+                   f"buffer ({DEEPEP_ENV}): capturing those graphs fails DeepEP's assert")
+    return out

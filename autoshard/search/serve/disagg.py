@@ -31,7 +31,7 @@ from autoshard.costmodel.serve.disagg import (
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
-from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config
+from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config, _unpriced
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -104,6 +104,9 @@ def tabulate_disagg(
     for e in space.engines:
         pool = cluster.pools[e.pool]
         plinks = all_links[e.pool]
+        if _unpriced(pool, e, split=True):  # an SGLang split instance whose line runs no DeepEP
+            dropped["SGLang prefill/decode instance with attention DP + EP without DeepEP (not priced)"] += 1
+            continue
         # ---- prefill side
         budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True)
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)

@@ -15,7 +15,7 @@ from functools import partial
 
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
 from autoshard.costmodel.serve.engines import (
-    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_priced,
+    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_deepep_seqs, sglang_priced,
 )
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
@@ -161,7 +161,7 @@ def _unpriced(pool: PoolSpec, e: Engine, *, split: bool | None) -> str | None:
         return None
     cfg = ServeConfig(tp=e.tp, pp=e.pp, dp_attention=e.dp_attention, expert_parallel=e.expert_parallel)
     per_node = pool.node.gpus_per_node
-    if any(sglang_priced(cfg, per_node, split=s) for s in ((False, True) if split is None else (split,))):
+    if any(sglang_priced(cfg, per_node, split=s, gpu=pool.gpu) for s in ((False, True) if split is None else (split,))):
         return None
     return SGLANG_UNPRICED
 
@@ -262,7 +262,7 @@ def _config(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs),
     )
-    return engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split)
+    return engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split, gpu=pool.gpu)
 
 
 # --------------------------------------------------------------------------- tables
@@ -296,7 +296,8 @@ def tabulate(
             _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization),
             context_len=job.context_len,
         )
-        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job))))
+        cap = sglang_deepep_seqs(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=1))  # DeepEP's buffer
+        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job), cap or 1 << 30)))
         prefill = prefill_time(
             model,
             pool,
