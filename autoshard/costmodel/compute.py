@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoshard.costmodel.attention import flash_attention_efficiency, ring_attention_blocks
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
 from autoshard.costmodel.moe import imbalance_factor
@@ -107,6 +108,9 @@ def attention_time_s(
     parallelism each rank owns `tokens` queries but attends to the whole sequence.
 
     flash=True: one fused causal kernel, half the s x s square computed, at the attention efficiency.
+    With context parallelism (dims.cp > 1) the ring runs CP kernels per rank instead
+    (ring_attention_blocks): the causal diagonal one at the ramp of its own length s/CP, the CP - 1
+    off-diagonal ones unmasked over s/(2CP) keys (flash_attention_efficiency); the same FLOPs in all.
     flash=False (pre-2022 Megatron): two batched GEMMs over the full square with a head_dim-sized
     inner dimension, plus memory-bound scale/mask/softmax/dropout passes over the stored scores."""
     qk_dim, v_dim = attention_dims(model)
@@ -114,6 +118,10 @@ def attention_time_s(
     if flash:
         flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
         eff = gpu.efficiency
+        if dims.cp > 1:
+            peak = gpu.bf16_tflops * 1e12
+            return sum(flops * share / (peak * flash_attention_efficiency(eff, length, causal=causal))
+                       for share, length, causal in ring_attention_blocks(seq_len, dims.cp))
         s0 = eff.attention_half_seq
         attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
         return flops / (gpu.bf16_tflops * 1e12 * attn_eff)

@@ -581,4 +581,6 @@ def test_shipped_central_probability_is_the_scan_choice(shipped_rows, capsys) ->
     for mode, p in COVERAGE.items():  # the shipped P reaches the target; the step below it does not
         cov = {float(m[1]): int(m[2]) for m in re.finditer(rf"P = ([0-9.]+) {mode}\s*: leave-one-source-out coverage (\d+)%", out)}
         assert cov[p] >= 80, (mode, cov)
-        assert p == min(cov) or cov[round(p - 0.025, 3)] < 80, (mode, cov)
+        if p != min(cov):  # the printed percentages are rounded (67/84 prints 80 %): count the step below
+            inside, total = make_bands.coverage(shipped_rows, "loso", mode=mode, cover={mode: round(p - 0.025, 3)})
+            assert inside / total < 0.80, (mode, cov, inside, total)

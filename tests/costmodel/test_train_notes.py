@@ -55,7 +55,7 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took >= 20 % longer than predicted (measured / predicted
-    speed <= 1 / 1.2); every one at or above it is within 15 % either way, except the three long-context
+    speed <= 1 / 1.2); every one at or above it is within 16 % either way, except the three long-context
     Blackwell runs the docstring names, whose errors go both ways."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
     residuals = json.loads((VALIDATION / "residuals_train.json").read_text())
@@ -78,9 +78,10 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
             (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
     assert len(below) == 2 and all(s >= 1.2 for s in below)
     assert sorted(round(s, 2) for s in below) == [1.24, 1.43]  # the note's "24-43 %"
-    assert len(above) >= 10 and all(1 / 1.15 <= s <= 1.15 for s in above)
-    # the note's exceptions: 35 % and 15 % fast (Mixtral 8x22B, B200 and GB200), 43 % slow (Qwen3 131K)
-    assert sorted(round(s, 2) for s in long_context.values()) == [0.57, 1.15, 1.35]
+    assert len(above) >= 10 and all(1 / 1.16 <= s <= 1.16 for s in above)
+    assert round(max(above), 2) == 1.15  # the note's farthest: Mixtral 8x7B on B200
+    # the note's exceptions: 22 % and 6 % fast (Mixtral 8x22B, B200 and GB200), 30 % slow (Qwen3 131K)
+    assert sorted(round(s, 2) for s in long_context.values()) == [0.70, 1.06, 1.22]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:

@@ -133,8 +133,8 @@ def test_efficiency_source_says_fitted_or_borrowed():
     for name in ("dgx-h200", "mi300x"):
         assert efficiency_source(load_cluster(name).primary.gpu) == "borrowed from H100-SXM5-80GB"
     # Blackwell: B200 and GB200 on their own runs; GB300/B300 borrow the pooled Blackwell fit, not H100's
-    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 5 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 7 runs"
+    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 8 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 11 runs"
     for name in ("gb300-nvl72", "dgx-b300"):
         assert efficiency_source(load_cluster(name).primary.gpu) == (
             "borrowed from Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)")

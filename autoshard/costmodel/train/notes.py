@@ -6,10 +6,10 @@ leave-one-source-out) split by the rows each local expert's grouped GEMM runs pe
 intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 43 % and 24 %
 longer per step than predicted, ~3 ms per layer per micro-batch unexplained (README "Accuracy against
 published runs": not a host-launch floor, see tests/validation/expert_host_check.py); every held MoE
-run at 2,048 rows or more is within 15 % either way, except three long-context runs on Blackwell whose
-errors go both ways and do not follow the expert rows (Mixtral 8x22B at 65,536 tokens, CP 8, on B200
-and GB200: 35 % and 15 % faster predicted than measured; Qwen3-235B-A22B MXFP8 at 131,072 tokens, CP 4,
-on GB200: 43 % slower). A plan in the small-expert regime is told so rather than silently priced as if
+run at 2,048 rows or more is within 16 % either way (Mixtral 8x7B on B200 the farthest, 15 % faster
+predicted than measured), except three long-context runs on Blackwell whose errors go both ways and do
+not follow the expert rows (Mixtral 8x22B at 65,536 tokens, CP 8, on B200 and GB200: 22 % and 6 %
+faster predicted than measured; Qwen3-235B-A22B MXFP8 at 131,072 tokens, CP 4, on GB200: 30 % slower). A plan in the small-expert regime is told so rather than silently priced as if
 the gap were not there.
 """
 
