@@ -1,6 +1,7 @@
 """Property tests over random specs and flags: whatever the input, `autoshard` exits 0, 1 or 2, never
 with a traceback, within its time limit plus start-up, and under --json stdout holds exactly one JSON
-object (or nothing, on an error).
+object (exit 0: the plan; exit 1, no plan: the object with status infeasible/unknown and the error;
+exit 2, bad input: nothing).
 
 Specs are small valid models and clusters with one field replaced by a hostile value (zero, negative,
 huge, fractional, NaN/inf spelled the YAML way, a boolean, a YAML 1.1 sexagesimal, a string, a list).
@@ -99,6 +100,11 @@ def test_any_input_exits_cleanly(tmp_path: Path, hidden, heads, layers, moe, gpu
     if result.exit_code == 0:
         obj = json.loads(result.stdout)  # exactly one object: anything around it fails to parse
         assert isinstance(obj, dict) and obj["schema"].startswith("autoshard.plan/")
+    elif result.exit_code == 1:  # no plan: still exactly one object, saying why
+        obj = json.loads(result.stdout)
+        assert obj["schema"].startswith("autoshard.plan/") and obj["status"] in ("infeasible", "unknown"), obj
+        assert obj["plan"] is None and obj["error"], obj
+        assert result.stderr.strip(), argv
     else:
         assert result.stdout.strip() == "", (argv, result.stdout)
         assert result.stderr.strip(), argv

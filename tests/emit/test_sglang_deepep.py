@@ -15,7 +15,9 @@ import pytest
 
 from autoshard.emit.k8s import k8s_manifests
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
-from autoshard.emit.pd import SGLANG_DEEPEP_LL_ENV, SGLANG_DEEPEP_LL_MAX, pd_commands, sglang_deepep_decode
+from autoshard.emit.pd import (
+    SGLANG_DEEPEP_LL_ENV, SGLANG_DEEPEP_LL_MAX, pd_commands, sglang_deepep_decode, sglang_deepep_prefill,
+)
 from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -71,8 +73,16 @@ def test_sglang_decode_lines_size_the_low_latency_buffer(plan):
             assert words[words.index("--max-running-requests") + 1] == str(seqs * decode.attention_dp)
             assert words[words.index("--moe-a2a-backend") + 1] == "deepep"
             assert "(SGLang's DeepEP" not in what
-        else:  # prefill runs DeepEP's normal kernels (whole batches), the router nothing
-            assert SGLANG_DEEPEP_LL_ENV not in line and "--cuda-graph-max-bs-decode" not in line
+        elif what.startswith("prefill"):
+            # prefill runs DeepEP's normal kernels on whole batches: a multi-node EP prefill instance
+            # (DP16/EP16 here) sets the buffer to its running requests' tokens, as its memory counts
+            # it (sglang_deepep_prefill), and captures no decode graphs
+            prefill = plan.role("prefill")
+            assert prefill.ep > 1 and prefill.gpus_per_instance > 8
+            assert _env(words)[SGLANG_DEEPEP_LL_ENV] == str(sglang_deepep_prefill(prefill))
+            assert "--cuda-graph-max-bs-decode" not in line
+        else:  # the router
+            assert SGLANG_DEEPEP_LL_ENV not in line
     assert seen == decode.instances * decode.gpus_per_instance // 8
     for _, _, line in pd_commands(plan, "vllm"):  # vLLM chunks the MoE layer instead
         assert SGLANG_DEEPEP_LL_ENV not in line and "--cuda-graph-max-bs-decode" not in line
@@ -90,8 +100,13 @@ def test_k8s_decode_containers_carry_the_buffer_size(plan):
             container = lws["spec"]["leaderWorkerTemplate"][template]["spec"]["containers"][0]
             assert container["env"] == [{"name": SGLANG_DEEPEP_LL_ENV, "value": str(cap)}]
             assert f"--cuda-graph-max-bs-decode {seqs}" in container["command"][2]
+    prefill_cap = str(sglang_deepep_prefill(plan.role("prefill")))
     for name in files:
-        if "-decode-" not in name:
+        if "-prefill-" in name:  # a multi-node EP prefill instance: its own cap, no decode graphs
+            lws = files[name][0]
+            container = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+            assert container["env"] == [{"name": SGLANG_DEEPEP_LL_ENV, "value": prefill_cap}]
+        elif "-decode-" not in name:
             assert SGLANG_DEEPEP_LL_ENV not in str(files[name])
     assert SGLANG_DEEPEP_LL_ENV not in str(k8s_manifests(plan, "vllm"))
 
