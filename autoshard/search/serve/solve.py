@@ -24,7 +24,9 @@ from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
-from autoshard.search.serve.messages import disagg_message, no_engine_message, rate_message, target_message
+from autoshard.search.serve.messages import (
+    check_context_len, disagg_message, no_engine_message, rate_message, target_message,
+)
 from autoshard.search.serve.model import Pick, build_model, exclude, objective_units, read_pick
 from autoshard.search.serve.result import choice, deep_gemm_warning, disagg_serve_plan
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Row, ServeSpace, enumerate_serve, tabulate
@@ -80,11 +82,7 @@ def solve_serve(
             f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
             field="--disaggregate",
         )
-    if job.context_len > model.max_position_embeddings:
-        raise SpecError(
-            f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
-            f"{model.max_position_embeddings}: shorten the requests or --max-model-len"
-        )
+    check_context_len(model, job)  # the plan carries both vLLM's and SGLang's launch lines
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")
     space = enumerate_serve(model, cluster, job, pins=pins, framework=framework)
@@ -257,12 +255,16 @@ def evaluate_serve(
     nccl_nvls: bool | None = None,
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
+    max_len_flag: str | None = None,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
     as many as max_num_seqs and the KV cache allow). Raises InfeasibleError if it would not start,
     SpecError if illegal. `framework`: the engine it runs on; `nccl_nvls` / `deep_gemm`: what its command
-    sets, where that differs from the engine's launch defaults (None: the defaults)."""
+    sets, where that differs from the engine's launch defaults (None: the defaults); `max_len_flag`: the
+    command's option for the max model length when the plan was read from a launch line (a context past
+    the model's is refused naming it and that engine's own refusal; None: autoshard's --max-model-len)."""
+    check_context_len(model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework)
     row, stats, warn = evaluated_row(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
@@ -272,9 +274,10 @@ def evaluate_serve(
     return _plan(model, cluster, job, row, stats, warn)
 
 
-def model_for_path(path: str) -> ModelSpec:
+def model_for_path(path: str, flag: str = "--from-vllm") -> ModelSpec:
     """The bundled model a launcher's model path names: its Hugging Face repo id (an -Instruct or
-    -FP8 variant of it too) or its bundled name. Raises SpecError when none matches."""
+    -FP8 variant of it too) or its bundled name. Raises SpecError naming `flag` (the option that gave
+    the command) when none matches."""
     from autoshard.plans.serve import model_path
     from autoshard.specs.loader import bundled_models, load_model
 
@@ -294,5 +297,5 @@ def model_for_path(path: str) -> ModelSpec:
     raise SpecError(
         f"cannot tell which model '{path}' is: pass MODEL (a bundled name, a YAML file or its "
         "config.json) before the cluster",
-        field="--from-vllm",
+        field=flag,
     )
