@@ -134,7 +134,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
     if note:
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
-        model = model_for_path(parsed.model)
+        model = model_for_path(parsed.model, "--from-sglang" if sglang else "--from-vllm")
     backend = parsed.all2all_backend
     if (backend is not None and backend not in ("deepep_low_latency", "deepep_high_throughput")
             and model.moe is not None and parsed.enable_expert_parallel and parsed.dp > 1
@@ -190,6 +190,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         nccl_nvls=parsed.nccl_nvls,
         deep_gemm=parsed.deep_gemm,
         framework="sglang" if sglang else "vllm",
+        max_len_flag="--context-length" if sglang else "--max-model-len",
     ))
 
 

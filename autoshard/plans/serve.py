@@ -16,6 +16,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autoshard.costmodel.bands import Band, band_of
@@ -38,10 +39,11 @@ _HF = re.compile(r"^https?://huggingface\.co/([^/]+/[^/]+?)(?:/|$)")
 
 
 def model_path(model: ModelSpec) -> str:
-    """What to pass to the launcher: the Hugging Face repo id when the spec cites one, else its name."""
-    match = _HF.match(model.source or "")
+    """The Hugging Face repo id the spec cites, else a config.json's folder if unnamed, else its name."""
+    match, config = _HF.match(model.source or ""), Path(model.source or "")
+    if not match and config.name == "config.json" and "/" not in model.name:
+        return str(config.absolute().parent)
     return match.group(1) if match else model.name
-
 
 
 @dataclass(frozen=True, slots=True)

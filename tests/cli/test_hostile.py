@@ -217,6 +217,40 @@ CASES = [
                                           "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
      ["TP 16 spans 2 NVLink domains of 8 GPUs", "TP 8 x PP 2", "2 attention data-parallel ranks", "(EP 16)"]),
+    # an unknown model path named the wrong option (was "field '--from-vllm'" for an SGLang line)
+    ("sglang-unknown-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-sglang",
+                                        "python -m sglang.launch_server --model-path nosuch/Model --tp 8"], 2,
+     ["field '--from-sglang'", "cannot tell which model 'nosuch/Model' is"]),
+    ("vllm-unknown-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                      "vllm serve nosuch/Model -tp 8"], 2,
+     ["field '--from-vllm'", "cannot tell which model 'nosuch/Model' is"]),
+    # a context past the model's 131,072 positions: the flag to change and the limit (was "max_model_len 201000
+    # exceeds the model's max_position_embeddings" for --input-len; exit 1 "no plan" from a launch line)
+    ("serve-input-beyond-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                                "--input-len", "200000", *FAST], 2,
+     ["field '--input-len'", "--input-len 200,000 + --output-len 1,000 = 201,000 tokens", "131,072-token context",
+      "at most 131072 tokens"]),
+    ("serve-max-model-len-beyond-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
+                                                        "serve", "--max-model-len", "200000", *FAST], 2,
+     ["field '--max-model-len'", "131,072-token context", "use --max-model-len 131072 or less"]),
+    ("vllm-max-model-len-beyond-the-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
+                                                       "vllm serve meta-llama/Llama-3.1-8B --max-model-len 1000000"], 2,
+     ["field '--max-model-len'", "--max-model-len 1,000,000", "131,072-token context",
+      "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", "use --max-model-len 131072 or less"]),
+    ("sglang-context-length-beyond-the-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-sglang",
+                                                          "python -m sglang.launch_server --model-path "
+                                                          "meta-llama/Llama-3.1-8B --context-length 1000000"], 2,
+     ["field '--context-length'", "131,072-token context", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+      "use --context-length 131072 or less"]),
+    ("vllm-input-beyond-the-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--input-len", "200000",
+                                               "--from-vllm", "vllm serve meta-llama/Llama-3.1-8B"], 2,
+     ["field '--input-len'", "131,072-token context"]),
+    # a rate past what 131,072 GPUs sustain: was "use at least 150256 GPUs (--gpus)", which --gpus refuses;
+    # 6.66 req/s per GPU at TP1 (1000+1000 tokens) -> 131,072 GPUs sustain about 872,000 req/s
+    ("serve-rate-beyond-the-largest-cluster", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
+                                                         "serve", "--request-rate", "1e6", *FAST], 1,
+     ["needs about 150,256 GPUs", "more than the 131,072 GPUs of the largest cluster autoshard plans",
+      "sustains about 872,", "split the traffic over 2 deployments", "--request-rate 500000"]),
     # --- contradictions that used to be exit 1 or silently ignored
     # a two-chunk layout at PP 1: was "virtual pipeline stages (vpp > 1) need pipeline parallelism", about a VPP
     # the user never gave

@@ -6,18 +6,51 @@ import math
 
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.costmodel.serve.weights import total_weight_bytes
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, SpecError
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, MAX_CONCURRENCY, Row, ServeSpace, _config
+from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, time_to_us
 
-__all__ = ["no_engine_message", "rate_message", "target_message", "disagg_message"]
+__all__ = ["check_context_len", "no_engine_message", "rate_message", "target_message", "disagg_message"]
 
 
 def _gib(x: float) -> str:
     return f"{x / GIB:,.0f} GiB" if x >= 10 * GIB else f"{x / GIB:.1f} GiB"
+
+
+def check_context_len(model: ModelSpec, job: ServeJob, *, flag: str = "--max-model-len",
+                      engine: str | None = None) -> None:
+    """Refuse (SpecError naming the flag to change and the model's limit) a context longer than the
+    model's max_position_embeddings: vLLM and SGLang refuse to start with such a max model length unless
+    an environment variable overrides their check, and positions past the trained range give wrong outputs.
+
+    `flag`: the option that set the max model length (vLLM's --max-model-len, SGLang's --context-length);
+    `engine`: the launcher a command was read from ("vllm", "sglang"), whose own refusal is named."""
+    limit = model.max_position_embeddings
+    if job.context_len <= limit:
+        return
+    if job.max_model_len is None:
+        raise SpecError(
+            f"--input-len {job.input_len:,} + --output-len {job.output_len:,} = {job.context_len:,} tokens "
+            f"is longer than {model.name}'s {limit:,}-token context (max_position_embeddings); vLLM and "
+            f"SGLang reject longer requests: shorten --input-len / --output-len to at most {limit} tokens together",
+            field="--input-len",
+        )
+    why = {
+        "vllm": "vLLM refuses to start with it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set",
+        "sglang": "SGLang refuses to start with it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set",
+    }.get(engine or "", "vLLM and SGLang refuse to start with it unless an environment variable "
+                        "overrides their check (VLLM_ALLOW_LONG_MAX_MODEL_LEN, "
+                        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)")
+    raise SpecError(
+        f"{flag} {job.max_model_len:,} is longer than {model.name}'s {limit:,}-token context "
+        f"(max_position_embeddings); {why}, and positions past the trained range give wrong outputs: "
+        f"use {flag} {limit} or less",
+        field=flag,
+    )
 
 
 def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
@@ -73,10 +106,12 @@ def no_engine_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, spa
 
 
 def rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> str:
-    """GPUs in whole engines: the fewest over the engines of ceil(rate / engine rate) x its GPUs."""
+    """GPUs in whole engines: the fewest over the engines of ceil(rate / engine rate) x its GPUs; past the
+    largest cluster autoshard plans (MAX_GPUS), the rate that one sustains instead."""
     rate = job.request_rate or 0.0
     best = 0.0
     need = 0
+    most = 0.0  # requests/s the largest cluster sustains in whole engines
     for e in space.engines:
         pool = cluster.pools[e.pool]
         cfg = _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY)
@@ -85,14 +120,24 @@ def rate_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: S
         except InfeasibleError:
             continue
         best = max(best, pred.requests_per_s / e.gpus)
+        most = max(most, MAX_GPUS // e.gpus * pred.requests_per_s)
         if pred.requests_per_s > 0:
             whole = math.ceil(rate / pred.requests_per_s) * e.gpus
             need = whole if not need else min(need, whole)
     per_node = cluster.primary.node.gpus_per_node
     if need > per_node:
         need = per_node * math.ceil(need / per_node)
+    what = f"sustaining {rate:g} requests/s of {job.input_len}+{job.output_len} tokens"
+    if need > MAX_GPUS and most > 0:
+        split = math.ceil(rate / most)
+        return (
+            f"{what} needs about {need:,} GPUs in whole engines (the best rate per GPU is {best:.3g} req/s), "
+            f"more than the {MAX_GPUS:,} GPUs of the largest cluster autoshard plans, which sustains about "
+            f"{math.floor(most):,} requests/s: nearest fix: split the traffic over {split} deployments and "
+            f"plan each for its share (--request-rate {math.floor(rate / split)}), or shorten the requests"
+        )
     return (
-        f"sustaining {rate:g} requests/s of {job.input_len}+{job.output_len} tokens needs about {need} "
+        f"{what} needs about {need} "
         f"GPUs in whole engines (the best rate per GPU is {best:.3g} req/s); {cluster.name} has "
         f"{cluster.num_gpus}: "
         f"nearest fix: use at least {need} GPUs (--gpus), or lower the request rate"

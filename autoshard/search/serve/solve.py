@@ -3,7 +3,8 @@ reason for every candidate dropped, tabulate each at a ladder of concurrencies w
 model (both in `autoshard.search.serve.space`), and let CP-SAT pick one row.
 
 Objective: without a request rate, maximize the output tokens/s the deployment delivers per GPU of
-the cluster (idle GPUs count as zero), subject to TPOT <= target and TTFT <= target. With a request
+the cluster (idle GPUs count as zero), subject to TPOT <= target and TTFT <= target; among equal
+throughput a second solve picks the most GPUs at work, then the shortest TTFT. With a request
 rate, minimize the GPUs that sustain it (ties: the higher throughput per GPU). Only integers reach the
 solver: one index variable selects a table row and `add_element` reads its columns (the model:
 `search.serve.model`; the xPyD plan and the auto choice: `search.serve.result`; the messages when no
@@ -16,6 +17,8 @@ import dataclasses
 import time
 from collections import Counter
 
+from ortools.sat.python.cp_model import CpSolver, LinearExprT
+
 from autoshard.costmodel.bands import mark_ties
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, SGLANG_UNPRICED
 from autoshard.errors import InfeasibleError, SolverError, SpecError
@@ -24,10 +27,16 @@ from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
-from autoshard.search.serve.messages import disagg_message, no_engine_message, rate_message, target_message
-from autoshard.search.serve.model import Pick, build_model, exclude, objective_units, read_pick
+from autoshard.search.serve.messages import (
+    check_context_len, disagg_message, no_engine_message, rate_message, target_message,
+)
+from autoshard.search.serve.model import (
+    Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick,
+)
 from autoshard.search.serve.result import choice, deep_gemm_warning, disagg_serve_plan
-from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Row, ServeSpace, enumerate_serve, tabulate
+from autoshard.search.serve.space import (
+    GPU_MEMORY_UTILIZATION, TIE_SCALE, Row, ServeSpace, enumerate_serve, tabulate,
+)
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
@@ -80,11 +89,7 @@ def solve_serve(
             f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
             field="--disaggregate",
         )
-    if job.context_len > model.max_position_embeddings:
-        raise SpecError(
-            f"max_model_len {job.context_len} exceeds the model's max_position_embeddings "
-            f"{model.max_position_embeddings}: shorten the requests or --max-model-len"
-        )
+    check_context_len(model, job)  # the plan carries both vLLM's and SGLang's launch lines
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")
     space = enumerate_serve(model, cluster, job, pins=pins, framework=framework)
@@ -108,6 +113,7 @@ def solve_serve(
     sign = 1 if job.request_rate is None else -1
     if rows:
         built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    tie = _tie_key(built, rows, tables, cluster) if job.request_rate is None else None
     plans: list[ServePlan] = []
     while len(plans) < top_k:
         if plans and deadline.remaining() < 0.05:
@@ -139,6 +145,9 @@ def solve_serve(
             candidates_in_model=len(rows) + (len(tables.prefill) + len(tables.decode) if tables else 0),
             pruned=dict(pruned),
         )
+        if tie is not None and is_optimal(status) and deadline.remaining() > 0.05:
+            limit = min(time_left(deadline, 0.1), max(1.0, 2 * solver.wall_time))  # leave time for the rest
+            solver = _break_tie(built, tie, round(solver.objective_value), solver, limit, num_workers, seed)
         pick = read_pick(built, solver)
         plans.append(_picked_plan(model, cluster, job, rows, tables, pick, stats))
         exclude(built, solver, None if pick.disaggregated else space.engines.index(rows[pick.row].engine))
@@ -153,6 +162,48 @@ def solve_serve(
                 "(vLLM's line runs DeepEP)")
         plans = [dataclasses.replace(p, warnings=(*p.warnings, note)) for p in plans]
     return mark_ties(plans)
+
+
+def _tie_key(built: ServeModel, rows: list[Row], tables: DisaggTables | None,
+             cluster: ClusterSpec) -> LinearExprT:
+    """Among plans of equal throughput per cluster GPU, the one a user expects (more is better): the most
+    GPUs at work (the cluster is paid for: spare GPUs become prefill capacity), then the shortest TTFT
+    (prefill + first decode step, at the planned load)."""
+    cp, parts, ttft = built.cp, [], []
+    if rows:
+        extra = [0] if tables is not None else []
+        parts.append(element(cp, built.row, [r.gpus for r in rows] + extra, "tie_gpus"))
+        ttft.append(element(cp, built.row, [r.ttft_us for r in rows] + extra, "tie_ttft_us"))
+    if tables is not None:
+        assert built.p is not None and built.d is not None and built.x is not None and built.y is not None
+        total = cluster.num_gpus
+        for var, count, table in ((built.p, built.x, tables.prefill), (built.d, built.y, tables.decode)):
+            gpus = element(cp, var, [r.engine.gpus for r in table], "tie_role_gpus")
+            parts.append(product(cp, count, gpus, total, "tie_role_gpus_total"))
+        p_ttft = element(cp, built.p, [r.ttft_us for r in tables.prefill], "tie_prefill_ttft_us")
+        d_first = element(cp, built.d, [r.first_us for r in tables.decode], "tie_decode_first_us")
+        ttft.append(product(cp, built.dis, p_ttft, 10**12, "tie_split_prefill_ttft_us"))
+        ttft.append(product(cp, built.dis, d_first, 10**12, "tie_split_first_step_us"))
+    return sum(parts) * TIE_SCALE**2 - sum(ttft)
+
+
+def _break_tie(built: ServeModel, key: LinearExprT, value: int, solver: CpSolver, limit_s: float,
+               num_workers: int, seed: int) -> CpSolver:
+    """A solver holding the plan of objective `value` (the proven optimum) that maximizes `key`; `solver`
+    when that solve finds nothing within `limit_s`. The model keeps its objective afterwards."""
+    cp = built.cp
+    at_best = cp.new_bool_var("at_the_optimum")
+    cp.add(built.objective == value).only_enforce_if(at_best)
+    cp.clear_objective()
+    cp.maximize(key)
+    cp.add_assumptions([at_best])
+    second = new_solver(num_workers=num_workers, seed=seed)
+    second.parameters.max_time_in_seconds = limit_s
+    status = second.solve(cp)
+    cp.clear_assumptions()
+    cp.clear_objective()
+    cp.maximize(built.objective)
+    return second if has_solution(status) else solver
 
 
 def _best_other(
@@ -257,12 +308,16 @@ def evaluate_serve(
     nccl_nvls: bool | None = None,
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
+    max_len_flag: str | None = None,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
     as many as max_num_seqs and the KV cache allow). Raises InfeasibleError if it would not start,
     SpecError if illegal. `framework`: the engine it runs on; `nccl_nvls` / `deep_gemm`: what its command
-    sets, where that differs from the engine's launch defaults (None: the defaults)."""
+    sets, where that differs from the engine's launch defaults (None: the defaults); `max_len_flag`: the
+    command's option for the max model length when the plan was read from a launch line (a context past
+    the model's is refused naming it and that engine's own refusal; None: autoshard's --max-model-len)."""
+    check_context_len(model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework)
     row, stats, warn = evaluated_row(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
@@ -272,9 +327,10 @@ def evaluate_serve(
     return _plan(model, cluster, job, row, stats, warn)
 
 
-def model_for_path(path: str) -> ModelSpec:
+def model_for_path(path: str, flag: str = "--from-vllm") -> ModelSpec:
     """The bundled model a launcher's model path names: its Hugging Face repo id (an -Instruct or
-    -FP8 variant of it too) or its bundled name. Raises SpecError when none matches."""
+    -FP8 variant of it too) or its bundled name. Raises SpecError naming `flag` (the option that gave
+    the command) when none matches."""
     from autoshard.plans.serve import model_path
     from autoshard.specs.loader import bundled_models, load_model
 
@@ -294,5 +350,5 @@ def model_for_path(path: str) -> ModelSpec:
     raise SpecError(
         f"cannot tell which model '{path}' is: pass MODEL (a bundled name, a YAML file or its "
         "config.json) before the cluster",
-        field="--from-vllm",
+        field=flag,
     )

@@ -9,6 +9,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.errors import InfeasibleError
+from autoshard.parallel import Recompute
 from autoshard.search.cpsat import value_of
 from autoshard.search.train.build import BuiltModel
 from autoshard.search.train.prepare import Prepared
@@ -76,15 +77,22 @@ def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prep
     total_state_gib = model.num_params * 18 / GIB
     per_node = cluster.primary.node.gpus_per_node
     min_gpus = per_node * math.ceil(math.ceil(total_state_gib / usable) / per_node)
+    # fully sharded over every GPU (ZeRO-3 over all ranks), the states still overflow: only GPUs help
+    sharded = total_state_gib / cluster.num_gpus >= usable
     if min_gpus > cluster.num_gpus:
         more = ("add nodes: num_nodes of the pools in the cluster YAML, --gpus cannot resize a heterogeneous "
                 "cluster" if cluster.is_heterogeneous else f"try --gpus {2 ** math.ceil(math.log2(min_gpus))}")
-        fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total, so at least "
-                     f"~{min_gpus} GPUs ({more})")
-    fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
-    fixes.append("--recompute full")
-    fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
-    if pins.describe() != "none":
+        fully = (f", {total_state_gib / cluster.num_gpus:.1f} GiB per GPU even fully sharded over all "
+                 f"{cluster.num_gpus}," if sharded else "")
+        fixes.append(f"more GPUs: model states need about {total_state_gib:,.0f} GiB in total{fully} so at "
+                     f"least ~{min_gpus} GPUs ({more})")
+    if not sharded and need < usable:  # the states fit: activations are what overflows
+        fixes.append("a shorter --seq-len or a smaller --global-batch-size (activations)")
+        if pins.recompute is not Recompute.FULL:
+            fixes.append("--recompute full")
+    if not sharded and pins.zero_stage != 3:
+        fixes.append("ZeRO-3/FSDP (--zero-stage 3, needs PP 1)")
+    if pins.describe() != "none" and not sharded:
         fixes.append(f"fewer pinned knobs (pinned: {pins.describe()})")
     lines.append("Nearest fixes: " + "; ".join(fixes) + ".")
     if reasons:
