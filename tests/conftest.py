@@ -6,6 +6,9 @@ import itertools
 
 import pytest
 
+from autoshard.costmodel.flops import mlp_gemms
+from autoshard.costmodel.moe import busiest_rank_factor
+from autoshard.costmodel.serve.fused_moe import expected_padded_rows
 from autoshard.search.train.bounds_pools import pool_rank_limits
 from autoshard.search.train.tables import Layout
 from autoshard.specs import ClusterSpec, ModelSpec
@@ -91,3 +94,25 @@ def uniform_layouts(tab, pool_gpus):
 @pytest.fixture
 def small_dense() -> ModelSpec:
     return tiny_model()
+
+
+def closed_form_experts_s(model, gpu, *, tokens: float, rate: float, tile: int, tp: int = 1, ep: int = 1) -> float:
+    """One serving MoE layer's routed experts on the busiest of `ep` expert-parallel GPUs, experts split
+    `tp` ways (no attention DP): E/ep local experts, of which E/ep (1 - (1 - k/E)^tokens) are hit; the
+    busiest rank's pairs tokens k / ep x `busiest_rank_factor` (1 at EP 1), each hit expert's rows padded
+    to `tile` (Poisson); per weight matrix the slower of 2 x hit x padded x n x k at `rate` of the FP8
+    peak (shape fall-off) and reading the hit experts' FP8 weights plus the pairs' activations, plus one
+    launch."""
+    e, k = model.moe.num_experts, model.moe.top_k
+    pairs = tokens * k / ep
+    pairs *= busiest_rank_factor(ep, pairs, e, k, model.moe.num_groups, model.moe.topk_groups)
+    hit = e / ep * (1 - (1 - k / e) ** tokens)
+    padded = expected_padded_rows(pairs * ep / e, tile)
+    eff = gpu.efficiency
+    total = 0.0
+    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, tp):
+        d = min(padded, g.n, g.k)
+        math_s = 2 * hit * padded * g.n * g.k / (gpu.fp8_tflops * 1e12 * rate * d / (d + eff.gemm_half_dim))
+        mem_s = (hit * g.n * g.k + pairs * (g.k + 2 * g.n)) / (gpu.hbm_tbps * 1e12 * eff.hbm)
+        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
+    return total

@@ -30,6 +30,7 @@ from autoshard.costmodel.serve.fused_moe import (
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype
 from autoshard.specs.layers import LayerKind
+from conftest import closed_form_experts_s
 
 QWEN = load_model("qwen3-235b-a22b")
 DSV3 = load_model("deepseek-v3")
@@ -140,25 +141,7 @@ def test_decode_steps_of_128_tokens_pad_each_expert_to_128_rows_on_deep_gemm():
     cfg = ServeConfig(tp=2, weight_dtype=FP8)
     for tokens, tile in ((128, 128), (256, 128), (127, 16)):
         assert _grouped_experts_s(DSV3, h200, cfg, tokens) == pytest.approx(
-            _closed_form_experts(DSV3, h200, tp=2, tokens=tokens, rate=BLOCK_FP8_GEMM_HOPPER, tile=tile), rel=1e-9)
-
-
-def _closed_form_experts(model, gpu, *, tp, tokens, rate, tile):
-    """One MoE layer's routed experts on one GPU, the E (1 - (1 - k/E)^tokens) experts the step hits:
-    per weight matrix the slower of 2 x hit x padded rows x n x k at `rate` x the shape fall-off and
-    reading the hit experts' n x k FP8 weights plus the pairs' activations, plus one launch."""
-    e, k = model.moe.num_experts, model.moe.top_k
-    pairs = tokens * k
-    hit = e * (1 - (1 - k / e) ** tokens)
-    padded = expected_padded_rows(pairs / e, tile)
-    eff = gpu.efficiency
-    total = 0.0
-    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, tp):
-        d = min(padded, g.n, g.k)
-        math_s = 2 * hit * padded * g.n * g.k / (gpu.fp8_tflops * 1e12 * rate * d / (d + eff.gemm_half_dim))
-        mem_s = (hit * g.n * g.k + pairs * (g.k + 2 * g.n)) / (gpu.hbm_tbps * 1e12 * eff.hbm)
-        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
-    return total
+            closed_form_experts_s(DSV3, h200, tp=2, tokens=tokens, rate=BLOCK_FP8_GEMM_HOPPER, tile=tile), rel=1e-9)
 
 
 def test_prefill_tiles_of_block_fp8_experts_run_at_the_triton_rate_without_deep_gemm():
@@ -170,15 +153,15 @@ def test_prefill_tiles_of_block_fp8_experts_run_at_the_triton_rate_without_deep_
     triton = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=2, weight_dtype=FP8, deep_gemm=False), 16384)
     deep = _grouped_experts_s(QWEN, gpu, ServeConfig(tp=2, weight_dtype=FP8), 16384)
     assert triton == pytest.approx(
-        _closed_form_experts(QWEN, gpu, tp=2, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
+        closed_form_experts_s(QWEN, gpu, tp=2, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
     )
     assert deep == pytest.approx(
-        _closed_form_experts(QWEN, gpu, tp=2, tokens=16384, rate=BLOCK_FP8_GEMM_HOPPER, tile=128), rel=1e-9
+        closed_form_experts_s(QWEN, gpu, tp=2, tokens=16384, rate=BLOCK_FP8_GEMM_HOPPER, tile=128), rel=1e-9
     )
     assert 1.5 < triton / deep < 0.37 / 0.22
     for deep_gemm in (True, False):
         assert _grouped_experts_s(QWEN, gpu, ServeConfig(tp=4, weight_dtype=FP8, deep_gemm=deep_gemm), 16384) == (
-            pytest.approx(_closed_form_experts(QWEN, gpu, tp=4, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64),
+            pytest.approx(closed_form_experts_s(QWEN, gpu, tp=4, tokens=16384, rate=TRITON_BLOCK_FP8_HOPPER, tile=64),
                           rel=1e-9))
 
 
@@ -190,11 +173,11 @@ def test_decode_tiles_keep_the_block_kernels_rate():
     for deep_gemm in (True, False):
         cfg = ServeConfig(tp=4, weight_dtype=FP8, deep_gemm=deep_gemm)
         assert _grouped_experts_s(QWEN, gpu, cfg, 64) == pytest.approx(
-            _closed_form_experts(QWEN, gpu, tp=4, tokens=64, rate=BLOCK_FP8_GEMM_HOPPER, tile=16), rel=1e-9
+            closed_form_experts_s(QWEN, gpu, tp=4, tokens=64, rate=BLOCK_FP8_GEMM_HOPPER, tile=16), rel=1e-9
         )
     h200 = model_serving_gpu(DSV3, load_cluster("dgx-h200").pools[0].gpu, FP8)
     assert _grouped_experts_s(DSV3, h200, ServeConfig(tp=8, weight_dtype=FP8), 8192) == pytest.approx(
-        _closed_form_experts(DSV3, h200, tp=8, tokens=8192, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
+        closed_form_experts_s(DSV3, h200, tp=8, tokens=8192, rate=TRITON_BLOCK_FP8_HOPPER, tile=64), rel=1e-9
     )
 
 

@@ -11,8 +11,6 @@ import functools
 import pytest
 
 from autoshard import api
-from autoshard.costmodel.flops import mlp_gemms
-from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve.compute import (
     BLOCK_FP8_GEMM_HOPPER,
     _grouped_experts_s,
@@ -22,12 +20,13 @@ from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.api_serve import with_engine_check
 from autoshard.costmodel.serve.engines import SGLANG_UNPRICED, engine_config, sglang_deepep, sglang_priced
 from autoshard.costmodel.serve.ep_buffers import SGLANG_DEEPEP_TOKENS_MAX
-from autoshard.costmodel.serve.fused_moe import TRITON_BLOCK_FP8_HOPPER, expected_padded_rows
+from autoshard.costmodel.serve.fused_moe import TRITON_BLOCK_FP8_HOPPER
 from autoshard.emit.pd import place, uses_deepep
 from autoshard.errors import SpecError
 from autoshard.search.serve.space import enumerate_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype
+from conftest import closed_form_experts_s
 
 QWEN = load_model("qwen3-235b-a22b")
 H100x8 = load_cluster("dgx-h100").with_gpus(8)
@@ -39,27 +38,6 @@ def _solved(framework: str) -> api.ServeSolution:
     job = api.serve_job_for(QWEN, weight_dtype="fp8")
     return api.plan_serving(QWEN, H100x8, job, top_k=1, pins=None, time_limit_s=30, num_workers=1, seed=0,
                             framework=framework)
-
-
-def _closed_form_ep_experts(model, gpu, *, ep: int, tokens: float, rate: float, tile: int) -> float:
-    """One MoE layer's routed experts on the busiest of `ep` expert-parallel GPUs (whole experts, no
-    attention DP): E/ep local experts, of which E/ep (1 - (1 - k/E)^tokens) are hit; the busiest rank's
-    pairs tokens k / ep x `busiest_rank_factor`, each hit expert's rows padded to `tile` (Poisson); per
-    weight matrix the slower of 2 x hit x padded x n x k at `rate` of the FP8 peak (shape fall-off) and
-    the FP8 weights plus activations, plus one launch."""
-    e, k = model.moe.num_experts, model.moe.top_k
-    pairs = tokens * k / ep
-    pairs *= busiest_rank_factor(ep, pairs, e, k, model.moe.num_groups, model.moe.topk_groups)
-    hit = e / ep * (1 - (1 - k / e) ** tokens)
-    padded = expected_padded_rows(pairs * ep / e, tile)
-    eff = gpu.efficiency
-    total = 0.0
-    for g in mlp_gemms(model, 1, model.moe.expert_ffn_hidden_size, 1):
-        d = min(padded, g.n, g.k)
-        math_s = 2 * hit * padded * g.n * g.k / (gpu.fp8_tflops * 1e12 * rate * d / (d + eff.gemm_half_dim))
-        mem_s = (hit * g.n * g.k + pairs * (g.k + 2 * g.n)) / (gpu.hbm_tbps * 1e12 * eff.hbm)
-        total += max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6
-    return total
 
 
 def test_sglang_tp_sharded_ep_engine_prices_triton_experts():
@@ -75,10 +53,10 @@ def test_sglang_tp_sharded_ep_engine_prices_triton_experts():
     assert "--moe-a2a-backend" not in plan.launch["sglang"]
     gpu = model_serving_gpu(QWEN, plan.pool.gpu, FP8)
     chunk = cfg.max_num_batched_tokens
-    triton = _closed_form_ep_experts(QWEN, gpu, ep=4, tokens=chunk, rate=TRITON_BLOCK_FP8_HOPPER, tile=64)
+    triton = closed_form_experts_s(QWEN, gpu, ep=4, tokens=chunk, rate=TRITON_BLOCK_FP8_HOPPER, tile=64)
     assert _grouped_experts_s(QWEN, gpu, cfg, chunk) == pytest.approx(triton, rel=1e-9)
     vllm_cfg = engine_config(cfg, "vllm", gpus_per_node=8)
-    deep = _closed_form_ep_experts(QWEN, gpu, ep=4, tokens=chunk, rate=BLOCK_FP8_GEMM_HOPPER, tile=128)
+    deep = closed_form_experts_s(QWEN, gpu, ep=4, tokens=chunk, rate=BLOCK_FP8_GEMM_HOPPER, tile=128)
     assert _grouped_experts_s(QWEN, gpu, vllm_cfg, chunk) == pytest.approx(deep, rel=1e-9)
     assert triton > 1.4 * deep
     # so the plan states the other engine's figures for the same deployment, vLLM the faster
