@@ -35,6 +35,14 @@ def _brute_best(tab, pool_gpus):
     return _BRUTE[key]
 
 
+def _brute_cases(inter_gbps, pools):
+    """(table, pool GPUs, brute-force best) of every candidate of up to 3 stages: the cases the brute
+    force can enumerate."""
+    for tab, pool_gpus in _tables(inter_gbps, pools=pools):
+        if tab.config.dims.pp <= 3:
+            yield tab, pool_gpus, _brute_best(tab, pool_gpus)
+
+
 def _brute_search(tab, pool_gpus):
     best = None
     for lay in uniform_layouts(tab, pool_gpus):
@@ -59,10 +67,7 @@ def _free_pool_optimum(tab, pool_gpus) -> int | None:
 @pytest.mark.parametrize("inter_gbps,pools,cheaper", [(2.0, 3, 2), (25.0, 3, 2), (2.0, 2, 0)])
 def test_free_pool_model_reaches_the_brute_force_optimum(inter_gbps, pools, cheaper):
     checked = recomputed = 0
-    for tab, pool_gpus in _tables(inter_gbps, pools=pools):
-        if tab.config.dims.pp > 3:
-            continue
-        best = _brute_best(tab, pool_gpus)
+    for tab, pool_gpus, best in _brute_cases(inter_gbps, pools):
         got = _free_pool_optimum(tab, pool_gpus)
         if best is None:
             assert got is None, tab.config.dims.describe()
@@ -80,10 +85,7 @@ def test_free_pool_model_reaches_the_brute_force_optimum(inter_gbps, pools, chea
 @pytest.mark.parametrize("inter_gbps,pools,above", [(2.0, 3, 5), (2.0, 2, 1)])  # (25.0, 3): 7 of 52, 7 s
 def test_uniform_joint_bound_never_above_the_brute_force_optimum(inter_gbps, pools, above):
     checked = higher = 0
-    for tab, pool_gpus in _tables(inter_gbps, pools=pools):
-        if tab.config.dims.pp > 3:
-            continue
-        best = _brute_best(tab, pool_gpus)
+    for tab, pool_gpus, best in _brute_cases(inter_gbps, pools):
         found = bounds(tab, uniform_recompute=True, pool_gpus=pool_gpus)
         if best is None:
             continue
