@@ -111,7 +111,7 @@ def test_charged_only_where_the_low_latency_kernels_run(model, gpu, cfg, charged
 
 def test_decode_engine_kv_cache_shrinks_by_exactly_the_buffers(monkeypatch):
     with_buffers = serve_memory(DSV3, H100_GPU, DECODE, context_len=2000)
-    monkeypatch.setattr(memory_module, "deepep_ll_engine_bytes", lambda *args: 0.0)
+    monkeypatch.setattr(memory_module, "deepep_ll_engine_bytes", lambda *args, **kwargs: 0.0)
     without = serve_memory(DSV3, H100_GPU, DECODE, context_len=2000)
     buffers = deepep_ll_buffer_bytes(DSV3, 256, 32) + VLLM_DEEPEP_NVL_BYTES
     assert with_buffers.ep_buffer_bytes == buffers == pytest.approx(4.5547 * GIB, rel=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from autoshard.costmodel.moe import domains_touched_per_token, ranks_per_token, 
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.ep_dispatch import (
     DEEPEP_NORMAL_NVL_FRACTION,
+    deepep_normal_step,
     ht_copies_per_token,
     ht_dispatch_combine_s,
     uses_deepep_high_throughput,
@@ -121,22 +123,38 @@ def test_normal_kernels_match_deepeps_table(ep):
 
 def test_prefill_only_steps_use_the_normal_kernels_and_decode_keeps_low_latency():
     """DeepSeek-V3 FP8 on 16 H800 (DP = EP 16): a decode-only step's EP term is the low-latency pricing
-    (every top-8 copy on the NIC, 256-token passes), a prefill-only step's the normal kernels' (once
+    (every top-8 copy on the NIC, 256-token passes), a prefill instance's step the normal kernels' (once
     per remote node + NVLink fan-out): at 8,192 prompt tokens per rank 2.5x less all-to-all (H800's
-    200 GB/s NVLink bounds the fan-out of 5.3 ranks a token; the NIC carries 0.96 copies, not 4)."""
+    200 GB/s NVLink bounds the fan-out of 5.3 ranks a token; the NIC carries 0.96 copies, not 4).
+    vLLM keeps one backend per engine, so the same prompt-only step of an aggregated vLLM engine
+    (`deepep_low_latency`) is priced on the low-latency kernels, and SGLang's `--deepep-mode auto`
+    takes the normal kernels for any step with prompt tokens, a mixed one included."""
     pool = _pool(16)
-    cfg = ServeConfig(dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    aggregated = ServeConfig(dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    cfg = replace(aggregated, role="prefill")
     assert uses_deepep_high_throughput(DSV3, pool, cfg)
     link = _links(pool, cfg)[1]
     ll = ep_dispatch_s(DSV3, LayerKind.MOE, cfg, link, routed=8192, pool=pool)
     ht = ep_dispatch_s(DSV3, LayerKind.MOE, cfg, link, routed=8192, pool=pool, high_throughput=True)
     assert 2.3 <= ll / ht <= 2.7, ll / ht
     prefill = step_time(DSV3, pool, cfg, decode_seqs=0, prefill_tokens=8192, prefills=8192 / 2000,
-                        prefill_len=2000, context_len=0)
-    assert prefill.ep_comm_s == pytest.approx(DSV3.num_moe_layers * ht, rel=0.02)
-    decode = step_time(DSV3, pool, cfg, decode_seqs=128, prefill_tokens=0, prefills=0, prefill_len=2000,
+                        prefill_len=2000, context_len=0, balanced_prefill=True)
+    assert prefill.ep_comm_s == pytest.approx(DSV3.num_moe_layers * ht, rel=1e-9)
+    assert deepep_normal_step(DSV3, pool, cfg, prefill=True)
+    assert not deepep_normal_step(DSV3, pool, aggregated, prefill=True)
+    same = step_time(DSV3, pool, aggregated, decode_seqs=0, prefill_tokens=8192, prefills=8192 / 2000,
+                     prefill_len=2000, context_len=0, balanced_prefill=True)
+    assert same.ep_comm_s == pytest.approx(DSV3.num_moe_layers * ll, rel=1e-9)
+    sglang = replace(aggregated, engine="sglang")
+    mixed = step_time(DSV3, pool, sglang, decode_seqs=64, prefill_tokens=8192 - 64, prefills=(8192 - 64) / 2000,
+                      prefill_len=2000, context_len=2000, balanced_prefill=True)
+    ht_mixed = ep_dispatch_s(DSV3, LayerKind.MOE, sglang, link, routed=8192, pool=pool, high_throughput=True)
+    assert deepep_normal_step(DSV3, pool, sglang, prefill=True)
+    assert not deepep_normal_step(DSV3, pool, sglang, prefill=False)
+    assert mixed.ep_comm_s == pytest.approx(DSV3.num_moe_layers * ht_mixed, rel=1e-9)
+    decode = step_time(DSV3, pool, aggregated, decode_seqs=128, prefill_tokens=0, prefills=0, prefill_len=2000,
                        context_len=2000)
-    per_layer = ep_dispatch_s(DSV3, LayerKind.MOE, cfg, link, routed=128, pool=pool)
+    per_layer = ep_dispatch_s(DSV3, LayerKind.MOE, aggregated, link, routed=128, pool=pool)
     assert decode.ep_comm_s == pytest.approx(DSV3.num_moe_layers * per_layer, rel=1e-9)
     elements = 128 * 8 * HIDDEN
     assert per_layer > sum(ep_all_to_all_s(elements * b, 16, 8, pool) for b in (FP8_WITH_BLOCK_SCALES, 2.0))

@@ -31,7 +31,7 @@ defaults.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -208,7 +208,7 @@ def _prefill(run: dict, job: ServeJob) -> PrefillInstance | None:
     pool = _pool(run, e.gpus)
     seqs = run.get("prefill_max_num_seqs", run["max_num_seqs"])
     budget = run.get("prefill_max_num_batched_tokens")
-    cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    cfg = replace(_config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget), role="prefill")
     memory = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
     return prefill_instance(model, pool, job, cfg, memory)
 
@@ -245,7 +245,7 @@ def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = No
     top = serve_memory(
         model,
         pool.gpu,
-        _config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]),
+        replace(_config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]), role="decode"),
         context_len=job.context_len,
     )
     cap = min(run["max_num_seqs"], kv_limited_concurrency(top, job))
@@ -256,7 +256,7 @@ def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = No
     if assumed is not None:
         cap = min(cap, assumed)
     batch = max(1, cap)
-    cfg = _config(model, pool, job, e, max_num_seqs=batch)
+    cfg = replace(_config(model, pool, job, e, max_num_seqs=batch), role="decode")
     inst = decode_instance(
         model,
         pool,
@@ -301,8 +301,8 @@ def _transfer_points(run: dict) -> list[TransferResult]:
     out = []
     for prompt_len, kv_mib, transfer_ms, ttft_ms in run["points"]:
         job = _job(run, prompt_len, run["output_len"])
-        pcfg = _config(model, pool, job, pe, max_num_seqs=1)
-        dcfg = _config(model, pool, job, de, max_num_seqs=1)
+        pcfg = replace(_config(model, pool, job, pe, max_num_seqs=1), role="prefill")
+        dcfg = replace(_config(model, pool, job, de, max_num_seqs=1), role="decode")
         hand_off = kv_transfer(model, job, pcfg, dcfg, link)
         prompt = prefill_time(model, pool, pcfg, prompt_len=prompt_len).total_s
         memory = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)

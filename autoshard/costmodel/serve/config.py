@@ -14,7 +14,7 @@ from autoshard.specs.job import WeightDtype
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["HOST_US_PER_SEQ", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
+__all__ = ["HOST_US_PER_SEQ", "ROLES", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
 
 HOST_US_PER_SEQ = 2.5
 """Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
@@ -23,6 +23,9 @@ scheduling, stop-criteria checks, updating each request's response (what TensorR
 0.14-0.17 engines in tests/validation/serving_runs.yaml run it serially). Fitted, with the serving
 GPU efficiencies, on the published offline runs by tests/validation/validate_serving.py (a grid of
 0 / 2.5 / 5 / 7.5 / 10, leave-one-source-out there)."""
+
+ROLES = ("aggregated", "prefill", "decode")
+"""`ServeConfig.role` values."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -87,6 +90,11 @@ class ServeConfig:
     """The engine whose kernel-dispatch rules apply where vLLM and SGLang differ ("vllm" or "sglang"):
     vLLM's fused_moe takes DeepGEMM only for some expert shapes (`serve.fused_moe.deep_gemm_experts`);
     `serve.engines.engine_config` sets what each engine's launch line runs."""
+    role: str = "aggregated"
+    """What the engine serves: "aggregated" (prefill and decode in one engine), or the "prefill" or
+    "decode" instance of a prefill/decode split. It decides which DeepEP kernels an expert-parallel
+    vLLM engine runs, and so its buffers (`serve.ep_buffers.deepep_kernels`): autoshard's vLLM prefill
+    instances pass `--all2all-backend deepep_high_throughput`, its other vLLM lines `deepep_low_latency`."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):
@@ -111,6 +119,8 @@ class ServeConfig:
             raise ValueError(f"kv_block_tokens must be a positive integer, got {self.kv_block_tokens!r}")
         if self.moe_kernels not in ("fused_moe", "tensorrt_llm"):
             raise ValueError(f"moe_kernels must be fused_moe or tensorrt_llm, got {self.moe_kernels!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.engine not in ("vllm", "sglang"):
             raise ValueError(f"engine must be vllm or sglang, got {self.engine!r}")
         if not self.host_us_per_seq >= 0:

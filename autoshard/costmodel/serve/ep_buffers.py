@@ -29,6 +29,18 @@ Facts modelled:
   2 for BF16 models. autoshard's SGLang lines set the variable to the planned decode tokens per rank
   rounded up to 128, at most SGLANG_DEEPEP_TOKENS_MAX (`sglang_deepep_tokens`), so the memory counts
   the buffer the line allocates (`deepep_sglang_engine_bytes`).
+- vLLM prefill instances (`ServeConfig.role == "prefill"`) run `--all2all-backend deepep_high_throughput`
+  (autoshard's prefill lines), whose `DeepEPHTAll2AllManager` creates a normal-mode `Buffer` of
+  VLLM_DEEPEP_BUFFER_SIZE_MB of NVLink buffer and, across nodes, as much RDMA buffer: 1 or 2 GiB, no
+  low-latency layout (`vllm_deepep_ht_bytes`), and vLLM captures no CUDA graphs on that backend
+  (`vllm_runs_cuda_graphs`). SGLang's prefill lines keep `--deepep-mode auto`, whose buffer includes
+  the low-latency layout (above). SGLang split instances on DeepEP without attention DP
+  (`scattered_deepep`) hold the same SGLang buffer.
+- Not modelled: vLLM 0.33.0 sizes the low-latency buffer at the scheduler's max_num_batched_tokens
+  (`FusedMoEConfig.max_num_tokens`, vllm/model_executor/layers/fused_moe/layer.py line 373, passed as
+  max_num_tokens_per_dp_rank in all2all_utils.py line 260) and no longer runs the layer in 256-token
+  DP chunks; the cap of 256 and the chunked passes here are vLLM 0.11.0's (`VLLM_MOE_DP_CHUNK_SIZE`,
+  fused_moe/layer.py lines 1093 and 1951-1970 there), with which the validation rows ran.
 
 Pure functions of the specs: no I/O, no solver.
 """
@@ -50,13 +62,17 @@ __all__ = [
     "deepep_normal_buffer_bytes",
     "deepep_sglang_engine_bytes",
     "sglang_deepep_tokens",
+    "scattered_deepep",
     "DEEPEP_LL_GENERATIONS",
+    "NUM_MAX_NVL_PEERS",
     "SGLANG_DEEPEP_MAX_DISPATCH_TOKENS",
     "VLLM_DEEPEP_NVL_BYTES",
     "VLLM_MOE_DP_CHUNK_SIZE",
     "deepep_ll_buffer_bytes",
     "deepep_ll_engine_bytes",
     "uses_deepep_low_latency",
+    "vllm_deepep_ht_bytes",
+    "vllm_runs_cuda_graphs",
 ]
 
 DEEPEP_ALIGNMENT_BYTES = 128
@@ -147,15 +163,67 @@ def uses_deepep_low_latency(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) ->
     )
 
 
-def deepep_ll_engine_bytes(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> float:
-    """Non-torch bytes DeepEP holds on each GPU of a vLLM engine with the low-latency backend: the
-    RDMA buffer at cap VLLM_MOE_DP_CHUNK_SIZE plus vLLM's NVLink buffer; 0 for engines that do not
-    run it (`uses_deepep_low_latency`). An SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`."""
+def scattered_deepep(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
+    """Whether the engine is an SGLang expert-parallel prefill or decode instance without attention DP
+    that runs DeepEP (autoshard's SGLang lines pass `--moe-a2a-backend deepep` to expert-parallel split
+    instances over more than one node: `serve.engines.sglang_deepep`, which sets `cfg.deep_gemm` for
+    them; its aggregated lines only to attention-DP engines). SGLang
+    then runs its MoE layers "scattered": with an all-to-all backend `LayerScatterModes._compute_mlp_mode`
+    (python/sglang/srt/layers/communicator.py) gives sparse layers ScatterMode.SCATTERED, so the
+    attention output is reduce-scattered over the TP group, each TP rank dispatches and combines its
+    1/TP of the tokens through DeepEP, and the next layer all-gathers them: the data movement of an
+    attention-DP engine of TP ranks with one GPU each (`serve.sharding.ep_dispatch_s`)."""
+    return (
+        cfg.engine == "sglang"
+        and cfg.role != "aggregated"
+        and cfg.deep_gemm
+        and cfg.expert_parallel
+        and cfg.dp_attention == 1
+        and cfg.tp > 1
+        and model.moe is not None
+        and model.num_moe_layers > 0
+        and gpu_generation(gpu.name) in DEEPEP_LL_GENERATIONS
+    )
+
+
+def deepep_ll_engine_bytes(
+    model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, gpus_per_node: int = NUM_MAX_NVL_PEERS
+) -> float:
+    """Non-torch bytes DeepEP holds on each GPU of an engine: 0 for engines that run no DeepEP
+    (`runs_deepep`); an SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`; a vLLM prefill
+    instance (high-throughput backend): `vllm_deepep_ht_bytes`; any other vLLM engine (low-latency
+    backend): the RDMA buffer at cap VLLM_MOE_DP_CHUNK_SIZE plus vLLM's NVLink buffer.
+    `gpus_per_node`: the node the engine's EP group is laid out on (whether it spans nodes)."""
     if cfg.engine == "sglang":
         return deepep_sglang_engine_bytes(model, gpu, cfg)
     if not uses_deepep_low_latency(model, gpu, cfg):
         return 0.0
+    if cfg.role == "prefill":
+        return float(vllm_deepep_ht_bytes(cfg, gpus_per_node))
     return float(deepep_ll_buffer_bytes(model, VLLM_MOE_DP_CHUNK_SIZE, cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
+
+
+def vllm_deepep_ht_bytes(cfg: ServeConfig, gpus_per_node: int) -> int:
+    """Bytes of the DeepEP `Buffer` vLLM's high-throughput backend (`--all2all-backend
+    deepep_high_throughput`, autoshard's prefill instances) creates on each GPU:
+    `DeepEPHTAll2AllManager._make_all2all_kwargs` (vllm/distributed/device_communicators/all2all.py,
+    lines 261-283 in vLLM 0.33.0, the same sizes in 0.11.0) passes num_nvl_bytes =
+    VLLM_DEEPEP_BUFFER_SIZE_MB MiB (default 1024, vllm/envs.py) and num_rdma_bytes the same when the
+    EP group spans nodes (`self.internode`: not every rank on rank 0's node), else 0, and
+    low_latency_mode=False: no low-latency buffer. 1 GiB on one node, 2 GiB across nodes, whatever
+    the model (the low-latency layout grows with experts x hidden: 4.55 GiB for DeepSeek-V3)."""
+    internode = cfg.gpus > max(1, gpus_per_node)  # DP outermost: each PP stage's EP group spans the engine's nodes
+    return VLLM_DEEPEP_NVL_BYTES + (VLLM_DEEPEP_NVL_BYTES if internode else 0)
+
+
+def vllm_runs_cuda_graphs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
+    """Whether vLLM captures CUDA graphs for this engine: not on DeepEP's high-throughput backend with
+    DP > 1, where `CompilationConfig` sets cudagraph_mode to NONE ("DeepEP high-throughput kernels are
+    optimized for prefill and are incompatible with CUDA Graphs": vllm/config/compilation.py lines
+    1243-1257 in vLLM 0.33.0), so autoshard's vLLM prefill instances on it hold no graph pool."""
+    if not cfg.cuda_graphs:
+        return False
+    return not (cfg.engine == "vllm" and cfg.role == "prefill" and uses_deepep_low_latency(model, gpu, cfg))
 
 
 def sglang_deepep_tokens(seqs: int, drafts: int = 0) -> int:
@@ -197,7 +265,7 @@ def deepep_sglang_engine_bytes(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig)
     requests; 0 for engines that run no DeepEP (`uses_deepep_low_latency`). An EP size DeepEP has no
     config for keeps the low-latency buffer alone (SGLang does not start such an engine: it is left
     out, `costmodel.serve.engines.sglang_priced`)."""
-    if not uses_deepep_low_latency(model, gpu, cfg):
+    if not (uses_deepep_low_latency(model, gpu, cfg) or scattered_deepep(model, gpu, cfg)):
         return 0.0
     cap = sglang_deepep_tokens(cfg.max_num_seqs, cfg.speculative_tokens)
     low_latency = deepep_ll_buffer_bytes(model, cap, cfg.ep)

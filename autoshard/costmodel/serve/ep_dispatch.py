@@ -37,12 +37,12 @@ from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.comm import deepep_normal_all_to_all_s
 from autoshard.costmodel.moe import domains_touched_per_token
 from autoshard.costmodel.serve.config import ServeConfig
-from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
+from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS, scattered_deepep
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
-    "DEEPEP_HT_GENERATIONS", "DEEPEP_NORMAL_NVL_FRACTION", "uses_deepep_high_throughput",
+    "DEEPEP_HT_GENERATIONS", "DEEPEP_NORMAL_NVL_FRACTION", "uses_deepep_high_throughput", "deepep_normal_step",
     "ht_copies_per_token", "ht_dispatch_combine_s",
 ]
 
@@ -67,6 +67,26 @@ def uses_deepep_high_throughput(model: ModelSpec, pool: PoolSpec, cfg: ServeConf
         and cfg.dp_attention > 1
         and gpu_generation(pool.gpu.name) in DEEPEP_HT_GENERATIONS
     )
+
+
+def deepep_normal_step(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, prefill: bool) -> bool:
+    """Whether a step of this engine (`prefill`: with prompt tokens in it) dispatches on DeepEP's
+    normal kernels rather than its low-latency ones (engines that run no DeepEP: False).
+    - vLLM picks one all-to-all backend per engine (`ParallelConfig.all2all_backend`, default
+      allgather_reducescatter; `FusedMoEParallelConfig.use_deepep_ht_kernels` /
+      `use_deepep_ll_kernels`, vllm/model_executor/layers/fused_moe/config.py lines 1040-1049 in
+      vLLM 0.33.0) and never switches per step: DBO only splits a step into two micro-batches on that
+      backend (vllm/v1/worker/ubatch_utils.py). So a prefill instance (`deepep_high_throughput`) runs
+      every step on the normal kernels, and an aggregated or decode engine (`deepep_low_latency`) runs
+      every step on the low-latency ones, a prompt alone and a mixed step included.
+    - SGLang's `--deepep-mode auto` resolves per step: normal when the batch has prompt (extend) tokens
+      in it, mixed steps included (`DeepEPMode.resolve(is_extend_in_batch)`,
+      sglang/srt/layers/moe/utils.py), low-latency for decode-only steps."""
+    if not (uses_deepep_high_throughput(model, pool, cfg) or scattered_deepep(model, pool.gpu, cfg)):
+        return False
+    if cfg.engine == "sglang":
+        return prefill
+    return cfg.role == "prefill"
 
 
 def ht_copies_per_token(model: ModelSpec, cfg: ServeConfig, per_domain: int) -> tuple[float, float]:

@@ -40,7 +40,7 @@ from autoshard.costmodel.serve.comm_memory import (
     startup_comm_bytes,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
-from autoshard.costmodel.serve.ep_buffers import deepep_ll_engine_bytes
+from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, vllm_runs_cuda_graphs
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
@@ -255,7 +255,9 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg)
+    per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
+    ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
+    cuda_graphs = vllm_runs_cuda_graphs(model, gpu, cfg)
     non_torch = engine_comm_bytes(pool, cfg) + ep_buffers
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
@@ -269,7 +271,7 @@ def serve_memory(
         stage_w.append(w.total)
         graphs = (
             cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs)
-            if cfg.cuda_graphs
+            if cuda_graphs
             else 0.0
         )
         graphs_max = max(graphs_max, graphs)

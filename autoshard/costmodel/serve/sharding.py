@@ -10,6 +10,7 @@ Pure functions of the specs: no I/O, no solver.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from autoshard.costmodel.comm import (
     Collective,
@@ -21,6 +22,7 @@ from autoshard.costmodel.comm import (
 )
 from autoshard.costmodel.moe import busiest_rank_factor
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.ep_buffers import scattered_deepep
 from autoshard.costmodel.serve.ep_dispatch import ht_dispatch_combine_s, uses_deepep_high_throughput
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.specs.cluster import PoolSpec
@@ -83,10 +85,20 @@ def ep_dispatch_s(
     domain sends each rank's remote copies through its own NIC (`comm.ep_all_to_all_s`). Every rank
     sends its own tokens' copies, but the exchange ends when the busiest EP rank has received its
     pairs (and sent their outputs back): the mean times `moe.busiest_rank_factor`.
-    `high_throughput`: a prefill-only step, which runs DeepEP's normal kernels where the engine has them
-    (`serve.ep_dispatch`: one copy per destination rank, across nodes one per remote node plus the
-    NVLink fan-out); decode steps keep the low-latency kernels' per-copy pricing here."""
+    `high_throughput`: the step runs DeepEP's normal kernels (`serve.ep_dispatch.deepep_normal_step`:
+    vLLM prefill instances, SGLang steps with prompt tokens; one copy per destination rank, across
+    nodes one per remote node plus the NVLink fan-out); other steps keep the low-latency kernels'
+    per-copy pricing here."""
     ep_s = 0.0
+    if kind is LayerKind.MOE and cfg.expert_parallel and scattered_deepep(model, pool.gpu, cfg):
+        # SGLang on DeepEP without attention DP: each TP rank dispatches its 1/TP of the tokens over
+        # the TP group's GPUs (`ep_buffers.scattered_deepep`), as TP attention-DP ranks of one GPU
+        # each; the reduce-scatter and all-gather around it move an all-reduce's bytes (priced as it)
+        ranks = replace(cfg, tp=1, pp=1, dp_attention=cfg.tp)
+        return ep_dispatch_s(
+            model, kind, ranks, group_link(pool, ranks=cfg.tp), routed=routed / cfg.tp, pool=pool,
+            high_throughput=high_throughput,
+        )
     if kind is LayerKind.MOE and cfg.expert_parallel and cfg.dp_attention > 1:
         assert model.moe is not None
         moe = model.moe

@@ -56,6 +56,7 @@ from autoshard.costmodel.serve.compute import (
     serving_gpu,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers
+from autoshard.costmodel.serve.ep_dispatch import deepep_normal_step
 from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
 from autoshard.costmodel.serve.sharding import (
     _links,
@@ -167,7 +168,7 @@ def _layer_time(
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
     ep_s = chunks * ep_dispatch_s(
         model, kind, cfg, ep_link, routed=routed / chunks, pool=pool,
-        high_throughput=prefills > 0 and decode_seqs <= 0,
+        high_throughput=deepep_normal_step(model, pool, cfg, prefill=prefills > 0),
     )
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 

@@ -108,9 +108,9 @@ def tabulate_disagg(
             dropped["SGLang prefill/decode instance with attention DP + EP without DeepEP (not priced)"] += 1
             continue
         # ---- prefill side
-        budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True)
+        budget_cfg = replace(_config(model, pool, job, e, max_num_seqs=1, split=True), role="prefill")
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
-        cfg = _config(model, pool, job, e, max_num_seqs=seqs, split=True)
+        cfg = replace(_config(model, pool, job, e, max_num_seqs=seqs, split=True), role="prefill")
         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         if mem.problem() or kv_limited_concurrency(mem, job) < 1:
             cfg = budget_cfg
@@ -131,14 +131,15 @@ def tabulate_disagg(
         top = serve_memory(
             model,
             pool,
-            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, split=True),
+            replace(_config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, split=True), role="decode"),
             context_len=job.context_len,
         )
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
         # MTP drafts only without PP (SGLang refuses speculative decoding with --pp-size > 1)
         drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
         for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
-            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b, split=True), speculative_tokens=drafts)
+            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b, split=True), speculative_tokens=drafts,
+                           role="decode")
             dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
             if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
                 dropped["decode concurrency beyond the KV cache"] += 1
