@@ -93,8 +93,9 @@ class ServeConfig:
     role: str = "aggregated"
     """What the engine serves: "aggregated" (prefill and decode in one engine), or the "prefill" or
     "decode" instance of a prefill/decode split. It decides which DeepEP kernels an expert-parallel
-    vLLM engine runs, and so its buffers (`serve.ep_buffers.deepep_kernels`): autoshard's vLLM prefill
-    instances pass `--all2all-backend deepep_high_throughput`, its other vLLM lines `deepep_low_latency`."""
+    vLLM engine runs (`serve.ep_dispatch.deepep_normal_step`), and so its buffers
+    (`serve.ep_buffers.deepep_ll_engine_bytes`): autoshard's vLLM prefill instances pass
+    `--all2all-backend deepep_high_throughput`, its other vLLM lines `deepep_low_latency`."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):

@@ -167,8 +167,8 @@ def scattered_deepep(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
     """Whether the engine is an SGLang expert-parallel prefill or decode instance without attention DP
     that runs DeepEP (autoshard's SGLang lines pass `--moe-a2a-backend deepep` to expert-parallel split
     instances over more than one node: `serve.engines.sglang_deepep`, which sets `cfg.deep_gemm` for
-    them; its aggregated lines only to attention-DP engines). SGLang
-    then runs its MoE layers "scattered": with an all-to-all backend `LayerScatterModes._compute_mlp_mode`
+    them; its aggregated lines only to attention-DP engines). SGLang then runs its MoE layers
+    "scattered": with an all-to-all backend `LayerScatterModes._compute_mlp_mode`
     (python/sglang/srt/layers/communicator.py) gives sparse layers ScatterMode.SCATTERED, so the
     attention output is reduce-scattered over the TP group, each TP rank dispatches and combines its
     1/TP of the tokens through DeepEP, and the next layer all-gathers them: the data movement of an
@@ -190,7 +190,7 @@ def deepep_ll_engine_bytes(
     model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, gpus_per_node: int = NUM_MAX_NVL_PEERS
 ) -> float:
     """Non-torch bytes DeepEP holds on each GPU of an engine: 0 for engines that run no DeepEP
-    (`runs_deepep`); an SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`; a vLLM prefill
+    (`uses_deepep_low_latency`, `scattered_deepep`); an SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`; a vLLM prefill
     instance (high-throughput backend): `vllm_deepep_ht_bytes`; any other vLLM engine (low-latency
     backend): the RDMA buffer at cap VLLM_MOE_DP_CHUNK_SIZE plus vLLM's NVLink buffer.
     `gpus_per_node`: the node the engine's EP group is laid out on (whether it spans nodes)."""
