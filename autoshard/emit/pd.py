@@ -5,9 +5,13 @@ instance smaller than a node gets a slice of the node's GPUs (CUDA_VISIBLE_DEVIC
 ports; an instance of one node or more gets whole nodes. Node k's address is `$NODE<k>_IP`: export
 NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in the script form).
 
-- vLLM (KV connector docs, docs.vllm.ai "NixlConnector Usage Guide"): every instance runs
-  `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`, with its own
-  VLLM_NIXL_SIDE_CHANNEL_PORT; the front end is the vLLM Router (github.com/vllm-project/router,
+- vLLM (vLLM 0.33.0 docs/features/nixl_connector_usage.md): prefill instances run
+  `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'`, decode instances
+  `kv_role` `kv_consumer` (`kv_both` is deprecated for NixlConnector: nixl/connector.py:97-104), each
+  with its own VLLM_NIXL_SIDE_CHANNEL_PORT and, on every node, VLLM_NIXL_SIDE_CHANNEL_HOST set to that
+  node's address: the prefill side's handshake listener binds to it and hands it to the decode side as
+  `remote_host` (nixl/base_scheduler.py:76 and 325-335, pull_scheduler.py:284; vllm/envs.py default
+  "localhost", which a decode instance on another node cannot reach); the front end is the vLLM Router (github.com/vllm-project/router,
   `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
   ... --decode URL ... --kv-connector nixl`.
 - SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
@@ -54,13 +58,21 @@ __all__ = [
     "pd_launch",
     "pd_script",
     "VLLM_KV_TRANSFER_CONFIG",
+    "VLLM_KV_ROLES",
+    "VLLM_NIXL_HOST_ENV",
+    "vllm_kv_transfer_config",
     "SGLANG_TRANSFER_BACKEND",
     "ROUTER_PORT",
     "sglang_deepep_decode",
     "sglang_deepep_prefill",
 ]
 
-VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+"""A prefill instance's --kv-transfer-config (`vllm_kv_transfer_config` gives each role's)."""
+VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+"""vLLM's KVTransferConfig.kv_role of each role (vllm/config/kv_transfer.py: kv_producer, kv_consumer,
+kv_both; NixlConnector warns that kv_both is deprecated, nixl/connector.py:97-104)."""
+VLLM_NIXL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SGLANG_TRANSFER_BACKEND = "mooncake"
 VLLM_PORT = 8100
 NIXL_SIDE_CHANNEL_PORT = 5600
@@ -105,6 +117,11 @@ def role_plan(plan: ServePlan, role: Role) -> ServePlan:
         disaggregation=None,
         pool_index=getattr(role, "pool_index", plan.pool_index),
     )
+
+
+def vllm_kv_transfer_config(role: str) -> str:
+    """The --kv-transfer-config JSON of a vLLM "prefill" or "decode" instance."""
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": VLLM_KV_ROLES[role]}, separators=(",", ":"))
 
 
 def uses_deepep(role: Role, nodes: int) -> bool:
@@ -181,15 +198,17 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
                 for line in base]
     head = _addr(inst.nodes[0])
     lines = []
-    for line in base:
+    for node, line in zip(inst.nodes, base, strict=True):
         line = line.replace(HEAD_ADDRESS, head)
         env = ""
         if inst.devices is not None:
             env = "CUDA_VISIBLE_DEVICES=" + _q(",".join(map(str, inst.devices))) + " "
         if framework == "vllm":
             # NIXL's side channel listens on this port plus the DP rank: instances sharing a node get
-            # port ranges a node's worth of ranks apart
+            # port ranges a node's worth of ranks apart; its host is the node's own address (the
+            # schedulers of a multi-node DP instance's ranks run on their own nodes)
             stride = one.pool.node.gpus_per_node
+            env += f'{VLLM_NIXL_HOST_ENV}="{_addr(node)}" '
             env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + stride * inst.slot} "
             words = [
                 "--host",
@@ -197,7 +216,7 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
                 "--port",
                 str(VLLM_PORT + inst.slot),
                 "--kv-transfer-config",
-                json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":")),
+                vllm_kv_transfer_config(inst.role),
             ]
         else:
             words = [

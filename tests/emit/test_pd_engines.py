@@ -1,0 +1,108 @@
+"""Prefill/decode launch lines against the engines' source (#13): vLLM 0.33.0 (PyPI sdist) and SGLang
+0.5.23 (PyPI wheel), the versions the emitted images (`vllm/vllm-openai:latest`,
+`lmsysorg/sglang:latest`) and check_flags.py name.
+
+- vLLM's NixlConnector: `kv_role` is `kv_producer` on prefill and `kv_consumer` on decode instances
+  (`kv_both` warns "deprecated ... will be removed", vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+  connector.py:97-104; the roles are vllm/config/kv_transfer.py:11-13).
+- The NIXL handshake listener of an instance binds to VLLM_NIXL_SIDE_CHANNEL_HOST and the prefill side
+  hands that host to the decode side as `remote_host` (nixl/base_scheduler.py:76, 325-335;
+  pull_scheduler.py:284); its default is "localhost" (vllm/envs.py:1721-1722), which a decode instance
+  on another node cannot reach. Every vLLM line of a split sets it to its own node's address, and the
+  manifests to the pod's IP.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from autoshard.emit.k8s import k8s_manifests
+from autoshard.emit.pd import pd_commands, place
+from autoshard.search.serve.solve import solve_serve
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.job import ServeJob, WeightDtype
+
+H100 = load_cluster("dgx-h100")
+
+
+def _split(model: str, gpus: int, **job):
+    return solve_serve(load_model(model), H100.with_gpus(gpus), ServeJob(input_len=1000, output_len=1000, **job),
+                       pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on")[0]
+
+
+def _env(words: list[str]) -> dict[str, str]:
+    out = {}
+    for w in words:
+        name, eq, value = w.partition("=")
+        if not eq or not name.isupper():
+            break
+        out[name] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """DeepSeek-V3 FP8 on 12 nodes: DP16/EP16 prefill instances over two nodes each (multi-node DP)."""
+    return _split("deepseek-v3", 96, weight_dtype=WeightDtype.FP8)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _split("llama-3.1-70b", 16)
+
+
+def test_kv_roles_and_side_channel_host_per_node(wide, llama):
+    for plan in (llama, wide):
+        nodes = {(i.role, i.index): i.nodes for i in place(plan)}
+        seen = {"prefill": 0, "decode": 0}
+        per_instance: dict[str, int] = {}
+        for node, what, line in pd_commands(plan, "vllm"):
+            if what == "router":
+                continue
+            role, index = what.split()[0], int(what.split()[1])
+            words = shlex.split(line)  # the shell expands "$NODE<k>_IP"; shlex keeps the name
+            cfg = json.loads(words[words.index("--kv-transfer-config") + 1])
+            assert cfg == {"kv_connector": "NixlConnector",
+                           "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role]}
+            assert _env(words)["VLLM_NIXL_SIDE_CHANNEL_HOST"] == f"$NODE{node}_IP"
+            k = per_instance.get(what, 0)
+            assert node == nodes[(role, index)][k]  # the k-th line of an instance runs on its k-th node
+            per_instance[what] = k + 1
+            seen[role] += 1
+        assert seen["prefill"] and seen["decode"]
+    # the wide-EP prefill instances span two nodes: their second node's line names its own address
+    pre = [i for i in place(wide) if i.role == "prefill"]
+    assert len(pre[0].nodes) == 2
+    lines = {n: line for n, what, line in pd_commands(wide, "vllm") if what == "prefill 0"}
+    assert f'VLLM_NIXL_SIDE_CHANNEL_HOST="$NODE{pre[0].nodes[1]}_IP"' in lines[pre[0].nodes[1]]
+    assert "--headless" in lines[pre[0].nodes[1]]
+
+
+def test_sglang_lines_carry_no_vllm_variables(llama):
+    for _, what, line in pd_commands(llama, "sglang"):
+        assert "VLLM_NIXL" not in line and "kv-transfer-config" not in line
+
+
+def test_manifests_give_each_vllm_pod_its_own_ip(llama):
+    files = k8s_manifests(llama, "vllm")
+    pods = 0
+    for name, objects in files.items():
+        if name.endswith("-router.yaml"):
+            continue
+        container = objects[0]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {
+            "name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        role = objects[0]["metadata"]["labels"]["autoshard/role"]
+        words = shlex.split(container["command"][2])
+        cfg = json.loads(words[words.index("--kv-transfer-config") + 1])
+        assert cfg["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+        pods += 1
+    assert pods == sum(r.instances for r in llama.roles)
+    for objects in k8s_manifests(llama, "sglang").values():  # SGLang pods: no NIXL variable
+        for obj in objects:
+            containers = obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            assert all("VLLM_NIXL_SIDE_CHANNEL_HOST" not in str(c.get("env")) for c in containers)
