@@ -106,3 +106,25 @@ def test_manifests_give_each_vllm_pod_its_own_ip(llama):
         for obj in objects:
             containers = obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
             assert all("VLLM_NIXL_SIDE_CHANNEL_HOST" not in str(c.get("env")) for c in containers)
+
+
+def test_decode_instances_run_without_pipeline_parallelism():
+    """vLLM 0.33.0 refuses a kv_consumer with pipeline_parallel_size > 1 (NotImplementedError,
+    nixl/base_worker.py:884-890) and SGLang 0.5.23 asserts that a decode instance's PP is 1 or its
+    prefill instance's (disaggregation/common/conn.py:1515-1518): the split space offers decode
+    instances without PP. Llama 3.1 70B on one 8 x H100 node split into a TP1 PP2 prefill and a TP2 PP3
+    decode instance before; 405B in BF16 on 32 H100 into TP1 PP16 + TP8 PP2, which no line could start
+    (no PP-free decode instance holds 405B in BF16 on H100: that split is now refused)."""
+    from autoshard.search.serve.disagg import tabulate_disagg
+    from autoshard.search.serve.space import SPLIT_DECODE_PP, enumerate_serve
+
+    model, cluster, job = load_model("llama-3.1-70b"), H100.with_gpus(8), ServeJob(input_len=1000, output_len=1000)
+    space = enumerate_serve(model, cluster, job)
+    tables = tabulate_disagg(model, cluster, job, space, keep_all=True)
+    assert tables.decode and all(r.engine.pp == 1 for r in tables.decode)
+    assert any(r.engine.pp > 1 for r in tables.prefill)  # prefill instances keep PP
+    assert tables.dropped[SPLIT_DECODE_PP] == sum(e.pp > 1 for e in space.engines)
+    plan = _split("llama-3.1-70b", 8)
+    assert plan.role("decode").pp == 1
+    with pytest.raises(Exception, match="no prefill/decode deployment"):
+        _split("llama-3.1-405b", 32)
