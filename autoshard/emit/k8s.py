@@ -41,6 +41,7 @@ from autoshard.emit.pd import (
     sglang_deepep_decode,
     sglang_deepep_prefill,
     uses_deepep,
+    vllm_deepep_decode,
     vllm_kv_transfer_config,
 )
 from autoshard.emit.sglang import sglang_env, sglang_node_commands
@@ -141,6 +142,8 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             graphs = ["--cuda-graph-max-bs-decode", str(seqs)]
         elif framework == "sglang" and uses_deepep(role, nodes):
             env = ((SGLANG_DEEPEP_LL_ENV, str(sglang_deepep_prefill(role))),)
+        elif framework == "vllm" and role.role == "decode":  # as in emit/pd.py
+            one = vllm_deepep_decode(one, role) or one
         for i in range(role.instances):
             lines = sglang_node_commands(one, deepep=False) if sglang else vllm_node_commands(one)
             if framework == "vllm" and role.role == "prefill":  # as in emit/pd.py

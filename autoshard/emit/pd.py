@@ -13,7 +13,8 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
   `remote_host` (nixl/base_scheduler.py:76 and 325-335, pull_scheduler.py:284; vllm/envs.py default
   "localhost", which a decode instance on another node cannot reach); the front end is the vLLM Router (github.com/vllm-project/router,
   `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
-  ... --decode URL ... --kv-connector nixl`.
+  ... --decode URL ... --kv-connector nixl`. Decode instances on DeepEP's low-latency kernels pass
+  `--max-num-batched-tokens 256`, the buffer their memory holds (`vllm_deepep_decode`).
 - SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
   `--disaggregation-transfer-backend` (mooncake over RDMA, nixl also documented), a bootstrap port per
   prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, sglang_deepep_tokens
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
+from autoshard.emit.vllm.command import all2all_backend
 from autoshard.plans.disagg import Role
 from autoshard.plans.serve import ServePlan
 
@@ -65,6 +67,7 @@ __all__ = [
     "ROUTER_PORT",
     "sglang_deepep_decode",
     "sglang_deepep_prefill",
+    "vllm_deepep_decode",
 ]
 
 VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
@@ -139,6 +142,23 @@ def sglang_deepep_decode(role: Role) -> tuple[int, int]:
     return seqs, sglang_deepep_tokens(seqs, role.speculative_tokens)
 
 
+def vllm_deepep_decode(one: ServePlan, role: Role) -> ServePlan | None:
+    """A vLLM decode instance on DeepEP's low-latency kernels (`one`: its `role_plan`) as its line runs
+    it, or None where it runs other kernels. vLLM 0.33 sizes that buffer for `--max-num-batched-tokens`
+    tokens per rank and runs a step's tokens through it in one pass (FusedMoEConfig.max_num_tokens =
+    scheduler max_num_batched_tokens, model_executor/layers/fused_moe/layer.py:286,373;
+    DeepEPLLAll2AllManager._make_all2all_kwargs, distributed/device_communicators/all2all.py:327-352;
+    256 is vLLM's own default for these engines, config/scheduler.py:42, engine/arg_utils.py:3166-3170),
+    so the line's step budget is the 256 tokens per rank the plan's memory holds the buffer for
+    (`VLLM_MOE_DP_CHUNK_SIZE`), and a decode instance keeps at most 256 tokens per rank (requests x
+    (1 + MTP drafts)): a plan with more runs fewer requests (its line's comment says so). 8,192 asked
+    for a 114 GiB buffer per GPU for DeepSeek-V3."""
+    if all2all_backend(one) != "deepep_low_latency":
+        return None
+    seqs = max(1, min(role.max_num_seqs, VLLM_MOE_DP_CHUNK_SIZE // (1 + role.speculative_tokens)))
+    return dataclasses.replace(one, max_num_seqs=seqs, max_num_batched_tokens=VLLM_MOE_DP_CHUNK_SIZE)
+
+
 def sglang_deepep_prefill(role: Role) -> int:
     """SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK of an SGLang prefill instance on DeepEP: its
     running requests' tokens per rank, as its memory counts the buffer."""
@@ -192,6 +212,8 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
     if low_latency:
         seqs, cap = sglang_deepep_decode(role)
         one = dataclasses.replace(one, max_num_seqs=seqs)
+    if framework == "vllm" and inst.role == "decode":
+        one = vllm_deepep_decode(one, role) or one
     base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one, deepep=False)
     if framework == "vllm" and inst.role == "prefill":  # DeepEP's throughput kernels take prefill whole
         base = [line.replace("--all2all-backend deepep_low_latency", "--all2all-backend deepep_high_throughput")
@@ -284,6 +306,11 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
                     f" (the plan's memory holds SGLang's DeepEP low-latency buffers for {SGLANG_DEEPEP_LL_MAX}"
                     f" tokens per rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
                 )
+        vllm_ll = vllm_deepep_decode(role_plan(plan, role), role) if framework == "vllm" and inst.role == "decode" else None
+        if vllm_ll is not None and vllm_ll.max_num_seqs < role.max_num_seqs:
+            what += (f" (vLLM's DeepEP low-latency buffer holds its --max-num-batched-tokens {VLLM_MOE_DP_CHUNK_SIZE} "
+                     f"tokens per rank: {vllm_ll.max_num_seqs} requests per rank instead of the planned "
+                     f"{role.max_num_seqs})")
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
             out.append((node, what, line))
     out.append((0, "router", _router(framework, instances)))

@@ -128,3 +128,60 @@ def test_decode_instances_run_without_pipeline_parallelism():
     assert plan.role("decode").pp == 1
     with pytest.raises(Exception, match="no prefill/decode deployment"):
         _split("llama-3.1-405b", 32)
+
+
+def _flag(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
+
+
+def test_vllm_deepep_decode_lines_ask_for_the_buffer_the_plan_holds(wide):
+    """vLLM 0.33 sizes DeepEP's low-latency buffer for --max-num-batched-tokens tokens per rank
+    (fused_moe/layer.py:286,373; all2all.py:327-352) and no longer splits an MoE layer into 256-token
+    passes: a decode line with 8,192 asked for ~114 GiB per GPU for DeepSeek-V3. Decode lines pass the
+    256 tokens the plan's memory holds the buffer for (vLLM's own default for these engines), at most
+    256 tokens per rank of running requests; prefill lines (DeepEP's high-throughput kernels, fixed
+    1 GiB buffers) keep the plan's budget."""
+    from autoshard.costmodel.serve.ep_buffers import deepep_ll_buffer_bytes
+
+    model = load_model("deepseek-v3")
+    assert deepep_ll_buffer_bytes(model, 8192, 64) > 110 * 2**30 > 4 * 2**30 > deepep_ll_buffer_bytes(model, 256, 64)
+    checked = set()
+    for _, what, line in pd_commands(wide, "vllm"):
+        if what == "router":
+            continue
+        words = shlex.split(line)
+        role = wide.role(what.split()[0])
+        backend = _flag(words, "--all2all-backend")
+        if role.role == "decode":
+            assert backend == "deepep_low_latency"
+            assert _flag(words, "--max-num-batched-tokens") == "256"
+            seqs = int(_flag(words, "--max-num-seqs"))
+            assert seqs == min(role.max_num_seqs, 256 // (1 + role.speculative_tokens))
+        else:
+            assert backend == "deepep_high_throughput"
+            assert _flag(words, "--max-num-batched-tokens") == str(role.prediction.config.max_num_batched_tokens)
+        checked.add(role.role)
+    assert checked == {"prefill", "decode"}
+    for name, objects in k8s_manifests(wide, "vllm").items():  # the manifests run the same lines
+        if "-decode-" in name:
+            spec = objects[0]["spec"]
+            pod = spec["template"] if "template" in spec else spec["leaderWorkerTemplate"]["leaderTemplate"]
+            words = shlex.split(pod["spec"]["containers"][0]["command"][2].replace("exec ", "", 1))
+            assert _flag(words, "--max-num-batched-tokens") == "256"
+
+
+def test_vllm_mtp_decode_keeps_256_tokens_per_rank():
+    """A decode instance drafting one MTP token sends two tokens per request through DeepEP: at most
+    128 requests per rank fit the 256-token buffer; more planned requests are cut and the line says so."""
+    from autoshard.emit.pd import vllm_deepep_decode, role_plan
+
+    plan = solve_serve(load_model("deepseek-v3"), H100.with_gpus(96),
+                       ServeJob(input_len=2000, output_len=1000, weight_dtype=WeightDtype.FP8),
+                       pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on")[0]
+    role = plan.role("decode")
+    one = vllm_deepep_decode(role_plan(plan, role), role)
+    assert one is not None and one.max_num_batched_tokens == 256
+    assert one.max_num_seqs * (1 + role.speculative_tokens) <= 256
+    lines = [(what, line) for _, what, line in pd_commands(plan, "vllm") if what.startswith("decode")]
+    assert all(f"--max-num-seqs {one.max_num_seqs} " in line for _, line in lines)
+    assert all(("instead of the planned" in what) == (one.max_num_seqs < role.max_num_seqs) for what, _ in lines)
