@@ -34,13 +34,15 @@ from autoshard.emit.pd import (
     ROUTER_PORT,
     SGLANG_PORT,
     SGLANG_TRANSFER_BACKEND,
-    VLLM_KV_TRANSFER_CONFIG,
+    VLLM_NIXL_HOST_ENV,
     VLLM_PORT,
     SGLANG_DEEPEP_LL_ENV,
     role_plan,
     sglang_deepep_decode,
     sglang_deepep_prefill,
     uses_deepep,
+    vllm_deepep_decode,
+    vllm_kv_transfer_config,
 )
 from autoshard.emit.sglang import sglang_env, sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
@@ -68,6 +70,8 @@ class _Unit:
     pool: str
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables of the engine container."""
+    pod_ip_env: tuple[str, ...] = ()
+    """Environment variables set to the pod's own IP (the downward API's status.podIP)."""
 
 
 def _sh(words: list[str]) -> str:
@@ -138,6 +142,8 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             graphs = ["--cuda-graph-max-bs-decode", str(seqs)]
         elif framework == "sglang" and uses_deepep(role, nodes):
             env = ((SGLANG_DEEPEP_LL_ENV, str(sglang_deepep_prefill(role))),)
+        elif framework == "vllm" and role.role == "decode":  # as in emit/pd.py
+            one = vllm_deepep_decode(one, role) or one
         for i in range(role.instances):
             lines = sglang_node_commands(one, deepep=False) if sglang else vllm_node_commands(one)
             if framework == "vllm" and role.role == "prefill":  # as in emit/pd.py
@@ -145,7 +151,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                                       "--all2all-backend deepep_high_throughput") for line in lines]
             extra = ["--host", "0.0.0.0", "--port", str(port)]
             if framework == "vllm":
-                extra += ["--kv-transfer-config", _json(VLLM_KV_TRANSFER_CONFIG)]
+                extra += ["--kv-transfer-config", vllm_kv_transfer_config(role.role)]
             else:
                 extra += [
                     "--disaggregation-mode",
@@ -160,8 +166,12 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                 extra += graphs
             lines = [line + " " + " ".join(shlex.quote(w) for w in extra) for line in lines]
             gpus = min(role.gpus_per_instance, per_node)
+            # NIXL's side channel: the prefill pod's listener binds to and advertises this address
+            # (`emit.pd`); a pod's own IP, which the decode pods reach
+            pod_ip = (VLLM_NIXL_HOST_ENV,) if framework == "vllm" else ()
             units.append(
-                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name, env)
+                _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name, env,
+                      pod_ip)
             )
     return units
 
@@ -175,12 +185,6 @@ class _AggRole:
         self.ep = plan.ep
         self.prediction = plan.prediction
         self.pool_index = plan.pool_index
-
-
-def _json(obj: dict) -> str:
-    import json
-
-    return json.dumps(obj, separators=(",", ":"))
 
 
 POOL_LABEL = "autoshard/pool"
@@ -204,7 +208,10 @@ def _pod(
                     "ports": [{"containerPort": unit.port, "name": "http"}],
                     "resources": {"limits": {"nvidia.com/gpu": unit.gpus_per_pod}},
                     "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                    **({"env": [{"name": k, "value": v} for k, v in unit.env]} if unit.env else {}),
+                    **({"env": [{"name": k, "value": v} for k, v in unit.env]
+                               + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                                  for k in unit.pod_ip_env]}
+                       if unit.env or unit.pod_ip_env else {}),
                 }
             ],
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],

@@ -5,11 +5,16 @@ instance smaller than a node gets a slice of the node's GPUs (CUDA_VISIBLE_DEVIC
 ports; an instance of one node or more gets whole nodes. Node k's address is `$NODE<k>_IP`: export
 NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in the script form).
 
-- vLLM (KV connector docs, docs.vllm.ai "NixlConnector Usage Guide"): every instance runs
-  `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'`, with its own
-  VLLM_NIXL_SIDE_CHANNEL_PORT; the front end is the vLLM Router (github.com/vllm-project/router,
+- vLLM (vLLM 0.33.0 docs/features/nixl_connector_usage.md): prefill instances run
+  `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'`, decode instances
+  `kv_role` `kv_consumer` (`kv_both` is deprecated for NixlConnector: nixl/connector.py:97-104), each
+  with its own VLLM_NIXL_SIDE_CHANNEL_PORT and, on every node, VLLM_NIXL_SIDE_CHANNEL_HOST set to that
+  node's address: the prefill side's handshake listener binds to it and hands it to the decode side as
+  `remote_host` (nixl/base_scheduler.py:76 and 325-335, pull_scheduler.py:284; vllm/envs.py default
+  "localhost", which a decode instance on another node cannot reach); the front end is the vLLM Router (github.com/vllm-project/router,
   `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
-  ... --decode URL ... --kv-connector nixl`.
+  ... --decode URL ... --kv-connector nixl`. Decode instances on DeepEP's low-latency kernels pass
+  `--max-num-batched-tokens 256`, the buffer their memory holds (`vllm_deepep_decode`).
 - SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
   `--disaggregation-transfer-backend` (mooncake over RDMA, nixl also documented), a bootstrap port per
   prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, sglang_deepep_tokens
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
+from autoshard.emit.vllm.command import all2all_backend
 from autoshard.plans.disagg import Role
 from autoshard.plans.serve import ServePlan
 
@@ -54,13 +60,22 @@ __all__ = [
     "pd_launch",
     "pd_script",
     "VLLM_KV_TRANSFER_CONFIG",
+    "VLLM_KV_ROLES",
+    "VLLM_NIXL_HOST_ENV",
+    "vllm_kv_transfer_config",
     "SGLANG_TRANSFER_BACKEND",
     "ROUTER_PORT",
     "sglang_deepep_decode",
     "sglang_deepep_prefill",
+    "vllm_deepep_decode",
 ]
 
-VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+"""A prefill instance's --kv-transfer-config (`vllm_kv_transfer_config` gives each role's)."""
+VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+"""vLLM's KVTransferConfig.kv_role of each role (vllm/config/kv_transfer.py: kv_producer, kv_consumer,
+kv_both; NixlConnector warns that kv_both is deprecated, nixl/connector.py:97-104)."""
+VLLM_NIXL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SGLANG_TRANSFER_BACKEND = "mooncake"
 VLLM_PORT = 8100
 NIXL_SIDE_CHANNEL_PORT = 5600
@@ -107,6 +122,11 @@ def role_plan(plan: ServePlan, role: Role) -> ServePlan:
     )
 
 
+def vllm_kv_transfer_config(role: str) -> str:
+    """The --kv-transfer-config JSON of a vLLM "prefill" or "decode" instance."""
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": VLLM_KV_ROLES[role]}, separators=(",", ":"))
+
+
 def uses_deepep(role: Role, nodes: int) -> bool:
     """SGLang instances with expert parallelism over more than one node dispatch with DeepEP."""
     return role.ep > 1 and nodes > 1
@@ -120,6 +140,23 @@ def sglang_deepep_decode(role: Role) -> tuple[int, int]:
     per_request = 1 + role.speculative_tokens
     seqs = max(1, min(role.max_num_seqs, SGLANG_DEEPEP_LL_MAX // per_request))
     return seqs, sglang_deepep_tokens(seqs, role.speculative_tokens)
+
+
+def vllm_deepep_decode(one: ServePlan, role: Role) -> ServePlan | None:
+    """A vLLM decode instance on DeepEP's low-latency kernels (`one`: its `role_plan`) as its line runs
+    it, or None where it runs other kernels. vLLM 0.33 sizes that buffer for `--max-num-batched-tokens`
+    tokens per rank and runs a step's tokens through it in one pass (FusedMoEConfig.max_num_tokens =
+    scheduler max_num_batched_tokens, model_executor/layers/fused_moe/layer.py:286,373;
+    DeepEPLLAll2AllManager._make_all2all_kwargs, distributed/device_communicators/all2all.py:327-352;
+    256 is vLLM's own default for these engines, config/scheduler.py:42, engine/arg_utils.py:3166-3170),
+    so the line's step budget is the 256 tokens per rank the plan's memory holds the buffer for
+    (`VLLM_MOE_DP_CHUNK_SIZE`), and a decode instance keeps at most 256 tokens per rank (requests x
+    (1 + MTP drafts)): a plan with more runs fewer requests (its line's comment says so). 8,192 asked
+    for a 114 GiB buffer per GPU for DeepSeek-V3."""
+    if all2all_backend(one) != "deepep_low_latency":
+        return None
+    seqs = max(1, min(role.max_num_seqs, VLLM_MOE_DP_CHUNK_SIZE // (1 + role.speculative_tokens)))
+    return dataclasses.replace(one, max_num_seqs=seqs, max_num_batched_tokens=VLLM_MOE_DP_CHUNK_SIZE)
 
 
 def sglang_deepep_prefill(role: Role) -> int:
@@ -175,21 +212,25 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
     if low_latency:
         seqs, cap = sglang_deepep_decode(role)
         one = dataclasses.replace(one, max_num_seqs=seqs)
+    if framework == "vllm" and inst.role == "decode":
+        one = vllm_deepep_decode(one, role) or one
     base = vllm_node_commands(one) if framework == "vllm" else sglang_node_commands(one, deepep=False)
     if framework == "vllm" and inst.role == "prefill":  # DeepEP's throughput kernels take prefill whole
         base = [line.replace("--all2all-backend deepep_low_latency", "--all2all-backend deepep_high_throughput")
                 for line in base]
     head = _addr(inst.nodes[0])
     lines = []
-    for line in base:
+    for node, line in zip(inst.nodes, base, strict=True):
         line = line.replace(HEAD_ADDRESS, head)
         env = ""
         if inst.devices is not None:
             env = "CUDA_VISIBLE_DEVICES=" + _q(",".join(map(str, inst.devices))) + " "
         if framework == "vllm":
             # NIXL's side channel listens on this port plus the DP rank: instances sharing a node get
-            # port ranges a node's worth of ranks apart
+            # port ranges a node's worth of ranks apart; its host is the node's own address (the
+            # schedulers of a multi-node DP instance's ranks run on their own nodes)
             stride = one.pool.node.gpus_per_node
+            env += f'{VLLM_NIXL_HOST_ENV}="{_addr(node)}" '
             env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + stride * inst.slot} "
             words = [
                 "--host",
@@ -197,7 +238,7 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
                 "--port",
                 str(VLLM_PORT + inst.slot),
                 "--kv-transfer-config",
-                json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":")),
+                vllm_kv_transfer_config(inst.role),
             ]
         else:
             words = [
@@ -265,6 +306,11 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
                     f" (the plan's memory holds SGLang's DeepEP low-latency buffers for {SGLANG_DEEPEP_LL_MAX}"
                     f" tokens per rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
                 )
+        vllm_ll = vllm_deepep_decode(role_plan(plan, role), role) if framework == "vllm" and inst.role == "decode" else None
+        if vllm_ll is not None and vllm_ll.max_num_seqs < role.max_num_seqs:
+            what += (f" (vLLM's DeepEP low-latency buffer holds its --max-num-batched-tokens {VLLM_MOE_DP_CHUNK_SIZE} "
+                     f"tokens per rank: {vllm_ll.max_num_seqs} requests per rank instead of the planned "
+                     f"{role.max_num_seqs})")
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):
             out.append((node, what, line))
     out.append((0, "router", _router(framework, instances)))

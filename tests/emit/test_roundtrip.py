@@ -187,7 +187,8 @@ def test_sglang_commands_say_what_the_plan_says(name: str) -> None:
             assert int(f["--max-running-requests"]) == seqs * plan.dp_attention
             assert (f.get("--moe-a2a-backend"), f.get("--cuda-graph-max-bs-decode")) == (
                 ("deepep", str(seqs)) if runs_deepep(plan) else (None, None))
-            assert int(f["--chunked-prefill-size"]) == plan.max_num_batched_tokens
+            # per engine: SGLang gives each attention-DP rank chunked_prefill_size // attn_dp_size
+            assert int(f["--chunked-prefill-size"]) == plan.max_num_batched_tokens * plan.dp_attention
             assert f["--kv-cache-dtype"] == SGLANG_KV_CACHE_DTYPE[plan.job.kv_cache_dtype]
             assert ("--quantization" in f) == (plan.job.weight_dtype is not WeightDtype.BF16)
             gpus += tp * pp * dp // nnodes

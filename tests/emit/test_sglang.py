@@ -183,6 +183,26 @@ def test_deepseek_v3_fp8_on_8_h200_runs_deepep():
     assert sglang.prediction.memory.ep_buffer_bytes == low_latency + nvl == 4_005_728_000
 
 
+def test_chunked_prefill_size_is_the_engines_budget():
+    """SGLang reads --chunked-prefill-size per engine and gives each attention-DP rank
+    chunked_prefill_size // attn_dp_size (sglang 0.5.23 srt/arg_groups/parallel_hook.py:324-332), while
+    the plan (vLLM's --max-num-batched-tokens, one scheduler per DP rank) prices 8,192 prompt tokens per
+    rank: the line passes 8 x 8,192 at attention DP 8 (it passed 8,192, 1,024 a rank), 2 x 8,192 at DP 2,
+    the budget itself without attention DP; `--from-sglang` reads the per-rank budget back."""
+    from autoshard.emit.sglang import parse_sglang
+
+    for name, adp in (("deepseekv3-fp8-h200x8-dp8-ep8", 8), ("deepseekv3-fp8-h200x16-tp8dp2-ep16", 2),
+                      ("mixtral-h100x8-tp2dp4-ep8", 4), ("llama70b-fp8-h100x8-tp4dp2", 1)):
+        plan = build(name)
+        assert plan.max_num_batched_tokens == 8192 and plan.dp_attention == adp
+        for line in sglang_node_commands(plan):
+            assert flags(line)["--chunked-prefill-size"] == str(8192 * adp)
+            assert parse_sglang(line).max_num_batched_tokens == 8192
+    line = ("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp-size 8 --dp-size 8 "
+            "--enable-dp-attention --ep-size 8 --chunked-prefill-size 16384")  # the deprecated spelling
+    assert parse_sglang(line).max_num_batched_tokens == 2048
+
+
 def test_replicas_across_nodes_are_one_server_per_node():
     commands = sglang_node_commands(build("llama70b-h100x32-tp4dp8"))
     assert len(commands) == 4 and all("--dp-size 2" in c and "--nnodes" not in c for c in commands)

@@ -84,7 +84,7 @@ def test_sglang_decode_lines_size_the_low_latency_buffer(plan):
         else:  # the router
             assert SGLANG_DEEPEP_LL_ENV not in line
     assert seen == decode.instances * decode.gpus_per_instance // 8
-    for _, _, line in pd_commands(plan, "vllm"):  # vLLM chunks the MoE layer instead
+    for _, _, line in pd_commands(plan, "vllm"):  # vLLM sizes its buffer by --max-num-batched-tokens instead
         assert SGLANG_DEEPEP_LL_ENV not in line and "--cuda-graph-max-bs-decode" not in line
 
 

@@ -280,7 +280,8 @@ def test_pd_commands(framework):
             assert words[words.index("--disaggregation-transfer-backend") + 1] == "mooncake"
         else:
             cfg = json.loads(words[words.index("--kv-transfer-config") + 1])
-            assert cfg == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+            role = {"prefill": "kv_producer", "decode": "kv_consumer"}[what.split()[0]]
+            assert cfg == {"kv_connector": "NixlConnector", "kv_role": role}
     script = pd_script(plan, framework)
     assert script.startswith("#!/usr/bin/env bash") and "NODE_RANK" in script
 

@@ -10,6 +10,9 @@ One line per node (head first). SGLang rejects `--dp-size > 1` with `--nnodes > 
 - engines spanning nodes: `--nnodes N --node-rank R --dist-init-addr HEAD:5000` per engine; replica
   i > 0 uses its own head address `$HEAD_IP_<i>`.
 
+`--chunked-prefill-size` is per engine: SGLang divides it among the attention-DP ranks, so the line
+passes the plan's per-rank budget times the attention-DP size (`sglang_chunked_prefill_size`).
+
 `--mem-fraction-static` is the share of HBM for weights plus the KV pool: the plan's vLLM budget minus
 the activation and graph memory SGLang keeps outside it. Weights: the same checkpoint as vLLM
 (`autoshard.emit.vllm.command.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
@@ -48,6 +51,7 @@ __all__ = [
     "sglang_command",
     "sglang_node_commands",
     "mem_fraction_static",
+    "sglang_chunked_prefill_size",
     "runs_deepep",
     "sglang_deepep_seqs",
     "sglang_env",
@@ -94,6 +98,15 @@ def sglang_env(plan: ServePlan) -> tuple[tuple[str, str], ...]:
     return ((SGLANG_DEEPEP_ENV, str(sglang_deepep_tokens(sglang_deepep_seqs(plan), speculative_tokens(plan)))),)
 
 
+def sglang_chunked_prefill_size(tokens_per_rank: int, attn_dp: int) -> int:
+    """`--chunked-prefill-size` for a prefill budget of `tokens_per_rank` on each attention-DP rank. The
+    plan's budget is per DP rank (vLLM's --max-num-batched-tokens: every DP rank runs its own scheduler),
+    while SGLang reads the flag per engine and gives each attention-DP rank `chunked_prefill_size //
+    attn_dp_size` (sglang 0.5.23 srt/arg_groups/parallel_hook.py:324-332, handle_data_parallelism), so
+    the line passes the budget times the attention-DP size."""
+    return tokens_per_rank * attn_dp
+
+
 def mem_fraction_static(plan: ServePlan) -> float:
     """Weights + KV pool as a fraction of HBM, rounded down to 0.01 and kept inside (0, 1)."""
     mem = plan.prediction.memory
@@ -130,7 +143,7 @@ def _base(plan: ServePlan, *, dp: int, deepep: bool = False) -> list[str]:
         "--max-running-requests",
         str(running),
         "--chunked-prefill-size",
-        str(plan.max_num_batched_tokens),
+        str(sglang_chunked_prefill_size(plan.max_num_batched_tokens, plan.dp_attention)),
         "--kv-cache-dtype",
         SGLANG_KV_CACHE_DTYPE[plan.job.kv_cache_dtype],
     ]

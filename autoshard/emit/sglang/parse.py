@@ -54,7 +54,8 @@ def parse_sglang(command: str) -> ParsedServe:
     attention TP T/D x DP D with experts over all T GPUs (vLLM: TP T/D, DP D, --enable-expert-parallel);
     without them `--dp-size` counts engine replicas. `--context-length` is the max model length,
     `--max-running-requests` the concurrency cap (over all attention-DP ranks), `--chunked-prefill-size`
-    the prefill token budget. `--mem-fraction-static` (weights + KV pool) is read as the memory budget
+    the prefill token budget of the engine, which SGLang splits among its attention-DP ranks
+    (`chunked_prefill_size // attn_dp_size` each: sglang 0.5.23 srt/arg_groups/parallel_hook.py:324-332). `--mem-fraction-static` (weights + KV pool) is read as the memory budget
     with a warning: SGLang keeps activations outside it, so the predicted KV pool is a little smaller.
     Flags autoshard does not read are listed in one warning."""
     warnings: list[str] = []
@@ -169,7 +170,8 @@ def parse_sglang(command: str) -> ParsedServe:
         model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),
         gpu_memory_utilization=util, max_num_seqs=seqs,
-        max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else to_int("--chunked-prefill-size", chunk),
+        max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else max(
+            1, to_int("--chunked-prefill-size", chunk) // attn_dp),
         quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
         node_rank=integer("--node-rank", 0, minimum=0), warnings=tuple(warnings),
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory

@@ -31,7 +31,7 @@ from autoshard.costmodel.serve.disagg import (
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
-from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config, _unpriced
+from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config, _unpriced, split_decode_rule
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -128,6 +128,9 @@ def tabulate_disagg(
                 continue
             prefill.append(PrefillRow(e, inst, u, rate, time_to_us(ttft), send))  # type: ignore[arg-type]
         # ---- decode side
+        if (reason := split_decode_rule(e)) is not None:
+            dropped[reason] += 1
+            continue
         top = serve_memory(
             model,
             pool,

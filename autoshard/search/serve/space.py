@@ -33,16 +33,8 @@ from autoshard.specs.layers import AttentionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import time_to_us
 
-__all__ = [
-    "Engine",
-    "ServeSpace",
-    "Row",
-    "enumerate_serve",
-    "tabulate",
-    "GPU_MEMORY_UTILIZATION",
-    "MAX_CONCURRENCY",
-    "TIE_SCALE",
-]
+__all__ = ["Engine", "ServeSpace", "Row", "enumerate_serve", "tabulate", "GPU_MEMORY_UTILIZATION", "MAX_CONCURRENCY",
+           "TIE_SCALE", "SPLIT_DECODE_PP", "split_decode_rule"]
 
 GPU_MEMORY_UTILIZATION = 0.90
 """The planner's vLLM --gpu-memory-utilization: vLLM's default is 0.92 (0.90 before); 0.90 leaves room
@@ -164,6 +156,15 @@ def _unpriced(pool: PoolSpec, e: Engine, *, split: bool | None) -> str | None:
     if any(sglang_priced(cfg, per_node, split=s, gpu=pool.gpu) for s in ((False, True) if split is None else (split,))):
         return None
     return SGLANG_UNPRICED
+
+
+SPLIT_DECODE_PP = ("a decode instance of a prefill/decode split runs without PP: vLLM's NixlConnector refuses "
+                   "kv_consumer with pipeline parallelism and SGLang needs the decode PP to be 1 or the prefill's")
+
+
+def split_decode_rule(e: Engine) -> str | None:
+    """Why `e` cannot decode in a split (vLLM 0.33.0 nixl/base_worker.py:884-890; SGLang 0.5.23 conn.py:1515)."""
+    return SPLIT_DECODE_PP if e.pp > 1 else None
 
 
 def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
