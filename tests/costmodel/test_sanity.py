@@ -266,4 +266,4 @@ def test_normal_plan_is_not_flagged() -> None:
 def test_every_reference_gpu_generation_is_named() -> None:
     # the sanity reference and the bands share the generation map
     for r in REFS:
-        assert gpu_generation(r["gpus"][0]) in {"ampere", "hopper", "blackwell"}
+        assert gpu_generation(r["gpus"][0]) in {"ampere", "hopper", "blackwell", "cdna3"}

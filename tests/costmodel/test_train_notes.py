@@ -65,6 +65,8 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
         if not x["held"] or r.get("model_file") not in ("qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b",
                                                     "mixtral-8x22b", "qwen3-30b-a3b"):
             continue
+        if x["gpu"].startswith("MI"):  # CDNA 3: its out-of-source fold borrows H100's fit, so the residual
+            continue                   # measures the generation gap, not the expert-GEMM regime
         model = load_model(r["model_file"])
         p = r["parallel"]
         dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p.get("cp", 1), ep=p.get("ep", 1),

@@ -130,8 +130,9 @@ def test_efficiency_source_says_fitted_or_borrowed():
     assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 41 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
-    for name in ("dgx-h200", "mi300x"):
-        assert efficiency_source(load_cluster(name).primary.gpu) == "borrowed from H100-SXM5-80GB"
+    assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from H100-SXM5-80GB"
+    # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
+    assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
     # Blackwell: B200 and GB200 on their own runs; GB300/B300 borrow the pooled Blackwell fit, not H100's
     assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 8 runs"
     assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 11 runs"

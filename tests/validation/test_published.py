@@ -44,13 +44,14 @@ def test_no_dense_run_worse_than_25_percent(run):
 
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
-    Megatron-FSDP Llama-3 70B on GB200; 12 held): median |error| 4 %, worst +16 % (two 8-H100 runs:
+    Megatron-FSDP Llama-3 70B on GB200, Megatron's torch FSDP2 for Llama 70B on MI325X; 15 held):
+    median |error| 3 %, worst +16 % (two 8-H100 runs:
     7B at 8,192 tokens, and 13B with a single micro-batch per step, where FSDP's gathers have nothing
     to hide behind; 13B was +18.4 % while its eager optimizer step was priced at serving's HBM knob).
     Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
     +10.8 %): the serving-era H100 GEMM knob was too high for training."""
     errs = [abs(r.error) for r in FSDP]
-    assert len(errs) == 12
+    assert len(errs) == 15
     assert statistics.median(errs) <= 0.06
     assert max(errs) <= 0.17
     worst = max(FSDP, key=lambda r: abs(r.error))
@@ -64,9 +65,11 @@ def test_moe_runs():
     predicted; Mixtral 8x22B at 65,536 tokens on GB200 runs 23 % slower than predicted (token-drop
     padding and CP 8 at that length); Qwen3 MXFP8 at 131,072 tokens on GB200 15 % faster. Mixtral
     8x7B on B200 was predicted 24 % fast while B200 borrowed the H100 training knobs; with the B200
-    fit, +14 % (NeMo 25.02 ran delayed FP8 scaling, whose casts are cheaper than current scaling's)."""
+    fit, +14 % (NeMo 25.02 ran delayed FP8 scaling, whose casts are cheaper than current scaling's).
+    Mixtral 8x7B BF16 on 64 MI325X (EP 8, all-to-all, ROCm grouped GEMM without Primus-Turbo) runs 27 %
+    slower than predicted even with the MI325X fit (+37 %), the worst MoE run (README, 'CDNA 3 runs')."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 16
+    assert len(errs) == 17
     assert statistics.median(errs) <= 0.10
     assert sum(e <= 0.15 for e in errs) >= 12
 
@@ -197,4 +200,86 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
         assert all(run_gpu(r) in blackwell for r in pool)
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs alone
     assert generation_pool("H200-SXM-141GB", by_gpu)[0] == ("H100-SXM5-80GB",)
-    assert generation_pool("MI300X-192GB", by_gpu) == ((), [])
+    # MI300X has no held run: the CDNA 3 pool is MI325X's (the same die with HBM3E), 6 runs
+    types, pool = generation_pool("MI300X-192GB", by_gpu)
+    assert types == ("MI325X-256GB",) and len(pool) == 6 >= MIN_RUNS
+    assert generation_pool("MI250X-128GB", by_gpu) == ((), [])
+
+
+CDNA3 = [r for r in RESULTS if r.gpu == "MI325X-256GB"]
+
+
+def test_cdna3_runs_are_held_and_fitted():
+    """The CDNA 3 runs (issue #10 deliver 1): no MI300X training run is published with its plan, so
+    the rows are MI325X's, the MI300X die with 256 GB of HBM3E: 4 AMD Accelerator Cloud runs with
+    their complete Megatron argument dumps (aac: Primus-Megatron Llama-2 70B / 7B FP8 and Mixtral 8x7B
+    BF16, ROCm Megatron-LM Llama-3.1 70B FP8 FSDP2) and 3 of AMD's published 8-node results (amdperf;
+    the BF16 70B row shown, not held: its recompute and global batch are unknown at micro-batch 1).
+    With the shipped MI325X knobs the five dense runs are within 7 % (median 2 %); Mixtral's +37 % is
+    reported, not fitted away."""
+    ids = {r.id for r in CDNA3}
+    assert len(CDNA3) == 7 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf"}
+    held = [r for r in CDNA3 if not r.skip_throughput]
+    assert [r.id for r in CDNA3 if r.skip_throughput] == ["amdperf-mi325x-llama31-70b-64gpu-fsdp-bf16"]
+    dense = [abs(r.error) for r in held if FAMILY[r.id] == "dense"]
+    assert len(dense) == 5 and statistics.median(dense) <= 0.03 and max(dense) <= 0.07
+    mixtral = next(r for r in held if FAMILY[r.id] == "moe")
+    assert 0.30 <= mixtral.error <= 0.45, mixtral.error
+    # AMD's published figure and the independent run of the same plan agree within 1 %
+    aac70 = next(r for r in CDNA3 if r.id == "aac-mi325x-llama31-70b-64gpu-fsdp2-fp8")
+    tokens = 256 * 8192 / aac70.measured / 64
+    assert tokens == pytest.approx(1726, rel=0.01)
+
+
+def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
+    """Each CDNA 3 source alone leaves fewer than MIN_RUNS MI325X runs in its fold, so the fold
+    borrows the H100 fit (scaled by datasheet peaks), as a GPU with too few runs does in `solve`: that
+    fit predicts every held MI325X run too fast, by 15-45 % (residuals_train.json, written by
+    validate_published.py --write-residuals). This is the gap MI300X planned with before."""
+    rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
+    held = [r for r in CDNA3 if not r.skip_throughput]
+    assert len(held) == 6
+    for r in held:
+        row = rows[r.id]
+        assert row["gpu"] == "MI325X-256GB" and row["held"]
+        faster = (row["measured"] / row["predicted_loso"] if row["metric"] == "step_time_s"
+                  else row["predicted_loso"] / row["measured"])
+        assert 1.15 <= faster <= 1.45, (r.id, faster)
+        loso_err = abs(row["predicted_loso"] - row["measured"]) / row["measured"]
+        assert abs(row["predicted_fit"] - row["measured"]) / row["measured"] < loso_err
+
+
+def test_mi300x_efficiency_note_follows_the_data():
+    """The MI300X cluster's training knobs come from where the data is: with fewer than MIN_RUNS held
+    MI300X runs it borrows its generation's pool (the MI325X fit shipped in the validation cluster, on
+    exactly the held MI325X runs), and `solve`/`evaluate` say so in a note; once MIN_RUNS MI300X runs
+    are held, its own fit must replace it (fitted_gpu the MI300X's name, fitted_runs their count)."""
+    from fit_efficiency import MIN_RUNS, held
+
+    from autoshard.costmodel.efficiency import efficiency_source, is_borrowed
+    from autoshard.specs.cluster import TRAIN_KNOBS
+    from validate_published import _base_cluster, run_gpu
+
+    mi300x = load_cluster("mi300x").primary.gpu
+    mi325x = _base_cluster("mi325x").primary.gpu
+    runs = held(RUNS)
+    own = [r for r in runs if run_gpu(r) == mi300x.name]
+    pool = [r for r in runs if run_gpu(r) == mi325x.name]
+    assert mi325x.efficiency.fitted_gpu == mi325x.name and mi325x.efficiency.fitted_runs == len(pool) == 6
+    if len(own) >= MIN_RUNS:
+        assert mi300x.efficiency.fitted_gpu == mi300x.name and mi300x.efficiency.fitted_runs == len(own)
+        return
+    assert is_borrowed(mi300x) and mi300x.efficiency.fitted_runs == len(pool)
+    assert efficiency_source(mi300x) == "borrowed from CDNA 3 pool (MI325X-256GB)"
+    for knob in TRAIN_KNOBS:
+        assert getattr(mi300x.efficiency, "train_" + knob) == getattr(mi325x.efficiency, "train_" + knob), knob
+    from autoshard.costmodel.train.types import TrainConfig
+    from autoshard.emit.megatron.layout import default_stages
+    from autoshard.parallel import ParallelDims
+    from autoshard.specs import load_model
+
+    model = load_model("llama-3.1-70b")
+    cfg = TrainConfig(dims=ParallelDims(tp=8, pp=1, dp=8, cp=1, vpp=1), micro_batch_size=1,
+                      global_batch_size=64, seq_len=8192)
+    pred = predict_train(model, resize(load_cluster("mi300x"), 64), cfg, default_stages(model, pp=1, vpp=1))
+    assert any(n.startswith("MI300X-192GB: efficiency borrowed from CDNA 3 pool (MI325X-256GB)") for n in pred.notes)
