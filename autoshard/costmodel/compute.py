@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.costmodel.attention import flash_attention_efficiency, ring_attention_blocks
+from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
 from autoshard.costmodel.moe import imbalance_factor
@@ -26,7 +27,7 @@ from autoshard.specs.model import ModelSpec
 __all__ = [
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
-    "wgrad_time_s",
+    "wgrad_time_s", "fp8_quantize_s",
 ]
 
 BF16_BYTES = 2
@@ -223,21 +224,21 @@ def layer_compute_time(
             model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, flash=flash_attention, precision=precision)
     gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
     ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
-    if precision is Precision.FP8 and gpu.fp8_tflops:
-        # Transformer Engine casts each FP8 GEMM's activation input (read BF16, write FP8), plus
-        # what the recipe adds (fp8_cast_bytes_per_element).
-        ew_bytes += sum(fp8_cast_bytes_per_element(fp8_recipe) * g.m * g.k * g.count for g in gemms if g.fp8_capable)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
+    cast_fwd_s = cast_bwd_s = 0.0
+    if precision is Precision.FP8 and gpu.fp8_tflops:
+        cast_fwd_s, cast_bwd_s = fp8_quantize_s(gemms, gpu, fp8_recipe)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
     if kind is LayerKind.MOE and model.moe is not None:
         gemm_s += _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
     ub_fwd = ub_bwd = 0.0
     if tp_comm_overlap and sequence_parallel and dims.tp > 1:
         ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
-    forward = gemm_s + attn_s + ew_s + ub_fwd
+    forward = gemm_s + attn_s + ew_s + ub_fwd + cast_fwd_s
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
-    # element-wise backward reads saved inputs and gradients (2x).
-    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd
+    # element-wise backward reads saved inputs and gradients (2x), FP8 quantization of the output
+    # gradients (fp8_quantize_s).
+    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
     if main_grad_bytes:  # the wgrad GEMMs' main-gradient epilogue (wgrad_time_s) instead of a forward's time
         backward += sum(
             wgrad_time_s(g, gpu, precision, main_grad_bytes) - gemm_time_s(g, gpu, precision) for g in gemms)
@@ -338,22 +339,42 @@ def tp_overlap_gemm_extra_s(
     return max(0.0, fwd), max(0.0, bwd)
 
 
-def fp8_cast_bytes_per_element(recipe: Fp8Recipe) -> float:
-    """HBM bytes per element to quantize one FP8 GEMM input in Transformer Engine.
+def fp8_cast_bytes_per_element(recipe: Fp8Recipe, *, transpose: bool = False) -> float:
+    """HBM bytes per element to quantize one FP8 GEMM operand in Transformer Engine.
 
     delayed: read BF16 (2) and write FP8 (1), the scale comes from the amax history.
     tensorwise (current scaling): an extra read pass for the tensor's amax before the cast (+2).
     blockwise (1x128 / 128x128 scales): one fused amax-and-cast pass, but the column-wise
     (transposed) copy the weight gradient needs is written as well (+1).
     mxfp8 (Blackwell, 1x32 E8M0 scales in hardware): row-wise and column-wise copies (+1) and their
-    scales (1/32 each)."""
+    scales (1/32 each).
+    transpose: the GPU's FP8 GEMMs take only the TN layout (Hopper and Ada; TE's
+    `is_non_tn_fp8_gemm_supported` is true from compute capability 10, Blackwell), so a per-tensor
+    recipe (delayed, tensorwise) writes the transposed FP8 copy the weight-gradient GEMM reads as
+    well, in the same fused kernel (TE's cast-transpose: +1). Blockwise and MXFP8 write both
+    layouts on every GPU."""
     match recipe:
         case Fp8Recipe.DELAYED:
-            return 3.0
+            return 3.0 + (1.0 if transpose else 0.0)
         case Fp8Recipe.TENSORWISE:
-            return 5.0
+            return 5.0 + (1.0 if transpose else 0.0)
         case Fp8Recipe.BLOCKWISE:
             return 4.0
         case Fp8Recipe.MXFP8:
             return 4.0 + 2.0 / 32
     raise AssertionError(recipe)
+
+
+def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[float, float]:
+    """(forward, backward) seconds Transformer Engine spends quantizing the activation operands of
+    one layer's FP8 GEMMs (`gpu` carries the training knobs): for each forward GEMM (m x k) @ (k x n),
+    the forward quantizes its input X (m x k elements), the backward its output gradient dY
+    (m x n), which both the dgrad (dY W^T) and the wgrad (X^T dY) GEMM read; each at
+    `fp8_cast_bytes_per_element` (with the transposed copy on GPUs before Blackwell). The weights
+    are cast once per step (`is_first_microbatch`) and not charged per micro-batch. BF16 GEMMs
+    (router, output layer) quantize nothing."""
+    per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
+    hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
+    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
+    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
+    return per * x / hbm, per * dy / hbm

@@ -57,6 +57,11 @@ def test_fp8_recipes_cast_costs():
     assert fp8_cast_bytes_per_element(Fp8Recipe.TENSORWISE) == 5.0  # + the amax read pass
     assert fp8_cast_bytes_per_element(Fp8Recipe.BLOCKWISE) == 4.0  # + the column-wise copy
     assert fp8_cast_bytes_per_element(Fp8Recipe.MXFP8) == pytest.approx(4.0625)  # + E8M0 scales per 32
+    # TN-only FP8 GEMMs (Hopper): per-tensor recipes also write the transposed copy; the others always do
+    assert fp8_cast_bytes_per_element(Fp8Recipe.DELAYED, transpose=True) == 4.0
+    assert fp8_cast_bytes_per_element(Fp8Recipe.TENSORWISE, transpose=True) == 6.0
+    assert fp8_cast_bytes_per_element(Fp8Recipe.BLOCKWISE, transpose=True) == 4.0
+    assert fp8_cast_bytes_per_element(Fp8Recipe.MXFP8, transpose=True) == pytest.approx(4.0625)
     gpu = H100.primary.gpu
     kw = dict(gpu=gpu, dims=ParallelDims(tp=4), micro_batch_size=1, seq_len=8192, precision=Precision.FP8,
               recompute=Recompute.NONE, sequence_parallel=True)
