@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from autoshard import api
 from autoshard.cli.app import err, out
-from autoshard.cli.options import Target, check_dir_path, print_json, write_script
+from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SpecError
 from autoshard.report.pareto import front_json, render_front, write_front_png
 from autoshard.report.serving import render_serve_plan
@@ -63,10 +63,8 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                         source="--target")
     if out_dir is not None and not pareto:
         raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
     if out_dir is not None:  # created with its missing parents, as -o's directory is
-        check_dir_path(out_dir, "--out", "pareto.png's directory")
+        api.check_output_dir(out_dir, "--out", "the directory for pareto.png")
     if emit is Target.K8S and output is None:
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:

@@ -325,7 +325,7 @@ CASES = [
     # --emit k8s -o takes a directory: an existing one was refused as "a directory: give a file name"
     ("k8s-out-is-a-file", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
                                      "k8s", "-o", model_file(t), *FAST], 2,
-     ["model.yaml is a file: --emit k8s writes a directory of manifests"]),
+     ["model.yaml is a file, not a directory (the directory --emit k8s writes manifests to)"]),
     # manifests already there would be applied with the new ones by the printed `kubectl apply -f DIR`
     ("k8s-out-holds-manifests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--emit", "k8s", "-o", _write(t / "old-0.yaml", "kind: Deployment\n").parent,
@@ -333,12 +333,22 @@ CASES = [
     # a directory no one can create files in (root passes os.access there): refused before solving, not a traceback
     # from the study's temporary directory after it
     ("study-out-in-proc", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--out",
-                                     "/proc/autoshard-study"], 2, ["--out", "cannot use /proc/autoshard-study"]),
+                                     "/proc/autoshard-study"], 2, ["--out", "cannot write /proc/autoshard-study (the directory for study.csv, study.md, pareto.png, study.json)"]),
     ("k8s-out-in-proc", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
                                    "k8s", "-o", "/proc/autoshard-k8s", *FAST], 2,
-     ["cannot write manifests to /proc/autoshard-k8s"]),
+     ["cannot write /proc/autoshard-k8s (the directory --emit k8s writes manifests to)"]),
+    # one check behind every output directory (study/files.check_output_dir): the same refusal at each
+    ("pareto-out-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                               "--pareto", "--out", model_file(t) / "front", *FAST], 2,
+     ["--out", "model.yaml is a file, not a directory, so", "cannot be created (the directory for pareto.png)"]),
+    ("study-out-file-on-the-path", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                                              "--out", model_file(t) / "study"], 2,
+     ["--out", "model.yaml is a file, not a directory, so", "cannot be created (the directory for study.csv"]),
+    ("k8s-out-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                            "--emit", "k8s", "-o", model_file(t) / "k8s", *FAST], 2,
+     ["-o", "model.yaml is a file, not a directory, so", "(the directory --emit k8s writes manifests to)"]),
     ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                                     "--out", model_file(t)], 2, ["--out", "is a file"]),
+                                     "--out", model_file(t)], 2, ["--out", "model.yaml is a file, not a directory (the directory for study.csv"]),
 ]
 
 
