@@ -47,17 +47,10 @@ INTERACTIVE_TPOT_MS = 50.0
 user, faster than people read), the interactive tier serving benchmarks report beside max throughput."""
 
 
-def serve_job_for(
-    model: ModelSpec | None,
-    input_len: int | None = None,
-    output_len: int | None = None,
-    max_model_len: int | None = None,
-    tpot_ms: float | None = None,
-    ttft_s: float | None = None,
-    request_rate: float | None = None,
-    weight_dtype: str | None = None,
-    kv_cache_dtype: str | None = None,
-) -> ServeJob:
+def serve_job_for(model: ModelSpec | None, input_len: int | None = None, output_len: int | None = None,
+                  max_model_len: int | None = None, tpot_ms: float | None = None, ttft_s: float | None = None,
+                  request_rate: float | None = None, weight_dtype: str | None = None,
+                  kv_cache_dtype: str | None = None) -> ServeJob:
     """A ServeJob from the model's `serving:` section, overridden by the given values."""
     data: dict = {}
     defaults = model.serving if model is not None else None
@@ -237,9 +230,15 @@ def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str
                            concurrency: int | None = None, sglang: bool = False) -> ServePlan:
     """`evaluate --from-vllm/--from-sglang`: the specs loaded by reference (the model from the command's
     model path when `model_ref` is None), the request shape from the model's `serving:` defaults unless
-    given, then `evaluate_vllm`."""
+    given, then `evaluate_vllm`. Without `gpus` a homogeneous cluster is sized to the command's GPUs in
+    whole nodes (as --from-megatron runs on its world size), not left at the bundled file's size."""
     model_spec = load_model(model_ref) if model_ref else None
-    cluster_spec = resize(load_cluster(cluster_ref), gpus)
+    cluster_spec = load_cluster(cluster_ref)
+    if gpus is None and not cluster_spec.is_heterogeneous:
+        parsed = parse_sglang(command) if sglang else parse_vllm(command)
+        per_node = cluster_spec.primary.node.gpus_per_node
+        gpus = min(cluster_spec.num_gpus, -(-parsed.tp * parsed.pp * parsed.dp // per_node) * per_node)
+    cluster_spec = resize(cluster_spec, gpus)
     return evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
                          concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
                          sglang=sglang)
