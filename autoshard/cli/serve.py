@@ -12,7 +12,7 @@ from autoshard.cli.app import err, out
 from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SpecError
 from autoshard.report.pareto import front_json, render_front, write_front_png
-from autoshard.report.serving import render_serve_plan
+from autoshard.report.serving import alternative_text, render_serve_plan
 
 
 def evaluate_vllm(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
@@ -115,11 +115,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if sla_note:
             console.print(f"[bold]{escape(sla_note)}[/bold]")
         if alternative is not None:
-            console.print(
-                f"throughput-optimal alternative (no TPOT target): {escape(alternative.describe())}, "
-                f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
-                f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
-                highlight=False)
+            console.print(alternative_text(alternative), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
                          tpot_target_s=best.job.tpot_target_s)

@@ -65,6 +65,21 @@ def test_interactive_text_names_the_sla():
     assert "deployment kind:" in flat
 
 
+def test_interactive_alternative_carries_its_band():
+    """The throughput-optimal alternative is a prediction too: its terminal line shows the band the JSON
+    gives it (it had none: "TP4 PP2 DP2, 16,064 output tokens/s (1,004 per GPU), TPOT 85.2 ms")."""
+    args = ("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", *FAST)
+    flat = " ".join(cli(*args).stdout.split())
+    alt = json.loads(cli(*args, "--json").stdout)["throughput_optimal"]
+    band, gpus = alt["predicted"]["band"], alt["num_gpus"]
+    lo, hi = (round(t / gpus) for t in band["tokens_per_s"])
+    tpot_lo, tpot_hi = (1e3 * t for t in band["tpot_s"])
+    line = flat[flat.index("throughput-optimal alternative"):]
+    assert f"per GPU, likely {lo:,}-{hi:,}), TPOT" in line
+    assert f"ms (likely {tpot_lo:.1f}-{tpot_hi:.1f}), TTFT" in line
+    assert lo <= alt["predicted"]["tokens_per_s_per_gpu"] <= hi
+
+
 def test_disaggregate_on_json_roles():
     r = cli(
         "solve",
