@@ -164,6 +164,11 @@ CASES = [
      ["bf16_tflops", "greater than or equal to 1"]),
     ("hbm-1e30", _c("hbm_gib: 79.6", "hbm_gib: 1e30"), 2, ["hbm_gib", "65536"]),
     ("hbm-inf", _c("hbm_gib: 79.6", "hbm_gib: .inf"), 2, ["hbm_gib", "finite"]),
+    # HBM below the 4 GiB runtime reserve: was "a GPU has -3.6 GiB of its 0.5 GiB for a rank" and
+    # "Nearest fixes: ." (empty)
+    ("hbm-below-the-reserve", _c("hbm_gib: 79.6", "hbm_gib: 0.5"), 1,
+     ["The runtime reserve alone", "4.0 GiB per GPU", "more than the 0.4 GiB of its 0.5 GiB",
+      "Nearest fixes: GPUs with more memory (gpu.hbm_gib"]),
     ("gemm-half-dim-inf", _c("  efficiency:\n", "  efficiency:\n    gemm_half_dim: .inf\n"), 2,
      ["gemm_half_dim", "finite"]),
     ("latency-inf", _c("  efficiency:\n", "  efficiency:\n    inter_node_latency_us: .inf\n"), 2,

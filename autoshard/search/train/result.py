@@ -66,6 +66,14 @@ def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prep
     else:
         gpus = f"{cluster.num_gpus} x {gpu.name} ({have:.1f} GiB each)"
     lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {gpus}."]
+    if usable <= 0:  # the runtime reserve alone takes the memory fraction of HBM: no fix but bigger GPUs
+        reserve = max(p.gpu.efficiency.reserved_memory_gib for p in cluster.pools)
+        lines.append(f"The runtime reserve alone (CUDA context, NCCL and cuBLAS workspaces: {reserve:.1f} GiB per GPU, "
+                     f"gpu.efficiency.reserved_memory_gib) is more than the {usable + reserve:.1f} GiB of its "
+                     f"{have:.1f} GiB the memory fraction allows: nothing is left for a rank, whatever the layout.")
+        lines.append("Nearest fixes: GPUs with more memory (gpu.hbm_gib in the cluster YAML), or a smaller "
+                     "reserved_memory_gib if the runtime needs less.")
+        return InfeasibleError("\n".join(lines))
     state = (f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
              f"layout; a GPU has {usable:.1f} GiB of its {have:.1f} GiB for a rank (memory fraction less the "
              f"runtime reserve)")
