@@ -11,7 +11,7 @@ from autoshard import api
 from autoshard.cli.app import err, out
 from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SpecError
-from autoshard.report.pareto import front_json, render_front, write_front_png
+from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
 from autoshard.report.serving import alternative_text, render_serve_plan
 
 
@@ -88,9 +88,10 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                              framework=framework)
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
-    front = None
+    front = band = None
     if pareto:
         front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework)
+        band = front_band(model_spec, cluster_spec, best.job)
         if out_dir is not None:
             png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
                                   title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
@@ -101,7 +102,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if len(plans) > 1:
             obj["alternatives"] = [p.to_json() for p in plans[1:]]
         if front is not None:
-            obj["pareto"] = front_json(front, best.job.tpot_target_s)
+            obj["pareto"] = front_json(front, best.job.tpot_target_s, band)
         if found.interactive:
             obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
                           "note": sla_note}
@@ -118,7 +119,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
             console.print(alternative_text(alternative), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
-                         tpot_target_s=best.job.tpot_target_s)
+                         tpot_target_s=best.job.tpot_target_s, band=band)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
         err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",

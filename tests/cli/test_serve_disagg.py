@@ -216,6 +216,24 @@ def test_pareto_json_and_png(tmp_path):
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_pareto_front_carries_the_band_of_its_plans():
+    """The front's figures are predictions like the plan's: they carry the same serving band (as
+    measured/predicted ratios; the front had none). The ratios are the ones the best plan's own
+    band is built from, on the terminal and in the JSON."""
+    args = ("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--pareto", *FAST)
+    obj = json.loads(cli(*args, "--json").stdout)
+    band, plan_band = obj["pareto"]["band"], obj["predicted"]["band"]
+    lo, hi = (t / obj["predicted"]["tokens_per_s"] for t in plan_band["tokens_per_s"])
+    tlo, thi = (t / obj["predicted"]["serve"]["tpot_s"] for t in plan_band["tpot_s"])
+    assert band["tokens_per_s_per_gpu_ratio"] == pytest.approx([lo, hi], rel=1e-9)
+    assert band["tpot_s_ratio"] == pytest.approx([tlo, thi], rel=1e-9)
+    assert band["basis"] == plan_band["basis"].split(";")[0] == "hopper dense bf16 serving, 34 measured runs"
+    flat = " ".join(cli(*args).stdout.split())
+    assert (f"band (both tables): tok/s/GPU likely {lo:.2f}-{hi:.2f}x the figure, TPOT {tlo:.2f}-{thi:.2f}x, "
+            f"tok/s/user {1 / thi:.2f}-{1 / tlo:.2f}x, $/M tokens {1 / hi:.2f}-{1 / lo:.2f}x (hopper dense bf16 "
+            "serving, 34 measured runs)") in flat
+
+
 def test_out_needs_pareto(tmp_path):
     r = cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--out", tmp_path, *FAST)
     assert r.exit_code == 2 and "--pareto" in r.stdout + r.stderr
