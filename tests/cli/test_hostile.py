@@ -264,6 +264,19 @@ CASES = [
      ["'Et*40|t*40L' has 2 chunks, which with PP 1 is VPP 2", "PP > 1"]),
     ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
      2, ["--vpp", "--pp 1"]),
+    # pins no layout is legal for: the fix for the pinned knob (was "a global batch divisible by more
+    # micro-batch x DP sizes" whatever the pin)
+    ("tp-beyond-nvlink", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "16", "--tp", "16", *FAST], 1,
+     ["with pins (tp=16): 1 x TP > NVLink domain (8 GPUs)", "Nearest fixes: TP within one 8-GPU NVLink domain "
+      "(--tp 8 or less); fewer pinned knobs; or another --gpus."]),
+    ("vpp-beyond-layers", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2", "--vpp", "20",
+                                     *FAST], 1,
+     ["more model chunks than layers", "Nearest fixes: at most 32 model chunks, one per decoder layer (a smaller "
+      "PP x VPP); fewer pinned knobs"]),
+    ("cp-shard-below-512", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--cp", "2", "--seq-len",
+                                      "512", *FAST], 1,
+     ["CP shard shorter than 512 tokens", "Nearest fixes: a longer --seq-len or a smaller --cp (a CP rank needs at "
+      "least 512 tokens); fewer pinned knobs"]),
     ("etp-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--etp", "8", *FAST],
      2, ["--etp", "dense"]),
     ("recompute-layers-beyond-stage", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
