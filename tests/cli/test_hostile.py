@@ -235,6 +235,10 @@ CASES = [
                                                 "--input-len", "200000", *FAST], 2,
      ["field '--input-len'", "--input-len 200,000 + --output-len 1,000 = 201,000 tokens", "131,072-token context",
       "at most 131072 tokens"]),
+    ("serve-max-model-len-below-the-requests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
+                                                           "serve", "--max-model-len", "10", *FAST], 2,
+     ["max_model_len (10) is shorter than input_len + output_len (2000): raise max_model_len (--max-model-len) or "
+      "shorten the requests (--input-len, --output-len)"]),
     ("serve-max-model-len-beyond-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
                                                         "serve", "--max-model-len", "200000", *FAST], 2,
      ["field '--max-model-len'", "131,072-token context", "use --max-model-len 131072 or less"]),
