@@ -259,7 +259,7 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     if band:
         speed += f", {band}"
     head.append(speed + "\n", style="bold")
-    head.append(f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
+    head.append(f"{pred.tflops_per_gpu:,.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:,.0f} with recompute) | "
                 f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}\n", style="bold")
     fit = "fits" if pred.fits else "DOES NOT FIT"
     memory = (f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB "
