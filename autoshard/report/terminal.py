@@ -271,7 +271,7 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     s = plan.solver
     if s.status != "EVALUATED":
         head.append("\n" + solver_text(s, time_limit_s=time_limit_s) +
-                    f"; {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
+                    f"; {s.candidates:,} candidates, {s.candidates_in_model:,} in the CP-SAT model")
     return head
 
 

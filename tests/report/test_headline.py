@@ -38,6 +38,9 @@ def test_model_tflops_above_a_thousand_are_grouped(make_plan):
     text = " ".join(headline(plan).plain.split())
     assert f"{pred.tflops_per_gpu:,.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:,.0f} with recompute)" in text
     assert "of the 4,500 TFLOP/s FP8 dense peak" in text
+    stats = dataclasses.replace(plan.solver, status="OPTIMAL", candidates=143_483, candidates_in_model=1_205)
+    assert "; 143,483 candidates, 1,205 in the CP-SAT model" in " ".join(
+        headline(dataclasses.replace(plan, solver=stats)).plain.split())
 
 
 def test_band_rendered_only_when_present(plan_70b):
