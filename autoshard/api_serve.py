@@ -167,24 +167,17 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                                          quantization=None if named is not None else quantization,
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
-    return with_engine_check(evaluate_serve(
-        model,
-        cluster,
-        applied,
-        tp=parsed.tp,
-        pp=parsed.pp,
-        dp=parsed.dp,
-        expert_parallel=parsed.enable_expert_parallel,
-        gpu_memory_utilization=parsed.gpu_memory_utilization,
-        max_num_seqs=parsed.max_num_seqs,
-        max_num_batched_tokens=parsed.max_num_batched_tokens,
-        warnings=parsed.warnings,
-        concurrency=concurrency,
-        nccl_nvls=parsed.nccl_nvls,
-        deep_gemm=parsed.deep_gemm,
-        framework="sglang" if sglang else "vllm",
-        max_len_flag="--context-length" if sglang else "--max-model-len",
-    ))
+    try:
+        return with_engine_check(evaluate_serve(
+            model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
+            expert_parallel=parsed.enable_expert_parallel, gpu_memory_utilization=parsed.gpu_memory_utilization,
+            max_num_seqs=parsed.max_num_seqs, max_num_batched_tokens=parsed.max_num_batched_tokens,
+            warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm,
+            framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len"))
+    except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
+        if not parsed.warnings:
+            raise
+        raise InfeasibleError(f"{exc}\nas read from the command: " + "; ".join(parsed.warnings)) from None
 
 
 # Name words of quantized Hugging Face releases -> (weights, vLLM method its quantization_config selects):
@@ -234,10 +227,14 @@ def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str
     whole nodes (as --from-megatron runs on its world size), not left at the bundled file's size."""
     model_spec = load_model(model_ref) if model_ref else None
     cluster_spec = load_cluster(cluster_ref)
+    parsed = parse_sglang(command) if sglang else parse_vllm(command)
+    need = parsed.tp * parsed.pp * parsed.dp
+    if gpus is not None and gpus < need:
+        raise SpecError(f"the command runs TP {parsed.tp} x PP {parsed.pp} x DP {parsed.dp} = {need} GPUs; --gpus {gpus} "
+                        f"is fewer: drop --gpus or give at least {need}", source="--gpus")
     if gpus is None and not cluster_spec.is_heterogeneous:
-        parsed = parse_sglang(command) if sglang else parse_vllm(command)
         per_node = cluster_spec.primary.node.gpus_per_node
-        gpus = min(cluster_spec.num_gpus, -(-parsed.tp * parsed.pp * parsed.dp // per_node) * per_node)
+        gpus = min(cluster_spec.num_gpus, -(-need // per_node) * per_node)
     cluster_spec = resize(cluster_spec, gpus)
     return evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
                          concurrency=concurrency, shape_given=input_len is not None or output_len is not None,

@@ -218,6 +218,17 @@ CASES = [
     ("vllm-kv-int4", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
                                 "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype int4"], 2,
      ["--kv-cache-dtype int4"]),
+    # --gpus below the command's own GPUs: was "TP 8 spans 2 NVLink domains of 4 GPUs ... evaluate the same GPUs
+    # as TP 4 x PP 2" (8 GPUs, on 4)
+    ("vllm-gpus-below-the-command", lambda t: ["evaluate", "dgx-h100", "--gpus", "4", "--from-vllm",
+                                               "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 8"], 2,
+     ["--gpus", "the command runs TP 8 x PP 1 x DP 1 = 8 GPUs; --gpus 4 is fewer: drop --gpus or give at least 8"]),
+    # no plan for the command as read: the reading that explains it is said (it was on the lost plan only)
+    ("sglang-dp-attention-without-ep", lambda t: ["evaluate", "dgx-h200", "--from-sglang",
+                                                  "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
+                                                  "--tp 8 --dp 8 --enable-dp-attention"], 1,
+     ["deepseek-v3 on 1x H200-SXM-141GB (TP1 PP1)", "as read from the command: attention data parallelism without "
+      "expert parallelism: predicted as replicas"]),
     ("sglang-tp-across-nodes", lambda t: ["evaluate", "dgx-h200", "--gpus", "16", "--from-sglang",
                                           "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
