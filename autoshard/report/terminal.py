@@ -332,15 +332,21 @@ def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> 
     console.print(table)
 
 
+_LINK_MARK = {"pcie": "p", "infinity_fabric": "i"}
+"""The `clusters` table's mark after a fast domain that is not NVLink: its GPUs share PCIe or Infinity Fabric."""
+
+
 def render_clusters(clusters: Sequence[tuple[str, ClusterSpec]], console: Console) -> None:
     table = compact_table("Bundled clusters")
-    add_columns(table, "name|GPUs:r|GPU|HBM:r|BF16:r|FP8:r|NVL:r|intra:r|net:r|$/h:r")
-    table.caption = ("HBM: GiB per GPU; BF16, FP8: dense TFLOP/s per GPU; NVL: GPUs per NVLink domain; "
-                     "intra: GB/s per GPU inside it; net: GB/s per GPU between nodes; $/h: USD per GPU-hour")
+    add_columns(table, "name|GPUs:r|GPU|HBM:r|BF16:r|FP8:r|dom:r|intra:r|net:r|$/h:r")
+    table.caption = ("HBM: GiB per GPU; BF16, FP8: dense TFLOP/s per GPU; dom: GPUs per NVLink domain (p: per "
+                     "PCIe node, i: per Infinity Fabric node); intra: GB/s per GPU inside it; net: GB/s per GPU "
+                     "between nodes; $/h: USD per GPU-hour")
     for name, c in clusters:
         for i, pool in enumerate(c.pools):
             g, n = pool.gpu, pool.node
             table.add_row(name if i == 0 else "", str(pool.num_gpus), g.name, f"{g.hbm_gib:.0f}", f"{g.bf16_tflops:.0f}",
-                          f"{g.fp8_tflops:.0f}" if g.fp8_tflops else "-", str(n.domain_size), f"{n.intra_node_gbps:.0f}",
+                          f"{g.fp8_tflops:.0f}" if g.fp8_tflops else "-",
+                          f"{n.domain_size}{_LINK_MARK.get(n.intra_node_link.value, '')}", f"{n.intra_node_gbps:.0f}",
                           f"{n.inter_node_gbps:.1f}", f"{pool.price_per_gpu_hour:.2f}" if pool.price_per_gpu_hour else "-")
     console.print(table)
