@@ -37,6 +37,7 @@ from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import load_cluster, load_model, validate
 from autoshard.specs.model import Checkpoint, ModelSpec
 from autoshard.specs.prepare import resize
+from autoshard.study.files import check_output_dir
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
@@ -385,8 +386,7 @@ def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = N
     """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
     the number of files. `framework` defaults to the engine the plan is priced for (its figures are that
     engine's: `costmodel.serve.engines`)."""
-    if output.exists() and not output.is_dir():
-        raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+    check_output_dir(output, "-o", "the directory --emit k8s writes manifests to")  # as the command checks it
     output.mkdir(parents=True, exist_ok=True)
     if framework is None:
         framework = plan.prediction.config.engine
