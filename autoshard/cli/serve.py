@@ -116,7 +116,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if sla_note:
             console.print(f"[bold]{escape(sla_note)}[/bold]")
         if alternative is not None:
-            console.print(alternative_text(alternative), markup=False, highlight=False)
+            console.print(alternative_text(alternative, best), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
                          tpot_target_s=best.job.tpot_target_s, band=band)

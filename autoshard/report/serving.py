@@ -125,10 +125,15 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
             print_command(console, plan.launch[name])
 
 
-def alternative_text(plan: ServePlan) -> str:
+def alternative_text(plan: ServePlan, best: ServePlan | None = None) -> str:
     """The throughput-optimal alternative of an interactive-SLA plan in one line, with its band as the
     head line has one: "TP4 PP2 DP2, 16,064 output tokens/s (1,004 per GPU, likely 841-1,155), TPOT
-    85.2 ms (likely 82.2-108.0), TTFT 0.15 s"."""
+    85.2 ms (likely 82.2-108.0), TTFT 0.15 s"; when it is the `best` plan itself, says so instead of
+    printing it twice."""
+    if best is not None and plan.describe() == best.describe() and \
+            plan.throughput_tokens_per_s == best.throughput_tokens_per_s:
+        return ("throughput-optimal without a TPOT target: this same deployment (the interactive SLA costs "
+                "nothing here)")
     band, p = band_of(plan), plan.prediction
     lo, hi = (t / plan.num_gpus for t in band.tokens_per_s)
     tpot = f" (likely {1e3 * band.tpot_s[0]:.1f}-{1e3 * band.tpot_s[1]:.1f})" if band.tpot_s is not None else ""

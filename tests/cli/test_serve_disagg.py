@@ -80,6 +80,18 @@ def test_interactive_alternative_carries_its_band():
     assert lo <= alt["predicted"]["tokens_per_s_per_gpu"] <= hi
 
 
+def test_alternative_that_is_the_plan_itself_is_not_printed_twice():
+    """Llama 3.1 8B on 8 H100 meets the interactive SLA with its throughput-optimal plan: the terminal
+    said "throughput-optimal alternative (no TPOT target): TP1 PP1 DP8, 53,243 output tokens/s" under
+    the same plan's head; it now says it is the same deployment (the JSON keeps throughput_optimal)."""
+    args = ("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST)
+    obj = json.loads(cli(*args, "--json").stdout)
+    assert obj["throughput_optimal"]["predicted"]["tokens_per_s"] == obj["predicted"]["tokens_per_s"]
+    flat = " ".join(cli(*args).stdout.split())
+    assert "throughput-optimal without a TPOT target: this same deployment" in flat
+    assert "throughput-optimal alternative" not in flat
+
+
 def test_disaggregate_on_json_roles():
     r = cli(
         "solve",
