@@ -80,14 +80,14 @@ from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluste
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.prepare import check_precision, resize, train_job
 from autoshard.study.costs import StudyResult
-from autoshard.study.files import check_out_dir
+from autoshard.study.files import STUDY_DIR, check_output_dir
 from autoshard.study.front import ClusterFront, render_fronts, serve_study_fronts
 from autoshard.study.report import render_study
 
 __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "expert_grid_hint", "with_launch", "resize",
            "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
            "evaluate_vllm", "serve_launch", "with_serve_launch", "study", "serve_study_fronts", "write_study",
-           "study_json", "check_out_dir", "render_study", "render_fronts", "StudyResult", "ClusterFront",
+           "study_json", "STUDY_DIR", "check_output_dir", "render_study", "render_fronts", "StudyResult", "ClusterFront",
            "evaluate_serve_command", "ServeSolution", "plan_serving", "serve_front", "serve_launch_script",
            "write_k8s_manifests", "train_pins", "recompute_modules", "layout_flags", "solver_options",
            "memory_headroom", "overflow_messages", "megatron_script", "megatron_notes", "load", "write_launch_script",

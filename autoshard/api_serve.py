@@ -37,6 +37,7 @@ from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.loader import load_cluster, load_model, validate
 from autoshard.specs.model import Checkpoint, ModelSpec
 from autoshard.specs.prepare import resize
+from autoshard.study.files import check_output_dir
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
@@ -47,17 +48,10 @@ INTERACTIVE_TPOT_MS = 50.0
 user, faster than people read), the interactive tier serving benchmarks report beside max throughput."""
 
 
-def serve_job_for(
-    model: ModelSpec | None,
-    input_len: int | None = None,
-    output_len: int | None = None,
-    max_model_len: int | None = None,
-    tpot_ms: float | None = None,
-    ttft_s: float | None = None,
-    request_rate: float | None = None,
-    weight_dtype: str | None = None,
-    kv_cache_dtype: str | None = None,
-) -> ServeJob:
+def serve_job_for(model: ModelSpec | None, input_len: int | None = None, output_len: int | None = None,
+                  max_model_len: int | None = None, tpot_ms: float | None = None, ttft_s: float | None = None,
+                  request_rate: float | None = None, weight_dtype: str | None = None,
+                  kv_cache_dtype: str | None = None) -> ServeJob:
     """A ServeJob from the model's `serving:` section, overridden by the given values."""
     data: dict = {}
     defaults = model.serving if model is not None else None
@@ -174,24 +168,17 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                                          quantization=None if named is not None else quantization,
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
-    return with_engine_check(evaluate_serve(
-        model,
-        cluster,
-        applied,
-        tp=parsed.tp,
-        pp=parsed.pp,
-        dp=parsed.dp,
-        expert_parallel=parsed.enable_expert_parallel,
-        gpu_memory_utilization=parsed.gpu_memory_utilization,
-        max_num_seqs=parsed.max_num_seqs,
-        max_num_batched_tokens=parsed.max_num_batched_tokens,
-        warnings=parsed.warnings,
-        concurrency=concurrency,
-        nccl_nvls=parsed.nccl_nvls,
-        deep_gemm=parsed.deep_gemm,
-        framework="sglang" if sglang else "vllm",
-        max_len_flag="--context-length" if sglang else "--max-model-len",
-    ))
+    try:
+        return with_engine_check(evaluate_serve(
+            model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
+            expert_parallel=parsed.enable_expert_parallel, gpu_memory_utilization=parsed.gpu_memory_utilization,
+            max_num_seqs=parsed.max_num_seqs, max_num_batched_tokens=parsed.max_num_batched_tokens,
+            warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm,
+            framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len"))
+    except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
+        if not parsed.warnings:
+            raise
+        raise InfeasibleError(f"{exc}\nas read from the command: " + "; ".join(parsed.warnings)) from None
 
 
 # Name words of quantized Hugging Face releases -> (weights, vLLM method its quantization_config selects):
@@ -237,9 +224,19 @@ def evaluate_serve_command(command: str, model_ref: str | None, cluster_ref: str
                            concurrency: int | None = None, sglang: bool = False) -> ServePlan:
     """`evaluate --from-vllm/--from-sglang`: the specs loaded by reference (the model from the command's
     model path when `model_ref` is None), the request shape from the model's `serving:` defaults unless
-    given, then `evaluate_vllm`."""
+    given, then `evaluate_vllm`. Without `gpus` a homogeneous cluster is sized to the command's GPUs in
+    whole nodes (as --from-megatron runs on its world size), not left at the bundled file's size."""
     model_spec = load_model(model_ref) if model_ref else None
-    cluster_spec = resize(load_cluster(cluster_ref), gpus)
+    cluster_spec = load_cluster(cluster_ref)
+    parsed = parse_sglang(command) if sglang else parse_vllm(command)
+    need = parsed.tp * parsed.pp * parsed.dp
+    if gpus is not None and gpus < need:
+        raise SpecError(f"the command runs TP {parsed.tp} x PP {parsed.pp} x DP {parsed.dp} = {need} GPUs; --gpus {gpus} "
+                        f"is fewer: drop --gpus or give at least {need}", source="--gpus")
+    if gpus is None and not cluster_spec.is_heterogeneous:
+        per_node = cluster_spec.primary.node.gpus_per_node
+        gpus = min(cluster_spec.num_gpus, -(-need // per_node) * per_node)
+    cluster_spec = resize(cluster_spec, gpus)
     return evaluate_vllm(model_spec, cluster_spec, command, job=serve_job_for(model_spec, input_len, output_len),
                          concurrency=concurrency, shape_given=input_len is not None or output_len is not None,
                          sglang=sglang)
@@ -389,8 +386,7 @@ def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = N
     """Write one Kubernetes manifest per instance of the plan into the directory `output` (created);
     the number of files. `framework` defaults to the engine the plan is priced for (its figures are that
     engine's: `costmodel.serve.engines`)."""
-    if output.exists() and not output.is_dir():
-        raise SpecError(f"{output} is a file: --emit k8s writes a directory of manifests", source="-o")
+    check_output_dir(output, "-o", "the directory --emit k8s writes manifests to")  # as the command checks it
     output.mkdir(parents=True, exist_ok=True)
     if framework is None:
         framework = plan.prediction.config.engine

@@ -1,8 +1,8 @@
 """The cost-study half of the public API (re-exported by `autoshard.api`): `study` solves every
 (cluster kind, GPU count) and prices it (`autoshard.study.run`), `write_study` writes the output set as
 one set, `study_json` is the `--json` object. `autoshard.api` takes the serving fronts
-(`serve_study_fronts`, `render_fronts`), the renderer (`render_study`) and `check_out_dir` straight from
-`autoshard.study`."""
+(`serve_study_fronts`, `render_fronts`), the renderer (`render_study`) and `check_output_dir` (the one check of
+every output directory) straight from `autoshard.study`."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def evaluate(
         if json_out:
             obj = plan.to_json()
             obj["warnings"] = warnings
-            print_json(obj)
+            print_json(_with_overflow(obj, plan))
         else:
             render_plan(plan, out, show_schedule=show_schedule)
         if not plan.prediction.fits:
@@ -137,6 +137,7 @@ def evaluate(
                         "--tp and --pp too (the solver always overlaps)", source="--tp-comm-overlap")
     if pp is None and tp is not None and flags.layout is not None:
         raise SpecError("--layout needs --pp (the layout's chunks are PP x VPP)", source="--layout")
+    note = None
     if tp is not None and pp is not None:
         _, _, note = api.megatron_layout(model_spec, pp=pp, vpp=vpp or 1, flags=flags)
         if note:
@@ -161,7 +162,10 @@ def evaluate(
         plan = api.solve(model_spec, cluster_spec, job, pins=pins,
                          options=api.solver_options(1, time_limit, workers, 0, False, zero_stage, started))[0]
     if json_out:
-        print_json(plan.to_json())
+        obj = plan.to_json()
+        if note:  # the layout Megatron-LM needs, as the terminal's note: line says
+            obj["warnings"] = [*obj.get("warnings", []), note]
+        print_json(_with_overflow(obj, plan))
     else:
         render_plan(plan, out, show_schedule=show_schedule, time_limit_s=time_limit)
     if not plan.prediction.fits:  # on stderr, so under --json too (stdout keeps the one JSON object)
@@ -173,3 +177,11 @@ def explain_overflow(plan) -> None:
     """Each pipeline rank over its GPU's memory, on stderr."""
     for line in api.overflow_messages(plan):
         err.print(f"[bold red]does not fit:[/bold red] {line}")
+
+
+def _with_overflow(obj: dict, plan) -> dict:  # type: ignore[no-untyped-def]
+    """A plan that does not fit carries the stderr's "does not fit:" lines under "error", as a solve
+    with no plan carries its message (exit 1 either way)."""
+    if not plan.prediction.fits:
+        obj["error"] = "\n".join(f"does not fit: {line}" for line in api.overflow_messages(plan))
+    return obj

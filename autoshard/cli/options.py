@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from autoshard import api
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
 from autoshard.cli.app import JSON_PRINTED, NOTES, err
 from autoshard.errors import SpecError
@@ -157,28 +157,11 @@ def check_output(output: Path | None, emit: Target | None) -> None:
     try:
         if output.is_dir():
             raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
-        check_dir_path(output.parent, "-o", "the launch script's directory")
+        api.check_output_dir(output.parent, "-o", "the launch script's directory")
         if output.exists() and not os.access(output, os.W_OK):
             raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")
     except OSError as exc:
         raise SpecError(f"cannot write {where[:120]}: {exc.strerror}: choose another path", source="-o") from None
-
-
-def check_dir_path(path: Path, source: str, what: str) -> None:
-    """Refuse, before any solving, a directory an output will be written in that cannot be made: a file
-    in its place or on its path, or a nearest existing directory that is not writable. Missing
-    directories are created when the output is written (`-o` and `--out` alike)."""
-    where = str(path)[:120]
-    try:
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            raise SpecError(f"{existing} is a file, not a directory ({what}): choose another path", source=source)
-        if not os.access(existing, os.W_OK):
-            raise SpecError(f"{existing} is not writable ({what} {where}): choose a path you can write to",
-                            source=source)
-        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))  # root passes os.access on /proc
-    except OSError as exc:
-        raise SpecError(f"cannot write {where}: {exc.strerror}: choose another path", source=source) from None
 
 
 def _check_manifest_dir(output: Path) -> None:
@@ -186,23 +169,14 @@ def _check_manifest_dir(output: Path) -> None:
     in it would be applied too by the `kubectl apply -f DIR` the command prints."""
     where = str(output)[:200]
     try:
-        if output.exists() and not output.is_dir():
-            raise SpecError(f"{where} is a file: --emit k8s writes a directory of manifests: give a directory",
-                            source="-o")
-        stale = sorted(p.name for p in output.iterdir() if p.suffix in (".yaml", ".yml", ".json")) if output.exists() else []
-        if stale:
-            listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
-            raise SpecError(f"{where} already holds {len(stale)} manifest file(s) ({listed}): `kubectl apply -f "
-                            f"{where}` would apply them too: give a new or empty directory", source="-o")
-        existing = output
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir():
-            raise SpecError(f"{existing} is a file, not a directory, so {where} cannot be created: choose another directory",
-                            source="-o")
-        os.rmdir(tempfile.mkdtemp(prefix=".autoshard-probe-", dir=existing))
+        stale = sorted(p.name for p in output.iterdir() if p.suffix in (".yaml", ".yml", ".json")) if output.is_dir() else []
     except OSError as exc:
-        raise SpecError(f"cannot write manifests to {where}: {exc.strerror}: choose another directory", source="-o") from None
+        raise SpecError(f"cannot read {where}: {exc.strerror}: choose another directory", source="-o") from None
+    if stale:
+        listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        raise SpecError(f"{where} already holds {len(stale)} manifest file(s) ({listed}): `kubectl apply -f "
+                        f"{where}` would apply them too: give a new or empty directory", source="-o")
+    api.check_output_dir(output, "-o", "the directory --emit k8s writes manifests to")
 
 
 def write_script(text: str, output: Path | None, json_out: bool) -> None:

@@ -9,10 +9,10 @@ from rich.markup import escape
 
 from autoshard import api
 from autoshard.cli.app import err, out
-from autoshard.cli.options import Target, check_dir_path, print_json, write_script
+from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SpecError
-from autoshard.report.pareto import front_json, render_front, write_front_png
-from autoshard.report.serving import render_serve_plan
+from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
+from autoshard.report.serving import alternative_text, render_serve_plan
 
 
 def evaluate_vllm(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None, json_out: bool, *,
@@ -63,10 +63,8 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                         source="--target")
     if out_dir is not None and not pareto:
         raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise SpecError(f"{out_dir} is a file: --out takes a directory (pareto.png is written in it)", source="--out")
     if out_dir is not None:  # created with its missing parents, as -o's directory is
-        check_dir_path(out_dir, "--out", "pareto.png's directory")
+        api.check_output_dir(out_dir, "--out", "the directory for pareto.png")
     if emit is Target.K8S and output is None:
         raise SpecError("--emit k8s writes one manifest per instance: give a directory with -o DIR", source="--emit")
     if target is Target.MEGATRON or emit is Target.MEGATRON:
@@ -90,9 +88,10 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                              framework=framework)
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
-    front = None
+    front = band = None
     if pareto:
         front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework)
+        band = front_band(model_spec, cluster_spec, best.job)
         if out_dir is not None:
             png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
                                   title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
@@ -103,7 +102,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if len(plans) > 1:
             obj["alternatives"] = [p.to_json() for p in plans[1:]]
         if front is not None:
-            obj["pareto"] = front_json(front, best.job.tpot_target_s)
+            obj["pareto"] = front_json(front, best.job.tpot_target_s, band)
         if found.interactive:
             obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
                           "note": sla_note}
@@ -117,14 +116,10 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if sla_note:
             console.print(f"[bold]{escape(sla_note)}[/bold]")
         if alternative is not None:
-            console.print(
-                f"throughput-optimal alternative (no TPOT target): {escape(alternative.describe())}, "
-                f"{alternative.throughput_tokens_per_s:,.0f} output tokens/s ({alternative.tokens_per_s_per_gpu:,.0f} "
-                f"per GPU), TPOT {1e3 * alternative.prediction.tpot_s:.1f} ms, TTFT {alternative.ttft_s:.2f} s",
-                highlight=False)
+            console.print(alternative_text(alternative, best), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
-                         tpot_target_s=best.job.tpot_target_s)
+                         tpot_target_s=best.job.tpot_target_s, band=band)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
         err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",

@@ -56,7 +56,7 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
     """Solve with a progress bar on stderr, print the answers and the table on stdout (or one JSON
     object with `json_out`), and write the report files under `out_dir`."""
     if out_dir is not None:
-        api.check_out_dir(out_dir)
+        api.check_output_dir(out_dir, "--out", api.STUDY_DIR)
     bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=err, transient=True,
                    disable=json_out or not err.is_terminal)

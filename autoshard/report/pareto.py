@@ -4,15 +4,52 @@ points where TPOT SLAs cut it, and a PNG."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from autoshard.costmodel.band_table import Kind, gpu_generation
+from autoshard.costmodel.bands import lookup
 from autoshard.report.fit import PlainTable
-
 from autoshard.search.serve.front import STANDARD_TPOT_MS, Front, FrontPoint
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import ServeJob
+from autoshard.specs.model import ModelSpec
 
-__all__ = ["sla_cuts", "render_front", "write_front_png", "front_json"]
+__all__ = ["sla_cuts", "render_front", "write_front_png", "front_json", "FrontBand", "front_band"]
+
+
+@dataclass(frozen=True, slots=True)
+class FrontBand:
+    """Where measured values land against a front's predictions: measured/predicted ranges of output
+    tokens/s per GPU and of TPOT, the serving band of the cluster's kind of run (the ratios every
+    serving plan's `predicted.band` is built from, `costmodel.bands`)."""
+
+    tokens_per_s: tuple[float, float]
+    tpot_s: tuple[float, float]
+    basis: str
+
+    def text(self, what: str = "band") -> str:
+        (lo, hi), (tlo, thi) = self.tokens_per_s, self.tpot_s
+        return (f"{what}: tok/s/GPU likely {lo:.2f}-{hi:.2f}x the figure, TPOT {tlo:.2f}-{thi:.2f}x, tok/s/user "
+                f"{1 / thi:.2f}-{1 / tlo:.2f}x, $/M tokens {1 / hi:.2f}-{1 / lo:.2f}x ({self.basis})")
+
+    def to_json(self) -> dict:
+        return {"tokens_per_s_per_gpu_ratio": list(self.tokens_per_s), "tpot_s_ratio": list(self.tpot_s),
+                "basis": self.basis}
+
+
+def front_band(model: ModelSpec, cluster: ClusterSpec, job: ServeJob) -> FrontBand:
+    """The band of every point of `cluster`'s front: one kind of run per GPU generation (MoE or dense,
+    the job's weights); pools of different kinds get the widest of their ranges, said so."""
+    family = "moe" if model.is_moe else "dense"
+    kinds = {Kind(gpu_generation(p.gpu.name), family, job.weight_dtype.value, "serve") for p in cluster.pools}
+    tput = [lookup(k) for k in sorted(kinds, key=lambda k: k.key)]
+    tpot = [lookup(k, section="tpot") for k in sorted(kinds, key=lambda k: k.key)]
+    basis = tput[0].basis if len(tput) == 1 else "widest of the pools' bands: " + "; ".join(t.basis for t in tput)
+    return FrontBand((min(t.low for t in tput), max(t.high for t in tput)),
+                     (min(t.low for t in tpot), max(t.high for t in tpot)), basis)
 
 
 def sla_cuts(front: Front, tpot_target_s: float | None = None) -> list[tuple[float, FrontPoint | None]]:
@@ -23,7 +60,7 @@ def sla_cuts(front: Front, tpot_target_s: float | None = None) -> list[tuple[flo
     return [(ms, front.best_at(ms / 1e3)) for ms in sorted(levels)]
 
 
-def front_json(front: Front, tpot_target_s: float | None = None) -> dict:
+def front_json(front: Front, tpot_target_s: float | None = None, band: FrontBand | None = None) -> dict:
     def point(p: FrontPoint) -> dict:
         return {
             "kind": p.kind,
@@ -36,6 +73,7 @@ def front_json(front: Front, tpot_target_s: float | None = None) -> dict:
         }
 
     return {
+        **({"band": band.to_json()} if band is not None else {}),
         "front": [point(p) for p in front.front],
         "points_evaluated": len(front.points),
         "sla_cuts": [
@@ -49,7 +87,8 @@ def _kind(p: FrontPoint) -> str:
 
 
 def render_front(
-    front: Front, console: Console, *, title: str, tpot_target_s: float | None = None, rows: int = 24
+    front: Front, console: Console, *, title: str, tpot_target_s: float | None = None, rows: int = 24,
+    band: FrontBand | None = None,
 ) -> None:
     shown: Sequence[FrontPoint] = front.front
     if len(shown) > rows:  # keep both ends and an even spread between
@@ -86,6 +125,8 @@ def render_front(
                 p.label,
             )
     console.print(cuts)
+    if band is not None:  # both tables' figures are predictions, each with the serving band of its kind
+        console.print(band.text("band (both tables)"), markup=False, highlight=False)
 
 
 def write_front_png(

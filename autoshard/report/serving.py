@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from autoshard.costmodel.bands import band_text, tie_text
+from autoshard.costmodel.bands import band_of, band_text, tie_text
 from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.terminal import prune_table, solver_text
@@ -123,3 +123,20 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
         if name in plan.launch:
             console.print(f"\n[bold]{name} launch:[/bold]")
             print_command(console, plan.launch[name])
+
+
+def alternative_text(plan: ServePlan, best: ServePlan | None = None) -> str:
+    """The throughput-optimal alternative of an interactive-SLA plan in one line, with its band as the
+    head line has one: "TP4 PP2 DP2, 16,064 output tokens/s (1,004 per GPU, likely 841-1,155), TPOT
+    85.2 ms (likely 82.2-108.0), TTFT 0.15 s"; when it is the `best` plan itself, says so instead of
+    printing it twice."""
+    if best is not None and plan.describe() == best.describe() and \
+            plan.throughput_tokens_per_s == best.throughput_tokens_per_s:
+        return ("throughput-optimal without a TPOT target: this same deployment (the interactive SLA costs "
+                "nothing here)")
+    band, p = band_of(plan), plan.prediction
+    lo, hi = (t / plan.num_gpus for t in band.tokens_per_s)
+    tpot = f" (likely {1e3 * band.tpot_s[0]:.1f}-{1e3 * band.tpot_s[1]:.1f})" if band.tpot_s is not None else ""
+    return (f"throughput-optimal alternative (no TPOT target): {plan.describe()}, {plan.throughput_tokens_per_s:,.0f} "
+            f"output tokens/s ({plan.tokens_per_s_per_gpu:,.0f} per GPU, likely {lo:,.0f}-{hi:,.0f}), TPOT "
+            f"{1e3 * p.tpot_s:.1f} ms{tpot}, TTFT {plan.ttft_s:.2f} s")

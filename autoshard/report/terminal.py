@@ -259,7 +259,7 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     if band:
         speed += f", {band}"
     head.append(speed + "\n", style="bold")
-    head.append(f"{pred.tflops_per_gpu:.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:.0f} with recompute) | "
+    head.append(f"{pred.tflops_per_gpu:,.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:,.0f} with recompute) | "
                 f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}\n", style="bold")
     fit = "fits" if pred.fits else "DOES NOT FIT"
     memory = (f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB "
@@ -271,7 +271,7 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     s = plan.solver
     if s.status != "EVALUATED":
         head.append("\n" + solver_text(s, time_limit_s=time_limit_s) +
-                    f"; {s.candidates} candidates, {s.candidates_in_model} in the CP-SAT model")
+                    f"; {s.candidates:,} candidates, {s.candidates_in_model:,} in the CP-SAT model")
     return head
 
 
@@ -332,15 +332,21 @@ def render_models(models: Sequence[tuple[str, ModelSpec]], console: Console) -> 
     console.print(table)
 
 
+_LINK_MARK = {"pcie": "p", "infinity_fabric": "i"}
+"""The `clusters` table's mark after a fast domain that is not NVLink: its GPUs share PCIe or Infinity Fabric."""
+
+
 def render_clusters(clusters: Sequence[tuple[str, ClusterSpec]], console: Console) -> None:
     table = compact_table("Bundled clusters")
-    add_columns(table, "name|GPUs:r|GPU|HBM:r|BF16:r|FP8:r|NVL:r|intra:r|net:r|$/h:r")
-    table.caption = ("HBM: GiB per GPU; BF16, FP8: dense TFLOP/s per GPU; NVL: GPUs per NVLink domain; "
-                     "intra: GB/s per GPU inside it; net: GB/s per GPU between nodes; $/h: USD per GPU-hour")
+    add_columns(table, "name|GPUs:r|GPU|HBM:r|BF16:r|FP8:r|dom:r|intra:r|net:r|$/h:r")
+    table.caption = ("HBM: GiB per GPU; BF16, FP8: dense TFLOP/s per GPU; dom: GPUs per NVLink domain (p: per "
+                     "PCIe node, i: per Infinity Fabric node); intra: GB/s per GPU inside it; net: GB/s per GPU "
+                     "between nodes; $/h: USD per GPU-hour")
     for name, c in clusters:
         for i, pool in enumerate(c.pools):
             g, n = pool.gpu, pool.node
             table.add_row(name if i == 0 else "", str(pool.num_gpus), g.name, f"{g.hbm_gib:.0f}", f"{g.bf16_tflops:.0f}",
-                          f"{g.fp8_tflops:.0f}" if g.fp8_tflops else "-", str(n.domain_size), f"{n.intra_node_gbps:.0f}",
+                          f"{g.fp8_tflops:.0f}" if g.fp8_tflops else "-",
+                          f"{n.domain_size}{_LINK_MARK.get(n.intra_node_link.value, '')}", f"{n.intra_node_gbps:.0f}",
                           f"{n.inter_node_gbps:.1f}", f"{pool.price_per_gpu_hour:.2f}" if pool.price_per_gpu_hour else "-")
     console.print(table)

@@ -86,7 +86,8 @@ class ServeJob(FrozenSpec):
         if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
             raise ValueError(
                 f"max_model_len ({self.max_model_len}) is shorter than input_len + output_len "
-                f"({self.input_len + self.output_len}): raise max_model_len or shorten the requests"
+                f"({self.input_len + self.output_len}): raise max_model_len (--max-model-len) or shorten the requests "
+                f"(--input-len, --output-len)"
             )
         if self.kv_cache_dtype in (WeightDtype.INT4, WeightDtype.INT8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8 (vLLM's KV cache has no int8/int4 mode)")

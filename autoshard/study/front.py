@@ -24,6 +24,8 @@ class ClusterFront:
     num_gpus: int
     price_per_gpu_hour: float | None
     front: Front
+    band: Any = None
+    """The front's `report.pareto.FrontBand`: where measured values land against its figures."""
 
     def usd_per_million(self, tokens_per_s_per_gpu: float) -> float | None:
         if self.price_per_gpu_hour is None or tokens_per_s_per_gpu <= 0:
@@ -38,7 +40,9 @@ def serve_fronts(
     job: ServeJob,
     prices: dict[str, float | None],
 ) -> list[ClusterFront]:
-    """One front per cluster kind at the largest studied size it can be resized to."""
+    """One front per cluster kind at the largest studied size it can be resized to, with its band."""
+    from autoshard.report.pareto import front_band
+
     out = []
     for key, spec in clusters.items():
         for n in sorted(sizes, reverse=True):
@@ -48,7 +52,7 @@ def serve_fronts(
                 continue
             front = serve_front(model, sized, job)
             if front.front:
-                out.append(ClusterFront(key, n, prices.get(key), front))
+                out.append(ClusterFront(key, n, prices.get(key), front, front_band(model, sized, job)))
             break
     return out
 
@@ -86,7 +90,7 @@ def fronts_json(fronts: list[ClusterFront], tpot_target_s: float | None) -> list
 
     out = []
     for cf in fronts:
-        obj = front_json(cf.front, tpot_target_s)
+        obj = front_json(cf.front, tpot_target_s, cf.band)
         for cut in obj["sla_cuts"]:
             best = cut["best"]
             cut["usd_per_million_output_tokens"] = (
@@ -126,6 +130,9 @@ def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float
                 p.label,
             )
     console.print(table)
+    for cf in fronts:  # every figure above is a prediction: the band of each cluster's kind of run
+        if cf.band is not None:
+            console.print(cf.band.text(f"band of {cf.cluster}"), markup=False, highlight=False)
 
 
 def write_fronts_png(

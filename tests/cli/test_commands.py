@@ -226,6 +226,17 @@ def test_catalog_table_lists_every_name_at_80_columns(command: str) -> None:
     assert not missing, f"names cut off in `autoshard {command}`: {missing}\n{run}"
 
 
+def test_clusters_table_says_which_fast_domains_are_not_nvlink() -> None:
+    """The column was "NVL: GPUs per NVLink domain" and showed 8 for the PCIe boxes (h100-pcie, l40s-pcie)
+    and MI300X's Infinity Fabric too; now the domain is marked by its link."""
+    run = script("clusters", columns=80)
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines() if line and not line[0].isspace()}
+    assert rows["h100-pcie"][6] == rows["l40s-pcie"][6] == "8p" and rows["mi300x"][6] == "8i"
+    assert rows["dgx-h100"][6] == "8" and rows["gb200-nvl72"][6] == "72"
+    flat = " ".join(run.stdout.split())
+    assert "dom: GPUs per NVLink domain (p: per PCIe node, i: per Infinity Fabric node)" in flat
+
+
 # ----------------------------------------------------------------------------- solve
 
 

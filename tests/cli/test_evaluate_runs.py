@@ -174,3 +174,24 @@ def test_from_megatron_terminal_report_names_the_model_and_shows_the_band() -> N
     lo, hi = (int(x.replace(",", "")) for x in m.groups())
     assert lo < per_gpu < hi
     assert (lo, hi) == (pytest.approx(band[0] / 8, rel=0.005), pytest.approx(band[1] / 8, rel=0.005))  # 3 digits
+
+
+def test_evaluate_json_carries_what_stderr_says() -> None:
+    """`evaluate --json` printed the layout note and the "does not fit:" lines on stderr only: the JSON
+    of a plan predicted not to fit (exit 1) had no message, and the layout Megatron-LM needs was not in
+    its warnings."""
+    no_fit = ("evaluate", "llama-2-7b", "dgx-h200", "--gpus", "1", "--tp", "1", "--pp", "1", "--mbs", "2",
+              "--seq-len", "4096", "--global-batch-size", "16", "--recompute", "selective")
+    code, obj, stderr = run(*no_fit, "--json")
+    assert code == 1
+    assert obj["status"] == "infeasible" and obj["predicted"]["memory_gib"]["fits"] is False
+    assert obj["error"] == "does not fit: pipeline rank 0 needs 152.5 GiB per GPU, has 140.4 GiB (over by 12.1 GiB); " \
+                           "try --recompute full or more GPUs (--gpus)"
+    assert obj["error"] in " ".join(stderr.split())
+    code, obj, _ = run("evaluate", "qwen3-235b-a22b", "dgx-h100", "--gpus", "256", "--tp", "2", "--ep", "32", "--pp",
+                       "4", "--json")
+    assert code == 0
+    assert "error" not in obj
+    assert any(w.startswith("94 decoder layers do not split evenly over PP 4 x VPP 1") and
+               "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in w
+               for w in obj["warnings"])

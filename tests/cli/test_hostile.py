@@ -164,6 +164,11 @@ CASES = [
      ["bf16_tflops", "greater than or equal to 1"]),
     ("hbm-1e30", _c("hbm_gib: 79.6", "hbm_gib: 1e30"), 2, ["hbm_gib", "65536"]),
     ("hbm-inf", _c("hbm_gib: 79.6", "hbm_gib: .inf"), 2, ["hbm_gib", "finite"]),
+    # HBM below the 4 GiB runtime reserve: was "a GPU has -3.6 GiB of its 0.5 GiB for a rank" and
+    # "Nearest fixes: ." (empty)
+    ("hbm-below-the-reserve", _c("hbm_gib: 79.6", "hbm_gib: 0.5"), 1,
+     ["The runtime reserve alone", "4.0 GiB per GPU", "more than the 0.4 GiB of its 0.5 GiB",
+      "Nearest fixes: GPUs with more memory (gpu.hbm_gib"]),
     ("gemm-half-dim-inf", _c("  efficiency:\n", "  efficiency:\n    gemm_half_dim: .inf\n"), 2,
      ["gemm_half_dim", "finite"]),
     ("latency-inf", _c("  efficiency:\n", "  efficiency:\n    inter_node_latency_us: .inf\n"), 2,
@@ -213,6 +218,17 @@ CASES = [
     ("vllm-kv-int4", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm",
                                 "vllm serve meta-llama/Llama-3.1-8B --kv-cache-dtype int4"], 2,
      ["--kv-cache-dtype int4"]),
+    # --gpus below the command's own GPUs: was "TP 8 spans 2 NVLink domains of 4 GPUs ... evaluate the same GPUs
+    # as TP 4 x PP 2" (8 GPUs, on 4)
+    ("vllm-gpus-below-the-command", lambda t: ["evaluate", "dgx-h100", "--gpus", "4", "--from-vllm",
+                                               "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 8"], 2,
+     ["--gpus", "the command runs TP 8 x PP 1 x DP 1 = 8 GPUs; --gpus 4 is fewer: drop --gpus or give at least 8"]),
+    # no plan for the command as read: the reading that explains it is said (it was on the lost plan only)
+    ("sglang-dp-attention-without-ep", lambda t: ["evaluate", "dgx-h200", "--from-sglang",
+                                                  "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
+                                                  "--tp 8 --dp 8 --enable-dp-attention"], 1,
+     ["deepseek-v3 on 1x H200-SXM-141GB (TP1 PP1)", "as read from the command: attention data parallelism without "
+      "expert parallelism: predicted as replicas"]),
     ("sglang-tp-across-nodes", lambda t: ["evaluate", "dgx-h200", "--gpus", "16", "--from-sglang",
                                           "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
@@ -230,6 +246,10 @@ CASES = [
                                                 "--input-len", "200000", *FAST], 2,
      ["field '--input-len'", "--input-len 200,000 + --output-len 1,000 = 201,000 tokens", "131,072-token context",
       "at most 131072 tokens"]),
+    ("serve-max-model-len-below-the-requests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
+                                                           "serve", "--max-model-len", "10", *FAST], 2,
+     ["max_model_len (10) is shorter than input_len + output_len (2000): raise max_model_len (--max-model-len) or "
+      "shorten the requests (--input-len, --output-len)"]),
     ("serve-max-model-len-beyond-the-model", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode",
                                                         "serve", "--max-model-len", "200000", *FAST], 2,
      ["field '--max-model-len'", "131,072-token context", "use --max-model-len 131072 or less"]),
@@ -259,6 +279,19 @@ CASES = [
      ["'Et*40|t*40L' has 2 chunks, which with PP 1 is VPP 2", "PP > 1"]),
     ("vpp-with-pp1", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--vpp", "4", "--pp", "1", *FAST],
      2, ["--vpp", "--pp 1"]),
+    # pins no layout is legal for: the fix for the pinned knob (was "a global batch divisible by more
+    # micro-batch x DP sizes" whatever the pin)
+    ("tp-beyond-nvlink", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "16", "--tp", "16", *FAST], 1,
+     ["with pins (tp=16): 1 x TP > NVLink domain (8 GPUs)", "Nearest fixes: TP within one 8-GPU NVLink domain "
+      "(--tp 8 or less); fewer pinned knobs; or another --gpus."]),
+    ("vpp-beyond-layers", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2", "--vpp", "20",
+                                     *FAST], 1,
+     ["more model chunks than layers", "Nearest fixes: at most 32 model chunks, one per decoder layer (a smaller "
+      "PP x VPP); fewer pinned knobs"]),
+    ("cp-shard-below-512", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--cp", "2", "--seq-len",
+                                      "512", *FAST], 1,
+     ["CP shard shorter than 512 tokens", "Nearest fixes: a longer --seq-len or a smaller --cp (a CP rank needs at "
+      "least 512 tokens); fewer pinned knobs"]),
     ("etp-on-dense", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "2", "--etp", "8", *FAST],
      2, ["--etp", "dense"]),
     ("recompute-layers-beyond-stage", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--pp", "2",
@@ -325,7 +358,7 @@ CASES = [
     # --emit k8s -o takes a directory: an existing one was refused as "a directory: give a file name"
     ("k8s-out-is-a-file", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
                                      "k8s", "-o", model_file(t), *FAST], 2,
-     ["model.yaml is a file: --emit k8s writes a directory of manifests"]),
+     ["model.yaml is a file, not a directory (the directory --emit k8s writes manifests to)"]),
     # manifests already there would be applied with the new ones by the printed `kubectl apply -f DIR`
     ("k8s-out-holds-manifests", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                            "--emit", "k8s", "-o", _write(t / "old-0.yaml", "kind: Deployment\n").parent,
@@ -333,12 +366,22 @@ CASES = [
     # a directory no one can create files in (root passes os.access there): refused before solving, not a traceback
     # from the study's temporary directory after it
     ("study-out-in-proc", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--out",
-                                     "/proc/autoshard-study"], 2, ["--out", "cannot use /proc/autoshard-study"]),
+                                     "/proc/autoshard-study"], 2, ["--out", "cannot write /proc/autoshard-study (the directory for study.csv, study.md, pareto.png, study.json)"]),
     ("k8s-out-in-proc", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--emit",
                                    "k8s", "-o", "/proc/autoshard-k8s", *FAST], 2,
-     ["cannot write manifests to /proc/autoshard-k8s"]),
+     ["cannot write /proc/autoshard-k8s (the directory --emit k8s writes manifests to)"]),
+    # one check behind every output directory (study/files.check_output_dir): the same refusal at each
+    ("pareto-out-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                               "--pareto", "--out", model_file(t) / "front", *FAST], 2,
+     ["--out", "model.yaml is a file, not a directory, so", "cannot be created (the directory for pareto.png)"]),
+    ("study-out-file-on-the-path", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                                              "--out", model_file(t) / "study"], 2,
+     ["--out", "model.yaml is a file, not a directory, so", "cannot be created (the directory for study.csv"]),
+    ("k8s-out-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                            "--emit", "k8s", "-o", model_file(t) / "k8s", *FAST], 2,
+     ["-o", "model.yaml is a file, not a directory, so", "(the directory --emit k8s writes manifests to)"]),
     ("study-out-is-file", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8",
-                                     "--out", model_file(t)], 2, ["--out", "is a file"]),
+                                     "--out", model_file(t)], 2, ["--out", "model.yaml is a file, not a directory (the directory for study.csv"]),
 ]
 
 

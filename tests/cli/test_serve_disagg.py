@@ -65,6 +65,33 @@ def test_interactive_text_names_the_sla():
     assert "deployment kind:" in flat
 
 
+def test_interactive_alternative_carries_its_band():
+    """The throughput-optimal alternative is a prediction too: its terminal line shows the band the JSON
+    gives it (it had none: "TP4 PP2 DP2, 16,064 output tokens/s (1,004 per GPU), TPOT 85.2 ms")."""
+    args = ("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", *FAST)
+    flat = " ".join(cli(*args).stdout.split())
+    alt = json.loads(cli(*args, "--json").stdout)["throughput_optimal"]
+    band, gpus = alt["predicted"]["band"], alt["num_gpus"]
+    lo, hi = (round(t / gpus) for t in band["tokens_per_s"])
+    tpot_lo, tpot_hi = (1e3 * t for t in band["tpot_s"])
+    line = flat[flat.index("throughput-optimal alternative"):]
+    assert f"per GPU, likely {lo:,}-{hi:,}), TPOT" in line
+    assert f"ms (likely {tpot_lo:.1f}-{tpot_hi:.1f}), TTFT" in line
+    assert lo <= alt["predicted"]["tokens_per_s_per_gpu"] <= hi
+
+
+def test_alternative_that_is_the_plan_itself_is_not_printed_twice():
+    """Llama 3.1 8B on 8 H100 meets the interactive SLA with its throughput-optimal plan: the terminal
+    said "throughput-optimal alternative (no TPOT target): TP1 PP1 DP8, 53,243 output tokens/s" under
+    the same plan's head; it now says it is the same deployment (the JSON keeps throughput_optimal)."""
+    args = ("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST)
+    obj = json.loads(cli(*args, "--json").stdout)
+    assert obj["throughput_optimal"]["predicted"]["tokens_per_s"] == obj["predicted"]["tokens_per_s"]
+    flat = " ".join(cli(*args).stdout.split())
+    assert "throughput-optimal without a TPOT target: this same deployment" in flat
+    assert "throughput-optimal alternative" not in flat
+
+
 def test_disaggregate_on_json_roles():
     r = cli(
         "solve",
@@ -199,6 +226,24 @@ def test_pareto_json_and_png(tmp_path):
     cut50 = next(c for c in obj["pareto"]["sla_cuts"] if c["tpot_ms"] == 50.0)
     assert cut50["best"]["tpot_s"] <= 0.05
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pareto_front_carries_the_band_of_its_plans():
+    """The front's figures are predictions like the plan's: they carry the same serving band (as
+    measured/predicted ratios; the front had none). The ratios are the ones the best plan's own
+    band is built from, on the terminal and in the JSON."""
+    args = ("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "16", "--mode", "serve", "--pareto", *FAST)
+    obj = json.loads(cli(*args, "--json").stdout)
+    band, plan_band = obj["pareto"]["band"], obj["predicted"]["band"]
+    lo, hi = (t / obj["predicted"]["tokens_per_s"] for t in plan_band["tokens_per_s"])
+    tlo, thi = (t / obj["predicted"]["serve"]["tpot_s"] for t in plan_band["tpot_s"])
+    assert band["tokens_per_s_per_gpu_ratio"] == pytest.approx([lo, hi], rel=1e-9)
+    assert band["tpot_s_ratio"] == pytest.approx([tlo, thi], rel=1e-9)
+    assert band["basis"] == plan_band["basis"].split(";")[0] == "hopper dense bf16 serving, 34 measured runs"
+    flat = " ".join(cli(*args).stdout.split())
+    assert (f"band (both tables): tok/s/GPU likely {lo:.2f}-{hi:.2f}x the figure, TPOT {tlo:.2f}-{thi:.2f}x, "
+            f"tok/s/user {1 / thi:.2f}-{1 / tlo:.2f}x, $/M tokens {1 / hi:.2f}-{1 / lo:.2f}x (hopper dense bf16 "
+            "serving, 34 measured runs)") in flat
 
 
 def test_out_needs_pareto(tmp_path):

@@ -90,3 +90,21 @@ def test_study_precision_help_lists_the_serving_weights():
     text = " ".join(r.stdout.split())
     for dtype in ("bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4"):
         assert dtype in text
+
+
+def test_api_k8s_writer_refuses_what_the_command_refuses(tmp_path):
+    """`api.write_k8s_manifests` (the API's writer) runs the command's own output-directory check: a
+    file in the way, or on the path, is a SpecError naming -o, not an OSError from mkdir."""
+    from autoshard import api
+    from autoshard.errors import SpecError
+
+    plan = api.evaluate_serve_command("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2", None,
+                                      "dgx-h100", None)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    for where in (blocker, blocker / "k8s"):
+        with pytest.raises(SpecError) as got:
+            api.write_k8s_manifests(plan, where)
+        assert got.value.source == "-o" and "is a file, not a directory" in str(got.value)
+        assert "(the directory --emit k8s writes manifests to)" in str(got.value)
+    assert api.write_k8s_manifests(plan, tmp_path / "new" / "k8s") == 1

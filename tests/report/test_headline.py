@@ -28,6 +28,21 @@ def test_mfu_names_the_fp8_dense_peak(make_plan):
     assert "of the 1,979 TFLOP/s FP8 dense peak" in headline(plan).plain
 
 
+def test_model_tflops_above_a_thousand_are_grouped(make_plan):
+    """B200 FP8 reaches over 1,000 model TFLOP/s per GPU: printed "1,431", as the peak beside it ("4,500"),
+    not "1431"."""
+    plan = make_plan("llama-3.1-8b", "dgx-b200", 8, tp=1, pp=1, micro_batch_size=1, precision="fp8",
+                     global_batch_size=64)
+    pred = plan.prediction
+    assert pred.tflops_per_gpu > 1000
+    text = " ".join(headline(plan).plain.split())
+    assert f"{pred.tflops_per_gpu:,.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:,.0f} with recompute)" in text
+    assert "of the 4,500 TFLOP/s FP8 dense peak" in text
+    stats = dataclasses.replace(plan.solver, status="OPTIMAL", candidates=143_483, candidates_in_model=1_205)
+    assert "; 143,483 candidates, 1,205 in the CP-SAT model" in " ".join(
+        headline(dataclasses.replace(plan, solver=stats)).plain.split())
+
+
 def test_band_rendered_only_when_present(plan_70b):
     bare = dataclasses.replace(plan_70b, band=None)
     assert band_line(bare) == "" and "likely" not in headline(bare).plain

@@ -105,3 +105,26 @@ def test_flagged_mfu_is_marked_in_the_table_and_ranges_are_plotted() -> None:
     assert cells[0][3] == "40.0% !" and cells[1][3] == "40.0%"
     xs, ys = _likely_segment(plain)
     assert xs == [plain.days_low, plain.days_high] and ys == [plain.total_usd_low, plain.total_usd_high]
+
+
+def test_serving_front_across_gpu_types_carries_each_clusters_band() -> None:
+    """`study --mode serve` prints each cluster's front cut at the TPOT SLAs (tok/s/GPU, $/M tokens):
+    predictions without a band until each cluster got the measured/predicted ratios of its kind of run,
+    in the JSON (`serve_front[].band`) and under the table."""
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    args = ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--cluster", "mi300x", "--gpus", "8", "--mode",
+            "serve", "--request-rate", "5", "--time-limit", "10"]
+    obj = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    text = " ".join(CliRunner().invoke(app, args, env={"COLUMNS": "80"}).stdout.split())
+    for front, generation in zip(obj["serve_front"], ("hopper", "cdna3"), strict=True):
+        kind = Kind(generation, "dense", "bf16", "serve")
+        t, tpot = lookup(kind), lookup(kind, section="tpot")
+        assert front["band"] == {"tokens_per_s_per_gpu_ratio": [t.low, t.high], "tpot_s_ratio": [tpot.low, tpot.high],
+                                 "basis": t.basis}
+        assert (f"band of {front['cluster']}: tok/s/GPU likely {t.low:.2f}-{t.high:.2f}x the figure, TPOT "
+                f"{tpot.low:.2f}-{tpot.high:.2f}x, tok/s/user {1 / tpot.high:.2f}-{1 / tpot.low:.2f}x, $/M tokens "
+                f"{1 / t.high:.2f}-{1 / t.low:.2f}x ({t.basis})") in text
+    assert obj["serve_front"][1]["band"]["basis"].startswith("no measured cdna3 dense bf16 serving run")

@@ -48,14 +48,39 @@ def layout_stages(tab: CandidateTables, layout: Layout) -> tuple[TrainConfig, tu
     return tab.config, stages
 
 
+def _layout_fixes(model: ModelSpec, cluster: ClusterSpec) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """(prune reason's start, the pins it concerns, the fix it calls for) for candidates no layout is
+    legal for."""
+    domain = min(p.node.domain_size for p in cluster.pools)
+    return (
+        ("TP > NVLink domain", ("tp",), f"TP within one {domain}-GPU NVLink domain (--tp {domain} or less)"),
+        ("more model chunks than layers", ("pp", "vpp"), f"at most {model.num_layers} model chunks, one per decoder "
+                                                         "layer (a smaller PP x VPP)"),
+        ("CP shard shorter than", ("cp",), "a longer --seq-len or a smaller --cp (a CP rank needs at least 512 tokens)"),
+        ("sequence length not divisible by 2*CP", ("cp",), "a --seq-len divisible by 2 x CP"),
+        ("global batch not divisible", ("mbs", "dp"), "a global batch divisible by more micro-batch x DP sizes"),
+        ("interleaving needs at least PP micro-batches", ("vpp",), "a larger --global-batch-size or no --vpp "
+                                                                   "(interleaving needs at least PP micro-batches)"),
+        ("interleaving needs PP > 1", ("vpp",), "--pp 2 or more with --vpp"),
+        ("ZeRO needs data parallelism", ("zero_stage",), "DP > 1 for ZeRO (fewer model-parallel GPUs) or --zero-stage 0"),
+        ("ETP x EP does not divide", ("ep", "etp"), "an expert grid ETP x EP dividing TP x CP x DP (e.g. --etp 1)"),
+        ("ZeRO-2/3 (Megatron-FSDP) does not combine with PP", ("zero_stage",), "--pp 1 with ZeRO-2/3"),
+    )
+
+
 def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prepared, pins: Pins) -> InfeasibleError:
     reasons = ", ".join(f"{n} x {r}" for r, n in prep.pruned.most_common(4))
     gpu = cluster.primary.gpu
     if not prep.enumerated or prep.min_memory_gib is None:
+        # a fix for each reason that hit a pinned knob (the solver's own tries of unpinned ones say nothing)
+        fixes = [fix for reason, _ in prep.pruned.most_common()
+                 for prefix, knobs, fix in _layout_fixes(model, cluster)
+                 if reason.startswith(prefix) and any(getattr(pins, k) is not None for k in knobs)]
+        fixes = list(dict.fromkeys(fixes or ["a global batch divisible by more micro-batch x DP sizes"]))
         return InfeasibleError(
             f"no legal parallel layout for {model.name} on {cluster.num_gpus} GPUs (seq {job.seq_len}, global batch "
-            f"{job.global_batch_size}) with pins ({pins.describe()}): {reasons or 'no candidate'}. Nearest fixes: a "
-            f"global batch divisible by more micro-batch x DP sizes, fewer pinned knobs, or "
+            f"{job.global_batch_size}) with pins ({pins.describe()}): {reasons or 'no candidate'}. Nearest fixes: "
+            + "; ".join(fixes) + ("; fewer pinned knobs" if pins.describe() != "none" else "") + "; or "
             + ("other pool sizes (num_nodes in the cluster YAML)." if cluster.is_heterogeneous else "another --gpus.")
         )
     have = prep.capacity_gib or gpu.hbm_gib
@@ -66,6 +91,14 @@ def infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, prep: Prep
     else:
         gpus = f"{cluster.num_gpus} x {gpu.name} ({have:.1f} GiB each)"
     lines = [f"no plan fits {model.name} ({model.num_params / 1e9:.1f} B params) on {gpus}."]
+    if usable <= 0:  # the runtime reserve alone takes the memory fraction of HBM: no fix but bigger GPUs
+        reserve = max(p.gpu.efficiency.reserved_memory_gib for p in cluster.pools)
+        lines.append(f"The runtime reserve alone (CUDA context, NCCL and cuBLAS workspaces: {reserve:.1f} GiB per GPU, "
+                     f"gpu.efficiency.reserved_memory_gib) is more than the {usable + reserve:.1f} GiB of its "
+                     f"{have:.1f} GiB the memory fraction allows: nothing is left for a rank, whatever the layout.")
+        lines.append("Nearest fixes: GPUs with more memory (gpu.hbm_gib in the cluster YAML), or a smaller "
+                     "reserved_memory_gib if the runtime needs less.")
+        return InfeasibleError("\n".join(lines))
     state = (f"Weights, gradients and optimizer state alone need at least {need:.1f} GiB per GPU in the best "
              f"layout; a GPU has {usable:.1f} GiB of its {have:.1f} GiB for a rank (memory fraction less the "
              f"runtime reserve)")
