@@ -101,6 +101,21 @@ def test_prompt_longer_than_the_budget_is_md1():
     assert prefill_wait_s(inst, 0.5) == pytest.approx(md1_wait_s(service, 0.5) + inst.prompt.total_s)
 
 
+def test_dp_ranks_each_chunking_a_long_prompt_are_md1():
+    """8 attention-DP ranks, each chunking its own prompt over two ticks: 4 prompts per tick over the
+    instance (K > 1) but none batches with another, so the instance is the M/D/1 server of the
+    long-prompt case (was a negative per-prompt step and a math domain error: `solve qwen3-30b-a3b
+    dgx-h100 --gpus 16 --mode serve --input-len 12000`)."""
+    inst = instance(0.0, 0.2, 0.5, dp=8)
+    assert inst.requests_per_s * inst.step.total_s == pytest.approx(4.0)
+    service = 1 / inst.requests_per_s
+    for u in (0.1, 0.5, 0.9):
+        c = prefill_cycle(inst, u)
+        assert (c.fixed_s, c.var_s2) == (0.0, 0.0)
+        assert prefill_wait_s(inst, u) == pytest.approx(md1_wait_s(service, u) + inst.prompt.total_s)
+        assert math.isfinite(prefill_wait_s(inst, u, 0.9))
+
+
 def test_pipeline_stages_lengthen_the_own_step_not_the_tick():
     flat, deep = instance(0.04, 0.05, 50), instance(0.04, 0.05, 50, pp=4)
     cf, cd = prefill_cycle(flat, 0.7), prefill_cycle(deep, 0.7)

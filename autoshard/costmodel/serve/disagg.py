@@ -289,7 +289,8 @@ def prefill_cycle(prefill: PrefillInstance, utilization: float) -> PrefillCycle:
     that imbalance). a and b come from two points of the step time: the prompt alone (prompt time /
     PP per tick) and the full-budget tick of K prompts over all ranks, b = (tick - prompt / PP) /
     (K - 1), a = prompt / PP - b (a = 0, b = tick / K when the full tick costs more per prompt than the
-    prompt alone). A prompt longer than the budget (K <= 1) is chunked over several ticks with nothing
+    prompt alone). A prompt longer than the budget (K <= 1, or, with several DP ranks each chunking a
+    prompt of its own, a prompt alone longer than a tick) is chunked over several ticks with nothing
     to batch: the engine is then an M/D/1 server of the prompt's service time."""
     cfg = prefill.config
     p = max(0.0, utilization) * prefill.requests_per_s
@@ -299,7 +300,7 @@ def prefill_cycle(prefill: PrefillInstance, utilization: float) -> PrefillCycle:
     if utilization >= 1:
         inf = float("inf")
         return PrefillCycle(p, 0.0, 0.0, 1.0, inf, inf, inf, inf, 0.0)
-    if prompts <= 1 + 1e-9:
+    if prompts <= 1 + 1e-9 or alone / cfg.pp >= tick:  # b would be negative: nothing batches
         service = 1.0 / prefill.requests_per_s
         wait = md1_wait_s(service, utilization)
         return PrefillCycle(p, 0.0, service, utilization, service, 0.0, wait, alone, 0.0)
