@@ -114,8 +114,12 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
         one = role_plan(plan, _AggRole(plan))  # type: ignore[arg-type]
         per_node = plan.pool.node.gpus_per_node
         env = sglang_env(one) if sglang else ()  # DeepEP's buffer size, as container env
+        # the Service and the container port point at `port`: the engine listens there, on every
+        # interface (vLLM's default port is 8000, SGLang binds 127.0.0.1 unless --host is given)
+        listen = " ".join(["--host", "0.0.0.0", "--port", str(port)])
         for i in range(plan.replicas):
             lines = sglang_node_commands(one, env=False) if sglang else vllm_node_commands(one)
+            lines = [f"{line} {listen}" for line in lines]
             units.append(
                 _Unit(
                     f"{base}-{i}",

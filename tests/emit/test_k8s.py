@@ -149,6 +149,16 @@ def test_manifests_pass_the_schema(model, gpus, mode, job, framework):
         kinds = {k for k, *_ in seen}
         if any(r.gpus_per_instance > 8 for r in plan.roles):
             assert "LeaderWorkerSet" in kinds
+    for o in objects:  # every engine pod listens where its container port and Service point
+        if o["kind"] == "Service" or o["metadata"]["name"].endswith("-router"):
+            continue
+        spec = o["spec"]
+        tpl = spec["leaderWorkerTemplate"]["leaderTemplate"] if o["kind"] == "LeaderWorkerSet" else spec["template"]
+        container = tpl["spec"]["containers"][0]
+        words = shlex.split(container["command"][2])
+        (port,) = [p["containerPort"] for p in container["ports"]]
+        assert words[words.index("--port") + 1] == str(port)
+        assert words[words.index("--host") + 1] == "0.0.0.0"
 
 
 def test_lws_workers_run_their_own_node_line():
