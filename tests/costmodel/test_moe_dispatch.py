@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.moe import dispatch_time_s, imbalance_factor, ranks_per_token, remote_domains_per_token
-from autoshard.parallel import MoeDispatcher
+from autoshard.parallel import MoeDispatcher, ParallelDims
 from autoshard.specs import load_cluster
 
 H100 = load_cluster("dgx-h100").with_gpus(64).primary
@@ -123,3 +124,49 @@ def test_allgather_volume_does_not_depend_on_top_k():
 
 def test_no_dispatch_without_expert_parallelism():
     assert dispatch_time_s(MoeDispatcher.ALLTOALL, tokens=T, hidden=H, top_k=K, num_experts=E, ep=1, etp=1, pool=H100) == 0.0
+
+
+# Mixtral 8x7B on 64 CDNA 3 GPUs, the plan of training_runs.yaml's aac-mi325x-mixtral-8x7b-64gpu-ep8-bf16
+# (TP 1, EP 8, DP 64, micro-batch 2 x 4,096 tokens, top-2 of 8 experts, hidden 4,096), on the bundled
+# MI300X nodes: the same 8-GPU Infinity Fabric mesh (7 links of 64 GB/s per direction per GPU) and 8 x
+# 400 Gb/s NICs as the AAC11 MI325X nodes.
+MI300X = load_cluster("mi300x").with_gpus(64).primary
+MIXTRAL_TOKENS = 2 * 4096
+
+
+def test_ep8_alltoall_on_the_infinity_fabric_mesh_uses_all_seven_links():
+    """An EP-8 group of consecutive ranks is one node (Megatron's tp-ep-dp order, TP 1). On the full
+    mesh every GPU has a direct 64 GB/s link to each of its 7 peers, and an all-to-all sends a
+    different 1/8 of its buffer to each peer at once: 7/8 of S over all 7 links, 448 GB/s (a ring
+    collective would run one ring per link pair and needs RCCL's several rings to approach it).
+    Per micro-batch and MoE layer: dispatch + combine forward, the same backward; 64 per step."""
+    eff = MI300X.gpu.efficiency
+    pairs = MIXTRAL_TOKENS * 2 * 4096 * 2  # 8,192 tokens x top-2 copies x h x BF16 = 134 MB
+    one = 7 / 8 * pairs / (7 * 64e9 * eff.intra_node_bw) + 3 * eff.intra_node_latency_us * 1e-6
+    fwd = dispatch_time_s(MoeDispatcher.ALLTOALL, tokens=MIXTRAL_TOKENS, hidden=4096, top_k=2, num_experts=8,
+                          ep=8, etp=1, pool=MI300X)
+    assert fwd == pytest.approx(2 * one)
+    step = 2 * fwd * 32 * 2  # forward + backward, 32 MoE layers, 2 micro-batches
+    assert step == pytest.approx(0.0806, abs=5e-4)  # the 0.08 s the row's evidence quotes
+    # two links of a single ring would take 3.5x as long
+    assert 7 / 8 * pairs / (2 * 64e9 * eff.intra_node_bw) / (one - 3 * eff.intra_node_latency_us * 1e-6) == pytest.approx(3.5)
+
+
+def test_mixtral_expert_data_parallel_group_crosses_nodes_on_one_nic_per_gpu():
+    """Expert-DP for EP 8 x DP 64: the 8 ranks holding the same expert sit 8 apart, one per node, so the
+    group's ring leaves every node through each member's own NIC (all 8 groups run at once, one per
+    NIC), while the dense DP group of 64 consecutive ranks has 8 members per node and 8 NICs. Per
+    step (distributed optimizer): FP32 reduce-scatter + BF16 all-gather of the 5.64 B expert
+    parameters a GPU holds (32 layers x 3 x 4,096 x 14,336): 0.66 s."""
+    dims = ParallelDims(tp=1, pp=1, dp=64, cp=1, vpp=1, ep=8, etp=1)
+    links = group_links(MI300X, dims)
+    eff = MI300X.gpu.efficiency
+    assert links.ep.crosses_nodes is False and links.edp.crosses_nodes is True
+    assert links.edp.bytes_per_s == pytest.approx(50e9 * eff.inter_node_bw)
+    assert links.dp.bytes_per_s == pytest.approx(min(8 * 50e9 * eff.inter_node_bw, 448e9 * eff.intra_node_bw))
+    expert = 32 * 3 * 4096 * 14336
+    t = (collective_time_s(Collective.REDUCE_SCATTER, 4 * expert, 8, links.edp)
+         + collective_time_s(Collective.ALL_GATHER, 2 * expert, 8, links.edp))
+    closed = 7 / 8 * 6 * expert / (50e9 * eff.inter_node_bw) + 2 * 3 * eff.inter_node_latency_us * 1e-6
+    assert t == pytest.approx(closed)
+    assert t == pytest.approx(0.658, abs=2e-3)
