@@ -85,14 +85,17 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         raise SpecError(f"TP {tp} {why}: use one of {', '.join(map(str, legal))}", source="--tp")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
-    found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,
+    # --pareto: the plan's solve ends at (1 - FRONT_SHARE) of the limit, the front at the limit itself
+    solve_limit = time_limit * (1 - api.FRONT_SHARE) if pareto else time_limit
+    found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=solve_limit,
                              num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
                              framework=framework)
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
     front = None
     if pareto:
-        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework)
+        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework,
+                                time_limit_s=time_limit, started_at=started_at)
         if out_dir is not None:
             png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,
                                   title=f"{model_spec.name} on {cluster_spec.num_gpus} x {cluster_spec.primary.gpu.name}, "
