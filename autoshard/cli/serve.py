@@ -10,7 +10,7 @@ from rich.markup import escape
 from autoshard import api
 from autoshard.cli.app import err, out
 from autoshard.cli.options import Target, check_dir_path, print_json, write_script
-from autoshard.errors import SpecError
+from autoshard.errors import SolverError, SpecError
 from autoshard.report.pareto import front_json, render_front, write_front_png
 from autoshard.report.serving import render_serve_plan
 
@@ -87,9 +87,15 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                             weight_dtype, kv_cache_dtype)
     # --pareto: the plan's solve ends at (1 - FRONT_SHARE) of the limit, the front at the limit itself
     solve_limit = time_limit * (1 - api.FRONT_SHARE) if pareto else time_limit
-    found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=solve_limit,
-                             num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
-                             framework=framework)
+    try:
+        found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=solve_limit,
+                                 num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
+                                 framework=framework)
+    except SolverError as exc:
+        if not pareto:
+            raise
+        raise SolverError(f"{exc} (with --pareto the plan gets {1 - api.FRONT_SHARE:.0%} of --time-limit "
+                          f"{time_limit:g} s, the front the rest)") from None
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
     front = None
