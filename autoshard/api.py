@@ -69,7 +69,7 @@ from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.plans.base import SolverStats
 from autoshard.plans.train import Plan
 from autoshard.report.compare import compare_plans
-from autoshard.search.serve.front import serve_front
+from autoshard.search.serve.front import FRONT_SHARE, serve_front
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.solve import solve_train
 from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
@@ -88,7 +88,7 @@ __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "
            "check_precision", "serve_job_for", "interactive_job", "INTERACTIVE_TPOT_MS", "solve_serve", "evaluate_serve",
            "evaluate_vllm", "serve_launch", "with_serve_launch", "study", "serve_study_fronts", "write_study",
            "study_json", "STUDY_DIR", "check_output_dir", "render_study", "render_fronts", "StudyResult", "ClusterFront",
-           "evaluate_serve_command", "ServeSolution", "plan_serving", "serve_front", "serve_launch_script",
+           "evaluate_serve_command", "ServeSolution", "plan_serving", "serve_front", "FRONT_SHARE", "serve_launch_script",
            "write_k8s_manifests", "train_pins", "recompute_modules", "layout_flags", "solver_options",
            "memory_headroom", "overflow_messages", "megatron_script", "megatron_notes", "load", "write_launch_script",
            "evaluate_megatron", "compare_megatron", "MegatronComparison", "solve_with_layout", "Recompute",

@@ -6,6 +6,7 @@
                                                    # once, niced, in the background)
     python examples/benchmark_solver.py --sweep --models deepseek-v3,qwen3-235b-a22b \
         --clusters dgx-h100 --sizes 64,1024 --time-limit 30 --workers 8
+    python examples/benchmark_solver.py --serve-limits 2,5   # whole `solve --mode serve` commands
 
 The sweep prints, per solve, the status, wall time, CPU time (all threads; comparable on a loaded
 machine) and gap, then a summary: statuses, median and worst wall times, and every solve that was not
@@ -25,13 +26,21 @@ would do alone and its CPU time stands for its wall time on an idle machine. Use
 2. Llama 3.1 70B on the heterogeneous mixed-h100-a100 cluster vs the best plan on either pool alone.
 3. Uneven layouts vs Megatron's even split for Llama 3 (128K vocabulary) models.
 4. Solve time as the problem grows: decoder layers 32 -> 128, GPUs 8 -> 16,384.
+
+`--serve-limits L1,L2` runs the large serving commands (a split deployment for Qwen3-235B on 576 GB200,
+and --pareto fronts for Qwen3-235B on 64 H100, DeepSeek-V3 on 1,024 H100, Qwen3-235B on 576 GB200) as
+a user does, process start-up included, at each --time-limit: wall and CPU seconds, the exit status,
+the plan's solver status and why it stopped, and whether the front is complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import resource
+import subprocess
 import statistics
 import sys
 import time
@@ -292,6 +301,39 @@ def read_rows(paths: list[str]) -> list[tuple]:
     return rows
 
 
+SERVE_COMMANDS = (
+    "qwen3-235b-a22b gb200-nvl72 --gpus 576",
+    "qwen3-235b-a22b dgx-h100 --gpus 64 --pareto",
+    "deepseek-v3 dgx-h100 --gpus 1024 --pareto",
+    "qwen3-235b-a22b gb200-nvl72 --gpus 576 --pareto",
+)
+
+
+def serve_limits(limits: list[float]) -> None:
+    """Wall time of whole `autoshard solve ... --mode serve --time-limit L --json` commands."""
+    exe = os.path.join(os.path.dirname(sys.executable), "autoshard")
+    print(f"{'limit':>5} {'wall s':>7} {'CPU s':>6} {'over s':>6} rc  solver / front  :: command")
+    for limit in limits:
+        for cmd in SERVE_COMMANDS:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.monotonic()
+            run = subprocess.run([exe, "solve", *cmd.split(), "--mode", "serve", "--time-limit", f"{limit:g}",
+                                  "--json"], capture_output=True, text=True, check=False)
+            wall = time.monotonic() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            what = run.stderr.strip().splitlines()[-1][:60] if run.returncode else ""
+            if run.returncode == 0:
+                obj = json.loads(run.stdout)
+                what = f"{obj['solver']['status']} {obj['solver']['stop_reason']}"
+                if "pareto" in obj:
+                    front = obj["pareto"]
+                    what += (" / front complete" if front["complete"] else
+                             f" / front {front['engines_evaluated']} of {front['engines']}")
+            print(f"{limit:>5g} {wall:>7.2f} {cpu:>6.2f} {wall - limit:>+6.2f} {run.returncode:>2}  {what}  :: {cmd}",
+                  flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="headline solves only")
@@ -306,7 +348,11 @@ def main() -> int:
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="one summary of earlier sweep outputs")
     parser.add_argument("--cpu-clock", action="store_true",
                         help="deadlines count this process's CPU time (a loaded machine; use --workers 1)")
+    parser.add_argument("--serve-limits", metavar="L1,L2", help="whole serving commands at these --time-limit values")
     args = parser.parse_args()
+    if args.serve_limits:
+        serve_limits([float(x) for x in args.serve_limits.split(",")])
+        return 0
     if args.summarize:
         summarize(read_rows(args.summarize), args.time_limit, "CPU" if args.cpu_clock else "wall")
         return 0

@@ -10,7 +10,7 @@ from rich.markup import escape
 from autoshard import api
 from autoshard.cli.app import err, out
 from autoshard.cli.options import Target, print_json, write_script
-from autoshard.errors import SpecError
+from autoshard.errors import SolverError, SpecError
 from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
 from autoshard.report.serving import alternative_text, render_serve_plan
 
@@ -83,14 +83,23 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         raise SpecError(f"TP {tp} {why}: use one of {', '.join(map(str, legal))}", source="--tp")
     job = api.serve_job_for(model_spec, input_len, output_len, max_model_len, tpot_ms, ttft_s, request_rate,
                             weight_dtype, kv_cache_dtype)
-    found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=time_limit,
-                             num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
-                             framework=framework)
+    # --pareto: the plan's solve ends at (1 - FRONT_SHARE) of the limit, the front at the limit itself
+    solve_limit = time_limit * (1 - api.FRONT_SHARE) if pareto else time_limit
+    try:
+        found = api.plan_serving(model_spec, cluster_spec, job, top_k=top, pins=pins, time_limit_s=solve_limit,
+                                 num_workers=workers, seed=seed, disaggregate=disaggregate, started_at=started_at,
+                                 framework=framework)
+    except SolverError as exc:
+        if not pareto:
+            raise
+        raise SolverError(f"{exc} (with --pareto the plan gets {1 - api.FRONT_SHARE:.0%} of --time-limit "
+                          f"{time_limit:g} s, the front the rest)") from None
     plans, alternative, sla_note = found.plans, found.alternative, found.sla_note
     best = plans[0]
     front = band = None
     if pareto:
-        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework)
+        front = api.serve_front(model_spec, cluster_spec, job, disaggregate=disaggregate, framework=framework,
+                                time_limit_s=time_limit, started_at=started_at)
         band = front_band(model_spec, cluster_spec, best.job)
         if out_dir is not None:
             png = write_front_png({cluster_spec.name: front}, out_dir / "pareto.png", tpot_target_s=best.job.tpot_target_s,

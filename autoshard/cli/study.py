@@ -82,7 +82,8 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
     fronts, extra = None, []
     if mode == "serve":
         fronts, extra = api.serve_study_fronts(model, clusters, sizes, prices=prices, precision=precision,
-                                               request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s)
+                                               request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
+                                               time_limit_s=time_limit)
     try:
         written = api.write_study(result, out_dir, extra=extra) if out_dir is not None else []
     except KeyboardInterrupt:

@@ -76,6 +76,11 @@ def front_json(front: Front, tpot_target_s: float | None = None, band: FrontBand
         **({"band": band.to_json()} if band is not None else {}),
         "front": [point(p) for p in front.front],
         "points_evaluated": len(front.points),
+        # a front the time limit cut short is not the front: say so (extends autoshard.plan/v1)
+        "complete": front.complete,
+        "engines_evaluated": front.evaluated,
+        "engines": front.candidates,
+        "note": front.cut_text() or None,
         "sla_cuts": [
             {"tpot_ms": ms, "best": point(p) if p else None} for ms, p in sla_cuts(front, tpot_target_s)
         ],
@@ -110,6 +115,9 @@ def render_front(
             p.label,
         )
     console.print(table)
+    if not front.complete:
+        console.print(f"[bold yellow]partial:[/bold yellow] {front.cut_text()}: raise --time-limit for the whole front",
+                      highlight=False)
     cuts = PlainTable(title="Where each TPOT SLA cuts the front", header_style="bold")
     for col in ("TPOT <= ms", "tok/s/GPU", "tok/s/user", "kind", "deployment"):
         cuts.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
@@ -195,7 +203,9 @@ def write_front_png(
         )
     ax.set_xlabel("tokens/s per user (1 / TPOT)")
     ax.set_ylabel(y_label)
-    ax.set_title(title, fontsize=10)
+    cut = [f"{name}: {f.cut_text()}" if len(fronts) > 1 else f.cut_text()
+           for name, f in fronts.items() if not f.complete]
+    ax.set_title("\n".join([title, *cut]), fontsize=10 if not cut else 8)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()

@@ -6,17 +6,21 @@ has with the bound it has proven (status FEASIBLE and a gap)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 __all__ = ["Deadline"]
 
 
 class Deadline:
-    """A point in wall-clock time (`time.monotonic`), with helpers for the phases that share it."""
+    """A point in wall-clock time (`time.monotonic`, or the `clock` given: tests pass a fake one), with
+    helpers for the phases that share it."""
 
-    __slots__ = ("start", "end")
+    __slots__ = ("start", "end", "clock")
 
-    def __init__(self, seconds: float, *, start: float | None = None) -> None:
-        self.start = time.monotonic() if start is None else start
+    def __init__(self, seconds: float, *, start: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.start = clock() if start is None else start
         self.end = self.start + max(0.0, seconds)
 
     @classmethod
@@ -24,17 +28,18 @@ class Deadline:
         return cls(float("inf"))
 
     def remaining(self) -> float:
-        return max(0.0, self.end - time.monotonic())
+        return max(0.0, self.end - self.clock())
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.clock() - self.start
 
     def expired(self) -> bool:
-        return time.monotonic() >= self.end
+        return self.clock() >= self.end
 
     def part(self, fraction: float) -> Deadline:
         """A sub-deadline at `fraction` of the time left now (never past this one)."""
-        sub = Deadline(0.0, start=self.start)
-        left = self.end - time.monotonic()
-        sub.end = self.end if left == float("inf") else time.monotonic() + max(0.0, fraction * left)
+        sub = Deadline(0.0, start=self.start, clock=self.clock)
+        now = self.clock()
+        left = self.end - now
+        sub.end = self.end if left == float("inf") else now + max(0.0, fraction * left)
         return sub

@@ -39,8 +39,10 @@ def serve_fronts(
     sizes: list[int],
     job: ServeJob,
     prices: dict[str, float | None],
+    time_limit_s: float | None = None,
 ) -> list[ClusterFront]:
-    """One front per cluster kind at the largest studied size it can be resized to, with its band."""
+    """One front per cluster kind at the largest studied size it can be resized to, with its band, each
+    within its own `time_limit_s` (a front cut short says so: `Front.complete`)."""
     from autoshard.report.pareto import front_band
 
     out = []
@@ -50,8 +52,8 @@ def serve_fronts(
                 sized = spec if n == spec.num_gpus else spec.with_gpus(n)
             except ValueError:
                 continue
-            front = serve_front(model, sized, job)
-            if front.front:
+            front = serve_front(model, sized, job, time_limit_s=time_limit_s)
+            if front.front or not front.complete:  # a cut front is shown as such, never dropped
                 out.append(ClusterFront(key, n, prices.get(key), front, front_band(model, sized, job)))
             break
     return out
@@ -59,7 +61,8 @@ def serve_fronts(
 
 def serve_study_fronts(model: str, clusters: list[str], sizes: list[int], *, prices: dict[str, float] | None,
                        precision: str | None, request_rate: float | None, tpot_ms: float | None,
-                       ttft_s: float | None) -> tuple[list[ClusterFront], list[Callable[[Path], Path]]]:
+                       ttft_s: float | None, time_limit_s: float | None = None,
+                       ) -> tuple[list[ClusterFront], list[Callable[[Path], Path]]]:
     """`study --mode serve`'s fronts (the study's own serving job and prices) and the writers that add
     their PNG to the study's output set (none when no cluster has a front)."""
     from autoshard.specs import load_model
@@ -68,7 +71,7 @@ def serve_study_fronts(model: str, clusters: list[str], sizes: list[int], *, pri
     model_spec = load_model(model)
     serve = _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
     specs = _load_clusters(clusters)
-    fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})))
+    fronts = serve_fronts(model_spec, specs, sizes, serve, _prices(specs, dict(prices or {})), time_limit_s)
     if not fronts:
         return fronts, []
 
@@ -133,6 +136,10 @@ def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float
     for cf in fronts:  # every figure above is a prediction: the band of each cluster's kind of run
         if cf.band is not None:
             console.print(cf.band.text(f"band of {cf.cluster}"), markup=False, highlight=False)
+    for cf in fronts:
+        if not cf.front.complete:
+            console.print(f"partial: {cf.cluster} x{cf.num_gpus}: {cf.front.cut_text()} (raise --time-limit)",
+                          highlight=False, markup=False)
 
 
 def write_fronts_png(

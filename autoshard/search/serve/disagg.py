@@ -31,6 +31,7 @@ from autoshard.costmodel.serve.disagg import (
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
+from autoshard.search.deadline import Deadline
 from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config, _unpriced, split_decode_rule
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
@@ -45,11 +46,15 @@ __all__ = [
     "tabulate_disagg",
     "transfer_for",
     "MILLI",
+    "TIME_CUT",
 ]
 
 UTILIZATION_LADDER = (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 """Planned prefill utilizations tried when a TTFT target is set (the highest that meets it wins)."""
 MILLI = 1000
+TIME_CUT = "time limit: engines not tabulated as prefill/decode instances (no bound on them)"
+"""The `pruned` reason of the engines a split table never reached: the deadline's share for the tables
+ran out first (the plan is then chosen from what was tabulated, FEASIBLE, not proven optimal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,10 @@ class DisaggTables:
     dropped: Counter[str]
     latency_us: tuple[int, ...]
     """Per-transfer link latency (NVLink, RDMA, across pools)."""
+    untabulated: int = 0
+    """Engines of the space never tabulated: the deadline ran out first (0: the tables are complete)."""
+    engines_done: int = 0
+    """Engines of the space tabulated (dropped ones included), in `space.engines` order."""
 
 
 def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) -> int:
@@ -92,16 +101,22 @@ def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) 
 
 
 def tabulate_disagg(
-    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False
+    model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False,
+    deadline: Deadline | None = None,
 ) -> DisaggTables:
     """Prefill and decode rows of every engine in `space`, dominated rows dropped (with a count)
-    unless `keep_all` (the Pareto front wants every decode concurrency)."""
+    unless `keep_all` (the Pareto front wants every decode concurrency). Once `deadline` has expired
+    the engines left are not tabulated: they are counted under `TIME_CUT` and in `untabulated`."""
     dropped: Counter[str] = Counter()
+    done = 0
     prefill: list[PrefillRow] = []
     decode: list[DecodeRow] = []
     all_links = [_links(cluster, q) for q in cluster.pools]
     levels = UTILIZATION_LADDER if job.ttft_target_s is not None else (MAX_PREFILL_UTILIZATION,)
     for e in space.engines:
+        if deadline is not None and deadline.expired():
+            break
+        done += 1
         pool = cluster.pools[e.pool]
         plinks = all_links[e.pool]
         if _unpriced(pool, e, split=True):  # an SGLang split instance whose line runs no DeepEP
@@ -165,8 +180,10 @@ def tabulate_disagg(
             )
     # one latency per kind of link, the slowest pool's (the transfer time itself is per row)
     latency = tuple(max(time_to_us(lk[k].latency_s) for lk in all_links) for k in range(3))
+    if (untabulated := len(space.engines) - done):
+        dropped[TIME_CUT] += untabulated
     if keep_all:
-        return DisaggTables(prefill, decode, dropped, latency)
+        return DisaggTables(prefill, decode, dropped, latency, untabulated, done)
     if job.ttft_target_s is None:  # then TTFT, TPOT and transfer times are not in the model
         kept_p = _pareto(prefill, lambda r: (r.engine.gpus, -r.rate_milli))
         kept_d = _pareto(decode, lambda r: (r.engine.gpus, -r.rate_milli))
@@ -179,7 +196,7 @@ def tabulate_disagg(
     dropped["decode instance dominated (as many GPUs or more, no faster, no lower TPOT)"] += len(
         decode
     ) - len(kept_d)
-    return DisaggTables(kept_p, kept_d, dropped, latency)
+    return DisaggTables(kept_p, kept_d, dropped, latency, untabulated, done)
 
 
 def _pareto(rows: list, key) -> list:  # type: ignore[no-untyped-def]

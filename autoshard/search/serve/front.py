@@ -7,6 +7,10 @@ decode instance at every concurrency of its ladder, paired with the prefill inst
 most planned prompt rate per GPU, in the integer xPyD mix that fits the cluster and serves the most
 tokens/s per GPU used. Points missing a TTFT target are left out; TPOT targets are what the front is
 cut at. Figures come from the same tables the CP-SAT model reads.
+
+The front honours a deadline (its share of the command's `--time-limit`, `FRONT_SHARE`): the aggregated
+engines get half of what is left when it starts, the split engines the rest; past it the engines left
+are not evaluated and the front says so (`Front.complete`, `Front.cut_text`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,20 @@ from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency, predict_serve
 from autoshard.errors import InfeasibleError
+from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import tabulate_disagg
 from autoshard.search.serve.space import MAX_CONCURRENCY, _config, _unpriced, enumerate_serve
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["FrontPoint", "Front", "serve_front", "STANDARD_TPOT_MS"]
+__all__ = ["FrontPoint", "Front", "serve_front", "STANDARD_TPOT_MS", "FRONT_SHARE"]
+
+FRONT_SHARE = 0.3
+"""Share of `solve --mode serve --pareto`'s time limit kept for the front: the plan's solve runs to
+(1 - FRONT_SHARE) of the limit, the front to the limit itself (and gets all the solve leaves). At the
+default 30 s that is 9 s or more, past the 6 s of CPU the largest measured front takes (Qwen3-235B on 576
+GB200); at 2-5 s the plan comes first and the front is cut and labelled as such."""
 
 STANDARD_TPOT_MS = (20.0, 33.0, 50.0, 100.0)
 """TPOT SLAs the front is cut at besides the job's own (50 tokens/s per user down to 10)."""
@@ -49,6 +60,24 @@ class Front:
     """Every deployment evaluated."""
     front: tuple[FrontPoint, ...]
     """The Pareto-optimal ones, fastest per user first."""
+    evaluated: int = 0
+    """Candidate engines evaluated (an engine as aggregated replicas and as a prefill/decode instance
+    count once each)."""
+    candidates: int = 0
+    """Candidate engines there were: fewer evaluated means the deadline cut the front short."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate engine was evaluated (no time limit cut the front short)."""
+        return self.evaluated >= self.candidates
+
+    def cut_text(self) -> str:
+        """"" for a complete front, else what it covers: "front over N of M deployments, cut at the
+        time limit"."""
+        if self.complete:
+            return ""
+        return (f"front over {self.evaluated} of {self.candidates} deployments (candidate engines, "
+                "aggregated and split), cut at the time limit")
 
     def best_at(self, tpot_s: float) -> FrontPoint | None:
         """The most tokens/s per GPU with TPOT <= tpot_s (where the SLA cuts the front)."""
@@ -66,17 +95,28 @@ def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
 
 def serve_front(
     model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto",
-    framework: str = DEFAULT_ENGINE,
+    framework: str = DEFAULT_ENGINE, time_limit_s: float | None = None, started_at: float | None = None,
+    deadline: Deadline | None = None,
 ) -> Front:
     """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front, priced for
     `framework` ("vllm" or "sglang"). The job's TPOT target is ignored (the front spans all TPOTs); its
-    TTFT target filters points."""
+    TTFT target filters points. With `deadline` (or `time_limit_s`, counted from `started_at`, a
+    `time.monotonic()` value) the engines left when it expires are not evaluated: the front returned is
+    partial and says so (`Front.complete` false)."""
+    if deadline is None:
+        deadline = Deadline.never() if time_limit_s is None else Deadline(time_limit_s, start=started_at)
     free = job.model_copy(update={"tpot_target_s": None})
     space = enumerate_serve(model, cluster, free, framework=framework)
     points: list[FrontPoint] = []
     ttft_ok = (lambda t: True) if job.ttft_target_s is None else (lambda t: t <= job.ttft_target_s)
+    candidates = len(space.engines) * ((disaggregate != "on") + (disaggregate != "off"))
+    evaluated = 0
     if disaggregate != "on":
+        first = deadline.part(0.5) if disaggregate != "off" else deadline  # the split engines get the rest
         for e in space.engines:
+            if first.expired():
+                break
+            evaluated += 1
             pool = cluster.pools[e.pool]
             if _unpriced(pool, e, split=False):
                 continue
@@ -107,15 +147,21 @@ def serve_front(
                     )
                 )
     if disaggregate != "off":
-        points += _disagg_points(model, cluster, free, job, space)
-    return Front(tuple(points), _pareto(points))
+        split, done = _disagg_points(model, cluster, free, job, space, deadline)
+        points += split
+        evaluated += done
+    return Front(tuple(points), _pareto(points), evaluated, candidates)
 
 
-def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # type: ignore[no-untyped-def]
+def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[no-untyped-def]
+    """The split points and how many engines of `space` were evaluated as split instances (all
+    tabulated ones whose decode rows were all paired before `deadline`)."""
     from autoshard.costmodel.serve.disagg import disagg_ttft_s, kv_link, kv_transfer
 
-    tables = tabulate_disagg(model, cluster, free, space, keep_all=True)
+    tables = tabulate_disagg(model, cluster, free, space, keep_all=True, deadline=deadline)
     out: list[FrontPoint] = []
+    unpaired: set[int] = set()  # indices in space.engines of engines with a decode row never paired
+    index = {id(e): i for i, e in enumerate(space.engines)}
     for a, pa in enumerate(cluster.pools):  # prefill pool
         prefill = [r for r in tables.prefill if r.engine.pool == a]
         if not prefill:
@@ -125,6 +171,9 @@ def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # typ
         for b, pb in enumerate(cluster.pools):  # decode pool
             same = a == b
             for d in (r for r in tables.decode if r.engine.pool == b):
+                if deadline.expired():
+                    unpaired.add(index[id(d.engine)])
+                    continue
                 rd = d.instance.requests_per_s
                 best = None
                 for y in range(1, pb.num_gpus // d.engine.gpus + 1):
@@ -169,4 +218,4 @@ def _disagg_points(model, cluster, free, job, space) -> list[FrontPoint]:  # typ
                         used,
                     )
                 )
-    return out
+    return out, tables.engines_done - len(unpaired)

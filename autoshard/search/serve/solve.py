@@ -45,6 +45,10 @@ from autoshard.specs.model import ModelSpec
 __all__ = ["solve_serve", "evaluate_serve", "model_for_path"]
 
 DISAGGREGATE = ("auto", "on", "off")
+_TABLES_SHARE = 0.75
+"""Share of the time left after the aggregated rows that the prefill/decode tables may take; CP-SAT, the
+tie-break and the auto choice get the rest (and all the tables leave unused). Past it the engines left
+are not tabulated and the plan, chosen from what was, comes back FEASIBLE (stop_reason time_limit)."""
 
 
 def _no_plan_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace,
@@ -100,12 +104,19 @@ def solve_serve(
     if disaggregate != "on":
         rows, dropped = tabulate(model, cluster, job, space, pins=pins)
     tables = None
+    cut = 0  # engines the split tables never reached (the deadline's share for them ran out)
     if disaggregate != "off":
-        tables = tabulate_disagg(model, cluster, job, space)
+        tables = tabulate_disagg(model, cluster, job, space, deadline=deadline.part(_TABLES_SHARE))
         dropped.update(tables.dropped)
+        cut = tables.untabulated
         if not (tables.prefill and tables.decode):
             tables = None
     if not rows and tables is None:
+        if cut:
+            raise SolverError(
+                f"no deployment found within the {time_limit_s:g} s time limit ({cut} of {len(space.engines)} "
+                "engines not tabulated as prefill/decode instances before it): raise --time-limit"
+            )
         raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
     pruned = space.reasons() + dropped
     built = build_model(rows, space.engines, job, tables, cluster)
@@ -133,9 +144,10 @@ def solve_serve(
                 "engines in the model, none placed before the limit): raise --time-limit"
             )
         stats = SolverStats(
-            status=solver.status_name(status),
+            # a plan chosen from tables the deadline cut short is the best of what was tabulated only
+            status="FEASIBLE" if cut else solver.status_name(status),
             # gap limit 0: CP-SAT stops short of a proof only at its time limit, the rest of the deadline
-            stop_reason=stop_reason(is_optimal(status), status),
+            stop_reason=stop_reason(is_optimal(status) and not cut, status, time_cut=bool(cut)),
             wall_s=wall,
             objective=objective_units(job, solver.objective_value),
             bound=objective_units(job, solver.best_objective_bound),
