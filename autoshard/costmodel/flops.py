@@ -99,7 +99,9 @@ def layer_gemms(model: ModelSpec, kind: LayerKind, *, tokens: int, dims: Paralle
         case LayerKind.EMBEDDING:
             return []
         case LayerKind.OUTPUT:
-            return [Gemm(tokens, -(-model.vocab_size // tp), model.hidden_size)]
+            # Megatron-Core's output layer is its own tensor_parallel.ColumnParallelLinear, not a
+            # Transformer Engine module: fp8_autocast leaves it in BF16 under every FP8 recipe
+            return [Gemm(tokens, -(-model.vocab_size // tp), model.hidden_size, fp8_capable=False)]
         case LayerKind.DENSE:
             return attention_gemms(model, tokens, tp) + mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
         case LayerKind.MOE:

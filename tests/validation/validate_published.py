@@ -66,7 +66,10 @@ class RunResult:
 
 def _model(run: dict) -> ModelSpec:
     if "model_file" in run:  # a bundled model (models/<name>.yaml), e.g. the MoE and MLA models
-        return _bundled_model(run["model_file"])
+        model = _bundled_model(run["model_file"])
+        if "model_overrides" in run:  # what the run's launch changed (e.g. no MTP module), with evidence
+            model = ModelSpec.model_validate({**model.model_dump(), **run["model_overrides"]})
+        return model
     arch = dict(run["model"])
     n = arch.pop("num_layers")
     arch["layers"] = [{"kind": "embedding"}, {"kind": "dense", "count": n}, {"kind": "output"}]
@@ -138,6 +141,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
         recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
         compiled_loss=run.get("compiled_loss", False), cross_entropy=CrossEntropyImpl(run["cross_entropy"]),
+        defer_embedding_wgrad=run.get("defer_embedding_wgrad", False), wgrad_deferral_limit=run.get("wgrad_deferral_limit", 0),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
+from autoshard.costmodel.train.deferral import apply_deferral
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import (
     BF16,
@@ -246,6 +247,10 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         parts["cp"] += c.cp_comm_s
         parts["ep"] += c.ep_comm_s
         parts["pp"] += p2p
+    # Megatron's deferred output-layer wgrad: off the last rank's steady state, into the flush
+    saved_s, flush_s, deferred_bytes = apply_deferral(model, pools[stages[-1].pool], cfg, rank_time)
+    rank_time[-1] -= saved_s
+    rank_parts[-1]["compute"] -= saved_s
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp)
 
     # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank.
@@ -270,7 +275,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     parts = rank_parts[b]
     time = TimeBreakdown(
         compute=m * parts["compute"], tp_comm=m * parts["tp"], cp_comm=m * parts["cp"], ep_comm=m * parts["ep"],
-        pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed, bubble=sched.bubble_s, optimizer=opt_s,
+        pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed, bubble=sched.bubble_s + flush_s, optimizer=opt_s,
         recompute=m * parts["recompute"],
     )
     step = time.total
@@ -294,6 +299,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             rank_cap.append(gpu.hbm_gib * GIB)
             continue
         act = in_flight * sum(c.activation_bytes for c in mine) + max(c.working_bytes for c in mine)
+        act += deferred_bytes if r == pp - 1 else 0.0  # deferred wgrad buffers (costmodel.train.deferral)
         static = static_bytes(cfg.framework, weights=w, grads=g, optimizer=o)  # before ZeRO-3's transients
         if cfg.zero_stage == 3:
             # ZeRO-3/FSDP gathers each layer's weights just in time (the current layer and the

@@ -62,6 +62,12 @@ class TrainConfig:
     """The loss implementation (Megatron --cross-entropy-loss-fusion, --cross-entropy-fusion-impl):
     plans run Megatron-Core's native fused loss; a parsed launch without the flag runs the unfused
     default (costmodel.compute.CROSS_ENTROPY_BYTES). Megatron and NeMo runs only."""
+    defer_embedding_wgrad: bool = False
+    """Megatron-Core defer_embedding_wgrad_compute (NeMo 2.x performance recipes): the output layer's
+    wgrad GEMMs wait for the pipeline flush (costmodel.train.deferral). Off by default, as in Megatron;
+    a run's setting that validation replays."""
+    wgrad_deferral_limit: int = 0
+    """How many output-layer backward calls per step defer their wgrad (0: all), with defer_embedding_wgrad."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""
