@@ -16,9 +16,10 @@ online path for a BF16 checkpoint: without a published checkpoint there is no co
 The KV cache is `auto` (the model dtype) or `fp8`.
 
 MoE engines with expert parallelism over attention-DP ranks on Hopper or Blackwell run DeepEP's
-low-latency all-to-all (`--all2all-backend deepep_low_latency`), as the cost model prices them: their
-decode steps in 256-token MoE passes (`costmodel.serve.compute.moe_dp_chunks`) and DeepEP's buffers in
-the engine's memory (`costmodel.serve.ep_buffers`); vLLM's default (allgather_reducescatter) would
+low-latency all-to-all (`--all2all-backend deepep_low_latency`), as the cost model prices them: each
+step's MoE in one pass (vLLM 0.33.0) and DeepEP's buffers in the engine's memory at the plan's
+`--max-num-batched-tokens`, which vLLM 0.33.0 sizes them for (`costmodel.serve.ep_buffers`; the plan
+chooses that budget, `search.serve.budget`, and the line passes it); vLLM's default (allgather_reducescatter) would
 run another path than the one priced. Prefill instances of a split deployment switch to
 `deepep_high_throughput` (emit/pd.py), which takes a prefill batch whole, as priced.
 """
