@@ -90,11 +90,13 @@ def _base(plan: ServePlan) -> list[str]:
 
 def all2all_backend(plan: ServePlan) -> str | None:
     """`deepep_low_latency` where the cost model prices DeepEP's low-latency kernels (expert parallelism
-    over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), else None (vLLM's default)."""
+    over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), `deepep_high_throughput`
+    for such an engine priced on the high-throughput backend (`ServeConfig.role` "prefill": a prefill
+    instance, or a line read back with that backend), else None (vLLM's default)."""
     pred = plan.prediction
     if pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config):
         return None
-    return "deepep_low_latency"
+    return "deepep_high_throughput" if pred.config.role == "prefill" else "deepep_low_latency"
 
 
 def speculative_tokens(plan: ServePlan) -> int:

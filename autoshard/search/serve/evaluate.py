@@ -40,6 +40,7 @@ def evaluated_row(
     nccl_nvls: bool | None = None,
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
+    role: str = "aggregated",
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments."""
@@ -77,6 +78,7 @@ def evaluated_row(
         max_num_seqs=seqs,
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
+        role=role,
     )
     if max_num_batched_tokens is None and vllm_ll_engine(model, spec.gpu, cfg):
         cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
