@@ -182,7 +182,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         warnings=parsed.warnings,
         concurrency=concurrency,
         nccl_nvls=parsed.nccl_nvls,
-        deep_gemm=parsed.deep_gemm,
+        deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its 0.33.0 oracle (serve.engines.vllm_deep_gemm)
         framework="sglang" if sglang else "vllm",
         max_len_flag="--context-length" if sglang else "--max-model-len",
         role=role,
