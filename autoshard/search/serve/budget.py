@@ -19,6 +19,7 @@ import dataclasses
 import math
 
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.disagg import MAX_PREFILL_UTILIZATION
 from autoshard.costmodel.serve.ep_buffers import uses_deepep_low_latency, vllm_deepep_ll_budget
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import ServeJob
@@ -38,11 +39,15 @@ def vllm_ll_engine(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
 
 
 def steady_step_tokens(cfg: ServeConfig, job: ServeJob) -> int:
-    """Tokens per DP rank one step of an aggregated engine carries at its full batch: each running
-    request's decode tokens (1 + MTP drafts) plus the prompt tokens a request brings per step of its
-    life (input_len / output_len each; `predict.predict_serve`'s mixed step), per pipeline micro-batch."""
+    """Tokens per DP rank one step of an aggregated engine must have room for at its full batch: each
+    running request's decode tokens (1 + MTP drafts) plus the prompt tokens a request brings per step
+    of its life (input_len / output_len each; `predict.predict_serve`'s mixed step), per pipeline
+    micro-batch, the prompt share at most MAX_PREFILL_UTILIZATION of the room left for it (the
+    split's prefill rule: a prompt lane run at 100 % queues without bound, and a budget sized exactly
+    at the steady step priced TTFTs of tens of seconds)."""
     per_mb = cfg.max_num_seqs / cfg.pp
-    return math.ceil(per_mb * (1 + cfg.speculative_tokens) + per_mb * job.input_len / job.output_len - 1e-9)
+    prompts = per_mb * job.input_len / job.output_len / MAX_PREFILL_UTILIZATION
+    return math.ceil(per_mb * (1 + cfg.speculative_tokens) + prompts - 1e-9)
 
 
 def ll_budgeted(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, job: ServeJob, *,

@@ -71,8 +71,9 @@ def test_table_rows_are_the_cost_model_at_their_budget(model, gpus):
 
 
 def test_smallest_aggregated_budget_carries_the_steady_step():
-    """96 requests per rank at 1000/1000: 96 decode + 96 prompt tokens a step -> 256; 200 -> 512 (400
-    tokens); 300 -> 1024 (600 tokens); 1024 at 2000/500 (1024 + 4096) -> 8192."""
+    """Decode tokens plus the prompt tokens per step at <= 80 % of their room: 96 requests per rank at
+    1000/1000, 96 + 120 -> 256; 200, 200 + 250 -> 512; 300, 300 + 375 -> 1024; 1024 at 2000/500,
+    1024 + 5120 -> 8192."""
     pool = H100.with_gpus(8).pools[0]
     for (inp, out), seqs, budget in ((((1000, 1000)), 96, 256), ((1000, 1000), 200, 512), ((1000, 1000), 300, 1024),
                                      ((2000, 500), 1024, 8192)):
