@@ -12,12 +12,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.disagg import decode_instance, prefill_instance
 from autoshard.costmodel.serve.engines import (
     DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED, engine_config, sglang_priced,
 )
-from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
@@ -27,6 +25,7 @@ from autoshard.emit.sglang import parse_sglang, runs_deepep, sglang_deepep_seqs,
 from autoshard.emit.vllm import (
     VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
 )
+from autoshard.emit.vllm.parse import backend_role
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
@@ -129,13 +128,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
         model = model_for_path(parsed.model, "--from-sglang" if sglang else "--from-vllm")
-    backend = parsed.all2all_backend
-    if (backend is not None and backend not in ("deepep_low_latency", "deepep_high_throughput")
-            and model.moe is not None and parsed.enable_expert_parallel and parsed.dp > 1
-            and gpu_generation(cluster.primary.gpu.name) in DEEPEP_LL_GENERATIONS):
-        note = (f"--all2all-backend {backend}: an expert-parallel engine over data-parallel ranks is priced "
-                "with DeepEP's kernels (autoshard's own commands pass --all2all-backend deepep_low_latency); "
-                "this backend's speed and buffers are not modelled")
+    role, note = backend_role(parsed, model, cluster.primary.gpu) if not sglang else ("aggregated", None)
+    if note:
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     applied = parsed.apply_to(job)
     quantization, named = parsed.quantization, None
@@ -173,8 +167,10 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
             model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
             expert_parallel=parsed.enable_expert_parallel, gpu_memory_utilization=parsed.gpu_memory_utilization,
             max_num_seqs=parsed.max_num_seqs, max_num_batched_tokens=parsed.max_num_batched_tokens,
-            warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm,
-            framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len"))
+            warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls,
+            deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its 0.33.0 oracle (serve.engines.vllm_deep_gemm)
+            framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
+            role=role))
     except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
         if not parsed.warnings:
             raise

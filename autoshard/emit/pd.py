@@ -13,8 +13,8 @@ NODE0_IP, NODE1_IP, ... on every node before running the lines (and NODE_RANK in
   `remote_host` (nixl/base_scheduler.py:76 and 325-335, pull_scheduler.py:284; vllm/envs.py default
   "localhost", which a decode instance on another node cannot reach); the front end is the vLLM Router (github.com/vllm-project/router,
   `pip install vllm-router`; vLLM blog 2025-12-13): `vllm-router --vllm-pd-disaggregation --prefill URL
-  ... --decode URL ... --kv-connector nixl`. Decode instances on DeepEP's low-latency kernels pass
-  `--max-num-batched-tokens 256`, the buffer their memory holds (`vllm_deepep_decode`).
+  ... --decode URL ... --kv-connector nixl`. Decode instances on DeepEP's low-latency kernels pass the
+  plan's `--max-num-batched-tokens`, the buffer their memory holds (`vllm_deepep_decode`).
 - SGLang (docs.sglang.io "PD Disaggregation"): `--disaggregation-mode prefill|decode` with
   `--disaggregation-transfer-backend` (mooncake over RDMA, nixl also documented), a bootstrap port per
   prefill instance, and the router `python -m sglang_router.launch_router --pd-disaggregation
@@ -144,19 +144,22 @@ def sglang_deepep_decode(role: Role) -> tuple[int, int]:
 
 def vllm_deepep_decode(one: ServePlan, role: Role) -> ServePlan | None:
     """A vLLM decode instance on DeepEP's low-latency kernels (`one`: its `role_plan`) as its line runs
-    it, or None where it runs other kernels. vLLM 0.33 sizes that buffer for `--max-num-batched-tokens`
-    tokens per rank and runs a step's tokens through it in one pass (FusedMoEConfig.max_num_tokens =
-    scheduler max_num_batched_tokens, model_executor/layers/fused_moe/layer.py:286,373;
-    DeepEPLLAll2AllManager._make_all2all_kwargs, distributed/device_communicators/all2all.py:327-352;
-    256 is vLLM's own default for these engines, config/scheduler.py:42, engine/arg_utils.py:3166-3170),
-    so the line's step budget is the 256 tokens per rank the plan's memory holds the buffer for
-    (`VLLM_MOE_DP_CHUNK_SIZE`), and a decode instance keeps at most 256 tokens per rank (requests x
-    (1 + MTP drafts)): a plan with more runs fewer requests (its line's comment says so). 8,192 asked
-    for a 114 GiB buffer per GPU for DeepSeek-V3."""
+    it, or None where the line runs the plan as it is. vLLM 0.33 sizes that buffer for
+    `--max-num-batched-tokens` tokens per rank and runs a step's tokens through it in one pass
+    (FusedMoEConfig.max_num_tokens = scheduler max_num_batched_tokens, model_executor/layers/fused_moe/
+    layer.py:286,373; DeepEPLLAll2AllManager._make_all2all_kwargs, distributed/device_communicators/
+    all2all.py:327-352): the plan chose that budget for its decode tokens and its memory holds the buffer
+    at it (`costmodel.serve.ep_buffers.vllm_deepep_ll_cap`, `search.serve.budget`), so the line passes
+    the plan's budget and requests (None). Only a plan whose budget is below its decode tokens per rank
+    (requests x (1 + MTP drafts)) runs fewer requests: as many as the budget holds (its line's comment
+    says so)."""
     if all2all_backend(one) != "deepep_low_latency":
         return None
-    seqs = max(1, min(role.max_num_seqs, VLLM_MOE_DP_CHUNK_SIZE // (1 + role.speculative_tokens)))
-    return dataclasses.replace(one, max_num_seqs=seqs, max_num_batched_tokens=VLLM_MOE_DP_CHUNK_SIZE)
+    per_request = 1 + role.speculative_tokens
+    if role.max_num_seqs * per_request <= one.max_num_batched_tokens:
+        return None
+    seqs = max(1, one.max_num_batched_tokens // per_request)
+    return dataclasses.replace(one, max_num_seqs=seqs)
 
 
 def sglang_deepep_prefill(role: Role) -> int:
@@ -308,7 +311,7 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
                 )
         vllm_ll = vllm_deepep_decode(role_plan(plan, role), role) if framework == "vllm" and inst.role == "decode" else None
         if vllm_ll is not None and vllm_ll.max_num_seqs < role.max_num_seqs:
-            what += (f" (vLLM's DeepEP low-latency buffer holds its --max-num-batched-tokens {VLLM_MOE_DP_CHUNK_SIZE} "
+            what += (f" (vLLM's DeepEP low-latency buffer holds its --max-num-batched-tokens {vllm_ll.max_num_batched_tokens} "
                      f"tokens per rank: {vllm_ll.max_num_seqs} requests per rank instead of the planned "
                      f"{role.max_num_seqs})")
         for node, line in zip(inst.nodes, _instance_lines(framework, plan, inst), strict=True):

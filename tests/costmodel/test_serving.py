@@ -394,7 +394,8 @@ def test_attention_dp_waits_for_the_busiest_rank():
     # per-tensor FP8: a block-scaled checkpoint adds the group quantization of the experts'
     # intermediate, which follows the mean rank's routed tokens, not the busiest rank's
     qwen = load_model("qwen3-235b-a22b").model_copy(update={"checkpoints": ()})
-    cfg = ServeConfig(tp=1, dp_attention=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    # vLLM 0.11.0's 256-token DP chunks (ServeConfig.moe_dp_chunk), which the decode-only steps below run
+    cfg = ServeConfig(tp=1, dp_attention=8, expert_parallel=True, weight_dtype=WeightDtype.FP8, moe_dp_chunk=256)
     worst = expected_max_prefill_tokens(200, ranks=8, prompt_tokens=1000)
     assert 800 < worst < 1000  # P(some rank has a prompt) = 1 - 0.8187^8 = 80 %, sometimes two
     dp8 = step_time(qwen, POOL8, cfg, decode_seqs=200, prefill_tokens=200, prefills=0.2, prefill_len=1000,

@@ -14,6 +14,8 @@ from autoshard.costmodel.serve.ep_buffers import (
     VLLM_MOE_DP_CHUNK_SIZE,
     deepep_ll_buffer_bytes,
     deepep_ll_engine_bytes,
+    vllm_deepep_ll_budget,
+    vllm_deepep_ll_cap,
 )
 from autoshard.costmodel.serve.comm_memory import NON_TORCH_BYTES
 from autoshard.costmodel.serve.memory import serve_memory
@@ -84,12 +86,56 @@ def test_bad_arguments_are_refused(cap, ep):
         deepep_ll_buffer_bytes(DSV3, cap, ep)
 
 
-def test_vllm_cap_is_the_moe_pass_chunk():
-    # the buffer holds one 256-token pass per rank: the same chunk the step time prices
+def test_vllm_cap_is_the_step_budget_or_the_older_chunk():
+    # vLLM 0.33.0: cap = FusedMoEConfig.max_num_tokens = the scheduler's --max-num-batched-tokens
+    # (fused_moe/layer.py:286,373 -> all2all_utils.py:260 -> all2all.py:327-352); vLLM 0.11.0: the
+    # 256-token DP chunk it ran each pass in (ServeConfig.moe_dp_chunk)
     assert VLLM_MOE_DP_CHUNK_SIZE == MOE_DP_CHUNK == 256
+    cfg = ServeConfig(dp_attention=8, expert_parallel=True, max_num_batched_tokens=1024)
+    assert vllm_deepep_ll_cap(cfg) == 1024
+    assert vllm_deepep_ll_cap(ServeConfig(dp_attention=8, expert_parallel=True, moe_dp_chunk=256)) == 256
 
 
-DECODE = ServeConfig(tp=1, dp_attention=32, expert_parallel=True, weight_dtype=WeightDtype.FP8, max_num_seqs=224)
+@pytest.mark.parametrize(
+    "model, budget, expected",
+    [
+        # DeepSeek-V3 at the 8,192 autoshard's aggregated lines used to pass: 113.8 GiB per GPU
+        (DSV3, 8192, 4 * 256 * 8192 * 14560 + 2 * 1024 + 128),
+        (DSV3, 512, 4 * 256 * 512 * 14560 + 2 * 1024 + 128),
+        # Qwen3-235B-A22B at 8,192: 32.5 GiB
+        (QWEN235, 8192, 4 * 128 * 8192 * 8320 + 2 * 512 + 128),
+    ],
+)
+def test_vllm_engine_buffer_at_its_budget_is_the_closed_form(model, budget, expected):
+    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8,
+                      max_num_seqs=min(budget, 256), max_num_batched_tokens=budget)
+    assert deepep_ll_engine_bytes(model, H100_GPU, cfg) == expected + VLLM_DEEPEP_NVL_BYTES
+    assert expected == _by_hand(model.hidden_size, model.moe.num_experts, budget)
+
+
+def test_deepseek_and_qwen_at_8192_are_the_figures_the_issue_names():
+    assert deepep_ll_buffer_bytes(DSV3, 8192, 16) / GIB == pytest.approx(113.75, abs=0.01)
+    assert deepep_ll_buffer_bytes(QWEN235, 8192, 16) / GIB == pytest.approx(32.50, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "seqs, drafts, budget",
+    [(1, 0, 256), (128, 1, 256), (200, 0, 256), (256, 0, 256), (257, 0, 512), (256, 1, 512), (462, 0, 512),
+     (1024, 0, 1024), (700, 2, 2304)],
+)
+def test_smallest_vllm_budget_holds_the_decode_tokens(seqs, drafts, budget):
+    """Decode tokens per rank rounded up to 256, at least vLLM's default of 256 for the backend."""
+    assert vllm_deepep_ll_budget(seqs, drafts) == budget
+
+
+@pytest.mark.parametrize("seqs, drafts", [(0, 0), (-3, 0), (1.5, 0), (4, -1)])
+def test_vllm_budget_refuses_bad_arguments(seqs, drafts):
+    with pytest.raises(ValueError):
+        vllm_deepep_ll_budget(seqs, drafts)
+
+
+DECODE = ServeConfig(tp=1, dp_attention=32, expert_parallel=True, weight_dtype=WeightDtype.FP8, max_num_seqs=224,
+                     max_num_batched_tokens=256)
 
 
 @pytest.mark.parametrize(
@@ -104,8 +150,9 @@ DECODE = ServeConfig(tp=1, dp_attention=32, expert_parallel=True, weight_dtype=W
     ],
 )
 def test_charged_only_where_the_low_latency_kernels_run(model, gpu, cfg, charged):
-    """Attention DP + EP (the engines whose decode steps run 256-token passes) on Hopper or later."""
-    expected = deepep_ll_buffer_bytes(model, 256, cfg.ep) + VLLM_DEEPEP_NVL_BYTES if charged else 0.0
+    """Attention DP + EP on Hopper or later, the buffer at the engine's budget (8,192 for the Qwen3 one)."""
+    cap = cfg.max_num_batched_tokens
+    expected = deepep_ll_buffer_bytes(model, cap, cfg.ep) + VLLM_DEEPEP_NVL_BYTES if charged else 0.0
     assert deepep_ll_engine_bytes(model, gpu, cfg) == expected
 
 
@@ -133,7 +180,9 @@ def test_disaggregated_solver_charges_the_decode_instances():
     dec = plan.role("decode")
     assert dec.attention_dp > 1 and dec.ep > 1
     mem = dec.prediction.memory
-    buffers = deepep_ll_buffer_bytes(DSV3, 256, dec.ep) + VLLM_DEEPEP_NVL_BYTES
+    cfg = dec.prediction.config
+    assert cfg.max_num_batched_tokens == vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)
+    buffers = deepep_ll_buffer_bytes(DSV3, cfg.max_num_batched_tokens, dec.ep) + VLLM_DEEPEP_NVL_BYTES
     assert mem.ep_buffer_bytes == buffers
     left = mem.budget_bytes - mem.weights_bytes - mem.activation_bytes - mem.cuda_graph_bytes
     assert mem.kv_cache_bytes == pytest.approx(left - NON_TORCH_BYTES - buffers, rel=1e-12)

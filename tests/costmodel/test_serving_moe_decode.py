@@ -3,6 +3,8 @@ domains, checked against published kernel measurements that are not validation r
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoshard.costmodel.comm import Collective, collective_time_s, ep_all_to_all_s, group_link, nic_link
@@ -154,11 +156,13 @@ def test_mi300x_all_to_all_matches_mori_latency_table(ep):
     ("tokens", "passes"), [(1, 1), (255.5, 1), (256, 1), (256.5, 2), (497, 2), (512, 2), (513, 3), (1071, 5)]
 )
 def test_moe_dp_chunks_follow_vllms_256_token_passes(tokens, passes):
-    """vLLM runs an attention-DP + EP MoE layer in passes of VLLM_MOE_DP_CHUNK_SIZE = 256 tokens of the
-    busiest DP rank (with the batched all-to-all kernels: DeepEP low-latency, pplx, MORI)."""
-    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    """vLLM 0.11.0 ran an attention-DP + EP MoE layer in passes of VLLM_MOE_DP_CHUNK_SIZE = 256 tokens of
+    the busiest DP rank (with the batched all-to-all kernels: DeepEP low-latency, pplx, MORI); vLLM
+    0.33.0 has no DP chunking: one pass (`ServeConfig.moe_dp_chunk` None, the default)."""
+    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8, moe_dp_chunk=256)
     assert MOE_DP_CHUNK == 256
     assert moe_dp_chunks(cfg, tokens) == passes
+    assert moe_dp_chunks(ServeConfig(tp=1, dp_attention=16, expert_parallel=True), tokens) == 1
     # no attention DP, or no EP: the MoE layer takes the batch whole
     assert moe_dp_chunks(ServeConfig(tp=8, weight_dtype=WeightDtype.FP8), tokens) == 1
     assert moe_dp_chunks(ServeConfig(tp=8, expert_parallel=True, weight_dtype=WeightDtype.FP8), tokens) == 1
@@ -168,9 +172,10 @@ def test_decode_step_runs_its_moe_layer_in_256_token_passes():
     """DeepSeek-V3 decode on 16 H200 (DP16 EP16, two nodes) at 497 requests per rank: each MoE layer
     is two passes of 248.5 tokens, each dispatching, running the grouped expert GEMMs (re-reading the
     hit experts' weights at half the rows per expert) and combining on its own, and routing again
-    (3 more kernels). A step with prefill in it (throughput kernels) takes the 497 tokens in one pass."""
+    (3 more kernels). A step with prefill in it (throughput kernels) takes the 497 tokens in one pass.
+    vLLM 0.11.0's chunking (`moe_dp_chunk`); under vLLM 0.33.0 the decode step is one pass too."""
     pool = load_cluster("dgx-h200").with_gpus(16).pools[0]
-    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8)
+    cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=WeightDtype.FP8, moe_dp_chunk=256)
     links = _links(pool, cfg)
     gpu = model_serving_gpu(DSV3, pool.gpu, cfg.weight_dtype)
     moe = DSV3.moe
@@ -198,6 +203,11 @@ def test_decode_step_runs_its_moe_layer_in_256_token_passes():
     assert decode.ep_comm_s == pytest.approx(2 * half, rel=1e-12)
     assert mixed.ep_comm_s == pytest.approx(whole, rel=1e-12)
     assert 2 * half > whole  # one more network latency, a busier busiest rank at half the pairs
+    v033 = dataclasses.replace(cfg, moe_dp_chunk=None, max_num_batched_tokens=512)
+    one = _layer_time(DSV3, LayerKind.MOE, pool, v033, links, tokens=497, decode_seqs=497, context_len=1500.0,
+                      prefills=0.0, prefill_len=1000)
+    assert one.gemm_s == pytest.approx(rest + one_pass, rel=1e-12)
+    assert one.ep_comm_s == pytest.approx(whole, rel=1e-12)
     # the routing kernels (top-k, align, un-permute) run once more in the second pass
     kov = gpu.efficiency.kernel_overhead_us * 1e-6
     assert decode.elementwise_s - mixed.elementwise_s == pytest.approx(3 * kov, rel=1e-9)

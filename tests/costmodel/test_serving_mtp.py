@@ -95,7 +95,7 @@ def test_mla_verification_folds_query_tokens_into_the_head_tile():
 def test_decode_instance_tpot_is_the_step_over_the_kept_tokens():
     job = ServeJob(input_len=1000, output_len=1000, weight_dtype=FP8)
     cfg = ServeConfig(tp=1, dp_attention=16, expert_parallel=True, weight_dtype=FP8, max_num_seqs=128,
-                      speculative_tokens=1)
+                      speculative_tokens=1, max_num_batched_tokens=256)
     pool = load_cluster("dgx-h100").with_gpus(16).pools[0]
     inst = decode_instance(DSV3, pool, job, cfg, serve_memory(DSV3, pool.gpu, cfg, context_len=2000),
                            concurrency=128)
@@ -105,7 +105,8 @@ def test_decode_instance_tpot_is_the_step_over_the_kept_tokens():
 
 def test_memory_holds_the_mtp_module_and_its_kv_cache():
     """The last stage loads one more MoE layer, its 2h -> h projection, and caches one more layer's latent."""
-    cfg = ServeConfig(tp=1, dp_attention=32, expert_parallel=True, weight_dtype=FP8, max_num_seqs=64)
+    cfg = ServeConfig(tp=1, dp_attention=32, expert_parallel=True, weight_dtype=FP8, max_num_seqs=64,
+                      max_num_batched_tokens=256)  # vLLM's DeepEP low-latency budget (the buffer grows with it)
     spec = dataclasses.replace(cfg, speculative_tokens=1)
     a = serve_memory(DSV3, H200.gpu, cfg, context_len=2000)
     b = serve_memory(DSV3, H200.gpu, spec, context_len=2000)

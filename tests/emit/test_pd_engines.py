@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shlex
 
@@ -138,28 +140,33 @@ def test_vllm_deepep_decode_lines_ask_for_the_buffer_the_plan_holds(wide):
     """vLLM 0.33 sizes DeepEP's low-latency buffer for --max-num-batched-tokens tokens per rank
     (fused_moe/layer.py:286,373; all2all.py:327-352) and no longer splits an MoE layer into 256-token
     passes: a decode line with 8,192 asked for ~114 GiB per GPU for DeepSeek-V3. Decode lines pass the
-    256 tokens the plan's memory holds the buffer for (vLLM's own default for these engines), at most
-    256 tokens per rank of running requests; prefill lines (DeepEP's high-throughput kernels, fixed
-    1 GiB buffers) keep the plan's budget."""
-    from autoshard.costmodel.serve.ep_buffers import deepep_ll_buffer_bytes
+    budget the plan chose for its decode tokens (requests x (1 + MTP drafts) rounded up to 256) and
+    whose buffer its memory holds, and the plan's requests; prefill lines (DeepEP's high-throughput
+    kernels, fixed 1 GiB buffers) keep the plan's budget."""
+    from autoshard.costmodel.serve.ep_buffers import (
+        VLLM_DEEPEP_NVL_BYTES, deepep_ll_buffer_bytes, vllm_deepep_ll_budget,
+    )
 
     model = load_model("deepseek-v3")
     assert deepep_ll_buffer_bytes(model, 8192, 64) > 110 * 2**30 > 4 * 2**30 > deepep_ll_buffer_bytes(model, 256, 64)
-    checked = set()
+    checked, budgets = set(), set()
     for _, what, line in pd_commands(wide, "vllm"):
         if what == "router":
             continue
         words = shlex.split(line)
         role = wide.role(what.split()[0])
+        cfg = role.prediction.config
         backend = _flag(words, "--all2all-backend")
+        assert _flag(words, "--max-num-batched-tokens") == str(cfg.max_num_batched_tokens)
         if role.role == "decode":
-            assert backend == "deepep_low_latency"
-            assert _flag(words, "--max-num-batched-tokens") == "256"
-            seqs = int(_flag(words, "--max-num-seqs"))
-            assert seqs == min(role.max_num_seqs, 256 // (1 + role.speculative_tokens))
+            assert backend == "deepep_low_latency" and "instead of the planned" not in what
+            assert int(_flag(words, "--max-num-seqs")) == role.max_num_seqs
+            assert cfg.max_num_batched_tokens == vllm_deepep_ll_budget(role.max_num_seqs, role.speculative_tokens)
+            assert role.prediction.memory.ep_buffer_bytes == (
+                deepep_ll_buffer_bytes(model, cfg.max_num_batched_tokens, role.ep) + VLLM_DEEPEP_NVL_BYTES)
+            budgets.add(str(cfg.max_num_batched_tokens))
         else:
             assert backend == "deepep_high_throughput"
-            assert _flag(words, "--max-num-batched-tokens") == str(role.prediction.config.max_num_batched_tokens)
         checked.add(role.role)
     assert checked == {"prefill", "decode"}
     for name, objects in k8s_manifests(wide, "vllm").items():  # the manifests run the same lines
@@ -167,21 +174,26 @@ def test_vllm_deepep_decode_lines_ask_for_the_buffer_the_plan_holds(wide):
             spec = objects[0]["spec"]
             pod = spec["template"] if "template" in spec else spec["leaderWorkerTemplate"]["leaderTemplate"]
             words = shlex.split(pod["spec"]["containers"][0]["command"][2].replace("exec ", "", 1))
-            assert _flag(words, "--max-num-batched-tokens") == "256"
+            assert _flag(words, "--max-num-batched-tokens") in budgets
 
 
-def test_vllm_mtp_decode_keeps_256_tokens_per_rank():
-    """A decode instance drafting one MTP token sends two tokens per request through DeepEP: at most
-    128 requests per rank fit the 256-token buffer; more planned requests are cut and the line says so."""
+def test_vllm_mtp_decode_runs_the_planned_requests():
+    """A decode instance drafting one MTP token sends two tokens per request through DeepEP: the plan
+    takes a budget of twice its requests (rounded up to 256) and the line runs them all; only a plan
+    whose budget is below its decode tokens would run fewer (as many as the budget holds), and say so."""
     from autoshard.emit.pd import vllm_deepep_decode, role_plan
 
     plan = solve_serve(load_model("deepseek-v3"), H100.with_gpus(96),
                        ServeJob(input_len=2000, output_len=1000, weight_dtype=WeightDtype.FP8),
                        pins=None, top_k=1, time_limit_s=20, num_workers=2, disaggregate="on")[0]
     role = plan.role("decode")
-    one = vllm_deepep_decode(role_plan(plan, role), role)
-    assert one is not None and one.max_num_batched_tokens == 256
-    assert one.max_num_seqs * (1 + role.speculative_tokens) <= 256
+    assert role.speculative_tokens == 1
+    one = role_plan(plan, role)
+    assert vllm_deepep_decode(one, role) is None
+    assert one.max_num_batched_tokens >= 2 * role.max_num_seqs
     lines = [(what, line) for _, what, line in pd_commands(plan, "vllm") if what.startswith("decode")]
-    assert all(f"--max-num-seqs {one.max_num_seqs} " in line for _, line in lines)
-    assert all(("instead of the planned" in what) == (one.max_num_seqs < role.max_num_seqs) for what, _ in lines)
+    assert all(f"--max-num-seqs {role.max_num_seqs} " in line for _, line in lines)
+    assert not any("instead of the planned" in what for what, _ in lines)
+    small = dataclasses.replace(one, max_num_batched_tokens=role.max_num_seqs)  # half the decode tokens
+    cut = vllm_deepep_decode(small, role)
+    assert cut is not None and cut.max_num_seqs == role.max_num_seqs // 2

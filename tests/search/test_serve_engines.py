@@ -90,25 +90,25 @@ def test_sglang_target_plans_deepep_engines():
         assert f"--cuda-graph-max-bs-decode {plan.max_num_seqs}" in line
 
 
-def test_vllm_target_plan_unchanged():
-    """The vLLM-priced plans of Qwen3-235B-FP8 on 8 H100 (golden, as before engines were told apart):
-    TP 4 x attention DP 2 with EP 8, 192 requests per DP rank at the interactive SLA (8,212 output
-    tokens/s, TPOT 46.8 ms), 407 for the throughput-optimal one (11,829 tokens/s, TPOT 68.8 ms). SGLang's
-    line for the same deployment runs DeepEP, its mixed steps on the normal kernels where vLLM's run the
-    low-latency ones: 8,350 tokens/s at 192 requests per rank; at 407 it runs the 256 its low-latency
-    buffer holds (9,749 tokens/s), and says so."""
+def test_vllm_target_plan_at_vllm_033_budgets():
+    """The vLLM-priced plans of Qwen3-235B-FP8 on 8 H100 (golden). vLLM 0.33.0 sizes the DeepEP
+    low-latency buffer at --max-num-batched-tokens per rank and runs a step's MoE in one pass, so the
+    plan chooses the budget (`search.serve.budget`): TP 2 x attention DP 4 with EP 8, 96 requests per DP
+    rank at 256 tokens (8,532 output tokens/s, TPOT 45.0 ms, TTFT 0.43 s) at the interactive SLA, TP 1 x
+    DP 8 at 92 for the throughput-optimal one (11,834 tokens/s, TPOT 62.2 ms). Before, TP 4 x DP 2 at
+    192 / 407 per rank on a budget of 8,192 (8,212 / 11,829 tokens/s), whose line would have asked vLLM
+    0.33.0 for a 32.5 GiB buffer per GPU. SGLang's line of the same deployment (its mixed steps on
+    DeepEP's normal kernels, its chunked prefill the same 256 a rank): 8,663 and 11,910 tokens/s."""
     sol = _solved("vllm")
-    for plan, seqs, tokens, tpot in ((sol.plans[0], 192, 8212, 0.0468), (sol.alternative, 407, 11829, 0.0688)):
-        assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == (4, 1, 2, 8, seqs)
+    cases = ((sol.plans[0], (2, 1, 4, 8, 96), 8532, 0.0450, 8663), (sol.alternative, (1, 1, 8, 8, 92), 11834, 0.0622, 11910))
+    for plan, shape, tokens, tpot, sglang in cases:
+        assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == shape
         assert plan.throughput_tokens_per_s == pytest.approx(tokens, abs=0.5)
         assert plan.prediction.tpot_s == pytest.approx(tpot, abs=5e-5)
         cfg = plan.prediction.config
-        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("vllm", True, True)
-    first = sol.plans[0].engine_other
-    assert first["differs"] is True and first["tokens_per_s"] == pytest.approx(8350, abs=0.5)
-    other = sol.alternative.engine_other
-    assert other["differs"] is True and other["tokens_per_s"] == pytest.approx(9749, abs=0.5)
-    assert "--max-running-requests 512 " in sol.alternative.launch["sglang"]  # 256 per rank x 2
+        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls, cfg.max_num_batched_tokens) == ("vllm", True, True, 256)
+        assert f"--max-num-batched-tokens 256 " in plan.launch["vllm"]
+        assert plan.engine_other["differs"] is True and plan.engine_other["tokens_per_s"] == pytest.approx(sglang, abs=0.5)
 
 
 def test_json_states_the_engine():
@@ -117,11 +117,11 @@ def test_json_states_the_engine():
         block = plan.to_json()["engine"]
         assert block["priced_for"] == engine and block["other"]["engine"] == other
         assert set(block) >= {"priced_for", "name", "moe_deep_gemm", "nccl_nvls", "other"}
-    # the same deployment (TP 4 x DP 2, EP 8, 192 per rank) in both engines: the steps with prompt
-    # tokens run DeepEP's normal kernels in SGLang's line, the low-latency ones in vLLM's
-    assert sg.engine_other["differs"] is True and sg.engine_other["tokens_per_s"] == pytest.approx(
-        vl.throughput_tokens_per_s, rel=1e-9)
-    assert vl.engine_other["tokens_per_s"] == pytest.approx(sg.throughput_tokens_per_s, rel=1e-9)
+        assert block["other"]["tokens_per_s"] == pytest.approx(plan.engine_other["tokens_per_s"], rel=1e-12)
+    # SGLang's plan (TP 4 x DP 2, 192 per rank at SGLang's 8,192 a rank) launched with vLLM's line at that
+    # budget: vLLM 0.33.0 holds a 32.5 GiB DeepEP buffer per GPU for it, and the figures say what is left
+    assert sg.engine_other["differs"] is True
+    assert sg.engine_other["tokens_per_s"] < 0.6 * sg.throughput_tokens_per_s
 
 
 def test_sglang_plan_round_trips_through_its_own_command():

@@ -45,7 +45,8 @@ from autoshard.costmodel.serve.disagg import (
     prefill_instance,
     prefill_wait_s,
 )
-from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.compute import MOE_DP_CHUNK
+from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import kv_limited_concurrency
 from autoshard.costmodel.serve.step import StepTime, prefill_time
 from autoshard.search.serve.space import Engine, _config
@@ -208,7 +209,7 @@ def _prefill(run: dict, job: ServeJob) -> PrefillInstance | None:
     pool = _pool(run, e.gpus)
     seqs = run.get("prefill_max_num_seqs", run["max_num_seqs"])
     budget = run.get("prefill_max_num_batched_tokens")
-    cfg = replace(_config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget), role="prefill")
+    cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget, role="prefill")
     memory = serve_memory(model, pool.gpu, cfg, context_len=job.context_len)
     return prefill_instance(model, pool, job, cfg, memory)
 
@@ -237,6 +238,17 @@ def concurrency_stated(run: dict) -> bool:
     return "assumed_concurrency" not in run
 
 
+def _older_vllm_decode(model, pool, job: ServeJob, e: Engine, seqs: int):
+    """A measured decode instance as the vLLM it ran runs it: the wide-EP rows (vLLM blog posts of
+    2025-12 and 2026-02, on the vLLM of their day) and Moreh's vLLM 0.11.0 fork predate vLLM 0.33.0,
+    and are priced as before: the `vllm serve` default step budget and vLLM 0.11.0's 256-token MoE DP
+    chunks with a 256-token DeepEP low-latency buffer (`ServeConfig.moe_dp_chunk`), not the one-pass
+    step at the planned budget autoshard's own 0.33.0 lines run."""
+    budget = default_max_num_batched_tokens(pool.gpu)
+    cfg = _config(model, pool, job, e, max_num_seqs=seqs, max_num_batched_tokens=budget, role="decode")
+    return replace(cfg, moe_dp_chunk=MOE_DP_CHUNK)
+
+
 def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = None) -> DisaggResult:
     model = _model(run)
     e = _engine(run["decode"])
@@ -245,7 +257,7 @@ def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = No
     top = serve_memory(
         model,
         pool.gpu,
-        replace(_config(model, pool, job, e, max_num_seqs=run["max_num_seqs"]), role="decode"),
+        _older_vllm_decode(model, pool, job, e, run["max_num_seqs"]),
         context_len=job.context_len,
     )
     cap = min(run["max_num_seqs"], kv_limited_concurrency(top, job))
@@ -256,7 +268,7 @@ def _decode(run: dict, input_len: int, output_len: int, assumed: int | None = No
     if assumed is not None:
         cap = min(cap, assumed)
     batch = max(1, cap)
-    cfg = replace(_config(model, pool, job, e, max_num_seqs=batch), role="decode")
+    cfg = _older_vllm_decode(model, pool, job, e, batch)
     inst = decode_instance(
         model,
         pool,
@@ -301,8 +313,8 @@ def _transfer_points(run: dict) -> list[TransferResult]:
     out = []
     for prompt_len, kv_mib, transfer_ms, ttft_ms in run["points"]:
         job = _job(run, prompt_len, run["output_len"])
-        pcfg = replace(_config(model, pool, job, pe, max_num_seqs=1), role="prefill")
-        dcfg = replace(_config(model, pool, job, de, max_num_seqs=1), role="decode")
+        pcfg = _config(model, pool, job, pe, max_num_seqs=1, role="prefill")
+        dcfg = _config(model, pool, job, de, max_num_seqs=1, role="decode")
         hand_off = kv_transfer(model, job, pcfg, dcfg, link)
         prompt = prefill_time(model, pool, pcfg, prompt_len=prompt_len).total_s
         memory = serve_memory(model, pool.gpu, dcfg, context_len=job.context_len)

@@ -52,22 +52,23 @@ MOE_ROW_BLOCK = 16
 
 
 MOE_DP_CHUNK = 256
-"""Tokens per DP rank one pass of an attention-DP + EP MoE layer takes in vLLM (VLLM_MOE_DP_CHUNK_SIZE,
-default 256, on with VLLM_ENABLE_MOE_DP_CHUNK=1): with its batched all-to-all backends (DeepEP
-low-latency, pplx, MORI: `FusedMoE.use_dp_chunking`, vllm/model_executor/layers/fused_moe) the layer
-loops over the busiest DP rank's tokens in chunks of this size, every rank in step; each chunk routes,
-dispatches, runs the grouped expert GEMMs and combines on its own (the low-latency buffers hold one
-chunk per rank). Priced on decode-only steps, which run the low-latency kernels (the wide-EP
-deployments' decode: `--all2all-backend deepep_low_latency`); steps with prefill in them run the
-throughput kernels (DeepEP high-throughput, llm-d's prefill backend), which take the batch whole."""
+"""Tokens per DP rank one pass of an attention-DP + EP MoE layer took in vLLM 0.11.0
+(VLLM_MOE_DP_CHUNK_SIZE, default 256): with its batched all-to-all backends (DeepEP low-latency, pplx,
+MORI: `FusedMoE.use_dp_chunking`, fused_moe/layer.py lines 1093 and 1951-1970 there) the layer looped
+over the busiest DP rank's tokens in chunks of this size, every rank in step, each chunk routing,
+dispatching, running the grouped expert GEMMs and combining on its own. vLLM 0.33.0 has no DP chunking
+(no VLLM_MOE_DP_CHUNK_SIZE, `dp_chunk` nowhere in vllm/): a step's MoE runs in one pass through a
+low-latency buffer sized at the step budget. Priced only where `ServeConfig.moe_dp_chunk` says the
+engine chunks (the validation rows measured on older vLLM), on decode-only steps as before."""
 
 
 def moe_dp_chunks(cfg: ServeConfig, tokens: float) -> int:
-    """Sequential MoE passes of one step (`MOE_DP_CHUNK`): ceil(tokens of the busiest DP rank / 256)
-    with attention data parallelism and expert parallelism, else one."""
-    if not (cfg.expert_parallel and cfg.dp_attention > 1):
+    """Sequential MoE passes of one step: ceil(tokens of the busiest DP rank / cfg.moe_dp_chunk) for an
+    attention-DP + EP engine that chunks (`ServeConfig.moe_dp_chunk`, vLLM 0.11.0), else one (vLLM
+    0.33.0, SGLang)."""
+    if cfg.moe_dp_chunk is None or not (cfg.expert_parallel and cfg.dp_attention > 1):
         return 1
-    return max(1, math.ceil(tokens / MOE_DP_CHUNK - 1e-9))
+    return max(1, math.ceil(tokens / cfg.moe_dp_chunk - 1e-9))
 
 
 BLOCK_FP8_GEMM_HOPPER = 0.37

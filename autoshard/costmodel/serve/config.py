@@ -90,6 +90,12 @@ class ServeConfig:
     """The engine whose kernel-dispatch rules apply where vLLM and SGLang differ ("vllm" or "sglang"):
     vLLM's fused_moe takes DeepGEMM only for some expert shapes (`serve.fused_moe.deep_gemm_experts`);
     `serve.engines.engine_config` sets what each engine's launch line runs."""
+    moe_dp_chunk: int | None = None
+    """Tokens per DP rank of one MoE pass when the engine loops an attention-DP + EP MoE layer over DP
+    chunks: vLLM 0.11.0's VLLM_MOE_DP_CHUNK_SIZE (256, `compute.MOE_DP_CHUNK`), whose DeepEP
+    low-latency buffer holds one chunk per rank. None: one pass per step (vLLM 0.33.0, which has no DP
+    chunking and sizes that buffer at `max_num_batched_tokens`, `ep_buffers.deepep_ll_engine_bytes`;
+    SGLang). Set for the validation rows measured on older vLLM."""
     role: str = "aggregated"
     """What the engine serves: "aggregated" (prefill and decode in one engine), or the "prefill" or
     "decode" instance of a prefill/decode split. It decides which DeepEP kernels an expert-parallel
@@ -120,6 +126,8 @@ class ServeConfig:
             raise ValueError(f"kv_block_tokens must be a positive integer, got {self.kv_block_tokens!r}")
         if self.moe_kernels not in ("fused_moe", "tensorrt_llm"):
             raise ValueError(f"moe_kernels must be fused_moe or tensorrt_llm, got {self.moe_kernels!r}")
+        if self.moe_dp_chunk is not None and (not isinstance(self.moe_dp_chunk, int) or self.moe_dp_chunk < 1):
+            raise ValueError(f"moe_dp_chunk must be a positive integer or None, got {self.moe_dp_chunk!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.engine not in ("vllm", "sglang"):

@@ -3,10 +3,10 @@ for the same TP / PP / EP / attention-DP engine, as autoshard's own launch lines
 (`autoshard.emit.vllm`, `autoshard.emit.sglang`, `autoshard.emit.pd`), so that a plan is priced on the
 kernels of the engine it is launched with.
 
-- vLLM (`ServeConfig` as it is): the vllm/vllm-openai image, which builds DeepGEMM (`deep_gemm`:
-  vLLM v0.11.0 Fp8MoEMethod sets allow_deep_gemm from VLLM_USE_DEEP_GEMM, default 1, and an installed
-  DeepGEMM, vllm/model_executor/layers/quantization/fp8.py:454-463, vllm/envs.py:1148-1149), with
-  NCCL's NVLink SHARP left on (NCCL's default, which vLLM keeps).
+- vLLM 0.33.0 (the vllm/vllm-openai:latest image autoshard's lines and manifests run, which builds
+  DeepGEMM): block-scaled FP8 experts run DeepGEMM where vLLM's FP8 MoE oracle picks it, which on
+  Hopper is never for TP-sharded experts (Triton first: `vllm_deep_gemm`), with NCCL's NVLink SHARP
+  left on (NCCL's default, which vLLM keeps).
 - SGLang: its block-FP8 MoE layers run DeepGEMM only under `--moe-runner-backend deep_gemm`, or `auto`
   behind the DeepEP / Mooncake all-to-all (Fp8MoEMethod.create_moe_runner,
   `is_deepgemm_moe_runner_backend_enabled`), else Triton's fused_moe. autoshard's SGLang lines pass
@@ -48,7 +48,7 @@ from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["ENGINES", "DEFAULT_ENGINE", "ENGINE_NAMES", "SGLANG_UNPRICED", "sglang_deepep", "sglang_priced",
-           "sglang_deepep_seqs",
+           "sglang_deepep_seqs", "vllm_deep_gemm",
            "engine_config", "engine_json"]
 
 ENGINES = ("vllm", "sglang")
@@ -82,15 +82,28 @@ def sglang_deepep_seqs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> int 
     return None
 
 
+def vllm_deep_gemm(cfg: ServeConfig, gpu: GpuSpec | None) -> bool:
+    """`ServeConfig.deep_gemm` of a vLLM 0.33.0 engine: False for TP-sharded experts (no expert
+    parallelism) on Hopper, where vLLM's FP8 MoE oracle puts Triton first for block-scaled FP8
+    ("On Hopper for Block Fp8, prefer Triton for TP and FI CUTLASS for EP",
+    model_executor/layers/fused_moe/oracle/fp8.py:122-132), so no step runs DeepGEMM; True elsewhere
+    (`gpu` None: not known). With expert parallelism vLLM 0.33.0 prefers FlashInfer's CUTLASS grouped
+    GEMM (behind DeepEP low-latency a batched kernel): no measurement of it is at hand, so it is priced
+    as the nearest kernel modelled, DeepGEMM's grouped block-FP8 GEMM (`serve.fused_moe`, its shape rules
+    included: at TP 8 those price Triton)."""
+    return cfg.expert_parallel or gpu is None or gpu_generation(gpu.name) != "hopper"
+
+
 def engine_config(cfg: ServeConfig, engine: str, *, gpus_per_node: int, split: bool = False,
                   gpu: GpuSpec | None = None) -> ServeConfig:
     """`cfg` as `engine` ("vllm" or "sglang") runs it when autoshard's launch line starts it (see the
     module docstring); `split`: an instance of a prefill/decode deployment; `gpu`: its GPU (None:
     assumed to run DeepEP)."""
     if engine == "vllm":
-        if cfg.engine == "vllm" and cfg.deep_gemm and cfg.nccl_nvls:
+        deep_gemm = vllm_deep_gemm(cfg, gpu)
+        if cfg.engine == "vllm" and cfg.deep_gemm == deep_gemm and cfg.nccl_nvls:
             return cfg
-        return dataclasses.replace(cfg, engine="vllm", deep_gemm=True, nccl_nvls=True)
+        return dataclasses.replace(cfg, engine="vllm", deep_gemm=deep_gemm, nccl_nvls=True)
     if engine == "sglang":
         deepep = sglang_deepep(cfg, gpus_per_node, split=split, gpu=gpu)
         return dataclasses.replace(cfg, engine="sglang", deep_gemm=deepep, nccl_nvls=False)

@@ -12,12 +12,18 @@ Facts modelled:
   of E int32 aligned to 128 bytes, and the total rounded up by `(n + 128) // 128 * 128`. E is the
   number of experts the router picks from (redundant replicas included), cap the most tokens one
   rank dispatches per call. The EP size does not enter the layout.
-- vLLM's `DeepEPLLAll2AllManager` (vllm/distributed/device_communicators/all2all.py) creates the
-  buffer with cap = `moe.max_num_tokens` = VLLM_MOE_DP_CHUNK_SIZE (256 by default; the same chunk the
-  MoE passes of `autoshard.costmodel.serve.compute` use) and the model's global experts, plus an
+- vLLM's `DeepEPLLAll2AllManager` (vllm/distributed/device_communicators/all2all.py:327-352 in vLLM
+  0.33.0) creates the buffer with cap = `moe.max_num_tokens` (all2all_utils.py:260), which vLLM 0.33.0
+  sets to the scheduler's `--max-num-batched-tokens` (`FusedMoEConfig.max_num_tokens`,
+  model_executor/layers/fused_moe/layer.py:286,373; 256 when the line passes none,
+  `DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP`, config/scheduler.py:42, engine/arg_utils.py:3166-3170),
+  and runs a step's MoE in one pass through it; vLLM 0.11.0 used cap = VLLM_MOE_DP_CHUNK_SIZE = 256 and
+  256-token DP chunks (`ServeConfig.moe_dp_chunk`, for the validation rows measured on it). Plus an
   NVLink buffer of VLLM_DEEPEP_BUFFER_SIZE_MB (1024 MiB by default) that DeepEP's `Buffer`
   cudaMallocs. Both are allocated after vLLM's memory baseline, so its profiler counts them as
-  non-torch memory and the KV cache shrinks by them.
+  non-torch memory and the KV cache shrinks by them. autoshard's vLLM lines on this backend pass the
+  budget the plan chose for it (`vllm_deepep_ll_budget` and the search's budget ladder): 8,192 would
+  ask 113.8 GiB per GPU for DeepSeek-V3.
 - SGLang (`--moe-a2a-backend deepep`, default `--deepep-mode auto`) creates one DeepEP `Buffer` per
   GPU for both modes (`DeepEPBuffer.get_deepep_buffer`, sglang/srt/layers/moe/token_dispatcher/
   deepep.py, sgl-project/sglang 003a81bf): the RDMA buffer is the larger of the low-latency layout at
@@ -36,11 +42,6 @@ Facts modelled:
   (`vllm_runs_cuda_graphs`). SGLang's prefill lines keep `--deepep-mode auto`, whose buffer includes
   the low-latency layout (above). SGLang split instances on DeepEP without attention DP
   (`scattered_deepep`) hold the same SGLang buffer.
-- Not modelled: vLLM 0.33.0 sizes the low-latency buffer at the scheduler's max_num_batched_tokens
-  (`FusedMoEConfig.max_num_tokens`, vllm/model_executor/layers/fused_moe/layer.py line 373, passed as
-  max_num_tokens_per_dp_rank in all2all_utils.py line 260) and no longer runs the layer in 256-token
-  DP chunks; the cap of 256 and the chunked passes here are vLLM 0.11.0's (`VLLM_MOE_DP_CHUNK_SIZE`,
-  fused_moe/layer.py lines 1093 and 1951-1970 there), with which the validation rows ran.
 
 Pure functions of the specs: no I/O, no solver.
 """
@@ -68,6 +69,9 @@ __all__ = [
     "SGLANG_DEEPEP_MAX_DISPATCH_TOKENS",
     "VLLM_DEEPEP_NVL_BYTES",
     "VLLM_MOE_DP_CHUNK_SIZE",
+    "VLLM_LL_BUDGET_STEP",
+    "vllm_deepep_ll_budget",
+    "vllm_deepep_ll_cap",
     "deepep_ll_buffer_bytes",
     "deepep_ll_engine_bytes",
     "uses_deepep_low_latency",
@@ -78,8 +82,12 @@ __all__ = [
 DEEPEP_ALIGNMENT_BYTES = 128
 """DeepEP's NUM_BUFFER_ALIGNMENT_BYTES (csrc/kernels/configs.cuh)."""
 VLLM_MOE_DP_CHUNK_SIZE = 256
-"""vLLM's VLLM_MOE_DP_CHUNK_SIZE default: the tokens per DP rank of one MoE pass and the `cap` of its
-DeepEP low-latency buffer (vllm/envs.py)."""
+"""vLLM 0.11.0's VLLM_MOE_DP_CHUNK_SIZE default: the tokens per DP rank of one MoE pass and the `cap` of
+its DeepEP low-latency buffer (vllm/envs.py there); also vLLM 0.33.0's default step budget for engines
+on that backend (`SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP`)."""
+VLLM_LL_BUDGET_STEP = 256
+"""autoshard's vLLM DeepEP low-latency lines pass a --max-num-batched-tokens that is a multiple of this
+(vLLM's default for the backend)."""
 SGLANG_DEEPEP_MAX_DISPATCH_TOKENS = 128
 """SGLang's SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK default (asserted <= 1024 there)."""
 VLLM_DEEPEP_NVL_BYTES = 1024 * MIB
@@ -152,8 +160,7 @@ def deepep_ll_buffer_bytes(model: ModelSpec, cap: int, ep: int) -> int:
 
 def uses_deepep_low_latency(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
     """Whether the engine runs DeepEP's low-latency kernels: an MoE model with expert parallelism over
-    attention-DP ranks (the engines whose decode-only steps `compute.moe_dp_chunks` prices in
-    256-token passes) on a GPU DeepEP's low-latency kernels support."""
+    attention-DP ranks on a GPU DeepEP's low-latency kernels support."""
     return (
         model.moe is not None
         and model.num_moe_layers > 0
@@ -192,7 +199,7 @@ def deepep_ll_engine_bytes(
     """Non-torch bytes DeepEP holds on each GPU of an engine: 0 for engines that run no DeepEP
     (`uses_deepep_low_latency`, `scattered_deepep`); an SGLang engine (`cfg.engine`): `deepep_sglang_engine_bytes`; a vLLM prefill
     instance (high-throughput backend): `vllm_deepep_ht_bytes`; any other vLLM engine (low-latency
-    backend): the RDMA buffer at cap VLLM_MOE_DP_CHUNK_SIZE plus vLLM's NVLink buffer.
+    backend): the RDMA buffer at `vllm_deepep_ll_cap` tokens per rank plus vLLM's NVLink buffer.
     `gpus_per_node`: the node the engine's EP group is laid out on (whether it spans nodes)."""
     if cfg.engine == "sglang":
         return deepep_sglang_engine_bytes(model, gpu, cfg)
@@ -200,7 +207,24 @@ def deepep_ll_engine_bytes(
         return 0.0
     if cfg.role == "prefill":
         return float(vllm_deepep_ht_bytes(cfg, gpus_per_node))
-    return float(deepep_ll_buffer_bytes(model, VLLM_MOE_DP_CHUNK_SIZE, cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
+    return float(deepep_ll_buffer_bytes(model, vllm_deepep_ll_cap(cfg), cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
+
+
+def vllm_deepep_ll_cap(cfg: ServeConfig) -> int:
+    """Tokens per rank vLLM's DeepEP low-latency buffer holds (`num_max_dispatch_tokens_per_rank`): the
+    engine's step budget `max_num_batched_tokens` in vLLM 0.33.0, its DP chunk where it chunks
+    (`ServeConfig.moe_dp_chunk`, vLLM 0.11.0)."""
+    return cfg.moe_dp_chunk if cfg.moe_dp_chunk is not None else cfg.max_num_batched_tokens
+
+
+def vllm_deepep_ll_budget(seqs: int, drafts: int = 0) -> int:
+    """The smallest --max-num-batched-tokens a vLLM 0.33.0 engine on DeepEP's low-latency backend with
+    `seqs` running requests per DP rank, each sending 1 + `drafts` MTP tokens a step, takes: its decode
+    tokens (one MoE pass, which the buffer must hold; vLLM also requires the budget >= --max-num-seqs)
+    rounded up to VLLM_LL_BUDGET_STEP, at least vLLM's own default of 256 for the backend."""
+    if not isinstance(seqs, int) or seqs < 1 or not isinstance(drafts, int) or drafts < 0:
+        raise ValueError(f"seqs must be a positive and drafts a non-negative integer, got {seqs!r}, {drafts!r}")
+    return max(VLLM_MOE_DP_CHUNK_SIZE, _align(seqs * (1 + drafts), VLLM_LL_BUDGET_STEP))
 
 
 def vllm_deepep_ht_bytes(cfg: ServeConfig, gpus_per_node: int) -> int:

@@ -16,9 +16,10 @@ online path for a BF16 checkpoint: without a published checkpoint there is no co
 The KV cache is `auto` (the model dtype) or `fp8`.
 
 MoE engines with expert parallelism over attention-DP ranks on Hopper or Blackwell run DeepEP's
-low-latency all-to-all (`--all2all-backend deepep_low_latency`), as the cost model prices them: their
-decode steps in 256-token MoE passes (`costmodel.serve.compute.moe_dp_chunks`) and DeepEP's buffers in
-the engine's memory (`costmodel.serve.ep_buffers`); vLLM's default (allgather_reducescatter) would
+low-latency all-to-all (`--all2all-backend deepep_low_latency`), as the cost model prices them: each
+step's MoE in one pass (vLLM 0.33.0) and DeepEP's buffers in the engine's memory at the plan's
+`--max-num-batched-tokens`, which vLLM 0.33.0 sizes them for (`costmodel.serve.ep_buffers`; the plan
+chooses that budget, `search.serve.budget`, and the line passes it); vLLM's default (allgather_reducescatter) would
 run another path than the one priced. Prefill instances of a split deployment switch to
 `deepep_high_throughput` (emit/pd.py), which takes a prefill batch whole, as priced.
 """
@@ -89,11 +90,13 @@ def _base(plan: ServePlan) -> list[str]:
 
 def all2all_backend(plan: ServePlan) -> str | None:
     """`deepep_low_latency` where the cost model prices DeepEP's low-latency kernels (expert parallelism
-    over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), else None (vLLM's default)."""
+    over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), `deepep_high_throughput`
+    for such an engine priced on the high-throughput backend (`ServeConfig.role` "prefill": a prefill
+    instance, or a line read back with that backend), else None (vLLM's default)."""
     pred = plan.prediction
     if pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config):
         return None
-    return "deepep_low_latency"
+    return "deepep_high_throughput" if pred.config.role == "prefill" else "deepep_low_latency"
 
 
 def speculative_tokens(plan: ServePlan) -> int:

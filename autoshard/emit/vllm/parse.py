@@ -43,9 +43,13 @@ from autoshard.emit.vllm.flags import (
     STORE_TRUE,
     VLLM_VERSION,
 )
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.errors import SpecError
+from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.model import ModelSpec
 
-__all__ = ["parse_vllm"]
+__all__ = ["parse_vllm", "backend_role"]
 
 
 def _entry(tokens: list[str]) -> tuple[list[str], bool]:
@@ -256,3 +260,24 @@ def parse_vllm(command: str) -> ParsedServe:
         )
     return parsed
 
+
+def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[str, str | None]:
+    """How `evaluate --from-vllm` prices a line's `--all2all-backend` for an MoE engine with expert
+    parallelism over DP ranks on a GPU DeepEP runs on: (the `ServeConfig.role` whose kernels and buffers
+    it runs, a note or None). vLLM 0.33.0 runs one backend per engine, every step on it
+    (`ParallelConfig.all2all_backend`; fused_moe/config.py `use_deepep_ht_kernels`/`use_deepep_ll_kernels`):
+    `deepep_low_latency` is the aggregated engine autoshard prices; `deepep_high_throughput` runs every
+    step, decode included, on DeepEP's normal kernels with their fixed buffers and no CUDA graphs, as the
+    "prefill" role prices it; any other backend is priced as DeepEP, with a note that it is not modelled."""
+    backend = parsed.all2all_backend
+    if (backend is None or model.moe is None or not parsed.enable_expert_parallel or parsed.dp < 2
+            or gpu_generation(gpu.name) not in DEEPEP_LL_GENERATIONS or backend == "deepep_low_latency"):
+        return "aggregated", None
+    if backend == "deepep_high_throughput":
+        return "prefill", ("--all2all-backend deepep_high_throughput: priced as vLLM runs it, every step (decode "
+                           "included) on DeepEP's high-throughput kernels, their 1-2 GiB buffers and no CUDA graphs "
+                           "(vLLM turns them off on this backend); autoshard's own lines use it for prefill "
+                           "instances only")
+    return "aggregated", (f"--all2all-backend {backend}: an expert-parallel engine over data-parallel ranks is "
+                          "priced with DeepEP's kernels (autoshard's own commands pass --all2all-backend "
+                          "deepep_low_latency); this backend's speed and buffers are not modelled")

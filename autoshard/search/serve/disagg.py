@@ -32,7 +32,10 @@ from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
 from autoshard.search.deadline import Deadline
-from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, ServeSpace, _config, _unpriced, split_decode_rule
+from autoshard.search.serve.budget import ll_budgeted
+from autoshard.search.serve.space import (
+    MAX_CONCURRENCY, Engine, ServeSpace, _config, _ladder_top, _unpriced, split_decode_rule,
+)
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -123,9 +126,9 @@ def tabulate_disagg(
             dropped["SGLang prefill/decode instance with attention DP + EP without DeepEP (not priced)"] += 1
             continue
         # ---- prefill side
-        budget_cfg = replace(_config(model, pool, job, e, max_num_seqs=1, split=True), role="prefill")
+        budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True, role="prefill")
         seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
-        cfg = replace(_config(model, pool, job, e, max_num_seqs=seqs, split=True), role="prefill")
+        cfg = _config(model, pool, job, e, max_num_seqs=seqs, split=True, role="prefill")
         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         if mem.problem() or kv_limited_concurrency(mem, job) < 1:
             cfg = budget_cfg
@@ -149,15 +152,15 @@ def tabulate_disagg(
         top = serve_memory(
             model,
             pool,
-            replace(_config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, split=True), role="decode"),
+            _ladder_top(model, pool, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, split=True, role="decode")),
             context_len=job.context_len,
         )
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
         # MTP drafts only without PP (SGLang refuses speculative decoding with --pp-size > 1)
         drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
         for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
-            dcfg = replace(_config(model, pool, job, e, max_num_seqs=b, split=True), speculative_tokens=drafts,
-                           role="decode")
+            dcfg = _config(model, pool, job, e, max_num_seqs=b, split=True, role="decode")
+            dcfg = ll_budgeted(model, pool.gpu, replace(dcfg, speculative_tokens=drafts), job)  # its MTP tokens too
             dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
             if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
                 dropped["decode concurrency beyond the KV cache"] += 1

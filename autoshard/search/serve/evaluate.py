@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
+from autoshard.search.serve.budget import vllm_ll_engine
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Engine, Row, _config, _engine_rules
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
@@ -37,6 +40,7 @@ def evaluated_row(
     nccl_nvls: bool | None = None,
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
+    role: str = "aggregated",
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments."""
@@ -74,7 +78,10 @@ def evaluated_row(
         max_num_seqs=seqs,
         util=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
+        role=role,
     )
+    if max_num_batched_tokens is None and vllm_ll_engine(model, spec.gpu, cfg):
+        cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
     given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
@@ -97,3 +104,19 @@ def evaluated_row(
     )
     row = Row(e, cfg, pred, replicas, 0, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
     return row, stats, tuple(warn)
+
+
+def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
+    """A vLLM 0.33.0 line on `--all2all-backend deepep_low_latency` without --max-num-batched-tokens:
+    vLLM's own budget for it, 256 (`DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP`, config/scheduler.py:42,
+    engine/arg_utils.py:3166-3170), and --max-num-seqs at most that when not given (arg_utils.py:3232-3234);
+    a larger --max-num-seqs is refused, as vLLM refuses it (config/scheduler.py:331-336)."""
+    budget = VLLM_MOE_DP_CHUNK_SIZE
+    if cfg.max_num_seqs > budget and seqs_given:
+        raise SpecError(
+            f"vLLM sets --max-num-batched-tokens to {budget} for --all2all-backend deepep_low_latency when the "
+            f"line passes none, and refuses --max-num-seqs {cfg.max_num_seqs} above it (max_num_batched_tokens "
+            f"must be >= max_num_seqs): pass --max-num-batched-tokens "
+            f"{vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)} (its DeepEP buffer grows with it) "
+            f"or --max-num-seqs <= {budget}", field="--max-num-batched-tokens")
+    return dataclasses.replace(cfg, max_num_seqs=min(cfg.max_num_seqs, budget), max_num_batched_tokens=budget)

@@ -56,9 +56,10 @@ def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:
 
 
 def deep_gemm_warning(model: ModelSpec, cfg: ServeConfig, gpu_name: str, *, role: str = "") -> str | None:
-    """The warning for an engine whose block-FP8 experts are priced on DeepGEMM (vLLM with DeepGEMM
-    installed, or SGLang's DeepGEMM runner: Hopper, TP-sharded experts of shapes it takes), which a PyPI
-    vLLM install and SGLang's default TP MoE path do not run; None for every other engine."""
+    """The warning for an engine whose block-FP8 experts are priced on DeepGEMM (vLLM 0.33.0's expert-
+    parallel engines, whose FlashInfer CUTLASS kernel is priced so, or SGLang's DeepGEMM runner: Hopper,
+    shapes it takes), which vLLM's TP-sharded experts and SGLang's default TP MoE path do not run; None
+    for every other engine."""
     if not (model.moe is not None and cfg.deep_gemm and runs_fused_moe(cfg) and deep_gemm_shape(model, cfg)
             and block_scaled_fp8(model, cfg.weight_dtype) and any(t in gpu_name for t in BLOCK_FP8_GPUS)):
         return None
@@ -66,9 +67,10 @@ def deep_gemm_warning(model: ModelSpec, cfg: ServeConfig, gpu_name: str, *, role
     if cfg.engine == "sglang":
         return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM (SGLang's "
                 "DeepGEMM MoE runner, as its launch line selects it); its default runner is Triton's fused_moe")
-    return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM (vLLM with "
-            "DeepGEMM installed, as the vllm/vllm-openai image builds it); a PyPI vLLM install and SGLang's TP "
-            "MoE path run Triton's fused_moe (--target sglang and evaluate --from-sglang price that)")
+    return (f"{whose}block-FP8 experts' steps of {DEEP_GEMM_ROWS}+ tokens are priced on DeepGEMM, the nearest "
+            "kernel modelled to the FlashInfer CUTLASS grouped GEMM vLLM 0.33.0 runs for expert-parallel block-FP8 "
+            "experts on Hopper (no measurement of it is at hand); its TP-sharded experts and SGLang's TP MoE path "
+            "run Triton's fused_moe (--target sglang and evaluate --from-sglang price that)")
 
 
 def _decode_at_load(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, drow: DecodeRow, rate: float):

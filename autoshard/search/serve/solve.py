@@ -321,6 +321,7 @@ def evaluate_serve(
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
     max_len_flag: str | None = None,
+    role: str = "aggregated",
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
@@ -328,13 +329,15 @@ def evaluate_serve(
     SpecError if illegal. `framework`: the engine it runs on; `nccl_nvls` / `deep_gemm`: what its command
     sets, where that differs from the engine's launch defaults (None: the defaults); `max_len_flag`: the
     command's option for the max model length when the plan was read from a launch line (a context past
-    the model's is refused naming it and that engine's own refusal; None: autoshard's --max-model-len)."""
+    the model's is refused naming it and that engine's own refusal; None: autoshard's --max-model-len);
+    `role`: "prefill" prices a vLLM attention-DP + EP engine on `--all2all-backend deepep_high_throughput`
+    (every step on DeepEP's normal kernels, its fixed buffers, no CUDA graphs: `ServeConfig.role`)."""
     check_context_len(model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework)
     row, stats, warn = evaluated_row(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role,
     )
     return _plan(model, cluster, job, row, stats, warn)
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
 from autoshard.costmodel.serve.engines import (
     DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_deepep_seqs, sglang_priced,
 )
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
     ServePrediction,
@@ -26,6 +27,8 @@ from autoshard.costmodel.serve.predict import (
 )
 from autoshard.costmodel.serve.step import StepTime, prefill_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
+from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted, vllm_ll_engine
+from autoshard.search.serve.ladder import bisect_ladder, meets_targets
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob
@@ -248,9 +251,11 @@ def _config(
     util: float = GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int | None = None,
     split: bool = False,
+    role: str = "aggregated",
 ) -> ServeConfig:
     """The engine's settings as `e.framework` runs them (`split`: an instance of a prefill/decode
-    deployment, whose launch lines differ)."""
+    deployment, whose launch lines differ; `role`: which; the budget of vLLM DeepEP low-latency engines:
+    `search.serve.budget`)."""
     budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu)
     cfg = ServeConfig(
         tp=e.tp,
@@ -262,8 +267,10 @@ def _config(
         gpu_memory_utilization=util,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs),
+        role=role,
     )
-    return engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split, gpu=pool.gpu)
+    cfg = engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split, gpu=pool.gpu)
+    return ll_budgeted(model, pool.gpu, cfg, job, given=max_num_batched_tokens)
 
 
 # --------------------------------------------------------------------------- tables
@@ -294,17 +301,13 @@ def tabulate(
         top = serve_memory(
             model,
             pool,
-            _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization),
+            _ladder_top(model, pool, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization)),
             context_len=job.context_len,
         )
         cap = sglang_deepep_seqs(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=1))  # DeepEP's buffer
         ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job), cap or 1 << 30)))
-        prefill = prefill_time(
-            model,
-            pool,
-            _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization),
-            prompt_len=job.input_len,
-        )
+        alone = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
+        prefill = {alone.max_num_batched_tokens: prefill_time(model, pool, alone, prompt_len=job.input_len)}
         make = partial(
             _row,
             model=model,
@@ -317,39 +320,10 @@ def tabulate(
             dropped=dropped,
             util=gpu_memory_utilization,
         )
-        evaluated = _bisect(job, ladder, make)
+        evaluated = bisect_ladder(job, ladder, make)
         dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
         rows += [r for _, r in sorted(evaluated.items()) if r is not None]
     return rows, dropped
-
-
-def _bisect(job: ServeJob, ladder: list[int], make: Callable[[int], Row | None]) -> dict[int, Row | None]:
-    """Rows at the ladder concurrencies bisection visits while looking for the highest one that meets
-    the targets (the top of the ladder when it does)."""
-    evaluated: dict[int, Row | None] = {}
-
-    def ok(i: int) -> bool:
-        if i not in evaluated:
-            evaluated[i] = make(ladder[i])
-        r = evaluated[i]
-        return r is not None and _meets(job, r)
-
-    lo, hi = 0, len(ladder) - 1
-    if ok(hi) or not ok(lo):
-        return evaluated
-    while hi - lo > 1:  # ok(lo) holds, ok(hi) does not
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return evaluated
-
-
-def _meets(job: ServeJob, row: Row) -> bool:
-    if job.tpot_target_s is not None and row.tpot_us > time_to_us(job.tpot_target_s):
-        return False
-    return job.ttft_target_s is None or row.ttft_us <= time_to_us(job.ttft_target_s)
 
 
 def _row(
@@ -365,12 +339,34 @@ def _row(
     dropped: Counter[str],
     util: float,
 ) -> Row | None:
-    cfg = _config(model, pool, job, engine, max_num_seqs=batch, util=util)
+    best, sign, lost = None, 1 if job.request_rate is None else -1, Counter[str]()
+    for cfg in ll_budget_choices(model, pool.gpu, _config(model, pool, job, engine, max_num_seqs=batch, util=util)):
+        r = _budget_row(cfg, model=model, cluster=cluster, job=job, engine=engine, pool=pool, prefill=prefill,
+                        pins=pins, dropped=lost)
+        if r is not None and (best is None or (meets_targets(job, r), sign * r.objective)
+                              > (meets_targets(job, best), sign * best.objective)):
+            best = r
+    if best is None:  # one row dropped, whatever the budgets tried
+        dropped[next(iter(lost))] += 1
+    return best
+
+
+def _ladder_top(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig) -> ServeConfig:
+    """The engine at the top concurrency, its KV cache an upper bound of the rows' (a vLLM DeepEP
+    low-latency engine's rows run smaller budgets, so smaller buffers, than this one would)."""
+    return replace(cfg, max_num_batched_tokens=VLLM_MOE_DP_CHUNK_SIZE) if vllm_ll_engine(model, pool.gpu, cfg) else cfg
+
+
+def _budget_row(cfg: ServeConfig, *, model, cluster, job, engine, pool, prefill, pins, dropped) -> Row | None:
+    """The row of `engine` at `cfg` (one step budget; `prefill`: the prompt alone by budget, filled in)."""
     mem = serve_memory(model, pool, cfg, context_len=job.context_len)
-    if mem.problem() or kv_limited_concurrency(mem, job) < batch:
+    if mem.problem() or kv_limited_concurrency(mem, job) < cfg.max_num_seqs:
         dropped["concurrency beyond the KV cache"] += 1
         return None
-    pred = predict_serve(model, pool, job, cfg, concurrency=batch, memory=mem, prefill=prefill)
+    budget = cfg.max_num_batched_tokens
+    if budget not in prefill:
+        prefill[budget] = prefill_time(model, pool, cfg, prompt_len=job.input_len)
+    pred = predict_serve(model, pool, job, cfg, concurrency=cfg.max_num_seqs, memory=mem, prefill=prefill[budget])
     replicas = _replicas(engine, pool, job, pred, pins)
     if replicas is None:
         dropped["the request rate needs more GPUs than the pool has"] += 1

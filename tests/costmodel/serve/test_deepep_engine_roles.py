@@ -64,16 +64,18 @@ def test_vllm_high_throughput_buffers_are_vllms_fixed_sizes():
         assert deepep_ll_engine_bytes(model, gpu, _cfg(16, "prefill"), gpus_per_node=8) == 2**31
         assert deepep_ll_engine_bytes(model, gpu, _cfg(8, "prefill"), gpus_per_node=8) == 2**30
     assert deepep_ll_buffer_bytes(DSV3, 256, 16) == LL_DSV3_256
-    for role in ("aggregated", "decode"):  # the low-latency backend: 3.55 GiB + 1 GiB for DeepSeek-V3
-        assert deepep_ll_engine_bytes(DSV3, gpu, _cfg(16, role)) == LL_DSV3_256 + 2**30
+    for role in ("aggregated", "decode"):  # the low-latency backend at a 256 budget: 3.55 GiB + 1 GiB
+        assert deepep_ll_engine_bytes(DSV3, gpu, _cfg(16, role, max_num_batched_tokens=256)) == LL_DSV3_256 + 2**30
+        assert deepep_ll_engine_bytes(DSV3, gpu, _cfg(16, role, moe_dp_chunk=256)) == LL_DSV3_256 + 2**30  # vLLM 0.11
 
 
 def test_vllm_prefill_instance_kv_cache_gains_exactly_the_buffers_and_graphs():
     """DeepSeek-V3 FP8, DP16/EP16 over two H100 nodes: a prefill instance holds 2 GiB of DeepEP buffers
     where a decode instance of the same shape holds 4.55 GiB, and no CUDA graph pool; its KV cache is
-    larger by exactly that (7.70 -> 10.52 GiB per GPU, +37 %)."""
+    larger by exactly that (7.70 -> 10.52 GiB per GPU, +37 %). The decode side at the same 8,192 budget
+    with vLLM 0.11.0's 256-token buffer (`moe_dp_chunk`), so that only the buffers and graphs differ."""
     pool = H100.with_gpus(16).pools[0]
-    decode = serve_memory(DSV3, pool, _cfg(16, "decode", max_num_seqs=4), context_len=3000)
+    decode = serve_memory(DSV3, pool, _cfg(16, "decode", max_num_seqs=4, moe_dp_chunk=256), context_len=3000)
     prefill = serve_memory(DSV3, pool, _cfg(16, "prefill", max_num_seqs=4), context_len=3000)
     assert decode.ep_buffer_bytes == LL_DSV3_256 + 2**30
     assert prefill.ep_buffer_bytes == 2**31

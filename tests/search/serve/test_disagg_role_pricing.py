@@ -43,4 +43,5 @@ def test_disagg_rows_price_their_role_exactly():
         d = decode_instance(DSV3, pool, JOB, cfg, mem, concurrency=row.instance.concurrency)
         assert d.tpot_s == row.instance.tpot_s
         if cfg.expert_parallel and cfg.dp_attention > 1:
-            assert mem.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, 256, cfg.ep) + 2**30
+            assert cfg.max_num_batched_tokens == max(256, -(-cfg.max_num_seqs * (1 + cfg.speculative_tokens) // 256) * 256)
+            assert mem.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, cfg.max_num_batched_tokens, cfg.ep) + 2**30
