@@ -74,6 +74,7 @@ __all__ = [
     "vllm_deepep_ll_cap",
     "deepep_ll_buffer_bytes",
     "deepep_ll_engine_bytes",
+    "deepep_buffer_label",
     "uses_deepep_low_latency",
     "vllm_deepep_ht_bytes",
     "vllm_runs_cuda_graphs",
@@ -208,6 +209,19 @@ def deepep_ll_engine_bytes(
     if cfg.role == "prefill":
         return float(vllm_deepep_ht_bytes(cfg, gpus_per_node))
     return float(deepep_ll_buffer_bytes(model, vllm_deepep_ll_cap(cfg), cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
+
+
+def deepep_buffer_label(cfg: ServeConfig) -> str:
+    """What an engine's DeepEP buffer (`deepep_ll_engine_bytes`) is, by the kernels its line runs: an
+    SGLang engine's `--deepep-mode auto` holds the normal and the low-latency kernels' buffers
+    (`deepep_sglang_engine_bytes`), a vLLM prefill instance's `deepep_high_throughput` the normal
+    kernels' (`vllm_deepep_ht_bytes`), any other vLLM engine's `deepep_low_latency` the low-latency
+    ones'."""
+    if cfg.engine == "sglang":
+        return "DeepEP normal + low-latency buffers"
+    if cfg.role == "prefill":
+        return "DeepEP high-throughput buffers"
+    return "DeepEP low-latency buffers"
 
 
 def vllm_deepep_ll_cap(cfg: ServeConfig) -> int:
