@@ -116,6 +116,8 @@ def split_on(plan: ServePlan, engine: str) -> dict[str, float]:
         pool = plan.cluster.pools[role.pool_index]
         cfg = engine_config(role.prediction.config, engine, gpus_per_node=pool.node.gpus_per_node, split=True,
                             gpu=pool.gpu)
+        if engine == "vllm" and role.prediction.config.engine != "vllm":  # a vLLM decode instance's own budget
+            cfg = ll_budgeted(plan.model, pool.gpu, cfg, plan.job)  # (emit.pd.vllm_role_plan: its line)
         mem = serve_memory(plan.model, pool, cfg, context_len=plan.job.context_len)
         if (problem := mem.problem()) is not None:
             raise InfeasibleError(f"the {role.role} instances: {problem}")

@@ -91,3 +91,32 @@ def test_engine_check_does_not_change_the_sglang_plan():
     again = with_engine_check(dataclasses.replace(sg, engine_other=None))
     assert again.engine_other == sg.engine_other and again.launch == sg.launch
     assert again.launch["sglang"] == api.with_serve_launch(sg).launch["sglang"]
+
+
+def test_split_sglang_plan_vllm_decode_instances_take_their_own_budget():
+    """DeepSeek-V3 FP8 on 32 H100 split for SGLang (decode: TP 2 x attention DP 8 x EP 16, 115 requests
+    per rank with one MTP draft; SGLang's budget 8,192): vLLM's decode line at 8,192 would hold a 115 GiB
+    DeepEP buffer per GPU ("would not start"); a vLLM decode instance takes the smallest budget its
+    decode tokens allow, 230 -> 256, so its line passes that and the vLLM figures exist."""
+    from autoshard.costmodel.serve.ep_buffers import vllm_deepep_ll_budget
+    from autoshard.emit.pd import pd_commands
+    from autoshard.specs.job import ServeJob, WeightDtype
+
+    dsv3, h100x32 = load_model("deepseek-v3"), load_cluster("dgx-h100").with_gpus(32)
+    plan = api.solve_serve(dsv3, h100x32, ServeJob(input_len=1000, output_len=1000, weight_dtype=WeightDtype.FP8),
+                           pins=None, top_k=1, time_limit_s=20, num_workers=1, disaggregate="on",
+                           framework="sglang")[0]
+    decode = plan.role("decode")
+    cfg = decode.prediction.config
+    assert cfg.engine == "sglang" and cfg.max_num_batched_tokens == 8192 and decode.ep == 16
+    budget = vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)
+    assert budget == 256 and cfg.max_num_seqs * (1 + cfg.speculative_tokens) <= budget
+    checked = with_engine_check(plan)
+    other = checked.engine_other
+    assert "would not start" not in other["note"] and other["decode_tpot_s"] > 0
+    lines = [line for _, what, line in pd_commands(plan, "vllm") if what.startswith("decode")]
+    assert lines and all("--all2all-backend deepep_low_latency" in x and "--max-num-batched-tokens 256 " in x
+                         and f"--max-num-seqs {cfg.max_num_seqs} " in x for x in lines)
+    prefill = [line for _, what, line in pd_commands(plan, "vllm") if what.startswith("prefill")]
+    assert prefill and all("--max-num-batched-tokens 8192 " in x for x in prefill)  # HT buffer: no budget tie
+    assert not any("--max-num-batched-tokens" in line for _, _, line in pd_commands(plan, "sglang"))
