@@ -78,6 +78,7 @@ __all__ = [
     "uses_deepep_low_latency",
     "vllm_deepep_ht_bytes",
     "vllm_runs_cuda_graphs",
+    "runs_cuda_graphs",
 ]
 
 DEEPEP_ALIGNMENT_BYTES = 128
@@ -262,6 +263,16 @@ def vllm_runs_cuda_graphs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> b
     if not cfg.cuda_graphs:
         return False
     return not (cfg.engine == "vllm" and cfg.role == "prefill" and uses_deepep_low_latency(model, gpu, cfg))
+
+
+def runs_cuda_graphs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
+    """Whether the engine captures CUDA graphs (holds a graph pool): vLLM's rule
+    (`vllm_runs_cuda_graphs`); an SGLang prefill instance never does: `ServerArgs._handle_disaggregation`
+    sets disable_cuda_graph for `--disaggregation-mode prefill` ("Cuda graph is disabled for prefill
+    server", sgl-project/sglang python/sglang/srt/server_args.py)."""
+    if cfg.engine == "sglang":
+        return cfg.cuda_graphs and cfg.role != "prefill"
+    return vllm_runs_cuda_graphs(model, gpu, cfg)
 
 
 def sglang_deepep_tokens(seqs: int, drafts: int = 0) -> int:
