@@ -12,16 +12,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoshard.costmodel.serve.disagg import decode_instance, prefill_instance
-from autoshard.costmodel.serve.engines import (
-    DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED, engine_config, sglang_priced,
+from autoshard.api_engines import (
+    ENGINE_SAME_REL, aggregated_on, engine_figures, launched_by, pct, sglang_priced_plan, split_figures, split_on,
+    vllm_budget_row,
 )
-from autoshard.costmodel.serve.memory import serve_memory
-from autoshard.costmodel.serve.predict import ServePrediction
+from autoshard.costmodel.serve.engines import (
+    DEFAULT_ENGINE, ENGINE_NAMES, SGLANG_UNPRICED,
+)
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import parse_sglang, runs_deepep, sglang_deepep_seqs, sglang_node_commands
+from autoshard.emit.sglang import parse_sglang, sglang_node_commands
 from autoshard.emit.vllm import (
     VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
 )
@@ -29,7 +30,6 @@ from autoshard.emit.vllm.parse import backend_role
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve import solve as _search
-from autoshard.search.serve.evaluate import evaluated_row
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -40,7 +40,8 @@ from autoshard.study.files import check_output_dir
 
 __all__ = ["serve_job_for", "INTERACTIVE_TPOT_MS", "interactive_job", "serve_launch", "with_serve_launch",
            "solve_serve", "evaluate_serve", "evaluate_vllm", "evaluate_serve_command", "model_for_path", "ServeSolution",
-           "plan_serving", "repo_weights", "serve_launch_script", "write_k8s_manifests", "with_engine_check"]
+           "plan_serving", "repo_weights", "serve_launch_script", "write_k8s_manifests", "with_engine_check",
+           "launched_by"]
 
 INTERACTIVE_TPOT_MS = 50.0
 """The SLA serve mode plans for when the user gives none: 50 ms per output token (20 tokens/s per
@@ -280,102 +281,63 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k
     return ServeSolution(plans, alternative, sla_note, interactive is not None)
 
 
-ENGINE_SAME_REL = 0.005
-"""Figures within 0.5 % of each other are reported as the same under both engines."""
-
-
 def with_engine_check(plan: ServePlan) -> ServePlan:
     """The plan with `engine_other`: the same deployment (degrees, batch caps, running requests) priced
     for the other engine as its own launch line runs it, with one sentence saying whether and how much
-    the figures differ. The plan's own figures stay those of the engine it is priced for."""
+    the figures differ. The plan's own figures stay those of the engine it is priced for. A vLLM line
+    on DeepEP's low-latency kernels sizes its buffer at --max-num-batched-tokens, a vLLM plan's choice
+    (`search.serve.budget`): an SGLang plan's vLLM figure and vLLM lines run the budget the vLLM
+    planner would choose for the same deployment (`engine_other["max_num_batched_tokens"]`)."""
     engine = plan.prediction.config.engine
     other = "sglang" if engine == "vllm" else "vllm"
     name, other_name = ENGINE_NAMES[engine], ENGINE_NAMES[other]
-    if other == "sglang" and not _sglang_priced(plan):
+    if other == "sglang" and not sglang_priced_plan(plan):
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True, "priced": False,
             "note": f"{SGLANG_UNPRICED} for this deployment; --target sglang plans only what it prices"})
+    budget = vllm_budget_row(plan) if other == "vllm" else None
     try:
-        figures = _split_on(plan, other) if plan.disaggregated else _aggregated_on(plan, other)
+        if plan.disaggregated:
+            figures = split_on(plan, other)
+        elif budget is not None:
+            figures = engine_figures(budget.throughput, budget.prediction)
+        else:
+            figures = aggregated_on(plan, other)
     except InfeasibleError as exc:
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True,
             "note": f"under {other_name} this deployment would not start: {exc}"})
-    ours = _split_figures(plan) if plan.disaggregated else _figures(plan.throughput_tokens_per_s, plan.prediction)
+    ours = split_figures(plan) if plan.disaggregated else engine_figures(plan.throughput_tokens_per_s, plan.prediction)
     differs = any(abs(figures[k] / ours[k] - 1) > ENGINE_SAME_REL for k in ours if ours[k])
+    at = "" if budget is None else f" at --max-num-batched-tokens {budget.config.max_num_batched_tokens:,}"
     if not differs:
         note = f"{other_name}'s launch line runs the same kernels here: the same figures"
     elif plan.disaggregated:
         note = (f"under {other_name} (its own launch lines) a prefill instance sustains "
-                f"{figures['prefill_requests_per_s']:,.2f} requests/s ({_pct(figures, ours, 'prefill_requests_per_s')} "
+                f"{figures['prefill_requests_per_s']:,.2f} requests/s ({pct(figures, ours, 'prefill_requests_per_s')} "
                 f"vs {name}) and decode TPOT is {1e3 * figures['decode_tpot_s']:.1f} ms "
-                f"({_pct(figures, ours, 'decode_tpot_s')}); --target {other} plans for {other_name}")
+                f"({pct(figures, ours, 'decode_tpot_s')}); --target {other} plans for {other_name}")
     else:
-        note = (f"under {other_name} (its own launch line) this deployment predicts {figures['tokens_per_s']:,.0f} "
-                f"output tokens/s ({_pct(figures, ours, 'tokens_per_s')} vs {name}), TPOT "
+        note = (f"under {other_name} (its own launch line{at}) this deployment predicts {figures['tokens_per_s']:,.0f} "
+                f"output tokens/s ({pct(figures, ours, 'tokens_per_s')} vs {name}), TPOT "
                 f"{1e3 * figures['tpot_s']:.1f} ms, TTFT {figures['ttft_s']:.2f} s; --target {other} plans for "
                 f"{other_name}")
-    return dataclasses.replace(plan, engine_other={"engine": other, **figures, "differs": differs, "note": note})
-
-
-def _sglang_priced(plan: ServePlan) -> bool:
-    """Whether SGLang's launch lines of this deployment run paths autoshard prices (`sglang_priced`)."""
-    if plan.disaggregated:
-        pools = plan.cluster.pools
-        return all(sglang_priced(r.prediction.config, pools[r.pool_index].node.gpus_per_node, split=True,
-                                 gpu=pools[r.pool_index].gpu)
-                   for r in plan.roles)
-    return sglang_priced(plan.prediction.config, plan.pool.node.gpus_per_node, gpu=plan.pool.gpu)
-
-
-def _pct(figures: dict[str, float], ours: dict[str, float], key: str) -> str:
-    return f"{100 * (figures[key] / ours[key] - 1):+.1f} %"
-
-
-def _figures(tokens_per_s: float, pred: ServePrediction) -> dict[str, float]:
-    return {"tokens_per_s": tokens_per_s, "tpot_s": pred.tpot_s, "ttft_s": pred.ttft_s}
-
-
-def _aggregated_on(plan: ServePlan, engine: str) -> dict[str, float]:
-    """Throughput, TPOT and TTFT of an aggregated plan's deployment launched with `engine` (SGLang's
-    DeepEP line runs at most the requests its low-latency buffer holds: `sglang_deepep_seqs`)."""
-    seqs = sglang_deepep_seqs(plan) if engine == "sglang" and runs_deepep(plan) else plan.max_num_seqs
-    row, _, _ = evaluated_row(
-        plan.model, plan.cluster, plan.job, tp=plan.tp, pp=plan.pp, dp=plan.dp, expert_parallel=plan.expert_parallel,
-        gpu_memory_utilization=plan.gpu_memory_utilization, max_num_seqs=seqs,
-        max_num_batched_tokens=plan.max_num_batched_tokens, pool=plan.pool_index,
-        concurrency=min(plan.prediction.concurrency, seqs) * plan.dp, framework=engine)
-    return _figures(row.throughput, row.prediction)
-
-
-def _split_figures(plan: ServePlan) -> dict[str, float]:
-    return {"prefill_requests_per_s": plan.role("prefill").requests_per_s,
-            "decode_tpot_s": plan.role("decode").prediction.tpot_s}
-
-
-def _split_on(plan: ServePlan, engine: str) -> dict[str, float]:
-    """A prefill/decode plan's prefill rate per instance and decode TPOT at its running requests, each
-    role's instance launched with `engine`."""
-    out = {}
-    for role in plan.roles:
-        pool = plan.cluster.pools[role.pool_index]
-        cfg = engine_config(role.prediction.config, engine, gpus_per_node=pool.node.gpus_per_node, split=True,
-                            gpu=pool.gpu)
-        mem = serve_memory(plan.model, pool, cfg, context_len=plan.job.context_len)
-        if (problem := mem.problem()) is not None:
-            raise InfeasibleError(f"the {role.role} instances: {problem}")
-        if role.role == "prefill":
-            out["prefill_requests_per_s"] = prefill_instance(plan.model, pool, plan.job, cfg, mem).requests_per_s
-        else:
-            out["decode_tpot_s"] = decode_instance(plan.model, pool, plan.job, cfg, mem,
-                                                   concurrency=role.prediction.concurrency).tpot_s
-    return out
+    checked = dataclasses.replace(plan, engine_other={"engine": other, **figures, "differs": differs, "note": note})
+    if budget is None:
+        return checked
+    checked.engine_other["max_num_batched_tokens"] = budget.config.max_num_batched_tokens
+    launch = dict(plan.launch)
+    if launch:  # the vLLM lines run what the vLLM figure prices
+        lines = vllm_node_commands(launched_by(checked, "vllm"))
+        launch.update({"vllm": lines[0], **({"vllm_nodes": "\n".join(lines)} if len(lines) > 1 else {})})
+    return dataclasses.replace(checked, launch=launch)
 
 
 def serve_launch_script(plan: ServePlan, engine: str) -> str:
     """The launch script of a serving plan for `engine` (vllm or sglang): a prefill/decode deployment's
-    roles and router (`emit.pd`), else the replicas (`emit.serve_script`)."""
-    return pd_script(plan, engine) if plan.disaggregated else serve_script(plan, engine)
+    roles and router (`emit.pd`), else the replicas (`emit.serve_script`), as `engine` runs the plan
+    (`launched_by`)."""
+    return pd_script(plan, engine) if plan.disaggregated else serve_script(launched_by(plan, engine), engine)
 
 
 def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = None) -> int:
@@ -386,7 +348,7 @@ def write_k8s_manifests(plan: ServePlan, output: Path, framework: str | None = N
     output.mkdir(parents=True, exist_ok=True)
     if framework is None:
         framework = plan.prediction.config.engine
-    files = k8s_manifests(plan, framework)
+    files = k8s_manifests(launched_by(plan, framework), framework)
     for name, objects in files.items():
         (output / name).write_text(k8s_yaml(objects))
     return len(files)

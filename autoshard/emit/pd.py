@@ -45,7 +45,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, sglang_deepep_tokens
+from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, sglang_deepep_tokens, vllm_deepep_ll_budget
 from autoshard.emit.sglang import sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.emit.vllm.command import all2all_backend
@@ -56,6 +56,7 @@ __all__ = [
     "Instance",
     "place",
     "role_plan",
+    "vllm_role_plan",
     "pd_commands",
     "pd_launch",
     "pd_script",
@@ -142,6 +143,19 @@ def sglang_deepep_decode(role: Role) -> tuple[int, int]:
     return seqs, sglang_deepep_tokens(seqs, role.speculative_tokens)
 
 
+def vllm_role_plan(plan: ServePlan, role: Role) -> ServePlan:
+    """One instance of a role as vLLM's line runs it: `role_plan`, except that a decode instance of a
+    plan priced for another engine (an SGLang plan's) on DeepEP's low-latency kernels takes the budget
+    a vLLM plan gives it, `vllm_deepep_ll_budget` of its decode tokens (`search.serve.budget.
+    ll_budgeted`), not the other engine's, whose buffer vLLM would size at that budget."""
+    one = role_plan(plan, role)
+    cfg = role.prediction.config
+    if role.role != "decode" or cfg.engine == "vllm" or all2all_backend(one) != "deepep_low_latency":
+        return one
+    return dataclasses.replace(one, max_num_batched_tokens=vllm_deepep_ll_budget(cfg.max_num_seqs,
+                                                                                 cfg.speculative_tokens))
+
+
 def vllm_deepep_decode(one: ServePlan, role: Role) -> ServePlan | None:
     """A vLLM decode instance on DeepEP's low-latency kernels (`one`: its `role_plan`) as its line runs
     it, or None where the line runs the plan as it is. vLLM 0.33 sizes that buffer for
@@ -210,7 +224,7 @@ def _q(word: str) -> str:
 
 def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str]:
     role = plan.role(inst.role)
-    one = role_plan(plan, role)
+    one = vllm_role_plan(plan, role) if framework == "vllm" else role_plan(plan, role)
     low_latency = framework == "sglang" and inst.role == "decode" and uses_deepep(role, len(inst.nodes))
     if low_latency:
         seqs, cap = sglang_deepep_decode(role)
@@ -309,7 +323,7 @@ def pd_commands(plan: ServePlan, framework: str) -> list[tuple[int, str, str]]:
                     f" (the plan's memory holds SGLang's DeepEP low-latency buffers for {SGLANG_DEEPEP_LL_MAX}"
                     f" tokens per rank: {seqs} requests per rank instead of the planned {role.max_num_seqs})"
                 )
-        vllm_ll = vllm_deepep_decode(role_plan(plan, role), role) if framework == "vllm" and inst.role == "decode" else None
+        vllm_ll = vllm_deepep_decode(vllm_role_plan(plan, role), role) if framework == "vllm" and inst.role == "decode" else None
         if vllm_ll is not None and vllm_ll.max_num_seqs < role.max_num_seqs:
             what += (f" (vLLM's DeepEP low-latency buffer holds its --max-num-batched-tokens {vllm_ll.max_num_batched_tokens} "
                      f"tokens per rank: {vllm_ll.max_num_seqs} requests per rank instead of the planned "

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autoshard.costmodel.bands import band_of, band_text, tie_text
+from autoshard.costmodel.serve.ep_buffers import deepep_buffer_label
 from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.terminal import prune_table, solver_text
@@ -84,12 +85,13 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
     render_roles(plan, console)
     render_choice(plan, console)
     table = compact_table(f"Memory per {decode}GPU")
+    deepep = deepep_buffer_label(p.config)  # by the kernels the engine's line runs
     add_columns(table, "component|GiB:r")
     for name, value in (("weights", mem.weights_bytes), ("activations (profiled peak)", mem.activation_bytes),
                         ("CUDA graphs", mem.cuda_graph_bytes),
                         ("non-torch (context, NCCL)", mem.non_torch_bytes - mem.ep_buffer_bytes),
-                        ("DeepEP low-latency buffers", mem.ep_buffer_bytes), ("KV cache", mem.kv_cache_bytes)):
-        if value or name != "DeepEP low-latency buffers":
+                        (deepep, mem.ep_buffer_bytes), ("KV cache", mem.kv_cache_bytes)):
+        if value or name != deepep:
             table.add_row(name, f"{value / GIB:.1f}")
     table.add_section()
     table.add_row("capacity", f"{mem.capacity_bytes / GIB:.1f}", style="bold")

@@ -74,9 +74,11 @@ __all__ = [
     "vllm_deepep_ll_cap",
     "deepep_ll_buffer_bytes",
     "deepep_ll_engine_bytes",
+    "deepep_buffer_label",
     "uses_deepep_low_latency",
     "vllm_deepep_ht_bytes",
     "vllm_runs_cuda_graphs",
+    "runs_cuda_graphs",
 ]
 
 DEEPEP_ALIGNMENT_BYTES = 128
@@ -210,6 +212,19 @@ def deepep_ll_engine_bytes(
     return float(deepep_ll_buffer_bytes(model, vllm_deepep_ll_cap(cfg), cfg.ep) + VLLM_DEEPEP_NVL_BYTES)
 
 
+def deepep_buffer_label(cfg: ServeConfig) -> str:
+    """What an engine's DeepEP buffer (`deepep_ll_engine_bytes`) is, by the kernels its line runs: an
+    SGLang engine's `--deepep-mode auto` holds the normal and the low-latency kernels' buffers
+    (`deepep_sglang_engine_bytes`), a vLLM prefill instance's `deepep_high_throughput` the normal
+    kernels' (`vllm_deepep_ht_bytes`), any other vLLM engine's `deepep_low_latency` the low-latency
+    ones'."""
+    if cfg.engine == "sglang":
+        return "DeepEP normal + low-latency buffers"
+    if cfg.role == "prefill":
+        return "DeepEP high-throughput buffers"
+    return "DeepEP low-latency buffers"
+
+
 def vllm_deepep_ll_cap(cfg: ServeConfig) -> int:
     """Tokens per rank vLLM's DeepEP low-latency buffer holds (`num_max_dispatch_tokens_per_rank`): the
     engine's step budget `max_num_batched_tokens` in vLLM 0.33.0, its DP chunk where it chunks
@@ -248,6 +263,16 @@ def vllm_runs_cuda_graphs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> b
     if not cfg.cuda_graphs:
         return False
     return not (cfg.engine == "vllm" and cfg.role == "prefill" and uses_deepep_low_latency(model, gpu, cfg))
+
+
+def runs_cuda_graphs(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
+    """Whether the engine captures CUDA graphs (holds a graph pool): vLLM's rule
+    (`vllm_runs_cuda_graphs`); an SGLang prefill instance never does: `ServerArgs._handle_disaggregation`
+    sets disable_cuda_graph for `--disaggregation-mode prefill` ("Cuda graph is disabled for prefill
+    server", sgl-project/sglang python/sglang/srt/server_args.py)."""
+    if cfg.engine == "sglang":
+        return cfg.cuda_graphs and cfg.role != "prefill"
+    return vllm_runs_cuda_graphs(model, gpu, cfg)
 
 
 def sglang_deepep_tokens(seqs: int, drafts: int = 0) -> int:

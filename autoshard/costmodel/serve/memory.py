@@ -40,7 +40,7 @@ from autoshard.costmodel.serve.comm_memory import (
     startup_comm_bytes,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
-from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, vllm_runs_cuda_graphs
+from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, runs_cuda_graphs
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
     _kv_heads_local,
@@ -257,7 +257,7 @@ def serve_memory(
     )
     per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
     ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
-    cuda_graphs = vllm_runs_cuda_graphs(model, gpu, cfg)
+    cuda_graphs = runs_cuda_graphs(model, gpu, cfg)
     non_torch = engine_comm_bytes(pool, cfg) + ep_buffers
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
