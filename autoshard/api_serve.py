@@ -102,8 +102,17 @@ def serve_launch(plan: ServePlan) -> dict[str, str]:
 
 
 def with_serve_launch(plan: ServePlan) -> ServePlan:
-    """The plan with its launch commands attached."""
-    return plan.with_launch(serve_launch(plan))
+    """The plan with its launch commands attached, and a note when the name they launch is neither a
+    Hugging Face repo id nor a local directory (a model file that names no checkpoint: GPT-3 175B, a
+    renamed config file): vLLM and SGLang would look it up on the Hub and fail."""
+    plan = plan.with_launch(serve_launch(plan))
+    name = plan.model_path
+    if "/" not in name and not Path(name).is_dir():
+        note = (f"the launch lines name the model {name!r}, which is neither a Hugging Face repo id nor a local "
+                "directory (the model file names no checkpoint): replace it with the checkpoint's repo id or "
+                "directory before launching")
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, note))
+    return plan
 
 
 def solve_serve(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, **kwargs) -> list[ServePlan]:
