@@ -37,6 +37,7 @@ from autoshard.emit.pd import (
     VLLM_NIXL_HOST_ENV,
     VLLM_PORT,
     SGLANG_DEEPEP_LL_ENV,
+    listen_words,
     role_plan,
     sglang_deepep_decode,
     sglang_deepep_prefill,
@@ -114,9 +115,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
         one = role_plan(plan, _AggRole(plan))  # type: ignore[arg-type]
         per_node = plan.pool.node.gpus_per_node
         env = sglang_env(one) if sglang else ()  # DeepEP's buffer size, as container env
-        # the Service and the container port point at `port`: the engine listens there, on every
-        # interface (vLLM's default port is 8000, SGLang binds 127.0.0.1 unless --host is given)
-        listen = " ".join(["--host", "0.0.0.0", "--port", str(port)])
+        listen = " ".join(listen_words(port))  # where the Service and the container port point
         for i in range(plan.replicas):
             lines = sglang_node_commands(one, env=False) if sglang else vllm_node_commands(one)
             lines = [f"{line} {listen}" for line in lines]
@@ -153,7 +152,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             if framework == "vllm" and role.role == "prefill":  # as in emit/pd.py
                 lines = [line.replace("--all2all-backend deepep_low_latency",
                                       "--all2all-backend deepep_high_throughput") for line in lines]
-            extra = ["--host", "0.0.0.0", "--port", str(port)]
+            extra = listen_words(port)
             if framework == "vllm":
                 extra += ["--kv-transfer-config", vllm_kv_transfer_config(role.role)]
             else:
@@ -250,14 +249,14 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
             words += ["--prefill", f"http://{u.name}:{u.port}", str(BOOTSTRAP_PORT)]
         for u in dec:
             words += ["--decode", f"http://{u.name}:{u.port}"]
-        words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        words += listen_words(ROUTER_PORT)
     else:
         words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
         for u in pre:
             words += ["--prefill", f"http://{u.name}:{u.port}"]
         for u in dec:
             words += ["--decode", f"http://{u.name}:{u.port}"]
-        words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        words += ["--kv-connector", "nixl", *listen_words(ROUTER_PORT)]
     labels = {"app": f"{base}-router"}
     deployment = {
         "apiVersion": "apps/v1",

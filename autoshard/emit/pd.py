@@ -66,6 +66,7 @@ __all__ = [
     "vllm_kv_transfer_config",
     "SGLANG_TRANSFER_BACKEND",
     "ROUTER_PORT",
+    "listen_words",
     "sglang_deepep_decode",
     "sglang_deepep_prefill",
     "vllm_deepep_decode",
@@ -101,6 +102,12 @@ class Instance:
     """Its position among the instances sharing its head node (offsets its ports)."""
     pool: str = ""
     """The pool (GPU type) its nodes belong to."""
+
+
+def listen_words(port: int) -> list[str]:
+    """The words that make an engine or a router serve on every interface at `port` (vLLM's default
+    port is 8000, SGLang binds 127.0.0.1 unless --host is given)."""
+    return ["--host", "0.0.0.0", "--port", str(port)]
 
 
 def role_plan(plan: ServePlan, role: Role) -> ServePlan:
@@ -250,19 +257,13 @@ def _instance_lines(framework: str, plan: ServePlan, inst: Instance) -> list[str
             env += f'{VLLM_NIXL_HOST_ENV}="{_addr(node)}" '
             env += f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + stride * inst.slot} "
             words = [
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(VLLM_PORT + inst.slot),
+                *listen_words(VLLM_PORT + inst.slot),
                 "--kv-transfer-config",
                 vllm_kv_transfer_config(inst.role),
             ]
         else:
             words = [
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(SGLANG_PORT + inst.slot),
+                *listen_words(SGLANG_PORT + inst.slot),
                 "--disaggregation-mode",
                 inst.role,
                 "--disaggregation-transfer-backend",
@@ -294,14 +295,14 @@ def _router(framework: str, instances: list[Instance]) -> str:
             words += ["--prefill", _url(i.nodes[0], SGLANG_PORT + i.slot), str(BOOTSTRAP_PORT + i.slot)]
         for i in dec:
             words += ["--decode", _url(i.nodes[0], SGLANG_PORT + i.slot)]
-        words += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        words += listen_words(ROUTER_PORT)
         return " ".join(words)
     words = ["vllm-router", "--policy", "round_robin", "--vllm-pd-disaggregation"]
     for i in pre:
         words += ["--prefill", _url(i.nodes[0], VLLM_PORT + i.slot)]
     for i in dec:
         words += ["--decode", _url(i.nodes[0], VLLM_PORT + i.slot)]
-    words += ["--kv-connector", "nixl", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    words += ["--kv-connector", "nixl", *listen_words(ROUTER_PORT)]
     return " ".join(words)
 
 
