@@ -17,6 +17,8 @@ from autoshard.costmodel.attention import flash_attention_efficiency, ring_atten
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
+from autoshard.costmodel.fp8 import fp8_quantize_s
+from autoshard.costmodel.gemm_shape import shape_table
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs.cluster import GpuSpec
@@ -26,8 +28,8 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
-    "fp8_cast_bytes_per_element", "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
-    "wgrad_time_s", "fp8_quantize_s",
+    "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
+    "wgrad_time_s", "shape_efficiency", "dgrad_shape", "wgrad_shape", "backward_gemms_s",
 ]
 
 BF16_BYTES = 2
@@ -66,18 +68,70 @@ def _peak_flops(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[
     return gpu.bf16_tflops * 1e12, eff.gemm
 
 
-def gemm_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
-    """Roofline time of a forward GEMM: the slower of math at a shape-dependent efficiency and HBM
-    traffic (read A and B, write C), plus a per-kernel overhead."""
+def shape_efficiency(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
+    """Fraction of the precision's dense peak the GEMM reaches at its shape: the knob (a large GEMM's
+    level) times the measured fall-off of the GPU's generation (gemm_shape.shape_table; grouped
+    expert GEMMs by rows per expert) where `gemm_shape_measured` is set and one exists, else
+    times d / (d + gemm_half_dim) of the smallest dimension d."""
     eff = gpu.efficiency
-    peak, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
+    _, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
+    fp8 = precision is Precision.FP8 and gemm.fp8_capable and bool(gpu.fp8_tflops)
+    table = shape_table(gpu_generation(gpu.name)) if eff.gemm_shape_measured else None
+    if table is not None:
+        if gemm.grouped:
+            return gemm_eff * table.grouped(gemm.m, gemm.count, gemm.n, gemm.k, fp8)
+        return gemm_eff * table.dense(gemm.m, gemm.n, gemm.k, fp8)
     smallest = min(gemm.m, gemm.n, gemm.k)
-    shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+    return gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+
+
+def gemm_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
+    """Roofline time of a forward GEMM: the slower of math at a shape-dependent efficiency
+    (shape_efficiency) and HBM traffic (read A and B, write C), plus a per-kernel overhead."""
+    eff = gpu.efficiency
+    peak, _ = _peak_flops(gpu, precision, gemm.fp8_capable)
+    shape_eff = shape_efficiency(gemm, gpu, precision)
     elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
     traffic = (gemm.m * gemm.k + gemm.k * gemm.n) * elem + gemm.m * gemm.n * BF16_BYTES
     math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
     mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
     return gemm.count * (max(math_s, mem_s) + eff.kernel_overhead_us * 1e-6)
+
+
+def _measured(gpu: GpuSpec) -> bool:
+    return gpu.efficiency.gemm_shape_measured and shape_table(gpu_generation(gpu.name)) is not None
+
+
+def dgrad_shape(gemm: Gemm, gpu: GpuSpec) -> Gemm:
+    """The data-gradient GEMM of a forward (m x k) @ (k x n): dX (m x k) = dY (m x n) @ W (n x k),
+    contraction over n. Where the shape fall-off is the smooth curve of the smallest dimension it
+    is the forward's; grouped expert GEMMs keep their forward shape (rows per expert)."""
+    if gemm.grouped or not _measured(gpu):
+        return gemm
+    return Gemm(gemm.m, gemm.k, gemm.n, gemm.count, gemm.fp8_capable)
+
+
+def wgrad_shape(gemm: Gemm, gpu: GpuSpec) -> Gemm:
+    """The weight-gradient GEMM of a forward (m x k) @ (k x n): dW (k x n) = X^T (k x m) @ dY (m x n),
+    contraction over the m tokens (as dgrad_shape: the forward's where the measured table does not
+    apply, and for grouped expert GEMMs)."""
+    if gemm.grouped or not _measured(gpu):
+        return gemm
+    return Gemm(gemm.k, gemm.n, gemm.m, gemm.count, gemm.fp8_capable)
+
+
+def backward_gemms_s(gemms: list[Gemm], gpu: GpuSpec, precision: Precision, main_grad_bytes: int | None) -> float:
+    """Seconds of the data- and weight-gradient GEMMs of a layer's forward GEMMs: each at its own
+    shape (dgrad_shape, wgrad_shape); the weight gradient accumulated into the main gradient when
+    main_grad_bytes is set (wgrad_time_s), else written like a forward GEMM's output."""
+    total = 0.0
+    for g in gemms:
+        total += gemm_time_s(dgrad_shape(g, gpu), gpu, precision)
+        if main_grad_bytes:
+            total += wgrad_time_s(g, gpu, precision, main_grad_bytes)
+        else:
+            total += gemm_time_s(wgrad_shape(g, gpu), gpu, precision)
+    return total
 
 
 def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes: int) -> float:
@@ -91,9 +145,8 @@ def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes
     weight element, where the forward reads the weight once. At an FP32 main gradient that is about
     m/4 FLOP per byte: it binds when the contraction m (an expert's rows) is short."""
     eff = gpu.efficiency
-    peak, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
-    smallest = min(gemm.m, gemm.n, gemm.k)
-    shape_eff = gemm_eff * smallest / (smallest + eff.gemm_half_dim)
+    peak, _ = _peak_flops(gpu, precision, gemm.fp8_capable)
+    shape_eff = shape_efficiency(wgrad_shape(gemm, gpu), gpu, precision)
     elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
     traffic = (gemm.m * gemm.k + gemm.m * gemm.n) * elem + 2 * gemm.k * gemm.n * main_grad_bytes
     math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
@@ -229,8 +282,10 @@ def layer_compute_time(
     if precision is Precision.FP8 and gpu.fp8_tflops:
         cast_fwd_s, cast_bwd_s = fp8_quantize_s(gemms, gpu, fp8_recipe)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
+    imbalance_s = 0.0
     if kind is LayerKind.MOE and model.moe is not None:
-        gemm_s += _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
+        imbalance_s = _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
+    gemm_s += imbalance_s
     ub_fwd = ub_bwd = 0.0
     if tp_comm_overlap and sequence_parallel and dims.tp > 1:
         ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
@@ -238,10 +293,9 @@ def layer_compute_time(
     # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
     # element-wise backward reads saved inputs and gradients (2x), FP8 quantization of the output
     # gradients (fp8_quantize_s).
-    backward = 2.0 * gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
-    if main_grad_bytes:  # the wgrad GEMMs' main-gradient epilogue (wgrad_time_s) instead of a forward's time
-        backward += sum(
-            wgrad_time_s(g, gpu, precision, main_grad_bytes) - gemm_time_s(g, gpu, precision) for g in gemms)
+    # dgrad and wgrad GEMMs at their own shapes (backward_gemms_s), the busiest EP rank's imbalance twice
+    backward_gemm_s = backward_gemms_s(gemms, gpu, precision, main_grad_bytes) + 2.0 * imbalance_s
+    backward = backward_gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
     if kind is LayerKind.OUTPUT:
         loss_fwd, loss_bwd = cross_entropy_bytes_per_token(model, cross_entropy, tp=dims.tp)
         hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
@@ -337,44 +391,3 @@ def tp_overlap_gemm_extra_s(
         # dgrad of the row-parallel GEMM (same FLOPs as its forward) runs ring exchange
         bwd += _chunked_s(row, tp, gpu, precision) - whole_row
     return max(0.0, fwd), max(0.0, bwd)
-
-
-def fp8_cast_bytes_per_element(recipe: Fp8Recipe, *, transpose: bool = False) -> float:
-    """HBM bytes per element to quantize one FP8 GEMM operand in Transformer Engine.
-
-    delayed: read BF16 (2) and write FP8 (1), the scale comes from the amax history.
-    tensorwise (current scaling): an extra read pass for the tensor's amax before the cast (+2).
-    blockwise (1x128 / 128x128 scales): one fused amax-and-cast pass, but the column-wise
-    (transposed) copy the weight gradient needs is written as well (+1).
-    mxfp8 (Blackwell, 1x32 E8M0 scales in hardware): row-wise and column-wise copies (+1) and their
-    scales (1/32 each).
-    transpose: the GPU's FP8 GEMMs take only the TN layout (Hopper and Ada; TE's
-    `is_non_tn_fp8_gemm_supported` is true from compute capability 10, Blackwell), so a per-tensor
-    recipe (delayed, tensorwise) writes the transposed FP8 copy the weight-gradient GEMM reads as
-    well, in the same fused kernel (TE's cast-transpose: +1). Blockwise and MXFP8 write both
-    layouts on every GPU."""
-    match recipe:
-        case Fp8Recipe.DELAYED:
-            return 3.0 + (1.0 if transpose else 0.0)
-        case Fp8Recipe.TENSORWISE:
-            return 5.0 + (1.0 if transpose else 0.0)
-        case Fp8Recipe.BLOCKWISE:
-            return 4.0
-        case Fp8Recipe.MXFP8:
-            return 4.0 + 2.0 / 32
-    raise AssertionError(recipe)
-
-
-def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[float, float]:
-    """(forward, backward) seconds Transformer Engine spends quantizing the activation operands of
-    one layer's FP8 GEMMs (`gpu` carries the training knobs): for each forward GEMM (m x k) @ (k x n),
-    the forward quantizes its input X (m x k elements), the backward its output gradient dY
-    (m x n), which both the dgrad (dY W^T) and the wgrad (X^T dY) GEMM read; each at
-    `fp8_cast_bytes_per_element` (with the transposed copy on GPUs before Blackwell). The weights
-    are cast once per step (`is_first_microbatch`) and not charged per micro-batch. BF16 GEMMs
-    (router, output layer) quantize nothing."""
-    per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
-    hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
-    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
-    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
-    return per * x / hbm, per * dy / hbm

@@ -34,6 +34,9 @@ class Gemm:
     count: int = 1
     fp8_capable: bool = True
     """Linear-layer GEMMs run in FP8 under an FP8 recipe; router GEMMs stay in BF16."""
+    grouped: bool = False
+    """One grouped kernel over `count` experts of m rows each (MoE expert GEMMs), rather than
+    `count` independent GEMMs."""
 
     @property
     def flops(self) -> float:
@@ -86,8 +89,8 @@ def attention_gemms(model: ModelSpec, tokens: int, tp: int) -> list[Gemm]:
 def mlp_gemms(model: ModelSpec, tokens: int, ffn: int, shards: int, count: int = 1) -> list[Gemm]:
     h = model.hidden_size
     f = max(ffn // shards, 1)
-    up = Gemm(tokens, f * (model.mlp.num_matrices - 1), h, count)
-    down = Gemm(tokens, h, f, count)
+    up = Gemm(tokens, f * (model.mlp.num_matrices - 1), h, count, grouped=count > 1)
+    down = Gemm(tokens, h, f, count, grouped=count > 1)
     return [up, down]
 
 

@@ -52,7 +52,12 @@ class EfficiencySpec(FrozenSpec):
     """Fraction of dense FP8 peak a large FP8 GEMM reaches (scaling and casts cost more)."""
     gemm_half_dim: Annotated[float, Field(ge=0, le=1e6)] = 128.0
     """Small-shape fall-off: a GEMM whose smallest per-GPU dimension is d runs at
-    gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d."""
+    gemm * d / (d + gemm_half_dim). High TP and micro-batch 1 shrink d. Not used where
+    `gemm_shape_measured` applies."""
+    gemm_shape_measured: bool = False
+    """Take the small-shape fall-off from the GEMM speeds measured on a GPU of this one's generation
+    (autoshard/costmodel/gemm_shape.py; Hopper today) instead of gemm_half_dim's smooth curve, where
+    such a measurement exists. Serving keeps the smooth curve its knobs were fitted with."""
     attention: Fraction = 0.25
     """Fraction of dense BF16 peak that fused (flash) attention reaches, at 4,096-token sequences."""
     attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] = 4096.0
@@ -83,11 +88,12 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
-    train_gemm: Fraction | None = 0.60
+    train_gemm: Fraction | None = 0.55
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
-    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 41 held H100 runs."""
+    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 42 held H100
+    runs, with the measured GEMM shape table (`train_gemm_shape_measured`)."""
     train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
     train_hbm: Fraction | None = 0.60
@@ -99,12 +105,15 @@ class EfficiencySpec(FrozenSpec):
     train_attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] | None = 630.0
     """Training-only override of `attention_half_seq` (None: use `attention_half_seq`). H100 default:
     from kernel benchmarks like train_attention."""
+    train_gemm_shape_measured: bool | None = True
+    """Training-only override of `gemm_shape_measured` (None: use it): the training step's GEMMs
+    take their shape fall-off from the measured table of the GPU's generation where there is one."""
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 41
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 42
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
-    (H100: 41, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    (H100: 42, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
     validation rows (tests/validation/validate_serving.py)."""
 
@@ -117,6 +126,10 @@ class EfficiencySpec(FrozenSpec):
     """Serving only: fraction of HBM bandwidth the engine's paged decode-attention kernel reaches
     reading the KV cache (block tables, scattered pages, the FP8 dequantize). None: `hbm`. Fitted with
     serve_gemm."""
+    serve_fp8_ratio: Annotated[float, Field(gt=0, le=4)] | None = 1.0
+    """Serving only: fraction of its FP8 peak an engine's FP8 GEMM reaches over a BF16 GEMM's of its
+    BF16 peak, with which `serve_gemm` prices FP8 GEMMs (costmodel/serve/compute.fp8_gemm_ratio).
+    1.0: what the bundled serving fits were made with. None: the training fit's ratio."""
 
     def training(self) -> EfficiencySpec:
         """These efficiencies as the training step uses them: each train_* override that is set
@@ -130,7 +143,7 @@ class EfficiencySpec(FrozenSpec):
         return self.model_copy(update=update)
 
 
-TRAIN_KNOBS = ("gemm", "gemm_fp8", "hbm", "attention", "attention_half_seq")
+TRAIN_KNOBS = ("gemm", "gemm_fp8", "hbm", "attention", "attention_half_seq", "gemm_shape_measured")
 """Knobs with a training-only override (EfficiencySpec.train_<knob>)."""
 
 

@@ -17,6 +17,7 @@ from autoshard.costmodel.flops import Gemm, layer_gemms
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
+from autoshard.costmodel.gemm_shape import shape_table
 from autoshard.search.train.tables import build_tables
 from autoshard.specs import LayerKind, Precision, load_cluster, load_model
 from autoshard.units import US_PER_S
@@ -31,12 +32,14 @@ TOKENS = 8192
 
 def test_logits_gemm_is_priced_at_the_bf16_peak_in_closed_form():
     """Llama-3.1-70B at TP 8, 8,192 tokens: (8192 x 8192) @ (8192 x 16032), 2.15 TFLOP forward, at
-    H100's BF16 989 TFLOP/s x train_gemm x the shape fall-off; the FP8 decoder body's GEMMs at 1,979 x
-    train_gemm_fp8."""
+    H100's BF16 989 TFLOP/s x train_gemm x the measured shape fall-off (gemm_shape: Hopper's table);
+    the FP8 decoder body's GEMMs at 1,979 x train_gemm_fp8 x the FP8 table."""
     (out,) = layer_gemms(LLAMA70, LayerKind.OUTPUT, tokens=TOKENS, dims=TP8)
     assert (out.m, out.n, out.k, out.fp8_capable) == (8192, 16032, 8192, False)
     eff = H100.efficiency
-    shape = 8192 / (8192 + eff.gemm_half_dim)
+    table = shape_table("hopper")
+    shape = table.dense(8192, 16032, 8192, fp8=False)
+    assert shape == pytest.approx(1.0, abs=0.01)  # a large GEMM: no fall-off
     flops = 2.0 * 8192 * 16032 * 8192
     want = flops / (989e12 * eff.gemm * shape) + eff.kernel_overhead_us * 1e-6
     assert gemm_time_s(out, H100, Precision.FP8) == pytest.approx(want, rel=1e-9)
@@ -44,7 +47,7 @@ def test_logits_gemm_is_priced_at_the_bf16_peak_in_closed_form():
     # what it cost when priced like the FP8 body: the ratio of the two peaks times their knobs
     as_fp8 = gemm_time_s(dataclasses.replace(out, fp8_capable=True), H100, Precision.FP8)
     overhead = eff.kernel_overhead_us * 1e-6
-    ratio = (1979 * eff.gemm_fp8) / (989 * eff.gemm)
+    ratio = (1979 * eff.gemm_fp8 * table.dense(8192, 16032, 8192, fp8=True)) / (989 * eff.gemm * shape)
     assert (want - overhead) / (as_fp8 - overhead) == pytest.approx(ratio, rel=1e-9)
     assert ratio > 1.5  # H100's fitted knobs: BF16 at about half the FP8 rate
 

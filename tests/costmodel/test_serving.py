@@ -483,7 +483,7 @@ def test_host_work_is_per_request_per_step():
 
 
 def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
-    """serve_gemm replaces the GEMM efficiency (FP8 at the training fit's FP8/BF16 ratio), serve_attention_hbm
+    """serve_gemm replaces the GEMM efficiency (FP8 at serve_fp8_ratio of it), serve_attention_hbm
     the HBM fraction of paged decode attention; a GPU without them keeps its training values."""
     from autoshard.costmodel.serve.compute import fp8_gemm_ratio, serving_gpu
 
@@ -492,17 +492,17 @@ def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
     assert eff.serve_gemm is not None and eff.serve_attention_hbm is not None
     seen = serving_gpu(gpu).efficiency
     assert seen.gemm == eff.serve_gemm
-    # H100: the training fit runs FP8 and BF16 GEMMs at the same fraction of their peaks (0.60 / 0.60),
-    # so serving does too; not the untrained 0.55 / 0.70 defaults
-    assert (eff.train_gemm, eff.train_gemm_fp8, eff.gemm, eff.gemm_fp8) == (0.60, 0.60, 0.70, 0.55)
-    assert fp8_gemm_ratio(gpu) == 1.0
+    # H100: serving's knobs were fitted with FP8 and BF16 GEMMs at the same fraction of their peaks
+    # (serve_fp8_ratio 1.0), whatever the training knobs say (0.55 / 0.60 since the measured shape table)
+    assert (eff.train_gemm, eff.train_gemm_fp8, eff.gemm, eff.gemm_fp8) == (0.55, 0.60, 0.70, 0.55)
+    assert eff.serve_fp8_ratio == 1.0 and fp8_gemm_ratio(gpu) == 1.0
     assert seen.gemm_fp8 == pytest.approx(eff.serve_gemm)
-    # a type whose training fit prices FP8 lower keeps that ratio (B200: 0.45 / 0.60), capped at 1
+    # without it, a type's training fit gives the ratio (B200: 0.45 / 0.55), capped at 1 in serving_gpu
     b200 = load_cluster("dgx-b200").primary.gpu
-    assert fp8_gemm_ratio(b200) == pytest.approx(0.45 / 0.60)
-    untrained = gpu.model_copy(
-        update={"efficiency": eff.model_copy(update={"train_gemm": None, "train_gemm_fp8": None, "serve_gemm": 0.9})}
-    )
+    b200 = b200.model_copy(update={"efficiency": b200.efficiency.model_copy(update={"serve_fp8_ratio": None})})
+    assert fp8_gemm_ratio(b200) == pytest.approx(0.45 / 0.55)
+    untrained = gpu.model_copy(update={"efficiency": eff.model_copy(update={
+        "train_gemm": None, "train_gemm_fp8": None, "serve_gemm": 0.9, "serve_fp8_ratio": None})})
     assert fp8_gemm_ratio(untrained) == pytest.approx(0.55 / 0.70)
     assert serving_gpu(untrained).efficiency.gemm_fp8 == pytest.approx(0.9 * 0.55 / 0.70)
     assert seen.hbm == eff.hbm  # weights and element-wise kernels keep the training HBM fraction

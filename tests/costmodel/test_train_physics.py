@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from autoshard.costmodel.compute import attention_time_s, fp8_cast_bytes_per_element, layer_compute_time
+from autoshard.costmodel.compute import attention_time_s, layer_compute_time
+from autoshard.costmodel.fp8 import fp8_cast_bytes_per_element
 from autoshard.costmodel.train.memory import ParamShards, layer_activation_bytes, model_state_bytes
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import TrainConfig
@@ -132,7 +133,7 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 41 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 42 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from H100-SXM5-80GB"
@@ -166,11 +167,13 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     1,024 rows on 112 of 132 SMs (pipeline), and proj/FC2 dgrad as 8 of 512 rows. Transformer Engine
     issues the chunks round-robin on 3 compute streams, so 3 run at once: the device sees 3 x 512 =
     1,536-row GEMMs (ring) and 3,072-row ones (pipeline). At efficiency e(d) = 0.7 d / (d + 128) (d the
-    smallest dimension) a GEMM of F FLOPs takes F / (peak e(d))."""
+    smallest dimension; the smooth curve, not Hopper's measured table, to keep the closed form) a GEMM
+    of F FLOPs takes F / (peak e(d))."""
     from autoshard.costmodel.compute import UB_MAX_STREAMS, UB_PIPELINE_SM_FRACTION, tp_overlap_gemm_extra_s
     from autoshard.costmodel.flops import layer_gemms
 
-    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None)
+    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None,
+                         train_gemm_shape_measured=None)
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
     dims = ParallelDims(tp=8)
     gemms = layer_gemms(LLAMA70, LayerKind.DENSE, tokens=4096, dims=dims)
@@ -224,26 +227,31 @@ def test_pytorch_fsdp_keeps_fp32_shards_as_master():
 
 def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones():
     """EfficiencySpec.train_*: the training step's GEMMs run at train_gemm, serving's at gemm. A
-    large BF16 GEMM (smallest dimension 8,192, no overhead) takes F / (peak x knob x d/(d+128))."""
+    large BF16 GEMM (8,192 cubed, no overhead) takes F / (peak x knob x fall-off): serving's smooth
+    d/(d+128), training's measured Hopper table (1.0 at this shape)."""
     from autoshard.costmodel.compute import gemm_time_s
     from autoshard.costmodel.efficiency import training_gpu
     from autoshard.costmodel.flops import Gemm
+    from autoshard.costmodel.gemm_shape import shape_table
 
     eff = EfficiencySpec(gemm=0.80, train_gemm=0.60, kernel_overhead_us=0.0)
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff})
     g = Gemm(8192, 8192, 8192)
     shape = 8192 / (8192 + 128)
     assert gemm_time_s(g, gpu, Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.80 * shape))
-    assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * shape))
+    measured = shape_table("hopper").dense(8192, 8192, 8192, fp8=False)
+    assert measured == pytest.approx(1.0, abs=0.01)
+    assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * measured))
     assert training_gpu(gpu).efficiency.train_gemm is None  # applied once, idempotent
     assert training_gpu(training_gpu(gpu)) == training_gpu(gpu)
     neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(
-        train_gemm=None, train_gemm_fp8=None, train_hbm=None, train_attention=None, train_attention_half_seq=None)})
+        train_gemm=None, train_gemm_fp8=None, train_hbm=None, train_attention=None, train_attention_half_seq=None,
+        train_gemm_shape_measured=None)})
     assert training_gpu(neutral) is neutral
     # the bundled H100 ships the training refit; A100 files carry their own
     h100 = load_cluster("dgx-h100").primary.gpu
     a100 = load_cluster("dgx-a100-80gb").primary.gpu
-    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.60, 0.70)
+    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.55, 0.70)
     # H100 attention in training comes from kernel benchmarks (KERNEL_TRAIN_KNOBS), serving keeps its own
     assert (training_gpu(h100).efficiency.attention, training_gpu(h100).efficiency.attention_half_seq) == (0.45, 630.0)
     assert (h100.efficiency.attention, h100.efficiency.attention_half_seq) == (0.25, 4096.0)

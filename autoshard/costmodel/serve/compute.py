@@ -122,7 +122,7 @@ def _block_fp8_gpu(gpu: GpuSpec) -> GpuSpec:
 def serving_gpu(gpu: GpuSpec) -> GpuSpec:
     """The GPU as an inference engine's GEMMs see it: the efficiency field `serve_gemm` (fitted per
     GPU type on published serving runs) in place of the training-fitted `gemm`, FP8 GEMMs at the
-    FP8/BF16 ratio of the training fit (`fp8_gemm_ratio`). A GPU type without it keeps its training
+    FP8/BF16 ratio of `fp8_gemm_ratio`. A GPU type without it keeps its training
     values (no serving run of it to learn from)."""
     eff = gpu.efficiency
     if eff.serve_gemm is None:
@@ -132,14 +132,18 @@ def serving_gpu(gpu: GpuSpec) -> GpuSpec:
 
 
 def fp8_gemm_ratio(gpu: GpuSpec) -> float:
-    """Fraction of its FP8 peak an FP8 GEMM reaches over the fraction of BF16 peak a BF16 GEMM
-    reaches, as the training fit measured it on this GPU type (`train_gemm_fp8 / train_gemm`; the
-    untrained `gemm_fp8 / gemm` defaults where a type has no training fit). One value for both modes:
-    the GEMMs are the same cuBLAS/CUTLASS kernels whichever engine calls them. On H100 the training
-    fit gives 1.0 (0.60 / 0.60), as cuBLAS measures it (~0.75-0.8 of either peak at large shapes);
-    the 0.55 / 0.70 defaults would price an FP16 GEMM 27 % nearer its peak than an FP8 one, so a
-    GPU's serving fit, pinned by its FP8 rows, would run its FP16 engines too fast."""
+    """Fraction of its FP8 peak an FP8 GEMM reaches in an inference engine over the fraction of BF16
+    peak a BF16 GEMM reaches: `serve_fp8_ratio` (1.0 by default: the serving knobs `serve_gemm` and
+    `serve_attention_hbm` of H100, H200 and L40S were fitted with it), else the training fit's
+    `train_gemm_fp8 / train_gemm` (the untrained `gemm_fp8 / gemm` where a type has no training
+    fit). cuBLAS measured on an H100 (autoshard/costmodel/gemm_shape.py) runs large FP8 GEMMs at
+    0.71 of 1,979 and BF16 at 0.78 of 989 TFLOP/s, 0.91; refitting the serving knobs with that
+    ratio left 45 instead of 35 of 829 serving figures beyond 20 % out of source (TensorRT-LLM's own
+    FP8 GEMMs are the kernels there), so serving keeps its fitted 1.0 and training its own knobs.
+    The 0.55 / 0.70 defaults would price an FP16 GEMM 27 % nearer its peak than an FP8 one."""
     eff = gpu.efficiency
+    if eff.serve_fp8_ratio is not None:
+        return eff.serve_fp8_ratio
     fp8 = eff.train_gemm_fp8 if eff.train_gemm_fp8 is not None else eff.gemm_fp8
     bf16 = eff.train_gemm if eff.train_gemm is not None else eff.gemm
     return fp8 / bf16

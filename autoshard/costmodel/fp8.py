@@ -1,0 +1,52 @@
+"""Transformer Engine's FP8 quantization of GEMM operands in a training step: bytes per element by
+recipe, and the seconds one layer's casts take."""
+
+from __future__ import annotations
+
+from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.flops import Gemm
+from autoshard.parallel import Fp8Recipe
+from autoshard.specs.cluster import GpuSpec
+
+__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s"]
+
+
+def fp8_cast_bytes_per_element(recipe: Fp8Recipe, *, transpose: bool = False) -> float:
+    """HBM bytes per element to quantize one FP8 GEMM operand in Transformer Engine.
+
+    delayed: read BF16 (2) and write FP8 (1), the scale comes from the amax history.
+    tensorwise (current scaling): an extra read pass for the tensor's amax before the cast (+2).
+    blockwise (1x128 / 128x128 scales): one fused amax-and-cast pass, but the column-wise
+    (transposed) copy the weight gradient needs is written as well (+1).
+    mxfp8 (Blackwell, 1x32 E8M0 scales in hardware): row-wise and column-wise copies (+1) and their
+    scales (1/32 each).
+    transpose: the GPU's FP8 GEMMs take only the TN layout (Hopper and Ada; TE's
+    `is_non_tn_fp8_gemm_supported` is true from compute capability 10, Blackwell), so a per-tensor
+    recipe (delayed, tensorwise) writes the transposed FP8 copy the weight-gradient GEMM reads as
+    well, in the same fused kernel (TE's cast-transpose: +1). Blockwise and MXFP8 write both
+    layouts on every GPU."""
+    match recipe:
+        case Fp8Recipe.DELAYED:
+            return 3.0 + (1.0 if transpose else 0.0)
+        case Fp8Recipe.TENSORWISE:
+            return 5.0 + (1.0 if transpose else 0.0)
+        case Fp8Recipe.BLOCKWISE:
+            return 4.0
+        case Fp8Recipe.MXFP8:
+            return 4.0 + 2.0 / 32
+    raise AssertionError(recipe)
+
+
+def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[float, float]:
+    """(forward, backward) seconds Transformer Engine spends quantizing the activation operands of
+    one layer's FP8 GEMMs (`gpu` carries the training knobs): for each forward GEMM (m x k) @ (k x n),
+    the forward quantizes its input X (m x k elements), the backward its output gradient dY
+    (m x n), which both the dgrad (dY W^T) and the wgrad (X^T dY) GEMM read; each at
+    `fp8_cast_bytes_per_element` (with the transposed copy on GPUs before Blackwell). The weights
+    are cast once per step (`is_first_microbatch`) and not charged per micro-batch. BF16 GEMMs
+    (router, output layer) quantize nothing."""
+    per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
+    hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
+    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
+    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
+    return per * x / hbm, per * dy / hbm

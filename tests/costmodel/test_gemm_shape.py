@@ -1,0 +1,106 @@
+"""The measured GEMM shape table (autoshard/costmodel/gemm_shape.py): generated from the committed raw
+measurement, interpolated monotonically, and used by the training step only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoshard.costmodel.compute import backward_gemms_s, dgrad_shape, gemm_time_s, shape_efficiency, wgrad_shape
+from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.flops import Gemm
+from autoshard.costmodel.gemm_shape import shape_table
+from autoshard.specs import load_cluster
+from autoshard.specs.job import Precision
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "autoshard" / "costmodel" / "gemm_shape_hopper.json"
+RAW = ROOT / "tests" / "validation" / "gemm_h100_raw.json"
+
+
+def test_table_is_generated_from_the_committed_h100_measurement(tmp_path):
+    out = tmp_path / "table.json"
+    subprocess.run([sys.executable, str(ROOT / "tests" / "validation" / "gemm_bench.py"), "--table", str(RAW), str(out)],
+                   check=True, capture_output=True)
+    assert json.loads(out.read_text()) == json.loads(TABLE.read_text())
+    raw = json.loads(RAW.read_text())
+    assert raw["device"] == "NVIDIA H100 80GB HBM3" and raw["sms"] == 132
+    assert len(raw["bf16"]) == len(raw["fp8"]) == 560 and len(raw["grouped"]) == len(raw["grouped_fp8"]) == 360
+
+
+def test_figures_quoted_in_the_module_docstring():
+    t = shape_table("hopper")
+    assert t.reference_tflops[False] == pytest.approx(770.3) and t.reference_tflops[True] == pytest.approx(1399.0)
+    assert t.dense(4096, 1024, 1024, fp8=False) == pytest.approx(0.787, abs=5e-4)  # smooth curve said 0.89
+    assert t.dense(4096, 1024, 1024, fp8=True) == pytest.approx(0.627, abs=5e-4)
+    assert t.dense(8192, 8192, 8192, fp8=False) == pytest.approx(1.0, abs=0.01)
+    assert [round(t.grouped(r, 16, 3072, 4096, fp8=False), 2) for r in (16, 64, 128, 256)] == [0.06, 0.24, 0.49, 0.83]
+    assert shape_table("blackwell") is None  # no measurement: the smooth curve stays
+
+
+def test_grid_points_are_exact_and_edges_clamp():
+    t = shape_table("hopper")
+    data = json.loads(TABLE.read_text())
+    k_i, n_i, m_i = data["k"].index(2048), data["n"].index(4096), data["m"].index(512)
+    assert t.dense(512, 4096, 2048, fp8=True) == pytest.approx(data["fp8"][k_i][n_i][m_i])
+    assert t.dense(10**6, 10**6, 10**6, fp8=False) == pytest.approx(data["bf16"][-1][-1][-1])
+    assert t.dense(1, 1, 1, fp8=False) == pytest.approx(data["bf16"][0][0][0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(16, 40000), st.integers(256, 40000), st.integers(256, 40000), st.booleans(),
+       st.sampled_from(["m", "n", "k"]))
+def test_a_larger_gemm_never_runs_at_a_lower_fraction(m, n, k, fp8, axis):
+    t = shape_table("hopper")
+    bigger = {"m": (2 * m, n, k), "n": (m, 2 * n, k), "k": (m, n, 2 * k)}[axis]
+    assert t.dense(*bigger, fp8=fp8) >= t.dense(m, n, k, fp8=fp8) - 1e-12
+
+
+def test_training_uses_the_table_and_serving_keeps_the_smooth_curve():
+    h100 = load_cluster("dgx-h100").pools[0].gpu
+    g = Gemm(4096, 1024, 1024)
+    train = training_gpu(h100)
+    eff_train = shape_efficiency(g, train, Precision.FP8)
+    assert eff_train == pytest.approx(train.efficiency.gemm_fp8 * shape_table("hopper").dense(4096, 1024, 1024, True))
+    # serving (shared knobs, gemm_shape_measured False): gemm_fp8 * d / (d + gemm_half_dim)
+    half = h100.efficiency.gemm_half_dim
+    assert shape_efficiency(g, h100, Precision.FP8) == pytest.approx(h100.efficiency.gemm_fp8 * 1024 / (1024 + half))
+    # A100 (no measured table for its generation) keeps the smooth curve in training too
+    a100 = training_gpu(load_cluster("dgx-a100-80gb").pools[0].gpu)
+    d = 1024
+    assert shape_efficiency(g, a100, Precision.BF16) == pytest.approx(
+        a100.efficiency.gemm * d / (d + a100.efficiency.gemm_half_dim))
+
+
+def test_backward_shapes_transpose_on_the_measured_path():
+    train = training_gpu(load_cluster("dgx-h100").pools[0].gpu)
+    logits = Gemm(8192, 16032, 8192, fp8_capable=False)  # Llama-3 vocabulary over TP 8, 8k tokens
+    assert dgrad_shape(logits, train) == Gemm(8192, 8192, 16032, fp8_capable=False)
+    assert wgrad_shape(logits, train) == Gemm(8192, 16032, 8192, fp8_capable=False)  # k x n out, m contracted
+    proj = Gemm(2048, 8192, 1024)  # row-parallel projection at TP 8, 2k tokens: wgrad contracts the 2k tokens
+    assert wgrad_shape(proj, train) == Gemm(1024, 8192, 2048)
+    expert = Gemm(64, 3072, 4096, count=16, grouped=True)
+    assert dgrad_shape(expert, train) == expert and wgrad_shape(expert, train) == expert
+    # without the table (serving knobs) backward = 2 x forward, as before
+    h100 = load_cluster("dgx-h100").pools[0].gpu
+    assert backward_gemms_s([proj], h100, Precision.BF16, None) == pytest.approx(2 * gemm_time_s(proj, h100, Precision.BF16))
+    # with it: the dgrad (m=2048, n=1024, k=8192) runs slower than the forward (k=1024 is the contraction)
+    t = shape_table("hopper")
+    assert t.dense(2048, 1024, 8192, False) != t.dense(2048, 8192, 1024, False)
+    assert backward_gemms_s([proj], train, Precision.BF16, None) == pytest.approx(
+        gemm_time_s(Gemm(2048, 1024, 8192), train, Precision.BF16) + gemm_time_s(Gemm(1024, 8192, 2048), train, Precision.BF16))
+
+
+def test_grouped_expert_gemms_pay_the_tile_padding():
+    train = training_gpu(load_cluster("dgx-h100").pools[0].gpu)
+    dense = Gemm(16 * 32, 3072, 4096)
+    grouped = Gemm(32, 3072, 4096, count=16, grouped=True)
+    # the same FLOPs: 16 experts x 32 rows run ~4x slower than one 512-row GEMM
+    ratio = gemm_time_s(grouped, train, Precision.BF16) / gemm_time_s(dense, train, Precision.BF16)
+    assert 3.0 < ratio < 12.0
