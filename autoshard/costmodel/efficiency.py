@@ -19,8 +19,22 @@ __all__ = ["efficiency_source", "is_borrowed", "training_gpu", "KERNEL_TRAIN_KNO
 # (tests/costmodel/test_train_physics.py recomputes both). The published training runs cannot pin this
 # knob: without the long-context runs no run spends enough of its step in attention, and the dense
 # runs of 2023-24 software measure older kernels (README, "Accuracy against published runs").
+# On CDNA 3 (MI300X, MI325X: one gfx942 die, 1,307.4 TFLOP/s dense BF16), AMD's hand-written assembly
+# attention kernels that Transformer Engine's ROCm build (NVTE_CK_USES_FWD_V3/BWD_V3) and Primus-Turbo
+# run, measured by AMD on MI300X: ROCm/aiter op_tests/cpp/mha/README.md (added in a83421be, 2025-10-31,
+# unchanged at e4048607), BF16, BSHD, head dim 128, GQA, 9 configurations (batch 1/4/8 x 32:8, 64:8,
+# 64:4 query:KV heads; 2 at 16k), causal TFLOP/s counted on half the square like FlashAttention's (the
+# benchmark at a83421be counts the full square; the table's causal entries are its figures halved:
+# x.xx5 values, 0.9x the non-causal ones at 8k). Backward with FP32 dQ atomics ("a32"), the path gfx942
+# trains with (AMD-AGI/Primus fd1eeab docs/01-getting-started/bare-metal-installation.md: with FP16
+# atomics the v3 backward gives Inf gradients on MI300X/MI325X). Median over the configurations at
+# 1k/2k/4k/8k/10k/16k tokens: forward 315/419/509/541/547/543, backward 258/327/402/433/441/416;
+# blended as above 272/349/428/459/467/446 TFLOP/s: 0.33 of peak at 4,096 tokens (0.36 with the FP16-
+# atomic backward), and the least-squares s0 over 1k-16k is 850 (tests/costmodel/test_train_physics.py
+# recomputes both).
 KERNEL_TRAIN_KNOBS: dict[str, dict[str, float]] = {
     "hopper": {"attention": 0.45, "attention_half_seq": 630.0},
+    "cdna3": {"attention": 0.33, "attention_half_seq": 850.0},
 }
 """Per GPU generation (autoshard.costmodel.band_table.gpu_generation): training efficiency knobs taken
 from kernel benchmarks; tests/validation/fit_efficiency.py holds them fixed instead of fitting them."""

@@ -291,3 +291,77 @@ def test_hopper_training_attention_comes_from_kernel_benchmarks():
     # the fit holds these knobs for every Hopper GPU (never fitted), and only for Hopper
     assert kernel_knobs("H100-SXM5-80GB") == kernel_knobs(("H200-SXM-141GB",)) == knobs
     assert kernel_knobs("A100-SXM4-80GB") == {} and kernel_knobs(("B200-SXM-180GB", "GB200-186GB")) == {}
+
+
+# AMD's MI300X measurements of its assembly attention kernels (ROCm/aiter op_tests/cpp/mha/README.md,
+# a83421be, 2025-10-31; unchanged at e4048607), BF16, BSHD, head dim 128, causal rows: per sequence
+# length, (batch, query heads, KV heads, forward TFLOP/s, backward TFLOP/s with FP32 dQ atomics "a32").
+AITER_MI300X_CAUSAL = {
+    1024: [
+        (1, 32, 8, 130.62, 166.78), (4, 32, 8, 334.005, 226.39), (8, 32, 8, 311.385, 258.26),
+        (1, 64, 8, 228.54, 242.43), (4, 64, 8, 326.51, 266.9), (8, 64, 8, 321.865, 265.08),
+        (1, 64, 4, 229.09, 238.755), (4, 64, 4, 314.82, 264.795), (8, 64, 4, 348.76, 267.48),
+    ],
+    2048: [
+        (1, 32, 8, 255.105, 295.865), (4, 32, 8, 419.435, 330.23), (8, 32, 8, 412.99, 326.355),
+        (1, 64, 8, 392.425, 257.855), (4, 64, 8, 425.735, 326.805), (8, 64, 8, 452.03, 347.89),
+        (1, 64, 4, 407.525, 254.375), (4, 64, 4, 426.77, 331.95), (8, 64, 4, 461.89, 352.7),
+    ],
+    4096: [
+        (1, 32, 8, 467.805, 296.025), (4, 32, 8, 486.73, 416.54), (8, 32, 8, 513.1, 409.05),
+        (1, 64, 8, 474.385, 378.155), (4, 64, 8, 513.79, 391.235), (8, 64, 8, 509.255, 402.18),
+        (1, 64, 4, 476.26, 384.585), (4, 64, 4, 524.585, 405.02), (8, 64, 4, 513.795, 402.68),
+    ],
+    8192: [
+        (1, 32, 8, 522.68, 388.235), (4, 32, 8, 547.09, 422.835), (8, 32, 8, 537.36, 441.4),
+        (1, 64, 8, 518.29, 433.285), (4, 64, 8, 540.515, 434.645), (8, 64, 8, 550.67, 432.715),
+        (1, 64, 4, 519.32, 442.955), (4, 64, 4, 540.935, 430.95), (8, 64, 4, 552.78, 434.51),
+    ],
+    10240: [
+        (1, 32, 8, 440.12, 244.705), (4, 32, 8, 527.705, 432.545), (8, 32, 8, 556.045, 443.78),
+        (1, 64, 8, 510.895, 447.995), (4, 64, 8, 557.475, 442.51), (8, 64, 8, 547.05, 439.785),
+        (1, 64, 4, 515.275, 459.745), (4, 64, 4, 560.63, 441.345), (8, 64, 4, 548.65, 435.745),
+    ],
+    16384: [(1, 64, 8, 541.55, 412.04), (1, 64, 4, 544.1, 419.975)],
+}
+
+
+def test_cdna3_training_attention_comes_from_kernel_benchmarks():
+    """KERNEL_TRAIN_KNOBS['cdna3'] recomputed from AMD's MI300X table of its assembly attention
+    kernels (what Transformer Engine's ROCm build and Primus-Turbo run on gfx942): per sequence length
+    the median over the table's causal configurations of forward and FP32-atomic backward TFLOP/s,
+    blended 1 : 2.5 in FLOPs as for Hopper, is 428 TFLOP/s at 4,096 tokens = 0.33 of the 1,307.4
+    TFLOP/s dense BF16 peak of MI300X and MI325X (one die), and the least-squares s0 of
+    r(s) = s / (s + s0) over 1k-16k is 850. Every CDNA 3 GPU holds them, fitted or borrowed."""
+    import math
+    import statistics
+    import sys
+    from pathlib import Path
+
+    from autoshard.costmodel.efficiency import KERNEL_TRAIN_KNOBS
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+    from fit_efficiency import kernel_knobs
+
+    seq = sorted(AITER_MI300X_CAUSAL)
+    assert seq == [1024, 2048, 4096, 8192, 10240, 16384]
+    fwd = [statistics.median(r[3] for r in AITER_MI300X_CAUSAL[s]) for s in seq]
+    bwd = [statistics.median(r[4] for r in AITER_MI300X_CAUSAL[s]) for s in seq]
+    blended = [3.5 / (1 / f + 2.5 / b) for f, b in zip(fwd, bwd, strict=True)]
+    assert [round(x) for x in blended] == [272, 349, 428, 459, 467, 446]
+    knobs = KERNEL_TRAIN_KNOBS["cdna3"]
+    assert blended[2] / 1307.4 == pytest.approx(knobs["attention"], abs=0.005)
+
+    def misfit(s0: float) -> float:
+        r = [s / (s + s0) for s in seq]
+        return sum((math.log(b / blended[2]) - math.log(x / r[2])) ** 2 for b, x in zip(blended, r, strict=True))
+
+    best = min(range(100, 3000, 10), key=misfit)
+    assert best == knobs["attention_half_seq"]
+    # CDNA 3 kernels are slower than Hopper's at every length, as a fraction of the peak
+    assert knobs["attention"] < KERNEL_TRAIN_KNOBS["hopper"]["attention"]
+    assert kernel_knobs("MI325X-256GB") == kernel_knobs(("MI300X-192GB",)) == knobs
+    # the shipped CDNA 3 clusters carry them for training (serving keeps its own attention)
+    for cluster in (load_cluster("mi300x"), load_cluster(Path(__file__).resolve().parents[1] / "validation" / "clusters" / "mi325x.yaml")):
+        eff = cluster.primary.gpu.efficiency
+        assert (eff.train_attention, eff.train_attention_half_seq) == (knobs["attention"], knobs["attention_half_seq"])

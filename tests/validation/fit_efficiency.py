@@ -10,7 +10,8 @@ EfficiencySpec defaults) so that a leave-one-source-out fit (validate_published.
 the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted on its own: it
 borrows one fit made on the pooled runs of every GPU type of its generation (Blackwell B200/GB200/
 GB300, Hopper, Ampere: autoshard.costmodel.bands.gpu_generation), each run at its own datasheet
-peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of the same fold. A GPU
+peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of the same fold, with
+the knobs its own generation measures at kernel level (KERNEL_TRAIN_KNOBS) in place of H100's. A GPU
 shares its kernels' operating point (tensor-core generation, SM count per clock, HBM technology,
 NVLink generation) with its siblings, not with the generation before it: Blackwell runs reach a
 smaller fraction of their FP8 peak than Hopper runs do (NeMo 25.02/25.04 against 24.07).
@@ -142,7 +143,8 @@ def held(runs: list[dict]) -> list[dict]:
 def fit_all(runs: list[dict], also: tuple[str, ...] = ()) -> tuple[dict[str, EfficiencySpec], dict[str, int]]:
     """One fit per GPU type with at least MIN_RUNS held runs among `runs`; every other GPU type that
     has runs (or is named in `also`) borrows its generation's pooled fit (`generation_fit`), else the
-    reference (H100) fit. Returns the efficiencies and, per GPU type, how many runs its fit used
+    reference (H100) fit, with the knobs its own generation takes from kernel benchmarks (kernel_knobs)
+    in place of the lender's. Returns the efficiencies and, per GPU type, how many runs its fit used
     (0: borrowed)."""
     by_gpu: dict[str, list[dict]] = {}
     for r in held(runs):
@@ -161,7 +163,10 @@ def fit_all(runs: list[dict], also: tuple[str, ...] = ()) -> tuple[dict[str, Eff
     for gpu in sorted({run_gpu(r) for r in runs} | set(also)):
         if gpu not in out:
             pooled = generation_fit(gpu, by_gpu, ref_fit)
-            out[gpu], counts[gpu] = (reference if pooled is None else pooled[0]), 0
+            # a borrowed fit keeps the borrower's own kernel-measured knobs: a CDNA 3 GPU borrowing
+            # H100's fit runs CDNA 3's attention kernels, not Hopper's
+            borrowed = reference if pooled is None else pooled[0]
+            out[gpu], counts[gpu] = borrowed.model_copy(update=kernel_knobs(gpu)), 0
     return out, counts
 
 
@@ -198,6 +203,8 @@ def main() -> int:
             how = f"borrowed from the {gpu_generation(gpu)} pool ({', '.join(pooled[1])}: {pooled[2]} runs)"
         else:
             how = f"borrowed from {REFERENCE_GPU}"
+            if kernel_knobs(gpu) and gpu_generation(gpu) != gpu_generation(REFERENCE_GPU):
+                how += f", with {gpu_generation(gpu)}'s kernel-measured {', '.join(kernel_knobs(gpu))}"
         print(f"{gpu} ({how}):")
         print("  efficiency:", {k: getattr(eff, k) for k in GRID})
     return 0

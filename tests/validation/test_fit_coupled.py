@@ -27,3 +27,33 @@ def test_without_the_joint_step_coordinate_descent_stays(monkeypatch):
     monkeypatch.setattr(fe, "COUPLED", ())
     got = fe.fit("GB200-186GB", [], start=start)
     assert (got.attention, got.attention_half_seq) == (0.20, 4096.0)
+
+
+def test_a_borrowed_fit_keeps_the_borrowers_kernel_measured_knobs(monkeypatch):
+    """A GPU type left with fewer than MIN_RUNS runs (and no generation pool of MIN_RUNS) borrows the
+    fold's H100 fit, but not H100's kernel-measured attention: a CDNA 3 GPU keeps CDNA 3's
+    (KERNEL_TRAIN_KNOBS['cdna3']), while a generation without kernel benchmarks (Ampere) takes the
+    lender's values as they are."""
+    from validate_published import load_runs, run_gpu
+
+    from autoshard.costmodel.efficiency import KERNEL_TRAIN_KNOBS
+
+    runs = fe.held(load_runs())
+    h100 = [r for r in runs if run_gpu(r) == fe.REFERENCE_GPU][: fe.MIN_RUNS]
+    mi325x = [r for r in runs if run_gpu(r) == "MI325X-256GB"][:1]
+    a100 = [r for r in runs if run_gpu(r) == "A100-SXM4-80GB"][:1]
+    assert len(h100) == fe.MIN_RUNS and mi325x and a100
+
+    def fake_fit(gpu, runs, start=fe.START, rounds=2, reference=None):  # a fit is slow: mark it instead
+        return start.model_copy(update={"gemm": 0.77, **fe.kernel_knobs(gpu)})
+
+    monkeypatch.setattr(fe, "fit", fake_fit)
+    monkeypatch.setattr(fe, "_FITS", {})
+    out, counts = fe.fit_all(h100 + mi325x + a100, also=("MI300X-192GB",))
+    hopper, cdna3 = KERNEL_TRAIN_KNOBS["hopper"], KERNEL_TRAIN_KNOBS["cdna3"]
+    assert counts[fe.REFERENCE_GPU] == fe.MIN_RUNS
+    assert (out[fe.REFERENCE_GPU].attention, out[fe.REFERENCE_GPU].attention_half_seq) == tuple(hopper.values())
+    for gpu in ("MI325X-256GB", "MI300X-192GB"):
+        assert counts[gpu] == 0 and out[gpu].gemm == 0.77  # borrowed from the H100 fit ...
+        assert (out[gpu].attention, out[gpu].attention_half_seq) == tuple(cdna3.values())  # ... with CDNA 3 kernels
+    assert counts["A100-SXM4-80GB"] == 0 and out["A100-SXM4-80GB"] == out[fe.REFERENCE_GPU]

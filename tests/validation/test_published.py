@@ -244,8 +244,9 @@ def test_cdna3_runs_are_held_and_fitted():
 
 def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
     """Each CDNA 3 source alone leaves fewer than MIN_RUNS MI325X runs in its fold, so the fold
-    borrows the H100 fit (scaled by datasheet peaks), as a GPU with too few runs does in `solve`: that
-    fit predicts every held MI325X run too fast, by 15-45 % (residuals_train.json, written by
+    borrows the H100 fit (scaled by datasheet peaks), as a GPU with too few runs does in `solve`, with
+    CDNA 3's kernel-measured attention in place of Hopper's (fit_efficiency.kernel_knobs): that fit
+    predicts every held MI325X run too fast, by 10-45 % (residuals_train.json, written by
     validate_published.py --write-residuals). This is the gap MI300X planned with before."""
     rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     held = [r for r in CDNA3 if not r.skip_throughput]
@@ -255,7 +256,7 @@ def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
         assert row["gpu"] == "MI325X-256GB" and row["held"]
         faster = (row["measured"] / row["predicted_loso"] if row["metric"] == "step_time_s"
                   else row["predicted_loso"] / row["measured"])
-        assert 1.15 <= faster <= 1.45, (r.id, faster)
+        assert 1.10 <= faster <= 1.45, (r.id, faster)
         loso_err = abs(row["predicted_loso"] - row["measured"]) / row["measured"]
         assert abs(row["predicted_fit"] - row["measured"]) / row["measured"] < loso_err
 
