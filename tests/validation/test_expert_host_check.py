@@ -25,8 +25,8 @@ def test_the_two_rows_as_the_issue_states_them(rows):
     # measured step / (micro-batches per pipeline x decoder layers per rank): 29.0 s / (256 x 94/8)
     assert rows[TP4].measured_layer_s == pytest.approx(29.0 / (256 * 94 / 8))
     assert rows[PP32].measured_layer_s == pytest.approx(24.2 / (512 * 94 / 32))
-    assert rows[TP4].gap_s == pytest.approx(3.22e-3, abs=0.05e-3)
-    assert rows[PP32].gap_s == pytest.approx(3.43e-3, abs=0.05e-3)
+    assert rows[TP4].gap_s == pytest.approx(3.69e-3, abs=0.05e-3)
+    assert rows[PP32].gap_s == pytest.approx(3.66e-3, abs=0.05e-3)
 
 
 def test_published_host_cost_closes_almost_none_of_the_gap(rows):
@@ -52,8 +52,8 @@ def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows)
     assert gb200.local_experts == 16 and gb200.floor_s == 0.0
     cost = closing_op_s(list(rows.values()))
     assert rows[TP4].error_at(cost) == pytest.approx(0.0, abs=1e-6)
-    assert gb200.error_at(cost) > 0.20  # predicted -3.0 % today (step time)
-    assert gb200.needed_op_s < 0.5 * cost  # its own gap closes at 13 us per op, under half of TP 4's
+    assert gb200.error_at(cost) > 0.20  # +45 % slow with it; predicted 3 % slow today (step time)
+    assert gb200.gap_s < 0 and gb200.needed_op_s is None  # no gap of its own to close
 
 
 def test_script_prints_every_row(capsys):

@@ -226,16 +226,16 @@ def test_cdna3_runs_are_held_and_fitted():
     their complete Megatron argument dumps (aac: Primus-Megatron Llama-2 70B / 7B FP8 and Mixtral 8x7B
     BF16, ROCm Megatron-LM Llama-3.1 70B FP8 FSDP2) and 3 of AMD's published 8-node results (amdperf;
     the BF16 70B row shown, not held: its recompute and global batch are unknown at micro-batch 1).
-    With the shipped MI325X knobs the five dense runs are within 7 % (median 2 %); Mixtral's +37 % is
+    With the shipped MI325X knobs the five dense runs are within 6 % (median 3 %); Mixtral's +14 % is
     reported, not fitted away."""
     ids = {r.id for r in CDNA3}
     assert len(CDNA3) == 7 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf"}
     held = [r for r in CDNA3 if not r.skip_throughput]
     assert [r.id for r in CDNA3 if r.skip_throughput] == ["amdperf-mi325x-llama31-70b-64gpu-fsdp-bf16"]
     dense = [abs(r.error) for r in held if FAMILY[r.id] == "dense"]
-    assert len(dense) == 5 and statistics.median(dense) <= 0.03 and max(dense) <= 0.07
+    assert len(dense) == 5 and statistics.median(dense) <= 0.035 and max(dense) <= 0.06
     mixtral = next(r for r in held if FAMILY[r.id] == "moe")
-    assert 0.30 <= mixtral.error <= 0.45, mixtral.error
+    assert 0.10 <= mixtral.error <= 0.20, mixtral.error
     # AMD's published figure and the independent run of the same plan agree within 1 %
     aac70 = next(r for r in CDNA3 if r.id == "aac-mi325x-llama31-70b-64gpu-fsdp2-fp8")
     tokens = 256 * 8192 / aac70.measured / 64
@@ -246,7 +246,7 @@ def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
     """Each CDNA 3 source alone leaves fewer than MIN_RUNS MI325X runs in its fold, so the fold
     borrows the H100 fit (scaled by datasheet peaks), as a GPU with too few runs does in `solve`, with
     CDNA 3's kernel-measured attention in place of Hopper's (fit_efficiency.kernel_knobs): that fit
-    predicts every held MI325X run too fast, by 10-45 % (residuals_train.json, written by
+    predicts every held MI325X run too fast, by 5-45 % (residuals_train.json, written by
     validate_published.py --write-residuals). This is the gap MI300X planned with before."""
     rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     held = [r for r in CDNA3 if not r.skip_throughput]
@@ -256,7 +256,7 @@ def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
         assert row["gpu"] == "MI325X-256GB" and row["held"]
         faster = (row["measured"] / row["predicted_loso"] if row["metric"] == "step_time_s"
                   else row["predicted_loso"] / row["measured"])
-        assert 1.10 <= faster <= 1.45, (r.id, faster)
+        assert 1.05 <= faster <= 1.45, (r.id, faster)
         loso_err = abs(row["predicted_loso"] - row["measured"]) / row["measured"]
         assert abs(row["predicted_fit"] - row["measured"]) / row["measured"] < loso_err
 
