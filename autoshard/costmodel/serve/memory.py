@@ -232,7 +232,7 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
         StageLayers(
             dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False
         ),
-        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype,
+        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, moe_tp=cfg.moe_tp,
     )
     proj = 2 * model.hidden_size * model.hidden_size / cfg.tp * weight_bytes_per_param(cfg.weight_dtype)
     return dataclasses.replace(
@@ -255,6 +255,10 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
+    if cfg.moe_tp != cfg.tp:  # SGLang's attention DP with TP experts: FFNs on every DP rank's tokens
+        act = max(act, activation_peak_bytes(
+            model, tp=cfg.moe_tp, ep=1, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
+        ))
     per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
     ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
     cuda_graphs = runs_cuda_graphs(model, gpu, cfg)
@@ -264,7 +268,9 @@ def serve_memory(
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
     stage_w, graphs_max = [], 0.0
     for st in stages:
-        w = stage_weight_bytes(model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp)
+        w = stage_weight_bytes(
+            model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp
+        )
         mtp_layers = model.mtp_num_layers if cfg.speculative_tokens and st.output else 0
         if mtp_layers:
             w = _with_mtp_modules(model, w, cfg, mtp_layers)

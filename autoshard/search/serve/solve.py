@@ -277,7 +277,7 @@ def _plan(
     warnings: tuple[str, ...] = (),
 ) -> ServePlan:
     e, cfg = row.engine, row.config
-    dp = e.dp_attention if e.expert_parallel else row.replicas
+    dp = e.dp_attention * row.replicas  # attention-DP ranks of one engine, or replicas
     if (note := deep_gemm_warning(model, cfg, cluster.pools[e.pool].gpu.name)) is not None:
         warnings = (*warnings, note)
     plan = ServePlan(
