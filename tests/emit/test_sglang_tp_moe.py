@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import shlex
 
+import pytest
+
 from autoshard import api
 from autoshard.search.serve.ladder import meets_targets
 from autoshard.search.serve.space import enumerate_serve, tabulate
@@ -81,3 +83,30 @@ def test_deepseek_v3_fp8_on_h200_declines_it_for_deepep():
                             framework="sglang").plans[0]
     assert plan.expert_parallel and "--moe-a2a-backend deepep" in plan.launch["sglang"]
     assert plan.throughput_tokens_per_s == best["ep"]
+
+
+def test_evaluate_reads_the_line_back():
+    """`evaluate --from-sglang` reads `--attn-dp-size` without `--ep-size` as the same engine (attention DP 2
+    of TP 4, experts over all 8 GPUs, 139 requests and a 1,024-token budget per DP rank), not as replicas."""
+    plan = _qwen_a100("sglang")
+    back = api.evaluate_serve_command(QWEN_LINE, "qwen3-235b-a22b", "dgx-a100-80gb", 8, input_len=1000,
+                                      output_len=1000, concurrency=plan.prediction.concurrency * plan.dp, sglang=True)
+    cfg = back.prediction.config
+    assert (back.tp, back.dp, back.ep, back.dp_attention, back.replicas) == (4, 2, 1, 2, 1)
+    assert (cfg.moe_tp, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (8, 139, 1024)
+    assert back.prediction.concurrency == plan.prediction.concurrency
+    assert back.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-9)
+    # relaunched as read: --mem-fraction-static 0.88 taken as the whole budget leaves 0.86 for weights + KV
+    assert back.launch["sglang"] == QWEN_LINE.replace("--mem-fraction-static 0.88", "--mem-fraction-static 0.86")
+
+
+def test_the_common_deepseek_recipe_is_one_engine():
+    """`--tp 8 --dp 8 --enable-dp-attention` (SGLang's DeepSeek recipe, no EP) on 8 H200: one engine of 8
+    attention-DP ranks with the experts over all 8 GPUs, 89.3 GiB of weights per GPU; it was read as 8
+    replicas of TP 1, which do not fit (671 B parameters on one GPU)."""
+    back = api.evaluate_serve_command(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention",
+        None, "dgx-h200", None, input_len=1000, output_len=1000, sglang=True)
+    assert (back.tp, back.dp, back.ep, back.dp_attention, back.replicas, back.num_gpus) == (1, 8, 1, 8, 1, 8)
+    assert back.prediction.memory.weights_bytes == 95_919_847_424  # tests/costmodel/serve/test_dp_tp_moe.py
+    assert back.prediction.config.max_num_batched_tokens == 1024  # SGLang's budget split over the DP ranks

@@ -14,7 +14,8 @@ one decoder layer adds, checked in the sglang 0.5.23 wheel (python/sglang/srt/..
   attention-TP group first). Steps with prefill (extend) take SUM_LEN (:186-193); decode steps take
   SUM_LEN while the summed buffer fits the custom all-reduce (CustomAllReduceV2, the CUDA default,
   environ.py:1532, at most SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB = 16 MiB, :1535) and no
-  speculative decoding runs (:222-243), else MAX_LEN (graph capture: :207-219; balanced eager
+  speculative decoding runs (:222-243; V2 only inside one NVLink clique, else NCCL:
+  distributed/device_communicators/custom_all_reduce.py:387-398), else MAX_LEN (graph capture: :207-219; balanced eager
   decode: sum x 2 >= max x D, :197-202).
 - The experts: the gate, the shared experts and the routed experts run on the gathered rows (the
   shared expert locally only under SGLANG_DP_SHARED_EXPERT_LOCAL, moe_transport.py:33-42, off by
@@ -50,7 +51,7 @@ from autoshard.costmodel.serve.compute import (
 )
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.memory import BF16
-from autoshard.specs.cluster import GpuSpec, PoolSpec
+from autoshard.specs.cluster import GpuSpec, LinkKind, PoolSpec
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 from autoshard.units import MIB
@@ -59,6 +60,7 @@ __all__ = [
     "SGLANG_CUSTOM_AR_V2_MAX_BYTES",
     "attention_dp_tp_moe",
     "ffn_config",
+    "custom_all_reduce_v2",
     "padding_mode",
     "gathered_rows",
     "dp_gather_combine_s",
@@ -92,18 +94,27 @@ def edge_engine(
     return ffn_config(cfg), (group_link(pool, ranks=cfg.moe_tp), links[1], links[2]), cfg.dp_attention
 
 
-def padding_mode(model: ModelSpec, cfg: ServeConfig, *, rows_sum: float, prefill: bool) -> str:
-    """"sum_len" or "max_len": how SGLang gathers the DP ranks' rows of one step (module docstring)."""
+def custom_all_reduce_v2(pool: PoolSpec, cfg: ServeConfig, link: Link) -> bool:
+    """Whether SGLang's CustomAllReduceV2 runs on the N GPUs of `link`: enabled, one NVLink domain
+    (`can_use_custom_all_reduce_v2`; a group across nodes or on PCIe takes NCCL)."""
+    return cfg.custom_all_reduce and not link.crosses_nodes and pool.node.intra_node_link is not LinkKind.PCIE
+
+
+def padding_mode(model: ModelSpec, cfg: ServeConfig, *, rows_sum: float, prefill: bool, custom: bool) -> str:
+    """"sum_len" or "max_len": how SGLang gathers the DP ranks' rows of one step (module docstring);
+    `custom`: CustomAllReduceV2 runs on the group (`custom_all_reduce_v2`)."""
     if prefill:
         return "sum_len"
     fits = rows_sum * model.hidden_size * BF16 <= SGLANG_CUSTOM_AR_V2_MAX_BYTES
-    return "sum_len" if fits and cfg.custom_all_reduce and not cfg.speculative_tokens else "max_len"
+    return "sum_len" if fits and custom and not cfg.speculative_tokens else "max_len"
 
 
-def gathered_rows(model: ModelSpec, cfg: ServeConfig, *, rows_sum: float, rows_max: float, prefill: bool) -> float:
+def gathered_rows(
+    model: ModelSpec, cfg: ServeConfig, *, rows_sum: float, rows_max: float, prefill: bool, custom: bool
+) -> float:
     """Rows of the global DP buffer the FFNs run on: the DP ranks' summed tokens (SUM_LEN) or D times
     the busiest rank's (MAX_LEN)."""
-    if padding_mode(model, cfg, rows_sum=rows_sum, prefill=prefill) == "sum_len":
+    if padding_mode(model, cfg, rows_sum=rows_sum, prefill=prefill, custom=custom) == "sum_len":
         return rows_sum
     return cfg.dp_attention * rows_max
 
@@ -115,11 +126,11 @@ def dp_gather_combine_s(
     """The gather before one layer's FFN and the combine after it, over the N = TP x DP ranks on
     `link`: SUM_LEN, an all-reduce of the summed buffer each way; MAX_LEN, an all-gather of D x max
     rows, then the all-reduce of that buffer (BF16 hidden rows either way)."""
-    n = cfg.moe_tp
-    rows = gathered_rows(model, cfg, rows_sum=rows_sum, rows_max=rows_max, prefill=prefill)
+    n, custom = cfg.moe_tp, custom_all_reduce_v2(pool, cfg, link)
+    rows = gathered_rows(model, cfg, rows_sum=rows_sum, rows_max=rows_max, prefill=prefill, custom=custom)
     size = rows * model.hidden_size * BF16
     combine = tp_all_reduce_s(size, n, link, pool, custom=cfg.custom_all_reduce)
-    if padding_mode(model, cfg, rows_sum=rows_sum, prefill=prefill) == "sum_len":
+    if padding_mode(model, cfg, rows_sum=rows_sum, prefill=prefill, custom=custom) == "sum_len":
         return 2 * combine
     return collective_time_s(Collective.ALL_GATHER, size, n, link) + combine
 

@@ -57,7 +57,8 @@ from autoshard.costmodel.serve.compute import (
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers
 from autoshard.costmodel.serve.dp_tp_moe import (
-    attention_dp_tp_moe, dp_gather_combine_s, edge_engine, ffn_config, gathered_rows, split_elementwise_s,
+    attention_dp_tp_moe, custom_all_reduce_v2, dp_gather_combine_s, edge_engine, ffn_config, gathered_rows,
+    split_elementwise_s,
 )
 from autoshard.costmodel.serve.ep_dispatch import deepep_normal_step
 from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
@@ -208,12 +209,13 @@ def _dp_tp_moe_layer(
         model, kind, pool, replace(cfg, dp_attention=1), links, tokens=tokens, decode_seqs=decode_seqs,
         context_len=context_len, prefills=prefills, prefill_len=prefill_len, query_len=query_len, part="attention",
     )
-    rows = gathered_rows(model, cfg, rows_sum=rows_sum, rows_max=tokens, prefill=prefill)
+    link = group_link(pool, ranks=cfg.moe_tp)
+    custom = custom_all_reduce_v2(pool, cfg, link)
+    rows = gathered_rows(model, cfg, rows_sum=rows_sum, rows_max=tokens, prefill=prefill, custom=custom)
     ffn = _layer_time(
         model, kind, pool, ffn_config(cfg), links, tokens=rows, decode_seqs=0, context_len=0, prefills=0,
         prefill_len=prefill_len, part="ffn",
     )
-    link = group_link(pool, ranks=cfg.moe_tp)
     comm = dp_gather_combine_s(model, pool, cfg, link, rows_sum=rows_sum, rows_max=tokens, prefill=prefill)
     return attn + replace(ffn, tp_comm_s=comm)
 

@@ -15,6 +15,7 @@ from autoshard.costmodel.comm import Link, group_link, tp_all_reduce_s
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
 from autoshard.costmodel.serve.dp_tp_moe import (
     SGLANG_CUSTOM_AR_V2_MAX_BYTES,
+    custom_all_reduce_v2,
     dp_gather_combine_s,
     ffn_config,
     gathered_rows,
@@ -110,13 +111,17 @@ def _ag(size: float, n: int = 8) -> float:
     (512, 64, False, 1, "max_len", 512, lambda s: _ag(s) + _ar(s)),
 ])
 def test_gather_and_combine_collectives(rows_sum, rows_max, prefill, spec, mode, buffer_rows, expected):
-    cfg = replace(_cfg(), custom_all_reduce=False, speculative_tokens=spec)  # NCCL: closed-form rings
+    cfg = replace(_cfg(), speculative_tokens=spec)
     if mode == "sum_len" and not prefill:  # the custom-all-reduce fit decides decode steps (bf16 rows)
         assert rows_sum * H * 2 <= SGLANG_CUSTOM_AR_V2_MAX_BYTES
-        cfg = replace(cfg, custom_all_reduce=True)
-    assert padding_mode(DSV3, cfg, rows_sum=rows_sum, prefill=prefill) == mode
-    assert gathered_rows(DSV3, cfg, rows_sum=rows_sum, rows_max=rows_max, prefill=prefill) == buffer_rows
-    cfg = replace(cfg, custom_all_reduce=False)
+    assert custom_all_reduce_v2(H200, cfg, NVL)
+    kw = dict(rows_sum=rows_sum, prefill=prefill, custom=True)
+    assert padding_mode(DSV3, cfg, **kw) == mode
+    assert gathered_rows(DSV3, cfg, rows_max=rows_max, **kw) == buffer_rows
+    # across nodes (or with --disable-custom-all-reduce) no V2: decode steps take MAX_LEN, prefill SUM_LEN
+    assert padding_mode(DSV3, cfg, **{**kw, "custom": False}) == ("sum_len" if prefill else "max_len")
+    assert not custom_all_reduce_v2(H200, cfg, replace(NVL, crosses_nodes=True))
+    cfg = replace(cfg, custom_all_reduce=False)  # NCCL: closed-form rings
     if mode == "sum_len" and not prefill:  # priced on NCCL here, as the SUM_LEN choice was made above
         got = 2 * tp_all_reduce_s(buffer_rows * H * 2, 8, NVL, H200, custom=False)
     else:
