@@ -172,7 +172,8 @@ def _layer_time(
             model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len
         )
         if prefills > 0 and part == "attention":
-            attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=False)
+            fp8 = cfg.fp8_context_attention and cfg.kv_cache_dtype is WeightDtype.FP8
+            attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
         tp_s = 0.0 if part == "ffn" else layer_tp_comm_s(model, pool, cfg, links[0], tokens=tokens) / 2
         return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s)
     attn_s = _decode_attention_s(
