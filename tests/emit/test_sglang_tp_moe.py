@@ -26,7 +26,7 @@ from autoshard.search.serve.space import enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 
 QWEN_LINE = ("python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B --tp-size 8 --pp-size 1 "
-             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.88 --max-running-requests 278 "
+             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.88 --max-running-requests 276 "
              "--chunked-prefill-size 2048 --kv-cache-dtype auto")
 
 
@@ -48,7 +48,7 @@ def test_qwen3_235b_on_a100_plans_attention_dp_with_tp_experts():
     assert (doc["attention_dp"], doc["etp"], doc["ep"], doc["replicas"], doc["expert_parallel"]) == (2, 8, 1, 1, False)
     assert plan.throughput_tokens_per_s > 3000 and plan.prediction.tpot_s <= 0.1
     # the golden line: attention DP carved out of TP 8, no expert parallelism, no all-to-all backend;
-    # 139 requests and 1,024 prompt tokens per DP rank (SGLang divides both flags among the DP ranks)
+    # 138 requests and 1,024 prompt tokens per DP rank (SGLang divides both flags among the DP ranks)
     assert plan.launch["sglang"] == QWEN_LINE
     words = shlex.split(QWEN_LINE)
     assert "--ep-size" not in words and "--moe-a2a-backend" not in words and "--dp-size" not in words
@@ -87,13 +87,13 @@ def test_deepseek_v3_fp8_on_h200_declines_it_for_deepep():
 
 def test_evaluate_reads_the_line_back():
     """`evaluate --from-sglang` reads `--attn-dp-size` without `--ep-size` as the same engine (attention DP 2
-    of TP 4, experts over all 8 GPUs, 139 requests and a 1,024-token budget per DP rank), not as replicas."""
+    of TP 4, experts over all 8 GPUs, 138 requests and a 1,024-token budget per DP rank), not as replicas."""
     plan = _qwen_a100("sglang")
     back = api.evaluate_serve_command(QWEN_LINE, "qwen3-235b-a22b", "dgx-a100-80gb", 8, input_len=1000,
                                       output_len=1000, concurrency=plan.prediction.concurrency * plan.dp, sglang=True)
     cfg = back.prediction.config
     assert (back.tp, back.dp, back.ep, back.dp_attention, back.replicas) == (4, 2, 1, 2, 1)
-    assert (cfg.moe_tp, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (8, 139, 1024)
+    assert (cfg.moe_tp, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (8, 138, 1024)
     assert back.prediction.concurrency == plan.prediction.concurrency
     assert back.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-9)
     # relaunched as read: --mem-fraction-static 0.88 taken as the whole budget leaves 0.86 for weights + KV

@@ -119,11 +119,17 @@ def cuda_graph_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def cuda_graph_bytes(model: ModelSpec, *, tp: int, ep: int, layers: int, max_num_seqs: int) -> float:
+def cuda_graph_bytes(
+    model: ModelSpec, *, tp: int, ep: int, layers: int, max_num_seqs: int, gathered: int = 1, moe_tp: int | None = None
+) -> float:
     """Graph pools: a fixed part, per-graph per-layer node memory, and the activations of the largest
-    captured decode batch (graph pools are shared across sizes)."""
+    captured decode batch (graph pools are shared across sizes). `gathered` > 1: SGLang's attention DP
+    with TP experts, whose captured FFNs run on `gathered` DP ranks' rows sharded over `moe_tp` GPUs."""
     sizes = cuda_graph_capture_sizes(max_num_seqs)
     largest = activation_peak_bytes(model, tp=tp, ep=ep, tokens=sizes[-1], num_seqs=0)
+    if gathered > 1:
+        ffn = activation_peak_bytes(model, tp=moe_tp or tp, ep=1, tokens=gathered * sizes[-1], num_seqs=0)
+        largest = max(largest, ffn)
     return CUDA_GRAPH_POOL_BYTES + len(sizes) * layers * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH + largest
 
 
@@ -276,7 +282,8 @@ def serve_memory(
             w = _with_mtp_modules(model, w, cfg, mtp_layers)
         stage_w.append(w.total)
         graphs = (
-            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs)
+            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs,
+                             gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.moe_tp)
             if cuda_graphs
             else 0.0
         )

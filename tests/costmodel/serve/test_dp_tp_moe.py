@@ -22,7 +22,13 @@ from autoshard.costmodel.serve.dp_tp_moe import (
     padding_mode,
 )
 from autoshard.costmodel.serve.engines import engine_config, sglang_priced
-from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.memory import (
+    CUDA_GRAPH_BYTES_PER_LAYER_GRAPH,
+    CUDA_GRAPH_POOL_BYTES,
+    activation_peak_bytes,
+    cuda_graph_capture_sizes,
+    serve_memory,
+)
 from autoshard.costmodel.serve.step import step_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, stage_weight_bytes
 from autoshard.specs import load_cluster, load_model
@@ -143,3 +149,19 @@ def test_decode_step_communication_collective_by_collective():
     logits = collective_time_s(Collective.ALL_GATHER, 512 * VOCAB * 2, 8, link)
     assert st.tp_comm_s == pytest.approx(LAYERS * per_layer + logits, rel=1e-12)
     assert st.ep_comm_s == 0.0
+
+
+def test_activation_and_graph_memory_hold_the_gathered_rows():
+    """The FFNs run on every DP rank's rows: the profiled peak is the larger of the attention side at TP 1
+    on the rank's 1,024-token budget and the FFN side at TP 8 on the 8,192 gathered rows; the decode
+    graphs' pool (captured up to 128 requests a rank at 64) holds the FFN side of 8 x 128 rows."""
+    cfg = _cfg(max_num_batched_tokens=1024)
+    mem = serve_memory(DSV3, H200, cfg, context_len=2000)
+    local = activation_peak_bytes(DSV3, tp=1, ep=1, tokens=1024, num_seqs=64)
+    gathered = activation_peak_bytes(DSV3, tp=8, ep=1, tokens=8 * 1024, num_seqs=64)
+    assert mem.activation_bytes == max(local, gathered) == gathered
+    sizes = cuda_graph_capture_sizes(64)
+    assert sizes[-1] == 128
+    ffn = activation_peak_bytes(DSV3, tp=8, ep=1, tokens=8 * 128, num_seqs=0)
+    assert ffn > activation_peak_bytes(DSV3, tp=1, ep=1, tokens=128, num_seqs=0)
+    assert mem.cuda_graph_bytes == CUDA_GRAPH_POOL_BYTES + len(sizes) * LAYERS * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH + ffn
