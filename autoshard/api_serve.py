@@ -175,7 +175,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
     try:
         return with_engine_check(evaluate_serve(
             model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
-            expert_parallel=parsed.enable_expert_parallel, gpu_memory_utilization=parsed.gpu_memory_utilization,
+            expert_parallel=parsed.enable_expert_parallel, attention_dp=parsed.attention_dp,
+            gpu_memory_utilization=parsed.gpu_memory_utilization,
             max_num_seqs=parsed.max_num_seqs, max_num_batched_tokens=parsed.max_num_batched_tokens,
             warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls,
             deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its 0.33.0 oracle (serve.engines.vllm_deep_gemm)
@@ -304,6 +305,12 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True, "priced": False,
             "note": f"{SGLANG_UNPRICED} for this deployment; --target sglang plans only what it prices"})
+    if other == "vllm" and plan.dp_attention > 1 and not plan.expert_parallel:  # costmodel.serve.dp_tp_moe
+        return dataclasses.replace(plan, engine_other={
+            "engine": other, "differs": True, "priced": False,
+            "note": "SGLang's attention DP with tensor-parallel experts: vLLM's line for it (--data-parallel-size "
+                    "without --enable-expert-parallel, whose MoE layers vLLM shards over all TP x DP GPUs) runs "
+                    "vLLM's own gather, which autoshard does not price; --target vllm plans for vLLM"})
     budget = vllm_budget_row(plan) if other == "vllm" else None
     try:
         if plan.disaggregated:

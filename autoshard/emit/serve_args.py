@@ -88,6 +88,9 @@ class ParsedServe:
     dp: int = 1
     dp_local: int | None = None
     enable_expert_parallel: bool = False
+    attention_dp: bool = False
+    """`dp` counts the attention-DP ranks of one SGLang engine whose experts are TP-sharded over all of
+    them (`--attn-dp-size` without expert parallelism: `costmodel.serve.dp_tp_moe`), not replicas."""
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.92
     max_num_seqs: int | None = None

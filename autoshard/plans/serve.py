@@ -93,7 +93,7 @@ class ServePlan(PlanBase):
 
     @property
     def dp_attention(self) -> int:
-        return self.dp if self.expert_parallel else 1
+        return self.dp if self.expert_parallel or self.prediction.config.dp_attention > 1 else 1
 
     @property
     def disaggregated(self) -> bool:
@@ -107,7 +107,7 @@ class ServePlan(PlanBase):
         """Independent engines (decode instances of a disaggregated plan)."""
         if self.roles:
             return self.role("decode").instances
-        return 1 if self.expert_parallel else self.dp
+        return 1 if self.expert_parallel or self.dp_attention > 1 else self.dp
 
     @property
     def engine_gpus(self) -> int:
@@ -197,8 +197,8 @@ class ServePlan(PlanBase):
             p, d = self.role("prefill"), self.role("decode")
             return f"{p.instances}P{d.instances}D: " + " + ".join(r.label() for r in self.roles)
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
-        if self.expert_parallel:
-            parts.append(f"EP{self.ep}")
+        if self.expert_parallel or self.dp_attention > 1:  # else: SGLang attention DP, TP experts
+            parts.append(f"EP{self.ep}" if self.expert_parallel else f"MoE TP{self.tp * self.dp}")
         return " ".join(parts)
 
     def meets_targets(self) -> bool:
@@ -299,7 +299,7 @@ class ServePlan(PlanBase):
             "dp": self.dp,
             "cp": 1,
             "ep": self.ep,
-            "etp": 1 if self.expert_parallel else self.tp,
+            "etp": 1 if self.expert_parallel else self.tp * self.dp_attention,
             "vpp": 1,
             "micro_batch_size": -(-p.concurrency // self.pp),
             "global_batch_size": p.concurrency * self.dp,

@@ -224,11 +224,12 @@ CASES = [
                                                "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 8"], 2,
      ["--gpus", "the command runs TP 8 x PP 1 x DP 1 = 8 GPUs; --gpus 4 is fewer: drop --gpus or give at least 8"]),
     # no plan for the command as read: the reading that explains it is said (it was on the lost plan only)
-    ("sglang-dp-attention-without-ep", lambda t: ["evaluate", "dgx-h200", "--from-sglang",
-                                                  "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
-                                                  "--tp 8 --dp 8 --enable-dp-attention"], 1,
-     ["deepseek-v3 on 1x H200-SXM-141GB (TP1 PP1)", "as read from the command: attention data parallelism without "
-      "expert parallelism: predicted as replicas"]),
+    # (its former row, --tp 8 --dp 8 --enable-dp-attention, read as 8 replicas of TP 1, is now SGLang's attention DP
+    # with TP experts and starts: tests/emit/test_sglang_tp_moe.py)
+    ("sglang-ep-below-tp", lambda t: ["evaluate", "dgx-h100", "--from-sglang",
+                                      "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
+                                      "--tp 8 --ep-size 4 --quantization fp8"], 1,
+     ["deepseek-v3 on 8x H100-SXM5-80GB (TP8 PP1)", "as read from the command: --ep-size 4 differs from --tp-size 8"]),
     ("sglang-tp-across-nodes", lambda t: ["evaluate", "dgx-h200", "--gpus", "16", "--from-sglang",
                                           "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
                                           "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,

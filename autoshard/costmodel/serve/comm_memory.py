@@ -65,6 +65,8 @@ def nvls_group_ranks(cfg: ServeConfig) -> tuple[int, ...]:
     groups = [cfg.tp]
     if cfg.expert_parallel and cfg.dp_attention > 1:
         groups.append(cfg.dp_attention)
+    elif cfg.dp_attention > 1:  # SGLang's attention DP with TP experts: the gather and combine over all TP x DP
+        groups.append(cfg.moe_tp)
     return tuple(groups)
 
 

@@ -38,9 +38,11 @@ class ServeConfig:
     tp: int = 1
     pp: int = 1
     dp_attention: int = 1
-    """Attention data-parallel ranks inside the engine; > 1 only with expert parallelism, where the
-    MoE layers are sharded over all TP x DP ranks (vLLM --data-parallel-size with
-    --enable-expert-parallel)."""
+    """Attention data-parallel ranks inside the engine. With expert parallelism the MoE layers are
+    sharded over all TP x DP ranks (vLLM --data-parallel-size with --enable-expert-parallel); without
+    it, SGLang's attention DP with tensor-parallel experts (`--tp-size TP*DP --attn-dp-size DP`, no
+    --ep-size): every dense and MoE FFN runs TP-sharded over all TP x DP ranks on the gathered tokens
+    (`autoshard.costmodel.serve.dp_tp_moe`)."""
     expert_parallel: bool = False
     weight_dtype: WeightDtype = WeightDtype.BF16
     kv_cache_dtype: WeightDtype = WeightDtype.BF16
@@ -110,9 +112,10 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dp_attention > 1 and not self.expert_parallel:
+        if self.dp_attention > 1 and not self.expert_parallel and self.engine != "sglang":
             raise ValueError(
-                "dp_attention > 1 describes an expert-parallel engine; replicate the engine instead"
+                "dp_attention > 1 describes an expert-parallel engine, or SGLang's attention DP with "
+                "tensor-parallel experts (engine='sglang'); replicate the engine instead"
             )
         if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8")
@@ -139,6 +142,12 @@ class ServeConfig:
     def ep(self) -> int:
         """Expert-parallel size: TP x DP with expert parallelism, else 1 (experts TP-sharded)."""
         return self.tp * self.dp_attention if self.expert_parallel else 1
+
+    @property
+    def moe_tp(self) -> int:
+        """Ranks each dense MLP, shared and routed expert is TP-sharded over: TP x DP for SGLang's
+        attention DP without expert parallelism (`serve.dp_tp_moe`), else TP."""
+        return self.tp * self.dp_attention if not self.expert_parallel else self.tp
 
     @property
     def gpus(self) -> int:

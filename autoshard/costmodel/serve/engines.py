@@ -120,7 +120,8 @@ def engine_json(cfg: ServeConfig) -> dict[str, object]:
 SGLANG_UNPRICED = ("SGLang runs attention-DP + EP through DeepEP (--moe-a2a-backend deepep) only on Hopper or "
                    "Blackwell GPUs, at EP sizes DeepEP has a config for (" + ", ".join(map(str, DEEPEP_EP_RANKS))
                    + ") and, in a prefill/decode split, on instances over more than one node; elsewhere its line "
-                   "runs the all-gather dispatch with Triton experts, a path autoshard does not price")
+                   "runs the all-gather dispatch with Triton experts, a path autoshard does not price (attention DP "
+                   "with tensor-parallel experts is priced for aggregated engines only)")
 """Why such SGLang instances are left out of SGLang-priced plans (`sglang_priced`)."""
 
 
@@ -130,4 +131,6 @@ def sglang_priced(cfg: ServeConfig, gpus_per_node: int, *, split: bool = False, 
     it under the --moe-a2a-backend deepep autoshard's lines pass where `sglang_deepep` holds; without
     it SGLang gathers every DP rank's tokens onto each rank and runs Triton's fused_moe over its local
     experts, which is not priced."""
+    if cfg.dp_attention > 1 and not cfg.expert_parallel:  # TP experts (`serve.dp_tp_moe`): aggregated only
+        return not split
     return not (cfg.expert_parallel and cfg.dp_attention > 1) or sglang_deepep(cfg, gpus_per_node, split=split, gpu=gpu)

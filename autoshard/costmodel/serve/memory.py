@@ -119,11 +119,17 @@ def cuda_graph_capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def cuda_graph_bytes(model: ModelSpec, *, tp: int, ep: int, layers: int, max_num_seqs: int) -> float:
+def cuda_graph_bytes(
+    model: ModelSpec, *, tp: int, ep: int, layers: int, max_num_seqs: int, gathered: int = 1, moe_tp: int | None = None
+) -> float:
     """Graph pools: a fixed part, per-graph per-layer node memory, and the activations of the largest
-    captured decode batch (graph pools are shared across sizes)."""
+    captured decode batch (graph pools are shared across sizes). `gathered` > 1: SGLang's attention DP
+    with TP experts, whose captured FFNs run on `gathered` DP ranks' rows sharded over `moe_tp` GPUs."""
     sizes = cuda_graph_capture_sizes(max_num_seqs)
     largest = activation_peak_bytes(model, tp=tp, ep=ep, tokens=sizes[-1], num_seqs=0)
+    if gathered > 1:
+        ffn = activation_peak_bytes(model, tp=moe_tp or tp, ep=1, tokens=gathered * sizes[-1], num_seqs=0)
+        largest = max(largest, ffn)
     return CUDA_GRAPH_POOL_BYTES + len(sizes) * layers * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH + largest
 
 
@@ -232,7 +238,7 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
         StageLayers(
             dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False
         ),
-        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype,
+        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, moe_tp=cfg.moe_tp,
     )
     proj = 2 * model.hidden_size * model.hidden_size / cfg.tp * weight_bytes_per_param(cfg.weight_dtype)
     return dataclasses.replace(
@@ -255,6 +261,10 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
+    if cfg.moe_tp != cfg.tp:  # SGLang's attention DP with TP experts: FFNs on every DP rank's tokens
+        act = max(act, activation_peak_bytes(
+            model, tp=cfg.moe_tp, ep=1, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
+        ))
     per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
     ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
     cuda_graphs = runs_cuda_graphs(model, gpu, cfg)
@@ -264,13 +274,16 @@ def serve_memory(
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
     stage_w, graphs_max = [], 0.0
     for st in stages:
-        w = stage_weight_bytes(model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp)
+        w = stage_weight_bytes(
+            model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp
+        )
         mtp_layers = model.mtp_num_layers if cfg.speculative_tokens and st.output else 0
         if mtp_layers:
             w = _with_mtp_modules(model, w, cfg, mtp_layers)
         stage_w.append(w.total)
         graphs = (
-            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs)
+            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs,
+                             gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.moe_tp)
             if cuda_graphs
             else 0.0
         )

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autoshard.costmodel.comm import Link
+from autoshard.costmodel.comm import Link, group_link
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
 from autoshard.costmodel.flops import Gemm, attention_gemms, mlp_gemms
 from autoshard.costmodel.serve.attention import _decode_attention_s, prefill_attention_s
@@ -56,6 +56,10 @@ from autoshard.costmodel.serve.compute import (
     serving_gpu,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, _stage_layers
+from autoshard.costmodel.serve.dp_tp_moe import (
+    attention_dp_tp_moe, custom_all_reduce_v2, dp_gather_combine_s, edge_engine, ffn_config, gathered_rows,
+    split_elementwise_s,
+)
 from autoshard.costmodel.serve.ep_dispatch import deepep_normal_step
 from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
 from autoshard.costmodel.serve.sharding import (
@@ -132,17 +136,27 @@ def _layer_time(
     prefill_len: int,
     expert_tokens: float | None = None,
     query_len: int = 1,
+    rows_sum: float | None = None,
+    part: str = "all",
 ) -> StepTime:
     """One decoder layer on one GPU: `tokens` rows through the linear layers, decode attention over
     `decode_seqs` cached sequences, and `prefills` causal prefills of `prefill_len` tokens.
     `expert_tokens` (default `tokens`): the DP rank's mean tokens the MoE layer routes when `tokens`
-    is the busiest attention-DP rank's load."""
+    is the busiest attention-DP rank's load. SGLang's attention DP with TP experts: `_dp_tp_moe_layer`,
+    `rows_sum` (default DP x `expert_tokens`) the step's tokens over all DP ranks; `part` "attention"
+    or "ffn" prices that half of the layer alone (elementwise kernels: `dp_tp_moe.split_elementwise_s`)."""
+    if part == "all" and attention_dp_tp_moe(cfg):
+        return _dp_tp_moe_layer(
+            model, kind, pool, cfg, links, tokens=tokens, decode_seqs=decode_seqs, context_len=context_len,
+            prefills=prefills, prefill_len=prefill_len, query_len=query_len,
+            rows_sum=rows_sum if rows_sum is not None else cfg.dp_attention * (expert_tokens or tokens),
+        )
     gpu = model_serving_gpu(model, pool.gpu, cfg.weight_dtype)
     rows = _rows(tokens)
-    gemms = attention_gemms(model, rows, cfg.tp)
-    if kind is LayerKind.DENSE:
+    gemms = attention_gemms(model, rows, cfg.tp) if part != "ffn" else []
+    if kind is LayerKind.DENSE and part != "attention":
         gemms += mlp_gemms(model, rows, model.ffn_hidden_size, cfg.tp)
-    else:
+    elif part != "attention":
         assert model.moe is not None
         gemms.append(Gemm(rows, model.moe.num_experts, model.hidden_size, fp8_capable=False))
         if model.moe.shared_expert_ffn_hidden_size:
@@ -150,8 +164,18 @@ def _layer_time(
     gemm_s = sum(_gemm_s(g, gpu, cfg.weight_dtype) for g in gemms)
     routed = expert_tokens if expert_tokens is not None else tokens
     chunks = moe_dp_chunks(cfg, tokens) if kind is LayerKind.MOE and prefills <= 0 else 1
-    if kind is LayerKind.MOE:
+    if kind is LayerKind.MOE and part != "attention":
         gemm_s += chunks * _grouped_experts_s(model, gpu, cfg, routed / chunks)
+    if part != "all":
+        ew_s = split_elementwise_s(model, kind, cfg, gpu, gemms, tokens=tokens, part=part)
+        attn_s = 0.0 if part == "ffn" else _decode_attention_s(
+            model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len
+        )
+        if prefills > 0 and part == "attention":
+            fp8 = cfg.fp8_context_attention and cfg.kv_cache_dtype is WeightDtype.FP8
+            attn_s += prefills * prefill_attention_s(model, gpu, tp=cfg.tp, prompt_len=prefill_len, fp8=fp8)
+        tp_s = 0.0 if part == "ffn" else layer_tp_comm_s(model, pool, cfg, links[0], tokens=tokens) / 2
+        return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s)
     attn_s = _decode_attention_s(
         model, gpu, cfg, seqs=decode_seqs, context_len=context_len, query_len=query_len
     )
@@ -171,6 +195,30 @@ def _layer_time(
         high_throughput=deepep_normal_step(model, pool, cfg, prefill=prefills > 0),
     )
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
+
+
+def _dp_tp_moe_layer(
+    model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: ServeConfig, links: tuple[Link, Link, Link], *,
+    tokens: float, decode_seqs: float, context_len: float, prefills: float, prefill_len: int, query_len: int,
+    rows_sum: float,
+) -> StepTime:
+    """One layer of SGLang's attention DP with TP experts (`serve.dp_tp_moe`): the attention half at
+    attention TP on this rank's `tokens` (the busiest rank's), the FFN half as a TP-N engine's on the
+    gathered rows, and the gather and combine over the N ranks."""
+    prefill = prefills > 0
+    attn = _layer_time(
+        model, kind, pool, replace(cfg, dp_attention=1), links, tokens=tokens, decode_seqs=decode_seqs,
+        context_len=context_len, prefills=prefills, prefill_len=prefill_len, query_len=query_len, part="attention",
+    )
+    link = group_link(pool, ranks=cfg.moe_tp)
+    custom = custom_all_reduce_v2(pool, cfg, link)
+    rows = gathered_rows(model, cfg, rows_sum=rows_sum, rows_max=tokens, prefill=prefill, custom=custom)
+    ffn = _layer_time(
+        model, kind, pool, ffn_config(cfg), links, tokens=rows, decode_seqs=0, context_len=0, prefills=0,
+        prefill_len=prefill_len, part="ffn",
+    )
+    comm = dp_gather_combine_s(model, pool, cfg, link, rows_sum=rows_sum, rows_max=tokens, prefill=prefill)
+    return attn + replace(ffn, tp_comm_s=comm)
 
 
 def _edge_time(
@@ -252,9 +300,10 @@ def step_time(
         for kind in _decoder_kinds(model)
     }
     worst: StepTime | None = None
+    edge_cfg, edge_links, ranks = edge_engine(pool, cfg, links)
     for st in _stage_layers(model, cfg.pp):
         t = _edge_time(
-            model, st, pool, cfg, links, tokens=busiest, logit_rows=decode_seqs * q + busiest_prefills
+            model, st, pool, edge_cfg, edge_links, tokens=busiest, logit_rows=ranks * (decode_seqs * q + busiest_prefills)
         )
         for kind, n in ((LayerKind.DENSE, st.dense), (LayerKind.MOE, st.moe)):
             if n:
@@ -332,12 +381,14 @@ def prefill_time(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, *, prompt_l
             context_len=0,
             prefills=1.0 / chunks,
             prefill_len=prompt_len,
+            rows_sum=chunk,
         ).scaled(chunks)
         for kind in _decoder_kinds(model)
     }
     total = StepTime()
+    edge_cfg, edge_links, _ = edge_engine(pool, cfg, links)
     for st in _stage_layers(model, cfg.pp):
-        total = total + _edge_time(model, st, pool, cfg, links, tokens=prompt_len, logit_rows=1)
+        total = total + _edge_time(model, st, pool, edge_cfg, edge_links, tokens=prompt_len, logit_rows=1)
         for kind, n in ((LayerKind.DENSE, st.dense), (LayerKind.MOE, st.moe)):
             if n:
                 total = total + per_kind[kind].scaled(n)

@@ -83,12 +83,17 @@ def _attention_weight_bytes(model: ModelSpec, tp: int, wbytes: float) -> float:
 
 
 def stage_weight_bytes(
-    model: ModelSpec, stage: StageLayers, *, tp: int, ep: int, weight_dtype: WeightDtype, pp: int = 1
+    model: ModelSpec, stage: StageLayers, *, tp: int, ep: int, weight_dtype: WeightDtype, pp: int = 1,
+    moe_tp: int | None = None,
 ) -> WeightBytes:
     """Weights of one GPU of `stage`. Linear layers are stored at `weight_dtype`; embedding, output
     projection, norms and MoE routers stay BF16 (vLLM quantizes neither the embedding nor lm_head).
-    Routed experts are split over the EP ranks with expert parallelism, else TP-sharded."""
+    Routed experts are split over the EP ranks with expert parallelism, else TP-sharded.
+    `moe_tp` (default `tp`): the ranks the dense MLPs, the shared and routed experts and the output
+    projection are TP-sharded over, where they differ from the attention's (SGLang's attention DP
+    with tensor-parallel experts, `ServeConfig.moe_tp`); the attention and the embedding stay at `tp`."""
     wb = weight_bytes_per_param(weight_dtype)
+    ffn = moe_tp or tp
     h = model.hidden_size
     layer_norms = 2 * (2 if model.norm is NormKind.LAYERNORM else 1) * h * BF16
     attn = _attention_weight_bytes(model, tp, wb) + layer_norms
@@ -98,15 +103,15 @@ def stage_weight_bytes(
     if stage.output:
         proj = model.vocab_size * h if (not model.tied_embeddings or pp > 1) else 0
         output = (
-            proj / tp + (model.output_params() - (0 if model.tied_embeddings else model.vocab_size * h))
+            proj / ffn + (model.output_params() - (0 if model.tied_embeddings else model.vocab_size * h))
         ) * BF16
-    mlp += stage.dense * model.mlp_params(model.ffn_hidden_size) / tp * wb
+    mlp += stage.dense * model.mlp_params(model.ffn_hidden_size) / ffn * wb
     if stage.moe:
         assert model.moe is not None
         moe = model.moe
         router = h * moe.num_experts * BF16
-        shared = model.shared_expert_params() / tp * wb
-        routed = moe.num_experts * model.expert_params() / (ep if ep > 1 else tp) * wb
+        shared = model.shared_expert_params() / ffn * wb
+        routed = moe.num_experts * model.expert_params() / (ep if ep > 1 else ffn) * wb
         mlp += stage.moe * (router + shared)
         experts = stage.moe * routed
     return WeightBytes(

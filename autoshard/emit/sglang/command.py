@@ -133,6 +133,8 @@ def _base(plan: ServePlan, *, dp: int, deepep: bool = False) -> list[str]:
         if plan.dp_attention > 1:
             words += ["--attn-dp-size", str(plan.dp_attention)]
         words += ["--ep-size", str(plan.ep)]
+    elif plan.dp_attention > 1:  # attention DP with the experts TP-sharded over all ranks (no --ep-size)
+        words += ["--attn-dp-size", str(plan.dp_attention)]
     seqs = sglang_deepep_seqs(plan) if deepep else plan.max_num_seqs
     running = seqs * plan.dp_attention
     words += [

@@ -52,7 +52,9 @@ def parse_sglang(command: str) -> ParsedServe:
     vLLM-semantics plan autoshard evaluates. SGLang carves expert and attention data parallelism out of
     its TP group: `--tp-size T --ep-size T [--attn-dp-size D | --enable-dp-attention --dp-size D]` is
     attention TP T/D x DP D with experts over all T GPUs (vLLM: TP T/D, DP D, --enable-expert-parallel);
-    without them `--dp-size` counts engine replicas. `--context-length` is the max model length,
+    without `--ep-size` the same attention DP D runs the experts TP-sharded over all T GPUs, one engine
+    (SGLang's default MoE path: `costmodel.serve.dp_tp_moe`); with neither, `--dp-size` counts engine
+    replicas. `--context-length` is the max model length,
     `--max-running-requests` the concurrency cap (over all attention-DP ranks), `--chunked-prefill-size`
     the prefill token budget of the engine, which SGLang splits among its attention-DP ranks
     (`chunked_prefill_size // attn_dp_size` each: sglang 0.5.23 srt/arg_groups/parallel_hook.py:324-332). `--mem-fraction-static` (weights + KV pool) is read as the memory budget
@@ -127,12 +129,11 @@ def parse_sglang(command: str) -> ParsedServe:
     if expert_parallel and ep != tp_all:
         warnings.append(f"--ep-size {ep} differs from --tp-size {tp_all}: predicted with experts over all "
                         f"{tp_all} GPUs of the TP group (vLLM's expert parallelism)")
-    if not expert_parallel and attn_dp > 1:
-        warnings.append("attention data parallelism without expert parallelism: predicted as replicas")
+    tp_moe = not expert_parallel and attn_dp > 1  # attention DP, experts TP-sharded over all (serve.dp_tp_moe)
     tp = tp_all // attn_dp
-    dp = attn_dp if expert_parallel else dp_size * attn_dp
-    if expert_parallel and dp_size > 1:
-        warnings.append(f"--dp-size {dp_size} replicas of an expert-parallel engine: predicted as one engine")
+    dp = attn_dp if expert_parallel or tp_moe else dp_size * attn_dp
+    if (expert_parallel or tp_moe) and dp_size > 1:
+        warnings.append(f"--dp-size {dp_size} replicas of an attention-DP engine: predicted as one engine")
     util = 0.92
     if "--mem-fraction-static" in values:
         try:
@@ -145,7 +146,7 @@ def parse_sglang(command: str) -> ParsedServe:
         warnings.append(f"--mem-fraction-static {util} (weights + KV pool) read as the whole memory budget: "
                         "SGLang keeps activations outside it, so the predicted KV cache is a little smaller")
     running = values.get("--max-running-requests")
-    seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel else 1))
+    seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel or tp_moe else 1))
     context = values.get("--context-length")
     quant = values.get("--quantization")
     kv = values.get("--kv-cache-dtype") or "auto"
@@ -167,7 +168,7 @@ def parse_sglang(command: str) -> ParsedServe:
     if a2a == "deepep" and expert_parallel and attn_dp > 1:
         warnings += _deepep_notes(values, env, seqs)
     return ParsedServe(
-        model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel,
+        model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel, attention_dp=tp_moe,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),
         gpu_memory_utilization=util, max_num_seqs=seqs,
         max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else max(

@@ -31,6 +31,7 @@ def evaluated_row(
     pp: int = 1,
     dp: int = 1,
     expert_parallel: bool = False,
+    attention_dp: bool = False,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -51,8 +52,11 @@ def evaluated_row(
     if expert_parallel and not model.is_moe:
         warn.append("--enable-expert-parallel has no effect on a dense model; ignored")
         expert_parallel = False
-    e = Engine(pool, tp, pp, dp if expert_parallel else 1, expert_parallel, framework)
-    replicas = 1 if expert_parallel else dp
+    if attention_dp and (framework != "sglang" or expert_parallel):
+        raise SpecError("attention DP with tensor-parallel experts is SGLang's (--attn-dp-size without --ep-size)")
+    lockstep = expert_parallel or (attention_dp and dp > 1)  # one engine of attention-DP ranks
+    e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
+    replicas = 1 if lockstep else dp
     if tp > spec.node.domain_size:
         # a legal launch for SGLang (--tp 16 --nnodes 2) and vLLM alike, but not one autoshard prices
         dom, hops = spec.node.domain_size, -(-tp // spec.node.domain_size)

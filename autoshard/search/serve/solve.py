@@ -277,7 +277,7 @@ def _plan(
     warnings: tuple[str, ...] = (),
 ) -> ServePlan:
     e, cfg = row.engine, row.config
-    dp = e.dp_attention if e.expert_parallel else row.replicas
+    dp = e.dp_attention * row.replicas  # attention-DP ranks of one engine, or replicas
     if (note := deep_gemm_warning(model, cfg, cluster.pools[e.pool].gpu.name)) is not None:
         warnings = (*warnings, note)
     plan = ServePlan(
@@ -311,6 +311,7 @@ def evaluate_serve(
     pp: int = 1,
     dp: int = 1,
     expert_parallel: bool = False,
+    attention_dp: bool = False,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -324,7 +325,8 @@ def evaluate_serve(
     role: str = "aggregated",
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
-    EP = TP x DP over one engine). `concurrency`: requests in flight over the whole deployment (default:
+    EP = TP x DP over one engine; `attention_dp`: SGLang's attention DP with the experts TP-sharded over
+    all TP x DP GPUs of one engine, `costmodel.serve.dp_tp_moe`). `concurrency`: requests in flight over the whole deployment (default:
     as many as max_num_seqs and the KV cache allow). Raises InfeasibleError if it would not start,
     SpecError if illegal. `framework`: the engine it runs on; `nccl_nvls` / `deep_gemm`: what its command
     sets, where that differs from the engine's launch defaults (None: the defaults); `max_len_flag`: the
@@ -334,7 +336,7 @@ def evaluate_serve(
     (every step on DeepEP's normal kernels, its fixed buffers, no CUDA graphs: `ServeConfig.role`)."""
     check_context_len(model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework)
     row, stats, warn = evaluated_row(
-        model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
+        model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel, attention_dp=attention_dp,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
         nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role,

@@ -70,6 +70,7 @@ class Engine:
 
     def label(self) -> str:
         ep = f" EP{self.ep} (attention DP{self.dp_attention})" if self.expert_parallel else ""
+        ep = ep or (f" attention DP{self.dp_attention}, MoE TP{self.tp * self.dp_attention}" if self.dp_attention > 1 else "")
         return f"TP{self.tp} PP{self.pp}{ep}"
 
 
@@ -154,7 +155,8 @@ def _unpriced(pool: PoolSpec, e: Engine, *, split: bool | None) -> str | None:
     prefill/decode instance (True) or both (None: left out only where neither is priced)."""
     if e.framework != "sglang":
         return None
-    cfg = ServeConfig(tp=e.tp, pp=e.pp, dp_attention=e.dp_attention, expert_parallel=e.expert_parallel)
+    cfg = ServeConfig(tp=e.tp, pp=e.pp, dp_attention=e.dp_attention, expert_parallel=e.expert_parallel,
+                      engine=e.framework)
     per_node = pool.node.gpus_per_node
     if any(sglang_priced(cfg, per_node, split=s, gpu=pool.gpu) for s in ((False, True) if split is None else (split,))):
         return None
@@ -177,7 +179,7 @@ def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
         return f"pinned pp={pins['pp']}"
     if "ep" in pins and e.ep != pins["ep"]:
         return f"pinned ep={pins['ep']}"
-    if "dp" in pins and e.expert_parallel and e.dp_attention != pins["dp"]:
+    if "dp" in pins and (e.expert_parallel or e.dp_attention > 1) and e.dp_attention != pins["dp"]:
         return f"pinned dp={pins['dp']}"
     return None
 
@@ -207,6 +209,7 @@ def enumerate_serve(
                 options: list[tuple[int, bool]] = [(1, False)]
                 if model.is_moe:
                     options += [(d, True) for d in DP_ATTENTION_CHOICES]
+                    options += [(d, False) for d in DP_ATTENTION_CHOICES[1:] if framework == "sglang"]
                 for dpa, ep_on in options:
                     e = Engine(pi, tp, pp, dpa, ep_on, framework)
                     if e.gpus > 2 * pool.num_gpus and (tp > 1 or pp > 1 or dpa > 1):
@@ -256,7 +259,8 @@ def _config(
     """The engine's settings as `e.framework` runs them (`split`: an instance of a prefill/decode
     deployment, whose launch lines differ; `role`: which; the budget of vLLM DeepEP low-latency engines:
     `search.serve.budget`)."""
-    budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu)
+    gathered = 1 if e.expert_parallel else e.dp_attention  # SGLang attention DP + TP experts: 1/DP each
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu) // gathered
     cfg = ServeConfig(
         tp=e.tp,
         pp=e.pp,
@@ -267,7 +271,7 @@ def _config(
         gpu_memory_utilization=util,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs),
-        role=role,
+        role=role, engine=e.framework,
     )
     cfg = engine_config(cfg, e.framework, gpus_per_node=pool.node.gpus_per_node, split=split, gpu=pool.gpu)
     return ll_budgeted(model, pool.gpu, cfg, job, given=max_num_batched_tokens)
@@ -383,7 +387,7 @@ def _budget_row(cfg: ServeConfig, *, model, cluster, job, engine, pool, prefill,
 def _replicas(
     e: Engine, pool: PoolSpec, job: ServeJob, pred: ServePrediction, pins: dict[str, int]
 ) -> int | None:
-    if e.expert_parallel:
+    if e.expert_parallel or e.dp_attention > 1:  # one engine of lock-stepped attention-DP ranks
         if job.request_rate is not None and pred.requests_per_s < job.request_rate:
             return None
         return 1
