@@ -173,10 +173,10 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 # GPUs with fewer than 5 held runs on the Blackwell pool.
 _POOL = "Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)"
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.60, 0.45, 0.25, "B200-SXM-180GB", 8, half_seq=0),
-    "GB200-186GB": _train_fit(0.65, 0.55, 0.20, "GB200-186GB", 11, half_seq=8192),
-    "GB300-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192, hbm=0.90),
-    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192, hbm=0.90),
+    "B200-SXM-180GB": _train_fit(0.55, 0.45, 0.25, "B200-SXM-180GB", 8, half_seq=0),
+    "GB200-186GB": _train_fit(0.60, 0.50, 0.20, "GB200-186GB", 11, half_seq=8192, hbm=0.90),
+    "GB300-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192),
+    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192),
 }
 
 
