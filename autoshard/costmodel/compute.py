@@ -17,7 +17,7 @@ from autoshard.costmodel.attention import flash_attention_efficiency, ring_atten
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
-from autoshard.costmodel.fp8 import fp8_quantize_s
+from autoshard.costmodel.fp8 import fp8_quantize_s, fp8_recipe_gpu
 from autoshard.costmodel.gemm_shape import shape_table
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, ParallelDims, Recompute
@@ -269,7 +269,7 @@ def layer_compute_time(
     main_grad_bytes: bytes per element of the main gradient the weight-gradient GEMMs accumulate into
     (wgrad_time_s: Megatron's fused accumulation, 4 for FP32 main grads); None prices each wgrad
     GEMM as its forward (frameworks whose wgrad writes a fresh BF16 gradient)."""
-    gpu = training_gpu(gpu)  # the training step's compute knobs (EfficiencySpec.train_*)
+    gpu = fp8_recipe_gpu(training_gpu(gpu), precision, fp8_recipe)  # the training step's knobs, the recipe's kernel
     tokens = micro_batch_size * seq_len // dims.cp
     attn_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):

@@ -3,12 +3,33 @@ recipe, and the seconds one layer's casts take."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import Gemm
+from autoshard.costmodel.gemm_shape import shape_table
 from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import Precision
 
-__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s"]
+__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu"]
+
+
+@lru_cache(maxsize=1024)
+def fp8_recipe_gpu(gpu: GpuSpec, precision: Precision, recipe: Fp8Recipe) -> GpuSpec:
+    """`gpu` (with its training knobs) as the recipe's FP8 GEMMs see it. Block scales (recipe
+    blockwise: activations 1 x 128, weights 128 x 128) run cuBLAS's block-scaled kernel, measured on
+    an H100 at 0.861 of the per-tensor kernel's speed (median of 48 shapes, 0.67-1.23;
+    tests/validation/gemm_bench.py --blockwise, gemm_h100_blockwise_raw.json): where the GPU's
+    generation has that measurement, `gemm_fp8` is scaled by it. Per-tensor recipes run the kernel the
+    knob was fitted on; MXFP8 is native to Blackwell's tensor cores (no measurement here)."""
+    if precision is not Precision.FP8 or recipe is not Fp8Recipe.BLOCKWISE:
+        return gpu
+    table = shape_table(gpu_generation(gpu.name))
+    if table is None or table.fp8_blockwise is None:
+        return gpu
+    eff = gpu.efficiency
+    return gpu.model_copy(update={"efficiency": eff.model_copy(update={"gemm_fp8": eff.gemm_fp8 * table.fp8_blockwise})})
 
 
 def fp8_cast_bytes_per_element(recipe: Fp8Recipe, *, transpose: bool = False) -> float:

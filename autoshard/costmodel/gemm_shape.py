@@ -44,6 +44,8 @@ class ShapeTable:
         self._dense = {False: data["bf16"], True: data["fp8"]}
         self._grouped = {False: data["grouped_bf16"], True: data["grouped_fp8"]}
         self.reference_tflops = {False: data["bf16_reference_tflops"], True: data["fp8_reference_tflops"]}
+        # block-scaled (1 x 128 / 128 x 128) over per-tensor FP8 GEMM speed, median over shapes
+        self.fp8_blockwise: float | None = data.get("fp8_blockwise_over_tensorwise")
         # fraction of its FP8 peak a large FP8 GEMM reaches over a large BF16 GEMM's of its BF16 peak
         peaks = data["source"]["datasheet_tflops"]
         self.fp8_over_bf16 = (self.reference_tflops[True] / peaks["fp8"]) / (self.reference_tflops[False] / peaks["bf16"])

@@ -21,6 +21,7 @@ and prints each family's figures, achieved TFLOP/s and the fraction of the large
 from __future__ import annotations
 
 import argparse
+import statistics
 import json
 import platform
 import time
@@ -149,6 +150,37 @@ def grouped(torch, fp8: bool) -> list[dict]:
     return rows
 
 
+BLOCK_M = (1024, 4096, 16384)
+BLOCK_NK = (1024, 2048, 4096, 8192)
+
+
+def blockwise(torch) -> list[dict]:
+    """FP8 GEMMs with DeepSeek-style block scales (activations 1 x 128, weights 128 x 128: Megatron's
+    --fp8-recipe blockwise, through cuBLAS's block-scaled kernel on Hopper) against the per-tensor
+    kernel at the same shapes."""
+    import torch.nn.functional as F
+    from torch.nn.functional import ScalingType
+
+    rows, dev = [], "cuda"
+    for m in BLOCK_M:
+        for n in BLOCK_NK:
+            for k in BLOCK_NK:
+                a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
+                one = torch.ones((), device=dev)
+                sa = torch.ones(k // 128, m, device=dev).t()          # (m, k/128), M-major
+                sb = torch.ones(n // 128, k // 128, device=dev).t()   # (k/128, n/128) as cuBLAS wants
+                flops = 2.0 * m * n * k
+                tensor_s = _time_s(torch, lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                                   out_dtype=torch.bfloat16), flops)
+                block_s = _time_s(torch, lambda: F.scaled_mm(a, b, sa, ScalingType.BlockWise1x128, sb,
+                                                             ScalingType.BlockWise128x128,
+                                                             output_dtype=torch.bfloat16), flops)
+                rows.append({"m": m, "n": n, "k": k, "tensorwise_tflops": flops / tensor_s / 1e12,
+                             "blockwise_tflops": flops / block_s / 1e12})
+    return rows
+
+
 def copy_bw(torch) -> float:
     n = 1 << 30
     a = torch.empty(n, device="cuda", dtype=torch.uint8)
@@ -173,12 +205,12 @@ def _box_max(values: dict, axes: tuple) -> dict:
     return out
 
 
-def make_table(raw_path: str, out_path: str) -> None:
+def make_table(raw_path: str, out_path: str, blockwise_raw: str | None = None) -> None:
     """The cost model's shape table from one run of this script: for dense BF16 and FP8, the speed at
     each grid shape (m, n, k) relative to the median speed over shapes with every dimension >= 4096
     (box-max envelope, then renormalised); for grouped GEMMs, the fall-off with tokens per expert
     and experts relative to the same kernel at 4,096 tokens per expert."""
-    import statistics
+
 
     with open(raw_path) as fh:
         raw = json.load(fh)
@@ -209,6 +241,11 @@ def make_table(raw_path: str, out_path: str) -> None:
                 grid[(e, t)] = statistics.median(ratios)
         env = _box_max(grid, (EXPERTS, TOKENS_PER_EXPERT))
         table[key] = [[round(min(1.0, env[(e, t)]), 4) for t in TOKENS_PER_EXPERT] for e in EXPERTS]
+    if blockwise_raw:
+        with open(blockwise_raw) as fh:
+            rows = json.load(fh)["blockwise"]
+        table["fp8_blockwise_over_tensorwise"] = round(
+            statistics.median(r["blockwise_tflops"] / r["tensorwise_tflops"] for r in rows), 4)
     with open(out_path, "w") as fh:
         json.dump(table, fh, indent=None, separators=(",", ":"))
         fh.write("\n")
@@ -220,16 +257,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="measure on this machine's GPU and write the raw figures here")
     ap.add_argument("--table", nargs=2, metavar=("RAW", "OUT"), help="make the shape table from a raw measurement")
+    ap.add_argument("--blockwise", action="store_true",
+                    help="measure block-scaled against per-tensor FP8 GEMMs only (written to --out)")
+    ap.add_argument("--blockwise-raw", help="with --table: a --blockwise measurement to add to the table")
     ap.add_argument("--skip", default="", help="comma list of families to skip: bf16,fp8,grouped,grouped_fp8")
     args = ap.parse_args()
     if args.table:
-        make_table(*args.table)
+        make_table(*args.table, blockwise_raw=args.blockwise_raw)
         return
     if not args.out:
         ap.error("give --out FILE (measure) or --table RAW OUT")
     import torch
 
     skip = set(filter(None, args.skip.split(",")))
+    if args.blockwise:
+        props = torch.cuda.get_device_properties(0)
+        rows = blockwise(torch)
+        ratios = sorted(r["blockwise_tflops"] / r["tensorwise_tflops"] for r in rows)
+        print(f"{props.name}: block-scaled / per-tensor FP8 over {len(rows)} shapes: median "
+              f"{statistics.median(ratios):.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}")
+        with open(args.out, "w") as fh:
+            json.dump({"device": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                       "date": time.strftime("%Y-%m-%d"), "blockwise": rows}, fh, indent=1)
+        return
     props = torch.cuda.get_device_properties(0)
     result = {
         "device": props.name, "sms": props.multi_processor_count,

@@ -12,6 +12,7 @@ from functools import lru_cache
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.fp8 import fp8_recipe_gpu
 from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.memory import (
     BF16,
@@ -58,7 +59,8 @@ def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: Pool
     from autoshard.costmodel.train.recompute import module_recompute
 
     dims = cfg.dims
-    r = module_recompute(model, kind, cfg.recompute_modules, gpu=training_gpu(pool.gpu), dims=dims,
+    gpu = fp8_recipe_gpu(training_gpu(pool.gpu), cfg.precision, cfg.fp8_recipe)
+    r = module_recompute(model, kind, cfg.recompute_modules, gpu=gpu, dims=dims,
                          micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
                          precision=cfg.precision)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
