@@ -17,7 +17,8 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.units import time_to_us
 
-__all__ = ["ServeModel", "Pick", "build_model", "read_pick", "exclude", "objective_units", "element", "product"]
+__all__ = ["ServeModel", "Pick", "build_model", "read_pick", "exclude", "objective_units", "element", "product",
+           "FirstPlan"]
 
 
 @dataclass(slots=True)
@@ -243,3 +244,16 @@ def exclude(built: ServeModel, solver: cp_model.CpSolver, engine: int | None = N
     built.cp.add(built.d_engine == de).only_enforce_if(same_d)
     built.cp.add(built.d_engine != de).only_enforce_if(~same_d)
     built.cp.add_bool_or([~built.dis, ~same_p, ~same_d])
+
+
+class FirstPlan(cp_model.CpSolverSolutionCallback):
+    """Stops CP-SAT at its first solution that deploys something (with a throughput objective, one above
+    0: the model's empty pick scores 0); `solve_serve` uses it when the time limit leaves no time to search."""
+
+    def __init__(self, objective: cp_model.LinearExprT, maximize: bool) -> None:
+        super().__init__()
+        self.objective, self.maximize = objective, maximize
+
+    def on_solution_callback(self) -> None:
+        if not self.maximize or self.value(self.objective) > 0:
+            self.stop_search()
