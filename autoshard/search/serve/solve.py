@@ -367,7 +367,7 @@ def evaluate_serve(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role, carry=True,
     )
     return _plan(model, cluster, job, row, stats, warn)
 
