@@ -27,14 +27,14 @@ from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import TIME_CUT, DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
-from autoshard.search.serve.ladder import ENUM_TIME_CUT, ROWS_TIME_CUT
+from autoshard.search.serve.ladder import ENUM_TIME_CUT, ROWS_TIME_CUT, best_row, meets_targets
 from autoshard.search.serve.messages import (
     check_context_len, disagg_message, no_engine_message, rate_message, target_message, time_cut_text,
 )
 from autoshard.search.serve.model import (
-    FirstPlan, Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick,
+    Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick, solve_for_plan,
 )
-from autoshard.search.serve.result import choice, deep_gemm_warning, disagg_serve_plan
+from autoshard.search.serve.result import deep_gemm_warning, disagg_serve_plan, with_choice
 from autoshard.search.serve.space import (
     GPU_MEMORY_UTILIZATION, TIE_SCALE, Row, ServeSpace, enumerate_serve, tabulate,
 )
@@ -61,7 +61,7 @@ exists, and CP-SAT while no plan exists (stopping at its first plan), for at mos
 limit (as a training solve with no plan yet may: `train.solve`); the enumeration (0.01-0.04 s on the commands
 above, and what the tables draw on) stops only at the end of this grace."""
 _FIRST_PLAN_S = 0.3
-"""With less than this left for CP-SAT and no plan yet, it stops at its first plan that serves (`FirstPlan`)."""
+"""With less than this left for CP-SAT and no plan yet, it stops at its first plan that serves (`solve_for_plan`)."""
 
 TIME_CUTS = (ENUM_TIME_CUT, TIME_CUT, ROWS_TIME_CUT)
 """The `pruned` reasons of candidates the time limit left unexamined: a plan with any of them is FEASIBLE."""
@@ -139,9 +139,10 @@ def solve_serve(
         raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
     built = build_model(rows, space.engines, job, tables, cluster)
     setup_s = time.perf_counter() - start
-    sign = 1 if job.request_rate is None else -1
-    if rows:
-        built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    known = best_row(job, rows)  # the aggregated row to start from (a plan whenever it meets the targets)
+    if known is not None:
+        built.cp.add_hint(built.row, rows.index(known))
+    floor = known.objective if known is not None and job.request_rate is None and meets_targets(job, known) else 1
     tie = _tie_key(built, rows, tables, cluster) if job.request_rate is None else None
     plans: list[ServePlan] = []
     while len(plans) < top_k:
@@ -149,16 +150,14 @@ def solve_serve(
             break  # the limit is spent: return the plans found so far
         solver = new_solver(num_workers=num_workers, seed=seed)
         solver.parameters.max_time_in_seconds = time_left(deadline, 0.1)
-        first = None
-        if not plans and solver.parameters.max_time_in_seconds < _FIRST_PLAN_S:  # no time to search: a first plan
-            solver.parameters.max_time_in_seconds = max(solver.parameters.max_time_in_seconds, grace.remaining())
-            first = FirstPlan(built.objective, job.request_rate is None)
+        short = not plans and solver.parameters.max_time_in_seconds < _FIRST_PLAN_S  # no time to search
         t0 = time.perf_counter()
-        status = solver.solve(built.cp) if first is None else solver.solve(built.cp, first)
+        status = solve_for_plan(built, solver, maximize=job.request_rate is None, short=short,
+                                grace_s=0.0 if plans else grace.remaining(), floor=floor)
         wall = time.perf_counter() - t0 + (setup_s if not plans else 0.0)
         if not has_solution(status):
-            if plans and is_infeasible(status):
-                break
+            if plans:
+                break  # the plans found so far (no other engine, or no time for one)
             if is_infeasible(status) and cut:  # the engines left out might have met the targets
                 raise SolverError(_time_out(time_limit_s, pruned, len(space.engines), "meeting the targets "))
             if is_infeasible(status):
@@ -192,7 +191,7 @@ def solve_serve(
             model, cluster, job, rows, tables, space, plans[0], time_left(deadline, 0.1), num_workers,
             seed,
         )
-        plans[0] = dataclasses.replace(plans[0], choice=choice(job, plans[0], other))
+        plans[0] = with_choice(job, plans[0], other)
     if framework == "sglang" and (left := pruned.get(SGLANG_UNPRICED, 0)):
         note = (f"{left} engine(s) with attention DP + EP left out: {SGLANG_UNPRICED}; --target vllm plans them "
                 "(vLLM's line runs DeepEP)")

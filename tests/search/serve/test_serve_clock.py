@@ -7,6 +7,7 @@ examples/benchmark_solver.py --serve-limits)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -289,3 +290,100 @@ def test_json_says_the_interactive_sla_when_the_alternative_was_cut(monkeypatch)
     assert obj["sla"]["tpot_ms"] == 50.0 and obj["sla"]["default"] is True
     assert "throughput_optimal" not in obj
     assert obj["predicted"]["serve"]["tpot_target_s"] == 0.05 and obj["predicted"]["serve"]["tpot_s"] <= 0.05 and obj["predicted"]["serve"]["meets_targets"]
+
+
+class _Scripted:
+    """A CP-SAT stand-in answering each solve with the next (status, objective) of its script; records
+    the time limit and whether a solution callback was passed."""
+
+    def __init__(self, *script):
+        from ortools.sat.python import cp_model
+
+        self.parameters, self.script, self.calls = cp_model.CpSolver().parameters, list(script), []
+
+    def solve(self, model, callback=None):
+        status, self.objective_value = self.script.pop(0)
+        self.calls.append((self.parameters.max_time_in_seconds, callback is not None))
+        return status
+
+
+def test_a_search_cut_on_the_empty_pick_goes_on_to_a_plan_that_serves(space):
+    from ortools.sat.python import cp_model
+
+    from autoshard.search.serve.model import solve_for_plan
+
+    built = build_model(*tabulate(LLAMA70, H100_16, JOB, space)[:1], space.engines, JOB)
+    fake = _Scripted((cp_model.FEASIBLE, 0.0), (cp_model.FEASIBLE, 812.0))
+    fake.parameters.max_time_in_seconds = 2.0
+    assert solve_for_plan(built, fake, maximize=True, short=False, grace_s=0.8) == cp_model.FEASIBLE
+    assert fake.calls == [(2.0, False), (0.8, True)]  # the second within the grace, stopping at a plan
+    # nothing but the empty pick within the grace too: no solution, not a plan serving nothing
+    fake = _Scripted((cp_model.FEASIBLE, 0.0), (cp_model.FEASIBLE, 0.0))
+    assert solve_for_plan(built, fake, maximize=True, short=False, grace_s=0.8) == cp_model.UNKNOWN
+    # no grace left (a later plan of a top-k): no second search
+    fake = _Scripted((cp_model.FEASIBLE, 0.0))
+    assert solve_for_plan(built, fake, maximize=True, short=False, grace_s=0.0) == cp_model.UNKNOWN
+    # a request rate (GPUs minimized): every solution deploys something
+    fake = _Scripted((cp_model.FEASIBLE, 0.0))
+    assert solve_for_plan(built, fake, maximize=False, short=False, grace_s=0.8) == cp_model.FEASIBLE
+    # too little time to search: one run, the grace's length, stopping at the first plan that serves
+    fake = _Scripted((cp_model.FEASIBLE, 640.0))
+    fake.parameters.max_time_in_seconds = 0.01
+    assert solve_for_plan(built, fake, maximize=True, short=True, grace_s=0.8) == cp_model.FEASIBLE
+    assert fake.calls == [(0.8, True)]
+
+
+def test_a_top_k_solve_out_of_time_keeps_the_plans_found(monkeypatch):
+    """The second of two solves ends with no solution (its time ran out): the first plan comes back
+    (this raised "no deployment found" before). A request rate: no tie-break solve in between."""
+    from ortools.sat.python import cp_model
+
+    job = JOB.model_copy(update={"request_rate": 5.0})
+    real, made = serve_solve.new_solver, []
+
+    def factory(**kw):
+        made.append(kw)
+        return real(**kw) if len(made) == 1 else _Scripted((cp_model.UNKNOWN, 0.0))
+
+    monkeypatch.setattr(serve_solve, "new_solver", factory)
+    plans = solve_serve(LLAMA70, H100_16, job, pins=None, top_k=2, time_limit_s=30, num_workers=1,
+                        disaggregate="off")
+    assert len(made) == 2 and len(plans) == 1 and plans[0].solver.status == "OPTIMAL"
+
+
+def test_a_search_cut_below_a_known_row_goes_on_to_reach_it(space):
+    """A time-cut solution worse than the best aggregated row that meets the targets (a plan the solve
+    already has) is not kept while the grace lasts: the search goes on to one at least that good."""
+    from ortools.sat.python import cp_model
+
+    from autoshard.search.serve.model import solve_for_plan
+
+    built = build_model(*tabulate(LLAMA70, H100_16, JOB, space)[:1], space.engines, JOB)
+    fake = _Scripted((cp_model.FEASIBLE, 500.0), (cp_model.FEASIBLE, 804.0))
+    assert solve_for_plan(built, fake, maximize=True, short=False, grace_s=0.8, floor=800) == cp_model.FEASIBLE
+    assert [c[1] for c in fake.calls] == [False, True] and fake.objective_value == 804.0
+    fake = _Scripted((cp_model.FEASIBLE, 500.0))  # no grace: kept, a plan that serves
+    assert solve_for_plan(built, fake, maximize=True, short=False, grace_s=0.0, floor=800) == cp_model.FEASIBLE
+
+
+def test_auto_mode_cut_short_keeps_the_better_kind():
+    """Auto mode's pick is compared with the best plan of the other kind: when a cut search picked the
+    worse kind, the better one is the plan (FEASIBLE, with the cut search's certificate), and the sentence
+    says which won by how much; a proven pick is never swapped."""
+    from autoshard.search.serve.result import with_choice
+
+    split = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=30, num_workers=1,
+                        disaggregate="on")[0]
+    agg = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=30, num_workers=1,
+                      disaggregate="off")[0]
+    assert split.solver.objective > agg.solver.objective  # 2P3D beats TP4 PP1 here
+    cut = dataclasses.replace(agg, solver=dataclasses.replace(agg.solver, status="FEASIBLE", stop_reason="time_limit",
+                                                              pruned={ROWS_TIME_CUT: 3}))
+    kept = with_choice(SLA, cut, split)
+    assert kept.disaggregated and kept.describe() == split.describe()
+    assert (kept.solver.status, kept.solver.stop_reason, kept.solver.pruned) == ("FEASIBLE", "time_limit",
+                                                                                  {ROWS_TIME_CUT: 3})
+    assert kept.solver.objective == split.solver.objective
+    assert kept.choice.startswith(f"disaggregated: {split.throughput_tokens_per_s / 16:,.0f} output tokens/s per GPU")
+    proven = with_choice(SLA, agg, split)  # OPTIMAL: not swapped (its model could not place the split)
+    assert not proven.disaggregated and proven.choice.startswith("aggregated:")
