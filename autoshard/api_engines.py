@@ -16,8 +16,8 @@ from autoshard.errors import InfeasibleError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted
 from autoshard.search.serve.evaluate import evaluated_row
-from autoshard.search.serve.ladder import meets_targets
-from autoshard.search.serve.space import Row
+from autoshard.search.serve.ladder import best_row, row_objective
+from autoshard.search.serve.space import TIE_SCALE, Row
 
 __all__ = ["ENGINE_SAME_REL", "launched_by", "vllm_budget_row", "sglang_priced_plan", "pct", "engine_figures",
            "aggregated_on", "split_figures", "split_on"]
@@ -40,10 +40,11 @@ def launched_by(plan: ServePlan, engine: str) -> ServePlan:
 def vllm_budget_row(plan: ServePlan) -> Row | None:
     """For an aggregated plan priced for SGLang whose vLLM line runs DeepEP's low-latency kernels: the
     vLLM row of the same deployment (degrees, batch cap, running requests) at the budget the vLLM
-    planner keeps (`search.serve.space._row`: of the budgets tabulated for it, `ll_budget_choices`, the
-    rows whose KV cache holds the batch and that sustain the request rate, first those that meet the
-    targets, then the highest throughput); None for any other plan, or where no budget holds the batch
-    (then `aggregated_on` prices the plan's own budget)."""
+    planner keeps: of the budgets tabulated for it (`ll_budget_choices`), the rows whose KV cache holds
+    the batch and that sustain the request rate, chosen as the planner's rows choose theirs
+    (`search.serve.ladder.best_row` over `row_objective`: first those that meet the targets, then the
+    highest throughput); None for any other plan, or where no budget holds the batch (then
+    `aggregated_on` prices the plan's own budget)."""
     if plan.disaggregated or plan.prediction.config.engine != "sglang":
         return None
     pool = plan.pool
@@ -54,7 +55,7 @@ def vllm_budget_row(plan: ServePlan) -> Row | None:
         return None  # not a vLLM DeepEP low-latency engine: its line runs the plan's budget
     seqs = plan.max_num_seqs
     per_rank = min(plan.prediction.concurrency, seqs)
-    best, best_key = None, None
+    rows: list[Row | None] = []
     for c in choices:
         try:
             row, _, _ = evaluated_row(
@@ -67,10 +68,9 @@ def vllm_budget_row(plan: ServePlan) -> Row | None:
         rate = plan.job.request_rate
         if row.prediction.concurrency < per_rank or (rate is not None and row.prediction.requests_per_s < rate):
             continue
-        key = (meets_targets(plan.job, row), row.throughput)
-        if best_key is None or key > best_key:
-            best, best_key = row, key
-    return best
+        rows.append(dataclasses.replace(row, objective=row_objective(
+            plan.job, plan.cluster.num_gpus, row.gpus, row.throughput, TIE_SCALE)))
+    return best_row(plan.job, rows)
 
 
 def sglang_priced_plan(plan: ServePlan) -> bool:

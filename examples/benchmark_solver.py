@@ -30,7 +30,8 @@ would do alone and its CPU time stands for its wall time on an idle machine. Use
 `--serve-limits L1,L2` runs the large serving commands (a split deployment for Qwen3-235B on 576 GB200,
 and --pareto fronts for Qwen3-235B on 64 H100, DeepSeek-V3 on 1,024 H100, Qwen3-235B on 576 GB200) as
 a user does, process start-up included, at each --time-limit: wall and CPU seconds, the exit status,
-the plan's solver status and why it stopped, and whether the front is complete.
+the plan's solver status and why it stopped, its output tokens/s per GPU used, and whether the front is
+complete.
 """
 
 from __future__ import annotations
@@ -325,7 +326,8 @@ def serve_limits(limits: list[float]) -> None:
             what = run.stderr.strip().splitlines()[-1][:60] if run.returncode else ""
             if run.returncode == 0:
                 obj = json.loads(run.stdout)
-                what = f"{obj['solver']['status']} {obj['solver']['stop_reason']}"
+                what = (f"{obj['solver']['status']} {obj['solver']['stop_reason']} "
+                        f"{obj['predicted']['tokens_per_s_per_gpu']:,.1f} tok/s/GPU")
                 if "pareto" in obj:
                     front = obj["pareto"]
                     what += (" / front complete" if front["complete"] else

@@ -113,7 +113,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if front is not None:
             obj["pareto"] = front_json(front, best.job.tpot_target_s, band)
         if found.interactive:
-            obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if alternative is not None else None, "default": True,
+            obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if best.job.tpot_target_s is not None else None, "default": True,
                           "note": sla_note}
         if alternative is not None:
             obj["throughput_optimal"] = alternative.to_json()

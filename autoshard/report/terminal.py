@@ -22,7 +22,7 @@ from autoshard.report.fit import add_columns, print_command
 from autoshard.report.fit import table as compact_table
 from autoshard.report.gantt import draw_schedule
 from autoshard.report.memory import memory_table
-from autoshard.search.serve.disagg import TIME_CUT
+from autoshard.search.serve.messages import time_cut_text
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
@@ -203,10 +203,9 @@ def solver_text(stats: SolverStats, *, unit: str = "s", time_limit_s: float | No
     objective; otherwise the gap (never shown as 0.00 %) and why the search stopped."""
     limit = f" of a {time_limit_s:g} s limit" if time_limit_s is not None else ""
     wall = f"{stats.wall_s:.2f} s wall{limit}"
-    if cut := stats.pruned.get(TIME_CUT, 0):  # the split tables were cut short: no bound on the rest
+    if cut := time_cut_text(stats.pruned):  # a serving solve's tables were cut short: no bound on the rest
         limit = f"the {time_limit_s:g} s time limit" if time_limit_s is not None else "the time limit"
-        return (f"solver: best of what was tabulated, not proven optimal ({limit} ran out with {cut} engine(s) "
-                f"not tabulated as prefill/decode instances, no bound on them), {wall}")
+        return f"solver: best of what was tabulated, not proven optimal ({limit} ran out with {cut}, no bound on them), {wall}"
     if stats.gap <= 1e-12:
         how = "proven by CP-SAT" if stats.status == "OPTIMAL" else "the bound meets the objective"
         return f"solver: optimal ({how}), {wall}"

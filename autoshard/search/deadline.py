@@ -43,3 +43,10 @@ class Deadline:
         left = self.end - now
         sub.end = self.end if left == float("inf") else now + max(0.0, fraction * left)
         return sub
+
+    def later(self, seconds: float) -> Deadline:
+        """This deadline moved `seconds` later, on the same clock and from the same start (a grace past
+        the limit for a phase that has produced nothing yet)."""
+        sub = Deadline(0.0, start=self.start, clock=self.clock)
+        sub.end = self.end + max(0.0, seconds)
+        return sub

@@ -1,15 +1,21 @@
 """Predict a serving plan the user already has (`evaluate`): one engine, its replicas and its
 configuration, checked against vLLM's rules and the pool's GPUs, at a given concurrency or at as many
-requests as max_num_seqs and the KV cache admit."""
+requests as max_num_seqs and the KV cache admit -- and, for a vLLM line, as its step budget
+(--max-num-batched-tokens) carries: a DeepEP low-latency buffer sized at a budget that does not fit is
+refused with the largest budget that does (`ll_budget_problem`), and a budget too small for the
+running requests' decode and prompt tokens is priced at the requests it carries, with a warning
+(`budget_carry`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
-from autoshard.costmodel.serve.predict import predict_serve
+from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.predict import ServePrediction, kv_limited_concurrency, predict_serve
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.serve.budget import vllm_ll_engine
@@ -17,9 +23,10 @@ from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, Engine, Row, _c
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
-from autoshard.units import time_to_us
+from autoshard.specs.cluster import PoolSpec
+from autoshard.units import GIB, time_to_us
 
-__all__ = ["evaluated_row"]
+__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem"]
 
 
 def evaluated_row(
@@ -42,9 +49,11 @@ def evaluated_row(
     deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
     role: str = "aggregated",
+    carry: bool = False,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
-    evaluate_serve`, which documents the arguments."""
+    evaluate_serve`, which documents the arguments. `carry`: a user's line, checked against what its
+    vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not."""
     if not 0 <= pool < len(cluster.pools):
         raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
     spec = cluster.pools[pool]
@@ -89,6 +98,8 @@ def evaluated_row(
     given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
+    if carry and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
+        raise InfeasibleError(problem)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:
@@ -97,6 +108,10 @@ def evaluated_row(
     if per_rank is not None and pred.concurrency < per_rank:
         warn.append(f"concurrency {concurrency} exceeds what max-num-seqs and the KV cache admit: "
                     f"predicted at {pred.concurrency} running requests per DP rank (the rest queue)")
+    if carry and cfg.engine == "vllm" and (short := budget_carry(job, cfg, pred)) is not None:
+        carried, note = short
+        warn.append(note)
+        pred = predict_serve(model, spec, job, cfg, concurrency=carried)
     stats = SolverStats(
         status="EVALUATED",
         stop_reason="evaluated",
@@ -124,3 +139,65 @@ def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
             f"{vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)} (its DeepEP buffer grows with it) "
             f"or --max-num-seqs <= {budget}", field="--max-num-batched-tokens")
     return dataclasses.replace(cfg, max_num_seqs=min(cfg.max_num_seqs, budget), max_num_batched_tokens=budget)
+
+
+def step_tokens(job: ServeJob, cfg: ServeConfig, running: int) -> float:
+    """Tokens one scheduler step of a DP rank must hold to keep `running` requests decoding: per pipeline
+    micro-batch, each request's decode tokens (1 + MTP drafts) plus the prompt tokens it brings per
+    decode step (input_len / output_len: its prompt is prefilled once over its output_len steps)."""
+    return running / cfg.pp * (1 + cfg.speculative_tokens + job.input_len / job.output_len)
+
+
+def budget_carry(job: ServeJob, cfg: ServeConfig, pred: ServePrediction) -> tuple[int, str] | None:
+    """(the running requests per DP rank the step budget carries, the warning saying so) when vLLM's
+    --max-num-batched-tokens cannot hold the decode and prompt tokens of the `pred.concurrency` requests
+    it would run, else None. vLLM's scheduler gives a step's budget to the running requests' decode
+    tokens first and the waiting prompts the rest (chunked prefill), so prompts are admitted at most as
+    fast as the budget left over allows: in steady state R running requests need `step_tokens(R)` per
+    step and the engine settles at the largest R whose step fits the budget; the others wait for their
+    prompt (the engine still starts: a warning, not a refusal)."""
+    budget, running = cfg.max_num_batched_tokens, pred.concurrency
+    need = step_tokens(job, cfg, running)
+    if need <= budget:
+        return None
+    carried = max(1, int(budget * cfg.pp / (1 + cfg.speculative_tokens + job.input_len / job.output_len)))
+    if carried >= running:
+        return None
+    fix = math.ceil(need - 1e-9)
+    return carried, (
+        f"--max-num-batched-tokens {budget:,} cannot carry {running:,} running requests per DP rank: each step "
+        f"must hold their decode tokens plus the prompt tokens they bring ({job.input_len:,} in / {job.output_len:,} "
+        f"out: {need:,.0f} tokens per step{'' if cfg.pp == 1 else f' per micro-batch of PP {cfg.pp}'}), so prompts "
+        f"wait for room and about {carried:,} requests run: predicted at {carried:,} running requests per DP rank "
+        f"(the rest wait for their prompt, a wait the TTFT does not include); pass --max-num-batched-tokens "
+        f"{fix:,} or more to run all {running:,}")
+
+
+def ll_budget_problem(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig) -> str | None:
+    """Why a vLLM engine on DeepEP's low-latency kernels would not start with the line's
+    --max-num-batched-tokens, naming the buffer it sizes and the largest budget that fits (at least
+    --max-num-seqs, as vLLM requires), or None when it fits or is no such engine. vLLM 0.33.0 sizes that
+    buffer at the budget (`search.serve.budget`)."""
+    if not vllm_ll_engine(model, pool.gpu, cfg):
+        return None
+    mem = serve_memory(model, pool, cfg, context_len=job.context_len)
+    if (problem := mem.problem()) is None:
+        return None
+
+    def at(b: int):  # noqa: ANN202
+        return serve_memory(model, pool, dataclasses.replace(cfg, max_num_batched_tokens=b), context_len=job.context_len)
+
+    low, high = cfg.max_num_seqs, cfg.max_num_batched_tokens  # the largest b in [low, high) that fits
+    head = (f"vLLM sizes its DeepEP low-latency buffer at --max-num-batched-tokens {high:,}: "
+            f"{mem.ep_buffer_bytes / GIB:.1f} GiB per GPU; {problem}")
+    if low >= high or (least := at(low)).problem() is not None:
+        return (f"{head}; no smaller budget fits either (at {low:,}, vLLM's least since it must be >= --max-num-seqs, "
+                f"the buffer takes {(least if low < high else mem).ep_buffer_bytes / GIB:.1f} GiB): lower --max-num-seqs "
+                "or use more GPUs per engine")
+    while high - low > 1:  # `low` fits, `high` does not
+        mid = (low + high) // 2
+        low, high = (mid, high) if at(mid).problem() is None else (low, mid)
+    best = at(low)
+    return (f"{head}: pass --max-num-batched-tokens {low:,} or less (the largest that fits: its buffer takes "
+            f"{best.ep_buffer_bytes / GIB:.1f} GiB and leaves a KV cache for {kv_limited_concurrency(best, job):,} "
+            f"request(s) of {job.context_len:,} tokens per DP rank)")

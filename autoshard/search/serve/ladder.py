@@ -1,18 +1,29 @@
-"""Bisection of a serving engine's concurrency ladder for the highest concurrency that meets the
-targets (throughput, TPOT and TTFT all grow with concurrency, so lower rows are dominated).
+"""Which rows of a serving engine are kept: bisection of its concurrency ladder for the highest
+concurrency that meets the targets (throughput, TPOT and TTFT all grow with concurrency, so lower rows
+are dominated), the row kept among its step budgets (`best_row`, shared by the planner and the other
+engine's figures, `api_engines.vllm_budget_row`), a row's objective, and the reasons under which the
+time limit cuts the enumeration and the aggregated rows short (`time_cut`).
 
 Pure functions: no I/O, no solver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
+from autoshard.search.deadline import Deadline
 from autoshard.specs.job import ServeJob
 from autoshard.units import time_to_us
 
-__all__ = ["bisect_ladder", "meets_targets"]
+__all__ = ["bisect_ladder", "meets_targets", "best_row", "row_objective", "time_cut", "may_stop", "ROWS_TIME_CUT",
+           "ENUM_TIME_CUT"]
+
+ROWS_TIME_CUT = "time limit: engines not tabulated as aggregated replicas (no bound on them)"
+"""The `pruned` reason of the engines the aggregated rows never reached: their share of the command's
+`--time-limit` ran out first (the plan is then chosen from what was tabulated, FEASIBLE, not proven)."""
+ENUM_TIME_CUT = "time limit: candidate engines not examined (no bound on them)"
+"""The `pruned` reason of the candidates the enumeration never examined: the deadline ran out first."""
 
 
 class Row(Protocol):
@@ -20,6 +31,15 @@ class Row(Protocol):
 
     tpot_us: int
     ttft_us: int
+
+
+class Scored(Row, Protocol):
+    """A table row with its objective (`row_objective`)."""
+
+    objective: int
+
+
+R = TypeVar("R", bound=Scored)
 
 
 def bisect_ladder(job: ServeJob, ladder: list[int], make: Callable[[int], Row | None]) -> dict[int, Row | None]:
@@ -49,3 +69,38 @@ def meets_targets(job: ServeJob, row: Row) -> bool:
     if job.tpot_target_s is not None and row.tpot_us > time_to_us(job.tpot_target_s):
         return False
     return job.ttft_target_s is None or row.ttft_us <= time_to_us(job.ttft_target_s)
+
+
+def best_row(job: ServeJob, rows: Sequence[R | None]) -> R | None:
+    """The row an engine keeps among its step budgets (None: a budget that cannot run it): first those
+    that meet the targets, then the best objective (`row_objective`: the most throughput per cluster GPU,
+    or with a request rate the fewest GPUs), the first listed (the smallest budget) among equals. The
+    planner's rows (`space._row`) and an SGLang plan's vLLM line (`api_engines.vllm_budget_row`) both
+    keep their budget with it."""
+    sign, best = 1 if job.request_rate is None else -1, None
+    for r in rows:
+        if r is not None and (best is None or (meets_targets(job, r), sign * r.objective)
+                              > (meets_targets(job, best), sign * best.objective)):
+            best = r
+    return best
+
+
+def row_objective(job: ServeJob, cluster_gpus: int, gpus: int, throughput: float, tie_scale: int) -> int:
+    """The CP-SAT objective of a row deploying `gpus` GPUs at `throughput` output tokens/s: without a
+    request rate the tokens/s per GPU of the cluster in thousandths (maximized), else the GPUs at work
+    times `tie_scale` less the tokens/s per GPU (minimized: fewest GPUs, then the most per GPU)."""
+    if job.request_rate is None:
+        return int(throughput * 1000 / cluster_gpus)
+    return gpus * tie_scale - min(int(throughput / gpus), tie_scale - 1)
+
+
+def time_cut(deadline: Deadline | None, reason: str, ready: Callable[[], bool]) -> str | None:
+    """`reason` when `deadline` has expired and the phase may stop (`ready()`: it has something to show),
+    else None."""
+    return reason if deadline is not None and deadline.expired() and ready() else None
+
+
+def may_stop(job: ServeJob, rows: Sequence[Row], grace: Deadline | None) -> bool:
+    """Whether a tabulation past its deadline may stop: a row meets the targets (a plan exists), or its
+    `grace` (None: no grace) is spent too."""
+    return grace is None or grace.expired() or any(meets_targets(job, r) for r in rows)

@@ -7,6 +7,8 @@ import math
 from autoshard.costmodel.serve.predict import predict_serve
 from autoshard.costmodel.serve.weights import total_weight_bytes
 from autoshard.errors import InfeasibleError, SpecError
+from autoshard.search.serve.disagg import TIME_CUT
+from autoshard.search.serve.ladder import ENUM_TIME_CUT, ROWS_TIME_CUT
 from autoshard.search.serve.space import GPU_MEMORY_UTILIZATION, MAX_CONCURRENCY, Row, ServeSpace, _config
 from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
@@ -14,7 +16,20 @@ from autoshard.specs.job import ServeJob, WeightDtype
 from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB, time_to_us
 
-__all__ = ["check_context_len", "no_engine_message", "rate_message", "target_message", "disagg_message"]
+__all__ = ["check_context_len", "no_engine_message", "rate_message", "target_message", "disagg_message",
+           "time_cut_text"]
+
+
+def time_cut_text(pruned: dict[str, int], engines: int | None = None) -> str:
+    """What the time limit left out of a serving solve ("" when nothing): "12 engine(s) not tabulated as
+    aggregated replicas and 30 engine(s) not tabulated as prefill/decode instances" ("12 of 40 engines
+    ..." with the number of `engines`)."""
+    of = "engine(s)" if engines is None else f"of {engines} engines"
+    parts = [f"{pruned[k]} {what}" for k, what in (
+        (ENUM_TIME_CUT, "candidate engine(s) not examined"),
+        (ROWS_TIME_CUT, f"{of} not tabulated as aggregated replicas"),
+        (TIME_CUT, f"{of} not tabulated as prefill/decode instances")) if pruned.get(k)]
+    return " and ".join(parts)
 
 
 def _gib(x: float) -> str:

@@ -17,7 +17,8 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.units import time_to_us
 
-__all__ = ["ServeModel", "Pick", "build_model", "read_pick", "exclude", "objective_units", "element", "product"]
+__all__ = ["ServeModel", "Pick", "build_model", "read_pick", "exclude", "objective_units", "element", "product",
+           "FirstPlan", "solve_for_plan"]
 
 
 @dataclass(slots=True)
@@ -243,3 +244,39 @@ def exclude(built: ServeModel, solver: cp_model.CpSolver, engine: int | None = N
     built.cp.add(built.d_engine == de).only_enforce_if(same_d)
     built.cp.add(built.d_engine != de).only_enforce_if(~same_d)
     built.cp.add_bool_or([~built.dis, ~same_p, ~same_d])
+
+
+class FirstPlan(cp_model.CpSolverSolutionCallback):
+    """Stops CP-SAT at its first solution that deploys something (any, with the GPUs minimized) and with a
+    throughput objective scores at least `floor` (>= 1: the model's empty pick scores 0; the best aggregated
+    row that meets the targets, a plan the solve already has); `solve_serve` uses it when the time limit
+    leaves no time to search."""
+
+    def __init__(self, objective: cp_model.LinearExprT, maximize: bool, floor: int = 1) -> None:
+        super().__init__()
+        self.objective, self.maximize, self.floor = objective, maximize, max(1, floor)
+
+    def on_solution_callback(self) -> None:
+        if not self.maximize or self.value(self.objective) >= self.floor:
+            self.stop_search()
+
+
+def solve_for_plan(built: ServeModel, solver: cp_model.CpSolver, *, maximize: bool, short: bool,
+                   grace_s: float, floor: int = 1) -> int:
+    """CP-SAT's status on `built`, never a solution that deploys nothing nor, with a throughput objective,
+    one below `floor` (a plan already known) when the grace allows: `short` (too little time to search)
+    stops at the first solution at `floor` or above (`FirstPlan`) within `grace_s`; a search whose time
+    ran out below it goes on to one within `grace_s`; one that deploys nothing (objective 0) is UNKNOWN."""
+    params = solver.parameters
+    if short:
+        params.max_time_in_seconds = max(params.max_time_in_seconds, grace_s)
+        status = solver.solve(built.cp, FirstPlan(built.objective, maximize, floor))
+    else:
+        status = solver.solve(built.cp)
+    if maximize and status == cp_model.FEASIBLE and solver.objective_value < max(1, floor):
+        if not short and grace_s > 0:
+            params.max_time_in_seconds = grace_s
+            status = solver.solve(built.cp, FirstPlan(built.objective, maximize, floor))
+        if status == cp_model.FEASIBLE and solver.objective_value <= 0:
+            return cp_model.UNKNOWN
+    return status

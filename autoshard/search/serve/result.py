@@ -4,6 +4,8 @@ disaggregated serving won."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from autoshard.costmodel.serve.compute import BLOCK_FP8_GPUS, block_scaled_fp8
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.disagg import disagg_ttft_s
@@ -17,7 +19,19 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["choice", "disagg_serve_plan"]
+__all__ = ["choice", "with_choice", "disagg_serve_plan"]
+
+
+def with_choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> ServePlan:
+    """`best` (the auto mode's pick) with its `choice` sentence. When the time limit cut its search short
+    (not OPTIMAL) and `other`, the best plan of the other kind, beats it, `other` is the plan: with
+    `best`'s certificate (FEASIBLE, its bound, what was cut) and `other`'s objective."""
+    sign = 1 if job.request_rate is None else -1
+    if (other is not None and best.solver.status != "OPTIMAL"
+            and sign * other.solver.objective > sign * best.solver.objective):
+        stats = dataclasses.replace(best.solver, objective=other.solver.objective)
+        best, other = dataclasses.replace(other, solver=stats), best
+    return dataclasses.replace(best, choice=choice(job, best, other))
 
 
 def choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> str:

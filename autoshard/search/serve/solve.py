@@ -25,15 +25,16 @@ from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.cpsat import has_solution, is_infeasible, is_optimal, new_solver, stop_reason, time_left
 from autoshard.search.deadline import Deadline
-from autoshard.search.serve.disagg import DisaggTables, tabulate_disagg
+from autoshard.search.serve.disagg import TIME_CUT, DisaggTables, tabulate_disagg
 from autoshard.search.serve.evaluate import evaluated_row
+from autoshard.search.serve.ladder import ENUM_TIME_CUT, ROWS_TIME_CUT, best_row, meets_targets
 from autoshard.search.serve.messages import (
-    check_context_len, disagg_message, no_engine_message, rate_message, target_message,
+    check_context_len, disagg_message, no_engine_message, rate_message, target_message, time_cut_text,
 )
 from autoshard.search.serve.model import (
-    Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick,
+    Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick, solve_for_plan,
 )
-from autoshard.search.serve.result import choice, deep_gemm_warning, disagg_serve_plan
+from autoshard.search.serve.result import deep_gemm_warning, disagg_serve_plan, with_choice
 from autoshard.search.serve.space import (
     GPU_MEMORY_UTILIZATION, TIE_SCALE, Row, ServeSpace, enumerate_serve, tabulate,
 )
@@ -46,9 +47,24 @@ __all__ = ["solve_serve", "evaluate_serve", "model_for_path"]
 
 DISAGGREGATE = ("auto", "on", "off")
 _TABLES_SHARE = 0.75
-"""Share of the time left after the aggregated rows that the prefill/decode tables may take; CP-SAT, the
-tie-break and the auto choice get the rest (and all the tables leave unused). Past it the engines left
-are not tabulated and the plan, chosen from what was, comes back FEASIBLE (stop_reason time_limit)."""
+"""Share of the time left that the last table built may take (the aggregated rows, or the prefill/decode
+tables of a split-only solve); CP-SAT, the tie-break and the auto choice get the rest (and all the tables
+leave unused). Past it the engines left are not tabulated and the plan, chosen from what was, comes back
+FEASIBLE (stop_reason time_limit)."""
+_SPLIT_FIRST_SHARE = 0.5
+"""With `disaggregate` "auto" the prefill/decode tables are built first, in at most this share of the time
+left (they take a fraction of the aggregated rows' time: 0.09-0.31 s against 0.4-2.8 s on the commands
+`examples/benchmark_solver.py --serve-limits` runs), the aggregated rows in `_TABLES_SHARE` of the rest."""
+FIRST_ROW_GRACE_S = 0.8
+"""Past its deadline the aggregated tabulation goes on while no row meets the targets and no split deployment
+exists, and CP-SAT while no plan exists (stopping at its first plan), for at most this long past the solve's
+limit (as a training solve with no plan yet may: `train.solve`); the enumeration (0.01-0.04 s on the commands
+above, and what the tables draw on) stops only at the end of this grace."""
+_FIRST_PLAN_S = 0.3
+"""With less than this left for CP-SAT and no plan yet, it stops at its first plan that serves (`solve_for_plan`)."""
+
+TIME_CUTS = (ENUM_TIME_CUT, TIME_CUT, ROWS_TIME_CUT)
+"""The `pruned` reasons of candidates the time limit left unexamined: a plan with any of them is FEASIBLE."""
 
 
 def _no_plan_message(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace,
@@ -75,6 +91,7 @@ def solve_serve(
     disaggregate: str = "off",
     started_at: float | None = None,
     framework: str = DEFAULT_ENGINE,
+    deadline: Deadline | None = None,
 ) -> list[ServePlan]:
     """The best `top_k` serving plans with distinct degrees, best first, each with its certificate.
 
@@ -85,8 +102,10 @@ def solve_serve(
     Raises SpecError for a job the model cannot take, InfeasibleError (needs X, has Y, nearest fix)
     when no plan fits or meets the targets, SolverError when CP-SAT returns nothing in time.
     The whole call honours `time_limit_s` (counted from `started_at`, a `time.monotonic()` value, when
-    given): the top-k solves share what the setup leaves."""
-    deadline = Deadline(time_limit_s, start=started_at)
+    given; `deadline`, when given, replaces both): the enumeration, the tables and the top-k solves share
+    it, and a plan chosen from tables the deadline cut short is FEASIBLE, stop_reason time_limit, with the
+    engines left out counted in `pruned` (`TIME_CUTS`)."""
+    deadline = deadline or Deadline(time_limit_s, start=started_at)
     start = time.perf_counter()
     if disaggregate not in DISAGGREGATE:
         raise SpecError(
@@ -96,34 +115,34 @@ def solve_serve(
     check_context_len(model, job)  # the plan carries both vLLM's and SGLang's launch lines
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")
-    space = enumerate_serve(model, cluster, job, pins=pins, framework=framework)
-    if not space.engines:
+    grace = deadline.later(FIRST_ROW_GRACE_S)
+    space = enumerate_serve(model, cluster, job, pins=pins, framework=framework, deadline=grace)
+    if not space.engines:  # (the enumeration stops early only once it has an engine)
         raise InfeasibleError(no_engine_message(model, cluster, job, space))
     rows: list[Row] = []
     dropped: Counter[str] = Counter()
-    if disaggregate != "on":
-        rows, dropped = tabulate(model, cluster, job, space, pins=pins)
-    tables = None
-    cut = 0  # engines the split tables never reached (the deadline's share for them ran out)
-    if disaggregate != "off":
-        tables = tabulate_disagg(model, cluster, job, space, deadline=deadline.part(_TABLES_SHARE))
-        dropped.update(tables.dropped)
-        cut = tables.untabulated
-        if not (tables.prefill and tables.decode):
-            tables = None
+    tables = split = None
+    if disaggregate != "off":  # first: the cheaper tables (`_SPLIT_FIRST_SHARE`)
+        share = _TABLES_SHARE if disaggregate == "on" else _SPLIT_FIRST_SHARE
+        split = tabulate_disagg(model, cluster, job, space, deadline=deadline.part(share))
+        tables = split if split.prefill and split.decode else None
+    if disaggregate != "on":  # with no split deployment, past the limit until a row meets the targets (a grace)
+        rows, dropped = tabulate(model, cluster, job, space, pins=pins, deadline=deadline.part(_TABLES_SHARE),
+                                 grace=grace if tables is None else None)
+    if split is not None:
+        dropped.update(split.dropped)
+    pruned = space.reasons() + dropped
+    cut = sum(pruned.get(k, 0) for k in TIME_CUTS)  # candidates the deadline left unexamined
     if not rows and tables is None:
         if cut:
-            raise SolverError(
-                f"no deployment found within the {time_limit_s:g} s time limit ({cut} of {len(space.engines)} "
-                "engines not tabulated as prefill/decode instances before it): raise --time-limit"
-            )
+            raise SolverError(_time_out(time_limit_s, pruned, len(space.engines)))
         raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
-    pruned = space.reasons() + dropped
     built = build_model(rows, space.engines, job, tables, cluster)
     setup_s = time.perf_counter() - start
-    sign = 1 if job.request_rate is None else -1
-    if rows:
-        built.cp.add_hint(built.row, max(range(len(rows)), key=lambda i: sign * rows[i].objective))
+    known = best_row(job, rows)  # the aggregated row to start from (a plan whenever it meets the targets)
+    if known is not None:
+        built.cp.add_hint(built.row, rows.index(known))
+    floor = known.objective if known is not None and job.request_rate is None and meets_targets(job, known) else 1
     tie = _tie_key(built, rows, tables, cluster) if job.request_rate is None else None
     plans: list[ServePlan] = []
     while len(plans) < top_k:
@@ -131,12 +150,16 @@ def solve_serve(
             break  # the limit is spent: return the plans found so far
         solver = new_solver(num_workers=num_workers, seed=seed)
         solver.parameters.max_time_in_seconds = time_left(deadline, 0.1)
+        short = not plans and solver.parameters.max_time_in_seconds < _FIRST_PLAN_S  # no time to search
         t0 = time.perf_counter()
-        status = solver.solve(built.cp)
+        status = solve_for_plan(built, solver, maximize=job.request_rate is None, short=short,
+                                grace_s=0.0 if plans else grace.remaining(), floor=floor)
         wall = time.perf_counter() - t0 + (setup_s if not plans else 0.0)
         if not has_solution(status):
-            if plans and is_infeasible(status):
-                break
+            if plans:
+                break  # the plans found so far (no other engine, or no time for one)
+            if is_infeasible(status) and cut:  # the engines left out might have met the targets
+                raise SolverError(_time_out(time_limit_s, pruned, len(space.engines), "meeting the targets "))
             if is_infeasible(status):
                 raise InfeasibleError(_no_plan_message(model, cluster, job, space, rows, disaggregate))
             raise SolverError(
@@ -168,12 +191,18 @@ def solve_serve(
             model, cluster, job, rows, tables, space, plans[0], time_left(deadline, 0.1), num_workers,
             seed,
         )
-        plans[0] = dataclasses.replace(plans[0], choice=choice(job, plans[0], other))
+        plans[0] = with_choice(job, plans[0], other)
     if framework == "sglang" and (left := pruned.get(SGLANG_UNPRICED, 0)):
         note = (f"{left} engine(s) with attention DP + EP left out: {SGLANG_UNPRICED}; --target vllm plans them "
                 "(vLLM's line runs DeepEP)")
         plans = [dataclasses.replace(p, warnings=(*p.warnings, note)) for p in plans]
     return mark_ties(plans)
+
+
+def _time_out(time_limit_s: float, pruned: Counter[str], engines: int, what: str = "") -> str:
+    """No deployment (`what`: "meeting the targets ") among what was tabulated before the time limit."""
+    return (f"no deployment {what}found within the {time_limit_s:g} s time limit "
+            f"({time_cut_text(pruned, engines)} before it): raise --time-limit")
 
 
 def _tie_key(built: ServeModel, rows: list[Row], tables: DisaggTables | None,
@@ -339,7 +368,7 @@ def evaluate_serve(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel, attention_dp=attention_dp,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
-        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role,
+        nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role, carry=True,
     )
     return _plan(model, cluster, job, row, stats, warn)
 

@@ -28,7 +28,9 @@ from autoshard.costmodel.serve.predict import (
 from autoshard.costmodel.serve.step import StepTime, prefill_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted, vllm_ll_engine
-from autoshard.search.serve.ladder import bisect_ladder, meets_targets
+from autoshard.search.deadline import Deadline
+from autoshard.search.serve.ladder import (
+    ENUM_TIME_CUT, ROWS_TIME_CUT, best_row, bisect_ladder, may_stop, row_objective, time_cut)
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob
@@ -192,9 +194,10 @@ def enumerate_serve(
     pins: dict[str, int] | None = None,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     framework: str = DEFAULT_ENGINE,
+    deadline: Deadline | None = None,
 ) -> ServeSpace:
-    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons.
-    Each is priced for `framework` ("vllm" or "sglang": `costmodel.serve.engines`)."""
+    """Every engine the framework rules allow, memory checked at the smallest batch; the rest with reasons (past
+    `deadline`, once one engine exists: `ENUM_TIME_CUT`). Each is priced for `framework` (`costmodel.serve.engines`)."""
     if framework not in ENGINES:
         raise SpecError(f"the serving engine must be one of {', '.join(ENGINES)}, got {framework!r}",
                         field="--target")
@@ -216,8 +219,8 @@ def enumerate_serve(
                         continue  # far beyond the pool: not a candidate worth listing
                     space.enumerated += 1
                     label = f"{pool.name}: {e.label()}"
-                    reason = (_engine_rules(model, pool, e) or _pinned_out(e, pins)
-                              or _unpriced(pool, e, split=None))
+                    reason = (time_cut(deadline, ENUM_TIME_CUT, lambda: bool(space.engines))
+                              or _engine_rules(model, pool, e) or _pinned_out(e, pins) or _unpriced(pool, e, split=None))
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
                         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
@@ -288,16 +291,22 @@ def tabulate(
     *,
     pins: dict[str, int] | None = None,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    deadline: Deadline | None = None,
+    grace: Deadline | None = None,
 ) -> tuple[list[Row], Counter[str]]:
     """Rows of each legal engine at the concurrencies its KV cache allows, with the replicas the
     objective implies. Throughput, TPOT and TTFT all grow with concurrency, so a row is dominated by
     any higher concurrency of the same engine that still meets the targets: the ladder is bisected
     for the highest such concurrency and only the rows evaluated on the way are kept (the solver still
-    checks every target itself). Rows that cannot be deployed are counted by reason."""
+    checks every target itself). Rows that cannot be deployed are counted by reason. Past `deadline` the
+    engines left are not tabulated (`ROWS_TIME_CUT`), unless no row meets the targets yet and `grace` has not."""
     pins = pins or {}
     dropped: Counter[str] = Counter()
     rows: list[Row] = []
-    for e in space.engines:
+    for i, e in enumerate(space.engines):
+        if time_cut(deadline, ROWS_TIME_CUT, lambda: may_stop(job, rows, grace)):
+            dropped[ROWS_TIME_CUT] += len(space.engines) - i
+            break
         pool = cluster.pools[e.pool]
         if _unpriced(pool, e, split=False):
             dropped[SGLANG_UNPRICED] += 1
@@ -343,13 +352,10 @@ def _row(
     dropped: Counter[str],
     util: float,
 ) -> Row | None:
-    best, sign, lost = None, 1 if job.request_rate is None else -1, Counter[str]()
-    for cfg in ll_budget_choices(model, pool.gpu, _config(model, pool, job, engine, max_num_seqs=batch, util=util)):
-        r = _budget_row(cfg, model=model, cluster=cluster, job=job, engine=engine, pool=pool, prefill=prefill,
-                        pins=pins, dropped=lost)
-        if r is not None and (best is None or (meets_targets(job, r), sign * r.objective)
-                              > (meets_targets(job, best), sign * best.objective)):
-            best = r
+    lost, first = Counter[str](), _config(model, pool, job, engine, max_num_seqs=batch, util=util)
+    best = best_row(job, [_budget_row(cfg, model=model, cluster=cluster, job=job, engine=engine, pool=pool,
+                                      prefill=prefill, pins=pins, dropped=lost)
+                          for cfg in ll_budget_choices(model, pool.gpu, first)])
     if best is None:  # one row dropped, whatever the budgets tried
         dropped[next(iter(lost))] += 1
     return best
@@ -377,10 +383,7 @@ def _budget_row(cfg: ServeConfig, *, model, cluster, job, engine, pool, prefill,
         return None
     throughput = pred.throughput_tokens_per_s * replicas
     gpus = engine.gpus * replicas
-    if job.request_rate is None:
-        objective = int(throughput * 1000 / cluster.num_gpus)
-    else:
-        objective = gpus * TIE_SCALE - min(int(throughput / gpus), TIE_SCALE - 1)
+    objective = row_objective(job, cluster.num_gpus, gpus, throughput, TIE_SCALE)
     return Row(engine, cfg, pred, replicas, objective, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
 
 
