@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -20,11 +19,7 @@ from autoshard.costmodel.serve.engines import (
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
-    ServePrediction,
-    concurrency_ladder,
-    kv_limited_concurrency,
-    predict_serve,
-)
+    ServePrediction, concurrency_ladder, kv_limited_concurrency, predict_serve)
 from autoshard.costmodel.serve.step import StepTime, prefill_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted, vllm_ll_engine
