@@ -33,7 +33,7 @@ K_GRID = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EXPERT_SHAPES = ((2048, 768), (4096, 1536), (7168, 2048), (4096, 14336))
 EXPERTS = (4, 8, 16, 32, 64)
 # dense tensor-core peaks of the measured devices (datasheets), for the FP8 / BF16 fraction-of-peak ratio
-DATASHEET_TFLOPS = {"NVIDIA H100 80GB HBM3": {"bf16": 989, "fp8": 1979}}
+DATASHEET_TFLOPS = {"NVIDIA H100 80GB HBM3": {"bf16": 989, "fp8": 1979}, "NVIDIA H200": {"bf16": 989, "fp8": 1979}}
 TOKENS_PER_EXPERT = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -228,6 +228,8 @@ def make_table(raw_path: str, out_path: str, blockwise_raw: str | None = None) -
     table["tokens_per_expert"] = list(TOKENS_PER_EXPERT)
     for fam, key in (("grouped", "grouped_bf16"), ("grouped_fp8", "grouped_fp8")):
         rows = [r for r in raw.get(fam, []) if "error" not in r]
+        if not rows:  # a family this run skipped (--skip)
+            continue
         grid = {}
         for e in EXPERTS:
             for t in TOKENS_PER_EXPERT:
