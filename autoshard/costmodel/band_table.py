@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -84,6 +85,7 @@ _GENERATIONS = (
 _MODES = {"train": "training", "serve": "serving"}
 
 
+@lru_cache(maxsize=256)
 def gpu_generation(name: str) -> str:
     """The GPU generation of a GPU name ("H100-SXM5-80GB" -> "hopper"); an unknown GPU is its own
     generation (its name, lower case), which no measured run backs."""
