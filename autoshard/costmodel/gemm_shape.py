@@ -13,6 +13,8 @@ H100 SXM5 (2026-11-23, PyTorch 2.11 / CUDA 13.0, 700 W, on random data): a large
 wrong: m = 4,096, n = k = 1,024 (a TP 8 projection of a 8k-hidden model) runs at 0.79 of the large
 shapes in BF16 and 0.63 in FP8, where d/(d+128) gives 0.89 for both; FP8 falls off faster because
 the same tile moves through the tensor cores in half the time while loads and epilogue do not shrink.
+Memory-bound points are capped at their HBM roofline at the measured copy bandwidth before the
+envelope (back-to-back calls keep small-m weights in L2, which a step's other layers evict).
 Grouped expert GEMMs pay for the tile that every expert's rows are padded to: 16, 64, 128, 256 tokens
 per expert reach 0.06, 0.24, 0.49, 0.83 of the kernel's speed at 4,096 (16 experts), near-linear
 below the 128-row tile."""
