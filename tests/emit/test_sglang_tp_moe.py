@@ -52,7 +52,12 @@ def test_qwen3_235b_on_a100_plans_attention_dp_with_tp_experts():
     assert plan.launch["sglang"] == QWEN_LINE
     words = shlex.split(QWEN_LINE)
     assert "--ep-size" not in words and "--moe-a2a-backend" not in words and "--dp-size" not in words
-    assert plan.engine_other["priced"] is False and "vLLM" in plan.engine_other["note"]
+    # vLLM's line for it (--data-parallel-size 2, no EP) is priced as vLLM runs it: one engine, the routed
+    # experts over all 8 GPUs, attention, router and lm_head at TP 4 (`costmodel.serve.vllm_dp_moe`)
+    other = plan.engine_other
+    assert other["engine"] == "vllm" and "priced" not in other and "vLLM" in other["note"]
+    assert "--data-parallel-size 2" in plan.launch["vllm"] and "--enable-expert-parallel" not in plan.launch["vllm"]
+    assert 1.0 < other["tokens_per_s"] / plan.throughput_tokens_per_s < 1.2 and other["tpot_s"] <= 0.1
 
 
 def test_vllm_plans_never_take_attention_dp_without_expert_parallelism():

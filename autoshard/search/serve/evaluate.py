@@ -54,7 +54,9 @@ def evaluated_row(
         expert_parallel = False
     if attention_dp and (framework != "sglang" or expert_parallel):
         raise SpecError("attention DP with tensor-parallel experts is SGLang's (--attn-dp-size without --ep-size)")
-    lockstep = expert_parallel or (attention_dp and dp > 1)  # one engine of attention-DP ranks
+    # vLLM's DP on an MoE model without EP: one engine, its experts over all TP x DP GPUs (`serve.vllm_dp_moe`)
+    vllm_tp_moe = framework == "vllm" and model.is_moe and dp > 1 and not expert_parallel
+    lockstep = expert_parallel or vllm_tp_moe or (attention_dp and dp > 1)  # one engine of attention-DP ranks
     e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
     replicas = 1 if lockstep else dp
     if tp > spec.node.domain_size:

@@ -136,6 +136,8 @@ def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bo
             return "expert parallelism needs TP x DP >= 2"
         if model.moe.num_experts % e.ep:
             return f"EP {e.ep} does not divide the {model.moe.num_experts} experts"
+    elif e.dp_attention > 1 and model.moe and model.moe.expert_ffn_hidden_size % (n := e.tp * e.dp_attention):
+        return f"the experts' {model.moe.expert_ffn_hidden_size} intermediate rows do not split over TP x DP = {n} GPUs"
     if check_size and e.gpus > pool.num_gpus:
         return f"the engine needs {e.gpus} GPUs; pool '{pool.name}' has {pool.num_gpus}"
     per_node = node.gpus_per_node
@@ -259,13 +261,11 @@ def _config(
     """The engine's settings as `e.framework` runs them (`split`: an instance of a prefill/decode
     deployment, whose launch lines differ; `role`: which; the budget of vLLM DeepEP low-latency engines:
     `search.serve.budget`)."""
-    gathered = 1 if e.expert_parallel else e.dp_attention  # SGLang attention DP + TP experts: 1/DP each
+    gathered = 1 if e.expert_parallel or e.framework != "sglang" else e.dp_attention  # SGLang TP experts: 1/DP
     budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu) // gathered
     cfg = ServeConfig(
-        tp=e.tp,
-        pp=e.pp,
-        dp_attention=e.dp_attention,
-        expert_parallel=e.expert_parallel,
+        tp=e.tp, pp=e.pp,
+        dp_attention=e.dp_attention, expert_parallel=e.expert_parallel,
         weight_dtype=job.weight_dtype,
         kv_cache_dtype=job.kv_cache_dtype,
         gpu_memory_utilization=util,
