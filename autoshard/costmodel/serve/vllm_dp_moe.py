@@ -65,6 +65,8 @@ __all__ = [
     "gathered_rows",
     "dispatch_combine_s",
     "vllm_dp_moe_layer",
+    "VLLM_DP_MOE_SPLIT",
+    "vllm_dp_one_engine",
 ]
 
 TOPK_BYTES = 4 + 4
@@ -156,3 +158,15 @@ def vllm_dp_moe_layer(
     comm = dispatch_combine_s(model, cfg, links[1], rows=rows, fp8_math=fp8_math)
     after = layer_tp_comm_s(model, pool, local, links[0], tokens=tokens) / 2
     return attn + replace(ffn, gemm_s=ffn.gemm_s + moved, tp_comm_s=after, ep_comm_s=comm)
+
+
+VLLM_DP_MOE_SPLIT = ("vLLM's --data-parallel-size without --enable-expert-parallel on an MoE model (one engine, "
+                     "the routed experts over all TP x DP GPUs) is priced for aggregated engines only")
+"""Why such engines are left out of prefill/decode instances (`search.serve.space._unpriced`)."""
+
+
+def vllm_dp_one_engine(model: ModelSpec, framework: str) -> bool:
+    """Whether vLLM runs `--data-parallel-size` of this model as one engine: on an MoE model, with or
+    without expert parallelism (its MoE layers meet every DP rank's tokens); a dense model's DP ranks
+    are independent replicas."""
+    return framework == "vllm" and model.is_moe

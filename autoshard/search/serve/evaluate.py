@@ -10,6 +10,7 @@ from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
 from autoshard.costmodel.serve.predict import predict_serve
+from autoshard.costmodel.serve.vllm_dp_moe import vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.serve.budget import vllm_ll_engine
@@ -55,7 +56,7 @@ def evaluated_row(
     if attention_dp and (framework != "sglang" or expert_parallel):
         raise SpecError("attention DP with tensor-parallel experts is SGLang's (--attn-dp-size without --ep-size)")
     # vLLM's DP on an MoE model without EP: one engine, its experts over all TP x DP GPUs (`serve.vllm_dp_moe`)
-    vllm_tp_moe = framework == "vllm" and model.is_moe and dp > 1 and not expert_parallel
+    vllm_tp_moe = vllm_dp_one_engine(model, framework) and dp > 1 and not expert_parallel
     lockstep = expert_parallel or vllm_tp_moe or (attention_dp and dp > 1)  # one engine of attention-DP ranks
     e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
     replicas = 1 if lockstep else dp
