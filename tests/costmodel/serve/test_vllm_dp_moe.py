@@ -27,7 +27,7 @@ from autoshard.costmodel.serve.vllm_dp_moe import (
     vllm_dp_tp_moe,
 )
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, stage_weight_bytes
-from autoshard.errors import InfeasibleError
+from autoshard.errors import InfeasibleError, SpecError
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import WeightDtype
 
@@ -178,8 +178,22 @@ def test_launch_line_read_as_one_engine():
     assert (plan.tp, plan.dp, plan.dp_attention, plan.replicas, plan.expert_parallel) == (1, 8, 8, 1, False)
     assert plan.prediction.memory.weights_bytes == 72_768_576_512
     assert plan.prediction.config.expert_tp == 8 and plan.prediction.decode.ep_comm_s > 0
-    assert "MoE TP8" in plan.describe()
+    assert plan.describe() == "TP1 PP1 DP8 MoE TP8"
+    # the relaunch line (golden; check_flags.py --world-size 8 passes it): DP 8, no EP, vLLM's default backend
+    assert plan.launch["vllm"] == (
+        "vllm serve Qwen/Qwen3-235B-A22B --tensor-parallel-size 1 --pipeline-parallel-size 1 --data-parallel-size 8 "
+        "--max-model-len 4096 --gpu-memory-utilization 0.95 --max-num-seqs 64 --max-num-batched-tokens 2048 "
+        "--kv-cache-dtype auto")
     replica = serve_memory(QWEN, H100, local_config(plan.prediction.config), context_len=4096)
     assert replica.weights_bytes > 430 * 2**30 and replica.problem() is not None
     with pytest.raises(InfeasibleError, match="weights"):  # what the replica reading said of the same line: TP 1
         evaluate_serve_command(line.replace("--data-parallel-size 8 ", ""), None, "dgx-h100", 8)
+
+
+def test_dense_models_keep_replicas_and_bad_widths_are_refused():
+    """A dense model's DP ranks are independent replicas in vLLM (no MoE layer to meet in); an expert
+    width TP x DP does not divide is refused before pricing (vLLM asserts intermediate_size % tp_size)."""
+    plan = evaluate_serve_command("vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 4 -dp 2", None, "dgx-h100", None)
+    assert (plan.dp, plan.dp_attention, plan.replicas, plan.prediction.config.dp_attention) == (2, 1, 2, 1)
+    with pytest.raises(SpecError, match="1536 intermediate rows do not split over TP x DP = 7 GPUs"):
+        evaluate_serve_command("vllm serve Qwen/Qwen3-235B-A22B -tp 1 -dp 7", None, "dgx-h100", None)
