@@ -67,6 +67,8 @@ __all__ = [
     "vllm_dp_moe_layer",
     "VLLM_DP_MOE_SPLIT",
     "vllm_dp_one_engine",
+    "FP8_BLOCK",
+    "tp_experts_problem",
 ]
 
 TOPK_BYTES = 4 + 4
@@ -170,3 +172,25 @@ def vllm_dp_one_engine(model: ModelSpec, framework: str) -> bool:
     without expert parallelism (its MoE layers meet every DP rank's tokens); a dense model's DP ranks
     are independent replicas."""
     return framework == "vllm" and model.is_moe
+
+
+FP8_BLOCK = 128
+"""Rows and columns of one block of a block-scaled FP8 checkpoint (DeepSeek's and Qwen's 128 x 128)."""
+
+
+def tp_experts_problem(model: ModelSpec, weight_dtype: WeightDtype, *, tp: int, dp: int,
+                       expert_parallel: bool) -> str | None:
+    """Why the engines refuse to shard the routed experts over the TP x DP GPUs of attention DP without
+    expert parallelism (vLLM's DP on an MoE model, SGLang's --attn-dp-size with TP experts), or None:
+    the expert width must split evenly (vLLM: `FusedMoEConfig.__post_init__` asserts intermediate_size
+    % tp_size == 0) and, for a block-scaled FP8 checkpoint, each GPU's slice must hold whole 128-row
+    blocks (vLLM 0.33.0 `validate_fp8_block_shape_moe`, quantization/utils/fp8_utils.py:1347-1370)."""
+    if model.moe is None or expert_parallel or dp < 2:
+        return None
+    n, width = tp * dp, model.moe.expert_ffn_hidden_size
+    if width % n:
+        return f"the experts' {width} intermediate rows do not split over TP x DP = {n} GPUs"
+    if block_scaled_fp8(model, weight_dtype) and (width // n) % FP8_BLOCK:
+        return (f"the block-scaled FP8 experts' {width} intermediate rows over TP x DP = {n} GPUs leave {width // n} "
+                f"a GPU, not whole {FP8_BLOCK}-row blocks (the engines refuse to load them)")
+    return None

@@ -10,7 +10,7 @@ from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
 from autoshard.costmodel.serve.predict import predict_serve
-from autoshard.costmodel.serve.vllm_dp_moe import vllm_dp_one_engine
+from autoshard.costmodel.serve.vllm_dp_moe import tp_experts_problem, vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.serve.budget import vllm_ll_engine
@@ -68,7 +68,8 @@ def evaluated_row(
             f"tensor parallelism over the inter-node network; evaluate the same GPUs as TP {dom} x PP {hops * pp}"
             + (f", or as TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
                f"(EP {dom * hops * dp})" if model.is_moe else ""))
-    reason = _engine_rules(model, spec, e, check_size=False)
+    reason = _engine_rules(model, spec, e, check_size=False) or tp_experts_problem(
+        model, job.weight_dtype, tp=tp, dp=e.dp_attention, expert_parallel=expert_parallel)
     if reason:
         raise SpecError(f"{e.label()} is not an engine autoshard can run for {model.name}: {reason}")
     if e.gpus * replicas > spec.num_gpus:

@@ -26,7 +26,7 @@ from autoshard.costmodel.serve.predict import (
     predict_serve,
 )
 from autoshard.costmodel.serve.step import StepTime, prefill_time
-from autoshard.costmodel.serve.vllm_dp_moe import VLLM_DP_MOE_SPLIT, vllm_dp_one_engine
+from autoshard.costmodel.serve.vllm_dp_moe import VLLM_DP_MOE_SPLIT, tp_experts_problem, vllm_dp_one_engine
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted, vllm_ll_engine
 from autoshard.search.serve.ladder import bisect_ladder, meets_targets
@@ -137,8 +137,6 @@ def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bo
             return "expert parallelism needs TP x DP >= 2"
         if model.moe.num_experts % e.ep:
             return f"EP {e.ep} does not divide the {model.moe.num_experts} experts"
-    elif e.dp_attention > 1 and model.moe and model.moe.expert_ffn_hidden_size % (n := e.tp * e.dp_attention):
-        return f"the experts' {model.moe.expert_ffn_hidden_size} intermediate rows do not split over TP x DP = {n} GPUs"
     if check_size and e.gpus > pool.num_gpus:
         return f"the engine needs {e.gpus} GPUs; pool '{pool.name}' has {pool.num_gpus}"
     per_node = node.gpus_per_node
@@ -220,7 +218,8 @@ def enumerate_serve(
                     space.enumerated += 1
                     label = f"{pool.name}: {e.label()}"
                     reason = (_engine_rules(model, pool, e) or _pinned_out(e, pins, vllm_dp_one_engine(model, framework))
-                              or _unpriced(pool, e, split=None))
+                              or _unpriced(pool, e, split=None) or tp_experts_problem(
+                                  model, job.weight_dtype, tp=e.tp, dp=e.dp_attention, expert_parallel=e.expert_parallel))
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
                         mem = serve_memory(model, pool, cfg, context_len=job.context_len)

@@ -24,6 +24,7 @@ from autoshard.costmodel.serve.vllm_dp_moe import (
     expert_config,
     gathered_rows,
     local_config,
+    tp_experts_problem,
     vllm_dp_tp_moe,
 )
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, stage_weight_bytes
@@ -197,3 +198,17 @@ def test_dense_models_keep_replicas_and_bad_widths_are_refused():
     assert (plan.dp, plan.dp_attention, plan.replicas, plan.prediction.config.dp_attention) == (2, 1, 2, 1)
     with pytest.raises(SpecError, match="1536 intermediate rows do not split over TP x DP = 7 GPUs"):
         evaluate_serve_command("vllm serve Qwen/Qwen3-235B-A22B -tp 1 -dp 7", None, "dgx-h100", None)
+
+
+def test_block_fp8_experts_need_whole_blocks_a_gpu():
+    """Qwen3-235B-A22B-FP8 (128 x 128 blocks): its 1,536-row experts over TP x DP = 8 leave 192 rows a GPU,
+    which vLLM 0.33.0 (`validate_fp8_block_shape_moe`) and SGLang refuse to load; over 4 GPUs, 384 = 3 blocks.
+    BF16 weights have no blocks; DeepSeek-V3's 2,048 rows split into whole blocks up to 16 GPUs."""
+    kw = dict(dp=4, expert_parallel=False)
+    assert "leave 192 a GPU, not whole 128-row blocks" in tp_experts_problem(QWEN, FP8, tp=2, **kw)
+    assert tp_experts_problem(QWEN, FP8, tp=1, **kw) is None and tp_experts_problem(QWEN, BF16, tp=2, **kw) is None
+    assert tp_experts_problem(QWEN, FP8, tp=2, dp=4, expert_parallel=True) is None  # experts whole on their rank
+    assert tp_experts_problem(DSV3, FP8, tp=8, dp=2, expert_parallel=False) is None
+    assert "leave 64 a GPU" in tp_experts_problem(DSV3, FP8, tp=8, dp=4, expert_parallel=False)
+    with pytest.raises(SpecError, match="leave 192 a GPU"):
+        evaluate_serve_command("vllm serve Qwen/Qwen3-235B-A22B-FP8 -tp 1 -dp 8", None, "dgx-h100", None)
