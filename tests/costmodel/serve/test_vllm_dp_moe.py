@@ -212,3 +212,18 @@ def test_block_fp8_experts_need_whole_blocks_a_gpu():
     assert "leave 64 a GPU" in tp_experts_problem(DSV3, FP8, tp=8, dp=4, expert_parallel=False)
     with pytest.raises(SpecError, match="leave 192 a GPU"):
         evaluate_serve_command("vllm serve Qwen/Qwen3-235B-A22B-FP8 -tp 1 -dp 8", None, "dgx-h100", None)
+
+
+def test_replicas_fused_across_nodes_pay_the_gather():
+    """The line the planner used to write for 4 TP-4 replicas of Mixtral 8x7B on 16 H100 (`--data-parallel-size
+    4`): vLLM runs it as one engine whose experts span both nodes, every MoE layer gathering and scattering
+    over the inter-node network. Priced so, it serves about 0.62 of four independent TP-4 servers."""
+    line = ("vllm serve mistralai/Mixtral-8x7B-Instruct-v0.1 --tensor-parallel-size 4{dp} --max-num-seqs 768 "
+            "--max-model-len 2000 --gpu-memory-utilization 0.90")
+    fused = evaluate_serve_command(line.format(dp=" --data-parallel-size 4"), None, "dgx-h100", None,
+                                   input_len=1000, output_len=1000)
+    one = evaluate_serve_command(line.format(dp=""), None, "dgx-h100", 4, input_len=1000, output_len=1000)
+    assert (fused.num_gpus, fused.replicas, fused.prediction.config.expert_tp) == (16, 1, 16)
+    assert 0.55 < fused.throughput_tokens_per_s / (4 * one.throughput_tokens_per_s) < 0.7
+    step = fused.prediction.decode
+    assert step.ep_comm_s > 0.3 * step.total_s and one.prediction.decode.ep_comm_s == 0.0
