@@ -59,6 +59,10 @@ def test_qwen3_235b_on_a100_plans_attention_dp_with_tp_experts():
     assert other["engine"] == "vllm" and "priced" not in other and "vLLM" in other["note"]
     assert "--data-parallel-size 2" in plan.launch["vllm"] and "--enable-expert-parallel" not in plan.launch["vllm"]
     assert 1.0 < other["tokens_per_s"] / plan.throughput_tokens_per_s < 1.2 and other["tpot_s"] <= 0.1
+    # that line read back by `evaluate --from-vllm` at the plan's running requests: the same figures
+    back = api.evaluate_serve_command(plan.launch["vllm"], None, "dgx-a100-80gb", 8, input_len=1000, output_len=1000,
+                                      concurrency=plan.prediction.concurrency * plan.dp)
+    assert (back.throughput_tokens_per_s, back.prediction.tpot_s) == (other["tokens_per_s"], other["tpot_s"])
 
 
 def test_vllm_plans_data_parallelism_of_an_moe_engine_as_one_engine():
