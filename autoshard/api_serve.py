@@ -313,7 +313,7 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
             figures = engine_figures(budget.throughput, budget.prediction)
         else:
             figures = aggregated_on(plan, other)
-    except InfeasibleError as exc:
+    except (InfeasibleError, SpecError) as exc:  # SpecError: an engine it refuses (vLLM fuses an MoE's DP ranks)
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True,
             "note": f"under {other_name} this deployment would not start: {exc}"})

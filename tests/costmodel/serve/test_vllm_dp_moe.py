@@ -227,3 +227,15 @@ def test_replicas_fused_across_nodes_pay_the_gather():
     assert 0.55 < fused.throughput_tokens_per_s / (4 * one.throughput_tokens_per_s) < 0.7
     step = fused.prediction.decode
     assert step.ep_comm_s > 0.3 * step.total_s and one.prediction.decode.ep_comm_s == 0.0
+
+
+def test_sglang_replicas_of_an_moe_engine_under_vllm():
+    """SGLang's `--dp 2` (no attention DP) runs two independent TP-4 servers; vLLM's line for the same plan,
+    `--data-parallel-size 2`, fuses them into one engine with the experts over 8 GPUs, which Qwen3-235B-FP8's
+    128-row blocks do not allow: the plan says vLLM would not start it (it used to price two replicas)."""
+    plan = evaluate_serve_command("python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B-FP8 --tp 4 --dp 2",
+                                  None, "dgx-h100", None, sglang=True)
+    assert (plan.tp, plan.dp, plan.replicas, plan.dp_attention) == (4, 2, 2, 1)
+    assert "--data-parallel-size 2" in plan.launch["vllm"] and "--enable-expert-parallel" not in plan.launch["vllm"]
+    other = plan.engine_other
+    assert other["differs"] and "would not start" in other["note"] and "leave 192 a GPU" in other["note"]
