@@ -97,6 +97,7 @@ def aggregated_on(plan: ServePlan, engine: str) -> dict[str, float]:
     seqs = sglang_deepep_seqs(plan) if engine == "sglang" and runs_deepep(plan) else plan.max_num_seqs
     row, _, _ = evaluated_row(
         plan.model, plan.cluster, plan.job, tp=plan.tp, pp=plan.pp, dp=plan.dp, expert_parallel=plan.expert_parallel,
+        attention_dp=engine == "sglang" and plan.dp_attention > 1 and not plan.expert_parallel,  # TP experts
         gpu_memory_utilization=plan.gpu_memory_utilization, max_num_seqs=seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens, pool=plan.pool_index,
         concurrency=min(plan.prediction.concurrency, seqs) * plan.dp, framework=engine)

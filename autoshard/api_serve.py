@@ -323,12 +323,6 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True, "priced": False,
             "note": f"{SGLANG_UNPRICED} for this deployment; --target sglang plans only what it prices"})
-    if other == "vllm" and plan.dp_attention > 1 and not plan.expert_parallel:  # costmodel.serve.dp_tp_moe
-        return dataclasses.replace(plan, engine_other={
-            "engine": other, "differs": True, "priced": False,
-            "note": "SGLang's attention DP with tensor-parallel experts: vLLM's line for it (--data-parallel-size "
-                    "without --enable-expert-parallel, whose MoE layers vLLM shards over all TP x DP GPUs) runs "
-                    "vLLM's own gather, which autoshard does not price; --target vllm plans for vLLM"})
     budget = vllm_budget_row(plan) if other == "vllm" else None
     try:
         if plan.disaggregated:
@@ -337,7 +331,7 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
             figures = engine_figures(budget.throughput, budget.prediction)
         else:
             figures = aggregated_on(plan, other)
-    except InfeasibleError as exc:
+    except (InfeasibleError, SpecError) as exc:  # SpecError: an engine it refuses (vLLM fuses an MoE's DP ranks)
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True,
             "note": f"under {other_name} this deployment would not start: {exc}"})

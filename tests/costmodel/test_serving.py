@@ -266,8 +266,8 @@ def test_concurrency_is_capped_by_the_kv_cache():
 def test_config_validation():
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         ServeConfig(gpu_memory_utilization=1.5)
-    with pytest.raises(ValueError, match="expert-parallel"):
-        ServeConfig(tp=2, dp_attention=2)
+    dp_tp_moe = ServeConfig(tp=2, dp_attention=2)  # vLLM's DP on an MoE model without EP (serve.vllm_dp_moe)
+    assert (dp_tp_moe.ep, dp_tp_moe.moe_tp, dp_tp_moe.expert_tp, dp_tp_moe.gpus) == (1, 2, 4, 4)
     with pytest.raises(ValueError, match="positive"):
         ServeConfig(tp=0)
     assert ServeConfig(tp=4, dp_attention=2, expert_parallel=True).ep == 8

@@ -22,7 +22,8 @@ import pytest
 
 from autoshard import api
 from autoshard.search.serve.ladder import meets_targets
-from autoshard.search.serve.space import enumerate_serve, tabulate
+from autoshard.costmodel.serve.vllm_dp_moe import VLLM_DP_MOE_SPLIT
+from autoshard.search.serve.space import _unpriced, enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 
 QWEN_LINE = ("python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B --tp-size 8 --pp-size 1 "
@@ -52,15 +53,38 @@ def test_qwen3_235b_on_a100_plans_attention_dp_with_tp_experts():
     assert plan.launch["sglang"] == QWEN_LINE
     words = shlex.split(QWEN_LINE)
     assert "--ep-size" not in words and "--moe-a2a-backend" not in words and "--dp-size" not in words
-    assert plan.engine_other["priced"] is False and "vLLM" in plan.engine_other["note"]
+    # vLLM's line for it (--data-parallel-size 2, no EP) is priced as vLLM runs it: one engine, the routed
+    # experts over all 8 GPUs, attention, router and lm_head at TP 4 (`costmodel.serve.vllm_dp_moe`)
+    other = plan.engine_other
+    assert other["engine"] == "vllm" and "priced" not in other and "vLLM" in other["note"]
+    assert "--data-parallel-size 2" in plan.launch["vllm"] and "--enable-expert-parallel" not in plan.launch["vllm"]
+    assert 1.0 < other["tokens_per_s"] / plan.throughput_tokens_per_s < 1.2 and other["tpot_s"] <= 0.1
+    # that line read back by `evaluate --from-vllm` at the plan's running requests: the same figures
+    back = api.evaluate_serve_command(plan.launch["vllm"], None, "dgx-a100-80gb", 8, input_len=1000, output_len=1000,
+                                      concurrency=plan.prediction.concurrency * plan.dp)
+    assert (back.throughput_tokens_per_s, back.prediction.tpot_s) == (other["tokens_per_s"], other["tpot_s"])
 
 
-def test_vllm_plans_never_take_attention_dp_without_expert_parallelism():
+def test_vllm_plans_data_parallelism_of_an_moe_engine_as_one_engine():
+    """vLLM runs --data-parallel-size on an MoE model as one engine whose routed experts span TP x DP GPUs
+    (`costmodel.serve.vllm_dp_moe`): the vLLM space lists those engines, prices no replicas of an MoE
+    engine (its --data-parallel-size line would fuse them), and keeps them out of prefill/decode
+    instances. Here expert parallelism still wins, by 7 %: TP 4 x DP 2 with EP 8."""
+    model, cluster = load_model("qwen3-235b-a22b"), load_cluster("dgx-a100-80gb").with_gpus(8)
+    job = api.serve_job_for(model, input_len=1000, output_len=1000, tpot_ms=100, weight_dtype="bf16")
+    space = enumerate_serve(model, cluster, job, framework="vllm")
+    labels = {e.label() for e in space.engines}
+    assert {"TP4 PP1 attention DP2, MoE TP8", "TP1 PP1 attention DP8, MoE TP8"} <= labels
+    rows, _ = tabulate(model, cluster, job, space)
+    assert rows and all(r.replicas == 1 for r in rows)
+    best = max((r for r in rows if meets_targets(job, r) and r.engine.dp_attention == 2 and not r.engine.expert_parallel
+                and r.engine.tp == 4), key=lambda r: r.throughput)
+    assert best.config.expert_tp == 8 and best.prediction.decode.ep_comm_s > 0
     plan = _qwen_a100("vllm")
-    assert plan.prediction.config.dp_attention == 1 or plan.expert_parallel
-    space = enumerate_serve(load_model("qwen3-235b-a22b"), load_cluster("dgx-a100-80gb").with_gpus(8),
-                            api.serve_job_for(None, input_len=1000, output_len=1000), framework="vllm")
-    assert all(e.expert_parallel or e.dp_attention == 1 for e in space.engines)
+    assert plan.describe() == "TP4 PP1 DP2 EP8"
+    assert 0.9 < best.throughput / plan.throughput_tokens_per_s < 1.0
+    e = next(e for e in space.engines if e.label() == "TP4 PP1 attention DP2, MoE TP8")
+    assert _unpriced(cluster.pools[0], e, split=True) == VLLM_DP_MOE_SPLIT and _unpriced(cluster.pools[0], e, split=False) is None
 
 
 def test_deepseek_v3_fp8_on_h200_declines_it_for_deepep():

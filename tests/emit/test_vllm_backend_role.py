@@ -56,3 +56,16 @@ def test_low_latency_line_without_a_budget_runs_vllms_256():
     assert plan.prediction.memory.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, 256, 16) + VLLM_DEEPEP_NVL_BYTES
     with pytest.raises(SpecError, match="--max-num-batched-tokens 512"):
         _evaluate("deepep_low_latency", line.replace("--max-model-len 2000", "--max-model-len 2000 --max-num-seqs 300"))
+
+
+def test_deepep_backend_without_expert_parallelism_is_the_naive_gather():
+    """Without --enable-expert-parallel vLLM's DP on an MoE model gathers through the naive prepare/finalize
+    whatever the backend (`costmodel.serve.vllm_dp_moe`): a DeepEP backend there is noted, priced as the
+    default all-gather / reduce-scatter, and the relaunch line drops it."""
+    line = (LINE.replace("--enable-expert-parallel ", "").replace("--data-parallel-size 16", "--data-parallel-size 2")
+            .replace("--tensor-parallel-size 1", "--tensor-parallel-size 8"))
+    noted, plain = _evaluate("deepep_low_latency", line), _evaluate("allgather_reducescatter", line)
+    assert any("without --enable-expert-parallel" in w and "priced as allgather_reducescatter" in w for w in noted.warnings)
+    assert not any("without --enable-expert-parallel" in w for w in plain.warnings)
+    assert noted.prediction.decode == plain.prediction.decode and noted.prediction.config.expert_tp == 16
+    assert "--all2all-backend" not in noted.launch["vllm"] and "--data-parallel-size 2" in noted.launch["vllm"]

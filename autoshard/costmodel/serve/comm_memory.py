@@ -63,7 +63,7 @@ def nvls_group_ranks(cfg: ServeConfig) -> tuple[int, ...]:
     `distributed/device_communicators/all2all.py`: `get_dp_group().all_gatherv`). The PP group only
     sends and receives, which NVLS does not serve."""
     groups = [cfg.tp]
-    if cfg.expert_parallel and cfg.dp_attention > 1:
+    if cfg.dp_attention > 1 and (cfg.expert_parallel or cfg.engine == "vllm"):  # vLLM without EP: the same
         groups.append(cfg.dp_attention)
     elif cfg.dp_attention > 1:  # SGLang's attention DP with TP experts: the gather and combine over all TP x DP
         groups.append(cfg.moe_tp)

@@ -42,7 +42,9 @@ class ServeConfig:
     sharded over all TP x DP ranks (vLLM --data-parallel-size with --enable-expert-parallel); without
     it, SGLang's attention DP with tensor-parallel experts (`--tp-size TP*DP --attn-dp-size DP`, no
     --ep-size): every dense and MoE FFN runs TP-sharded over all TP x DP ranks on the gathered tokens
-    (`autoshard.costmodel.serve.dp_tp_moe`)."""
+    (`autoshard.costmodel.serve.dp_tp_moe`); or vLLM's --data-parallel-size on an MoE model without
+    --enable-expert-parallel: only the routed experts are sharded over all TP x DP ranks, on the
+    gathered tokens (`autoshard.costmodel.serve.vllm_dp_moe`)."""
     expert_parallel: bool = False
     weight_dtype: WeightDtype = WeightDtype.BF16
     kv_cache_dtype: WeightDtype = WeightDtype.BF16
@@ -112,11 +114,6 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dp_attention > 1 and not self.expert_parallel and self.engine != "sglang":
-            raise ValueError(
-                "dp_attention > 1 describes an expert-parallel engine, or SGLang's attention DP with "
-                "tensor-parallel experts (engine='sglang'); replicate the engine instead"
-            )
         if self.kv_cache_dtype not in (WeightDtype.BF16, WeightDtype.FP8):
             raise ValueError("kv_cache_dtype must be bf16 or fp8")
         if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
@@ -146,7 +143,15 @@ class ServeConfig:
     @property
     def moe_tp(self) -> int:
         """Ranks each dense MLP, shared and routed expert is TP-sharded over: TP x DP for SGLang's
-        attention DP without expert parallelism (`serve.dp_tp_moe`), else TP."""
+        attention DP without expert parallelism (`serve.dp_tp_moe`), else TP (vLLM's DP without
+        expert parallelism shards only the routed experts wider: `expert_tp`)."""
+        return self.expert_tp if self.engine == "sglang" else self.tp
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert is TP-sharded over: TP x DP without expert parallelism (SGLang's
+        attention DP with TP experts; vLLM's DP on an MoE model, `FusedMoEParallelConfig.
+        flatten_tp_across_dp_and_pcp`), else TP (experts whole on their EP rank, or TP-sharded)."""
         return self.tp * self.dp_attention if not self.expert_parallel else self.tp
 
     @property

@@ -74,8 +74,9 @@ sglang 0.5.23 srt/environ.py:1535): a decode step's SUM_LEN gather fits below it
 
 
 def attention_dp_tp_moe(cfg: ServeConfig) -> bool:
-    """Whether `cfg` is SGLang's attention DP with tensor-parallel experts (see the module docstring)."""
-    return cfg.dp_attention > 1 and not cfg.expert_parallel
+    """Whether `cfg` is SGLang's attention DP with tensor-parallel experts (see the module docstring;
+    vLLM's counterpart: `serve.vllm_dp_moe`)."""
+    return cfg.dp_attention > 1 and not cfg.expert_parallel and cfg.engine == "sglang"
 
 
 def ffn_config(cfg: ServeConfig) -> ServeConfig:

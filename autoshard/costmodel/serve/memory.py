@@ -238,7 +238,7 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
         StageLayers(
             dense=int(kind is LayerKind.DENSE), moe=int(kind is LayerKind.MOE), embedding=False, output=False
         ),
-        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, moe_tp=cfg.moe_tp,
+        tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, moe_tp=cfg.moe_tp, expert_tp=cfg.expert_tp,
     )
     proj = 2 * model.hidden_size * model.hidden_size / cfg.tp * weight_bytes_per_param(cfg.weight_dtype)
     return dataclasses.replace(
@@ -261,9 +261,9 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    if cfg.moe_tp != cfg.tp:  # SGLang's attention DP with TP experts: FFNs on every DP rank's tokens
+    if cfg.expert_tp != cfg.tp:  # attention DP with TP experts (SGLang, vLLM): FFNs on every DP rank's tokens
         act = max(act, activation_peak_bytes(
-            model, tp=cfg.moe_tp, ep=1, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
+            model, tp=cfg.expert_tp, ep=1, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
         ))
     per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
     ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
@@ -275,7 +275,8 @@ def serve_memory(
     stage_w, graphs_max = [], 0.0
     for st in stages:
         w = stage_weight_bytes(
-            model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp
+            model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp,
+            expert_tp=cfg.expert_tp,
         )
         mtp_layers = model.mtp_num_layers if cfg.speculative_tokens and st.output else 0
         if mtp_layers:
@@ -283,7 +284,7 @@ def serve_memory(
         stage_w.append(w.total)
         graphs = (
             cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs,
-                             gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.moe_tp)
+                             gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.expert_tp)
             if cuda_graphs
             else 0.0
         )

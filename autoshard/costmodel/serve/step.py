@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 
 from autoshard.costmodel.comm import Link, group_link
 from autoshard.costmodel.compute import elementwise_bytes_per_token, gemm_time_s
@@ -61,6 +62,7 @@ from autoshard.costmodel.serve.dp_tp_moe import (
     split_elementwise_s,
 )
 from autoshard.costmodel.serve.ep_dispatch import deepep_normal_step
+from autoshard.costmodel.serve.vllm_dp_moe import vllm_dp_moe_layer
 from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
 from autoshard.costmodel.serve.sharding import (
     _links,
@@ -145,8 +147,8 @@ def _layer_time(
     is the busiest attention-DP rank's load. SGLang's attention DP with TP experts: `_dp_tp_moe_layer`,
     `rows_sum` (default DP x `expert_tokens`) the step's tokens over all DP ranks; `part` "attention"
     or "ffn" prices that half of the layer alone (elementwise kernels: `dp_tp_moe.split_elementwise_s`)."""
-    if part == "all" and attention_dp_tp_moe(cfg):
-        return _dp_tp_moe_layer(
+    if part == "all" and cfg.dp_attention > 1 and not cfg.expert_parallel:  # vLLM's: `serve.vllm_dp_moe`
+        return (_dp_tp_moe_layer if attention_dp_tp_moe(cfg) else partial(vllm_dp_moe_layer, _layer_time))(
             model, kind, pool, cfg, links, tokens=tokens, decode_seqs=decode_seqs, context_len=context_len,
             prefills=prefills, prefill_len=prefill_len, query_len=query_len,
             rows_sum=rows_sum if rows_sum is not None else cfg.dp_attention * (expert_tokens or tokens),

@@ -84,14 +84,16 @@ def _attention_weight_bytes(model: ModelSpec, tp: int, wbytes: float) -> float:
 
 def stage_weight_bytes(
     model: ModelSpec, stage: StageLayers, *, tp: int, ep: int, weight_dtype: WeightDtype, pp: int = 1,
-    moe_tp: int | None = None,
+    moe_tp: int | None = None, expert_tp: int | None = None,
 ) -> WeightBytes:
     """Weights of one GPU of `stage`. Linear layers are stored at `weight_dtype`; embedding, output
     projection, norms and MoE routers stay BF16 (vLLM quantizes neither the embedding nor lm_head).
     Routed experts are split over the EP ranks with expert parallelism, else TP-sharded.
     `moe_tp` (default `tp`): the ranks the dense MLPs, the shared and routed experts and the output
     projection are TP-sharded over, where they differ from the attention's (SGLang's attention DP
-    with tensor-parallel experts, `ServeConfig.moe_tp`); the attention and the embedding stay at `tp`."""
+    with tensor-parallel experts, `ServeConfig.moe_tp`); the attention and the embedding stay at `tp`.
+    `expert_tp` (default `moe_tp`): the ranks the routed experts alone are TP-sharded over (vLLM's DP
+    without expert parallelism: TP x DP, `ServeConfig.expert_tp`)."""
     wb = weight_bytes_per_param(weight_dtype)
     ffn = moe_tp or tp
     h = model.hidden_size
@@ -111,7 +113,7 @@ def stage_weight_bytes(
         moe = model.moe
         router = h * moe.num_experts * BF16
         shared = model.shared_expert_params() / ffn * wb
-        routed = moe.num_experts * model.expert_params() / (ep if ep > 1 else ffn) * wb
+        routed = moe.num_experts * model.expert_params() / (ep if ep > 1 else expert_tp or ffn) * wb
         mlp += stage.moe * (router + shared)
         experts = stage.moe * routed
     return WeightBytes(

@@ -270,6 +270,13 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
     step, decode included, on DeepEP's normal kernels with their fixed buffers and no CUDA graphs, as the
     "prefill" role prices it; any other backend is priced as DeepEP, with a note that it is not modelled."""
     backend = parsed.all2all_backend
+    if (model.moe is not None and not parsed.enable_expert_parallel and parsed.dp > 1
+            and backend not in (None, "naive", "allgather_reducescatter")):
+        return "aggregated", (f"--all2all-backend {backend} without --enable-expert-parallel: vLLM {VLLM_VERSION} "
+                              "gathers the DP ranks' tokens through the naive prepare/finalize, which calls this "
+                              "backend's dispatch, not implemented for it (device_communicators/all2all.py): the "
+                              "line may fail at its first forward; priced as allgather_reducescatter "
+                              "(`costmodel.serve.vllm_dp_moe`)")
     if (backend is None or model.moe is None or not parsed.enable_expert_parallel or parsed.dp < 2
             or gpu_generation(gpu.name) not in DEEPEP_LL_GENERATIONS or backend == "deepep_low_latency"):
         return "aggregated", None

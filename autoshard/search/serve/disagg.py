@@ -122,8 +122,9 @@ def tabulate_disagg(
         done += 1
         pool = cluster.pools[e.pool]
         plinks = all_links[e.pool]
-        if _unpriced(pool, e, split=True):  # an SGLang split instance whose line runs no DeepEP
-            dropped["SGLang prefill/decode instance with attention DP + EP without DeepEP (not priced)"] += 1
+        if why := _unpriced(pool, e, split=True):  # an SGLang split instance whose line runs no DeepEP, or
+            dropped[why if e.framework == "vllm" else  # vLLM's DP with TP experts (serve.vllm_dp_moe)
+                    "SGLang prefill/decode instance with attention DP + EP without DeepEP (not priced)"] += 1
             continue
         # ---- prefill side
         budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True, role="prefill")

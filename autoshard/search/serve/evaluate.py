@@ -16,6 +16,7 @@ from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction, kv_limited_concurrency, predict_serve
+from autoshard.costmodel.serve.vllm_dp_moe import tp_experts_problem, vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.serve.budget import vllm_ll_engine
@@ -63,7 +64,9 @@ def evaluated_row(
         expert_parallel = False
     if attention_dp and (framework != "sglang" or expert_parallel):
         raise SpecError("attention DP with tensor-parallel experts is SGLang's (--attn-dp-size without --ep-size)")
-    lockstep = expert_parallel or (attention_dp and dp > 1)  # one engine of attention-DP ranks
+    # vLLM's DP on an MoE model without EP: one engine, its experts over all TP x DP GPUs (`serve.vllm_dp_moe`)
+    vllm_tp_moe = vllm_dp_one_engine(model, framework) and dp > 1 and not expert_parallel
+    lockstep = expert_parallel or vllm_tp_moe or (attention_dp and dp > 1)  # one engine of attention-DP ranks
     e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
     replicas = 1 if lockstep else dp
     if tp > spec.node.domain_size:
@@ -74,7 +77,8 @@ def evaluated_row(
             f"tensor parallelism over the inter-node network; evaluate the same GPUs as TP {dom} x PP {hops * pp}"
             + (f", or as TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
                f"(EP {dom * hops * dp})" if model.is_moe else ""))
-    reason = _engine_rules(model, spec, e, check_size=False)
+    reason = _engine_rules(model, spec, e, check_size=False) or tp_experts_problem(
+        model, job.weight_dtype, tp=tp, dp=e.dp_attention, expert_parallel=expert_parallel)
     if reason:
         raise SpecError(f"{e.label()} is not an engine autoshard can run for {model.name}: {reason}")
     if e.gpus * replicas > spec.num_gpus:

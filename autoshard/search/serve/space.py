@@ -21,6 +21,7 @@ from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, ser
 from autoshard.costmodel.serve.predict import (
     ServePrediction, concurrency_ladder, kv_limited_concurrency, predict_serve)
 from autoshard.costmodel.serve.step import StepTime, prefill_time
+from autoshard.costmodel.serve.vllm_dp_moe import VLLM_DP_MOE_SPLIT, tp_experts_problem, vllm_dp_one_engine
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.search.serve.budget import ll_budget_choices, ll_budgeted, vllm_ll_engine
 from autoshard.search.deadline import Deadline
@@ -150,8 +151,8 @@ def _unpriced(pool: PoolSpec, e: Engine, *, split: bool | None) -> str | None:
     """Why `e` is left out for its framework: an SGLang engine whose launch line runs a path autoshard
     does not price (`costmodel.serve.engines.sglang_priced`), as an aggregated engine (`split` False), a
     prefill/decode instance (True) or both (None: left out only where neither is priced)."""
-    if e.framework != "sglang":
-        return None
+    if e.framework != "sglang":  # vLLM's DP with TP experts (`serve.vllm_dp_moe`): aggregated engines only
+        return VLLM_DP_MOE_SPLIT if split and e.dp_attention > 1 and not e.expert_parallel else None
     cfg = ServeConfig(tp=e.tp, pp=e.pp, dp_attention=e.dp_attention, expert_parallel=e.expert_parallel,
                       engine=e.framework)
     per_node = pool.node.gpus_per_node
@@ -169,14 +170,14 @@ def split_decode_rule(e: Engine) -> str | None:
     return SPLIT_DECODE_PP if e.pp > 1 else None
 
 
-def _pinned_out(e: Engine, pins: dict[str, int]) -> str | None:
+def _pinned_out(e: Engine, pins: dict[str, int], one_engine: bool = False) -> str | None:
     if "tp" in pins and e.tp != pins["tp"]:
         return f"pinned tp={pins['tp']}"
     if "pp" in pins and e.pp != pins["pp"]:
         return f"pinned pp={pins['pp']}"
     if "ep" in pins and e.ep != pins["ep"]:
         return f"pinned ep={pins['ep']}"
-    if "dp" in pins and (e.expert_parallel or e.dp_attention > 1) and e.dp_attention != pins["dp"]:
+    if "dp" in pins and (e.expert_parallel or e.dp_attention > 1 or one_engine) and e.dp_attention != pins["dp"]:
         return f"pinned dp={pins['dp']}"
     return None
 
@@ -207,7 +208,7 @@ def enumerate_serve(
                 options: list[tuple[int, bool]] = [(1, False)]
                 if model.is_moe:
                     options += [(d, True) for d in DP_ATTENTION_CHOICES]
-                    options += [(d, False) for d in DP_ATTENTION_CHOICES[1:] if framework == "sglang"]
+                    options += [(d, False) for d in DP_ATTENTION_CHOICES[1:]]  # TP experts over TP x DP
                 for dpa, ep_on in options:
                     e = Engine(pi, tp, pp, dpa, ep_on, framework)
                     if e.gpus > 2 * pool.num_gpus and (tp > 1 or pp > 1 or dpa > 1):
@@ -215,7 +216,9 @@ def enumerate_serve(
                     space.enumerated += 1
                     label = f"{pool.name}: {e.label()}"
                     reason = (time_cut(deadline, ENUM_TIME_CUT, lambda: bool(space.engines))
-                              or _engine_rules(model, pool, e) or _pinned_out(e, pins) or _unpriced(pool, e, split=None))
+                              or _engine_rules(model, pool, e) or _pinned_out(e, pins, vllm_dp_one_engine(model, framework))
+                              or _unpriced(pool, e, split=None) or tp_experts_problem(
+                                  model, job.weight_dtype, tp=e.tp, dp=e.dp_attention, expert_parallel=e.expert_parallel))
                     if reason is None:
                         cfg = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
                         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
@@ -257,13 +260,11 @@ def _config(
     """The engine's settings as `e.framework` runs them (`split`: an instance of a prefill/decode
     deployment, whose launch lines differ; `role`: which; the budget of vLLM DeepEP low-latency engines:
     `search.serve.budget`)."""
-    gathered = 1 if e.expert_parallel else e.dp_attention  # SGLang attention DP + TP experts: 1/DP each
+    gathered = 1 if e.expert_parallel or e.framework != "sglang" else e.dp_attention  # SGLang TP experts: 1/DP
     budget = max_num_batched_tokens or default_max_num_batched_tokens(pool.gpu) // gathered
     cfg = ServeConfig(
-        tp=e.tp,
-        pp=e.pp,
-        dp_attention=e.dp_attention,
-        expert_parallel=e.expert_parallel,
+        tp=e.tp, pp=e.pp,
+        dp_attention=e.dp_attention, expert_parallel=e.expert_parallel,
         weight_dtype=job.weight_dtype,
         kv_cache_dtype=job.kv_cache_dtype,
         gpu_memory_utilization=util,
@@ -372,7 +373,7 @@ def _budget_row(cfg: ServeConfig, *, model, cluster, job, engine, pool, prefill,
     if budget not in prefill:
         prefill[budget] = prefill_time(model, pool, cfg, prompt_len=job.input_len)
     pred = predict_serve(model, pool, job, cfg, concurrency=cfg.max_num_seqs, memory=mem, prefill=prefill[budget])
-    replicas = _replicas(engine, pool, job, pred, pins)
+    replicas = _replicas(engine, pool, job, pred, pins, one_engine=vllm_dp_one_engine(model, engine.framework))
     if replicas is None:
         dropped["the request rate needs more GPUs than the pool has"] += 1
         return None
@@ -382,10 +383,9 @@ def _budget_row(cfg: ServeConfig, *, model, cluster, job, engine, pool, prefill,
     return Row(engine, cfg, pred, replicas, objective, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
 
 
-def _replicas(
-    e: Engine, pool: PoolSpec, job: ServeJob, pred: ServePrediction, pins: dict[str, int]
-) -> int | None:
-    if e.expert_parallel or e.dp_attention > 1:  # one engine of lock-stepped attention-DP ranks
+def _replicas(e: Engine, pool: PoolSpec, job: ServeJob, pred: ServePrediction, pins: dict[str, int], *,
+              one_engine: bool = False) -> int | None:
+    if e.expert_parallel or e.dp_attention > 1 or one_engine:  # one engine (vLLM's DP on MoE: serve.vllm_dp_moe)
         if job.request_rate is not None and pred.requests_per_s < job.request_rate:
             return None
         return 1

@@ -48,10 +48,10 @@ def _cfg(**kw) -> ServeConfig:
 
 
 def test_only_sglang_runs_attention_dp_without_expert_parallelism():
-    with pytest.raises(ValueError, match="SGLang's attention DP"):
-        ServeConfig(dp_attention=8)
+    vllm = ServeConfig(dp_attention=8)  # vLLM's counterpart shards the routed experts alone (serve.vllm_dp_moe)
+    assert (vllm.moe_tp, vllm.expert_tp) == (1, 8)
     cfg = _cfg()
-    assert (cfg.ep, cfg.moe_tp, cfg.gpus, cfg.deep_gemm) == (1, 8, 8, False)  # Triton fused_moe, no DeepEP
+    assert (cfg.ep, cfg.moe_tp, cfg.expert_tp, cfg.gpus, cfg.deep_gemm) == (1, 8, 8, 8, False)  # Triton, no DeepEP
     assert (ffn_config(cfg).tp, ffn_config(cfg).dp_attention) == (8, 1)
     assert sglang_priced(cfg, 8) and not sglang_priced(cfg, 8, split=True)  # aggregated engines only
 
