@@ -26,27 +26,12 @@ from autoshard.search.serve.solve import FIRST_ROW_GRACE_S, solve_serve
 from autoshard.search.serve.space import enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
+from test_deadline import cut_after  # the fake clock both deadline test files use
 
 LLAMA70 = load_model("llama-3.1-70b")
 H100_16 = load_cluster("dgx-h100").with_gpus(16)
 JOB = ServeJob(input_len=1000, output_len=1000)
 SLA = JOB.model_copy(update={"tpot_target_s": 0.05})
-
-
-class Ticks:
-    """A fake `time.monotonic`: 0 for the first `n` reads, then far past any deadline."""
-
-    def __init__(self, n: int) -> None:
-        self.left = n
-
-    def __call__(self) -> float:
-        self.left -= 1
-        return 0.0 if self.left >= 0 else 1e9
-
-
-def cut_after(checks: int) -> Deadline:
-    """A 1 s deadline that expires at its `checks`+1-th look at the clock (the constructor reads it once)."""
-    return Deadline(1.0, clock=Ticks(checks + 1))
 
 
 def frozen(seconds: float = 0.0) -> Deadline:
