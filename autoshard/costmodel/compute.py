@@ -136,8 +136,8 @@ def backward_gemms_s(gemms: list[Gemm], gpu: GpuSpec, precision: Precision, main
 
 def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes: int) -> float:
     """Roofline time of the weight-gradient GEMM of a forward GEMM (m x k) @ (k x n): dW (k x n) =
-    X^T (k x m) @ dY (m x n), the forward's FLOPs at the same shape efficiency, accumulated into the
-    parameter's main gradient. Transformer Engine's fused wgrad accumulation (Megatron
+    X^T (k x m) @ dY (m x n), the forward's FLOPs at its own shape's efficiency (wgrad_shape),
+    accumulated into the parameter's main gradient. Transformer Engine's fused wgrad accumulation (Megatron
     --gradient-accumulation-fusion, on by default: `accumulate=True`, `out=main_grad` in the backward
     of TE v2.4 `module/linear.py` and `module/grouped_linear.py`; Megatron-Core's
     `tensor_parallel/layers.py` `wgrad_gemm_accum_fp32` for the output layer) has
@@ -290,10 +290,9 @@ def layer_compute_time(
     if tp_comm_overlap and sequence_parallel and dims.tp > 1:
         ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
     forward = gemm_s + attn_s + ew_s + ub_fwd + cast_fwd_s
-    # Backward: dgrad + wgrad GEMMs (2x), flash-attention backward (2.5x: it recomputes the scores),
-    # element-wise backward reads saved inputs and gradients (2x), FP8 quantization of the output
-    # gradients (fp8_quantize_s).
-    # dgrad and wgrad GEMMs at their own shapes (backward_gemms_s), the busiest EP rank's imbalance twice
+    # Backward: dgrad + wgrad GEMMs at their own shapes (backward_gemms_s; the busiest EP rank's
+    # imbalance twice), flash-attention backward (2.5x: it recomputes the scores), element-wise
+    # backward reads saved inputs and gradients (2x), FP8 quantization of the output gradients.
     backward_gemm_s = backward_gemms_s(gemms, gpu, precision, main_grad_bytes) + 2.0 * imbalance_s
     backward = backward_gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
     if kind is LayerKind.OUTPUT:
