@@ -111,9 +111,9 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 42
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 44
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
-    (H100: 42, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    (H100: 44, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
     validation rows (tests/validation/validate_serving.py)."""
 

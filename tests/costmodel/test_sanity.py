@@ -139,8 +139,8 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
     ("H100-SXM5-80GB", "bf16", "dense", "mlm-h100-weak-16B", ""),
     ("H200-SXM-141GB", "bf16", "dense", "mlm-h100-weak-16B", ""),
     ("H100-SXM5-80GB", "fp8", "dense", "nemo2502-h100-fp8-gpt3-175b", ""),
-    ("H100-SXM5-80GB", "bf16", "moe", "moezoo-qwen3-235b-h100-longctx-seq131072", ""),
-    ("H100-SXM5-80GB", "fp8", "moe", "nemo2502-h100-fp8-gpt3-175b", "dense run"),  # no FP8 MoE row
+    ("H100-SXM5-80GB", "bf16", "moe", "moezoo-mixtral-8x22b-h100-bf16", ""),
+    ("H100-SXM5-80GB", "fp8", "moe", "moezoo-mixtral-8x22b-h100-fp8-blockwise", ""),
     ("A100-SXM4-80GB", "bf16", "dense", "mpt-a100-7b-seq2048-8gpu", ""),
     ("A100-SXM4-40GB", "bf16", "moe", "mpt-a100-7b-seq2048-8gpu", "dense run"),
     ("GB200-186GB", "fp8", "moe", "nemo2504-gb200-fp8-mixtral-8x7b", ""),

@@ -133,7 +133,7 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 42 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 44 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from H100-SXM5-80GB"
