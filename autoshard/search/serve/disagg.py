@@ -34,8 +34,7 @@ from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_con
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.budget import ll_budgeted
 from autoshard.search.serve.space import (
-    GPU_MEMORY_UTILIZATION, MAX_CONCURRENCY, Engine, ServeSpace, _config, _ladder_top, _top_memory, _unpriced,
-    split_decode_rule,
+    MAX_CONCURRENCY, Engine, ServeSpace, _config, _ladder_top, _unpriced, split_decode_rule,
 )
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
@@ -51,7 +50,6 @@ __all__ = [
     "transfer_for",
     "MILLI",
     "TIME_CUT",
-    "split_order",
 ]
 
 UTILIZATION_LADDER = (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
@@ -98,7 +96,7 @@ class DisaggTables:
     untabulated: int = 0
     """Engines of the space never tabulated: the deadline ran out first (0: the tables are complete)."""
     engines_done: int = 0
-    """Engines of the space tabulated (dropped ones included), the most promising first (`split_order`)."""
+    """Engines of the space tabulated (dropped ones included), in `space.engines` order."""
 
 
 def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) -> int:
@@ -118,10 +116,10 @@ def tabulate_disagg(
     decode: list[DecodeRow] = []
     all_links = [_links(cluster, q) for q in cluster.pools]
     levels = UTILIZATION_LADDER if job.ttft_target_s is not None else (MAX_PREFILL_UTILIZATION,)
-    for i in split_order(model, cluster, job, space):  # the most promising first (what a cut keeps)
+    for e in space.engines:  # listed order (pool, TP, PP): measured to cut better than a memory ranking here
         if deadline is not None and deadline.expired():
             break
-        done, e = done + 1, space.engines[i]
+        done += 1
         pool = cluster.pools[e.pool]
         plinks = all_links[e.pool]
         if why := _unpriced(pool, e, split=True):  # an SGLang split instance whose line runs no DeepEP, or
@@ -184,9 +182,6 @@ def tabulate_disagg(
                     recv,  # type: ignore[arg-type]
                 )
             )
-    index = {e: i for i, e in enumerate(space.engines)}  # the rows in `space.engines` order, cut or not
-    prefill.sort(key=lambda r: index[r.engine])
-    decode.sort(key=lambda r: index[r.engine])
     # one latency per kind of link, the slowest pool's (the transfer time itself is per row)
     latency = tuple(max(time_to_us(lk[k].latency_s) for lk in all_links) for k in range(3))
     if (untabulated := len(space.engines) - done):
@@ -206,32 +201,6 @@ def tabulate_disagg(
         decode
     ) - len(kept_d)
     return DisaggTables(kept_p, kept_d, dropped, latency, untabulated, done)
-
-
-def split_order(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace) -> list[int]:
-    """Indices of `space.engines` in the order the split tables are built: a decode ranking and the listed
-    order (smallest TP first, the shapes a compute-bound prompt pass with the fewest all-reduces runs best,
-    deep pipelines included) taken in turn, each engine once. The decode ranking: the requests the engine's KV
-    cache admits per GPU of it (at most `MAX_CONCURRENCY` per DP rank, over its PP degree) times the share of
-    its pool that whole copies of it fill beside the pool's smallest engine (a prefill instance needs room).
-    A ranking from memory alone, not a bound: the rows come back in `space.engines` order."""
-    def score(e: Engine) -> float:
-        pool = cluster.pools[e.pool]
-        least = min(f.gpus for f in space.engines if f.pool == e.pool)
-        ranks = min(MAX_CONCURRENCY, kv_limited_concurrency(_top_memory(model, pool, job, e, GPU_MEMORY_UTILIZATION),
-                                                            job)) * e.dp_attention
-        return ranks / e.pp / e.gpus * ((pool.num_gpus - least) // e.gpus * e.gpus) / pool.num_gpus
-
-    scores = [score(e) for e in space.engines]
-    decode = sorted(range(len(scores)), key=lambda i: -scores[i])
-    out: list[int] = []
-    seen: set[int] = set()
-    for pair in zip(decode, range(len(space.engines)), strict=True):
-        for i in pair:
-            if i not in seen:
-                seen.add(i)
-                out.append(i)
-    return out
 
 
 def _pareto(rows: list, key) -> list:  # type: ignore[no-untyped-def]

@@ -326,8 +326,8 @@ def promise_order(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: 
     """Indices of `space.engines`, the most promising first: the order the tables are built in, so that what a
     time limit cuts off is the least promising (a ranking, not a bound: the rows come back in `space.engines`
     order and a complete table is the same whatever the order). The score is the requests the KV cache admits
-    per cluster GPU, at most `MAX_CONCURRENCY` per DP rank, over the replicas that fit, divided by the PP
-    degree (a request waits on every stage of a pipeline); ties keep the listed order. Memory only: one
+    (at most `MAX_CONCURRENCY` per DP rank) over the replicas that fit the pool, divided by the PP degree (a
+    request waits on every stage of a pipeline); ties keep the listed order. Memory only: one
     `serve_memory` per engine, no step priced."""
     def score(e: Engine) -> float:
         pool = cluster.pools[e.pool]

@@ -12,7 +12,7 @@ from autoshard.report.pareto import front_json, render_front, write_front_png
 from autoshard.report.terminal import solver_text
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve import solve as serve_solve
-from autoshard.search.serve.disagg import TIME_CUT, split_order, tabulate_disagg
+from autoshard.search.serve.disagg import TIME_CUT, tabulate_disagg
 from autoshard.search.serve.front import serve_front
 from autoshard.search.serve.ladder import ENUM_TIME_CUT
 from autoshard.search.serve.space import enumerate_serve, promise_order
@@ -72,12 +72,12 @@ def test_tables_stop_at_an_expired_deadline(space):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_tables_cut_after_k_engines_are_the_k_most_promising(space, k):
+def test_tables_cut_after_k_engines_are_the_first_k(space, k):
     full = tabulate_disagg(LLAMA70, H100_16, SLA, space, keep_all=True)
     part = tabulate_disagg(LLAMA70, H100_16, SLA, space, keep_all=True, deadline=cut_after(k))
     n = len(space.engines)
     assert (part.untabulated, part.engines_done, part.dropped[TIME_CUT]) == (n - k, k, n - k)
-    first = {space.engines[i] for i in split_order(LLAMA70, H100_16, SLA, space)[:k]}
+    first = set(space.engines[:k])
     p, d = rows(full)
     assert rows(part) == ([r for r in p if r[0] in first], [r for r in d if r[0] in first])
     assert full.untabulated == 0 and TIME_CUT not in full.dropped
@@ -220,7 +220,7 @@ def test_front_cut_in_the_split_part_keeps_the_aggregated_points():
     (a PP the split decode rule refuses) count as evaluated, and no split point shows."""
     free = JOB
     space = enumerate_serve(LLAMA70, H100_16, free)
-    engines = [space.engines[i] for i in split_order(LLAMA70, H100_16, free, space)]  # the tables' order
+    engines = space.engines  # the split tables' order
     n, k = len(engines), 8
     decoders = {r.engine for r in tabulate_disagg(LLAMA70, H100_16, free, space, keep_all=True).decode}
     without = sum(e not in decoders for e in engines[:k])

@@ -1,12 +1,13 @@
-"""The serving tables are built the most promising engine first (`space.promise_order`), so that what a
-short `--time-limit` keeps is good; with no cut the tables and the plans are exactly those of the listed
-order (goldens of the commit before the order changed), and the ranking keeps a good engine early."""
+"""The aggregated serving rows (and the front's aggregated points) are built the most promising engine first
+(`space.promise_order`), so that what a short `--time-limit` keeps is good; with no cut the tables and the
+plans are exactly those of the listed order (goldens of the commit before the order changed), and the ranking
+keeps a good engine early. The prefill/decode tables keep the listed order (measured to cut better)."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoshard.search.serve.disagg import split_order, tabulate_disagg
+from autoshard.search.serve.disagg import tabulate_disagg
 from autoshard.search.serve.solve import solve_serve
 from autoshard.search.serve.space import ServeSpace, enumerate_serve, promise_order, tabulate
 from autoshard.specs import load_cluster, load_model
@@ -59,9 +60,7 @@ def test_tables_come_back_in_the_listed_order(name, gpus, job):
     model, cluster = load_model(name), H100.with_gpus(gpus)
     space = enumerate_serve(model, cluster, job)
     order = promise_order(model, cluster, job, space)
-    split = split_order(model, cluster, job, space)
-    for o in (order, split):
-        assert sorted(o) == list(range(len(space.engines))) and o != sorted(o)  # a real reordering
+    assert sorted(order) == list(range(len(space.engines))) and order != sorted(order)  # a real reordering
     rows, prefill, decode = _listed(model, cluster, job, space)
     tables = tabulate_disagg(model, cluster, job, space, keep_all=True)
     assert tabulate(model, cluster, job, space)[0] == rows != []
@@ -86,14 +85,3 @@ def test_the_five_most_promising_engines_hold_a_good_row(name, gpus):
     if name == "llama-3.1-70b":
         assert max(best.get(e, 0) for e in space.engines[:5]) < 0.2 * top
 
-
-@pytest.mark.parametrize("name,gpus,decode", [
-    ("qwen3-235b-a22b", 64, "TP1 PP1 EP16 (attention DP16)"), ("deepseek-v3", 96, "TP1 PP1 EP64 (attention DP64)")])
-def test_the_split_optimum_decode_engine_is_tabulated_early(name, gpus, decode):
-    """The decode engine of the uncut split optimum at TPOT <= 50 ms (`UNCUT`; DeepSeek-V3 x96: 1P1D with
-    that decode engine, 988.8 tokens/s per GPU) is among the first 5 engines the split tables build: 4th and
-    2nd (the listed order, TP1 first, has them 2nd and 1st: taking it in turn with the ranking keeps them early)."""
-    model, cluster = load_model(name), H100.with_gpus(gpus)
-    space = enumerate_serve(model, cluster, SLA)
-    first = [space.engines[i].label() for i in split_order(model, cluster, SLA, space)[:5]]
-    assert decode in first
