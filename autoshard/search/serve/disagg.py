@@ -116,7 +116,7 @@ def tabulate_disagg(
     decode: list[DecodeRow] = []
     all_links = [_links(cluster, q) for q in cluster.pools]
     levels = UTILIZATION_LADDER if job.ttft_target_s is not None else (MAX_PREFILL_UTILIZATION,)
-    for e in space.engines:
+    for e in space.engines:  # listed order (pool, TP, PP): measured to cut better than a memory ranking here
         if deadline is not None and deadline.expired():
             break
         done += 1

@@ -8,9 +8,10 @@ most planned prompt rate per GPU, in the integer xPyD mix that fits the cluster 
 tokens/s per GPU used. Points missing a TTFT target are left out; TPOT targets are what the front is
 cut at. Figures come from the same tables the CP-SAT model reads.
 
-The front honours a deadline (its share of the command's `--time-limit`, `FRONT_SHARE`): the aggregated
-engines get half of what is left when it starts, the split engines the rest; past it the engines left
-are not evaluated and the front says so (`Front.complete`, `Front.cut_text`).
+The front honours a deadline (its share of the command's `--time-limit`, `FRONT_SHARE`): its enumeration
+stops at it (once it has one engine), the aggregated engines get half of what is left when they start, the
+split engines the rest, both the most promising first (`space.promise_order`); past it the engines left are
+not evaluated and the front says so (`Front.complete`, `Front.cut_text`, `Front.unexamined`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_con
 from autoshard.errors import InfeasibleError
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import tabulate_disagg
-from autoshard.search.serve.space import MAX_CONCURRENCY, _config, _unpriced, enumerate_serve
+from autoshard.search.serve.ladder import ENUM_TIME_CUT
+from autoshard.search.serve.space import MAX_CONCURRENCY, _config, _unpriced, enumerate_serve, promise_order
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
@@ -65,19 +67,22 @@ class Front:
     count once each)."""
     candidates: int = 0
     """Candidate engines there were: fewer evaluated means the deadline cut the front short."""
+    unexamined: int = 0
+    """Candidate engines the enumeration never examined (the deadline ran out first): not in `candidates`."""
 
     @property
     def complete(self) -> bool:
         """Whether every candidate engine was evaluated (no time limit cut the front short)."""
-        return self.evaluated >= self.candidates
+        return self.evaluated >= self.candidates and not self.unexamined
 
     def cut_text(self) -> str:
         """"" for a complete front, else what it covers: "front over N of M deployments, cut at the
-        time limit"."""
+        time limit" (and the candidates the enumeration never examined, when it was cut too)."""
         if self.complete:
             return ""
+        more = f", {self.unexamined} more candidate engine(s) not examined" if self.unexamined else ""
         return (f"front over {self.evaluated} of {self.candidates} deployments (candidate engines, "
-                "aggregated and split), cut at the time limit")
+                f"aggregated and split{more}), cut at the time limit")
 
     def best_at(self, tpot_s: float) -> FrontPoint | None:
         """The most tokens/s per GPU with TPOT <= tpot_s (where the SLA cuts the front)."""
@@ -106,17 +111,19 @@ def serve_front(
     if deadline is None:
         deadline = Deadline.never() if time_limit_s is None else Deadline(time_limit_s, start=started_at)
     free = job.model_copy(update={"tpot_target_s": None})
-    space = enumerate_serve(model, cluster, free, framework=framework)
+    space = enumerate_serve(model, cluster, free, framework=framework, deadline=deadline)
+    unexamined = space.reasons().get(ENUM_TIME_CUT, 0)
     points: list[FrontPoint] = []
+    found: dict[int, list[FrontPoint]] = {}  # by index in `space.engines`, listed in that order, cut or not
     ttft_ok = (lambda t: True) if job.ttft_target_s is None else (lambda t: t <= job.ttft_target_s)
     candidates = len(space.engines) * ((disaggregate != "on") + (disaggregate != "off"))
     evaluated = 0
     if disaggregate != "on":
         first = deadline.part(0.5) if disaggregate != "off" else deadline  # the split engines get the rest
-        for e in space.engines:
+        for i in promise_order(model, cluster, free, space):  # the most promising first (what a cut keeps)
             if first.expired():
                 break
-            evaluated += 1
+            evaluated, e, found[i] = evaluated + 1, space.engines[i], []
             pool = cluster.pools[e.pool]
             if _unpriced(pool, e, split=False):
                 continue
@@ -135,7 +142,7 @@ def serve_front(
                 if pred.concurrency < b or not ttft_ok(pred.ttft_s):
                     continue
                 where = f"{pool.name} " if len(cluster.pools) > 1 else ""
-                points.append(
+                found[i].append(
                     FrontPoint(
                         "aggregated",
                         f"{where}{e.label()} x{b}",
@@ -146,11 +153,12 @@ def serve_front(
                         e.gpus,
                     )
                 )
+    points += [p for i in sorted(found) for p in found[i]]
     if disaggregate != "off":
         split, done = _disagg_points(model, cluster, free, job, space, deadline)
         points += split
         evaluated += done
-    return Front(tuple(points), _pareto(points), evaluated, candidates)
+    return Front(tuple(points), _pareto(points), evaluated, candidates, unexamined)
 
 
 def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[no-untyped-def]

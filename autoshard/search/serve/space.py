@@ -35,7 +35,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.units import time_to_us
 
 __all__ = ["Engine", "ServeSpace", "Row", "enumerate_serve", "tabulate", "GPU_MEMORY_UTILIZATION", "MAX_CONCURRENCY",
-           "TIE_SCALE", "SPLIT_DECODE_PP", "split_decode_rule"]
+           "TIE_SCALE", "SPLIT_DECODE_PP", "split_decode_rule", "promise_order"]
 
 GPU_MEMORY_UTILIZATION = 0.90
 """The planner's vLLM --gpu-memory-utilization: vLLM's default is 0.92 (0.90 before); 0.90 leaves room
@@ -298,56 +298,48 @@ def tabulate(
     engines left are not tabulated (`ROWS_TIME_CUT`), unless no row meets the targets yet and `grace` has not."""
     pins = pins or {}
     dropped: Counter[str] = Counter()
-    rows: list[Row] = []
-    for i, e in enumerate(space.engines):
-        if time_cut(deadline, ROWS_TIME_CUT, lambda: may_stop(job, rows, grace)):
-            dropped[ROWS_TIME_CUT] += len(space.engines) - i
+    done: dict[int, list[Row]] = {}  # by index in `space.engines`: the rows come back in that order, cut or not
+    for n, i in enumerate(promise_order(model, cluster, job, space, gpu_memory_utilization)):
+        e = space.engines[i]
+        if time_cut(deadline, ROWS_TIME_CUT, lambda: may_stop(job, [r for k in done.values() for r in k], grace)):
+            dropped[ROWS_TIME_CUT] += len(space.engines) - n
             break
         pool = cluster.pools[e.pool]
         if _unpriced(pool, e, split=False):
             dropped[SGLANG_UNPRICED] += 1
             continue
-        top = serve_memory(
-            model,
-            pool,
-            _ladder_top(model, pool, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=gpu_memory_utilization)),
-            context_len=job.context_len,
-        )
+        top = _top_memory(model, pool, job, e, gpu_memory_utilization)
         cap = sglang_deepep_seqs(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=1))  # DeepEP's buffer
         ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job), cap or 1 << 30)))
         alone = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
         prefill = {alone.max_num_batched_tokens: prefill_time(model, pool, alone, prompt_len=job.input_len)}
-        make = partial(
-            _row,
-            model=model,
-            cluster=cluster,
-            job=job,
-            engine=e,
-            pool=pool,
-            prefill=prefill,
-            pins=pins,
-            dropped=dropped,
-            util=gpu_memory_utilization,
-        )
+        make = partial(_row, model=model, cluster=cluster, job=job, engine=e, pool=pool, prefill=prefill, pins=pins,
+                       dropped=dropped, util=gpu_memory_utilization)
         evaluated = bisect_ladder(job, ladder, make)
         dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
-        rows += [r for _, r in sorted(evaluated.items()) if r is not None]
-    return rows, dropped
+        done[i] = [r for _, r in sorted(evaluated.items()) if r is not None]
+    return [r for i in sorted(done) for r in done[i]], dropped
 
 
-def _row(
-    batch: int,
-    *,
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    job: ServeJob,
-    engine: Engine,
-    pool: PoolSpec,
-    prefill: StepTime,
-    pins: dict[str, int],
-    dropped: Counter[str],
-    util: float,
-) -> Row | None:
+def promise_order(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace,
+                  util: float = GPU_MEMORY_UTILIZATION) -> list[int]:
+    """Indices of `space.engines`, the most promising first: the order the tables are built in, so that what a
+    time limit cuts off is the least promising (a ranking, not a bound: the rows come back in `space.engines`
+    order and a complete table is the same whatever the order). The score is the requests the KV cache admits
+    (at most `MAX_CONCURRENCY` per DP rank) over the replicas that fit the pool, divided by the PP degree (a
+    request waits on every stage of a pipeline); ties keep the listed order. Memory only: one
+    `serve_memory` per engine, no step priced."""
+    def score(e: Engine) -> float:
+        pool = cluster.pools[e.pool]
+        ranks = min(MAX_CONCURRENCY, kv_limited_concurrency(_top_memory(model, pool, job, e, util), job)) * e.dp_attention
+        replicas = 1 if e.expert_parallel or e.dp_attention > 1 else pool.num_gpus // e.gpus
+        return ranks * replicas / e.pp
+    scores = [score(e) for e in space.engines]
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def _row(batch: int, *, model: ModelSpec, cluster: ClusterSpec, job: ServeJob, engine: Engine, pool: PoolSpec,
+         prefill: StepTime, pins: dict[str, int], dropped: Counter[str], util: float) -> Row | None:
     lost, first = Counter[str](), _config(model, pool, job, engine, max_num_seqs=batch, util=util)
     best = best_row(job, [_budget_row(cfg, model=model, cluster=cluster, job=job, engine=engine, pool=pool,
                                       prefill=prefill, pins=pins, dropped=lost)
@@ -355,6 +347,12 @@ def _row(
     if best is None:  # one row dropped, whatever the budgets tried
         dropped[next(iter(lost))] += 1
     return best
+
+
+def _top_memory(model: ModelSpec, pool: PoolSpec, job: ServeJob, e: Engine, util: float):  # noqa: ANN202
+    """The engine's memory at the top of its ladder (`_ladder_top`)."""
+    cfg = _ladder_top(model, pool, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=util))
+    return serve_memory(model, pool, cfg, context_len=job.context_len)
 
 
 def _ladder_top(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig) -> ServeConfig:

@@ -14,7 +14,8 @@ from autoshard.search.deadline import Deadline
 from autoshard.search.serve import solve as serve_solve
 from autoshard.search.serve.disagg import TIME_CUT, tabulate_disagg
 from autoshard.search.serve.front import serve_front
-from autoshard.search.serve.space import enumerate_serve
+from autoshard.search.serve.ladder import ENUM_TIME_CUT
+from autoshard.search.serve.space import enumerate_serve, promise_order
 from autoshard.search.serve.solve import solve_serve
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
@@ -151,26 +152,31 @@ def test_split_only_with_nothing_tabulated_says_time_ran_out(monkeypatch, space)
 
 
 def test_front_at_an_expired_deadline_is_empty_and_says_so():
+    """The front's enumeration watches the deadline too: it keeps its first engine (as the solve's does)
+    and counts the candidates it never examined; no engine is evaluated."""
     front = serve_front(LLAMA70, H100_16, JOB, deadline=Deadline(0.0))
-    n = len(enumerate_serve(LLAMA70, H100_16, JOB).engines)
-    assert (front.points, front.front, front.evaluated, front.candidates) == ((), (), 0, 2 * n)
+    cut = enumerate_serve(LLAMA70, H100_16, JOB, deadline=Deadline(0.0))
+    left = cut.reasons()[ENUM_TIME_CUT]
+    assert len(cut.engines) == 1 and left > len(enumerate_serve(LLAMA70, H100_16, JOB).engines)
+    assert (front.points, front.front, front.evaluated, front.candidates, front.unexamined) == ((), (), 0, 2, left)
     assert not front.complete
-    assert front.cut_text().startswith(f"front over 0 of {2 * n} deployments")
-    assert front.cut_text().endswith("cut at the time limit")
+    assert front.cut_text() == (f"front over 0 of 2 deployments (candidate engines, aggregated and split, {left} more "
+                                "candidate engine(s) not examined), cut at the time limit")
     js = front_json(front)
-    assert (js["complete"], js["engines_evaluated"], js["engines"]) == (False, 0, 2 * n)
+    assert (js["complete"], js["engines_evaluated"], js["engines"]) == (False, 0, 2)
     assert js["note"] == front.cut_text()
 
 
 def test_front_cut_after_k_engines():
     """Aggregated engines only (the whole deadline is theirs): k checks pass, then every later one fails."""
     full = serve_front(LLAMA70, H100_16, JOB, disaggregate="off")
-    n = full.candidates
+    n, space = full.candidates, enumerate_serve(LLAMA70, H100_16, JOB)
     k = 2
-    # reads: the deadline's own, then one per engine (k pass)
-    part = serve_front(LLAMA70, H100_16, JOB, disaggregate="off", deadline=Deadline(1.0, clock=Ticks(1 + k)))
-    assert (part.evaluated, part.candidates) == (k, n) and not part.complete
-    engines = enumerate_serve(LLAMA70, H100_16, JOB).engines[:k]
+    # reads: the deadline's own, one per candidate of the enumeration (all pass), then one per engine (k pass)
+    clock = Ticks(1 + space.enumerated + k)
+    part = serve_front(LLAMA70, H100_16, JOB, disaggregate="off", deadline=Deadline(1.0, clock=clock))
+    assert (part.evaluated, part.candidates, part.unexamined) == (k, n, 0) and not part.complete
+    engines = [space.engines[i] for i in promise_order(LLAMA70, H100_16, JOB, space)[:k]]
     labels = {e.label() for e in engines}
     expect = [p for p in full.points if p.label.rsplit(" x", 1)[0] in labels]
     assert expect and list(part.points) == expect
@@ -209,18 +215,18 @@ def test_study_keeps_a_cut_front_and_labels_it():
 
 
 def test_front_cut_in_the_split_part_keeps_the_aggregated_points():
-    """Reads: the deadline's own, part()'s, one per aggregated engine (all pass), then k tabulated split
+    """Reads: the deadline's own, one per candidate of the enumeration, part()'s, one per aggregated engine (all pass), then k tabulated split
     engines; the pairing's checks all fail, so only the tabulated engines with no decode row to pair
     (a PP the split decode rule refuses) count as evaluated, and no split point shows."""
     free = JOB
-    engines = enumerate_serve(LLAMA70, H100_16, free).engines
+    space = enumerate_serve(LLAMA70, H100_16, free)
+    engines = space.engines  # the split tables' order
     n, k = len(engines), 8
-    decoders = {r.engine for r in tabulate_disagg(LLAMA70, H100_16, free, enumerate_serve(LLAMA70, H100_16, free),
-                                                  keep_all=True).decode}
+    decoders = {r.engine for r in tabulate_disagg(LLAMA70, H100_16, free, space, keep_all=True).decode}
     without = sum(e not in decoders for e in engines[:k])
     assert 0 < without < k  # both kinds among the first k
     agg = serve_front(LLAMA70, H100_16, JOB, disaggregate="off")
-    part = serve_front(LLAMA70, H100_16, JOB, deadline=Deadline(1.0, clock=Ticks(2 + n + k)))
+    part = serve_front(LLAMA70, H100_16, JOB, deadline=Deadline(1.0, clock=Ticks(2 + space.enumerated + n + k)))
     assert (part.evaluated, part.candidates) == (n + without, 2 * n) and not part.complete
     assert list(part.points) == list(agg.points)
     assert f"front over {n + without} of {2 * n} deployments" in part.cut_text()

@@ -23,7 +23,7 @@ from autoshard.search.serve.disagg import TIME_CUT, tabulate_disagg
 from autoshard.search.serve.ladder import ENUM_TIME_CUT, ROWS_TIME_CUT
 from autoshard.search.serve.model import FirstPlan, build_model
 from autoshard.search.serve.solve import FIRST_ROW_GRACE_S, solve_serve
-from autoshard.search.serve.space import enumerate_serve, tabulate
+from autoshard.search.serve.space import enumerate_serve, promise_order, tabulate
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob
 from test_deadline import cut_after  # the fake clock both deadline test files use
@@ -86,11 +86,11 @@ def test_enumeration_with_no_engine_yet_does_not_stop():
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_rows_cut_after_k_engines_are_the_first_k(space, full_rows, k):
+def test_rows_cut_after_k_engines_are_the_k_most_promising(space, full_rows, k):
     rows, dropped = tabulate(LLAMA70, H100_16, SLA, space, deadline=cut_after(k))
     n = len(space.engines)
     assert n > 2 * k
-    first = set(space.engines[:k])
+    first = {space.engines[i] for i in promise_order(LLAMA70, H100_16, SLA, space)[:k]}
     assert table(rows) == [t for t in table(full_rows[0]) if t[0] in first]
     assert dropped[ROWS_TIME_CUT] == n - k
     assert ROWS_TIME_CUT not in full_rows[1]
@@ -102,15 +102,16 @@ def test_rows_unchanged_when_the_deadline_is_not_hit(space, full_rows):
 
 
 def test_rows_past_the_deadline_go_on_to_a_first_row_within_the_grace():
-    """At 5 requests/s the first engine (TP1 PP2) cannot be deployed (its replicas would need more than 16
-    GPUs): past the deadline the rows go on to the second one, which can, and stop there."""
-    job = JOB.model_copy(update={"request_rate": 5.0})
+    """At 15 requests/s the most promising engine (TP8 PP1) cannot be deployed (its replicas would need more
+    than 16 GPUs): past the deadline the rows go on to the second one (TP4 PP1), which can, and stop there."""
+    job = JOB.model_copy(update={"request_rate": 15.0})
     space = enumerate_serve(LLAMA70, H100_16, job)
     full, _ = tabulate(LLAMA70, H100_16, job, space)
-    n, index = len(space.engines), space.engines.index(full[0].engine)
-    assert index == 1 and n > 3
+    order = [space.engines[i] for i in promise_order(LLAMA70, H100_16, job, space)]
+    n, index = len(space.engines), next(i for i, e in enumerate(order) if any(r.engine == e for r in full))
+    assert index == 1 and n > 3 and [e.label() for e in order[:2]] == ["TP8 PP1", "TP4 PP1"]
     rows, dropped = tabulate(LLAMA70, H100_16, job, space, deadline=frozen(), grace=frozen(FIRST_ROW_GRACE_S))
-    assert table(rows) == [t for t in table(full) if t[0] == space.engines[index]] != []
+    assert table(rows) == [t for t in table(full) if t[0] == order[index]] != []
     assert dropped[ROWS_TIME_CUT] == n - index - 1
     assert dropped["the request rate needs more GPUs than the pool has"] > 0  # the first engine's rows
     # the grace spent too: nothing tabulated at all
@@ -131,20 +132,21 @@ def test_a_plan_from_cut_rows_is_feasible_with_the_reason(monkeypatch, space):
     full = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=30, num_workers=1,
                        disaggregate="off")[0]
     assert (full.solver.status, full.solver.stop_reason) == ("OPTIMAL", "optimal")
-    k = 6  # TP1 PP2/4/8/16 (none reaches 50 ms), TP2 PP1, TP2 PP2: the best, TP4 PP1, is left out
-    assert full.describe().startswith("TP4 PP1") and space.engines[8].label() == "TP4 PP1"
+    k = 1  # the most promising engine, TP8 PP1: the best, TP4 PP1 (the second), is left out
+    order = [space.engines[i].label() for i in promise_order(LLAMA70, H100_16, SLA, space)]
+    assert full.describe().startswith("TP4 PP1") and order[:2] == ["TP8 PP1", "TP4 PP1"]
     monkeypatch.setattr(serve_solve, "tabulate", _cut_rows(k))
     plan = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=30, num_workers=1,
                        disaggregate="off")[0]
     s = plan.solver
     assert (s.status, s.stop_reason) == ("FEASIBLE", "time_limit")
-    assert s.pruned[ROWS_TIME_CUT] == n - k == 7
+    assert s.pruned[ROWS_TIME_CUT] == n - k == 12
     js = plan.to_json()["solver"]
     assert (js["status"], js["stop_reason"], js["pruned"][ROWS_TIME_CUT]) == ("FEASIBLE", "time_limit", n - k)
     text = solver_text(s, time_limit_s=2)
     assert text.startswith("solver: best of what was tabulated, not proven optimal (the 2 s time limit ran out "
                            f"with {n - k} engine(s) not tabulated as aggregated replicas, no bound on them)")
-    assert plan.describe().startswith("TP2 PP2") and plan.prediction.tpot_s <= 0.05
+    assert plan.describe().startswith("TP8 PP1") and plan.prediction.tpot_s <= 0.05
     assert plan.tokens_per_s_per_gpu < full.tokens_per_s_per_gpu
 
 
@@ -174,19 +176,19 @@ def test_rows_cut_to_nothing_say_time_ran_out(monkeypatch, space):
 @pytest.mark.parametrize("disaggregate", ["off", "auto"])
 def test_a_spent_limit_still_gives_a_first_plan_within_the_grace(space, disaggregate):
     """The deadline is spent before the solve starts (the clock never moves, so the grace never ends):
-    the enumeration (cut only at the grace's end) is complete, the split tables get nothing, the rows go
-    on to the first engine with a row that reaches 50 ms (TP2 PP1, the 5th), CP-SAT stops at its first
-    plan that serves. The plan says all of it."""
+    the enumeration (cut only at the grace's end) is complete, the split tables get nothing, the rows stop
+    at the most promising engine (TP8 PP1), whose row reaches 50 ms, CP-SAT stops at its first plan that
+    serves. The plan says all of it."""
     n = len(space.engines)
     plan = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=0.0, num_workers=1,
                        disaggregate=disaggregate, deadline=frozen())[0]
     s = plan.solver
     assert (s.status, s.stop_reason) == ("FEASIBLE", "time_limit")
-    assert plan.describe().startswith("TP2 PP1") and plan.prediction.tpot_s <= 0.05 and not plan.disaggregated
-    assert s.pruned[ROWS_TIME_CUT] == n - 5 and ENUM_TIME_CUT not in s.pruned
+    assert plan.describe().startswith("TP8 PP1") and plan.prediction.tpot_s <= 0.05 and not plan.disaggregated
+    assert s.pruned[ROWS_TIME_CUT] == n - 1 and ENUM_TIME_CUT not in s.pruned
     assert s.pruned.get(TIME_CUT, 0) == (n if disaggregate == "auto" else 0)
     text = solver_text(s, time_limit_s=0.0)
-    assert f"ran out with {n - 5} engine(s) not tabulated as aggregated replicas" in text
+    assert f"ran out with {n - 1} engine(s) not tabulated as aggregated replicas" in text
 
 
 def test_the_first_plan_callback_skips_the_empty_pick(space):
