@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from autoshard import api
-from autoshard.cli.app import err, out
+from autoshard.cli.app import err, out, report_err
 from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SolverError, SpecError
 from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
@@ -119,7 +119,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
             obj["throughput_optimal"] = alternative.to_json()
         print_json(obj)
     else:
-        console = out if emit is None or output is not None else err
+        console = out if emit is None or output is not None else report_err
         render_serve_plan(best, console, runners=plans[1:], explain=explain, time_limit_s=time_limit)
         print_engine(best, console, chosen=target is not None or emit in (Target.VLLM, Target.SGLANG))
         if sla_note:

@@ -1,0 +1,50 @@
+"""Defects a first outside user found by running the README's commands at 80 columns.
+
+Each test runs the installed console script at a fixed terminal width, as a user's shell does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAST = ["--workers", "1", "--time-limit", "10"]
+
+
+def script(*args: object, columns: int = 80) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "autoshard"
+    if not exe.is_file():
+        pytest.fail(f"the autoshard console script is missing: no {exe} (install the package: pip install -e .)")
+    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": str(columns)})
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _panel(text: str) -> list[str]:
+    """The head panel's lines, box included, up to the solver line (its wall time varies by run)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("│ solver:"))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("args", [
+    ("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST),
+    ("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve", *FAST),
+], ids=["train", "serve"])
+def test_emit_to_stdout_prints_the_whole_report_on_stderr(args: tuple[str, ...]) -> None:
+    """With --emit and no -o the script goes to stdout and the report to stderr. The report used to be
+    printed with stderr's soft wrap, so every head-panel line longer than the panel was cut at its
+    border (`likely 4,400-5,560 tokens/` and the rest of the band lost)."""
+    emit = "megatron" if "serve" not in args else "vllm"
+    plain = script(*args)
+    emitted = script(*args, "--emit", emit)
+    assert emitted.stdout.startswith("#!"), "stdout is the script alone"
+    assert _panel(emitted.stderr) == _panel(plain.stdout)
+    assert all(len(line) <= 80 for line in _panel(emitted.stderr))
