@@ -48,3 +48,15 @@ def test_emit_to_stdout_prints_the_whole_report_on_stderr(args: tuple[str, ...])
     assert emitted.stdout.startswith("#!"), "stdout is the script alone"
     assert _panel(emitted.stderr) == _panel(plain.stdout)
     assert all(len(line) <= 80 for line in _panel(emitted.stderr))
+
+
+@pytest.mark.parametrize(("sizes", "named"), [("0,8", "0 is not a GPU count"), ("8,-8,-16", "-16, -8 are not GPU counts")])
+def test_study_names_the_gpu_count_that_is_not_one(sizes: str, named: str) -> None:
+    """`study --gpus 0,8` said "give at least one positive GPU count" although 8 is one."""
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    result = CliRunner().invoke(app, ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", sizes])
+    assert result.exit_code == 2, result.output
+    assert named in result.stderr and "--gpus" in result.stderr and "at least one positive" not in result.stderr
