@@ -128,7 +128,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
             console.print(alternative_text(alternative, best), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
-                         tpot_target_s=best.job.tpot_target_s, band=band)
+                         tpot_target_s=best.job.tpot_target_s, band=band, cluster_gpus=cluster_spec.num_gpus)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
         err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
