@@ -3,6 +3,7 @@ render what `autoshard.api` plans and write its launch script or Kubernetes mani
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from rich.markup import escape
@@ -131,7 +132,8 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                          tpot_target_s=best.job.tpot_target_s, band=band, cluster_gpus=cluster_spec.num_gpus)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
-        err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
+        # the command is pasted into a shell: quote the directory (a path with a space ran `kubectl apply -f a`)
+        err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(shlex.quote(str(output)))}",
                   highlight=False)
     elif emit is not None:
         write_script(api.serve_launch_script(best, emit.value), output, json_out)

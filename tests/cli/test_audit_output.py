@@ -60,3 +60,20 @@ def test_study_names_the_gpu_count_that_is_not_one(sizes: str, named: str) -> No
     result = CliRunner().invoke(app, ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", sizes])
     assert result.exit_code == 2, result.output
     assert named in result.stderr and "--gpus" in result.stderr and "at least one positive" not in result.stderr
+
+
+def test_k8s_apply_line_quotes_the_directory(tmp_path: Path) -> None:
+    """`--emit k8s -o 'my dir'` printed `kubectl apply -f .../my dir`, which a shell runs on two paths."""
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    where = tmp_path / "my manifests é"
+    result = CliRunner().invoke(app, ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                      "--emit", "k8s", "-o", str(where), *FAST])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stderr.split())
+    assert f"kubectl apply -f '{where}'" in flat, flat
+    again = CliRunner().invoke(app, ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                     "--emit", "k8s", "-o", str(where), *FAST])
+    assert again.exit_code == 2 and f"`kubectl apply -f '{where}'` would apply them too" in " ".join(again.stderr.split())
