@@ -77,3 +77,17 @@ def test_k8s_apply_line_quotes_the_directory(tmp_path: Path) -> None:
     again = CliRunner().invoke(app, ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                      "--emit", "k8s", "-o", str(where), *FAST])
     assert again.exit_code == 2 and f"`kubectl apply -f '{where}'` would apply them too" in " ".join(again.stderr.split())
+
+
+def test_a_huge_whole_number_names_the_fix(tmp_path: Path) -> None:
+    """`num_nodes: 1e300` in a cluster file said only "exceeded maximum size", with no fix."""
+    from autoshard.errors import SpecError
+    from autoshard.specs import load_cluster
+
+    text = (Path(__file__).resolve().parents[2] / "clusters" / "dgx-h100.yaml").read_text()
+    path = tmp_path / "huge.yaml"
+    path.write_text(text.replace("num_nodes: 128", "num_nodes: 1e300"))
+    with pytest.raises(SpecError) as info:
+        load_cluster(str(path))
+    assert "num_nodes" in str(info.value) and "write a whole number" in str(info.value)
+    assert str(path) in str(info.value)
