@@ -26,6 +26,9 @@ app = typer.Typer(
 )
 out = Console(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)
+report_err = Console(stderr=True, soft_wrap=False)
+"""Where a report goes when --emit writes its script to stdout: stderr, wrapped to the terminal like
+`out` (with `err`'s soft wrap a panel's long lines were cut at its border)."""
 
 
 def _fail(exc: AutoshardError) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from enum import StrEnum
@@ -175,7 +176,7 @@ def _check_manifest_dir(output: Path) -> None:
     if stale:
         listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
         raise SpecError(f"{where} already holds {len(stale)} manifest file(s) ({listed}): `kubectl apply -f "
-                        f"{where}` would apply them too: give a new or empty directory", source="-o")
+                        f"{shlex.quote(where)}` would apply them too: give a new or empty directory", source="-o")
     api.check_output_dir(output, "-o", "the directory --emit k8s writes manifests to")
 
 

@@ -3,12 +3,13 @@ render what `autoshard.api` plans and write its launch script or Kubernetes mani
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from rich.markup import escape
 
 from autoshard import api
-from autoshard.cli.app import err, out
+from autoshard.cli.app import err, out, report_err
 from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SolverError, SpecError
 from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
@@ -119,7 +120,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
             obj["throughput_optimal"] = alternative.to_json()
         print_json(obj)
     else:
-        console = out if emit is None or output is not None else err
+        console = out if emit is None or output is not None else report_err
         render_serve_plan(best, console, runners=plans[1:], explain=explain, time_limit_s=time_limit)
         print_engine(best, console, chosen=target is not None or emit in (Target.VLLM, Target.SGLANG))
         if sla_note:
@@ -128,10 +129,11 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
             console.print(alternative_text(alternative, best), markup=False, highlight=False)
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
-                         tpot_target_s=best.job.tpot_target_s, band=band)
+                         tpot_target_s=best.job.tpot_target_s, band=band, cluster_gpus=cluster_spec.num_gpus)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
-        err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(str(output))}",
+        # the command is pasted into a shell: quote the directory (a path with a space ran `kubectl apply -f a`)
+        err.print(f"wrote {count} manifest(s) to {escape(str(output))}: kubectl apply -f {escape(shlex.quote(str(output)))}",
                   highlight=False)
     elif emit is not None:
         write_script(api.serve_launch_script(best, emit.value), output, json_out)

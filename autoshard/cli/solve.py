@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from autoshard import api
 from autoshard.api import MAX_CONTEXT
-from autoshard.cli.app import app, err, guard, out
+from autoshard.cli.app import app, err, guard, out, report_err
 from autoshard.cli.options import (
     AcctEmbOpt,
     command_started,
@@ -118,7 +118,7 @@ def solve(
         raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     if from_megatron is not None:
         best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
-                                 verbose, console=err if emit is not None and output is None else out, started=started)
+                                 verbose, console=report_err if emit is not None and output is None else out, started=started)
         write_emit(best, emit, output, json_out)
         return
     model_spec, cluster_spec = api.load(model, cluster, gpus)
@@ -141,7 +141,7 @@ def solve(
         obj["memory_headroom"] = headroom
         print_json(obj)
     else:
-        render_console = err if emit is not None and output is None else out
+        render_console = report_err if emit is not None and output is None else out
         render_plan(best, render_console, runners=plans[1:], show_schedule=show_schedule, explain=explain,
                     notes=[*api.megatron_notes(best), headroom["note"]], time_limit_s=time_limit)
     write_emit(best, emit, output, json_out)

@@ -107,8 +107,13 @@ def parse_sizes(text: str) -> list[int]:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise SpecError(f"'{text}' is not a comma-separated list of GPU counts (e.g. 64,128,256)", source="--gpus") from None
-    if not sizes or min(sizes) < 1:
+    if not sizes:
         raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
+    if min(sizes) < 1:  # name the bad count: "give at least one positive" read wrong for --gpus 0,8
+        bad = [str(n) for n in sizes if n < 1]
+        what = "is not a GPU count" if len(bad) == 1 else "are not GPU counts"
+        raise SpecError(f"'{text}': {', '.join(bad)} {what}: give positive GPU counts, e.g. --gpus 64,128",
+                        source="--gpus")
     return sizes
 
 

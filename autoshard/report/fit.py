@@ -78,7 +78,8 @@ def wrap_command(text: str, width: int) -> str:
     """Break every line longer than `width` between shell words, ending the broken lines with ` \\`
     and indenting the continuations by four more spaces: the result runs exactly like the input.
     A flag stays on the line of its value when the two fit. Comment lines are re-wrapped as
-    comments. A single word longer than the width (a long quoted value) stays whole."""
+    comments. A single word too long for an indented continuation (a long quoted value) is indented
+    less, down to none (indentation means nothing to the shell); one longer than the width stays whole."""
     out: list[str] = []
     for line in text.splitlines():
         if len(line) <= width:
@@ -108,7 +109,8 @@ def wrap_command(text: str, width: int) -> str:
                 cur += " " + word
             else:
                 out.append(cur + " \\")
-                cur = indent + "    " + word
+                pad = min(len(indent) + 4, max(width - 2 - len(word), 0))
+                cur = " " * pad + word
         out.append(cur + tail)
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 

@@ -93,8 +93,10 @@ def _kind(p: FrontPoint) -> str:
 
 def render_front(
     front: Front, console: Console, *, title: str, tpot_target_s: float | None = None, rows: int = 24,
-    band: FrontBand | None = None,
+    band: FrontBand | None = None, cluster_gpus: int | None = None,
 ) -> None:
+    """`cluster_gpus`: the GPUs the plan printed above divides its throughput by; when a row's deployment
+    does not tile them, a note says its tok/s/GPU counts only the GPUs it runs on."""
     shown: Sequence[FrontPoint] = front.front
     if len(shown) > rows:  # keep both ends and an even spread between
         step = (len(shown) - 1) / (rows - 1)
@@ -135,6 +137,17 @@ def render_front(
     console.print(cuts)
     if band is not None:  # both tables' figures are predictions, each with the serving band of its kind
         console.print(band.text("band (both tables)"), markup=False, highlight=False)
+    cuts_at = sla_cuts(front, tpot_target_s)  # the plan's own SLA first: the row it is compared with
+    mine = [p for ms, p in cuts_at if tpot_target_s is not None and ms == round(tpot_target_s * 1e3, 6)]
+    partial = [p for p in (*mine, *(p for _, p in cuts_at), *shown)
+               if p is not None and cluster_gpus and cluster_gpus % p.gpus]
+    if partial:  # a 1P1D mix of 6 GPUs on 8 read 874 here and 655 (x 6/8) in the plan's own line above
+        p = partial[0]
+        console.print(f"tok/s/GPU: per GPU the deployment runs on; where its GPUs do not tile the cluster's "
+                      f"{cluster_gpus} (e.g. {p.label}: {p.gpus}) the rest stay idle, and the plan above, which "
+                      f"divides by all {cluster_gpus}, reads that deployment x {p.gpus}/{cluster_gpus} "
+                      f"({p.tokens_per_s_per_gpu:,.0f} -> {p.tokens_per_s_per_gpu * p.gpus / cluster_gpus:,.0f})",
+                      markup=False, highlight=False)
 
 
 def write_front_png(

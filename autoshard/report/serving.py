@@ -68,8 +68,9 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
                 f"(p90 {plan.ttft_p90_s:.2f}) | {p.concurrency} running requests per {decode}DP rank\n",
                 style="bold")
     head.append(band_text(plan) + "\n")
+    # vLLM's "Maximum concurrency" is a ratio (242.98x): rounding it to 243 claimed a request more than fits
     head.append(f"KV cache {mem.kv_cache_bytes / GIB:.1f} GiB per {decode}GPU = {mem.kv_cache_tokens:,} tokens "
-                f"(max concurrency {mem.max_concurrency:.0f} at {mem.context_len} tokens)")
+                f"(max concurrency {mem.max_concurrency:,.2f} at {mem.context_len:,} tokens)")
     lat = plan.latency_at_request_rate()
     if lat is not None:
         ttft = (f"TTFT p50 {lat.ttft_p50_s:.2f} s, p90 {lat.ttft_p90_s:.2f} s" if lat.utilization < 1
@@ -93,19 +94,25 @@ def render_serve_plan(plan: ServePlan, console: Console, *, runners: Sequence[Se
                         (deepep, mem.ep_buffer_bytes), ("KV cache", mem.kv_cache_bytes)):
         if value or name != deepep:
             table.add_row(name, f"{value / GIB:.1f}")
-    table.add_section()
+    table.add_section()  # the rows above fill the budget; what it leaves out makes them sum to the capacity
+    util = mem.budget_bytes / mem.capacity_bytes if mem.capacity_bytes else 0.0
+    table.add_row(f"budget ({util:.2f} of HBM)", f"{mem.budget_bytes / GIB:.1f}")
+    table.add_row("outside the budget", f"{mem.headroom_bytes / GIB:.1f}")
     table.add_row("capacity", f"{mem.capacity_bytes / GIB:.1f}", style="bold")
     console.print(table)
     console.print()
     step = p.decode
     t = compact_table("Decode step (one TPOT)")
     add_columns(t, "component|ms:r")
+    t.min_width = len(t.title)  # a title wider than the two columns wrapped ("Decode step (one" / "TPOT)")
     names = ("gemm_s", "attention_s", "elementwise_s", "logits_s")
     names += ("tp_comm_s", "ep_comm_s", "pp_comm_s", "host_s")
     for name in names:
         value = getattr(step, name, 0.0)
         if value:
             t.add_row(name.removesuffix("_s").replace("_", " "), f"{1e3 * value:.2f}")
+    t.add_section()
+    t.add_row("total", f"{1e3 * step.total_s:.2f}", style="bold")
     console.print(t)
     if runners:
         console.print()

@@ -256,8 +256,9 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     head = Text()
     head.append(f"{plan.model.name} on {gpus} ({plan.cluster.name})\n", style="bold")
     head.append(plan_summary(plan) + "\n", style="bold cyan")
-    head.append(f"seq {cfg.seq_len}, global batch {cfg.global_batch_size} sequences, {cfg.num_microbatches} "
-                f"micro-batches, {cfg.precision.value}\n")
+    seqs, mbs = cfg.global_batch_size, cfg.num_microbatches  # "1 micro-batches" read wrong
+    head.append(f"seq {cfg.seq_len}, global batch {seqs} sequence{'s' * (seqs != 1)}, {mbs} "
+                f"micro-batch{'es' * (mbs != 1)}, {cfg.precision.value}\n")
     speed = f"step {pred.step_time_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s ({pred.tokens_per_s_per_gpu:,.0f} per GPU)"
     band = band_line(plan)
     if band:

@@ -59,8 +59,10 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> tup
     elif kind in ("int_parsing", "int_type", "float_parsing", "float_type", "bool_parsing", "bool_type",
                   "int_from_float", "enum", "literal_error", "string_type", "list_type", "model_type",
                   "dict_type", "less_than_equal", "less_than", "finite_number", "string_pattern_mismatch",
-                  "string_too_long", "too_long"):
+                  "string_too_long", "too_long", "int_parsing_size"):
         msg += f" (got {short(repr(err.get('input')), 60)})"
+    if kind == "int_parsing_size":  # `num_nodes: 1e300` said only "exceeded maximum size"
+        msg += ": write a whole number of a sensible size (e.g. 128)"
     if kind == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:
         msg = f"must be one line of printable text, without control characters (got {short(repr(err.get('input')), 60)})"
     elif kind == "finite_number":

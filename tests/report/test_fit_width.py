@@ -210,3 +210,20 @@ def test_wrap_is_a_no_op_when_the_command_fits():
 def test_dataclass_fields_unchanged():
     """The study rows the table reads keep their fields (guards the status column)."""
     assert {"status", "gap"} <= {f.name for f in dataclasses.fields(TrainRow)}
+
+
+def test_a_long_quoted_value_is_indented_less_to_fit():
+    """Qwen3-235B on 72 GB200s: its 79-character --pipeline-model-parallel-layout value was indented by 8
+    and printed 89 columns wide at 80. Indentation means nothing to the shell: a value that fits is
+    indented less (5 spaces for 73 characters), one that cannot (79 + ` \\` = 81) starts its line; the
+    command splits into the same words either way."""
+    real = "'Et|(t|)*7,t*2|(t|)*8,t*2|(t|)*12,(t*2|)*5,t|(t*2|)*8,t|(t*2|)*8,t|(t*2|)*8,tL'"
+    for layout, pad in ((real[:72] + "'", 5), (real, 0)):
+        command = (f"torchrun --nproc-per-node 4 pretrain_gpt.py \\\n    --pipeline-model-parallel-layout {layout} "
+                   f"\\\n    --bf16")
+        wrapped = wrap_command(command, 80)
+        assert f"\n{' ' * pad}{layout} \\\n" in wrapped, wrapped
+        assert max(len(line) for line in wrapped.splitlines()) == max(80, len(layout) + 2), wrapped
+        assert shlex.split(wrapped.replace("\\\n", "")) == shlex.split(command.replace("\\\n", ""))
+    word = "x" * 90  # longer than the width: whole, at the start of its line
+    assert wrap_command(f"cmd --flag {word}", 80) == f"cmd --flag \\\n{word}"

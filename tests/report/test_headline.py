@@ -12,7 +12,7 @@ from autoshard.costmodel.bands import Band
 from autoshard.plans.base import SolverStats
 from autoshard.report.fit import shell_words, wrap_command
 from autoshard.report.terminal import band_line, headline, solver_text
-from report_fixtures import plan_70b, make_plan  # noqa: F401  (pytest fixtures)
+from report_fixtures import plan_70b, make_plan, render  # noqa: F401  (pytest fixtures)
 
 
 def test_mfu_names_the_bf16_dense_peak(plan_70b):
@@ -199,3 +199,15 @@ def test_continuation_lines_and_comments():
     assert shlex.split(body.replace("\\\n", " ")) == shlex.split("A=1 cmd --one 1 --two 2 --three 3 --four 4 "
                                                                   "--five 5 --six 6 --x")
     assert all(len(x) <= 30 for x in wrapped.splitlines())
+
+
+def test_one_micro_batch_is_singular(render):
+    """Llama 3.1 8B on 131,072 H100s runs one micro-batch per replica: "1 micro-batches" read wrong."""
+    from autoshard.report.terminal import render_plan
+    from report_fixtures import plan_for
+
+    plan = plan_for("llama-3.1-8b", "dgx-h100", 8, tp=8, pp=1, global_batch_size=1, micro_batch_size=1)
+    text = render(render_plan, plan, width=80)
+    assert "global batch 1 sequence, 1 micro-batch, bf16" in text
+    plan = plan_for("llama-3.1-8b", "dgx-h100", 8, tp=8, pp=1, global_batch_size=2, micro_batch_size=1)
+    assert "global batch 2 sequences, 2 micro-batches, bf16" in render(render_plan, plan, width=80)
