@@ -48,3 +48,17 @@ def test_the_prediction_does_not_depend_on_the_idle_nodes():
     large = json.loads(cli("evaluate", "dgx-h100", "--gpus", "64", "--from-sglang", SGLANG_TP2_DP4, "--json").stdout)
     assert sized["predicted"] == large["predicted"]
     assert large["num_gpus"] == 8  # --gpus still sizes the cluster when given
+
+
+@pytest.mark.parametrize(("flag", "command", "fix"), [
+    ("--from-vllm", "vllm serve meta-llama/Llama-3.1-70B --tensor-parallel-size 3",
+     "TP 3 does not divide the 64 attention heads; pass --tensor-parallel-size one of 1, 2, 4, 8"),
+    ("--from-sglang", "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B --tp-size 6",
+     "TP 6 does not divide the 64 attention heads; pass --tp-size one of 1, 2, 4, 8"),
+])
+def test_an_illegal_tensor_parallel_size_names_the_flag_and_its_legal_values(flag, command, fix):
+    """A TP the model's heads cannot split is bad input (exit 2) and the message says which values of the
+    engine's own flag would run (inside one 8-GPU NVLink domain: the divisors of the 64 heads and 8 KV heads)."""
+    result = cli("evaluate", "dgx-h100", flag, command)
+    assert result.exit_code == 2
+    assert fix in " ".join(result.stderr.split())

@@ -80,7 +80,11 @@ def evaluated_row(
     reason = _engine_rules(model, spec, e, check_size=False) or tp_experts_problem(
         model, job.weight_dtype, tp=tp, dp=e.dp_attention, expert_parallel=expert_parallel)
     if reason:
-        raise SpecError(f"{e.label()} is not an engine autoshard can run for {model.name}: {reason}")
+        legal = [t for t in range(1, spec.node.domain_size + 1)
+                 if _engine_rules(model, spec, Engine(pool, t, 1, 1, False, framework), check_size=False) is None]
+        fix = (f"; pass {'--tp-size' if framework == 'sglang' else '--tensor-parallel-size'} "
+               f"one of {', '.join(map(str, legal))}" if reason.startswith("TP ") and legal else "")
+        raise SpecError(f"{e.label()} is not an engine autoshard can run for {model.name}: {reason}{fix}")
     if e.gpus * replicas > spec.num_gpus:
         raise InfeasibleError(
             f"TP{tp} x PP{pp} x DP{dp} needs {e.gpus * replicas} GPUs; pool '{spec.name}' has "
