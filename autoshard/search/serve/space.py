@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -17,7 +18,7 @@ from autoshard.costmodel.serve.engines import (
     DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_deepep_seqs, sglang_priced,
 )
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
-from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
+from autoshard.costmodel.serve.memory import ServeMemory, default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
     ServePrediction, concurrency_ladder, kv_limited_concurrency, predict_serve)
 from autoshard.costmodel.serve.step import StepTime, prefill_time
@@ -299,18 +300,19 @@ def tabulate(
     pins = pins or {}
     dropped: Counter[str] = Counter()
     done: dict[int, list[Row]] = {}  # by index in `space.engines`: the rows come back in that order, cut or not
-    for n, i in enumerate(promise_order(model, cluster, job, space, gpu_memory_utilization)):
+    rows: list[Row] = []  # the same rows in the order tabulated (what a cut has so far)
+    tops = [_top_memory(model, cluster.pools[e.pool], job, e, gpu_memory_utilization) for e in space.engines]
+    for n, i in enumerate(promise_order(model, cluster, job, space, gpu_memory_utilization, tops=tops)):
         e = space.engines[i]
-        if time_cut(deadline, ROWS_TIME_CUT, lambda: may_stop(job, [r for k in done.values() for r in k], grace)):
+        if time_cut(deadline, ROWS_TIME_CUT, lambda: may_stop(job, rows, grace)):
             dropped[ROWS_TIME_CUT] += len(space.engines) - n
             break
         pool = cluster.pools[e.pool]
         if _unpriced(pool, e, split=False):
             dropped[SGLANG_UNPRICED] += 1
             continue
-        top = _top_memory(model, pool, job, e, gpu_memory_utilization)
-        cap = sglang_deepep_seqs(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=1))  # DeepEP's buffer
-        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job), cap or 1 << 30)))
+        cap = sglang_deepep_seqs(model, pool.gpu, _config(model, pool, job, e, max_num_seqs=1)) or 1 << 30  # DeepEP buffer
+        ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(tops[i], job), cap)))
         alone = _config(model, pool, job, e, max_num_seqs=1, util=gpu_memory_utilization)
         prefill = {alone.max_num_batched_tokens: prefill_time(model, pool, alone, prompt_len=job.input_len)}
         make = partial(_row, model=model, cluster=cluster, job=job, engine=e, pool=pool, prefill=prefill, pins=pins,
@@ -318,23 +320,25 @@ def tabulate(
         evaluated = bisect_ladder(job, ladder, make)
         dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
         done[i] = [r for _, r in sorted(evaluated.items()) if r is not None]
+        rows += done[i]
     return [r for i in sorted(done) for r in done[i]], dropped
 
 
 def promise_order(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace,
-                  util: float = GPU_MEMORY_UTILIZATION) -> list[int]:
+                  util: float = GPU_MEMORY_UTILIZATION, *, tops: Sequence[ServeMemory] | None = None) -> list[int]:
     """Indices of `space.engines`, the most promising first: the order the tables are built in, so that what a
     time limit cuts off is the least promising (a ranking, not a bound: the rows come back in `space.engines`
     order and a complete table is the same whatever the order). The score is the requests the KV cache admits
     (at most `MAX_CONCURRENCY` per DP rank) over the replicas that fit the pool, divided by the PP degree (a
     request waits on every stage of a pipeline); ties keep the listed order. Memory only: one
-    `serve_memory` per engine, no step priced."""
-    def score(e: Engine) -> float:
+    `serve_memory` per engine (`tops`, when the caller has them already), no step priced."""
+    def score(e: Engine, top: ServeMemory) -> float:
         pool = cluster.pools[e.pool]
-        ranks = min(MAX_CONCURRENCY, kv_limited_concurrency(_top_memory(model, pool, job, e, util), job)) * e.dp_attention
+        ranks = min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)) * e.dp_attention
         replicas = 1 if e.expert_parallel or e.dp_attention > 1 else pool.num_gpus // e.gpus
         return ranks * replicas / e.pp
-    scores = [score(e) for e in space.engines]
+    tops = tops if tops is not None else [_top_memory(model, cluster.pools[e.pool], job, e, util) for e in space.engines]
+    scores = [score(e, top) for e, top in zip(space.engines, tops, strict=True)]
     return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
@@ -349,7 +353,7 @@ def _row(batch: int, *, model: ModelSpec, cluster: ClusterSpec, job: ServeJob, e
     return best
 
 
-def _top_memory(model: ModelSpec, pool: PoolSpec, job: ServeJob, e: Engine, util: float):  # noqa: ANN202
+def _top_memory(model: ModelSpec, pool: PoolSpec, job: ServeJob, e: Engine, util: float) -> ServeMemory:
     """The engine's memory at the top of its ladder (`_ladder_top`)."""
     cfg = _ladder_top(model, pool, _config(model, pool, job, e, max_num_seqs=MAX_CONCURRENCY, util=util))
     return serve_memory(model, pool, cfg, context_len=job.context_len)
