@@ -123,7 +123,8 @@ def render_front(
     cuts = PlainTable(title="Where each TPOT SLA cuts the front", header_style="bold")
     for col in ("TPOT <= ms", "tok/s/GPU", "tok/s/user", "kind", "deployment"):
         cuts.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
-    for ms, p in sla_cuts(front, tpot_target_s):
+    cuts_at = sla_cuts(front, tpot_target_s)
+    for ms, p in cuts_at:
         if p is None:
             cuts.add_row(f"{ms:g}", "-", "-", "-", "no deployment reaches it")
         else:
@@ -137,7 +138,7 @@ def render_front(
     console.print(cuts)
     if band is not None:  # both tables' figures are predictions, each with the serving band of its kind
         console.print(band.text("band (both tables)"), markup=False, highlight=False)
-    cuts_at = sla_cuts(front, tpot_target_s)  # the plan's own SLA first: the row it is compared with
+    # the plan's own SLA first: the row it is compared with
     mine = [p for ms, p in cuts_at if tpot_target_s is not None and ms == round(tpot_target_s * 1e3, 6)]
     partial = [p for p in (*mine, *(p for _, p in cuts_at), *shown)
                if p is not None and cluster_gpus and cluster_gpus % p.gpus]
