@@ -23,6 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 out = Console(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)

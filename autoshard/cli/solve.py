@@ -55,7 +55,7 @@ from autoshard.report.compare import render_comparison
 from autoshard.report.terminal import render_plan
 
 
-@app.command()
+@app.command(short_help="Find the best plan for MODEL on CLUSTER: speed, memory, launch command.")
 @guard
 def solve(
     model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or Hugging Face config.json.")],

@@ -17,7 +17,7 @@ from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt
 from autoshard.errors import SpecError
 
 
-@app.command()
+@app.command(short_help="Cost study: the best plan per cluster kind, in days and dollars.")
 @guard
 def study(
     model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or config.json.")],

@@ -91,3 +91,28 @@ def test_a_huge_whole_number_names_the_fix(tmp_path: Path) -> None:
         load_cluster(str(path))
     assert "num_nodes" in str(info.value) and "write a whole number" in str(info.value)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("command", ["solve", "evaluate", "study", "models", "clusters"])
+def test_help_at_80_columns_names_every_option_whole(command: str) -> None:
+    """Typer's rich help squeezed its option column at 80 columns into cut names such as
+    `--global-batch-s…`, so a user could not read which flag to pass. Plain help wraps the text
+    instead: every long option of the command appears whole, and nothing is elided."""
+    import typer.main
+
+    from autoshard.cli import app
+
+    group = typer.main.get_command(app)
+    names = [opt for param in group.commands[command].params for opt in param.opts if opt.startswith("--")]
+    assert len(names) >= 1
+    text = script(command, "--help").stdout
+    assert "…" not in text
+    missing = [n for n in names if n not in text.split()]
+    assert not missing, f"cut or missing in `{command} --help` at 80 columns: {missing}"
+
+
+def test_top_level_help_at_80_columns_shows_each_command_summary_whole() -> None:
+    text = script("--help").stdout
+    commands = text[text.index("Commands:"):]
+    assert "..." not in commands and "…" not in commands, commands
+    assert "Cost study: the best plan per cluster kind, in days and dollars." in text
