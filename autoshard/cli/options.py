@@ -22,21 +22,41 @@ from autoshard.errors import SpecError
 _ENTRY: dict[str, float] = {}
 
 
+STARTUP_SLACK_S = 10.0
+"""How far the wall time before the entry point may exceed the process's CPU time and still count as
+its start-up (waits for a loaded machine's cores and disk); see start_age."""
+
+
+def start_age(proc_age: float | None, cpu_s: float) -> float:
+    """Seconds before the entry point that `--time-limit` counts, from the age /proc gives the process
+    (None where it cannot be read) and the CPU time it has used (`time.process_time()`).
+
+    /proc's start is the fork, not the exec: a shell that execs its last command (`bash -c "pip install
+    . && autoshard solve ..."`, a subshell's last command) hands autoshard a process forked before the
+    earlier commands ran, and counting their minutes left a 30 s limit spent before the solve began. The
+    interpreter start-up and the imports run on the CPU, so an age more than STARTUP_SLACK_S beyond the
+    CPU time is such a fork, and the CPU time stands for the start-up instead; so it does where /proc
+    cannot be read or gives an impossible age."""
+    if proc_age is None or not 0.0 <= proc_age < 600.0 or proc_age > cpu_s + STARTUP_SLACK_S:
+        return cpu_s
+    return proc_age
+
+
 def mark_process_start() -> None:
     """Called by the console entry point (`autoshard`, `python -m autoshard.cli`) before the command
     runs: `--time-limit` then also counts the interpreter start-up and the imports (ortools, numpy,
     pydantic: about a second). Linux reads the process start from /proc (its start tick against the
-    uptime); elsewhere, or when that fails, the clock starts here."""
-    now = time.monotonic()
+    uptime), bounded by `start_age`; elsewhere the process's CPU time stands for the start-up."""
+    now, cpu = time.monotonic(), time.process_time()
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat field 22: starttime
+        age: float | None = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat field 22: starttime
     except (OSError, ValueError, IndexError):
-        age = 0.0
-    _ENTRY["started"] = now - age if 0.0 <= age < 600.0 else now
+        age = None
+    _ENTRY["started"] = now - start_age(age, cpu)
 
 
 def command_started() -> float:
