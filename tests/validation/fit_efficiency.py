@@ -11,7 +11,9 @@ the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not f
 borrows one fit made on the pooled runs of every GPU type of its generation (Blackwell B200/GB200/
 GB300, Hopper, Ampere: autoshard.costmodel.bands.gpu_generation), each run at its own datasheet
 peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of the same fold, with
-the knobs its own generation measures at kernel level (KERNEL_TRAIN_KNOBS) in place of H100's. A GPU
+the knobs its own generation measures at kernel level (KERNEL_TRAIN_KNOBS) in place of H100's, and,
+where its generation has MIN_LEVEL_RUNS runs or more in a precision, the level of its GEMM speed in
+that precision refitted on them (level_fit: one number per precision, the shapes of the curves lent). A GPU
 shares its kernels' operating point (tensor-core generation, SM count per clock, HBM technology,
 NVLink generation) with its siblings, not with the generation before it: Blackwell runs reach a
 smaller fraction of their FP8 peak than Hopper runs do (NeMo 25.02/25.04 against 24.07).
@@ -56,6 +58,10 @@ START = EfficiencySpec(**{"train_" + k: None for k in TRAIN_KNOBS}, gemm_shape_m
 # (gemm_shape_measured: the fit prices GEMM shapes as the training step does, from the measured table
 # of the GPU's generation where one exists -- autoshard/costmodel/gemm_shape.py)
 MIN_RUNS = 5
+MIN_LEVEL_RUNS = 2
+"""A GPU generation with at least this many held runs in a precision, but fewer than MIN_RUNS in all,
+keeps the knobs it borrows across generations except the level of that precision's GEMM speed,
+fitted on its own runs (level_fit)."""
 REFERENCE_GPU = "H100-SXM5-80GB"
 
 
@@ -95,12 +101,17 @@ def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = ST
     stay fixed, and so do the knobs the runs do not exercise, at the `reference` fit's values
     (unexercised_knobs)."""
     pinned = {**unexercised_knobs(runs, reference), **kernel_knobs(gpu)}
-    start = start.model_copy(update=pinned)
+    return _descend(gpu, runs, start.model_copy(update=pinned), set(pinned), rounds)
+
+
+def _descend(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec, fixed: set[str],
+             rounds: int = 2) -> EfficiencySpec:
+    """The coordinate descent of `fit` from `start`, every knob in `fixed` held at its start value."""
     best, best_loss = start, loss(gpu, start, runs)
     for _ in range(rounds):
         improved = False
         for knob, values in GRID.items():
-            if knob in pinned:
+            if knob in fixed:
                 continue
             for v in values:
                 if v == getattr(best, knob):
@@ -110,7 +121,7 @@ def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = ST
                 if trial_loss < best_loss - 1e-9:
                     best, best_loss, improved = trial, trial_loss, True
         for a, b in COUPLED:
-            if a in pinned or b in pinned:
+            if a in fixed or b in fixed:
                 continue
             for va, vb in itertools.product(GRID[a], GRID[b]):
                 if va == getattr(best, a) or vb == getattr(best, b):
@@ -134,6 +145,28 @@ def _fit_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], runs: list[dic
     if cache not in _FITS:
         _FITS[cache] = fit(gpu, runs, reference=reference)
     return _FITS[cache]
+
+
+def level_fit(gpu: str | tuple[str, ...], lent: EfficiencySpec, runs: list[dict]) -> EfficiencySpec:
+    """`lent` (another generation's fit, with `gpu`'s kernel-measured knobs) with only the GEMM level of
+    each precision at least MIN_LEVEL_RUNS of `runs` train in refitted on `runs`: too few runs to learn the shape of any curve
+    (MIN_RUNS) still pin one number per precision, which a lender of another generation gets wrong by
+    its tensor cores' achievable fraction of peak."""
+    knobs = {k for k, p in (("gemm", "bf16"), ("gemm_fp8", "fp8"))
+             if sum(r["precision"] == p for r in runs) >= MIN_LEVEL_RUNS}
+    return _descend(gpu, runs, lent, set(GRID) - knobs)
+
+
+_LEVELS: dict[tuple, EfficiencySpec] = {}
+
+
+def _level_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], lent: EfficiencySpec,
+                  runs: list[dict]) -> EfficiencySpec:
+    """A fold that leaves out a source without runs of `gpu`'s generation reuses its level fit."""
+    cache = (gpu, key, lent)
+    if cache not in _LEVELS:
+        _LEVELS[cache] = level_fit(gpu, lent, runs)
+    return _LEVELS[cache]
 
 
 def held(runs: list[dict]) -> list[dict]:
@@ -167,6 +200,10 @@ def fit_all(runs: list[dict], also: tuple[str, ...] = ()) -> tuple[dict[str, Eff
             # H100's fit runs CDNA 3's attention kernels, not Hopper's
             borrowed = reference if pooled is None else pooled[0]
             out[gpu], counts[gpu] = borrowed.model_copy(update=kernel_knobs(gpu)), 0
+            types, pool = generation_pool(gpu, by_gpu)
+            if pooled is None and len(pool) >= MIN_LEVEL_RUNS:  # lent by another generation
+                key = types[0] if len(types) == 1 else types
+                out[gpu] = _level_cached(key, tuple(sorted(r["id"] for r in pool)), out[gpu], pool)
     return out, counts
 
 
@@ -205,6 +242,9 @@ def main() -> int:
             how = f"borrowed from {REFERENCE_GPU}"
             if kernel_knobs(gpu) and gpu_generation(gpu) != gpu_generation(REFERENCE_GPU):
                 how += f", with {gpu_generation(gpu)}'s kernel-measured {', '.join(kernel_knobs(gpu))}"
+            pool = generation_pool(gpu, by_gpu)[1]
+            if len(pool) >= MIN_LEVEL_RUNS:
+                how += f", GEMM level fitted on its generation's {len(pool)} runs"
         print(f"{gpu} ({how}):")
         print("  efficiency:", {k: getattr(eff, k) for k in GRID})
     return 0
