@@ -147,7 +147,7 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
     ("GB200-186GB", "fp8", "dense", "nemo2504-gb200-fp8-gpt3-175b", ""),
     ("B200-SXM-180GB", "fp8", "dense", "nemo2502-b200-fp8-gpt3-175b", ""),
     ("B200-SXM-180GB", "bf16", "moe", "moezoo-qwen3-235b-gb200-bf16", "on GB200"),  # same generation
-    ("GB300-288GB", "fp8", "dense", "nemo2504-gb200-fp8-gpt3-175b", "on GB200"),
+    ("GB300-288GB", "fp8", "dense", "mlperf51-nvidia-gb300-llama31-8b-72gpu-cp2", ""),  # its own row (MLPerf v5.1)
 ])
 def test_reference_lookup(gpu: str, precision: str, family: str, run_id: str, note: str) -> None:
     ref, got_note = sanity._reference(gpu, precision, family, REFS)

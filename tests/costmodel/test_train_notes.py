@@ -55,7 +55,7 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took >= 20 % longer than predicted (measured / predicted
-    speed <= 1 / 1.2); every one at or above it is within 16 % either way, except the three long-context
+    speed <= 1 / 1.2); every one at or above it is within 20 % either way, except the three long-context
     Blackwell runs the docstring names, whose errors go both ways."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
     residuals = json.loads((VALIDATION / "residuals_train.json").read_text())
@@ -80,10 +80,10 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
             (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
     assert len(below) == 2 and all(s >= 1.2 for s in below)
     assert sorted(round(s, 2) for s in below) == [1.29, 1.62]  # the note's "29-62 %"
-    assert len(above) >= 10 and all(1 / 1.15 <= s <= 1.15 for s in above)
-    assert round(max(above), 2) == 1.14  # the note's farthest: Mixtral 8x7B on B200
-    # the note's exceptions: 19 % and 5 % fast (Mixtral 8x22B, B200 and GB200), 30 % slow (Qwen3 131K)
-    assert sorted(round(s, 2) for s in long_context.values()) == [0.70, 1.05, 1.19]
+    assert len(above) >= 10 and all(1 / 1.2 <= s <= 1.2 for s in above)
+    assert round(max(above), 2) == 1.19  # the note's farthest: Mixtral 8x7B on B200
+    # the note's exceptions: 24 % and 18 % fast (Mixtral 8x22B, B200 and GB200), 30 % slow (Qwen3 131K)
+    assert sorted(round(s, 2) for s in long_context.values()) == [0.70, 1.18, 1.24]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:

@@ -140,11 +140,11 @@ def test_efficiency_source_says_fitted_or_borrowed():
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
     # Blackwell: B200 and GB200 on their own runs; GB300/B300 borrow the pooled Blackwell fit, not H100's
-    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 8 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 11 runs"
+    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 14 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 19 runs"
     for name in ("gb300-nvl72", "dgx-b300"):
         assert efficiency_source(load_cluster(name).primary.gpu) == (
-            "borrowed from Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)")
+            "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
 
 
 def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():

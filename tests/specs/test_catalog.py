@@ -171,12 +171,12 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 
 # Blackwell training fits (tests/validation/fit_efficiency.py): B200 and GB200 on their own runs, the
 # GPUs with fewer than 5 held runs on the Blackwell pool.
-_POOL = "Blackwell pool (B200-SXM-180GB, GB200-186GB, GB300-288GB)"
+_POOL = "Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)"
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.55, 0.45, 0.25, "B200-SXM-180GB", 8, half_seq=0),
-    "GB200-186GB": _train_fit(0.60, 0.50, 0.20, "GB200-186GB", 11, half_seq=8192, hbm=0.90),
-    "GB300-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192),
-    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.20, _POOL, 20, half_seq=8192),
+    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.25, "B200-SXM-180GB", 14, half_seq=2048),
+    "GB200-186GB": _train_fit(0.60, 0.55, 0.20, "GB200-186GB", 19, half_seq=8192),
+    "GB300-288GB": _train_fit(0.60, 0.55, 0.20, _POOL, 36, half_seq=8192),
+    "B300-SXM-288GB": _train_fit(0.60, 0.55, 0.20, _POOL, 36, half_seq=8192),
 }
 
 

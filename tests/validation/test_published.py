@@ -174,13 +174,22 @@ def test_memory_error_within_10_percent_on_every_run():
     assert abs(statistics.median(r.memory_error for r in MEMORY)) <= 0.02  # no bias left to refit
 
 
-def test_memory_gaps_are_the_fsdp2_fp8_megatron_runs_and_stay_visible():
+def test_memory_gaps_stay_visible():
     """Rows whose memory is compared but not held (memory_gap): Megatron use_torch_fsdp2 with Transformer
     Engine FP8 on MI325X, whose first-iteration peak allocation exceeds the prediction by about the FP8
-    copy of the gathered weights (1 B per parameter) that the ZeRO-3 memory model does not count."""
+    copy of the gathered weights (1 B per parameter) that the ZeRO-3 memory model does not count.
+    Also torchao's torchtitan Llama-3 8B runs on 8 B200s at 750 W (local batch 1, torch 2.9 nightly, BF16 /
+    float8 tensorwise / MXFP8): predicted 14-16 % over the logged peak reservation, while the same recipe
+    at local batch 2 on H100/H200 is within 4 %: those ran torchtitan before its per-unit FSDP wrapping of
+    the embedding and the output (83e69410), which the memory model does not price (training_runs.yaml)."""
     gaps = {r.id: r.memory_error for r in RESULTS if r.memory_gap}
-    assert set(gaps) == {"aac-mi325x-llama2-70b-16gpu-fsdp2-fp8", "aac-mi325x-llama31-70b-64gpu-fsdp2-fp8"}
-    assert all(-0.45 < e < -0.30 for e in gaps.values())
+    fsdp2_fp8 = {"aac-mi325x-llama2-70b-16gpu-fsdp2-fp8", "aac-mi325x-llama31-70b-64gpu-fsdp2-fp8"}
+    torchao_b200 = {"torchao-b200-750w-llama3-8b-8gpu-fsdp-compile-bf16",
+                    "torchao-b200-750w-llama3-8b-8gpu-fsdp-compile-fp8-tensorwise",
+                    "torchao-b200-750w-llama3-8b-8gpu-fsdp-compile-mxfp8"}
+    assert set(gaps) == fsdp2_fp8 | torchao_b200
+    assert all(-0.45 < gaps[i] < -0.30 for i in fsdp2_fp8)
+    assert all(0.10 < gaps[i] < 0.20 for i in torchao_b200)
 
 
 def test_residual_file_covers_every_run():
@@ -203,20 +212,20 @@ def test_residual_file_covers_every_run():
 
 
 def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
-    """fit_efficiency.generation_pool: GB300 (1 held run) and B300 (none) pool the held runs of every
-    Blackwell type (B200 5, GB200 7, GB300 1), never H100's or A100's; a GPU of no fitted generation
-    has no pool (it borrows H100's)."""
+    """fit_efficiency.generation_pool: GB300 (2 held runs) and B300 (1, MLPerf v5.1 Dell) pool the held
+    runs of every Blackwell type (B200 14, B300 1, GB200 19, GB300 2), never H100's or A100's; a GPU of
+    no fitted generation has no pool (it borrows H100's)."""
     from fit_efficiency import MIN_RUNS, generation_pool, held
     from validate_published import run_gpu
 
     by_gpu: dict[str, list[dict]] = {}
     for r in held(RUNS):
         by_gpu.setdefault(run_gpu(r), []).append(r)
-    blackwell = ("B200-SXM-180GB", "GB200-186GB", "GB300-288GB")
+    blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
     for gpu in ("GB300-288GB", "B300-SXM-288GB"):
         types, pool = generation_pool(gpu, by_gpu)
         assert types == blackwell
-        assert [len(by_gpu[t]) for t in types] == [8, 11, 1] and len(pool) == 20 >= MIN_RUNS
+        assert [len(by_gpu[t]) for t in types] == [14, 1, 19, 2] and len(pool) == 36 >= MIN_RUNS
         assert all(run_gpu(r) in blackwell for r in pool)
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs alone
     assert generation_pool("H200-SXM-141GB", by_gpu)[0] == ("H100-SXM5-80GB",)
@@ -233,14 +242,19 @@ def test_cdna3_runs_are_held_and_fitted():
     """The CDNA 3 runs (issue #10 deliver 1): no MI300X training run is published with its plan, so
     the rows are MI325X's, the MI300X die with 256 GB of HBM3E: 4 AMD Accelerator Cloud runs with
     their complete Megatron argument dumps (aac: Primus-Megatron Llama-2 70B / 7B FP8 and Mixtral 8x7B
-    BF16, ROCm Megatron-LM Llama-3.1 70B FP8 FSDP2) and 3 of AMD's published 8-node results (amdperf;
-    the BF16 70B row shown, not held: its recompute and global batch are unknown at micro-batch 1).
-    With the shipped MI325X knobs the five dense runs are within 6 % (median 3 %); Mixtral's +14 % is
-    reported, not fitted away."""
+    BF16, ROCm Megatron-LM Llama-3.1 70B FP8 FSDP2), 3 of AMD's published 8-node results (amdperf;
+    the BF16 70B row shown, not held: its recompute and global batch are unknown at micro-batch 1) and
+    MiTAC's MLPerf Training v6.0 Llama 3.1 8B FP8 run on one node (mitac: step time from the result
+    log's training blocks; shown, not held: Primus-Turbo off and the CK v3 attention settings of the
+    run unpublished, worth 13 % of the step). With the shipped MI325X knobs the five dense runs are
+    within 6 % (median 3 %); Mixtral's +14 % is reported, not fitted away; MiTAC's run is 18 % fast."""
     ids = {r.id for r in CDNA3}
-    assert len(CDNA3) == 7 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf"}
+    assert len(CDNA3) == 8 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf", "mitac"}
     held = [r for r in CDNA3 if not r.skip_throughput]
-    assert [r.id for r in CDNA3 if r.skip_throughput] == ["amdperf-mi325x-llama31-70b-64gpu-fsdp-bf16"]
+    assert [r.id for r in CDNA3 if r.skip_throughput] == ["amdperf-mi325x-llama31-70b-64gpu-fsdp-bf16",
+                                                         "mitac-mi325x-llama31-8b-8gpu-fp8"]
+    mitac = next(r for r in CDNA3 if r.id == "mitac-mi325x-llama31-8b-8gpu-fp8")
+    assert mitac.metric == "step_time_s" and -0.25 <= mitac.error <= -0.10, mitac.error
     dense = [abs(r.error) for r in held if FAMILY[r.id] == "dense"]
     assert len(dense) == 5 and statistics.median(dense) <= 0.035 and max(dense) <= 0.06
     mixtral = next(r for r in held if FAMILY[r.id] == "moe")
@@ -251,12 +265,14 @@ def test_cdna3_runs_are_held_and_fitted():
     assert tokens == pytest.approx(1726, rel=0.01)
 
 
-def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
-    """Each CDNA 3 source alone leaves fewer than MIN_RUNS MI325X runs in its fold, so the fold
-    borrows the H100 fit (scaled by datasheet peaks), as a GPU with too few runs does in `solve`, with
-    CDNA 3's kernel-measured attention in place of Hopper's (fit_efficiency.kernel_knobs): that fit
-    predicts every held MI325X run too fast, by 5-45 % (residuals_train.json, written by
-    validate_published.py --write-residuals). This is the gap MI300X planned with before."""
+def test_cdna3_leave_one_source_out_fits_its_own_fp8_level():
+    """Each CDNA 3 source alone leaves 2 or 4 MI325X runs in its fold: too few for a fit of its own
+    (MIN_RUNS), so the fold borrows the H100 fit with CDNA 3's kernel-measured attention, but refits
+    the GEMM level of each precision those runs train in (fit_efficiency.level_fit). With H100's FP8
+    level every held dense FP8 run was predicted 8-22 % fast; with its own level each is within 6 %
+    out of source (residuals_train.json, written by validate_published.py --write-residuals). The
+    BF16 Mixtral keeps H100's BF16 level (no other source has a CDNA 3 BF16 run) and stays 34 % fast:
+    the kernel path of its software, recorded with the run."""
     rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     held = [r for r in CDNA3 if not r.skip_throughput]
     assert len(held) == 6
@@ -265,9 +281,10 @@ def test_cdna3_leave_one_source_out_borrows_h100_and_is_too_fast():
         assert row["gpu"] == "MI325X-256GB" and row["held"]
         faster = (row["measured"] / row["predicted_loso"] if row["metric"] == "step_time_s"
                   else row["predicted_loso"] / row["measured"])
-        assert 1.05 <= faster <= 1.45, (r.id, faster)
-        loso_err = abs(row["predicted_loso"] - row["measured"]) / row["measured"]
-        assert abs(row["predicted_fit"] - row["measured"]) / row["measured"] < loso_err
+        if row["precision"] == "fp8":
+            assert 0.94 <= faster <= 1.06, (r.id, faster)
+        else:
+            assert r.id == "aac-mi325x-mixtral-8x7b-64gpu-ep8-bf16" and 1.30 <= faster <= 1.38, (r.id, faster)
 
 
 def test_mi300x_efficiency_note_follows_the_data():
@@ -304,3 +321,47 @@ def test_mi300x_efficiency_note_follows_the_data():
                       global_batch_size=64, seq_len=8192)
     pred = predict_train(model, resize(load_cluster("mi300x"), 64), cfg, default_stages(model, pp=1, vpp=1))
     assert any(n.startswith("MI300X-192GB: efficiency borrowed from CDNA 3 pool (MI325X-256GB)") for n in pred.notes)
+
+
+def test_mlperf51_blackwell_runs():
+    """MLPerf Training v5.1 FP8 Llama 3.1 submissions whose plan is published (config dump in the log or the
+    committed config the results README names): 6 held B200 runs from three submitters (Oracle, University of
+    Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
+    (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
+    B200 knobs (fitted on these and NeMo 25.02's B200 runs together) the 64-GPU CP 2 runs' steps are
+    predicted 10 % short and the 16-GPU and 405B runs' 7-11 % long, while NeMo 25.02's B200 Mixtral and
+    Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
+    25.02) that one B200 fit splits between (README item P)."""
+    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-")}
+    held = [r for r in rows.values() if not r.skip_throughput]
+    assert len(rows) == 11 and len(held) == 9
+    assert sum(r.gpu == "B200-SXM-180GB" for r in held) == 6
+    assert {r.id for r in rows.values() if r.skip_throughput} == {
+        "mlperf51-nvidia-gb200-llama31-8b-512gpu-tp2-cp4", "mlperf51-nvidia-gb300-llama31-8b-512gpu-tp2-cp4"}
+    assert all(r.metric == "step_time_s" for r in rows.values())
+    assert all(abs(r.error) <= 0.22 for r in held)
+    b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
+    cp2 = {i for i in b200 if i.endswith("-cp2")}
+    assert len(cp2) == 2 and all(-0.13 <= b200[i] <= -0.06 for i in cp2)  # predicted short
+    assert all(0.05 <= b200[i] <= 0.14 for i in b200.keys() - cp2)  # predicted long
+    assert all(-0.50 < r.error < -0.30 for r in rows.values() if r.skip_throughput)
+
+
+def test_mlperf50_gb200_405b_runs():
+    """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
+    software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
+    shipped GB200 knobs (fitted on 19 GB200 runs, these 7 among them) each step is within 3 %; out of source
+    (residuals_train.json) 4-9 % long."""
+    rows = [r for r in RESULTS if r.id.startswith("mlperf50-")]
+    assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
+    assert all(abs(r.error) < 0.03 for r in rows)
+    loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
+    assert all(0.04 < loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1 < 0.09 for r in rows)
+
+
+def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
+    """MLPerf Training v4.1's 64-B200 GPT-3 175B (Preview: pre-release software, a Blackwell settings file
+    not published) is shown, not held: autoshard predicts its step 22 % long with the shipped B200 knobs
+    (30 % with the knobs fitted on NeMo 25.02 alone)."""
+    run = next(r for r in RESULTS if r.id == "mlperf41-nvidia-b200-gpt3-175b-64gpu")
+    assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.27

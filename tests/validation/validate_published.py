@@ -225,6 +225,7 @@ def leave_one_source_out(runs: list[dict] | None = None) -> dict[str, tuple[RunR
             fold = all_in  # nothing of this source is fitted on: the all-in fit already leaves it out
         else:
             # a GPU type left with too few runs borrows the fold's generation fit, else its H100 fit
+            # (with its generation's GEMM level where that has 2-4 runs: fit_efficiency.level_fit)
             fold, _ = fit_all(rest, also=gpus)
         loso = evaluate_runs(fold, mine)
         fit = evaluate_runs(all_in, mine)

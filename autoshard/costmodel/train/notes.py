@@ -7,9 +7,9 @@ intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) 
 longer per step than predicted (README "Accuracy against published runs": not a host-launch floor, see
 tests/validation/expert_host_check.py, and not the grouped GEMM's tile padding either: measured on an
 H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's speed at
-4,096); every held MoE run at 2,048 rows or more is within 15 % either way (Mixtral 8x7B on B200 the
-farthest, 14 % faster predicted than measured), except three long-context runs on Blackwell whose errors go both ways and do
-not follow the expert rows (Mixtral 8x22B at 65,536 tokens, CP 8, on B200 and GB200: 19 % and 5 %
+4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x7B on B200 the
+farthest, 19 % faster predicted than measured), except three long-context runs on Blackwell whose errors go both ways and do
+not follow the expert rows (Mixtral 8x22B at 65,536 tokens, CP 8, on B200 and GB200: 24 % and 18 %
 faster predicted than measured; Qwen3-235B-A22B MXFP8 at 131,072 tokens, CP 4, on GB200: 30 % slower). A plan in the small-expert regime is told so rather than silently priced as if
 the gap were not there.
 """
