@@ -17,6 +17,7 @@ from autoshard.units import GIB
 from validate_published import RESIDUALS, evaluate_runs, load_runs, run_family, source_key
 
 MEGATRON_TABLE = Path(__file__).resolve().parents[1] / "emit" / "published_megatron.yaml"
+HOPPER = ("H100-SXM5-80GB", "H200-SXM-141GB")
 RUNS = load_runs()
 RESULTS = evaluate_runs(runs=RUNS)
 FAMILY = {r["id"]: run_family(r) for r in RUNS}
@@ -227,8 +228,10 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
         assert types == blackwell
         assert [len(by_gpu[t]) for t in types] == [14, 1, 19, 2] and len(pool) == 36 >= MIN_RUNS
         assert all(run_gpu(r) in blackwell for r in pool)
-    # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs alone
-    assert generation_pool("H200-SXM-141GB", by_gpu)[0] == ("H100-SXM5-80GB",)
+    # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's three
+    # held H200 runs (v5.0 Nebius 405B, v5.1 HPE 8B), too few for an H200 fit of its own
+    types, pool = generation_pool("H200-SXM-141GB", by_gpu)
+    assert types == ("H100-SXM5-80GB", "H200-SXM-141GB") and len(by_gpu["H200-SXM-141GB"]) == 3 < MIN_RUNS
     # MI300X has no held run: the CDNA 3 pool is MI325X's (the same die with HBM3E), 6 runs
     types, pool = generation_pool("MI300X-192GB", by_gpu)
     assert types == ("MI325X-256GB",) and len(pool) == 6 >= MIN_RUNS
@@ -332,7 +335,7 @@ def test_mlperf51_blackwell_runs():
     predicted 10 % short and the 16-GPU and 405B runs' 7-11 % long, while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
-    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-")}
+    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER}
     held = [r for r in rows.values() if not r.skip_throughput]
     assert len(rows) == 11 and len(held) == 9
     assert sum(r.gpu == "B200-SXM-180GB" for r in held) == 6
@@ -352,7 +355,7 @@ def test_mlperf50_gb200_405b_runs():
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
     shipped GB200 knobs (fitted on 19 GB200 runs, these 7 among them) each step is within 3 %; out of source
     (residuals_train.json) 4-9 % long."""
-    rows = [r for r in RESULTS if r.id.startswith("mlperf50-")]
+    rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
     assert all(abs(r.error) < 0.03 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
@@ -365,3 +368,61 @@ def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
     (30 % with the knobs fitted on NeMo 25.02 alone)."""
     run = next(r for r in RESULTS if r.id == "mlperf41-nvidia-b200-gpt3-175b-64gpu")
     assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.27
+
+
+MLPERF_HOPPER = {  # id: (TP, PP, DP, CP, VPP, micro-batch, global batch, measured step s), from the submissions' config files
+    "mlperf31-nvidia-h100-gpt3-175b-768gpu": (4, 8, 24, 1, 12, 1, 3072, 11.0754),
+    "mlperf31-nvidia-h100-gpt3-175b-4096gpu": (4, 8, 128, 1, 12, 1, 2048, 1.6084),
+    "mlperf31-nvidia-h100-gpt3-175b-10752gpu": (4, 8, 336, 1, 12, 1, 2688, 0.9296),
+    "mlperf41-nvidia-h100-gpt3-175b-256gpu": (4, 8, 8, 1, 6, 2, 2048, 18.374),
+    "mlperf41-nvidia-h100-gpt3-175b-512gpu": (4, 8, 16, 1, 6, 2, 2048, 9.4964),
+    "mlperf41-oracle-h100-gpt3-175b-1536gpu": (4, 8, 48, 1, 4, 2, 3072, 5.1705),
+    "mlperf41-oracle-h100-gpt3-175b-3072gpu": (4, 8, 96, 1, 4, 2, 3072, 3.0535),
+    "mlperf50-nvidia-h100-llama31-405b-512gpu": (8, 8, 4, 2, 8, 1, 1152, 55.14),
+    "mlperf50-nvidia-h100-llama31-405b-2048gpu": (8, 8, 16, 2, 8, 1, 1152, 14.22),
+    "mlperf50-nvidia-h100-llama31-405b-8192gpu": (8, 8, 64, 2, 8, 1, 1536, 5.18),
+    "mlperf50-nebius-h200-llama31-405b-512gpu": (4, 8, 8, 2, 8, 1, 1152, 50.01),
+    "mlperf50-nebius-h200-llama31-405b-1024gpu": (4, 8, 16, 2, 8, 1, 1152, 25.36),
+    "mlperf51-cisco-h100-llama31-8b-64gpu": (1, 1, 64, 1, 1, 1, 64, 0.7205),
+    "mlperf51-cisco-h100-llama31-8b-128gpu-tp2": (2, 1, 64, 1, 1, 1, 64, 0.4851),
+    "mlperf51-hpe-h200-llama31-8b-64gpu-cp2": (1, 1, 32, 2, 1, 1, 32, 0.3532),
+}
+
+
+def test_mlperf_hopper_runs():
+    """MLPerf Training FP8 pretraining on H100/H200 whose plan the submission's config files give: GPT-3 175B
+    (v3.1 NVIDIA Eos at 768 / 4,096 / 10,752 H100, NeMo r1.20; v4.1 Eos at 256 / 512 and Oracle at 1,536 / 3,072,
+    NeMo 24.09 code), Llama 3.1 405B (v5.0 Eos at 512 / 2,048 / 8,192 H100, Nebius at 512 / 1,024 H200, NeMo
+    25.01) and Llama 3.1 8B (v5.1 Cisco at 64 / 128 H100, HPE at 64 H200). 14 held; with the shipped knobs the
+    405B steps are within 8 % and the worst held run is 17 % short. The v3.1 GPT-3 rows (one code, GA 128 -> 16
+    -> 8) go from +0.2 % to -9 % to -17 %: each GA step's cost is predicted within 2 % (84.6 ms measured,
+    86 ms predicted) but the measured steps carry a fixed ~0.25 s per step, predicted ~0.09 s (bubble, exposed
+    DP traffic, optimizer) -- at 10,752 GPUs a quarter of the step. Cisco's 128-GPU TP 2 step is shown, not
+    held: predicted 33 % short, the same missing fixed cost at one micro-batch per step."""
+    by_id = {r["id"]: r for r in RUNS}
+    res = {r.id: r for r in RESULTS if r.id.startswith("mlperf") and r.gpu in HOPPER}
+    assert set(res) == set(MLPERF_HOPPER)
+    for rid, (tp, pp, dp, cp, vpp, mbs, gbs, step) in MLPERF_HOPPER.items():
+        run, p = by_id[rid], by_id[rid]["parallel"]
+        assert (p["tp"], p["pp"], p["dp"], p["cp"], p["vpp"]) == (tp, pp, dp, cp, vpp), rid
+        assert run["micro_batch_size"] == mbs and run["global_batch_size"] == gbs and gbs % (dp * mbs) == 0, rid
+        assert run["precision"] == "fp8" and run["recompute"] == "none" and run["zero_stage"] == 1, rid
+        assert res[rid].metric == "step_time_s" and res[rid].measured == step, rid
+        assert ("gpt3" in rid) == (run["seq_len"] == 2048) and run.get("pipeline_layout") == (
+            "Et|(tt|)*62tL" if "405b" in rid else None), rid
+    held = {i: r.error for i, r in res.items() if not r.skip_throughput}
+    assert set(res) - set(held) == {"mlperf51-cisco-h100-llama31-8b-128gpu-tp2"}
+    assert sum(res[i].gpu == "H200-SXM-141GB" for i in held) == 3
+    assert all(abs(e) <= 0.20 for e in held.values())
+    assert all(abs(e) <= 0.08 for i, e in held.items() if "405b" in i)
+    assert -0.40 < res["mlperf51-cisco-h100-llama31-8b-128gpu-tp2"].error < -0.28
+    # v3.1 GPT-3, one code at GA 128, 16, 8: step = fixed + GA x per-GA cost; the two ends give both
+    ga = (128, 16, 8)
+    ids = [f"mlperf31-nvidia-h100-gpt3-175b-{n}gpu" for n in (768, 4096, 10752)]
+    e = [held[i] for i in ids]
+    assert abs(e[0]) < 0.02 and e[0] > e[1] > e[2] and e[2] < -0.12
+    for values, fixed in (([res[i].measured for i in ids], (0.22, 0.28)), ([res[i].predicted for i in ids], (0.05, 0.12))):
+        per_ga = (values[0] - values[2]) / (ga[0] - ga[2])
+        assert fixed[0] < values[2] - ga[2] * per_ga < fixed[1]
+        assert values[1] == pytest.approx(values[2] + (ga[1] - ga[2]) * per_ga, rel=0.01)  # the middle run on the line
+        assert 0.083 < per_ga < 0.088
