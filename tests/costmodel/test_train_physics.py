@@ -133,15 +133,16 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 44 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 57 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
-    assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from H100-SXM5-80GB"
+    # H200: 3 held runs, fewer than 5: the Hopper pool's fit (H100's 57 runs and its own 3)
+    assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
     # Blackwell: B200 and GB200 on their own runs; GB300/B300 borrow the pooled Blackwell fit, not H100's
     assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 14 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 19 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 21 runs"
     for name in ("gb300-nvl72", "dgx-b300"):
         assert efficiency_source(load_cluster(name).primary.gpu) == (
             "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
@@ -155,7 +156,7 @@ def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
     assert h100.mfu_peak == "fp8 dense" and h100.notes == ()
     assert h100.mfu == pytest.approx(h100.tflops_per_gpu / 1979)
     h200 = predict_train(model, load_cluster("dgx-h200").with_gpus(8), cfg, default_stages(model, pp=1))
-    assert len(h200.notes) == 1 and "borrowed from H100-SXM5-80GB" in h200.notes[0]
+    assert len(h200.notes) == 1 and "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)" in h200.notes[0]
     a100 = predict_train(model, load_cluster("dgx-a100-80gb").with_gpus(8),
                          dataclasses.replace(cfg, precision=Precision.BF16), default_stages(model, pp=1))
     assert a100.mfu_peak == "bf16 dense" and a100.mfu == pytest.approx(a100.tflops_per_gpu / 312)

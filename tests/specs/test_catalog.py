@@ -174,9 +174,9 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 _POOL = "Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)"
 BLACKWELL_FITS = {
     "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.25, "B200-SXM-180GB", 14, half_seq=2048),
-    "GB200-186GB": _train_fit(0.60, 0.55, 0.20, "GB200-186GB", 19, half_seq=8192),
-    "GB300-288GB": _train_fit(0.60, 0.55, 0.20, _POOL, 36, half_seq=8192),
-    "B300-SXM-288GB": _train_fit(0.60, 0.55, 0.20, _POOL, 36, half_seq=8192),
+    "GB200-186GB": _train_fit(0.65, 0.55, 0.20, "GB200-186GB", 21, half_seq=8192, hbm=0.60),
+    "GB300-288GB": _train_fit(0.55, 0.55, 0.20, _POOL, 38, half_seq=8192),
+    "B300-SXM-288GB": _train_fit(0.55, 0.55, 0.20, _POOL, 38, half_seq=8192),
 }
 
 
@@ -205,6 +205,8 @@ def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
             # attention CDNA 3's kernel-measured value (costmodel.efficiency.KERNEL_TRAIN_KNOBS["cdna3"])
             assert training == _train_fit(0.45, 0.50, 0.33, "CDNA 3 pool (MI325X-256GB)", 6, half_seq=850,
                                           hbm=0.60).model_copy(update={"gemm_fp8": MI300X_GEMM_FP8})
+        elif pool.gpu.name == "H200-SXM-141GB":  # 3 held runs: the Hopper pool's fit, H100's values
+            assert training == EfficiencySpec(fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=60)
         else:
             assert training == EfficiencySpec()
         # FP8 peaks are twice the BF16 peaks on every GPU that has them (dense, no sparsity). 2 %:

@@ -11,6 +11,7 @@ from expert_host_check import EXPERT_HOST_OPS, HOST_OP_S, closing_op_s, expert_h
 TP4 = "moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"
 PP32 = "moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"
 GB200 = "moezoo-qwen3-235b-gb200-bf16"
+QWEN30 = "mlmrecipe-qwen3-30b-h100-bf16-ep8"
 
 
 @pytest.fixture(scope="module")
@@ -25,24 +26,27 @@ def test_the_two_rows_as_the_issue_states_them(rows):
     # measured step / (micro-batches per pipeline x decoder layers per rank): 29.0 s / (256 x 94/8)
     assert rows[TP4].measured_layer_s == pytest.approx(29.0 / (256 * 94 / 8))
     assert rows[PP32].measured_layer_s == pytest.approx(24.2 / (512 * 94 / 32))
-    assert rows[TP4].gap_s == pytest.approx(3.69e-3, abs=0.05e-3)
-    assert rows[PP32].gap_s == pytest.approx(3.66e-3, abs=0.05e-3)
+    assert rows[TP4].gap_s == pytest.approx(3.02e-3, abs=0.05e-3)
+    assert rows[PP32].gap_s == pytest.approx(2.82e-3, abs=0.05e-3)
 
 
 def test_published_host_cost_closes_almost_none_of_the_gap(rows):
     assert sum(EXPERT_HOST_OPS) * HOST_OP_S == pytest.approx(120e-6)
     for rid in (TP4, PP32):
         assert rows[rid].floor_s < 0.05 * rows[rid].gap_s
-    # ...and it would move no other held BF16 MoE run by more than 0.05 ms per layer and micro-batch
-    assert all(r.floor_s < 0.05e-3 for r in rows.values())
+    # ...and it would move no other held BF16 MoE run by more than 0.05 ms per layer and micro-batch but
+    # Qwen3-30B-A3B on 32 H100 (16 local experts of 768 columns): 0.08 of its 0.96 ms
+    assert all(r.floor_s < 0.05e-3 for r in rows.values() if r.id != QWEN30)
+    assert rows[QWEN30].floor_s == pytest.approx(0.082e-3, abs=0.005e-3) and rows[QWEN30].gap_s == pytest.approx(0.96e-3, abs=0.02e-3)
 
 
 def test_closing_the_gap_needs_three_times_the_published_cost_and_two_different_ones(rows):
     tp4, pp32 = rows[TP4].needed_op_s, rows[PP32].needed_op_s
     assert tp4 > 2.5 * HOST_OP_S and pp32 > 2.5 * HOST_OP_S
-    # the same 16 experts issue the same ops in both runs: one host cost cannot fit both
-    assert pp32 / tp4 > 1.15
-    assert closing_op_s(list(rows.values())) == tp4
+    # the same 16 experts issue the same ops in both runs: one host cost fits neither exactly
+    assert pp32 / tp4 > 1.1
+    # the least cost that closes a row predicted > 10 % fast is Qwen3-30B-A3B's on H100, half of theirs
+    assert closing_op_s(list(rows.values())) == rows[QWEN30].needed_op_s == pytest.approx(15.5e-6, abs=0.1e-6)
 
 
 def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows):
@@ -51,8 +55,9 @@ def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows)
     gb200 = rows[GB200]
     assert gb200.local_experts == 16 and gb200.floor_s == 0.0
     cost = closing_op_s(list(rows.values()))
-    assert rows[TP4].error_at(cost) == pytest.approx(0.0, abs=1e-6)
-    assert gb200.error_at(cost) > 0.20  # +45 % slow with it; predicted 3 % slow today (step time)
+    assert rows[QWEN30].error_at(cost) == pytest.approx(0.0, abs=1e-6)
+    assert rows[TP4].error_at(cost) < -0.25  # the 235B row stays 28 % fast (31 % without it)
+    assert gb200.error_at(cost) > 0.30  # +32 % slow with it; +25 % out of source today (step time)
     assert gb200.gap_s < 0 and gb200.needed_op_s is None  # no gap of its own to close
 
 

@@ -72,14 +72,15 @@ def test_moe_runs():
     Mixtral 8x22B on 128 H100 (ModelZoo, forced balance): BF16 step +14 % (predicted slow), block-scaled
     FP8 -4 %: the measured FP8/BF16 speed-up is 1.20x against 1.44x predicted. Qwen3-30B-A3B from Megatron-LM's MoE
     recipes (4 held: H100 EP 8 and GB200 EP 16, BF16 and FP8) is predicted 14-25 % fast (test_mlmrecipe_qwen3_30b_runs);
-    with them the median |error| of the 23 held runs is 10.0 % (6.8 % over the other 19)."""
+    with them the median |error| of the 23 held runs is 9.9 % (7.9 % over the other 19, whose GB200 rows moved
+    with the refit on them: GB200 `train_gemm` 0.60 -> 0.65, `train_hbm` 0.80 -> 0.60)."""
     errs = sorted(abs(r.error) for r in MOE)
     assert len(errs) == 23
     by_id = {r.id: r.error for r in MOE}
     assert 0.10 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.20
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
-    assert statistics.median(errs) <= 0.105
-    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.07
+    assert statistics.median(errs) <= 0.10
+    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.08
     assert sum(e <= 0.15 for e in errs) >= 12
 
 
@@ -356,13 +357,13 @@ def test_mlperf51_blackwell_runs():
 def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
-    shipped GB200 knobs (fitted on 19 GB200 runs, these 7 among them) each step is within 3 %; out of source
-    (residuals_train.json) 4-9 % long."""
+    shipped GB200 knobs (fitted on 21 GB200 runs, these 7 among them) each step is within 4 %; out of source
+    (residuals_train.json) 9-13 % long (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
-    assert all(abs(r.error) < 0.03 for r in rows)
+    assert all(abs(r.error) < 0.04 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
-    assert all(0.04 < loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1 < 0.09 for r in rows)
+    assert all(0.08 < loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1 < 0.14 for r in rows)
 
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
@@ -435,7 +436,7 @@ def test_mlmrecipe_qwen3_30b_runs():
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
     recipes are held and every one is predicted fast: BF16 14-15 % on both GPUs, FP8 21-25 %, because the measured FP8
     step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
-    while autoshard prices FP8 8-9 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    while autoshard prices FP8 5-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
     MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: autoshard has no knob for it and
     prices it as the partial-graph MXFP8 row, which it runs 26 % faster than."""
@@ -453,8 +454,8 @@ def test_mlmrecipe_qwen3_30b_runs():
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
         assert f.measured / b.measured > 1.0  # FP8 ran no faster than BF16 ...
-        assert f.predicted / b.predicted < 0.93  # ... where autoshard prices it 8-9 % faster
+        assert f.predicted / b.predicted < 0.96  # ... where autoshard prices it 5-8 % faster
     stash, partial = rows["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-paged-stash"], held["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"]
     assert stash.predicted == pytest.approx(partial.predicted, rel=1e-9)  # no knob tells them apart
     assert partial.measured / stash.measured == pytest.approx(646.8 / 514, rel=1e-6)
-    assert -0.10 < stash.error < 0.0
+    assert abs(stash.error) < 0.05  # within 5 % (1 % slow with the GB200 refit, 5 % fast before)
