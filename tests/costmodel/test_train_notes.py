@@ -24,6 +24,8 @@ FP8_QWEN3_30B = ("mlmrecipe-qwen3-30b-h100-fp8-blockwise-ep8", "mlmrecipe-qwen3-
 """FP8 priced faster than it ran for Qwen3-30B-A3B's small experts (768 columns): measured no faster than BF16."""
 GB200_BF16_FOLD = "moezoo-qwen3-235b-gb200-bf16"
 """Its fold's GB200 BF16 GEMM level is learned from Qwen3-30B-A3B's BF16 GB200 row alone."""
+EXCEPTIONS = (*LONG_CONTEXT_BLACKWELL, *FP8_QWEN3_30B, GB200_BF16_FOLD)
+"""The held runs at 2,048+ rows the docstring of costmodel/train/notes.py names as outside 20 %."""
 
 
 def _cfg(tp: int, ep: int, *, mbs: int = 1, seq: int = 4096, cp: int = 1, etp: int = 1) -> TrainConfig:
@@ -65,7 +67,7 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     (25 % slow out of source), errors that go both ways and do not follow the expert rows."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
     residuals = json.loads((VALIDATION / "residuals_train.json").read_text())
-    below, above, long_context = [], [], {}
+    below, above, exceptions = [], [], {}
     for x in residuals:
         r = runs[x["id"]]
         if not x["held"] or r.get("model_file") not in ("qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b",
@@ -80,8 +82,8 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
         rows, _ = expert_rows(model, tokens=r["micro_batch_size"] * r["seq_len"] // dims.cp, dims=dims)
         ratio = x["predicted_loso"] / x["measured"]
         speed = 1 / ratio if x["metric"] == "step_time_s" else ratio  # predicted speed / measured speed
-        if x["id"] in (*LONG_CONTEXT_BLACKWELL, *FP8_QWEN3_30B, GB200_BF16_FOLD):
-            long_context[x["id"]] = speed
+        if x["id"] in EXCEPTIONS:
+            exceptions[x["id"]] = speed
         else:
             (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
     assert len(below) == 2 and all(s >= 1.2 for s in below)
@@ -90,7 +92,7 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     assert round(max(above), 2) == 1.19  # the note's farthest: Mixtral 8x7B on B200
     # the docstring's exceptions: Mixtral 8x22B 24 % and 19 % fast (B200, GB200), Qwen3 131K 8 % slow,
     # Qwen3-30B-A3B FP8 23 % and 27 % fast, Qwen3-235B BF16 GB200 25 % slow
-    assert sorted(round(s, 2) for s in long_context.values()) == [0.80, 0.92, 1.19, 1.23, 1.24, 1.27]
+    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 0.92, 1.19, 1.23, 1.24, 1.27]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:
