@@ -12,7 +12,7 @@ from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 
-__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu"]
+__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu", "fp8_weight_cast_bytes_per_param"]
 
 
 @lru_cache(maxsize=1024)
@@ -71,3 +71,19 @@ def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[
     x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
     dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
     return per * x / hbm, per * dy / hbm
+
+
+def fp8_weight_cast_bytes_per_param(gpu: GpuSpec, recipe: Fp8Recipe, *, fp8_params: bool, cached: float) -> float:
+    """HBM bytes per GEMM weight parameter of Transformer Engine's once-per-step weight cast: on each
+    chunk's first micro-batch (Megatron-Core's `is_first_microbatch`) TE writes the FP8 copies it
+    caches for the step (`cached` bytes per parameter, costmodel.train.memory.fp8_weight_cache_bytes).
+    From BF16 weights the cast reads them (2 B; tensorwise current scaling reads them twice, the amax
+    pass first: +2) and writes every copy it keeps (the rowwise one too, which `cached` counts then).
+    With FP8 primary weights (--fp8-param-gather) the distributed optimizer casts its own shard before
+    the all-gather (1/DP of the work, not charged); the step reads the gathered FP8 weight (1 B) only
+    to write the other layout where the recipe and GPU need one (`cached` > 0), else nothing."""
+    if gpu.fp8_tflops is None:
+        return 0.0
+    if fp8_params:
+        return 1.0 + cached if cached > 0 else 0.0
+    return 2.0 + (2.0 if recipe is Fp8Recipe.TENSORWISE else 0.0) + cached

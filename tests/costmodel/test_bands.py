@@ -291,7 +291,8 @@ def test_make_bands_coverage_on_the_fixture() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "validation"))
     import make_bands
 
-    t = build_table(FIXTURE, residuals="out-of-source")
+    # the fixture's expectations were set at P 0.825 / 0.9: pinned, not the shipped choice of the day
+    t = build_table(FIXTURE, residuals="out-of-source", coverage={"train": 0.825, "serve": 0.9})
     inside, total = make_bands.coverage(FIXTURE, t)
     assert total == 11  # the run not held is not counted
     assert inside / total >= 0.8

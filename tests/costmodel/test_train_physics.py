@@ -366,3 +366,54 @@ def test_cdna3_training_attention_comes_from_kernel_benchmarks():
     for cluster in (load_cluster("mi300x"), load_cluster(Path(__file__).resolve().parents[1] / "validation" / "clusters" / "mi325x.yaml")):
         eff = cluster.primary.gpu.efficiency
         assert (eff.train_attention, eff.train_attention_half_seq) == (knobs["attention"], knobs["attention_half_seq"])
+
+
+@pytest.mark.parametrize(("cluster", "recipe", "fp8_params", "expected"), [
+    ("dgx-h100", Fp8Recipe.DELAYED, False, 4.0),  # read BF16, write the FP8 copy and its transpose
+    ("dgx-h100", Fp8Recipe.TENSORWISE, False, 6.0),  # + the amax pass over the BF16 weight
+    ("dgx-h100", Fp8Recipe.DELAYED, True, 2.0),  # FP8 primary weight: read it, write the transpose
+    ("dgx-b200", Fp8Recipe.DELAYED, False, 3.0),  # Blackwell reads any layout: one copy
+    ("dgx-b200", Fp8Recipe.DELAYED, True, 0.0),  # ... and that copy is the primary weight itself
+    ("dgx-b200", Fp8Recipe.MXFP8, False, 4.0 + 2 / 32),  # rowwise + columnwise, E8M0 scale per 32
+    ("dgx-h100", Fp8Recipe.BLOCKWISE, True, 2.0),  # the other layout from the gathered FP8 weight
+])
+def test_fp8_weight_cast_bytes(cluster, recipe, fp8_params, expected):
+    from autoshard.costmodel.fp8 import fp8_weight_cast_bytes_per_param
+    from autoshard.costmodel.train.memory import fp8_weight_cache_bytes
+
+    gpu = load_cluster(cluster).pools[0].gpu
+    cached = fp8_weight_cache_bytes(gpu, recipe, fp8_params=fp8_params)
+    assert fp8_weight_cast_bytes_per_param(gpu, recipe, fp8_params=fp8_params, cached=cached) == pytest.approx(expected)
+
+
+def test_fp8_weight_cast_is_paid_once_per_step_and_p_times_through_the_fill():
+    """Llama-3.1-70B FP8 (delayed) on 64 H100, TP 8: each rank's decoder weights, 4 B per parameter at
+    the training step's HBM speed, once per step whatever the micro-batch count; with PP 4 the fill
+    carries every rank's casts, so the step pays 4 x one rank's (its own as compute, 3 x as bubble)."""
+    from autoshard.costmodel.efficiency import training_gpu
+    from autoshard.costmodel.train.step import stage_cost
+
+    gpu = H100.pools[0].gpu
+    bps = gpu.hbm_tbps * 1e12 * training_gpu(gpu).efficiency.hbm
+    per_layer = LLAMA70.dense_layer_params() / 8 * 4.0 / bps
+
+    def run(pp: int, gbs: int, precision: Precision):
+        cfg = TrainConfig(dims=ParallelDims(tp=8, pp=pp, dp=8 // pp), micro_batch_size=1, global_batch_size=gbs,
+                          seq_len=8192, precision=precision)
+        stages = default_stages(LLAMA70, pp=pp)
+        casts = [stage_cost(LLAMA70, st, H100.pools[0], cfg).weight_cast_s for st in stages]
+        return predict_train(LLAMA70, H100, cfg, stages), casts
+
+    eight, casts = run(1, 64, Precision.FP8)
+    assert casts == [pytest.approx(80 * per_layer)]  # 80 decoder layers, the embedding and output stay BF16
+    sixteen, _ = run(1, 128, Precision.FP8)
+    bf16, none = run(1, 64, Precision.BF16)
+    assert none == [0.0] and bf16.time.bubble == 0.0
+    # step = m x (one micro-batch) + a per-step constant: the DP tail, the optimizer and the cast
+    t = eight.time
+    assert 2 * eight.step_time_s - sixteen.step_time_s == pytest.approx(casts[0] + t.dp_comm_exposed + t.optimizer)
+    four, casts4 = run(4, 32, Precision.FP8)
+    assert casts4 == [pytest.approx(20 * per_layer)] * 4
+    base = dataclasses.replace(four.time, compute=four.time.compute - casts4[0], bubble=four.time.bubble - 3 * casts4[0])
+    assert four.step_time_s - base.total == pytest.approx(4 * casts4[0])
+    assert 0.015 < 4 * casts4[0] < 0.03  # 70B / 8 x 4 B at ~2 TB/s: about 20 ms

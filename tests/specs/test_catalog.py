@@ -204,7 +204,7 @@ def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
             # training: the CDNA 3 pool's fit (MI325X's 6 held runs, tests/validation/clusters/mi325x.yaml),
             # attention CDNA 3's kernel-measured value (costmodel.efficiency.KERNEL_TRAIN_KNOBS["cdna3"])
             assert training == _train_fit(0.45, 0.50, 0.33, "CDNA 3 pool (MI325X-256GB)", 6, half_seq=850,
-                                          hbm=0.60).model_copy(update={"gemm_fp8": MI300X_GEMM_FP8})
+                                          hbm=0.80).model_copy(update={"gemm_fp8": MI300X_GEMM_FP8})
         elif pool.gpu.name == "H200-SXM-141GB":  # 3 held runs: the Hopper pool's fit, H100's values
             assert training == EfficiencySpec(fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=60)
         else:

@@ -254,7 +254,8 @@ def test_cdna3_runs_are_held_and_fitted():
     MiTAC's MLPerf Training v6.0 Llama 3.1 8B FP8 run on one node (mitac: step time from the result
     log's training blocks; shown, not held: Primus-Turbo off and the CK v3 attention settings of the
     run unpublished, worth 13 % of the step). With the shipped MI325X knobs the five dense runs are
-    within 6 % (median 3 %); Mixtral's +14 % is reported, not fitted away; MiTAC's run is 18 % fast."""
+    within 8 % (median 1.3 %; within 6 %, median 3 %, before item R's weight cast moved the fit's train_hbm
+    0.60 -> 0.80); Mixtral's +16 % is reported, not fitted away; MiTAC's run is 20 % fast."""
     ids = {r.id for r in CDNA3}
     assert len(CDNA3) == 8 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf", "mitac"}
     held = [r for r in CDNA3 if not r.skip_throughput]
@@ -263,7 +264,7 @@ def test_cdna3_runs_are_held_and_fitted():
     mitac = next(r for r in CDNA3 if r.id == "mitac-mi325x-llama31-8b-8gpu-fp8")
     assert mitac.metric == "step_time_s" and -0.25 <= mitac.error <= -0.10, mitac.error
     dense = [abs(r.error) for r in held if FAMILY[r.id] == "dense"]
-    assert len(dense) == 5 and statistics.median(dense) <= 0.035 and max(dense) <= 0.06
+    assert len(dense) == 5 and statistics.median(dense) <= 0.02 and max(dense) <= 0.08
     mixtral = next(r for r in held if FAMILY[r.id] == "moe")
     assert 0.10 <= mixtral.error <= 0.20, mixtral.error
     # AMD's published figure and the independent run of the same plan agree within 1 %
@@ -399,10 +400,11 @@ def test_mlperf_hopper_runs():
     NeMo 24.09 code), Llama 3.1 405B (v5.0 Eos at 512 / 2,048 / 8,192 H100, Nebius at 512 / 1,024 H200, NeMo
     25.01) and Llama 3.1 8B (v5.1 Cisco at 64 / 128 H100, HPE at 64 H200). 14 held; with the shipped knobs the
     405B steps are within 8 % and the worst held run is 17 % short. The v3.1 GPT-3 rows (one code, GA 128 -> 16
-    -> 8) go from +0.2 % to -9 % to -17 %: each GA step's cost is predicted within 2 % (84.6 ms measured,
-    86 ms predicted) but the measured steps carry a fixed ~0.25 s per step, predicted ~0.09 s (bubble, exposed
-    DP traffic, optimizer) -- at 10,752 GPUs a quarter of the step. Cisco's 128-GPU TP 2 step is shown, not
-    held: predicted 33 % short, the same missing fixed cost at one micro-batch per step."""
+    -> 8) go from +1.0 % to -3.7 % to -7.5 %: each GA step's cost is predicted within 2 % (84.5 ms measured,
+    86.0 ms predicted) and the measured steps carry a fixed ~0.25 s per step, predicted 0.17 s (bubble, exposed
+    DP traffic, optimizer, and since item R the FP8 weight cast, P = 8 times through the fill: 0.09 s before it,
+    when the 10,752-GPU step was 17 % short). Cisco's 128-GPU TP 2 step is shown, not held: predicted 33 %
+    short, the missing fixed cost at one micro-batch per step."""
     by_id = {r["id"]: r for r in RUNS}
     res = {r.id: r for r in RESULTS if r.id.startswith("mlperf") and r.gpu in HOPPER}
     assert set(res) == set(MLPERF_HOPPER)
@@ -424,8 +426,8 @@ def test_mlperf_hopper_runs():
     ga = (128, 16, 8)
     ids = [f"mlperf31-nvidia-h100-gpt3-175b-{n}gpu" for n in (768, 4096, 10752)]
     e = [held[i] for i in ids]
-    assert abs(e[0]) < 0.02 and e[0] > e[1] > e[2] and e[2] < -0.12
-    for values, fixed in (([res[i].measured for i in ids], (0.22, 0.28)), ([res[i].predicted for i in ids], (0.05, 0.12))):
+    assert abs(e[0]) < 0.02 and e[0] > e[1] > e[2] and -0.10 < e[2] < -0.05
+    for values, fixed in (([res[i].measured for i in ids], (0.22, 0.28)), ([res[i].predicted for i in ids], (0.15, 0.19))):
         per_ga = (values[0] - values[2]) / (ga[0] - ga[2])
         assert fixed[0] < values[2] - ga[2] * per_ga < fixed[1]
         assert values[1] == pytest.approx(values[2] + (ga[1] - ga[2]) * per_ga, rel=0.01)  # the middle run on the line

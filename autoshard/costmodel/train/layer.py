@@ -12,7 +12,7 @@ from functools import lru_cache
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu
-from autoshard.costmodel.fp8 import fp8_recipe_gpu
+from autoshard.costmodel.fp8 import fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
 from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.memory import (
     BF16,
@@ -30,7 +30,7 @@ from autoshard.specs.job import Precision
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["layer_cost"]
+__all__ = ["fp8_weight_cast_s", "layer_cost"]
 
 
 def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
@@ -98,7 +98,22 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
         full_activation_bytes=out.full_activation_bytes + n * (dec.full_activation_bytes + out.full_activation_bytes),
         dense_params=out.dense_params + n * (dec.dense_params * scale if not dec.expert_params else dec.dense_params),
         expert_params=out.expert_params + n * dec.expert_params,
+        weight_cast_s=out.weight_cast_s + n * scale * dec.weight_cast_s,
     )
+
+
+def fp8_weight_cast_s(kind: LayerKind, params: float, pool: PoolSpec, cfg: TrainConfig) -> float:
+    """Seconds of Transformer Engine's once-per-step FP8 cast of a decoder layer's GEMM weights
+    (`params` per GPU) into the copies it caches for the step (fp8_weight_cache_bytes), on its chunk's
+    first micro-batch: an HBM-bound kernel at the training step's `hbm` knob. Megatron-Core and NeMo
+    only (the frameworks that cache the cast across micro-batches); 0 for BF16 plans."""
+    if kind not in (LayerKind.DENSE, LayerKind.MOE) or cfg.precision is not Precision.FP8 or cfg.framework not in (
+            TrainFramework.MEGATRON, TrainFramework.NEMO):
+        return 0.0
+    gpu = pool.gpu
+    cached = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather)
+    per = fp8_weight_cast_bytes_per_param(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather, cached=cached)
+    return params * per / (gpu.hbm_tbps * 1e12 * training_gpu(gpu).efficiency.hbm)
 
 
 @lru_cache(maxsize=65536)
@@ -179,8 +194,10 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     # layer are not TE FP8 modules and stay BF16
     fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8 and is_decoder
     fp8_cache = 0.0  # Transformer Engine's FP8 copies of the decoder GEMM weights
+    weight_cast_s = 0.0
     if is_decoder and cfg.precision is Precision.FP8 and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
         fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
+        weight_cast_s = fp8_weight_cast_s(kind, shards.dense + shards.expert, pool, cfg)
     states = model_state_bytes(
         shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
         grad_fp32=cfg.grad_reduce_fp32, fp8_params=fp8_params, moments_bf16=cfg.optimizer_moments_bf16,
@@ -216,4 +233,5 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         full_activation_bytes=full_act,
         dense_params=shards.dense,
         expert_params=shards.expert,
+        weight_cast_s=weight_cast_s,
     )

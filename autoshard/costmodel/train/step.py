@@ -81,6 +81,7 @@ def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig)
         activation_bytes=total("activation_bytes"), working_bytes=working,
         dense_params=total("dense_params"), expert_params=total("expert_params"),
         largest_layer_params=max(c.dense_params + c.expert_params for c in costs),
+        weight_cast_s=total("weight_cast_s"),
     )
 
 
@@ -253,7 +254,12 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     rank_parts[-1]["compute"] -= saved_s
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp)
 
-    # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank.
+    # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank. With it the
+    # once-per-step work of the fill: Transformer Engine casts the FP8 weights on each chunk's first
+    # micro-batch (LayerCost.weight_cast_s), and the schedule's fill runs the chunks' first forwards
+    # one after another through all P ranks with no slack to absorb it (an event model of
+    # Megatron-Core's schedules reproduces schedule_time's closed form without it), so a rank's casts
+    # reach the step P times over: once as its own compute, P - 1 times as fill it waits through.
     tail = []
     for r in range(pp):
         mine = [(stages[i], costs[i]) for i in range(len(stages)) if i % pp == r]
@@ -268,15 +274,16 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         local = dense / (dims.dp * dims.cp if cfg.zero_stage >= 1 else 1) + expert / (
             dims.expert_dp if cfg.zero_stage >= 1 else 1)
         opt_s = local * optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / optimizer_hbm_bps(pool.gpu)
-        tail.append((exposed + opt_s, exposed, opt_s))
-    _, dp_exposed, opt_s = max(tail)
+        cast_s = sum(c.weight_cast_s for _, c in mine)
+        tail.append((exposed + opt_s + pp * cast_s, exposed, opt_s, cast_s))
+    _, dp_exposed, opt_s, cast_s = max(tail)
 
     b = sched.bottleneck_rank
     parts = rank_parts[b]
     time = TimeBreakdown(
-        compute=m * parts["compute"], tp_comm=m * parts["tp"], cp_comm=m * parts["cp"], ep_comm=m * parts["ep"],
-        pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed, bubble=sched.bubble_s + flush_s, optimizer=opt_s,
-        recompute=m * parts["recompute"],
+        compute=m * parts["compute"] + cast_s, tp_comm=m * parts["tp"], cp_comm=m * parts["cp"],
+        ep_comm=m * parts["ep"], pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed,
+        bubble=sched.bubble_s + flush_s + (pp - 1) * cast_s, optimizer=opt_s, recompute=m * parts["recompute"],
     )
     step = time.total
 

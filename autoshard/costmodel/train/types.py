@@ -112,6 +112,9 @@ class LayerCost:
     """What the layer would save without full recomputation (its working set during recompute)."""
     dense_params: float
     expert_params: float
+    weight_cast_s: float = 0.0
+    """Once per step (not per micro-batch): Transformer Engine's FP8 cast of the layer's GEMM weights on
+    its chunk's first micro-batch (costmodel.fp8.fp8_weight_cast_bytes_per_param)."""
 
     @property
     def time_s(self) -> float:
@@ -153,6 +156,8 @@ class StageCost:
     expert_params: float
     largest_layer_params: float
     """Per-GPU parameters of the stage's largest layer (what ZeRO-3 gathers at once)."""
+    weight_cast_s: float = 0.0
+    """Once per step: the FP8 weight casts of the stage's first micro-batch (LayerCost.weight_cast_s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from operator import attrgetter
 
-from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.layer import fp8_weight_cast_s, layer_cost
 from autoshard.costmodel.train.memory import layer_param_shards
 from autoshard.costmodel.train.step import _p2p_s
 from autoshard.costmodel.train.types import TrainConfig
@@ -304,8 +304,8 @@ def _kind_counts(model: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
 
 def quick_tail_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, scale: int) -> int:
     """What the slowest rank's tail adds to any layout's objective at least: the ranks' average of
-    exposed-at-best data-parallel traffic plus optimizer step (`tables.layer_tails` from each layer's
-    parameter shards, each layer at its cheapest pool, rounded down by 1 us below the tables'
+    exposed-at-best data-parallel traffic plus optimizer step and FP8 weight casts (`tables.layer_tails`
+    from each layer's parameter shards, each layer at its cheapest pool, rounded down by 1 us below the tables'
     per-layer rounding). No timing of any layer: cheaper than the tables by ~10x, so the best-first
     pass adds it to the cheap bound before building a candidate's tables."""
     counts = _kind_counts(model)
@@ -313,7 +313,8 @@ def quick_tail_bound(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *
     dense, expert = [sh.dense for sh in shards], [sh.expert for sh in shards]
     cheapest = [math.inf] * len(counts)
     for pool in cluster.pools:
-        _, dp_min, opt = layer_tails(cfg, pool, dense, expert)
+        cast = [fp8_weight_cast_s(kind, d + e, pool, cfg) for (kind, _), d, e in zip(counts, dense, expert, strict=True)]
+        _, dp_min, opt = layer_tails(cfg, pool, dense, expert, cast)
         cheapest = [min(c, (d + o) * US_PER_S) for c, d, o in zip(cheapest, dp_min, opt, strict=True)]
     total = sum(n * max(0, math.floor(c - 1)) for (_, n), c in zip(counts, cheapest, strict=True))
     return scale * (total // cfg.dims.pp)

@@ -156,7 +156,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         # the floor at full overlap, stays on the whole traffic (bounds read it as it is).
         share = dp_exposed_share(cfg)
         win = [share * c.fwd_bwd_compute_s * (m if cfg.zero_stage == 3 else 1) for c in base]
-        dp_lin, dp_min, opt = layer_tails(cfg, pool, dense, expert)
+        dp_lin, dp_min, opt = layer_tails(cfg, pool, dense, expert, [c.weight_cast_s for c in base])
         dp_full = [share * x for x in dp_lin]
         extra_us, saving, working = 0, 0, 0
         frag = 1 + eff.fragmentation  # charged on dynamic bytes only, as costmodel.train.memory.overhead_bytes
@@ -231,11 +231,13 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
     )
 
 
-def layer_tails(cfg: TrainConfig, pool, dense: Sequence[float],
-                expert: Sequence[float]) -> tuple[list[float], list[float], list[float]]:
+def layer_tails(cfg: TrainConfig, pool, dense: Sequence[float], expert: Sequence[float],
+                cast: Sequence[float] | None = None) -> tuple[list[float], list[float], list[float]]:
     """Per layer with `dense` / `expert` parameters per GPU: (data-parallel traffic in seconds, the
     part of it that stays exposed at best, optimizer step in seconds), latency aside (a per-rank
-    constant). DP traffic is linear in parameters: each layer is priced at its share."""
+    constant). DP traffic is linear in parameters: each layer is priced at its share. `cast`: each
+    layer's once-per-step FP8 weight cast (LayerCost.weight_cast_s), which the schedule's fill
+    charges PP times (costmodel.train.step.predict_train); it joins the optimizer step's column."""
     dims, eff = cfg.dims, pool.gpu.efficiency
     dp_full = _dp_linear(cfg, pool, dense, expert)
     dp_min = [(1 - eff.dp_overlap) * x if cfg.overlap_grad_reduce else x for x in dp_full]
@@ -243,6 +245,8 @@ def layer_tails(cfg: TrainConfig, pool, dense: Sequence[float],
     eshard = dims.expert_dp if cfg.zero_stage >= 1 else 1
     per_param = optimizer_bytes_per_param(cfg.optimizer, cfg.framework) / optimizer_hbm_bps(pool.gpu)
     opt = [(d / shard + e / eshard) * per_param for d, e in zip(dense, expert, strict=True)]
+    if cast is not None:
+        opt = [o + dims.pp * c for o, c in zip(opt, cast, strict=True)]
     return dp_full, dp_min, opt
 
 
