@@ -64,7 +64,8 @@ def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[
     the forward quantizes its input X (m x k elements), the backward its output gradient dY
     (m x n), which both the dgrad (dY W^T) and the wgrad (X^T dY) GEMM read; each at
     `fp8_cast_bytes_per_element` (with the transposed copy on GPUs before Blackwell). The weights
-    are cast once per step (`is_first_microbatch`) and not charged per micro-batch. BF16 GEMMs
+    are cast once per step (`is_first_microbatch`): not here, per micro-batch, but in
+    costmodel.train.layer.fp8_weight_cast_s, once per step. BF16 GEMMs
     (router, output layer) quantize nothing."""
     per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
     hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm

@@ -233,9 +233,9 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
         assert [len(by_gpu[t]) for t in types] == [14, 1, 21, 2] and len(pool) == 38 >= MIN_RUNS
         assert all(run_gpu(r) in blackwell for r in pool)
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's three
-    # held H200 runs (v5.0 Nebius 405B, v5.1 HPE 8B), too few for an H200 fit of its own
+    # held H200 runs (v5.0 Nebius 405B, v5.1 HPE 8B, v6.0 Cisco 8B), too few for an H200 fit of its own
     types, pool = generation_pool("H200-SXM-141GB", by_gpu)
-    assert types == ("H100-SXM5-80GB", "H200-SXM-141GB") and len(by_gpu["H200-SXM-141GB"]) == 3 < MIN_RUNS
+    assert types == ("H100-SXM5-80GB", "H200-SXM-141GB") and len(by_gpu["H200-SXM-141GB"]) == 4 < MIN_RUNS
     # MI300X has no held run: the CDNA 3 pool is MI325X's (the same die with HBM3E), 6 runs
     types, pool = generation_pool("MI300X-192GB", by_gpu)
     assert types == ("MI325X-256GB",) and len(pool) == 6 >= MIN_RUNS
@@ -358,10 +358,12 @@ def test_mlperf51_blackwell_runs():
 def test_mlperf60_runs():
     """MLPerf Training v6.0 DeepSeek-V3 671B MXFP8 pretraining (NVIDIA, Megatron-Bridge in NeMo 26.04, MTP 1,
     PP 4 x VPP 4 with layout Et*4|(t*4|)*14tmL, EP 32 with the HybridEP flex dispatcher, full-iteration CUDA
-    graphs): GB300 TP 1 at 256/512 GPUs and GB200 TP 2 at 512-8,192 GPUs. With the shipped knobs the GB200
-    steps are predicted +9 % (512), +5 % (2,048) and -9 % (4,096): the four GB200 runs (same per-GPU plan,
-    240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.148 s + 0.14 s. The 8,192-GPU run,
-    where that unseen fixed cost is about a third of the step, is shown, not held (28 % short). The GB300
+    graphs): GB300 TP 1 at 256/512 GPUs and GB200 TP 2 at 512-8,192 GPUs. All six are shown, not held: they
+    run 1F1B A2A overlap, the paged stash with static expert buffers and the fused grouped MLP, which autoshard
+    has no knob for (the rule of the shown ModelZoo A2A-overlap rows and the Qwen3-30B-A3B paged-stash recipe).
+    With the shipped knobs the GB200 steps are predicted +9 % (512), +5 % (2,048) and -9 % (4,096): the four
+    GB200 runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.148 s
+    + 0.14 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (28 % short). The GB300
     runs are predicted 57-60 % long: NVIDIA's own count (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630
     TFLOP/s per GPU against GB200's 974 at the same 512 GPUs, while autoshard prices GB300 at GB200's MXFP8
     rate (the predicted compute term alone, 54 s at 256 GPUs, is longer than the measured 39 s step).
@@ -375,7 +377,7 @@ def test_mlperf60_runs():
     assert -0.08 < cisco.error < 0.0
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-")}
     assert len(rows) == 6
-    assert {i for i, r in rows.items() if r.skip_throughput} == {"mlperf60-nvidia-gb200-dsv3-671b-8192gpu"}
+    assert all(r.skip_throughput and "overlap" in r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     for i in rows:  # the published plan: MXFP8, PP 4 x VPP 4, EP 32, HybridEP (flex), MTP on the last chunk
         run, p = by_id[i], by_id[i]["parallel"]
