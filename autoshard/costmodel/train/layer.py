@@ -194,10 +194,8 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     # layer are not TE FP8 modules and stay BF16
     fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8 and is_decoder
     fp8_cache = 0.0  # Transformer Engine's FP8 copies of the decoder GEMM weights
-    weight_cast_s = 0.0
     if is_decoder and cfg.precision is Precision.FP8 and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
         fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
-        weight_cast_s = fp8_weight_cast_s(kind, shards.dense + shards.expert, pool, cfg)
     states = model_state_bytes(
         shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
         grad_fp32=cfg.grad_reduce_fp32, fp8_params=fp8_params, moments_bf16=cfg.optimizer_moments_bf16,
@@ -233,5 +231,5 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         full_activation_bytes=full_act,
         dense_params=shards.dense,
         expert_params=shards.expert,
-        weight_cast_s=weight_cast_s,
+        weight_cast_s=fp8_weight_cast_s(kind, shards.dense + shards.expert, pool, cfg),
     )
