@@ -91,6 +91,24 @@ def uniform_layouts(tab, pool_gpus):
                 yield Layout(bounds=bnds, recompute=(rc,) * s, pools=chunk_pools)
 
 
+def layout_objectives(model: ModelSpec, cluster: ClusterSpec, cfg):
+    """Every contiguous split of candidate `cfg` on pool 0, no partial recompute: (the configuration
+    and stages the layout runs, the integer objective the CP-SAT model counts for it, in seconds).
+    Tests that hold the solver's objective to `predict_train` walk these."""
+    from autoshard.search.train.result import layout_stages
+    from autoshard.search.train.tables import build_tables, int_objective
+    from autoshard.units import US_PER_S
+
+    vpp = cfg.dims.vpp
+    tab = build_tables(model, cluster, cfg, scale=vpp)
+    s, n = tab.num_chunks, tab.num_layers
+    for inner in itertools.combinations(range(1, n), s - 1):
+        layout = Layout(bounds=(0, *inner, n), recompute=(0,) * s, pools=(0,) * s)
+        obj, _ = int_objective(tab, layout)
+        c, stages = layout_stages(tab, layout)
+        yield c, stages, obj / vpp / US_PER_S
+
+
 @pytest.fixture
 def small_dense() -> ModelSpec:
     return tiny_model()

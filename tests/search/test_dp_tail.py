@@ -6,16 +6,11 @@ within the tables' per-layer microsecond rounding."""
 
 from __future__ import annotations
 
-import itertools
-
 from autoshard.costmodel.train.step import predict_train
 from autoshard.search.train import tables as tables_module
-from autoshard.search.train.result import layout_stages
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
-from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import ClusterSpec, TrainJob
-from autoshard.units import US_PER_S
-from conftest import gpu, tiny_model
+from conftest import gpu, layout_objectives, tiny_model
 
 ROUNDING = 5e-3  # per-layer microsecond rounding on steps of 0.04-0.3 s
 # 5 Gb/s between nodes: data-parallel groups that leave a node expose most of their traffic
@@ -29,25 +24,19 @@ JOB = TrainJob(seq_len=1024, global_batch_size=32)
 
 
 def _pairs(*, interleaved_only: bool = False):
-    """(candidate, layout, integer objective in seconds, predicted step in seconds) of every layout."""
+    """(candidate, the layout's stages, integer objective in seconds, predicted step in seconds) of every layout."""
     space = enumerate_train(MODEL, SLOW, JOB, pins=Pins(), options=SpaceOptions(max_micro_batch=2, max_vpp=2))
     for cfg in space.candidates:
-        vpp = cfg.dims.vpp
-        if interleaved_only and vpp == 1:
+        if interleaved_only and cfg.dims.vpp == 1:
             continue
-        tab = build_tables(MODEL, SLOW, cfg, scale=vpp)
-        s, n = tab.num_chunks, tab.num_layers
-        for inner in itertools.combinations(range(1, n), s - 1):
-            layout = Layout(bounds=(0, *inner, n), recompute=(0,) * s, pools=(0,) * s)
-            obj, _ = int_objective(tab, layout)
-            c, stages = layout_stages(tab, layout)
-            yield cfg, layout, obj / vpp / US_PER_S, predict_train(MODEL, SLOW, c, stages)
+        for c, stages, got in layout_objectives(MODEL, SLOW, cfg):
+            yield cfg, stages, got, predict_train(MODEL, SLOW, c, stages)
 
 
 def test_solver_objective_equals_cost_model_step_time():
     checked = interleaved_exposed = 0
-    for cfg, layout, got, pred in _pairs():
-        assert abs(got / pred.step_time_s - 1) <= ROUNDING, (cfg.dims, cfg.zero_stage, layout, got, pred.step_time_s)
+    for cfg, stages, got, pred in _pairs():
+        assert abs(got / pred.step_time_s - 1) <= ROUNDING, (cfg.dims, cfg.zero_stage, stages, got, pred.step_time_s)
         checked += 1
         if cfg.dims.vpp > 1 and pred.time.dp_comm_exposed > 0.05 * pred.step_time_s:
             interleaved_exposed += 1
@@ -79,13 +68,8 @@ def _laggy_pairs():
     for cfg in space.candidates:
         for overlap in (True, False):
             c0 = dataclasses.replace(cfg, overlap_grad_reduce=overlap)
-            tab = build_tables(MODEL, LAGGY, c0, scale=1)
-            s, n = tab.num_chunks, tab.num_layers
-            for inner in itertools.combinations(range(1, n), s - 1):
-                layout = Layout(bounds=(0, *inner, n), recompute=(0,) * s, pools=(0,) * s)
-                obj, _ = int_objective(tab, layout)
-                c, stages = layout_stages(tab, layout)
-                yield c0, obj / US_PER_S, predict_train(MODEL, LAGGY, c, stages)
+            for c, stages, got in layout_objectives(MODEL, LAGGY, c0):
+                yield c0, got, predict_train(MODEL, LAGGY, c, stages)
 
 
 def test_dp_latency_enters_the_exposed_floor():

@@ -6,16 +6,11 @@ per-layer microsecond rounding. Without the column the two disagree on pipelined
 
 from __future__ import annotations
 
-import itertools
-
 from autoshard.costmodel.train.step import predict_train, stage_cost
 from autoshard.search.train import tables as tables_module
-from autoshard.search.train.result import layout_stages
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
-from autoshard.search.train.tables import Layout, build_tables, int_objective
 from autoshard.specs import Precision, TrainJob
-from autoshard.units import US_PER_S
-from conftest import tiny_cluster, tiny_model
+from conftest import layout_objectives, tiny_cluster, tiny_model
 
 ROUNDING = 5e-3
 MODEL = tiny_model(layers=8, hidden=4096, heads=32, kv=8)
@@ -27,16 +22,10 @@ JOB = TrainJob(seq_len=512, global_batch_size=8, precision=Precision.FP8)
 def _pairs():
     space = enumerate_train(MODEL, CLUSTER, JOB, pins=Pins(), options=SpaceOptions(max_micro_batch=1, max_vpp=2))
     for cfg in space.candidates:
-        vpp = cfg.dims.vpp
-        tab = build_tables(MODEL, CLUSTER, cfg, scale=vpp)
-        s, n = tab.num_chunks, tab.num_layers
-        for inner in itertools.combinations(range(1, n), s - 1):
-            layout = Layout(bounds=(0, *inner, n), recompute=(0,) * s, pools=(0,) * s)
-            obj, _ = int_objective(tab, layout)
-            c, stages = layout_stages(tab, layout)
+        for c, stages, got in layout_objectives(MODEL, CLUSTER, cfg):
             cast = max(sum(stage_cost(MODEL, st, CLUSTER.pools[0], c).weight_cast_s for st in stages[r::c.dims.pp])
                        for r in range(c.dims.pp))
-            yield cfg, obj / vpp / US_PER_S, predict_train(MODEL, CLUSTER, c, stages), cast
+            yield cfg, got, predict_train(MODEL, CLUSTER, c, stages), cast
 
 
 def test_solver_objective_equals_the_step_with_fp8_weight_casts():
