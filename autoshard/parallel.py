@@ -176,6 +176,6 @@ def check_dims(
             f"PP x VPP = {stages} model chunks but the model has only {model.num_layers} decoder layers "
             "(plus embedding and output)"
         )
-    if precision is Precision.FP8 and model.hidden_size % 16:
-        problems.append("FP8 GEMMs need hidden_size divisible by 16")
+    if precision.quantized and model.hidden_size % 16:
+        problems.append(f"{precision.value.upper()} GEMMs need hidden_size divisible by 16")
     return problems

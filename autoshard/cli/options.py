@@ -94,7 +94,7 @@ class RecomputeOpt(StrEnum):
 GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Use this many GPUs (resizes a homogeneous cluster).")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]
 GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
-PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp8.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp8 or fp4 (NVFP4 GEMMs, Blackwell).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
 TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
 PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]

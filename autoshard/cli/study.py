@@ -30,7 +30,7 @@ def study(
     mode: Annotated[Mode, typer.Option("--mode", help="train or serve.")] = Mode.TRAIN,
     seq_len: SeqOpt = None,
     global_batch_size: GbsOpt = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="Train: bf16 or fp8. Serve: the weights, bf16, fp8, int8, int4, nvfp4 or mxfp4 (default: the model's serving precision).")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="Train: bf16, fp8 or fp4. Serve: the weights, bf16, fp8, int8, int4, nvfp4 or mxfp4 (default: the model's serving precision).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit per size.")] = 20.0,

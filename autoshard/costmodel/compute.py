@@ -17,7 +17,9 @@ from autoshard.costmodel.attention import flash_attention_efficiency, ring_atten
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
-from autoshard.costmodel.fp8 import fp8_quantize_s, fp8_recipe_gpu
+from autoshard.costmodel.fp8 import (
+    fp8_quantize_s, fp8_recipe_gpu, gemm_operand_bytes, gemm_peak, nvfp4_quantize_s, quantized_gemm,
+)
 from autoshard.costmodel.gemm_shape import shape_table
 from autoshard.costmodel.moe import imbalance_factor
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, ParallelDims, Recompute
@@ -61,21 +63,14 @@ CROSS_ENTROPY_BYTES: dict[CrossEntropyImpl, tuple[float, float]] = {
 # --------------------------------------------------------------------------- time
 
 
-def _peak_flops(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[float, float]:
-    eff = gpu.efficiency
-    if precision is Precision.FP8 and fp8_capable and gpu.fp8_tflops:
-        return gpu.fp8_tflops * 1e12, eff.gemm_fp8
-    return gpu.bf16_tflops * 1e12, eff.gemm
-
-
 def shape_efficiency(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
     """Fraction of the precision's dense peak the GEMM reaches at its shape: the knob (a large GEMM's
     level) times the measured fall-off of the GPU's generation (gemm_shape.shape_table; grouped
     expert GEMMs by rows per expert) where `gemm_shape_measured` is set and one exists, else
     times d / (d + gemm_half_dim) of the smallest dimension d."""
     eff = gpu.efficiency
-    _, gemm_eff = _peak_flops(gpu, precision, gemm.fp8_capable)
-    fp8 = precision is Precision.FP8 and gemm.fp8_capable and bool(gpu.fp8_tflops)
+    _, gemm_eff = gemm_peak(gpu, precision, gemm.fp8_capable)
+    fp8 = quantized_gemm(gemm, gpu, precision)  # FP4 takes the FP8 kernels' measured fall-off
     table = shape_table(gpu_generation(gpu.name)) if eff.gemm_shape_measured else None
     if table is not None:
         if gemm.grouped:
@@ -89,9 +84,9 @@ def gemm_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
     """Roofline time of a forward GEMM: the slower of math at a shape-dependent efficiency
     (shape_efficiency) and HBM traffic (read A and B, write C), plus a per-kernel overhead."""
     eff = gpu.efficiency
-    peak, _ = _peak_flops(gpu, precision, gemm.fp8_capable)
+    peak, _ = gemm_peak(gpu, precision, gemm.fp8_capable)
     shape_eff = shape_efficiency(gemm, gpu, precision)
-    elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
+    elem = gemm_operand_bytes(gemm, gpu, precision)
     traffic = (gemm.m * gemm.k + gemm.k * gemm.n) * elem + gemm.m * gemm.n * BF16_BYTES
     math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
     mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
@@ -145,9 +140,9 @@ def wgrad_time_s(gemm: Gemm, gpu: GpuSpec, precision: Precision, main_grad_bytes
     weight element, where the forward reads the weight once. At an FP32 main gradient that is about
     m/4 FLOP per byte: it binds when the contraction m (an expert's rows) is short."""
     eff = gpu.efficiency
-    peak, _ = _peak_flops(gpu, precision, gemm.fp8_capable)
+    peak, _ = gemm_peak(gpu, precision, gemm.fp8_capable)
     shape_eff = shape_efficiency(wgrad_shape(gemm, gpu), gpu, precision)
-    elem = 1 if (precision is Precision.FP8 and gemm.fp8_capable) else BF16_BYTES
+    elem = gemm_operand_bytes(gemm, gpu, precision)
     traffic = (gemm.m * gemm.k + gemm.m * gemm.n) * elem + 2 * gemm.k * gemm.n * main_grad_bytes
     math_s = 2.0 * gemm.m * gemm.n * gemm.k / (peak * shape_eff)
     mem_s = traffic / (gpu.hbm_tbps * 1e12 * eff.hbm)
@@ -281,6 +276,8 @@ def layer_compute_time(
     cast_fwd_s = cast_bwd_s = 0.0
     if precision is Precision.FP8 and gpu.fp8_tflops:
         cast_fwd_s, cast_bwd_s = fp8_quantize_s(gemms, gpu, fp8_recipe)
+    elif precision is Precision.FP4 and gpu.fp4_tflops:
+        cast_fwd_s, cast_bwd_s = nvfp4_quantize_s(gemms, gpu)
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
     imbalance_s = 0.0
     if kind is LayerKind.MOE and model.moe is not None:

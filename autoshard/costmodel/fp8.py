@@ -1,5 +1,6 @@
-"""Transformer Engine's FP8 quantization of GEMM operands in a training step: bytes per element by
-recipe, and the seconds one layer's casts take."""
+"""Transformer Engine's low-precision GEMMs in a training step (FP8 recipes and NVFP4): which GEMMs run in
+them, at which peak and bytes per operand, the quantization bytes per element by recipe, and the seconds
+one layer's casts take."""
 
 from __future__ import annotations
 
@@ -12,7 +13,48 @@ from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 
-__all__ = ["fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu", "fp8_weight_cast_bytes_per_param"]
+__all__ = ["NVFP4_CAST_BYTES", "gemm_operand_bytes", "gemm_peak", "quantized_gemm", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu",
+           "fp8_weight_cast_bytes_per_param", "nvfp4_quantize_s"]
+
+NVFP4_WEIGHT_CACHE_BYTES = 2 * (0.5 + 1 / 16)
+"""Bytes per GEMM weight parameter of Transformer Engine's NVFP4 weight copies for the step: the rowwise
+(forward) and columnwise (data gradient) E2M1 data, each with one E4M3 scale per 16 values. TE's 2D (16 x 16)
+weight quantization makes the two share their scales, not their data: the same bytes."""
+
+NVFP4_CAST_BYTES = 2.0 + 2.0 + NVFP4_WEIGHT_CACHE_BYTES
+"""HBM bytes per element to quantize one NVFP4 GEMM operand (TE's NVFP4BlockScaling): a read pass for the
+tensor's amax (the FP32 second-level scale needs it before any block is cast: 2 B), the cast's read (2 B), and
+both layouts it writes (rowwise for this GEMM, columnwise for the weight-gradient GEMM: 2 x (0.5 + 1/16) B).
+The optional random Hadamard transform of the weight-gradient operands runs inside the cast kernel; its own
+amax pass (on by default, off in the "vanilla" recipe MLPerf's NVFP4 submissions run) is not priced."""
+
+
+def quantized_gemm(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> bool:
+    """The GEMM runs in the plan's FP8 or FP4 recipe: a GEMM Transformer Engine quantizes
+    (`fp8_capable`: not the router or the output layer) on a GPU with that precision's tensor cores."""
+    if not gemm.fp8_capable:
+        return False
+    if precision is Precision.FP8:
+        return bool(gpu.fp8_tflops)
+    return precision is Precision.FP4 and bool(gpu.fp4_tflops)
+
+
+def gemm_peak(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[float, float]:
+    """(dense peak FLOP/s, the knob's fraction of it) for a GEMM: FP8 GEMMs at the FP8 peak and
+    `gemm_fp8`; NVFP4 GEMMs at the FP4 peak and the same `gemm_fp8` (one Transformer Engine block-scaled
+    kernel family on Blackwell's tensor cores: the FP4 rows of tests/validation test that fraction out
+    of sample, no knob of its own is fitted); everything else at the BF16 peak and `gemm`."""
+    eff = gpu.efficiency
+    if precision is Precision.FP8 and fp8_capable and gpu.fp8_tflops:
+        return gpu.fp8_tflops * 1e12, eff.gemm_fp8
+    if precision is Precision.FP4 and fp8_capable and gpu.fp4_tflops:
+        return gpu.fp4_tflops * 1e12, eff.gemm_fp8
+    return gpu.bf16_tflops * 1e12, eff.gemm
+
+
+def gemm_operand_bytes(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
+    """Bytes per element of the GEMM's input operands: the quantized format's where it runs in one, else BF16."""
+    return precision.gemm_operand_bytes if quantized_gemm(gemm, gpu, precision) else 2.0
 
 
 @lru_cache(maxsize=1024)
@@ -72,6 +114,17 @@ def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[
     x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
     dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
     return per * x / hbm, per * dy / hbm
+
+
+def nvfp4_quantize_s(gemms: list[Gemm], gpu: GpuSpec) -> tuple[float, float]:
+    """(forward, backward) seconds Transformer Engine spends quantizing the activation operands of one
+    layer's NVFP4 GEMMs: the forward input X (m x k) and the output gradient dY (m x n) of each GEMM Transformer
+    Engine quantizes, at NVFP4_CAST_BYTES each (as fp8_quantize_s for FP8); weights are cast once per step
+    (costmodel.train.layer.fp8_weight_cast_s)."""
+    hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
+    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
+    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
+    return NVFP4_CAST_BYTES * x / hbm, NVFP4_CAST_BYTES * dy / hbm
 
 
 def fp8_weight_cast_bytes_per_param(gpu: GpuSpec, recipe: Fp8Recipe, *, fp8_params: bool, cached: float) -> float:

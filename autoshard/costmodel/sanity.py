@@ -123,8 +123,8 @@ def sanity_for(plan: Any) -> Sanity:
     pools = sorted({s.pool for s in plan.stages})
     gpu = plan.cluster.pools[pools[0]].gpu
     precision = plan.config.precision.value
-    if precision == "fp8" and not gpu.fp8_tflops:
-        precision = "bf16"  # no FP8 tensor cores: the plan's MFU is against the BF16 peak
+    if (precision == "fp8" and not gpu.fp8_tflops) or (precision == "fp4" and not gpu.fp4_tflops):
+        precision = "bf16"  # no such tensor cores: the plan's MFU is against the BF16 peak
     family = "moe" if plan.model.is_moe else "dense"
     mine = useful_mfu(plan)
     ref, note = _reference(gpu.name, precision, family, load_mfu_reference())

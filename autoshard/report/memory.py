@@ -72,6 +72,10 @@ def _fp8_params(plan: Plan) -> bool:
     return plan.config.fp8_param_gather and plan.config.precision is Precision.FP8
 
 
+def _copies(plan: Plan) -> str:
+    return "NVFP4" if plan.config.precision is Precision.FP4 else "FP8"
+
+
 def _state_weights(plan: Plan, rank: int) -> float:
     """Weight bytes of `rank` without Transformer Engine's FP8 copies (the same layers priced in BF16,
     or at 1 B under --fp8-param-gather), with ZeRO-3's gathered layers as the prediction counts them."""
@@ -132,7 +136,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
             grads_f += " + 1 layer unsharded"
     fp8_copies = m.weights - (_state_weights(plan, rank) if not titan else m.weights)
     if fp8_copies > 0:  # Transformer Engine's FP8 copies of the decoder GEMM weights (costmodel.train.memory)
-        weights_f += f" + {fp8_copies / GIB:.2f} GiB FP8 weight copies (Transformer Engine)"
+        weights_f += f" + {fp8_copies / GIB:.2f} GiB {_copies(plan)} weight copies (Transformer Engine)"
     opt_f = f"{o_kind}: {sharded(full_o, 1)}"
     if z >= 1 and dp > 1:
         opt_f += " (distributed optimizer)" if z == 1 else f" (ZeRO-{z})"
@@ -146,7 +150,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
 
     states_f = states(*nominal_bytes_per_param(plan), "DP")
     if fp8_copies > 0:
-        states_f += f", + {fp8_copies / held:.2f} FP8 weight copies" if held else ""
+        states_f += f", + {fp8_copies / held:.2f} {_copies(plan)} weight copies" if held else ""
     if expert:
         states_f = (f"dense {states_f}; experts {states(*nominal_bytes_per_param(plan, expert=True), 'EDP')}; "
                     f"{dense / held:.0%} of the parameters held are dense")

@@ -232,8 +232,8 @@ def _peak_text(plan: Plan) -> str:
     """Which dense peak the MFU is measured against."""
     pred, cfg = plan.prediction, plan.config
     gpus = [plan.cluster.pools[plan.stages[r].pool].gpu for r in range(cfg.dims.pp)]
-    fp8 = cfg.precision is Precision.FP8
-    kinds = {"FP8" if fp8 and g.fp8_tflops else "BF16" for g in gpus}
+    fp8, fp4 = cfg.precision is Precision.FP8, cfg.precision is Precision.FP4
+    kinds = {"FP8" if fp8 and g.fp8_tflops else "FP4" if fp4 and g.fp4_tflops else "BF16" for g in gpus}
     peak = pred.tflops_per_gpu / pred.mfu if pred.mfu else 0.0
     mean = "mean " if len({g.name for g in gpus}) > 1 else ""
     return f"of the {peak:,.0f} TFLOP/s {mean}{'/'.join(sorted(kinds))} dense peak"

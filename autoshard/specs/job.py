@@ -20,6 +20,21 @@ MAX_REQUEST_RATE = 1e6
 class Precision(StrEnum):
     BF16 = "bf16"  # BF16 compute, FP32 master weights and optimizer state
     FP8 = "fp8"  # FP8 GEMMs (Transformer Engine), BF16 elsewhere; same optimizer state
+    FP4 = "fp4"
+    """NVFP4 GEMMs (Transformer Engine's NVFP4BlockScaling recipe, Blackwell FP4 tensor cores; Megatron
+    --fp4-format e2m1 --fp4-recipe nvfp4): E2M1 values with one E4M3 scale per 16 and an FP32 tensor
+    scale, in the forward, data-gradient and weight-gradient GEMMs; BF16 elsewhere, same optimizer state."""
+
+    @property
+    def quantized(self) -> bool:
+        """The decoder's GEMMs run in a Transformer Engine low-precision recipe (FP8 or FP4)."""
+        return self is not Precision.BF16
+
+    @property
+    def gemm_operand_bytes(self) -> float:
+        """Bytes per element of a quantized GEMM operand, block scales included (FP8: 1; NVFP4:
+        0.5 + 1/16), BF16: 2."""
+        return {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1 / 16}[self.value]
 
 
 class Optimizer(StrEnum):

@@ -53,8 +53,15 @@ def resize(cluster: ClusterSpec, gpus: int | None) -> ClusterSpec:
 
 
 def check_precision(cluster: ClusterSpec, precision: Precision, *, source: str = "--precision") -> None:
-    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300): refuse it where a pool has none."""
-    if precision is not Precision.FP8:
+    """FP8 training needs FP8 tensor cores (Hopper, Ada, Blackwell, MI300), FP4 (NVFP4) training FP4
+    tensor cores (Blackwell): refuse either where a pool has none."""
+    if precision is Precision.BF16:
+        return
+    if precision is Precision.FP4:
+        lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp4_tflops is None]
+        if lacking:
+            raise SpecError(f"FP4 (NVFP4) training needs FP4 tensor cores and {', '.join(dict.fromkeys(lacking))} has "
+                            f"none (no fp4_tflops in {cluster.name}): train in fp8 or bf16", source=source)
         return
     lacking = [p.gpu.name for p in cluster.pools if p.gpu.fp8_tflops is None]
     if lacking:

@@ -405,8 +405,8 @@ def test_evaluate_batch_not_divisible() -> None:
     ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--tp", "8", "--pp", "1"],
 ], ids=["solve", "evaluate"])
 def test_bad_precision(command: list[str]) -> None:
-    run = cli(*command, "--precision", "fp4")
-    assert_bad_input(run, "precision", "'bf16' or 'fp8'", "'fp4'")
+    run = cli(*command, "--precision", "int8")
+    assert_bad_input(run, "precision", "'bf16', 'fp8' or 'fp4'", "'int8'")
 
 
 @pytest.mark.parametrize(("extra", "option"), [

@@ -314,6 +314,8 @@ CASES = [
                                                 *FAST], 2, ["--seq-len", "2048 learned position embeddings"]),
     ("fp8-on-a100", lambda t: ["solve", "llama-3.1-8b", "dgx-a100-80gb", "--gpus", "8", "--precision", "fp8", *FAST],
      2, ["FP8", "A100"]),
+    ("fp4-on-h100", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--precision", "fp4", *FAST],
+     2, ["--precision", "FP4 (NVFP4) training needs FP4 tensor cores", "H100-SXM5-80GB", "train in fp8 or bf16"]),
     *[(f"serve-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
                                                             "--mode", "serve", f, *v, *FAST], 2, [flag, "--mode train"])
       for flag, value in (("--mbs", ["2"]), ("--recompute", ["full"]), ("--cp", ["2"]), ("--zero-stage", ["1"]),

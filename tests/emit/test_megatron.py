@@ -645,6 +645,24 @@ def test_fp8_flags() -> None:
     assert blackwell["--fp8-recipe"] == ["mxfp8"]
 
 
+def test_fp4_flags_and_round_trip() -> None:
+    """An NVFP4 plan launches with Megatron's FP4 switches (--fp4-format e2m1 --fp4-recipe nvfp4, with
+    --bf16 for everything else) and no FP8 flag (Megatron: --fp4-format and --fp8-format are mutually
+    exclusive); parsing the command back gives the FP4 precision, and the parsed plan predicts the
+    same step."""
+    plan = make_plan("llama-3.1-8b", "dgx-b200", tp=2, dp=4, precision="fp4")
+    command = megatron_command(plan)
+    flags = split_command(command)[2]
+    assert flags["--fp4-format"] == ["e2m1"] and flags["--fp4-recipe"] == ["nvfp4"] and "--bf16" in flags
+    assert not [f for f in flags if f.startswith("--fp8")]
+    parsed = parse_megatron(command, vocab_size=plan.model.vocab_size)
+    assert parsed.precision is Precision.FP4 and not parsed.warnings
+    custom = parse_megatron(command.replace("--fp4-recipe nvfp4", "--fp4-recipe custom"),
+                            vocab_size=plan.model.vocab_size)
+    assert custom.precision is Precision.FP4
+    assert any("--fp4-recipe custom" in w for w in custom.warnings)
+
+
 def test_model_flags() -> None:
     qwen = split_command(megatron_command(make_plan("qwen3-30b-a3b", "dgx-h100", tp=4, dp=2, ep=8, etp=1)))[2]
     assert qwen["--kv-channels"] == ["128"] and "--qk-layernorm" in qwen and "--moe-layer-freq" not in qwen

@@ -151,7 +151,7 @@ CLUSTERS: dict[str, tuple] = {
     "hgx-h800": (2048, 8, 8, LinkKind.NVLINK, 989, 1979, 3.35, 79.6, 200, 50),
 }
 # Dense FP4 (NVFP4/MXFP4) tensor-core peaks, TFLOP/s: Blackwell only (datasheets cited in each YAML).
-FP4_PEAKS = {"gb300-nvl72": 15000, "dgx-b300": 13500}
+FP4_PEAKS = {"gb300-nvl72": 15000, "dgx-b300": 13500, "dgx-b200": 9000, "gb200-nvl72": 10000}
 
 
 def test_every_expected_cluster_is_bundled() -> None:

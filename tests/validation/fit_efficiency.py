@@ -83,6 +83,12 @@ def kernel_knobs(gpu: str | tuple[str, ...]) -> dict[str, float]:
     return KERNEL_TRAIN_KNOBS.get(gpu_generation(first), {})
 
 
+def _gemm_precision(run: dict) -> str:
+    """The GEMM knob family a run exercises: NVFP4 GEMMs run at `gemm_fp8`'s fraction of the FP4 peak
+    (autoshard.costmodel.fp8.gemm_peak), so FP4 runs count as FP8 ones here."""
+    return "fp8" if run["precision"] == "fp4" else run["precision"]
+
+
 def unexercised_knobs(runs: list[dict], reference: EfficiencySpec | None) -> dict[str, float]:
     """The GEMM knob of a precision none of `runs` trains in, at the reference GPU's value: FP8 runs
     touch the BF16 knob only through their few BF16 GEMMs (the output layer, the router), too little
@@ -91,7 +97,7 @@ def unexercised_knobs(runs: list[dict], reference: EfficiencySpec | None) -> dic
     if reference is None:
         return {}
     return {knob: getattr(reference, knob) for knob, precision in (("gemm", "bf16"), ("gemm_fp8", "fp8"))
-            if not any(r["precision"] == precision for r in held(runs))}
+            if not any(_gemm_precision(r) == precision for r in held(runs))}
 
 
 def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2,
@@ -153,7 +159,7 @@ def level_fit(gpu: str | tuple[str, ...], lent: EfficiencySpec, runs: list[dict]
     (MIN_RUNS) still pin one number per precision, which a lender of another generation gets wrong by
     its tensor cores' achievable fraction of peak."""
     knobs = {k for k, p in (("gemm", "bf16"), ("gemm_fp8", "fp8"))
-             if sum(r["precision"] == p for r in runs) >= MIN_LEVEL_RUNS}
+             if sum(_gemm_precision(r) == p for r in runs) >= MIN_LEVEL_RUNS}
     return _descend(gpu, runs, lent, set(GRID) - knobs)
 
 

@@ -230,12 +230,15 @@ def measured_useful_mfu() -> list[dict[str, Any]]:
             "tokens_per_s_per_gpu": lambda v: tokens / (v * gpus),
         }[result.metric](result.measured)
         gpu = validate_published._base_cluster(run["cluster"]).primary.gpu
-        fp8 = run["precision"] == "fp8" and gpu.fp8_tflops
-        peak = gpu.fp8_tflops if fp8 else gpu.bf16_tflops
+        precision, peak = "bf16", gpu.bf16_tflops  # the peak the run's GEMMs ran against (as predict_train states)
+        if run["precision"] == "fp8" and gpu.fp8_tflops:
+            precision, peak = "fp8", gpu.fp8_tflops
+        elif run["precision"] == "fp4" and gpu.fp4_tflops:
+            precision, peak = "fp4", gpu.fp4_tflops
         useful = causal_model_flops_per_step(model, seq_len=run["seq_len"], global_batch_size=run["global_batch_size"])
         tflops = useful / step / gpus / 1e12
         out.append({"id": run["id"], "source": validate_published.source_key(run), "gpu": gpu.name,
-                    "precision": "fp8" if fp8 else "bf16", "family": validate_published.run_family(run),
+                    "precision": precision, "family": validate_published.run_family(run),
                     "mfu": tflops / peak, "tflops": tflops, "peak_tflops": peak, "num_gpus": gpus,
                     "seq_len": run["seq_len"],
                     "citation": " ".join(str(run["source"]).split())})

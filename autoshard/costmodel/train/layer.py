@@ -12,7 +12,7 @@ from functools import lru_cache
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu
-from autoshard.costmodel.fp8 import fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
+from autoshard.costmodel.fp8 import NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
 from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.memory import (
     BF16,
@@ -103,16 +103,20 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
 
 
 def fp8_weight_cast_s(kind: LayerKind, params: float, pool: PoolSpec, cfg: TrainConfig) -> float:
-    """Seconds of Transformer Engine's once-per-step FP8 cast of a decoder layer's GEMM weights
-    (`params` per GPU) into the copies it caches for the step (fp8_weight_cache_bytes), on its chunk's
-    first micro-batch: an HBM-bound kernel at the training step's `hbm` knob. Megatron-Core and NeMo
-    only (the frameworks that cache the cast across micro-batches); 0 for BF16 plans."""
-    if kind not in (LayerKind.DENSE, LayerKind.MOE) or cfg.precision is not Precision.FP8 or cfg.framework not in (
+    """Seconds of Transformer Engine's once-per-step FP8 (or NVFP4) cast of a decoder layer's GEMM weights
+    (`params` per GPU) into the copies it caches for the step (fp8_weight_cache_bytes; NVFP4: from the
+    BF16 weights, an amax pass, the cast's read and both layouts written, fp8.NVFP4_CAST_BYTES), on its
+    chunk's first micro-batch: an HBM-bound kernel at the training step's `hbm` knob. Megatron-Core and
+    NeMo only (the frameworks that cache the cast across micro-batches); 0 for BF16 plans."""
+    if kind not in (LayerKind.DENSE, LayerKind.MOE) or not cfg.precision.quantized or cfg.framework not in (
             TrainFramework.MEGATRON, TrainFramework.NEMO):
         return 0.0
     gpu = pool.gpu
-    cached = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather)
-    per = fp8_weight_cast_bytes_per_param(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather, cached=cached)
+    if cfg.precision is Precision.FP4:
+        per = NVFP4_CAST_BYTES if gpu.fp4_tflops else 0.0
+    else:
+        cached = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather)
+        per = fp8_weight_cast_bytes_per_param(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather, cached=cached)
     return params * per / (gpu.hbm_tbps * 1e12 * training_gpu(gpu).efficiency.hbm)
 
 
@@ -193,9 +197,12 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     # --fp8-param-gather keeps Transformer Engine's linear weights in FP8; the embedding and the output
     # layer are not TE FP8 modules and stay BF16
     fp8_params = cfg.fp8_param_gather and cfg.precision is Precision.FP8 and is_decoder
-    fp8_cache = 0.0  # Transformer Engine's FP8 copies of the decoder GEMM weights
-    if is_decoder and cfg.precision is Precision.FP8 and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
-        fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
+    fp8_cache = 0.0  # Transformer Engine's FP8 (NVFP4) copies of the decoder GEMM weights
+    if is_decoder and cfg.precision.quantized and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
+        if cfg.precision is Precision.FP4:
+            fp8_cache = NVFP4_WEIGHT_CACHE_BYTES if gpu.fp4_tflops else 0.0
+        else:
+            fp8_cache = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=fp8_params)
     states = model_state_bytes(
         shards, dims=dims, zero_stage=cfg.zero_stage, optimizer=cfg.optimizer, framework=cfg.framework,
         grad_fp32=cfg.grad_reduce_fp32, fp8_params=fp8_params, moments_bf16=cfg.optimizer_moments_bf16,
@@ -203,7 +210,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     act_kwargs = dict(
         dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
         flash_attention=cfg.flash_attention, fp8=cfg.precision is Precision.FP8 and gpu.fp8_tflops is not None,
-        cross_entropy=cfg.cross_entropy,
+        fp4=cfg.precision is Precision.FP4 and gpu.fp4_tflops is not None, cross_entropy=cfg.cross_entropy,
     )
     if cfg.framework is TrainFramework.TORCHTITAN:
         tt_kwargs = dict(dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp)

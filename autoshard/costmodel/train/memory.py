@@ -238,6 +238,7 @@ def layer_activation_bytes(
     fp8: bool = False,
     recompute_moe: bool = False,
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE,
+    fp4: bool = False,
 ) -> float:
     """Bytes one micro-batch leaves saved for backward in one layer on one GPU.
 
@@ -255,8 +256,11 @@ def layer_activation_bytes(
     fp8: Transformer Engine keeps the input of every FP8 GEMM for its weight gradient in FP8 (1 B,
     the cast it already made) instead of BF16: the QKV and MLP inputs (norm outputs), the attention
     output feeding the output projection, the down-projection input and the routed experts'
-    permuted inputs. Norm inputs, Q/K/V and the activation-function inputs stay BF16."""
-    saved_gemm_input = 1 if fp8 else BF16
+    permuted inputs. Norm inputs, Q/K/V and the activation-function inputs stay BF16.
+
+    fp4: the same tensors kept as the NVFP4 columnwise copy the weight-gradient GEMM reads (0.5 + 1/16 B)."""
+    saved_gemm_input = 0.5 + 1 / 16 if fp4 else 1 if fp8 else BF16
+    fp8 = fp8 or fp4
     tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
     tokens = s * b
     h = model.hidden_size

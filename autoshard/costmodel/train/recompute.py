@@ -85,7 +85,8 @@ def module_recompute(
             # Megatron-MoE-ModelZoo runs that recompute it): what it no longer keeps, what re-runs
             act = dict(dims=dims, micro_batch_size=micro_batch_size, seq_len=seq_len, recompute=Recompute.SELECTIVE,
                        sequence_parallel=sequence_parallel,
-                       fp8=precision is Precision.FP8 and gpu.fp8_tflops is not None)
+                       fp8=precision is Precision.FP8 and gpu.fp8_tflops is not None,
+                       fp4=precision is Precision.FP4 and gpu.fp4_tflops is not None)
             saved += layer_activation_bytes(model, kind, **act) - layer_activation_bytes(
                 model, kind, recompute_moe=True, **act)
             extra += moe_block_recompute_s(model, layer_gemms(model, kind, tokens=tokens, dims=dims), tokens=tokens,

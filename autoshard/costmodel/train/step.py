@@ -141,6 +141,15 @@ def dp_exposed_share(cfg: TrainConfig) -> float:
     return 1.0 / vpp if vpp > 1 and cfg.overlap_grad_reduce and cfg.zero_stage < 3 else 1.0
 
 
+def _precision_peak(gpu: GpuSpec, precision: Precision) -> float:
+    """The dense peak (TFLOP/s) MFU is stated against: the plan's GEMM precision where the GPU has it."""
+    if precision is Precision.FP8 and gpu.fp8_tflops:
+        return gpu.fp8_tflops
+    if precision is Precision.FP4 and gpu.fp4_tflops:
+        return gpu.fp4_tflops
+    return gpu.bf16_tflops
+
+
 def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> float:
     """Forward FLOPs re-executed per step: whole decoder layers under full recompute, the attention
     core under selective recompute."""
@@ -332,11 +341,12 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     peaks = []
     for r in range(pp):
         gpu = pools[stages[r].pool].gpu
-        fp8 = cfg.precision is Precision.FP8 and gpu.fp8_tflops
-        peaks.append((gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * stage_gpus)
+        peaks.append(_precision_peak(gpu, cfg.precision) * stage_gpus)
     peak = sum(peaks) / num_gpus
     used_gpus = {pools[st.pool].gpu for st in stages}
-    fp8_peak = cfg.precision is Precision.FP8 and all(g.fp8_tflops for g in used_gpus)
+    peak_name = "bf16 dense"
+    if all(_precision_peak(g, cfg.precision) != g.bf16_tflops for g in used_gpus):
+        peak_name = f"{cfg.precision.value} dense"
     notes = tuple(
         f"{g.name}: efficiency {efficiency_source(g)} (too few published runs of this GPU for a fit of its "
         "own: its speed is that fit scaled by datasheet peaks, less certain)"
@@ -360,5 +370,5 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         rank_time_s=tuple(rank_time),
         num_gpus=num_gpus,
         notes=notes,
-        mfu_peak="fp8 dense" if fp8_peak else "bf16 dense",
+        mfu_peak=peak_name,
     )

@@ -213,7 +213,7 @@ class TrainPrediction:
     num_gpus: int
     notes: tuple[str, ...] = field(default=())
     mfu_peak: str = "bf16 dense"
-    """The peak MFU is measured against: "bf16 dense" or "fp8 dense" (no sparsity)."""
+    """The peak MFU is measured against: "bf16 dense", "fp8 dense" or "fp4 dense" (no sparsity)."""
 
     @property
     def fits(self) -> bool:

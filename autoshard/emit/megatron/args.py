@@ -229,6 +229,8 @@ def _precision_args(plan: Plan) -> list[Arg]:
             args += [("--fp8-amax-history-len", "1024"), ("--fp8-amax-compute-algo", "max")]
         if plan.config.fp8_param_gather:
             args.append(("--fp8-param-gather", None))
+    elif plan.config.precision is Precision.FP4:
+        args += [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
     return args
 
 

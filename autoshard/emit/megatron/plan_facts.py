@@ -40,8 +40,9 @@ def precision(r: FlagReader) -> Precision:
     if r.on("--fp8-format"):
         return Precision.FP8
     if r.on("--fp4-format"):
-        r.warnings.append("--fp4-format: FP4 training is not modeled; predicted as FP8")
-        return Precision.FP8
+        if r.text("--fp4-recipe") == "custom":
+            r.warnings.append("--fp4-recipe custom: a custom quantizer is not modeled; predicted as NVFP4")
+        return Precision.FP4
     if r.on("--fp16"):
         r.warnings.append("--fp16 is predicted as bf16 (same speed and memory)")
     elif not r.on("--bf16"):
