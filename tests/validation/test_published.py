@@ -505,3 +505,73 @@ def test_mlmrecipe_qwen3_30b_runs():
     assert stash.predicted == pytest.approx(partial.predicted, rel=1e-9)  # no knob tells them apart
     assert partial.measured / stash.measured == pytest.approx(646.8 / 514, rel=1e-6)
     assert abs(stash.error) < 0.05  # within 5 % (1 % slow with the GB200 refit, 5 % fast before)
+
+
+def test_mlperf_nvfp4_runs():
+    """MLPerf Training v5.1 and v6.0 NVFP4 (precision fp4: Transformer Engine NVFP4BlockScaling, FP4=True,
+    FP4_RECIPE=nvfp4) Llama 3.1 runs whose plan is published, read from training_runs.yaml directly. NVIDIA's
+    405B at 512 GB200 (TP 4), 512 GB300 (TP 2), 2,560 and 5,120 GB200 in v5.1 and at 512 / 2,048 GB300 (TP 2)
+    in v6.0 (PP 8 x VPP 8, CP 2, full-iteration CUDA graph, BF16 attention, the vanilla recipe: no RHT, no
+    stochastic rounding, 1D weight scaling; v6.0's common files are not in the stored copy, so its recipe is
+    v5.1's) are held. Every 8B fp4 submission (NVIDIA GB200/GB300 at 8 GPUs; Oracle, Dell, Supermicro,
+    Nebius on B200; Lenovo, Nebius on B300) sources config_common_fp8attn.sh: FP8 attention, which autoshard
+    does not price, so shown, not held. No run keeps decoder layers in BF16 (fp4_bf16_layers [0, 0]); none
+    gathers parameters in FP4."""
+    text = (Path(__file__).resolve().parent / "training_runs.yaml").read_text(encoding="utf-8")
+    runs = yaml.safe_load(text)
+    rows = {r["id"]: r for r in runs if r["precision"] == "fp4"}
+    # id -> cluster, (tp, pp, vpp, cp, dp), micro-batch, global batch, measured step (s)
+    plans = {
+        "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4": ("gb200-nvl72", (4, 8, 8, 2, 8), 1, 1152, 17.34),
+        "mlperf51-nvidia-gb300-llama31-405b-512gpu-fp4": ("gb300-nvl72", (2, 8, 8, 2, 16), 1, 1152, 13.17),
+        "mlperf51-nvidia-gb200-llama31-405b-2560gpu-fp4": ("gb200-nvl72", (4, 8, 8, 2, 40), 1, 960, 3.314),
+        "mlperf51-nvidia-gb200-llama31-405b-5120gpu-fp4": ("gb200-nvl72", (4, 8, 8, 2, 80), 1, 1280, 2.450),
+        "mlperf51-nvidia-gb200-llama31-8b-8gpu-fp4": ("gb200-nvl72", (1, 1, 1, 1, 8), 2, 16, 0.4060),
+        "mlperf51-nvidia-gb300-llama31-8b-8gpu-fp4": ("gb300-nvl72", (1, 1, 1, 1, 8), 2, 16, 0.3469),
+        "mlperf51-oracle-b200-llama31-8b-8gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 8), 2, 16, 0.4535),
+        "mlperf51-dell-b200-llama31-8b-8gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 8), 2, 16, 0.4511),
+        "mlperf51-supermicro-b200-llama31-8b-8gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 8), 2, 16, 0.4501),
+        "mlperf51-lenovo-b300-llama31-8b-8gpu-fp4": ("dgx-b300", (1, 1, 1, 1, 8), 2, 16, 0.4068),
+        "mlperf51-nebius-b200-llama31-8b-8gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 8), 2, 16, 0.4567),
+        "mlperf51-nebius-b200-llama31-8b-16gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 16), 1, 32, 0.4972),
+        "mlperf51-nebius-b200-llama31-8b-32gpu-fp4": ("dgx-b200", (1, 1, 1, 1, 32), 1, 32, 0.2695),
+        "mlperf51-nebius-b300-llama31-8b-8gpu-fp4": ("dgx-b300", (1, 1, 1, 1, 8), 2, 16, 0.3950),
+        "mlperf60-nvidia-gb300-llama31-405b-512gpu-fp4": ("gb300-nvl72", (2, 8, 8, 2, 16), 1, 896, 9.593),
+        "mlperf60-nvidia-gb300-llama31-405b-2048gpu-fp4": ("gb300-nvl72", (2, 8, 8, 2, 64), 1, 1024, 3.095),
+    }
+    assert rows.keys() == plans.keys()
+    assert all(source_key(r) == i.split("-")[0] in ("mlperf51", "mlperf60") for i, r in rows.items())
+    for i, (cluster, dims, mbs, gbs, step) in plans.items():
+        r, p = rows[i], rows[i]["parallel"]
+        assert (r["cluster"], (p["tp"], p["pp"], p["vpp"], p["cp"], p["dp"])) == (cluster, dims), i
+        assert (r["micro_batch_size"], r["global_batch_size"], r["seq_len"]) == (mbs, gbs, 8192), i
+        assert r["measured"] == {"metric": "step_time_s", "value": step}, i
+        assert p["tp"] * p["pp"] * p["cp"] * p["dp"] == int(i.split("-")[-2].removesuffix("gpu")), i
+        assert gbs % (p["dp"] * mbs) == 0, i
+        assert "fp8_recipe" not in r and r["fp4_bf16_layers"] == [0, 0] and r["recompute"] == "none", i
+        assert not r["fp8_param_gather"] and not r["tp_comm_overlap"] and not r["grad_reduce_fp32"], i
+        assert "NVTE_NVFP4_DISABLE_RHT=1" in r["assumed"], i
+    big = {i for i in rows if "-405b-" in i}
+    assert {i for i, r in rows.items() if not r.get("skip_throughput")} == big
+    for i in big:
+        r = rows[i]
+        assert (r["model_file"], r["pipeline_layout"], r["sequence_parallel"], r["cross_entropy"]) == (
+            "llama-3.1-405b", "Et|(tt|)*62tL", True, "native")
+        assert "BF16 attention" in r["assumed"] and "full-iteration CUDA graph" in r["framework_features"]
+    for i in rows.keys() - big:
+        r = rows[i]
+        assert (r["model_file"], r["sequence_parallel"], r["cross_entropy"]) == ("llama-3.1-8b", False, "te")
+        assert r["skip_throughput"].startswith("FP8 attention (FP8_DPA=True")
+        assert "FP8 attention (FP8_DPA)" in r["framework_features"]
+    # the vanilla NVFP4 recipe (RHT, stochastic rounding, 2D quantization all off): the 405B configs, and
+    # Nebius's B300 config, which sources config_common_fp4.sh after config_common_8b.sh; the other 8B
+    # configs turn stochastic rounding and 2D quantization on
+    vanilla = {i for i, r in rows.items() if "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1" in r["assumed"]}
+    assert vanilla == big | {"mlperf51-nebius-b300-llama31-8b-8gpu-fp4"}
+    sr_2d = rows.keys() - vanilla
+    assert all("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=0" in rows[i]["assumed"] for i in sr_2d)
+    # full-iteration CUDA graphs on the 405B runs and, by their config dumps, Nebius's 16/32-GPU B200 and
+    # B300 runs; the other 8B configs set FULL_CUDA_GRAPH=0 (per-layer graphs, cuda_graph_scope full)
+    full_iter = {i for i, r in rows.items() if "full-iteration CUDA graph" in r["framework_features"]}
+    nebius = "mlperf51-nebius-b200-llama31-8b-16gpu-fp4", "mlperf51-nebius-b200-llama31-8b-32gpu-fp4"
+    assert full_iter == big | set(nebius) | {"mlperf51-nebius-b300-llama31-8b-8gpu-fp4"}
