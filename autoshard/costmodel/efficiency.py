@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autoshard.specs.cluster import TRAIN_KNOBS, GpuSpec
+from autoshard.specs.cluster import TRAIN_KNOBS, GpuSpec, PoolSpec
 
-__all__ = ["efficiency_source", "is_borrowed", "training_gpu", "KERNEL_TRAIN_KNOBS"]
+__all__ = ["efficiency_source", "is_borrowed", "training_gpu", "training_pool", "KERNEL_TRAIN_KNOBS"]
 
 # Fused causal attention in training, measured at kernel level instead of fitted: on Hopper, cuDNN's
 # fused attention (what Transformer Engine runs on H100) at head dim 128 in BF16, FlashAttention-3
@@ -48,6 +48,14 @@ def training_gpu(gpu: GpuSpec) -> GpuSpec:
     if all(getattr(eff, "train_" + k) is None for k in TRAIN_KNOBS):
         return gpu
     return gpu.model_copy(update={"efficiency": eff.training()})
+
+
+@lru_cache(maxsize=1024)
+def training_pool(pool: PoolSpec) -> PoolSpec:
+    """`pool` with its GPU's training efficiencies (training_gpu): what the training step's
+    collectives (their bandwidth fractions, TP overlap) and GEMMs read."""
+    gpu = training_gpu(pool.gpu)
+    return pool if gpu is pool.gpu else pool.model_copy(update={"gpu": gpu})
 
 
 def is_borrowed(gpu: GpuSpec) -> bool:

@@ -105,6 +105,20 @@ class EfficiencySpec(FrozenSpec):
     train_attention_half_seq: Annotated[float, Field(ge=0, le=1e7)] | None = 630.0
     """Training-only override of `attention_half_seq` (None: use `attention_half_seq`). H100 default:
     from kernel benchmarks like train_attention."""
+    train_gemm_half_dim: Annotated[float, Field(ge=0, le=1e6)] | None = 64.0
+    """Training-only override of `gemm_half_dim` (None: use `gemm_half_dim`): the smooth fall-off of a
+    training GEMM with its smallest dimension where no measured shape table applies. H100 default: the
+    H100 fit's value (its own GEMMs take the measured table)."""
+    train_tp_overlap: Annotated[float, Field(ge=0, le=1)] | None = 0.8
+    """Training-only override of `tp_overlap` (None: use `tp_overlap`)."""
+    train_intra_node_bw: Fraction | None = 0.7
+    """Training-only override of `intra_node_bw` (None: use `intra_node_bw`): the training step's
+    collectives inside the NVLink domain (TP, CP, EP, DP, pipeline sends). H100 default: the H100 fit."""
+    train_inter_node_bw: Fraction | None = 0.9
+    """Training-only override of `inter_node_bw` (None: use `inter_node_bw`). With the three above, every
+    knob `fit_efficiency.py` fits ships with the GPU: the shipped training prediction is the validated one
+    (tests/validation/test_published.py holds every run's to its residual file's all-in prediction), while
+    serving keeps the shared knobs its own fit was made with."""
     train_gemm_shape_measured: bool | None = True
     """Training-only override of `gemm_shape_measured` (None: use it): the training step's GEMMs
     take their shape fall-off from the measured table of the GPU's generation where there is one."""
@@ -143,7 +157,8 @@ class EfficiencySpec(FrozenSpec):
         return self.model_copy(update=update)
 
 
-TRAIN_KNOBS = ("gemm", "gemm_fp8", "hbm", "attention", "attention_half_seq", "gemm_shape_measured")
+TRAIN_KNOBS = ("gemm", "gemm_fp8", "hbm", "attention", "attention_half_seq", "gemm_shape_measured", "gemm_half_dim",
+               "tp_overlap", "intra_node_bw", "inter_node_bw")
 """Knobs with a training-only override (EfficiencySpec.train_<knob>)."""
 
 

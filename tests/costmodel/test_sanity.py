@@ -80,7 +80,7 @@ def test_reference_rows_are_consistent_and_cited() -> None:
     held = {r["id"]: r for r in validate_published.load_runs() if not r.get("skip_throughput")}
     assert len(REFS) >= 8
     for r in REFS:
-        assert r["precision"] in ("bf16", "fp8") and r["family"] in ("dense", "moe")
+        assert r["precision"] in ("bf16", "fp8", "fp4") and r["family"] in ("dense", "moe")
         assert r["mfu"] == pytest.approx(r["tflops"] / r["peak_tflops"], rel=1e-3), r["run"]
         run = held[r["run_id"]]  # a held validation run, its citation copied
         assert r["citation"] == " ".join(str(run["source"]).split())
@@ -95,7 +95,10 @@ def _peak(cluster: str, precision: str) -> float:
     local = VALIDATION / "clusters" / f"{cluster}.yaml"
     path = local if local.is_file() else ROOT / "clusters" / f"{cluster}.yaml"
     gpu = yaml.safe_load(path.read_text())["gpu"]
-    return gpu["fp8_tflops"] if precision == "fp8" and gpu.get("fp8_tflops") else gpu["bf16_tflops"]
+    for p in ("fp8", "fp4"):  # the peak the run's quantized GEMMs ran against, where the GPU has it
+        if precision == p and gpu.get(f"{p}_tflops"):
+            return gpu[f"{p}_tflops"]
+    return gpu["bf16_tflops"]
 
 
 def test_no_measured_validation_run_would_be_flagged() -> None:

@@ -15,6 +15,7 @@ from autoshard.costmodel.train.types import TrainConfig
 from autoshard.emit.megatron.layout import default_stages
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
 from autoshard.specs import EfficiencySpec, LayerKind, ModelSpec, Precision, load_cluster, load_model
+from autoshard.specs.cluster import TRAIN_KNOBS
 
 LLAMA70 = load_model("llama-3.1-70b")
 QWEN = load_model("qwen3-235b-a22b")
@@ -140,12 +141,13 @@ def test_efficiency_source_says_fitted_or_borrowed():
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
-    # Blackwell: B200 and GB200 on their own runs; GB300/B300 borrow the pooled Blackwell fit, not H100's
+    # Blackwell: B200, GB200 and GB300 (5 held runs with its NVFP4 ones) on their own runs; B300 borrows
+    # the pooled Blackwell fit, not H100's
     assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 14 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 21 runs"
-    for name in ("gb300-nvl72", "dgx-b300"):
-        assert efficiency_source(load_cluster(name).primary.gpu) == (
-            "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 24 runs"
+    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 5 runs"
+    assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == (
+        "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
 
 
 def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
@@ -173,8 +175,7 @@ def test_tp_overlap_splits_gemms_as_userbuffers_do():
     from autoshard.costmodel.compute import UB_MAX_STREAMS, UB_PIPELINE_SM_FRACTION, tp_overlap_gemm_extra_s
     from autoshard.costmodel.flops import layer_gemms
 
-    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, train_gemm=None, train_gemm_fp8=None, train_hbm=None,
-                         train_gemm_shape_measured=None)
+    eff = EfficiencySpec(kernel_overhead_us=0.0, hbm=1.0, **{"train_" + k: None for k in TRAIN_KNOBS})
     gpu = H100.primary.gpu.model_copy(update={"efficiency": eff, "hbm_tbps": 1e6})
     dims = ParallelDims(tp=8)
     gemms = layer_gemms(LLAMA70, LayerKind.DENSE, tokens=4096, dims=dims)
@@ -245,9 +246,7 @@ def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones(
     assert gemm_time_s(g, training_gpu(gpu), Precision.BF16) == pytest.approx(g.flops / (989e12 * 0.60 * measured))
     assert training_gpu(gpu).efficiency.train_gemm is None  # applied once, idempotent
     assert training_gpu(training_gpu(gpu)) == training_gpu(gpu)
-    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(
-        train_gemm=None, train_gemm_fp8=None, train_hbm=None, train_attention=None, train_attention_half_seq=None,
-        train_gemm_shape_measured=None)})
+    neutral = gpu.model_copy(update={"efficiency": EfficiencySpec(**{"train_" + k: None for k in TRAIN_KNOBS})})
     assert training_gpu(neutral) is neutral
     # the bundled H100 ships the training refit; A100 files carry their own
     h100 = load_cluster("dgx-h100").primary.gpu

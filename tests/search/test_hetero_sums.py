@@ -103,4 +103,4 @@ def test_gpt3_on_mixed_3pool_is_proven_optimal():
     assert plan.solver.status == "OPTIMAL"
     assert plan.solver.bound == plan.solver.objective
     assert plan.config.dims.describe() == "TP4 PP24 DP1"
-    assert plan.solver.objective == pytest.approx(120.682802, abs=2e-6)
+    assert plan.solver.objective == pytest.approx(120.684936, abs=2e-6)  # 120.682802 before the H100 pool shipped its fitted comm knobs (item U)

@@ -57,7 +57,7 @@ def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows)
     cost = closing_op_s(list(rows.values()))
     assert rows[QWEN30].error_at(cost) == pytest.approx(0.0, abs=1e-6)
     assert rows[TP4].error_at(cost) < -0.25  # the 235B row stays 28 % fast (31 % without it)
-    assert gb200.error_at(cost) > 0.30  # +32 % slow with it; +25 % out of source today (step time)
+    assert gb200.error_at(cost) > 0.15  # +20 % slow with it; +13 % out of source today (step time; +25 % before item T)
     assert gb200.gap_s < 0 and gb200.needed_op_s is None  # no gap of its own to close
 
 

@@ -14,7 +14,7 @@ from autoshard.costmodel.train.step import predict_train
 from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.specs import load_cluster
 from autoshard.units import GIB
-from validate_published import RESIDUALS, evaluate_runs, load_runs, run_family, source_key
+from validate_published import RESIDUALS, evaluate_runs, load_runs, predict_run, run_family, source_key
 
 MEGATRON_TABLE = Path(__file__).resolve().parents[1] / "emit" / "published_megatron.yaml"
 HOPPER = ("H100-SXM5-80GB", "H200-SXM-141GB")
@@ -46,17 +46,18 @@ def test_no_dense_run_worse_than_25_percent(run):
 def test_fsdp_runs():
     """ZeRO-3/FSDP runs (MosaicML llm-foundry on A100 and H100 with Composer FSDP FULL_SHARD, NeMo
     Megatron-FSDP Llama-3 70B on GB200, Megatron's torch FSDP2 for Llama 70B on MI325X; 15 held):
-    median |error| 3 %, worst +16 % (two 8-H100 runs:
-    7B at 8,192 tokens, and 13B with a single micro-batch per step, where FSDP's gathers have nothing
-    to hide behind; 13B was +18.4 % while its eager optimizer step was priced at serving's HBM knob).
+    median |error| 3 %, worst 11 %: the 7B at 8,192 tokens on 8 H100 (+11.3 %, FSDP's gathers have little
+    to hide behind) and the 30B on 32 H100 (-11.3 %, step time predicted long); the 13B with a single
+    micro-batch per step is +9.5 % (+18.4 % while its eager optimizer step was priced at serving's HBM knob).
     Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
     +10.8 %): the serving-era H100 GEMM knob was too high for training."""
     errs = [abs(r.error) for r in FSDP]
     assert len(errs) == 15
     assert statistics.median(errs) <= 0.06
-    assert max(errs) <= 0.17
-    worst = max(FSDP, key=lambda r: abs(r.error))
-    assert worst.id in ("mpt-h100-7b-seq8192-8gpu", "mpt-h100-13b-seq2048-8gpu") and worst.error > 0
+    assert max(errs) <= 0.12
+    worst = sorted(FSDP, key=lambda r: abs(r.error))[-2:]
+    assert {r.id for r in worst} == {"mpt-h100-7b-seq8192-8gpu", "mpt-h100-30b-seq2048-32gpu"}
+    assert sorted(round(r.error, 3) for r in worst) == [-0.113, 0.113]
 
 
 def test_moe_runs():
@@ -216,10 +217,29 @@ def test_residual_file_covers_every_run():
         assert (row["mem_measured_gib"] is None) == (res.measured_memory_gib is None or res.memory_gap is not None)
 
 
+def test_the_shipped_knobs_are_the_validated_fit():
+    """Every run predicted with the bundled clusters' knobs (RESULTS) equals its all-in fit prediction in the
+    residual file, which the in-sample figures, the bands and fit_efficiency.py's output are made of: every
+    knob the fit moves (the GEMM fall-off, TP overlap and collective bandwidth fractions too, as training-only
+    overrides) ships. A knob copied wrong, or one the fit moves that does not ship, breaks this."""
+    rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
+    off = {r.id: r.predicted / rows[r.id]["predicted_fit"] - 1 for r in RESULTS}
+    assert max(abs(d) for d in off.values()) < 1e-9, {i: d for i, d in off.items() if abs(d) >= 1e-9}
+
+
+def test_nvfp4_rows_with_bf16_edge_layers_are_refused():
+    """Megatron's --first-last-layers-bf16 keeps some decoder layers out of FP4: a per-layer precision
+    autoshard does not model, so a row that says it ran so cannot be predicted as if it had not."""
+    row = next(r for r in RUNS if r["id"] == "mlperf51-nvidia-gb300-llama31-405b-512gpu-fp4")
+    assert row["fp4_bf16_layers"] == [0, 0] and predict_run(row).predicted > 0
+    with pytest.raises(ValueError, match="decoder layers kept in BF16 under FP4 are not modelled"):
+        predict_run({**row, "fp4_bf16_layers": [1, 1]})
+
+
 def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
-    """fit_efficiency.generation_pool: GB300 (2 held runs) and B300 (1, MLPerf v5.1 Dell) pool the held
-    runs of every Blackwell type (B200 14, B300 1, GB200 21, GB300 2), never H100's or A100's; a GPU of
-    no fitted generation has no pool (it borrows H100's)."""
+    """fit_efficiency.generation_pool: B300 (1 held run, MLPerf v5.1 Dell) pools the held runs of every
+    Blackwell type (B200 14, B300 1, GB200 24, GB300 5), never H100's or A100's; GB300 has a fit of its own
+    since its three NVFP4 405B runs (5 held); a GPU of no fitted generation has no pool (it borrows H100's)."""
     from fit_efficiency import MIN_RUNS, generation_pool, held
     from validate_published import run_gpu
 
@@ -227,11 +247,11 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     for r in held(RUNS):
         by_gpu.setdefault(run_gpu(r), []).append(r)
     blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
-    for gpu in ("GB300-288GB", "B300-SXM-288GB"):
-        types, pool = generation_pool(gpu, by_gpu)
-        assert types == blackwell
-        assert [len(by_gpu[t]) for t in types] == [14, 1, 21, 2] and len(pool) == 38 >= MIN_RUNS
-        assert all(run_gpu(r) in blackwell for r in pool)
+    types, pool = generation_pool("B300-SXM-288GB", by_gpu)
+    assert types == blackwell
+    assert [len(by_gpu[t]) for t in types] == [14, 1, 24, 5] and len(pool) == 44 >= MIN_RUNS
+    assert all(run_gpu(r) in blackwell for r in pool)
+    assert len(by_gpu["GB300-288GB"]) == MIN_RUNS  # a fit of its own
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's three
     # held H200 runs (v5.0 Nebius 405B, v5.1 HPE 8B, v6.0 Cisco 8B), too few for an H200 fit of its own
     types, pool = generation_pool("H200-SXM-141GB", by_gpu)
@@ -253,9 +273,10 @@ def test_cdna3_runs_are_held_and_fitted():
     the BF16 70B row shown, not held: its recompute and global batch are unknown at micro-batch 1) and
     MiTAC's MLPerf Training v6.0 Llama 3.1 8B FP8 run on one node (mitac: step time from the result
     log's training blocks; shown, not held: Primus-Turbo off and the CK v3 attention settings of the
-    run unpublished, worth 13 % of the step). With the shipped MI325X knobs the five dense runs are
-    within 8 % (median 1.3 %; within 6 %, median 3 %, before item R's weight cast moved the fit's train_hbm
-    0.60 -> 0.80); Mixtral's +16 % is reported, not fitted away; MiTAC's run is 20 % fast."""
+    run unpublished, worth 13 % of the step). With the shipped MI325X knobs (every fitted knob since item U:
+    the fit's GEMM fall-off and inter-node bandwidth fraction too) the five dense runs are within 6.1 %
+    (median 2.7 %; median 1.3 % with the shared knobs before item U); Mixtral's +10.6 % is reported, not
+    fitted away; MiTAC's run is 18 % fast."""
     ids = {r.id for r in CDNA3}
     assert len(CDNA3) == 8 and {source_key({"id": i}) for i in ids} == {"aac", "amdperf", "mitac"}
     held = [r for r in CDNA3 if not r.skip_throughput]
@@ -264,7 +285,7 @@ def test_cdna3_runs_are_held_and_fitted():
     mitac = next(r for r in CDNA3 if r.id == "mitac-mi325x-llama31-8b-8gpu-fp8")
     assert mitac.metric == "step_time_s" and -0.25 <= mitac.error <= -0.10, mitac.error
     dense = [abs(r.error) for r in held if FAMILY[r.id] == "dense"]
-    assert len(dense) == 5 and statistics.median(dense) <= 0.02 and max(dense) <= 0.08
+    assert len(dense) == 5 and statistics.median(dense) <= 0.03 and max(dense) <= 0.065
     mixtral = next(r for r in held if FAMILY[r.id] == "moe")
     assert 0.10 <= mixtral.error <= 0.20, mixtral.error
     # AMD's published figure and the independent run of the same plan agree within 1 %
@@ -340,7 +361,7 @@ def test_mlperf51_blackwell_runs():
     predicted 10 % short and the 16-GPU and 405B runs' 7-11 % long, while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
-    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER}
+    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
     held = [r for r in rows.values() if not r.skip_throughput]
     assert len(rows) == 11 and len(held) == 9
     assert sum(r.gpu == "B200-SXM-180GB" for r in held) == 6
@@ -352,7 +373,7 @@ def test_mlperf51_blackwell_runs():
     cp2 = {i for i in b200 if i.endswith("-cp2")}
     assert len(cp2) == 2 and all(-0.13 <= b200[i] <= -0.06 for i in cp2)  # predicted short
     assert all(0.05 <= b200[i] <= 0.14 for i in b200.keys() - cp2)  # predicted long
-    assert all(-0.50 < r.error < -0.30 for r in rows.values() if r.skip_throughput)
+    assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
 
 def test_mlperf60_runs():
@@ -363,10 +384,10 @@ def test_mlperf60_runs():
     has no knob for (the rule of the shown ModelZoo A2A-overlap rows and the Qwen3-30B-A3B paged-stash recipe).
     With the shipped knobs the GB200 steps are predicted +9 % (512), +5 % (2,048) and -9 % (4,096): the four
     GB200 runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.148 s
-    + 0.14 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (28 % short). The GB300
-    runs are predicted 57-60 % long: NVIDIA's own count (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630
-    TFLOP/s per GPU against GB200's 974 at the same 512 GPUs, while autoshard prices GB300 at GB200's MXFP8
-    rate (the predicted compute term alone, 54 s at 256 GPUs, is longer than the measured 39 s step).
+    + 0.14 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (26 % short). The GB300
+    runs are predicted 44-46 % long (57-60 % before GB300's own fit, item T): NVIDIA's own count
+    (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630 TFLOP/s per GPU against GB200's 974 at the same
+    512 GPUs, while autoshard prices GB300 at about GB200's MXFP8 rate.
     Cisco's Llama 3.1 8B FP8 (tensorwise) on 16 H200 (plan from the log's config dump, 2 micro-batches per
     step, full-iteration CUDA graph) is predicted 3 % short."""
     by_id = {r["id"]: r for r in RUNS}
@@ -375,7 +396,7 @@ def test_mlperf60_runs():
     assert cisco.gpu == "H200-SXM-141GB" and not cisco.skip_throughput and cisco.measured == 1.181
     assert (by_id[cisco.id]["fp8_recipe"], by_id[cisco.id]["global_batch_size"], by_id[cisco.id]["parallel"]["dp"]) == ("tensorwise", 32, 16)
     assert -0.08 < cisco.error < 0.0
-    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-")}
+    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-") and not r.id.endswith("-fp4")}
     assert len(rows) == 6
     assert all(r.skip_throughput and "overlap" in r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
@@ -391,7 +412,7 @@ def test_mlperf60_runs():
     assert measured == {"gb300-dsv3-671b-256": 39.28, "gb300-dsv3-671b-512": 20.03, "gb200-dsv3-671b-512": 32.91,
                         "gb200-dsv3-671b-2048": 8.653, "gb200-dsv3-671b-4096": 5.366, "gb200-dsv3-671b-8192": 3.477}
     err = {i.removeprefix("mlperf60-nvidia-").removesuffix("gpu"): r.error for i, r in rows.items()}
-    assert all(0.50 < err[k] < 0.65 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
+    assert all(0.40 < err[k] < 0.50 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
     assert 0.05 < err["gb200-dsv3-671b-512"] < 0.12
     assert 0.0 < err["gb200-dsv3-671b-2048"] < 0.08
     assert -0.13 < err["gb200-dsv3-671b-4096"] < -0.05
@@ -401,13 +422,15 @@ def test_mlperf60_runs():
 def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
-    shipped GB200 knobs (fitted on 21 GB200 runs, these 7 among them) each step is within 4 %; out of source
-    (residuals_train.json) 9-13 % long (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
+    shipped GB200 knobs (fitted on 24 GB200 runs, these 7 among them) each step is within 7 % (2-6 % long);
+    out of source (residuals_train.json) within 3 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
+    plan family) now pin the GB200 fit of the fold that leaves v5.0 out, which was 9-13 % long without them
+    (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
-    assert all(abs(r.error) < 0.04 for r in rows)
+    assert all(0.0 < r.error < 0.07 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
-    assert all(0.08 < loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1 < 0.14 for r in rows)
+    assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.035 for r in rows)
 
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
@@ -480,9 +503,9 @@ def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held and every one is predicted fast: BF16 14-15 % on both GPUs, FP8 21-25 %, because the measured FP8
+    recipes are held and every one is predicted fast: BF16 11-13 % on both GPUs, FP8 18-19 %, because the measured FP8
     step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
-    while autoshard prices FP8 5-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    while autoshard prices FP8 4-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
     MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: autoshard has no knob for it and
     prices it as the partial-graph MXFP8 row, which it runs 26 % faster than."""
@@ -494,17 +517,17 @@ def test_mlmrecipe_qwen3_30b_runs():
     bf16 = {i: r for i, r in held.items() if "-bf16-" in i}
     fp8 = {i: r for i, r in held.items() if "-bf16-" not in i}
     assert len(bf16) == len(fp8) == 2
-    assert all(-0.17 < r.error < -0.12 for r in bf16.values())  # predicted fast
-    assert all(-0.27 < r.error < -0.19 for r in fp8.values())  # predicted faster still
+    assert all(-0.14 < r.error < -0.10 for r in bf16.values())  # predicted fast
+    assert all(-0.20 < r.error < -0.17 for r in fp8.values())  # predicted faster still
     for gpu in ("h100", "gb200"):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
         assert f.measured / b.measured > 1.0  # FP8 ran no faster than BF16 ...
-        assert f.predicted / b.predicted < 0.96  # ... where autoshard prices it 5-8 % faster
+        assert f.predicted / b.predicted < 0.97  # ... where autoshard prices it 4-8 % faster
     stash, partial = rows["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-paged-stash"], held["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"]
     assert stash.predicted == pytest.approx(partial.predicted, rel=1e-9)  # no knob tells them apart
     assert partial.measured / stash.measured == pytest.approx(646.8 / 514, rel=1e-6)
-    assert abs(stash.error) < 0.05  # within 5 % (1 % slow with the GB200 refit, 5 % fast before)
+    assert abs(stash.error) < 0.05  # within 5 % (3 % slow since item T's GB200 refit, 5 % fast before item Q)
 
 
 def test_mlperf_nvfp4_runs():
@@ -575,3 +598,21 @@ def test_mlperf_nvfp4_runs():
     full_iter = {i for i, r in rows.items() if "full-iteration CUDA graph" in r["framework_features"]}
     nebius = "mlperf51-nebius-b200-llama31-8b-16gpu-fp4", "mlperf51-nebius-b200-llama31-8b-32gpu-fp4"
     assert full_iter == big | set(nebius) | {"mlperf51-nebius-b300-llama31-8b-8gpu-fp4"}
+
+
+def test_nvfp4_runs_are_predicted_within_15_percent():
+    """The NVFP4 405B runs (held), priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob of
+    their own (costmodel.fp8.gemm_peak): out of source (residuals_train.json) every step within 15 %
+    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.9 % in v5.1, +14.6 / +9.3 % in v6.0: predicted long); with the
+    shipped knobs, which learned from them, within 14 %. The 8B runs, shown for their FP8 attention, are
+    predicted long out of source (+3 to +18 %): attention is priced in BF16."""
+    loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
+    rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
+    held = {i: r for i, r in rows.items() if not r.skip_throughput}
+    assert len(rows) == 16 and len(held) == 6 and all("-405b-" in i for i in held)
+    assert all(r.metric == "step_time_s" for r in rows.values())
+    assert all(abs(loso[i]) < 0.15 for i in held) and max(loso[i] for i in held) > 0.13
+    assert statistics.median(abs(loso[i]) for i in held) < 0.10
+    assert all(abs(r.error) < 0.14 for r in held.values())
+    shown = [loso[i] for i in rows.keys() - held.keys()]
+    assert len(shown) == 10 and all(0.02 < e < 0.19 for e in shown)

@@ -123,6 +123,8 @@ def first_iteration_max_allocated_bytes(pred: TrainPrediction, cfg: TrainConfig)
 
 
 def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) -> RunResult:
+    if any(run.get("fp4_bf16_layers", (0, 0))):  # Megatron --first-last-layers-bf16: a per-layer precision
+        raise ValueError(f"{run['id']}: decoder layers kept in BF16 under FP4 are not modelled")
     model = _model(run)
     p = run["parallel"]
     dims = ParallelDims(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], vpp=p["vpp"], ep=p.get("ep", 1), etp=p.get("etp"))

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
-from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.efficiency import training_gpu, training_pool
 from autoshard.costmodel.fp8 import NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
 from autoshard.costmodel.moe import dispatch_time_s
 from autoshard.costmodel.train.memory import (
@@ -141,6 +141,7 @@ def _main_grad_bytes(cfg: TrainConfig) -> int | None:
 
 @lru_cache(maxsize=65536)
 def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
+    pool = training_pool(pool)  # the training knobs, the collectives' included
     dims, gpu = cfg.dims, pool.gpu
     ct = layer_compute_time(
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,

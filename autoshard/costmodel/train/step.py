@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
-from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu
+from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu, training_pool
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
 from autoshard.costmodel.train.deferral import apply_deferral
 from autoshard.costmodel.train.layer import layer_cost
@@ -104,14 +104,16 @@ def _p2p_s(model: ModelSpec, cfg: TrainConfig, a: PoolSpec, b: PoolSpec, cluster
     """One activation (or gradient) send across a stage boundary, per micro-batch."""
     tokens = cfg.micro_batch_size * cfg.seq_len // cfg.dims.cp
     size = tokens * model.hidden_size * BF16 / (cfg.dims.tp if cfg.sp else 1)
-    link = group_links(a, cfg.dims).pp if a is b else pool_link(a, b, cluster.pool_link_gbps)
+    same = a is b
+    a, b = training_pool(a), training_pool(b)
+    link = group_links(a, cfg.dims).pp if same else pool_link(a, b, cluster.pool_link_gbps)
     return collective_time_s(Collective.P2P, size, 2, link)
 
 
 def _dp_time_s(cfg: TrainConfig, pool: PoolSpec, dense_params: float, expert_params: float) -> float:
     """Data-parallel gradient reduction (+ parameter gather with a sharded optimizer) per step."""
     dims = cfg.dims
-    links = group_links(pool, dims)
+    links = group_links(training_pool(pool), dims)
     t = 0.0
     for params, ranks, link in ((dense_params, dims.dp * dims.cp, links.dp), (expert_params, dims.expert_dp, links.edp)):
         if ranks <= 1 or params <= 0:

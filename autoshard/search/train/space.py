@@ -311,10 +311,11 @@ def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, s
 @lru_cache(maxsize=4096)
 def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, ep: int, etp: int) -> MoeDispatcher:
     """`dispatcher_for` on what it reads of the grid (the candidates of one solve share a few)."""
+    from autoshard.costmodel.efficiency import training_pool
     from autoshard.costmodel.moe import dispatch_time_s
 
     assert model.moe is not None
-    pool = min(cluster.pools, key=lambda p: p.node.domain_size)
+    pool = training_pool(min(cluster.pools, key=lambda p: p.node.domain_size))
     costs = {
         d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
                            num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
+from autoshard.costmodel.efficiency import training_pool
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
 from autoshard.costmodel.train.step import (
@@ -262,7 +263,7 @@ def _dp_linear(cfg: TrainConfig, pool, dense: Sequence[float], expert: Sequence[
 
 def _dp_latency_one(cfg: TrainConfig, pool, *, dense: bool) -> float:
     dims = cfg.dims
-    links = group_links(pool, dims)
+    links = group_links(training_pool(pool), dims)
     ranks, link = (dims.dp * dims.cp, links.dp) if dense else (dims.expert_dp, links.edp)
     if ranks <= 1:
         return 0.0
