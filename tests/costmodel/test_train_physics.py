@@ -416,3 +416,26 @@ def test_fp8_weight_cast_is_paid_once_per_step_and_p_times_through_the_fill():
     base = dataclasses.replace(four.time, compute=four.time.compute - casts4[0], bubble=four.time.bubble - 3 * casts4[0])
     assert four.step_time_s - base.total == pytest.approx(4 * casts4[0])
     assert 0.015 < 4 * casts4[0] < 0.03  # 70B / 8 x 4 B at ~2 TB/s: about 20 ms
+
+
+def test_training_collectives_read_the_fitted_bandwidth_fractions():
+    """Item U: the H100 fit's NVLink fraction (0.70) ships as train_intra_node_bw; the training step's
+    TP all-gather/reduce-scatter runs at it, serving's shared knob stays 0.90. A TP 8 Llama-3.1-70B layer's
+    TP traffic then takes 0.90 / 0.70 of what it took at the shared fraction (bandwidth-bound sizes)."""
+    from autoshard.costmodel.comm import group_links
+    from autoshard.costmodel.efficiency import training_pool
+    from autoshard.costmodel.train.layer import layer_cost
+
+    h100 = load_cluster("dgx-h100").with_gpus(8)
+    pool = h100.primary
+    assert pool.gpu.efficiency.intra_node_bw == 0.90 and training_pool(pool).gpu.efficiency.intra_node_bw == 0.70
+    dims = ParallelDims(tp=8)
+    assert training_pool(pool) is training_pool(pool) and training_pool(training_pool(pool)) == training_pool(pool)
+    ratio = group_links(pool, dims).tp.bytes_per_s / group_links(training_pool(pool), dims).tp.bytes_per_s
+    assert ratio == pytest.approx(0.90 / 0.70)
+    cfg = TrainConfig(dims=dims, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision=Precision.BF16)
+    shared = pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"efficiency": pool.gpu.efficiency.model_copy(
+        update={"train_intra_node_bw": None})})})
+    fitted = layer_cost(LLAMA70, LayerKind.DENSE, pool, cfg, Recompute.NONE).tp_comm_s
+    at_shared = layer_cost(LLAMA70, LayerKind.DENSE, shared, cfg, Recompute.NONE).tp_comm_s
+    assert fitted / at_shared == pytest.approx(0.90 / 0.70, rel=0.02)

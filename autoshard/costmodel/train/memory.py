@@ -260,7 +260,6 @@ def layer_activation_bytes(
 
     fp4: the same tensors kept as the NVFP4 columnwise copy the weight-gradient GEMM reads (0.5 + 1/16 B)."""
     saved_gemm_input = 0.5 + 1 / 16 if fp4 else 1 if fp8 else BF16
-    fp8 = fp8 or fp4
     tp, s, b = dims.tp, seq_len // dims.cp, micro_batch_size
     tokens = s * b
     h = model.hidden_size
@@ -277,8 +276,8 @@ def layer_activation_bytes(
     # plus two 1-byte dropout masks.
     outside = (2 * BF16 + 2 * saved_gemm_input + (2 if dropout else 0)) * h / rep
     inside = _attention_saved_per_token(model, tp)
-    if fp8:
-        # the attention output (input of the output projection) is kept in FP8
+    if fp8 or fp4:
+        # the attention output (input of the output projection) is kept in FP8 (NVFP4)
         _, v_dim = (model.mla.v_head_dim, model.mla.v_head_dim) if model.mla is not None else (0, model.kv_channels)
         inside -= (BF16 - saved_gemm_input) * model.num_attention_heads / tp * v_dim
     if not flash_attention and recompute is Recompute.NONE:

@@ -143,13 +143,10 @@ def dp_exposed_share(cfg: TrainConfig) -> float:
     return 1.0 / vpp if vpp > 1 and cfg.overlap_grad_reduce and cfg.zero_stage < 3 else 1.0
 
 
-def _precision_peak(gpu: GpuSpec, precision: Precision) -> float:
-    """The dense peak (TFLOP/s) MFU is stated against: the plan's GEMM precision where the GPU has it."""
-    if precision is Precision.FP8 and gpu.fp8_tflops:
-        return gpu.fp8_tflops
-    if precision is Precision.FP4 and gpu.fp4_tflops:
-        return gpu.fp4_tflops
-    return gpu.bf16_tflops
+def _quantized_peak(gpu: GpuSpec, precision: Precision) -> float | None:
+    """The GPU's dense peak (TFLOP/s) in the plan's FP8 or FP4 precision; None for BF16 plans or where the
+    GPU has no such tensor cores (its GEMMs then run at the BF16 peak)."""
+    return {Precision.FP8: gpu.fp8_tflops, Precision.FP4: gpu.fp4_tflops}.get(precision)
 
 
 def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> float:
@@ -343,12 +340,11 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     peaks = []
     for r in range(pp):
         gpu = pools[stages[r].pool].gpu
-        peaks.append(_precision_peak(gpu, cfg.precision) * stage_gpus)
+        peaks.append((_quantized_peak(gpu, cfg.precision) or gpu.bf16_tflops) * stage_gpus)
     peak = sum(peaks) / num_gpus
     used_gpus = {pools[st.pool].gpu for st in stages}
-    peak_name = "bf16 dense"
-    if all(_precision_peak(g, cfg.precision) != g.bf16_tflops for g in used_gpus):
-        peak_name = f"{cfg.precision.value} dense"
+    quantized = all(_quantized_peak(g, cfg.precision) for g in used_gpus)
+    peak_name = f"{cfg.precision.value} dense" if quantized else "bf16 dense"
     notes = tuple(
         f"{g.name}: efficiency {efficiency_source(g)} (too few published runs of this GPU for a fit of its "
         "own: its speed is that fit scaled by datasheet peaks, less certain)"
