@@ -88,10 +88,11 @@ def _reference(gpu: str, precision: str, family: str,
                refs: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, str]:
     """The best measured reference bounding a plan, and how it relates to it. MoE plans may use a
     dense reference (dense runs reach higher MFU), FP8 plans a BF16 one (FP8 MFU is against twice the
-    peak); never the other way round. Same GPU class first, then the same generation."""
+    peak), FP4 plans an FP8 or BF16 one (against two and four times); never the other way round. Same GPU
+    class first, then the same generation."""
     gen = gpu_generation(gpu)
     families = [family] + (["dense"] if family == "moe" else [])
-    precisions = [precision] + (["bf16"] if precision != "bf16" else [])
+    precisions = {"fp4": ["fp4", "fp8", "bf16"], "fp8": ["fp8", "bf16"]}.get(precision, [precision])
     upper = gpu.upper()
     for scope in ("gpu", "generation"):
         for prec in precisions:

@@ -151,6 +151,11 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
     ("B200-SXM-180GB", "fp8", "dense", "nemo2502-b200-fp8-gpt3-175b", ""),
     ("B200-SXM-180GB", "bf16", "moe", "moezoo-qwen3-235b-gb200-bf16", "on GB200"),  # same generation
     ("GB300-288GB", "fp8", "dense", "mlperf51-nvidia-gb300-llama31-8b-72gpu-cp2", ""),  # its own row (MLPerf v5.1)
+    # NVFP4 (item T): its own rows, else the FP8 row (MFU against half the FP4 peak), before the BF16 one
+    ("GB200-186GB", "fp4", "dense", "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4", ""),
+    ("GB300-288GB", "fp4", "dense", "mlperf60-nvidia-gb300-llama31-405b-512gpu-fp4", ""),
+    ("GB200-186GB", "fp4", "moe", "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4", "dense run"),
+    ("B200-SXM-180GB", "fp4", "dense", "nemo2502-b200-fp8-gpt3-175b", "fp8 run"),
 ])
 def test_reference_lookup(gpu: str, precision: str, family: str, run_id: str, note: str) -> None:
     ref, got_note = sanity._reference(gpu, precision, family, REFS)
