@@ -490,3 +490,18 @@ def test_infeasible_for_divisibility_does_not_report_zero_memory() -> None:
     assert run.code in (1, 2), str(run)
     assert "0 GiB each" not in run.flat, str(run)
     assert "divisible" in run.flat, str(run)
+
+
+def test_fp4_launch_on_a_gpu_without_fp4_tensor_cores(tmp_path: Path) -> None:
+    """A Megatron launch with --fp4-format e2m1 evaluated on H100 (no FP4 tensor cores): exit 2 naming the
+    command and what to train in instead; the same launch on B200 is predicted in FP4."""
+    launch = tmp_path / "launch.sh"
+    made = cli("solve", "llama-3.1-8b", "dgx-b200", "--gpus", "8", "--precision", "fp4", "--emit", "megatron",
+               "-o", launch, *FAST)
+    assert made.code == 0 and "--fp4-format e2m1" in launch.read_text(), str(made)
+    run = cli("evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--from-megatron", launch)
+    assert_bad_input(run, "--from-megatron", "FP4 (NVFP4) training needs FP4 tensor cores", "train in fp8 or bf16")
+    ok = cli("evaluate", "llama-3.1-8b", "dgx-b200", "--gpus", "8", "--from-megatron", launch, "--json")
+    assert ok.code == 0, str(ok)
+    plan = json.loads(ok.stdout)
+    assert plan["plan"]["precision"] == "fp4" and plan["predicted"]["mfu_peak"] == "fp4 dense"
