@@ -13,7 +13,7 @@ from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 
-__all__ = ["NVFP4_CAST_BYTES", "gemm_operand_bytes", "gemm_peak", "quantized_gemm", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu",
+__all__ = ["NVFP4_CAST_BYTES", "gemm_operand_bytes", "gemm_peak", "quantized_gemm", "quantized_peak_tflops", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu",
            "fp8_weight_cast_bytes_per_param", "nvfp4_quantize_s"]
 
 NVFP4_WEIGHT_CACHE_BYTES = 2 * (0.5 + 1 / 16)
@@ -29,14 +29,16 @@ The optional random Hadamard transform of the weight-gradient operands runs insi
 amax pass (on by default, off in the "vanilla" recipe MLPerf's NVFP4 submissions run) is not priced."""
 
 
+def quantized_peak_tflops(gpu: GpuSpec, precision: Precision) -> float | None:
+    """The GPU's dense peak (TFLOP/s) in the plan's FP8 or FP4 precision; None for BF16 plans or where the
+    GPU has no such tensor cores (its GEMMs then run at the BF16 peak)."""
+    return {Precision.FP8: gpu.fp8_tflops, Precision.FP4: gpu.fp4_tflops}.get(precision)
+
+
 def quantized_gemm(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> bool:
     """The GEMM runs in the plan's FP8 or FP4 recipe: a GEMM Transformer Engine quantizes
     (`fp8_capable`: not the router or the output layer) on a GPU with that precision's tensor cores."""
-    if not gemm.fp8_capable:
-        return False
-    if precision is Precision.FP8:
-        return bool(gpu.fp8_tflops)
-    return precision is Precision.FP4 and bool(gpu.fp4_tflops)
+    return gemm.fp8_capable and bool(quantized_peak_tflops(gpu, precision))
 
 
 def gemm_peak(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[float, float]:
@@ -44,12 +46,10 @@ def gemm_peak(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[fl
     `gemm_fp8`; NVFP4 GEMMs at the FP4 peak and the same `gemm_fp8` (one Transformer Engine block-scaled
     kernel family on Blackwell's tensor cores: the FP4 rows of tests/validation test that fraction out
     of sample, no knob of its own is fitted); everything else at the BF16 peak and `gemm`."""
-    eff = gpu.efficiency
-    if precision is Precision.FP8 and fp8_capable and gpu.fp8_tflops:
-        return gpu.fp8_tflops * 1e12, eff.gemm_fp8
-    if precision is Precision.FP4 and fp8_capable and gpu.fp4_tflops:
-        return gpu.fp4_tflops * 1e12, eff.gemm_fp8
-    return gpu.bf16_tflops * 1e12, eff.gemm
+    peak = quantized_peak_tflops(gpu, precision) if fp8_capable else None
+    if peak:
+        return peak * 1e12, gpu.efficiency.gemm_fp8
+    return gpu.bf16_tflops * 1e12, gpu.efficiency.gemm
 
 
 def gemm_operand_bytes(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:

@@ -26,6 +26,9 @@ from conftest import layout_objectives, tiny_model
 LLAMA8 = load_model("llama-3.1-8b")
 B200_CLUSTER = load_cluster("dgx-b200")
 B200 = training_gpu(B200_CLUSTER.primary.gpu)
+DECODER_PARAMS = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096)
+"""Llama-3.1-8B's decoder layers: QKV, proj and the three MLP weights, and the two norm weights (2 h, 0.004 %),
+as the weight copies and the weight cast count them."""
 
 
 def _hbm(gpu) -> float:
@@ -120,9 +123,7 @@ def test_prediction_states_the_fp4_peak_and_charges_casts_and_copies():
     assert p4.tflops_per_gpu / p4.mfu == pytest.approx(9000, rel=1e-9)
     assert p8.step_time_s / 2 < p4.step_time_s < p8.step_time_s
     bf16 = predict_train(LLAMA8, B200_CLUSTER, _cfg(Precision.BF16, dp=8), stages)
-    # the decoder layers' parameters: GEMM weights and the two norm weights (2 h, 0.004 %), as priced
-    decoder_gemm_params = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096)
-    assert p4.memory.weights - bf16.memory.weights == pytest.approx(1.125 * decoder_gemm_params, rel=1e-6)
+    assert p4.memory.weights - bf16.memory.weights == pytest.approx(1.125 * DECODER_PARAMS, rel=1e-6)
     assert p4.time.compute > 0 and p4.time.bubble == pytest.approx(0.0, abs=1e-12)
 
 
@@ -153,7 +154,6 @@ def test_fp4_cast_is_charged_once_per_step_per_chunk():
     stages = default_stages(LLAMA8, pp=1)
     pred = predict_train(LLAMA8, B200_CLUSTER, cfg, stages)
     no_cast = predict_train(LLAMA8, B200_CLUSTER, dataclasses.replace(cfg, global_batch_size=128), stages)
-    decoder_gemm_params = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096)
-    cast = 5.125 * decoder_gemm_params / _hbm(B200)
+    cast = 5.125 * DECODER_PARAMS / _hbm(B200)
     # twice the micro-batches: everything per micro-batch doubles, the cast does not
     assert 2 * pred.time.compute - no_cast.time.compute == pytest.approx(cast, rel=1e-6)

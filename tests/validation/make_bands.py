@@ -214,6 +214,8 @@ def measured_useful_mfu() -> list[dict[str, Any]]:
     import validate_published
 
     from autoshard.costmodel.flops import causal_model_flops_per_step
+    from autoshard.costmodel.fp8 import quantized_peak_tflops
+    from autoshard.specs.job import Precision
 
     out = []
     for run in validate_published.load_runs():
@@ -230,11 +232,9 @@ def measured_useful_mfu() -> list[dict[str, Any]]:
             "tokens_per_s_per_gpu": lambda v: tokens / (v * gpus),
         }[result.metric](result.measured)
         gpu = validate_published._base_cluster(run["cluster"]).primary.gpu
-        precision, peak = "bf16", gpu.bf16_tflops  # the peak the run's GEMMs ran against (as predict_train states)
-        if run["precision"] == "fp8" and gpu.fp8_tflops:
-            precision, peak = "fp8", gpu.fp8_tflops
-        elif run["precision"] == "fp4" and gpu.fp4_tflops:
-            precision, peak = "fp4", gpu.fp4_tflops
+        # the peak the run's GEMMs ran against, as predict_train states it
+        quantized = quantized_peak_tflops(gpu, Precision(run["precision"]))
+        precision, peak = (run["precision"], quantized) if quantized else ("bf16", gpu.bf16_tflops)
         useful = causal_model_flops_per_step(model, seq_len=run["seq_len"], global_batch_size=run["global_batch_size"])
         tflops = useful / step / gpus / 1e12
         out.append({"id": run["id"], "source": validate_published.source_key(run), "gpu": gpu.name,

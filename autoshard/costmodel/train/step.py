@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links, pool_link
 from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu, training_pool
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
+from autoshard.costmodel.fp8 import quantized_peak_tflops
 from autoshard.costmodel.train.deferral import apply_deferral
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import (
@@ -141,12 +142,6 @@ def dp_exposed_share(cfg: TrainConfig) -> float:
     about 1/VPP of the excess is exposed. ZeRO-3 gathers every micro-batch (no such split)."""
     vpp = cfg.dims.vpp
     return 1.0 / vpp if vpp > 1 and cfg.overlap_grad_reduce and cfg.zero_stage < 3 else 1.0
-
-
-def _quantized_peak(gpu: GpuSpec, precision: Precision) -> float | None:
-    """The GPU's dense peak (TFLOP/s) in the plan's FP8 or FP4 precision; None for BF16 plans or where the
-    GPU has no such tensor cores (its GEMMs then run at the BF16 peak)."""
-    return {Precision.FP8: gpu.fp8_tflops, Precision.FP4: gpu.fp4_tflops}.get(precision)
 
 
 def _recompute_flops(model: ModelSpec, cfg: TrainConfig, stages: Sequence[Stage]) -> float:
@@ -340,10 +335,10 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     peaks = []
     for r in range(pp):
         gpu = pools[stages[r].pool].gpu
-        peaks.append((_quantized_peak(gpu, cfg.precision) or gpu.bf16_tflops) * stage_gpus)
+        peaks.append((quantized_peak_tflops(gpu, cfg.precision) or gpu.bf16_tflops) * stage_gpus)
     peak = sum(peaks) / num_gpus
     used_gpus = {pools[st.pool].gpu for st in stages}
-    quantized = all(_quantized_peak(g, cfg.precision) for g in used_gpus)
+    quantized = all(quantized_peak_tflops(g, cfg.precision) for g in used_gpus)
     peak_name = f"{cfg.precision.value} dense" if quantized else "bf16 dense"
     notes = tuple(
         f"{g.name}: efficiency {efficiency_source(g)} (too few published runs of this GPU for a fit of its "
