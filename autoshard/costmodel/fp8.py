@@ -32,7 +32,9 @@ amax pass (on by default, off in the "vanilla" recipe MLPerf's NVFP4 submissions
 def quantized_peak_tflops(gpu: GpuSpec, precision: Precision) -> float | None:
     """The GPU's dense peak (TFLOP/s) in the plan's FP8 or FP4 precision; None for BF16 plans or where the
     GPU has no such tensor cores (its GEMMs then run at the BF16 peak)."""
-    return {Precision.FP8: gpu.fp8_tflops, Precision.FP4: gpu.fp4_tflops}.get(precision)
+    if precision is Precision.FP8:
+        return gpu.fp8_tflops
+    return gpu.fp4_tflops if precision is Precision.FP4 else None
 
 
 def quantized_gemm(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> bool:

@@ -21,6 +21,8 @@ from typing import Any
 
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.flops import causal_model_flops_per_step, model_flops_per_step
+from autoshard.costmodel.fp8 import quantized_peak_tflops
+from autoshard.specs.job import Precision
 
 __all__ = ["Sanity", "gpu_class", "load_mfu_reference", "useful_mfu", "sanity_for", "sanity_line", "SANITY_MARGIN",
            "MFU_REFERENCE_PATH"]
@@ -124,8 +126,8 @@ def sanity_for(plan: Any) -> Sanity:
     pools = sorted({s.pool for s in plan.stages})
     gpu = plan.cluster.pools[pools[0]].gpu
     precision = plan.config.precision.value
-    if (precision == "fp8" and not gpu.fp8_tflops) or (precision == "fp4" and not gpu.fp4_tflops):
-        precision = "bf16"  # no such tensor cores: the plan's MFU is against the BF16 peak
+    if not quantized_peak_tflops(gpu, Precision(precision)):
+        precision = "bf16"  # BF16, or no such tensor cores: the plan's MFU is against the BF16 peak
     family = "moe" if plan.model.is_moe else "dense"
     mine = useful_mfu(plan)
     ref, note = _reference(gpu.name, precision, family, load_mfu_reference())

@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from autoshard.costmodel.bands import band_text, tie_text
+from autoshard.costmodel.fp8 import quantized_peak_tflops
 from autoshard.costmodel.sanity import sanity_line
 from autoshard.costmodel.train.step import stage_cost
-from autoshard.specs.job import Precision
 from autoshard.plans.base import SolverStats
 from autoshard.plans.train import Plan, layer_counts, stage_devices
 from autoshard.report.fit import add_columns, print_command
@@ -232,8 +232,7 @@ def _peak_text(plan: Plan) -> str:
     """Which dense peak the MFU is measured against."""
     pred, cfg = plan.prediction, plan.config
     gpus = [plan.cluster.pools[plan.stages[r].pool].gpu for r in range(cfg.dims.pp)]
-    fp8, fp4 = cfg.precision is Precision.FP8, cfg.precision is Precision.FP4
-    kinds = {"FP8" if fp8 and g.fp8_tflops else "FP4" if fp4 and g.fp4_tflops else "BF16" for g in gpus}
+    kinds = {cfg.precision.value.upper() if quantized_peak_tflops(g, cfg.precision) else "BF16" for g in gpus}
     peak = pred.tflops_per_gpu / pred.mfu if pred.mfu else 0.0
     mean = "mean " if len({g.name for g in gpus}) > 1 else ""
     return f"of the {peak:,.0f} TFLOP/s {mean}{'/'.join(sorted(kinds))} dense peak"
