@@ -112,10 +112,16 @@ def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[
     costmodel.train.layer.fp8_weight_cast_s, once per step. BF16 GEMMs
     (router, output layer) quantize nothing."""
     per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
+    return _quantize_s(gemms, gpu, per)
+
+
+def _quantize_s(gemms: list[Gemm], gpu: GpuSpec, bytes_per_element: float) -> tuple[float, float]:
+    """(forward, backward) seconds to quantize the inputs X (m x k) and the output gradients dY (m x n) of
+    the GEMMs Transformer Engine quantizes, at `bytes_per_element` of HBM traffic each."""
     hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
     x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
     dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
-    return per * x / hbm, per * dy / hbm
+    return bytes_per_element * x / hbm, bytes_per_element * dy / hbm
 
 
 def nvfp4_quantize_s(gemms: list[Gemm], gpu: GpuSpec) -> tuple[float, float]:
@@ -123,10 +129,7 @@ def nvfp4_quantize_s(gemms: list[Gemm], gpu: GpuSpec) -> tuple[float, float]:
     layer's NVFP4 GEMMs: the forward input X (m x k) and the output gradient dY (m x n) of each GEMM Transformer
     Engine quantizes, at NVFP4_CAST_BYTES each (as fp8_quantize_s for FP8); weights are cast once per step
     (costmodel.train.layer.fp8_weight_cast_s)."""
-    hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
-    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
-    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
-    return NVFP4_CAST_BYTES * x / hbm, NVFP4_CAST_BYTES * dy / hbm
+    return _quantize_s(gemms, gpu, NVFP4_CAST_BYTES)
 
 
 def fp8_weight_cast_bytes_per_param(gpu: GpuSpec, recipe: Fp8Recipe, *, fp8_params: bool, cached: float) -> float:
