@@ -25,8 +25,11 @@ NVFP4_CAST_BYTES = 2.0 + 2.0 + NVFP4_WEIGHT_CACHE_BYTES
 """HBM bytes per element to quantize one NVFP4 GEMM operand (TE's NVFP4BlockScaling): a read pass for the
 tensor's amax (the FP32 second-level scale needs it before any block is cast: 2 B), the cast's read (2 B), and
 both layouts it writes (rowwise for this GEMM, columnwise for the weight-gradient GEMM: 2 x (0.5 + 1/16) B).
-The optional random Hadamard transform of the weight-gradient operands runs inside the cast kernel; its own
-amax pass (on by default, off in the "vanilla" recipe MLPerf's NVFP4 submissions run) is not priced."""
+TransformerEngine d0067d0da `pytorch/csrc/quantizer.cpp` `NVFP4Quantizer::quantize_impl`: without RHT it runs
+`nvte_compute_amax_with_config` over the input, then the cast.
+With the random Hadamard transform of the weight-gradient operands (on by default, off in the "vanilla" recipe
+MLPerf's NVFP4 submissions run) the amax pass is `nvte_hadamard_transform_amax`, still one read, and the cast
+fuses the transform: the same bytes; the transform's own math is not priced."""
 
 
 def quantized_peak_tflops(gpu: GpuSpec, precision: Precision) -> float | None:
