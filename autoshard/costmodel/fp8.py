@@ -13,8 +13,9 @@ from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 
-__all__ = ["NVFP4_CAST_BYTES", "gemm_operand_bytes", "gemm_peak", "quantized_gemm", "quantized_peak_tflops", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu",
-           "fp8_weight_cast_bytes_per_param", "nvfp4_quantize_s"]
+__all__ = ["NVFP4_CAST_BYTES", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s",
+           "fp8_recipe_gpu", "fp8_weight_cast_bytes_per_param", "gemm_operand_bytes", "gemm_peak",
+           "nvfp4_quantize_s", "quantized_gemm", "quantized_peak_tflops"]
 
 NVFP4_WEIGHT_CACHE_BYTES = 2 * (0.5 + 1 / 16)
 """Bytes per GEMM weight parameter of Transformer Engine's NVFP4 weight copies for the step: the rowwise
@@ -59,7 +60,7 @@ def gemm_peak(gpu: GpuSpec, precision: Precision, fp8_capable: bool) -> tuple[fl
 
 def gemm_operand_bytes(gemm: Gemm, gpu: GpuSpec, precision: Precision) -> float:
     """Bytes per element of the GEMM's input operands: the quantized format's where it runs in one, else BF16."""
-    return precision.gemm_operand_bytes if quantized_gemm(gemm, gpu, precision) else 2.0
+    return (precision if quantized_gemm(gemm, gpu, precision) else Precision.BF16).gemm_operand_bytes
 
 
 @lru_cache(maxsize=1024)
