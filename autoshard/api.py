@@ -48,6 +48,7 @@ from autoshard.api_serve import (
 )
 from autoshard.api_study import study, study_json, write_study
 from autoshard.api_train import (
+    check_fp8_attention,
     layout_flags,
     memory_headroom,
     overflow_messages,
@@ -99,8 +100,10 @@ __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "
 
 def with_launch(plan: Plan) -> Plan:
     """The plan with its Megatron-LM launch command attached (training plans). A plan that does not fit
-    gets none: a command that would run out of memory is not printed as runnable."""
-    if not plan.prediction.fits:
+    gets none: a command that would run out of memory is not printed as runnable. Nor does a plan priced
+    with FP8 attention: Megatron-LM has no flag for it (NeMo and Megatron-Bridge set it), so its command
+    would run BF16 attention, not the plan that was priced."""
+    if not plan.prediction.fits or plan.config.fp8_attention:
         return dataclasses.replace(plan, launch={k: v for k, v in plan.launch.items() if k != "megatron"})
     return dataclasses.replace(plan, launch={**plan.launch, "megatron": megatron_command(plan)})
 
@@ -271,13 +274,19 @@ def evaluate(
     overlap_grad_reduce: bool = True,
     moe_dispatcher: MoeDispatcher | None = None,
     fp8_recipe: Fp8Recipe | None = None,
+    fp8_attention: bool = False,
 ) -> Plan:
     """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
     `tp_comm_overlap` defaults to on wherever sequence parallelism makes it possible. The MoE dispatcher
     and FP8 recipe default to what the solver would pick (`search.train.space.dispatcher_for`,
-    `fp8_recipe_for`)."""
+    `fp8_recipe_for`). `fp8_attention`: the attention core in FP8 (Transformer Engine's
+    fp8_dot_product_attention, as NeMo / Megatron-Bridge set it; TrainConfig.fp8_attention), FP8 or FP4
+    precision on a GPU with a kernel measurement (costmodel.attention.FP8_ATTENTION_KERNELS); the plan
+    then carries no Megatron-LM launch (with_launch)."""
     check_precision(cluster, job.precision)
+    if fp8_attention:
+        check_fp8_attention(cluster, job.precision)
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
         from autoshard.search.train.space import SELECTIVE_AND_BLOCK
 
@@ -314,7 +323,7 @@ def evaluate(
             overlap_grad_reduce=overlap_grad_reduce,
             recompute_modules=recompute_modules if recompute is Recompute.SELECTIVE else (),
             moe_dispatcher=moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
-            fp8_recipe=fp8_recipe_for(model, cluster, fp8_recipe),
+            fp8_recipe=fp8_recipe_for(model, cluster, fp8_recipe), fp8_attention=fp8_attention,
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from autoshard.costmodel.attention import fp8_attention_table
 from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 from autoshard.emit.megatron.layout import LayoutFlags
 from autoshard.errors import SpecError
@@ -15,10 +16,12 @@ from autoshard.parallel import Fp8Recipe, MoeDispatcher, Recompute
 from autoshard.plans.train import Plan
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, SpaceOptions
+from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.job import Precision
 from autoshard.units import GIB
 
 __all__ = ["train_pins", "recompute_modules", "layout_flags", "solver_options", "memory_headroom",
-           "overflow_messages"]
+           "overflow_messages", "check_fp8_attention"]
 
 
 def train_pins(tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
@@ -96,3 +99,16 @@ def overflow_messages(plan: Plan) -> list[str]:
     over = [(r, m, c) for r, (m, c) in enumerate(zip(pred.rank_memory_bytes, pred.rank_capacity_bytes, strict=True)) if m > c]
     return [f"pipeline rank {r} needs {m / GIB:.1f} GiB per GPU, has {c / GIB:.1f} GiB (over by {(m - c) / GIB:.1f} GiB); "
             f"try {tries}" for r, m, c in over]
+
+
+def check_fp8_attention(cluster: ClusterSpec, precision: Precision, *, source: str = "fp8_attention") -> None:
+    """FP8 attention (TrainConfig.fp8_attention) runs inside an FP8 or FP4 recipe, and is priced only on GPUs
+    whose cuDNN FP8 attention kernel NVIDIA measured (costmodel.attention.FP8_ATTENTION_KERNELS)."""
+    if not precision.quantized:
+        raise SpecError("FP8 attention runs inside an FP8 or FP4 recipe: set the precision to fp8 or fp4, or keep "
+                        "attention in BF16", source=source)
+    lacking = [p.gpu.name for p in cluster.pools if fp8_attention_table(p.gpu.name) is None]
+    if lacking:
+        raise SpecError(f"FP8 attention is priced from cuDNN's measured FP8 kernel, which exists for B200, B300, GB200 "
+                        f"and GB300 only, not {', '.join(dict.fromkeys(lacking))}: keep attention in BF16",
+                        source=source)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.costmodel.attention import flash_attention_efficiency, ring_attention_blocks
+from autoshard.costmodel.attention import flash_attention_kernels_s, fp8_attention_s
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
@@ -165,15 +165,7 @@ def attention_time_s(
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / dims.tp
     if flash:
-        flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
-        eff = gpu.efficiency
-        if dims.cp > 1:
-            peak = gpu.bf16_tflops * 1e12
-            return sum(flops * share / (peak * flash_attention_efficiency(eff, length, causal=causal))
-                       for share, length, causal in ring_attention_blocks(seq_len, dims.cp))
-        s0 = eff.attention_half_seq
-        attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
-        return flops / (gpu.bf16_tflops * 1e12 * attn_eff)
+        return sum(s for s, _ in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu))
     batch = max(1, round(heads * tokens / seq_len))
     scores = Gemm(seq_len, seq_len, qk_dim, batch, fp8_capable=False)
     values = Gemm(seq_len, v_dim, seq_len, batch, fp8_capable=False)
@@ -252,6 +244,7 @@ def layer_compute_time(
     tp_comm_overlap: bool = False,
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.NATIVE,
     main_grad_bytes: int | None = None,
+    fp8_attention: bool = False,
 ) -> ComputeTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch on one GPU.
 
@@ -263,13 +256,19 @@ def layer_compute_time(
     (cross_entropy_bytes_per_token).
     main_grad_bytes: bytes per element of the main gradient the weight-gradient GEMMs accumulate into
     (wgrad_time_s: Megatron's fused accumulation, 4 for FP32 main grads); None prices each wgrad
-    GEMM as its forward (frameworks whose wgrad writes a fresh BF16 gradient)."""
+    GEMM as its forward (frameworks whose wgrad writes a fresh BF16 gradient).
+    fp8_attention: the attention core in FP8 (Transformer Engine fp8_dot_product_attention;
+    costmodel.attention.fp8_attention_s)."""
     gpu = fp8_recipe_gpu(training_gpu(gpu), precision, fp8_recipe)  # the training step's knobs, the recipe's kernel
     tokens = micro_batch_size * seq_len // dims.cp
-    attn_s = 0.0
+    attn_s = attn_bwd_s = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
-        attn_s = attention_time_s(
-            model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, flash=flash_attention, precision=precision)
+        if fp8_attention:
+            attn_s, attn_bwd_s = fp8_attention_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu)
+        else:
+            attn_s = attention_time_s(
+                model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, flash=flash_attention, precision=precision)
+            attn_bwd_s = 2.5 * attn_s
     gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
     ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
@@ -291,7 +290,7 @@ def layer_compute_time(
     # imbalance twice), flash-attention backward (2.5x: it recomputes the scores), element-wise
     # backward reads saved inputs and gradients (2x), FP8 quantization of the output gradients.
     backward_gemm_s = backward_gemms_s(gemms, gpu, precision, main_grad_bytes) + 2.0 * imbalance_s
-    backward = backward_gemm_s + 2.5 * attn_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
+    backward = backward_gemm_s + attn_bwd_s + 2.0 * ew_s + ub_bwd + cast_bwd_s
     if kind is LayerKind.OUTPUT:
         loss_fwd, loss_bwd = cross_entropy_bytes_per_token(model, cross_entropy, tp=dims.tp)
         hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm

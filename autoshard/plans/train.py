@@ -99,6 +99,7 @@ class Plan(PlanBase):
             "tp_comm_overlap": cfg.tp_comm_overlap and cfg.sp,
             "overlap_grad_reduce": cfg.overlap_grad_reduce,
             "cross_entropy": cfg.cross_entropy.value,
+            "fp8_attention": cfg.fp8_attention,
             "stages": [
                 {
                     "index": i,

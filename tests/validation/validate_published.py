@@ -140,7 +140,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         flash_attention=run["flash_attention"], framework=TrainFramework(run.get("framework", "megatron")),
         moe_dispatcher=MoeDispatcher(run.get("moe_dispatcher", "alltoall")),
         fp8_recipe=Fp8Recipe(run.get("fp8_recipe", "delayed")),
-        grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False),
+        grad_reduce_fp32=run.get("grad_reduce_fp32", True), fp8_param_gather=run.get("fp8_param_gather", False), fp8_attention=run.get("fp8_attention", False),
         recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
         compiled_loss=run.get("compiled_loss", False), cross_entropy=CrossEntropyImpl(run["cross_entropy"]),
         defer_embedding_wgrad=run.get("defer_embedding_wgrad", False), wgrad_deferral_limit=run.get("wgrad_deferral_limit", 0),

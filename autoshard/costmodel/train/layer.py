@@ -62,7 +62,7 @@ def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: Pool
     gpu = fp8_recipe_gpu(training_gpu(pool.gpu), cfg.precision, cfg.fp8_recipe)
     r = module_recompute(model, kind, cfg.recompute_modules, gpu=gpu, dims=dims,
                          micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len, sequence_parallel=cfg.sp,
-                         precision=cfg.precision)
+                         precision=cfg.precision, fp8_attention=cfg.fp8_attention)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp
     floor = tokens * BF16 * model.hidden_size / (dims.tp if cfg.sp else 1)  # the layer input stays
     return dataclasses.replace(
@@ -147,7 +147,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         model, kind, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
         precision=cfg.precision, recompute=recompute, sequence_parallel=cfg.sp, flash_attention=cfg.flash_attention,
         fp8_recipe=cfg.fp8_recipe, tp_comm_overlap=cfg.tp_comm_overlap, cross_entropy=cfg.cross_entropy,
-        main_grad_bytes=_main_grad_bytes(cfg),
+        main_grad_bytes=_main_grad_bytes(cfg), fp8_attention=cfg.fp8_attention,
     )
     links = group_links(pool, dims)
     tokens = cfg.micro_batch_size * cfg.seq_len // dims.cp

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoshard.costmodel.attention import fp8_attention_s
 from autoshard.costmodel.compute import attention_time_s, gemm_time_s, moe_block_recompute_s
 from autoshard.costmodel.flops import Gemm, layer_gemms, mlp_gemms
 from autoshard.costmodel.train.memory import layer_activation_bytes
@@ -50,9 +51,10 @@ class ModuleRecompute:
 
 def module_recompute(
     model: ModelSpec, kind: LayerKind, modules: tuple[str, ...], *, gpu: GpuSpec, dims: ParallelDims,
-    micro_batch_size: int, seq_len: int, sequence_parallel: bool, precision: Precision,
+    micro_batch_size: int, seq_len: int, sequence_parallel: bool, precision: Precision, fp8_attention: bool = False,
 ) -> ModuleRecompute:
-    """Savings and cost of recomputing `modules` in one decoder layer of `kind`."""
+    """Savings and cost of recomputing `modules` in one decoder layer of `kind` (fp8_attention: the attention
+    core a module list leaves out runs in FP8, costmodel.attention.fp8_attention_s)."""
     tokens = micro_batch_size * seq_len // dims.cp
     h, tp = model.hidden_size, dims.tp
     rep = tp if sequence_parallel else 1
@@ -102,7 +104,10 @@ def module_recompute(
     attention = "core_attn" in mods
     if not attention:
         # Megatron's selective default recomputes the attention core; a module list without it does not
-        extra -= attention_time_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, precision=precision)
+        if fp8_attention:
+            extra -= fp8_attention_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu)[0]
+        else:
+            extra -= attention_time_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, precision=precision)
     return ModuleRecompute(saved_bytes=saved, extra_s=extra, extra_comm_s_fraction=comm, attention_recomputed=attention)
 
 

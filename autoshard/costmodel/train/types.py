@@ -68,6 +68,12 @@ class TrainConfig:
     a run's setting that validation replays."""
     wgrad_deferral_limit: int = 0
     """How many output-layer backward calls per step defer their wgrad (0: all), with defer_embedding_wgrad."""
+    fp8_attention: bool = False
+    """The attention core in FP8: Transformer Engine's fp8_dot_product_attention (cuDNN's FP8 fused
+    attention), which NeMo and Megatron-Bridge set and Megatron-LM's command line cannot (no flag): a run's
+    setting that validation and the Python API price on GPUs with a
+    kernel measurement; plans keep BF16 attention. FP8 or FP4 precision with flash attention only
+    (costmodel.attention.fp8_attention_s)."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""
@@ -81,6 +87,9 @@ class TrainConfig:
             )
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.fp8_attention and not (self.precision.quantized and self.flash_attention):
+            raise ValueError("fp8_attention needs FP8 or FP4 precision and flash attention "
+                             f"(got {self.precision.value}, flash_attention={self.flash_attention})")
 
     @property
     def num_microbatches(self) -> int:
