@@ -155,12 +155,20 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
     ("GB200-186GB", "fp4", "dense", "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4", ""),
     ("GB300-288GB", "fp4", "dense", "mlperf60-nvidia-gb300-llama31-405b-512gpu-fp4", ""),
     ("GB200-186GB", "fp4", "moe", "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4", "dense run"),
-    ("B200-SXM-180GB", "fp4", "dense", "nemo2502-b200-fp8-gpt3-175b", "fp8 run"),
+    ("B200-SXM-180GB", "fp4", "dense", "mlperf51-supermicro-b200-llama31-8b-8gpu-fp4", ""),  # FP8 attention
 ])
 def test_reference_lookup(gpu: str, precision: str, family: str, run_id: str, note: str) -> None:
     ref, got_note = sanity._reference(gpu, precision, family, REFS)
     assert ref is not None and ref["run_id"] == run_id
     assert got_note == note
+
+
+def test_an_fp4_plan_without_fp4_rows_is_bounded_by_the_fp8_row() -> None:
+    """Every Blackwell class has a held FP4 row now; without them an FP4 plan falls back to its class's FP8
+    row (MFU against half the FP4 peak), before any BF16 one."""
+    no_fp4 = [r for r in REFS if r["precision"] != "fp4"]
+    ref, note = sanity._reference("B200-SXM-180GB", "fp4", "dense", no_fp4)
+    assert ref is not None and ref["run_id"] == "nemo2502-b200-fp8-gpt3-175b" and note == "fp8 run"
 
 
 @pytest.mark.parametrize(("gpu", "precision", "family"), [

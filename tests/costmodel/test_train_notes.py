@@ -21,7 +21,9 @@ VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 LONG_CONTEXT_BLACKWELL = ("nemo2502-b200-fp8-mixtral-8x22b",)
 FP8_QWEN3_30B = ("mlmrecipe-qwen3-30b-h100-fp8-blockwise-ep8", "mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg")
 """FP8 priced faster than it ran for Qwen3-30B-A3B's small experts (768 columns): measured no faster than BF16."""
-EXCEPTIONS = (*LONG_CONTEXT_BLACKWELL, *FP8_QWEN3_30B)
+GB200_BF16_QWEN3_235B = ("moezoo-qwen3-235b-gb200-bf16",)
+"""GB200's BF16 GEMM level rests on few BF16 runs: the fold without ModelZoo predicts this step 25 % long."""
+EXCEPTIONS = (*LONG_CONTEXT_BLACKWELL, *FP8_QWEN3_30B, *GB200_BF16_QWEN3_235B)
 """The held runs at 2,048+ rows the docstring of costmodel/train/notes.py names as outside 20 %."""
 
 
@@ -59,9 +61,9 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took >= 20 % longer than predicted (measured / predicted
     speed <= 1 / 1.2); every one at or above it is within 20 % either way, except the runs the docstring
-    names: the long-context Mixtral 8x22B run on B200 (24 % fast) and Qwen3-30B-A3B's two FP8 runs (23 and
-    30 % fast), errors that do not follow the expert rows. The GB200 Mixtral 8x22B, Qwen3-235B BF16 GB200
-    and Qwen3 131K runs are inside since item T's refit (10 % fast, 11 % and 7 % slow)."""
+    names: the long-context Mixtral 8x22B run on B200 (21 % fast), Qwen3-30B-A3B's two FP8 runs (23 and
+    30 % fast) and Qwen3-235B BF16 on GB200 (20 % slow in speed, its step 25 % long), errors that do not
+    follow the expert rows. The GB200 Mixtral 8x22B and Qwen3 131K runs are inside (10 % fast, 16 % slow)."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
     residuals = json.loads((VALIDATION / "residuals_train.json").read_text())
     below, above, exceptions = [], [], {}
@@ -86,9 +88,10 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     assert len(below) == 2 and all(s >= 1.2 for s in below)
     assert sorted(round(s, 2) for s in below) == [1.21, 1.46]  # the note's "21-46 %"
     assert len(above) >= 10 and all(1 / 1.2 <= s <= 1.2 for s in above)
-    assert round(max(above), 2) == 1.19  # the note's farthest: Mixtral 8x7B on B200
-    # the docstring's exceptions: Mixtral 8x22B on B200 24 % fast, Qwen3-30B-A3B FP8 23 % and 30 % fast
-    assert sorted(round(s, 2) for s in exceptions.values()) == [1.23, 1.24, 1.30]
+    assert round(max(above), 2) == 1.18  # the note's farthest fast: Mixtral 8x7B on B200
+    # the docstring's exceptions: Qwen3-235B BF16 on GB200 20 % slow, Mixtral 8x22B on B200 21 % fast,
+    # Qwen3-30B-A3B FP8 23 % and 30 % fast
+    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 1.21, 1.23, 1.30]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:

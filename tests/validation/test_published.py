@@ -237,9 +237,10 @@ def test_nvfp4_rows_with_bf16_edge_layers_are_refused():
 
 
 def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
-    """fit_efficiency.generation_pool: B300 (1 held run, MLPerf v5.1 Dell) pools the held runs of every
-    Blackwell type (B200 14, B300 1, GB200 24, GB300 5), never H100's or A100's; GB300 has a fit of its own
-    since its three NVFP4 405B runs (5 held); a GPU of no fitted generation has no pool (it borrows H100's)."""
+    """fit_efficiency.generation_pool: B300 (3 held runs, MLPerf v5.1 Dell FP8, Lenovo and Nebius NVFP4) pools
+    the held runs of every Blackwell type (B200 20, B300 3, GB200 25, GB300 6), never H100's or A100's; GB300
+    has a fit of its own since its NVFP4 runs (6 held); a GPU of no fitted generation has no pool (it
+    borrows H100's)."""
     from fit_efficiency import MIN_RUNS, generation_pool, held
     from validate_published import run_gpu
 
@@ -249,9 +250,9 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
     types, pool = generation_pool("B300-SXM-288GB", by_gpu)
     assert types == blackwell
-    assert [len(by_gpu[t]) for t in types] == [14, 1, 24, 5] and len(pool) == 44 >= MIN_RUNS
+    assert [len(by_gpu[t]) for t in types] == [20, 3, 25, 6] and len(pool) == 54 >= MIN_RUNS
     assert all(run_gpu(r) in blackwell for r in pool)
-    assert len(by_gpu["GB300-288GB"]) == MIN_RUNS  # a fit of its own
+    assert len(by_gpu["GB300-288GB"]) > MIN_RUNS > len(by_gpu["B300-SXM-288GB"])  # GB300: a fit of its own
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's three
     # held H200 runs (v5.0 Nebius 405B, v5.1 HPE 8B, v6.0 Cisco 8B), too few for an H200 fit of its own
     types, pool = generation_pool("H200-SXM-141GB", by_gpu)
@@ -357,8 +358,8 @@ def test_mlperf51_blackwell_runs():
     committed config the results README names): 6 held B200 runs from three submitters (Oracle, University of
     Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
     (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
-    B200 knobs (fitted on these and NeMo 25.02's B200 runs together) the 64-GPU CP 2 runs' steps are
-    predicted 10 % short and the 16-GPU and 405B runs' 7-11 % long, while NeMo 25.02's B200 Mixtral and
+    B200 knobs (fitted on these, the six B200 NVFP4 runs and NeMo 25.02's B200 runs together) the 64-GPU
+    CP 2 runs' steps are predicted 7 % short and the 16-GPU and 405B runs' 13-15 % long, while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
@@ -372,7 +373,7 @@ def test_mlperf51_blackwell_runs():
     b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
     cp2 = {i for i in b200 if i.endswith("-cp2")}
     assert len(cp2) == 2 and all(-0.13 <= b200[i] <= -0.06 for i in cp2)  # predicted short
-    assert all(0.05 <= b200[i] <= 0.14 for i in b200.keys() - cp2)  # predicted long
+    assert all(0.12 <= b200[i] <= 0.16 for i in b200.keys() - cp2)  # predicted long
     assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
 
@@ -422,15 +423,15 @@ def test_mlperf60_runs():
 def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
-    shipped GB200 knobs (fitted on 24 GB200 runs, these 7 among them) each step is within 7 % (2-6 % long);
-    out of source (residuals_train.json) within 3 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
+    shipped GB200 knobs (fitted on 25 GB200 runs, these 7 among them) each step is within 4 % (-3.5 to +0.2 %);
+    out of source (residuals_train.json) within 4 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
     plan family) now pin the GB200 fit of the fold that leaves v5.0 out, which was 9-13 % long without them
     (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
-    assert all(0.0 < r.error < 0.07 for r in rows)
+    assert all(-0.04 < r.error < 0.01 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
-    assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.035 for r in rows)
+    assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.04 for r in rows)
 
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
@@ -536,10 +537,10 @@ def test_mlperf_nvfp4_runs():
     405B at 512 GB200 (TP 4), 512 GB300 (TP 2), 2,560 and 5,120 GB200 in v5.1 and at 512 / 2,048 GB300 (TP 2)
     in v6.0 (PP 8 x VPP 8, CP 2, full-iteration CUDA graph, BF16 attention, the vanilla recipe: no RHT, no
     stochastic rounding, 1D weight scaling; v6.0's common files are not in the stored copy, so its recipe is
-    v5.1's) are held. Every 8B fp4 submission (NVIDIA GB200/GB300 at 8 GPUs; Oracle, Dell, Supermicro,
-    Nebius on B200; Lenovo, Nebius on B300) sources config_common_fp8attn.sh: FP8 attention, which autoshard
-    does not price, so shown, not held. No run keeps decoder layers in BF16 (fp4_bf16_layers [0, 0]); none
-    gathers parameters in FP4."""
+    v5.1's). Every 8B fp4 submission (NVIDIA GB200/GB300 at 8 GPUs; Oracle, Dell, Supermicro, Nebius on
+    B200; Lenovo, Nebius on B300) sources config_common_fp8attn.sh: FP8 attention under current scaling,
+    priced from cuDNN's measured kernels (fp8_attention true). All sixteen are held. No run keeps decoder
+    layers in BF16 (fp4_bf16_layers [0, 0]); none gathers parameters in FP4."""
     text = (Path(__file__).resolve().parent / "training_runs.yaml").read_text(encoding="utf-8")
     runs = yaml.safe_load(text)
     rows = {r["id"]: r for r in runs if r["precision"] == "fp4"}
@@ -575,7 +576,8 @@ def test_mlperf_nvfp4_runs():
         assert not r["fp8_param_gather"] and not r["tp_comm_overlap"] and not r["grad_reduce_fp32"], i
         assert "NVTE_NVFP4_DISABLE_RHT=1" in r["assumed"], i
     big = {i for i in rows if "-405b-" in i}
-    assert {i for i, r in rows.items() if not r.get("skip_throughput")} == big
+    assert not any(r.get("skip_throughput") for r in rows.values())
+    assert {i for i, r in rows.items() if r.get("fp8_attention")} == rows.keys() - big
     for i in big:
         r = rows[i]
         assert (r["model_file"], r["pipeline_layout"], r["sequence_parallel"], r["cross_entropy"]) == (
@@ -584,8 +586,8 @@ def test_mlperf_nvfp4_runs():
     for i in rows.keys() - big:
         r = rows[i]
         assert (r["model_file"], r["sequence_parallel"], r["cross_entropy"]) == ("llama-3.1-8b", False, "te")
-        assert r["skip_throughput"].startswith("FP8 attention (FP8_DPA=True")
         assert "FP8 attention (FP8_DPA)" in r["framework_features"]
+        assert 'NVTE_DPA_FP8_RECIPE="Float8CurrentScaling"' in r["assumed"], i
     # the vanilla NVFP4 recipe (RHT, stochastic rounding, 2D quantization all off): the 405B configs, and
     # Nebius's B300 config, which sources config_common_fp4.sh after config_common_8b.sh; the other 8B
     # configs turn stochastic rounding and 2D quantization on
@@ -600,19 +602,20 @@ def test_mlperf_nvfp4_runs():
     assert full_iter == big | set(nebius) | {"mlperf51-nebius-b300-llama31-8b-8gpu-fp4"}
 
 
-def test_nvfp4_runs_are_predicted_within_15_percent():
-    """The NVFP4 405B runs (held), priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob of
-    their own (costmodel.fp8.gemm_peak): out of source (residuals_train.json) every step within 15 %
-    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.9 % in v5.1, +14.6 / +9.3 % in v6.0: predicted long); with the
-    shipped knobs, which learned from them, within 14 %. The 8B runs, shown for their FP8 attention, are
-    predicted long out of source (+3 to +18 %): attention is priced in BF16."""
+def test_nvfp4_runs_are_predicted_within_17_percent():
+    """The sixteen NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
+    of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the 405B steps within 17 %
+    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +16.4 / +11.0 % in v6.0: predicted long), median
+    10.4 %; the 8B runs, whose attention ran in FP8 (fp8_attention, cuDNN's measured kernel ratios), within
+    11 % (-3.2 to +10.6 %; +3 to +18 % when that attention was priced in BF16). With the shipped knobs, which
+    learned from them, every one within 11 %."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
-    held = {i: r for i, r in rows.items() if not r.skip_throughput}
-    assert len(rows) == 16 and len(held) == 6 and all("-405b-" in i for i in held)
+    assert len(rows) == 16 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
-    assert all(abs(loso[i]) < 0.15 for i in held) and max(loso[i] for i in held) > 0.13
-    assert statistics.median(abs(loso[i]) for i in held) < 0.10
-    assert all(abs(r.error) < 0.14 for r in held.values())
-    shown = [loso[i] for i in rows.keys() - held.keys()]
-    assert len(shown) == 10 and all(0.02 < e < 0.19 for e in shown)
+    big = {i for i in rows if "-405b-" in i}
+    assert len(big) == 6 and all(abs(loso[i]) < 0.17 for i in big) and max(loso[i] for i in big) > 0.16
+    assert 0.09 < statistics.median(abs(loso[i]) for i in big) < 0.11
+    small = [loso[i] for i in rows.keys() - big]
+    assert len(small) == 10 and all(-0.04 < e < 0.11 for e in small) and max(small) > 0.10
+    assert all(abs(r.error) < 0.11 for r in rows.values())
