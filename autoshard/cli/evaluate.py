@@ -22,6 +22,7 @@ from autoshard.cli.options import (
     EpOpt,
     EtpOpt,
     FirstLayersOpt,
+    Fp8AttnOpt,
     Fp8RecipeOpt,
     GbsOpt,
     GpusOpt,
@@ -65,7 +66,7 @@ def evaluate(
     account_for_loss_in_pipeline_split: AcctLossOpt = False, tp_comm_overlap: TpOverlapOpt = None,
     overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
-    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None, fp8_attention: Fp8AttnOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     from_sglang: Annotated[str | None, typer.Option("--from-sglang", help="Read a serving plan from a `python -m sglang.launch_server` command.")] = None,
@@ -132,6 +133,9 @@ def evaluate(
             raise SpecError(f"--zero-stage {zero_stage} contradicts --{'' if distributed_optimizer else 'no-'}distributed-optimizer: "
                             "give one of them", source="--distributed-optimizer")
         zero_stage = zero_stage if zero_stage is not None else int(distributed_optimizer)
+    if (tp is None or pp is None) and fp8_attention:
+        raise SpecError("--fp8-attention describes a given plan (the solver plans BF16 attention, which Megatron-LM "
+                        "can launch): give its --tp and --pp too", source="--fp8-attention")
     if (tp is None or pp is None) and (tp_comm_overlap is not None or overlap_grad_reduce is not None):
         raise SpecError("--[no-]tp-comm-overlap and --[no-]overlap-grad-reduce describe a given plan: give its "
                         "--tp and --pp too (the solver always overlaps)", source="--tp-comm-overlap")
@@ -149,7 +153,7 @@ def evaluate(
             sequence_parallel=True if sequence_parallel is None else sequence_parallel,
             zero_stage=1 if zero_stage is None else zero_stage, layout=flags, recompute_modules=modules,
             tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
-            moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe,
+            moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe, fp8_attention=bool(fp8_attention),
         )
     elif flags.given():
         pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,

@@ -119,6 +119,7 @@ DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-o
 DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
 DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
 Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
+Fp8AttnOpt = Annotated[bool | None, typer.Option("--fp8-attention", help="Evaluate: attention in FP8 (Transformer Engine fp8_dot_product_attention, as NeMo / Megatron-Bridge set it) with --precision fp8 or fp4 on B200, B300, GB200, GB300; no Megatron-LM launch is printed (it has no flag for it).")]
 
 
 def print_json(obj: dict) -> None:
@@ -150,7 +151,8 @@ SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", "
 PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp", "ep", "etp", "vpp", "mbs",
               "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage", "layout",
               "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_modules",
-              "moe_dispatcher", "fp8_recipe", "tp_comm_overlap", "overlap_grad_reduce", "distributed_optimizer")
+              "moe_dispatcher", "fp8_recipe", "tp_comm_overlap", "overlap_grad_reduce", "distributed_optimizer",
+              "fp8_attention")
 
 
 def check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ def _state_weights(plan: Plan, rank: int) -> float:
     or at 1 B under --fp8-param-gather), with ZeRO-3's gathered layers as the prediction counts them."""
     import dataclasses
 
-    cfg = dataclasses.replace(plan.config, precision=Precision.BF16)
+    cfg = dataclasses.replace(plan.config, precision=Precision.BF16, fp8_attention=False)
     w = 0.0
     largest = 0.0
     for i, st in enumerate(plan.stages):

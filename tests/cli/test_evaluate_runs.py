@@ -197,3 +197,37 @@ def test_evaluate_json_carries_what_stderr_says() -> None:
     assert any(w.startswith("94 decoder layers do not split evenly over PP 4 x VPP 1") and
                "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in w
                for w in obj["warnings"])
+
+
+NVFP4_8B = ["evaluate", "llama-3.1-8b", "dgx-b200", "--gpus", "8", "--precision", "fp4", "--tp", "1", "--pp", "1",
+            "--mbs", "2", "--global-batch-size", "16"]
+
+
+def test_fp8_attention_is_evaluated_and_launches_nothing() -> None:
+    """`--fp8-attention` (MLPerf's NVFP4 8B runs, through NeMo): the step is shorter than with BF16 attention,
+    the JSON says so and carries no Megatron-LM command; the terminal says why; the memory table (which
+    re-prices the weights in BF16) still renders."""
+    code, bf16, _ = run(*NVFP4_8B, "--json")
+    code8, fp8, _ = run(*NVFP4_8B, "--json", "--fp8-attention")
+    assert code == code8 == 0
+    assert fp8["plan"]["fp8_attention"] is True and bf16["plan"]["fp8_attention"] is False
+    assert fp8["predicted"]["step_time_s"] < bf16["predicted"]["step_time_s"]
+    assert "megatron" in bf16["launch"] and "megatron" not in fp8.get("launch", {})
+    res = CliRunner().invoke(app, [*NVFP4_8B, "--fp8-attention"])
+    assert res.exit_code == 0 and "no Megatron-LM launch: it has no flag for FP8 attention" in res.stdout
+    assert "Megatron-LM launch (fill" not in res.stdout and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--precision", "fp8", "--tp", "1", "--pp", "1",
+      "--fp8-attention"], "not H100-SXM5-80GB: keep attention in BF16"),
+    (["evaluate", "llama-3.1-8b", "dgx-b200", "--gpus", "8", "--tp", "1", "--pp", "1", "--fp8-attention"],
+     "runs inside an FP8 or FP4 recipe"),
+    (["evaluate", "llama-3.1-8b", "dgx-b200", "--gpus", "8", "--precision", "fp8", "--fp8-attention"],
+     "--fp8-attention describes a given plan"),
+    (["evaluate", "dgx-b200", "--gpus", "8", "--from-megatron", "torchrun pretrain_gpt.py --tensor-model-parallel-size 1",
+      "--fp8-attention"], "--fp8-attention would be ignored"),
+])
+def test_fp8_attention_it_cannot_price_is_refused(args: list[str], message: str) -> None:
+    code, _, err = run(*args)
+    assert code == 2 and message in err and "Traceback" not in err
