@@ -286,7 +286,7 @@ def evaluate(
     then carries no Megatron-LM launch (with_launch)."""
     check_precision(cluster, job.precision)
     if fp8_attention:
-        check_fp8_attention(cluster, job.precision)
+        check_fp8_attention(model, cluster, job.precision)
     if recompute is Recompute.SELECTIVE and recompute_num_layers:
         from autoshard.search.train.space import SELECTIVE_AND_BLOCK
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autoshard.costmodel.attention import fp8_attention_table
+from autoshard.costmodel.attention import check_fp8_attention_model, fp8_attention_table
 from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 from autoshard.emit.megatron.layout import LayoutFlags
 from autoshard.errors import SpecError
@@ -18,6 +18,7 @@ from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import Pins, SpaceOptions
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import Precision
+from autoshard.specs.model import ModelSpec
 from autoshard.units import GIB
 
 __all__ = ["train_pins", "recompute_modules", "layout_flags", "solver_options", "memory_headroom",
@@ -101,9 +102,12 @@ def overflow_messages(plan: Plan) -> list[str]:
             f"try {tries}" for r, m, c in over]
 
 
-def check_fp8_attention(cluster: ClusterSpec, precision: Precision, *, source: str = "fp8_attention") -> None:
-    """FP8 attention (TrainConfig.fp8_attention) runs inside an FP8 or FP4 recipe, and is priced only on GPUs
-    whose cuDNN FP8 attention kernel NVIDIA measured (costmodel.attention.FP8_ATTENTION_KERNELS)."""
+def check_fp8_attention(model: ModelSpec, cluster: ClusterSpec, precision: Precision, *,
+                        source: str = "fp8_attention") -> None:
+    """FP8 attention (TrainConfig.fp8_attention: Transformer Engine's fp8_dot_product_attention under current
+    scaling, NVTE_DPA_FP8_RECIPE=Float8CurrentScaling) runs inside an FP8 or FP4 recipe, and is priced only on
+    GPUs whose cuDNN FP8 attention kernel NVIDIA measured, at the head dimension it was measured
+    (costmodel.attention.FP8_ATTENTION_KERNELS)."""
     if not precision.quantized:
         raise SpecError("FP8 attention runs inside an FP8 or FP4 recipe: set the precision to fp8 or fp4, or keep "
                         "attention in BF16", source=source)
@@ -112,3 +116,7 @@ def check_fp8_attention(cluster: ClusterSpec, precision: Precision, *, source: s
         raise SpecError(f"FP8 attention is priced from cuDNN's measured FP8 kernel, which exists for B200, B300, GB200 "
                         f"and GB300 only, not {', '.join(dict.fromkeys(lacking))}: keep attention in BF16",
                         source=source)
+    try:
+        check_fp8_attention_model(model)
+    except ValueError as exc:
+        raise SpecError(f"{exc}: keep attention in BF16", source=source) from None

@@ -119,7 +119,7 @@ DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-o
 DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
 DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
 Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
-Fp8AttnOpt = Annotated[bool | None, typer.Option("--fp8-attention", help="Evaluate: attention in FP8 (Transformer Engine fp8_dot_product_attention, as NeMo / Megatron-Bridge set it) with --precision fp8 or fp4 on B200, B300, GB200, GB300; no Megatron-LM launch is printed (it has no flag for it).")]
+Fp8AttnOpt = Annotated[bool | None, typer.Option("--fp8-attention", help="Evaluate: attention in FP8 (Transformer Engine fp8_dot_product_attention under NVTE_DPA_FP8_RECIPE=Float8CurrentScaling, as NeMo / Megatron-Bridge set it) with --precision fp8 or fp4 on B200, B300, GB200, GB300, head dimension 128; no Megatron-LM launch is printed (it has no flag for it).")]
 
 
 def print_json(obj: dict) -> None:

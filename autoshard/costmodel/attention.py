@@ -1,7 +1,7 @@
 """Fused (flash) attention kernels in training: the efficiency a causal or an unmasked kernel reaches
 at its length, the kernels a context-parallel ring runs and their BF16 seconds (summed by
 `autoshard.costmodel.compute.attention_time_s`), and the same kernels in FP8 (Transformer Engine's
-fp8_dot_product_attention) at cuDNN's measured FP8/BF16 time ratios (`fp8_attention_s`)."""
+fp8_dot_product_attention) less the time cuDNN's measured FP8 kernels save (`fp8_attention_s`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from autoshard.specs.cluster import EfficiencySpec, GpuSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
-    "FP8_ATTENTION_CAST_BYTES", "FP8_ATTENTION_KERNELS", "UNMASKED_ATTENTION_SPEEDUP", "UNMASKED_ROW_SHARE",
-    "flash_attention_efficiency", "flash_attention_kernels_s", "fp8_attention_ratios", "fp8_attention_s",
+    "BENCH_HEADS", "BENCH_HEAD_DIM", "FP8_ATTENTION_DO_BYTES", "FP8_ATTENTION_KERNELS", "FP8_ATTENTION_QKV_BYTES",
+    "UNMASKED_ATTENTION_SPEEDUP", "UNMASKED_ROW_SHARE", "bench_flops", "check_fp8_attention_model",
+    "flash_attention_efficiency", "flash_attention_kernels_s", "fp8_attention_kernel_s", "fp8_attention_s",
     "fp8_attention_table", "ring_attention_blocks",
 ]
 
@@ -80,13 +81,6 @@ FP8_ATTENTION_KERNELS: dict[str, tuple[tuple[int, float, float, float, float], .
         (32768, 19.751, 23.228, 55.593, 74.527), (65536, 77.531, 94.215, 216.304, 284.695),
         (131072, 307.690, 395.922, 870.832, 1248.042),
     ),
-    "GB200": (
-        (512, 0.018, 0.021, 0.072, 0.066), (1024, 0.040, 0.047, 0.157, 0.163),
-        (2048, 0.104, 0.129, 0.512, 0.524), (4096, 0.331, 0.399, 1.264, 1.304),
-        (8192, 1.161, 1.389, 4.352, 4.539), (16384, 4.327, 5.257, 16.020, 16.875),
-        (32768, 16.564, 20.855, 61.559, 67.092), (65536, 64.518, 88.377, 242.637, 282.172),
-        (131072, 259.183, 382.750, 977.197, 1185.117),
-    ),
     "GB300": (
         (512, 0.063, 0.049, 0.147, 0.123), (1024, 0.081, 0.070, 0.233, 0.235),
         (2048, 0.133, 0.137, 0.599, 0.631), (4096, 0.328, 0.380, 1.189, 1.459),
@@ -95,20 +89,28 @@ FP8_ATTENTION_KERNELS: dict[str, tuple[tuple[int, float, float, float, float], .
         (131072, 236.917, 323.592, 715.422, 1044.691),
     ),
 }
-"""cuDNN's fused attention in FP8 against BF16 on the same GPU, as NVIDIA measured it:
-NVIDIA/cudnn-frontend `benchmark/sdpa_benchmark_training/artifacts/sdpa_fp8_benchmark_results_NVIDIA_<GPU>.csv`
-(B200 and GB300 at git 0b1577c8, GB200 at d48a60eb): batch 1, 128 query heads, 8 KV heads, head dim 128
+"""cuDNN's fused attention in FP8 and in BF16 on the same GPU, as NVIDIA measured it with cuDNN 9.13.1 (the
+25.09 container, the cuDNN MLPerf Training v5.1's Llama 3.1 8B image pins, 9.13.1.26):
+NVIDIA/cudnn-frontend `benchmark/sdpa_benchmark_training/artifacts/sdpa_fp8_benchmark_results_NVIDIA_{B200,
+GB300}.csv` and `sample_*_fp8_run.txt` at git 0b1577c8: batch 1, 128 query heads, 8 KV heads, head dim 128
 (Llama 3.1 405B's attention), causal, forward and backward milliseconds per precision from one run of the
-benchmark. Transformer Engine's FP8 dot-product attention (`fp8_dot_product_attention`) runs this cuDNN FP8
-kernel. At 8,192 tokens FP8 takes 0.92 / 0.79 (B200), 0.84 / 0.96 (GB200) and 0.83 / 0.76 (GB300) of the BF16
-forward / backward time; below about 1,024 tokens it is slower than BF16."""
+benchmark (its forward FLOPs, 4 s^2 x heads x head dim / 2, are `bench_flops`, the CSV's TFLOP/s convention). Transformer
+Engine's FP8 dot-product attention runs this cuDNN FP8 kernel. At 8,192 tokens FP8 takes 0.92 / 0.79 (B200)
+and 0.83 / 0.76 (GB300) of the BF16 forward / backward time; at 512 tokens it is slower than BF16. Later
+cuDNN narrowed the gap: cuDNN 9.17 (the 25.11 container, the same repository at d48a60eb) measured 0.84 /
+0.96 on GB200 and, replacing the GB300 file, 0.74 / 0.92 on GB300; those are not the kernels the MLPerf runs
+had."""
 
-_FP8_ATTENTION_GPUS = (("GB300", "GB300"), ("GB200", "GB200"), ("B300", "GB300"), ("B200", "B200"))
-"""GPU name prefix -> the measured table it runs: B300 is the Blackwell Ultra GPU of GB300 (same SMs, HBM3E)."""
+BENCH_HEADS = 128
+BENCH_HEAD_DIM = 128
+
+_FP8_ATTENTION_GPUS = (("GB300", "GB300"), ("GB200", "B200"), ("B300", "GB300"), ("B200", "B200"))
+"""GPU name prefix -> the measured table it runs: GB200's GPU is B200's (Blackwell), B300 is GB300's (Blackwell
+Ultra)."""
 
 
 def fp8_attention_table(gpu_name: str) -> tuple[tuple[int, float, float, float, float], ...] | None:
-    """The measured FP8-against-BF16 attention kernel table for a GPU name, None where none was measured."""
+    """The measured FP8 and BF16 attention kernel table for a GPU name, None where none was measured."""
     upper = gpu_name.upper().replace("NVIDIA ", "").strip()
     for prefix, table in _FP8_ATTENTION_GPUS:
         if upper.startswith(prefix):
@@ -116,68 +118,94 @@ def fp8_attention_table(gpu_name: str) -> tuple[tuple[int, float, float, float, 
     return None
 
 
-def fp8_attention_ratios(gpu_name: str, length: float) -> tuple[float, float]:
-    """(forward, backward) time of cuDNN's FP8 fused attention over the BF16 kernel's at a kernel of
-    `length` keys, interpolated linearly in log(length) between the measured lengths and held at the end
-    points beyond them. Raises ValueError for a GPU without a measurement (FP8_ATTENTION_KERNELS)."""
+def bench_flops(length: float) -> float:
+    """Forward FLOPs of the benchmark's causal kernel at `length` tokens (the CSV's TFLOP/s convention)."""
+    return 4.0 * length * length * BENCH_HEADS * BENCH_HEAD_DIM / 2
+
+
+def fp8_attention_kernel_s(gpu_name: str, length: float) -> tuple[float, float, float, float]:
+    """Seconds per forward FLOP of cuDNN's (FP8 forward, BF16 forward, FP8 backward, BF16 backward) causal
+    kernel at `length` keys, interpolated linearly in log(length) between the measured lengths and held at
+    the end points beyond them. Raises ValueError for a GPU without a measurement (FP8_ATTENTION_KERNELS)."""
     table = fp8_attention_table(gpu_name)
     if table is None:
-        measured = ", ".join(sorted({p for p, _ in _FP8_ATTENTION_GPUS}))
-        raise ValueError(f"FP8 attention has no kernel measurement on {gpu_name} (measured: {measured})")
+        raise ValueError(f"FP8 attention has no kernel measurement on {gpu_name} (measured: B200, B300, GB200, GB300)")
 
-    def ratios(row: tuple[int, float, float, float, float]) -> tuple[float, float]:
-        _, ff, fb, bf, bb = row
-        return ff / fb, bf / bb
+    def per_flop(row: tuple[int, float, float, float, float]) -> tuple[float, float, float, float]:
+        n = bench_flops(row[0])
+        return row[1] * 1e-3 / n, row[2] * 1e-3 / n, row[3] * 1e-3 / n, row[4] * 1e-3 / n
 
     if length <= table[0][0]:
-        return ratios(table[0])
+        return per_flop(table[0])
     for lo, hi in zip(table, table[1:]):
         if length <= hi[0]:
             w = math.log(length / lo[0]) / math.log(hi[0] / lo[0])
-            (f0, b0), (f1, b1) = ratios(lo), ratios(hi)
-            return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
-    return ratios(table[-1])
+            a, b = per_flop(lo), per_flop(hi)
+            f0, f1, f2, f3 = (x + w * (y - x) for x, y in zip(a, b, strict=True))
+            return f0, f1, f2, f3
+    return per_flop(table[-1])
 
 
-def flash_attention_kernels_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: ParallelDims, gpu: GpuSpec) -> list[tuple[float, float]]:
-    """(BF16 forward seconds, length in keys) of each fused attention kernel one rank runs for `tokens`
-    queries: one causal kernel over the sequence, or a context-parallel ring's (ring_attention_blocks)."""
+def flash_attention_kernels_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: ParallelDims,
+                              gpu: GpuSpec) -> list[tuple[float, float, float]]:
+    """(BF16 forward seconds, length in keys, forward FLOPs) of each fused attention kernel one rank runs for
+    `tokens` queries: one causal kernel over the sequence, or a context-parallel ring's (ring_attention_blocks)."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / dims.tp
     flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
     eff = gpu.efficiency
     if dims.cp > 1:
         peak = gpu.bf16_tflops * 1e12
-        return [(flops * share / (peak * flash_attention_efficiency(eff, length, causal=causal)), length)
+        return [(flops * share / (peak * flash_attention_efficiency(eff, length, causal=causal)), length, flops * share)
                 for share, length, causal in ring_attention_blocks(seq_len, dims.cp)]
     s0 = eff.attention_half_seq
     attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
-    return [(flops / (gpu.bf16_tflops * 1e12 * attn_eff), float(seq_len))]
+    return [(flops / (gpu.bf16_tflops * 1e12 * attn_eff), float(seq_len), flops)]
 
 
-FP8_ATTENTION_CAST_BYTES = 5.0
-"""HBM bytes per element Transformer Engine spends quantizing an FP8 attention operand under current
-scaling (the recipe NVTE_DPA_FP8_RECIPE=Float8CurrentScaling selects): the amax read (2), the cast's read (2)
-and its FP8 write (1), as `fp8_cast_bytes_per_element(TENSORWISE)` for a GEMM operand on Blackwell."""
+FP8_ATTENTION_QKV_BYTES = 9.0
+"""HBM bytes per Q, K and V element Transformer Engine spends before an FP8 attention kernel under current
+scaling (NVTE_DPA_FP8_RECIPE=Float8CurrentScaling): Megatron passes q, k and v apart (layout sbhd_sbhd_sbhd),
+so `combine_and_quantize` first concatenates them (`torch.cat`, read 2 + write 2; TransformerEngine d0067d0da
+`dot_product_attention/utils.py`, its case 3), then quantizes the copy: the amax read (2), the cast's read (2)
+and the FP8 write (1)."""
+
+FP8_ATTENTION_DO_BYTES = 5.0
+"""HBM bytes per output-gradient element the backward quantizes (dO: amax read 2, cast read 2, FP8 write 1)."""
+
+
+def check_fp8_attention_model(model: ModelSpec) -> None:
+    """The kernels were measured at head dimension 128 for queries, keys and values: refuse anything else
+    (MLA's 192 / 128 heads, 64- or 256-wide heads) rather than extrapolate."""
+    qk_dim, v_dim = attention_dims(model)
+    if model.mla is not None or (qk_dim, v_dim) != (BENCH_HEAD_DIM, BENCH_HEAD_DIM):
+        raise ValueError(f"FP8 attention was measured at head dimension {BENCH_HEAD_DIM} only; {model.name} has "
+                         f"{qk_dim} / {v_dim}{' (MLA)' if model.mla is not None else ''}")
 
 
 def fp8_attention_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: ParallelDims, gpu: GpuSpec) -> tuple[float, float]:
     """(forward, backward) seconds of one rank's attention core in FP8: Transformer Engine's
-    fp8_dot_product_attention (FusedAttnFunc with the cuDNN FP8 backend; TransformerEngine d0067d0da
-    `pytorch/attention/dot_product_attention/backends.py`). Each fused kernel takes the BF16 kernel's time
-    (forward; backward 2.5 x forward, as layer_compute_time prices BF16) times cuDNN's measured FP8/BF16
-    ratio at its length (costmodel.attention.fp8_attention_ratios). Around the kernels: forward, Q, K and V
-    are quantized (combine_and_quantize; the output stays BF16, NVTE_DPA_FP8CS_O_in_F16 defaults to 1);
-    backward, the output gradient dO is; each at FP8_ATTENTION_CAST_BYTES per element. Raises ValueError on
-    a GPU without a kernel measurement."""
+    fp8_dot_product_attention under current scaling (FusedAttnFunc with the cuDNN FP8 backend; TransformerEngine
+    d0067d0da `pytorch/attention/dot_product_attention/backends.py`).
+
+    Each fused kernel is the BF16 price (forward, and 2.5 x forward backward, as layer_compute_time prices
+    BF16) less the time cuDNN's FP8 kernel saved over its BF16 kernel in NVIDIA's measurement at that length,
+    per FLOP (fp8_attention_kernel_s) times the kernel's FLOPs: the measured difference, not a ratio of the
+    fitted price, since the fitted BF16 attention (train_attention) carries more than the kernel, which FP8
+    does not speed up. Never below the measured FP8 kernel's own time for those FLOPs. Around the kernels:
+    forward, Q, K and V are concatenated and quantized (FP8_ATTENTION_QKV_BYTES; the output stays BF16,
+    NVTE_DPA_FP8CS_O_in_F16 defaults to 1, and dQ/dK/dV come back in BF16); backward, dO is quantized
+    (FP8_ATTENTION_DO_BYTES). Raises ValueError on a GPU without a kernel measurement or a model whose
+    head dimension was not measured."""
+    check_fp8_attention_model(model)
     qk_dim, v_dim = attention_dims(model)
     heads, kv = model.num_attention_heads / dims.tp, max(1.0, model.kv_heads / dims.tp)
     fwd = bwd = 0.0
-    for s, length in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu):
-        rf, rb = fp8_attention_ratios(gpu.name, length)
-        fwd += s * rf
-        bwd += 2.5 * s * rb
+    for s, length, flops in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu):
+        f8, f16, b8, b16 = fp8_attention_kernel_s(gpu.name, length)
+        fwd += max(s - flops * (f16 - f8), flops * f8)
+        bwd += max(2.5 * s - flops * (b16 - b8), flops * b8)
     hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
     qkv = tokens * (heads * qk_dim + kv * qk_dim + kv * v_dim)
     d_out = tokens * heads * v_dim
-    return fwd + FP8_ATTENTION_CAST_BYTES * qkv / hbm, bwd + FP8_ATTENTION_CAST_BYTES * d_out / hbm
+    return fwd + FP8_ATTENTION_QKV_BYTES * qkv / hbm, bwd + FP8_ATTENTION_DO_BYTES * d_out / hbm

@@ -53,7 +53,7 @@ DEFAULT_RATIO = (0.5, 1.5)
 """measured / predicted throughput assumed when no run of the mode exists at all."""
 DEFAULT_MEMORY_RATIO = (0.8, 1.2)
 """measured / predicted peak memory assumed when no run of the mode reports memory."""
-COVERAGE = {"train": 0.825, "serve": 0.9}
+COVERAGE = {"train": 0.8, "serve": 0.9}
 """Central probability P of the bands per mode: the quantiles of the out-of-source deviations are
 (1 - P) / 2 and (1 + P) / 2. Chosen, one number per mode and never per kind, as the smallest of
 0.700, 0.725, ..., 0.950 that gives >= 80 % leave-one-source-out coverage (`make_bands.py --choose-coverage`

@@ -165,7 +165,7 @@ def attention_time_s(
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / dims.tp
     if flash:
-        return sum(s for s, _ in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu))
+        return sum(s for s, _, _ in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu))
     batch = max(1, round(heads * tokens / seq_len))
     scores = Gemm(seq_len, seq_len, qk_dim, batch, fp8_capable=False)
     values = Gemm(seq_len, v_dim, seq_len, batch, fp8_capable=False)

@@ -178,11 +178,11 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 # runs) GB300 on their own runs, B300 (1 held run) on the Blackwell pool.
 _POOL = "Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)"
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.25, "B200-SXM-180GB", 20, half_seq=0, hbm=0.90, half_dim=256, intra=0.90,
+    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.25, "B200-SXM-180GB", 20, half_seq=2048, half_dim=256, intra=0.90,
                                  inter=0.70),
     "GB200-186GB": _train_fit(0.65, 0.60, 0.20, "GB200-186GB", 25, half_seq=8192, hbm=0.60, half_dim=256,
                               intra=0.90),
-    "GB300-288GB": _train_fit(0.55, 0.55, 0.25, "GB300-288GB", 6, half_seq=2048, hbm=0.80, half_dim=0, intra=0.90),
+    "GB300-288GB": _train_fit(0.55, 0.55, 0.25, "GB300-288GB", 6, half_seq=4096, hbm=0.80, half_dim=0, intra=0.90),
     "B300-SXM-288GB": _train_fit(0.50, 0.50, 0.25, _POOL, 54, half_seq=4096, half_dim=128),
 }
 

@@ -359,7 +359,7 @@ def test_mlperf51_blackwell_runs():
     Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
     (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
     B200 knobs (fitted on these, the six B200 NVFP4 runs and NeMo 25.02's B200 runs together) the 64-GPU
-    CP 2 runs' steps are predicted 7 % short and the 16-GPU and 405B runs' 13-15 % long, while NeMo 25.02's B200 Mixtral and
+    CP 2 runs' steps are predicted 7 % short and the 16-GPU and 405B runs' 9-15 % long, while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
@@ -373,7 +373,7 @@ def test_mlperf51_blackwell_runs():
     b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
     cp2 = {i for i in b200 if i.endswith("-cp2")}
     assert len(cp2) == 2 and all(-0.13 <= b200[i] <= -0.06 for i in cp2)  # predicted short
-    assert all(0.12 <= b200[i] <= 0.16 for i in b200.keys() - cp2)  # predicted long
+    assert all(0.08 <= b200[i] <= 0.16 for i in b200.keys() - cp2)  # predicted long
     assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
 
@@ -436,10 +436,10 @@ def test_mlperf50_gb200_405b_runs():
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
     """MLPerf Training v4.1's 64-B200 GPT-3 175B (Preview: pre-release software, a Blackwell settings file
-    not published) is shown, not held: autoshard predicts its step 22 % long with the shipped B200 knobs
-    (30 % with the knobs fitted on NeMo 25.02 alone)."""
+    not published) is shown, not held: autoshard predicts its step 28 % long with the shipped B200 knobs
+    (22 % at item T, 30 % with the knobs fitted on NeMo 25.02 alone)."""
     run = next(r for r in RESULTS if r.id == "mlperf41-nvidia-b200-gpt3-175b-64gpu")
-    assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.27
+    assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.30
 
 
 MLPERF_HOPPER = {  # id: (TP, PP, DP, CP, VPP, micro-batch, global batch, measured step s), from the submissions' config files
@@ -602,20 +602,20 @@ def test_mlperf_nvfp4_runs():
     assert full_iter == big | set(nebius) | {"mlperf51-nebius-b300-llama31-8b-8gpu-fp4"}
 
 
-def test_nvfp4_runs_are_predicted_within_17_percent():
+def test_nvfp4_runs_are_predicted_within_15_percent():
     """The sixteen NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
-    of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the 405B steps within 17 %
-    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +16.4 / +11.0 % in v6.0: predicted long), median
-    10.4 %; the 8B runs, whose attention ran in FP8 (fp8_attention, cuDNN's measured kernel ratios), within
-    11 % (-3.2 to +10.6 %; +3 to +18 % when that attention was priced in BF16). With the shipped knobs, which
-    learned from them, every one within 11 %."""
+    of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the 405B steps within 15 %
+    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +14.6 / +9.3 % in v6.0: predicted long), median
+    9.6 %; the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), +0.4 to
+    +14.8 % long (+3 to +18 % when that attention was priced in BF16). With the shipped knobs, which learned
+    from them, every one within 11 %."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
     assert len(rows) == 16 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     big = {i for i in rows if "-405b-" in i}
-    assert len(big) == 6 and all(abs(loso[i]) < 0.17 for i in big) and max(loso[i] for i in big) > 0.16
-    assert 0.09 < statistics.median(abs(loso[i]) for i in big) < 0.11
+    assert len(big) == 6 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.14
+    assert 0.09 < statistics.median(abs(loso[i]) for i in big) < 0.10
     small = [loso[i] for i in rows.keys() - big]
-    assert len(small) == 10 and all(-0.04 < e < 0.11 for e in small) and max(small) > 0.10
+    assert len(small) == 10 and all(0.0 < e < 0.15 for e in small) and max(small) > 0.14
     assert all(abs(r.error) < 0.11 for r in rows.values())

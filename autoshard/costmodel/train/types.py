@@ -69,8 +69,9 @@ class TrainConfig:
     wgrad_deferral_limit: int = 0
     """How many output-layer backward calls per step defer their wgrad (0: all), with defer_embedding_wgrad."""
     fp8_attention: bool = False
-    """The attention core in FP8: Transformer Engine's fp8_dot_product_attention (cuDNN's FP8 fused
-    attention), which NeMo and Megatron-Bridge set and Megatron-LM's command line cannot (no flag): a run's
+    """The attention core in FP8: Transformer Engine's fp8_dot_product_attention under current scaling
+    (NVTE_DPA_FP8_RECIPE=Float8CurrentScaling; cuDNN's FP8 fused attention, head dimension 128), which NeMo
+    and Megatron-Bridge set and Megatron-LM's command line cannot (no flag): a run's
     setting that validation and the Python API price on GPUs with a
     kernel measurement; plans keep BF16 attention. FP8 or FP4 precision with flash attention only
     (costmodel.attention.fp8_attention_s)."""
