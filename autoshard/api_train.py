@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autoshard.costmodel.attention import check_fp8_attention_model, fp8_attention_table
+from autoshard.costmodel.attention import FP8_ATTENTION_GPUS, check_fp8_attention_model, fp8_attention_table
 from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 from autoshard.emit.megatron.layout import LayoutFlags
 from autoshard.errors import SpecError
@@ -113,9 +113,9 @@ def check_fp8_attention(model: ModelSpec, cluster: ClusterSpec, precision: Preci
                         "attention in BF16", source=source)
     lacking = [p.gpu.name for p in cluster.pools if fp8_attention_table(p.gpu.name) is None]
     if lacking:
-        raise SpecError(f"FP8 attention is priced from cuDNN's measured FP8 kernel, which exists for B200, B300, GB200 "
-                        f"and GB300 only, not {', '.join(dict.fromkeys(lacking))}: keep attention in BF16",
-                        source=source)
+        measured = f"{', '.join(FP8_ATTENTION_GPUS[:-1])} and {FP8_ATTENTION_GPUS[-1]}"
+        raise SpecError(f"FP8 attention is priced from cuDNN's measured FP8 kernel, which exists for {measured} only, "
+                        f"not {', '.join(dict.fromkeys(lacking))}: keep attention in BF16", source=source)
     try:
         check_fp8_attention_model(model)
     except ValueError as exc:

@@ -13,7 +13,8 @@ from autoshard.specs.cluster import EfficiencySpec, GpuSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
-    "BENCH_HEADS", "BENCH_HEAD_DIM", "FP8_ATTENTION_DO_BYTES", "FP8_ATTENTION_KERNELS", "FP8_ATTENTION_QKV_BYTES",
+    "BENCH_HEADS", "BENCH_HEAD_DIM", "FLASH_BACKWARD_FACTOR", "FP8_ATTENTION_DO_BYTES", "FP8_ATTENTION_GPUS",
+    "FP8_ATTENTION_KERNELS", "FP8_ATTENTION_QKV_BYTES",
     "UNMASKED_ATTENTION_SPEEDUP", "UNMASKED_ROW_SHARE", "bench_flops", "check_fp8_attention_model",
     "flash_attention_efficiency", "flash_attention_kernels_s", "fp8_attention_kernel_s", "fp8_attention_s",
     "fp8_attention_table", "ring_attention_blocks",
@@ -25,6 +26,11 @@ SXM5 (Shah et al. 2024, arXiv:2407.08608, Figs. 5-6, head dim 128, BF16), forwar
 blended, least-squares asymptotes of A * L / (L + L0) over 1k-16k tokens: non-causal 553 TFLOP/s,
 causal 509 (the causal kernel's masked-tile skipping and uneven per-block work cost it even at 16k).
 Hopper-measured, used for every GPU (tests/costmodel/test_ring_attention.py recomputes it)."""
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""A fused attention kernel's backward over its forward: it recomputes the scores, then computes dV, dP, dQ
+and dK (5 matmuls against the forward's 2). Layer costs, the FP8 kernels and the context-parallel ring's
+overlap window all use it."""
 
 UNMASKED_ROW_SHARE = 0.39
 """k0 / s0: the per-query-row fixed work of a fused attention kernel (Q load, softmax finalisation,
@@ -108,6 +114,9 @@ _FP8_ATTENTION_GPUS = (("GB300", "GB300"), ("GB200", "B200"), ("B300", "GB300"),
 """GPU name prefix -> the measured table it runs: GB200's GPU is B200's (Blackwell), B300 is GB300's (Blackwell
 Ultra)."""
 
+FP8_ATTENTION_GPUS = tuple(sorted(prefix for prefix, _ in _FP8_ATTENTION_GPUS))
+"""The GPUs FP8 attention is priced on ("B200", "B300", "GB200", "GB300"), for messages."""
+
 
 def fp8_attention_table(gpu_name: str) -> tuple[tuple[int, float, float, float, float], ...] | None:
     """The measured FP8 and BF16 attention kernel table for a GPU name, None where none was measured."""
@@ -129,7 +138,8 @@ def fp8_attention_kernel_s(gpu_name: str, length: float) -> tuple[float, float, 
     the end points beyond them. Raises ValueError for a GPU without a measurement (FP8_ATTENTION_KERNELS)."""
     table = fp8_attention_table(gpu_name)
     if table is None:
-        raise ValueError(f"FP8 attention has no kernel measurement on {gpu_name} (measured: B200, B300, GB200, GB300)")
+        raise ValueError(f"FP8 attention has no kernel measurement on {gpu_name} "
+                         f"(measured: {', '.join(FP8_ATTENTION_GPUS)})")
 
     def per_flop(row: tuple[int, float, float, float, float]) -> tuple[float, float, float, float]:
         n = bench_flops(row[0])
@@ -140,9 +150,8 @@ def fp8_attention_kernel_s(gpu_name: str, length: float) -> tuple[float, float, 
     for lo, hi in zip(table, table[1:]):
         if length <= hi[0]:
             w = math.log(length / lo[0]) / math.log(hi[0] / lo[0])
-            a, b = per_flop(lo), per_flop(hi)
-            f0, f1, f2, f3 = (x + w * (y - x) for x, y in zip(a, b, strict=True))
-            return f0, f1, f2, f3
+            (a0, a1, a2, a3), (b0, b1, b2, b3) = per_flop(lo), per_flop(hi)
+            return a0 + w * (b0 - a0), a1 + w * (b1 - a1), a2 + w * (b2 - a2), a3 + w * (b3 - a3)
     return per_flop(table[-1])
 
 
@@ -188,11 +197,11 @@ def fp8_attention_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: Parall
     fp8_dot_product_attention under current scaling (FusedAttnFunc with the cuDNN FP8 backend; TransformerEngine
     d0067d0da `pytorch/attention/dot_product_attention/backends.py`).
 
-    Each fused kernel is the BF16 price (forward, and 2.5 x forward backward, as layer_compute_time prices
-    BF16) less the time cuDNN's FP8 kernel saved over its BF16 kernel in NVIDIA's measurement at that length,
-    per FLOP (fp8_attention_kernel_s) times the kernel's FLOPs: the measured difference, not a ratio of the
-    fitted price, since the fitted BF16 attention (train_attention) carries more than the kernel, which FP8
-    does not speed up. Never below the measured FP8 kernel's own time for those FLOPs. Around the kernels:
+    Each fused kernel is the BF16 price (forward, and FLASH_BACKWARD_FACTOR x forward backward, as
+    layer_compute_time prices BF16) less the time cuDNN's FP8 kernel saved over its BF16 kernel in NVIDIA's
+    measurement at that length, per FLOP (fp8_attention_kernel_s) times the kernel's FLOPs: the measured
+    difference, not a ratio of the fitted price, since the fitted BF16 attention (train_attention) carries
+    more than the kernel, which FP8 does not speed up. Never below the measured FP8 kernel's own time for those FLOPs. Around the kernels:
     forward, Q, K and V are concatenated and quantized (FP8_ATTENTION_QKV_BYTES; the output stays BF16,
     NVTE_DPA_FP8CS_O_in_F16 defaults to 1, and dQ/dK/dV come back in BF16); backward, dO is quantized
     (FP8_ATTENTION_DO_BYTES). Raises ValueError on a GPU without a kernel measurement or a model whose
@@ -204,7 +213,7 @@ def fp8_attention_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: Parall
     for s, length, flops in flash_attention_kernels_s(model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu):
         f8, f16, b8, b16 = fp8_attention_kernel_s(gpu.name, length)
         fwd += max(s - flops * (f16 - f8), flops * f8)
-        bwd += max(2.5 * s - flops * (b16 - b8), flops * b8)
+        bwd += max(FLASH_BACKWARD_FACTOR * s - flops * (b16 - b8), flops * b8)
     hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
     qkv = tokens * (heads * qk_dim + kv * qk_dim + kv * v_dim)
     d_out = tokens * heads * v_dim

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.costmodel.attention import flash_attention_kernels_s, fp8_attention_s
+from autoshard.costmodel.attention import FLASH_BACKWARD_FACTOR, flash_attention_kernels_s, fp8_attention_s
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import Gemm, attention_dims, attention_gemms, layer_gemms
@@ -268,7 +268,7 @@ def layer_compute_time(
         else:
             attn_s = attention_time_s(
                 model, tokens=tokens, seq_len=seq_len, dims=dims, gpu=gpu, flash=flash_attention, precision=precision)
-            attn_bwd_s = 2.5 * attn_s
+            attn_bwd_s = FLASH_BACKWARD_FACTOR * attn_s
     gemms = layer_gemms(model, kind, tokens=tokens, dims=dims)
     ew_bytes = tokens * elementwise_bytes_per_token(model, kind, dims=dims, sequence_parallel=sequence_parallel)
     ew_s = ew_bytes / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
@@ -287,7 +287,7 @@ def layer_compute_time(
         ub_fwd, ub_bwd = tp_overlap_gemm_extra_s(model, kind, gemms, gpu=gpu, tp=dims.tp, precision=precision)
     forward = gemm_s + attn_s + ew_s + ub_fwd + cast_fwd_s
     # Backward: dgrad + wgrad GEMMs at their own shapes (backward_gemms_s; the busiest EP rank's
-    # imbalance twice), flash-attention backward (2.5x: it recomputes the scores), element-wise
+    # imbalance twice), flash-attention backward (FLASH_BACKWARD_FACTOR: it recomputes the scores), element-wise
     # backward reads saved inputs and gradients (2x), FP8 quantization of the output gradients.
     backward_gemm_s = backward_gemms_s(gemms, gpu, precision, main_grad_bytes) + 2.0 * imbalance_s
     backward = backward_gemm_s + attn_bwd_s + 2.0 * ew_s + ub_bwd + cast_bwd_s

@@ -309,7 +309,7 @@ def render_plan(plan: Plan, console: Console, *, runners: Sequence[Plan] = (), s
         console.print(schedule_text(plan, width=console.width), highlight=False, soft_wrap=True)
     for note in (*pred.notes, *notes):  # the prediction's own (borrowed efficiencies, unmeasured regimes) first
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
-    if getattr(plan.config, "fp8_attention", False):
+    if plan.config.fp8_attention:
         console.print("[yellow]note:[/yellow] no Megatron-LM launch: it has no flag for FP8 attention (set "
                       "fp8_dot_product_attention through NeMo or Megatron-Bridge)")
     if "megatron" in plan.launch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
+from autoshard.costmodel.attention import FLASH_BACKWARD_FACTOR
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu, training_pool
@@ -181,7 +182,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             kv_bytes = 2 * tokens * model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim) * BF16 / dims.tp
         ring = (dims.cp - 1) * collective_time_s(Collective.P2P, kv_bytes, 2, links.cp)
         attn_window = 0.25 * ct.forward_s  # the attention core is roughly a quarter of a layer at long context
-        cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - 2.5 * attn_window)
+        cp_s = max(0.0, ring - attn_window) * fwd_passes + max(0.0, 2 * ring - FLASH_BACKWARD_FACTOR * attn_window)
 
     # Expert parallel: token dispatch and combine per MoE layer, forward (and recompute) and backward,
     # priced per dispatcher on the links it crosses (autoshard.costmodel.moe).
