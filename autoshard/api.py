@@ -58,6 +58,7 @@ from autoshard.api_train import (
 )
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINE_NAMES
+from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.command import megatron_command
@@ -159,6 +160,9 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     cfg = parsed.train_config()
     check_precision(cluster_spec, cfg.precision, source="--from-megatron")
     stages = parsed.layout()
+    if cfg.moe_a2a_overlap and (problems := a2a_overlap_problems(parsed.model, cfg, stages)):
+        raise SpecError(f"--overlap-moe-expert-parallel-comm: Megatron-Core refuses it here: {'; '.join(problems)}",
+                        source="--from-megatron")
     prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     # the command's shapes are what runs; a given model names it (its differences are warnings above)
@@ -275,6 +279,7 @@ def evaluate(
     moe_dispatcher: MoeDispatcher | None = None,
     fp8_recipe: Fp8Recipe | None = None,
     fp8_attention: bool = False,
+    moe_a2a_overlap: bool = False,
 ) -> Plan:
     """Predict a plan the user already has: `stages`, else the layout Megatron-LM builds from `layout`
     (its layout flags), else its even split, else (layers that do not divide) the layout it would need.
@@ -283,7 +288,9 @@ def evaluate(
     `fp8_recipe_for`). `fp8_attention`: the attention core in FP8 (Transformer Engine's
     fp8_dot_product_attention, as NeMo / Megatron-Bridge set it; TrainConfig.fp8_attention), FP8 or FP4
     precision on a GPU with a kernel measurement (costmodel.attention.FP8_ATTENTION_KERNELS); the plan
-    then carries no Megatron-LM launch (with_launch)."""
+    then carries no Megatron-LM launch (with_launch). `moe_a2a_overlap`: Megatron's EP all-to-all overlap
+    (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; TrainConfig.moe_a2a_overlap), refused with
+    the fix where Megatron would refuse it (costmodel.train.a2a_overlap.a2a_overlap_problems)."""
     check_precision(cluster, job.precision)
     if fp8_attention:
         check_fp8_attention(model, cluster, job.precision)
@@ -322,11 +329,15 @@ def evaluate(
             tp_comm_overlap=(sequence_parallel and tp > 1) if tp_comm_overlap is None else tp_comm_overlap,
             overlap_grad_reduce=overlap_grad_reduce,
             recompute_modules=recompute_modules if recompute is Recompute.SELECTIVE else (),
-            moe_dispatcher=moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+            moe_dispatcher=moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len,
+                                                            a2a_overlap=moe_a2a_overlap),
             fp8_recipe=fp8_recipe_for(model, cluster, fp8_recipe), fp8_attention=fp8_attention,
+            moe_a2a_overlap=moe_a2a_overlap,
         )
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None
+    if moe_a2a_overlap and (problems := a2a_overlap_problems(model, cfg, stages)):
+        raise SpecError(f"--moe-a2a-overlap: {'; '.join(problems)}", source="--moe-a2a-overlap")
     prediction = predict_train(model, cluster, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     plan = Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats)

@@ -29,12 +29,12 @@ def train_pins(tp: int | None = None, pp: int | None = None, dp: int | None = No
                ep: int | None = None, etp: int | None = None, vpp: int | None = None, mbs: int | None = None,
                recompute: str | None = None, recompute_num_layers: int | None = None, sp: bool | None = None,
                zero_stage: int | None = None, modules: tuple[str, ...] = (), moe_dispatcher: MoeDispatcher | None = None,
-               fp8_recipe: Fp8Recipe | None = None) -> Pins:
+               fp8_recipe: Fp8Recipe | None = None, moe_a2a_overlap: bool | None = None) -> Pins:
     """Pins from the values given (None: the solver chooses); `recompute` by name (none/selective/full)."""
     return Pins(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs,
                 recompute=Recompute(recompute) if recompute else None, zero_stage=zero_stage,
                 sequence_parallel=sp, recompute_num_layers=recompute_num_layers, recompute_modules=modules or None,
-                moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe)
+                moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe, moe_a2a_overlap=moe_a2a_overlap)
 
 
 def recompute_modules(text: str | None, recompute: str | None) -> tuple[tuple[str, ...], str | None]:

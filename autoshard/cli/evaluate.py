@@ -11,6 +11,7 @@ from rich.markup import escape
 from autoshard import api
 from autoshard.cli.app import app, err, guard, out
 from autoshard.cli.options import (
+    A2aOverlapOpt,
     AcctEmbOpt,
     AcctLossOpt,
     command_started,
@@ -67,6 +68,7 @@ def evaluate(
     overlap_grad_reduce: DpOverlapOpt = None, distributed_optimizer: DistOptOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
     moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None, fp8_attention: Fp8AttnOpt = None,
+    moe_a2a_overlap: A2aOverlapOpt = None,
     from_megatron: Annotated[str | None, typer.Option("--from-megatron", help="Read the plan from a Megatron-LM command or script.")] = None,
     from_vllm: Annotated[str | None, typer.Option("--from-vllm", help="Read a serving plan from a `vllm serve` command.")] = None,
     from_sglang: Annotated[str | None, typer.Option("--from-sglang", help="Read a serving plan from a `python -m sglang.launch_server` command.")] = None,
@@ -154,15 +156,16 @@ def evaluate(
             zero_stage=1 if zero_stage is None else zero_stage, layout=flags, recompute_modules=modules,
             tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=True if overlap_grad_reduce is None else overlap_grad_reduce,
             moe_dispatcher=moe_dispatcher, fp8_recipe=fp8_recipe, fp8_attention=bool(fp8_attention),
+            moe_a2a_overlap=bool(moe_a2a_overlap),
         )
     elif flags.given():
         pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,
-                              zero_stage, modules)
+                              zero_stage, modules, moe_a2a_overlap=moe_a2a_overlap)
         plan = api.solve_with_layout(model_spec, cluster_spec, job, flags, pins=pins,
                                      options=api.solver_options(1, time_limit, workers, 0, False, zero_stage, started))[0]
     else:
         pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,
-                              zero_stage, modules, moe_dispatcher, fp8_recipe)
+                              zero_stage, modules, moe_dispatcher, fp8_recipe, moe_a2a_overlap)
         plan = api.solve(model_spec, cluster_spec, job, pins=pins,
                          options=api.solver_options(1, time_limit, workers, 0, False, zero_stage, started))[0]
     if json_out:

@@ -119,6 +119,7 @@ DpOverlapOpt = Annotated[bool | None, typer.Option("--overlap-grad-reduce/--no-o
 DistOptOpt = Annotated[bool | None, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Evaluate: Megatron's distributed optimizer (= --zero-stage 1 / 0).")]
 DispatcherOpt = Annotated[MoeDispatcher | None, typer.Option("--moe-dispatcher", help="MoE token dispatcher (default: the cheapest for the plan's expert grid; flex = DeepEP/HybridEP).")]
 Fp8RecipeOpt = Annotated[Fp8Recipe | None, typer.Option("--fp8-recipe", help="FP8 scaling recipe with --precision fp8 (default: mxfp8 on Blackwell, delayed elsewhere).")]
+A2aOverlapOpt = Annotated[bool | None, typer.Option("--moe-a2a-overlap", help="MoE with EP > 1: Megatron's EP all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): one micro-batch's dispatch and combine under another's compute; needs the alltoall or flex dispatcher, VPP > 1 when PP > 1, no full recompute. Priced savings have run above the one measured pair's (README).")]
 Fp8AttnOpt = Annotated[bool | None, typer.Option("--fp8-attention", help="Evaluate: attention in FP8 (Transformer Engine fp8_dot_product_attention under NVTE_DPA_FP8_RECIPE=Float8CurrentScaling, as NeMo / Megatron-Bridge set it) with --precision fp8 or fp4 on B200, B300, GB200, GB300, head dimension 128; no Megatron-LM launch is printed (it has no flag for it).")]
 
 
@@ -143,7 +144,7 @@ TRAIN_ONLY = ("seq_len", "global_batch_size", "precision", "from_megatron", "ver
               "etp", "vpp", "mbs", "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage",
               "show_schedule", "layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "recompute_modules",
-              "moe_dispatcher", "fp8_recipe")
+              "moe_dispatcher", "fp8_recipe", "moe_a2a_overlap")
 SERVE_ONLY = ("input_len", "output_len", "max_model_len", "tpot_ms", "ttft_s", "request_rate", "weight_dtype",
               "kv_cache_dtype")
 
@@ -152,7 +153,7 @@ PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp
               "recompute", "recompute_num_layers", "sequence_parallel", "zero_stage", "layout",
               "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_modules",
               "moe_dispatcher", "fp8_recipe", "tp_comm_overlap", "overlap_grad_reduce", "distributed_optimizer",
-              "fp8_attention")
+              "fp8_attention", "moe_a2a_overlap")
 
 
 def check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from autoshard import api
 from autoshard.api import MAX_CONTEXT
 from autoshard.cli.app import app, err, guard, out, report_err
 from autoshard.cli.options import (
+    A2aOverlapOpt,
     AcctEmbOpt,
     command_started,
     AcctLossOpt,
@@ -84,7 +85,7 @@ def solve(
     layout: LayoutOpt = None, decoder_first_pipeline_num_layers: FirstLayersOpt = None,
     decoder_last_pipeline_num_layers: LastLayersOpt = None, account_for_embedding_in_pipeline_split: AcctEmbOpt = False,
     account_for_loss_in_pipeline_split: AcctLossOpt = False, recompute_modules: RecomputeModulesOpt = None,
-    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None,
+    moe_dispatcher: DispatcherOpt = None, fp8_recipe: Fp8RecipeOpt = None, moe_a2a_overlap: A2aOverlapOpt = None,
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, max=MAX_CONTEXT, help="Serve: prompt tokens per request.")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, max=MAX_CONTEXT, help="Serve: generated tokens per request.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, max=MAX_CONTEXT, help="Serve: longest context.")] = None,
@@ -125,7 +126,7 @@ def solve(
     job = api.train_job(model_spec, seq_len=seq_len, global_batch_size=global_batch_size, precision=precision)
     modules, recompute_name = api.recompute_modules(recompute_modules, recompute.value if recompute else None)
     pins = api.train_pins(tp, pp, dp, cp, ep, etp, vpp, mbs, recompute_name, recompute_num_layers, sequence_parallel,
-                          zero_stage, modules, moe_dispatcher, fp8_recipe)
+                          zero_stage, modules, moe_dispatcher, fp8_recipe, moe_a2a_overlap)
     options = api.solver_options(top, time_limit, workers, seed, verbose, zero_stage, started,
                                  memory_fraction=memory_fraction)
     flags = api.layout_flags(layout, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers,

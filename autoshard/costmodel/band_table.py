@@ -39,7 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = [
-    "Kind", "gpu_generation", "central_band", "out_of_source_deviations", "build_table", "residual_kind",
+    "Kind", "gpu_generation", "gpu_name_key", "central_band", "out_of_source_deviations", "build_table", "residual_kind",
     "throughput_ratio", "memory_ratio", "latency_ratio", "MIN_HALF_WIDTH", "DEFAULT_RATIO",
     "DEFAULT_MEMORY_RATIO", "COVERAGE", "NO_SOURCE_SPREAD", "THROUGHPUT_METRICS", "LATENCY_METRICS",
     "TABLE_SCHEMA",
@@ -86,10 +86,16 @@ _MODES = {"train": "training", "serve": "serving"}
 
 
 @lru_cache(maxsize=256)
+def gpu_name_key(name: str) -> str:
+    """A GPU name as the prefix tables read it: upper case, without the vendor and product-line words
+    ("NVIDIA H100-SXM5-80GB" -> "H100-SXM5-80GB", "AMD Instinct MI300X" -> "MI300X")."""
+    return name.upper().replace("NVIDIA ", "").replace("AMD ", "").replace("INSTINCT ", "").strip()
+
+
 def gpu_generation(name: str) -> str:
     """The GPU generation of a GPU name ("H100-SXM5-80GB" -> "hopper"); an unknown GPU is its own
     generation (its name, lower case), which no measured run backs."""
-    upper = name.upper().replace("NVIDIA ", "").replace("AMD ", "").replace("INSTINCT ", "").strip()
+    upper = gpu_name_key(name)
     for prefix, gen in sorted(_GENERATIONS, key=lambda p: -len(p[0])):
         if upper.startswith(prefix):
             return gen

@@ -31,7 +31,7 @@ from autoshard.specs.model import ModelSpec
 __all__ = [
     "gemm_time_s", "attention_time_s", "elementwise_bytes_per_token", "ComputeTime", "layer_compute_time",
     "tp_overlap_gemm_extra_s", "CROSS_ENTROPY_BYTES", "cross_entropy_bytes_per_token",
-    "wgrad_time_s", "shape_efficiency", "dgrad_shape", "wgrad_shape", "backward_gemms_s",
+    "wgrad_time_s", "shape_efficiency", "dgrad_shape", "wgrad_shape", "backward_gemms_s", "expert_imbalance_s",
 ]
 
 BF16_BYTES = 2
@@ -280,7 +280,7 @@ def layer_compute_time(
     gemm_s = sum(gemm_time_s(g, gpu, precision) for g in gemms)
     imbalance_s = 0.0
     if kind is LayerKind.MOE and model.moe is not None:
-        imbalance_s = _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
+        imbalance_s = expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
     gemm_s += imbalance_s
     ub_fwd = ub_bwd = 0.0
     if tp_comm_overlap and sequence_parallel and dims.tp > 1:
@@ -308,7 +308,7 @@ def layer_compute_time(
     return ComputeTime(forward_s=forward, backward_s=backward, recompute_s=re)
 
 
-def _expert_imbalance_s(
+def expert_imbalance_s(
     model: ModelSpec, gemms: list[Gemm], *, tokens: int, dims: ParallelDims, gpu: GpuSpec, precision: Precision,
 ) -> float:
     """The busiest EP rank gates an MoE layer: its expert GEMMs carry the sampling imbalance of
@@ -333,7 +333,7 @@ def moe_block_recompute_s(
     assert model.moe is not None
     moe_gemms = gemms[len(attention_gemms(model, tokens, dims.tp)):]  # router, shared experts, experts
     moe_s = sum(gemm_time_s(g, gpu, precision) for g in moe_gemms)
-    moe_s += _expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
+    moe_s += expert_imbalance_s(model, gemms, tokens=tokens, dims=dims, gpu=gpu, precision=precision)
     permute = 2 * 2 * model.moe.top_k * model.hidden_size * BF16_BYTES * dims.expert_tp / dims.tp
     return moe_s + tokens * permute / (gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.costmodel.band_table import gpu_generation
+from autoshard.costmodel.band_table import gpu_generation, gpu_name_key
 from autoshard.costmodel.flops import causal_model_flops_per_step, model_flops_per_step
 from autoshard.costmodel.fp8 import quantized_peak_tflops
 from autoshard.specs.job import Precision
@@ -75,7 +75,7 @@ with more memory); an unlisted GPU is a class of its own."""
 
 def gpu_class(name: str) -> tuple[str, ...]:
     """The name prefixes of a GPU's class ("H200-SXM-141GB" -> ("H100", "H200", "H800", "GH200"))."""
-    upper = name.upper().replace("NVIDIA ", "").replace("AMD ", "").replace("INSTINCT ", "").strip()
+    upper = gpu_name_key(name)
     best = max(((p, c) for c in _GPU_CLASSES for p in c if upper.startswith(p)), key=lambda pc: len(pc[0]),
                default=None)
     return best[1] if best else (upper.split("-")[0],)

@@ -100,6 +100,7 @@ class Plan(PlanBase):
             "overlap_grad_reduce": cfg.overlap_grad_reduce,
             "cross_entropy": cfg.cross_entropy.value,
             "fp8_attention": cfg.fp8_attention,
+            "moe_a2a_overlap": cfg.moe_a2a_overlap,
             "stages": [
                 {
                     "index": i,
@@ -127,7 +128,7 @@ class Plan(PlanBase):
             "time_breakdown_s": {
                 "compute": t.compute, "tp_comm": t.tp_comm, "cp_comm": t.cp_comm, "ep_comm": t.ep_comm,
                 "pp_comm": t.pp_comm, "dp_comm_exposed": t.dp_comm_exposed, "bubble": t.bubble,
-                "optimizer": t.optimizer, "recompute_in_compute": t.recompute,
+                "optimizer": t.optimizer, "recompute_in_compute": t.recompute, "ep_comm_hidden": t.ep_comm_hidden,
             },
             "memory_gib": {
                 "peak": pred.peak_memory_bytes / GIB,

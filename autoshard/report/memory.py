@@ -159,7 +159,8 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     # recompute working set (Korthikanti et al. 2022); torchtitan's loss/backward transients differ
     mine = [stage_cost(plan.model, st, plan.cluster.pools[st.pool], cfg)
             for i, st in enumerate(plan.stages) if i % dims.pp == rank]
-    in_flight = in_flight_microbatches(rank=rank, pp=dims.pp, vpp=dims.vpp, num_microbatches=cfg.num_microbatches)
+    in_flight = in_flight_microbatches(rank=rank, pp=dims.pp, vpp=dims.vpp, num_microbatches=cfg.num_microbatches,
+                                     a2a_overlap=cfg.moe_a2a_overlap)
     per_mb = sum(c.activation_bytes for c in mine)
     dec = sum(1 for i, st in enumerate(plan.stages) if i % dims.pp == rank
               for k in plan.model.layer_kinds[st.start:st.stop] if k in (LayerKind.DENSE, LayerKind.MOE))

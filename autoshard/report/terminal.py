@@ -71,6 +71,8 @@ def _time_table(plan: Plan) -> Table:
         if value == 0 and name.startswith(("  of", "context", "expert")):
             continue
         table.add_row(name, f"{value:.3f}", f"{100 * value / pred.step_time_s:.1f}%")
+        if name.startswith("expert") and t.ep_comm_hidden:  # informational: not part of the step
+            table.add_row("  hidden by the A2A overlap", f"{t.ep_comm_hidden:.3f}", "-")
     table.add_section()
     table.add_row("step", f"{pred.step_time_s:.3f}", "100%", style="bold")
     return table

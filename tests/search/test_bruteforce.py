@@ -21,9 +21,9 @@ OPTIONS = SolverOptions(num_workers=1, seed=0, time_limit_s=60, memory_fraction=
                         space=SpaceOptions(max_micro_batch=4, max_vpp=2))
 
 
-def brute_force(model, cluster, job, options: SolverOptions) -> tuple[int, int]:
+def brute_force(model, cluster, job, options: SolverOptions, pins: Pins = Pins()) -> tuple[int, int]:
     """(best scaled integer objective, objective scale) over everything."""
-    space = enumerate_train(model, cluster, job, pins=Pins(), options=options.space)
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
     scale = math.lcm(*{c.dims.vpp for c in space.candidates})
     best = None
     for cfg in space.candidates:
@@ -34,7 +34,7 @@ def brute_force(model, cluster, job, options: SolverOptions) -> tuple[int, int]:
         for inner in itertools.combinations(range(1, n), s - 1):
             bounds = (0, *inner, n)
             smallest = min(int(tab.decoders[bounds[k + 1]] - tab.decoders[bounds[k]]) for k in range(s))
-            max_rc = 0 if tab.base_full else smallest
+            max_rc = smallest if tab.block_recompute else 0
             for pools in pool_choices:
                 used = [sum(stage_gpus for q in pools if q == i) for i in range(len(cluster.pools))]
                 if any(u > p.num_gpus for u, p in zip(used, cluster.pools, strict=True)):
@@ -48,9 +48,9 @@ def brute_force(model, cluster, job, options: SolverOptions) -> tuple[int, int]:
     return best, scale
 
 
-def solver_objective(model, cluster, job, options: SolverOptions) -> tuple[int, str]:
-    plan = solve_train(model, cluster, job, options=options)[0]
-    space = enumerate_train(model, cluster, job, pins=Pins(), options=options.space)
+def solver_objective(model, cluster, job, options: SolverOptions, pins: Pins = Pins()) -> tuple[int, str]:
+    plan = solve_train(model, cluster, job, pins=pins, options=options)[0]
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space)
     scale = math.lcm(*{c.dims.vpp for c in space.candidates})
     return round(plan.solver.objective * scale * US_PER_S), plan.solver.status
 
@@ -73,6 +73,25 @@ def test_cpsat_reaches_the_brute_force_optimum(name):
     got, status = solver_objective(model, cluster, job, OPTIONS)
     assert status == "OPTIMAL"
     assert got == best
+
+
+def test_cpsat_reaches_the_brute_force_optimum_with_the_a2a_overlap():
+    """--moe-a2a-overlap pinned: the tables carry each layer's steady-state time (the hidden EP traffic off),
+    no block recompute, only candidates Megatron accepts (EP > 1, VPP > 1 with PP > 1, no full recompute),
+    and the solver still proves the brute-force optimum, which the overlap makes faster."""
+    model, cluster, _ = CASES["moe"]
+    job = TrainJob(seq_len=1024, global_batch_size=64)  # micro-batches to pair
+    pins = Pins(moe_a2a_overlap=True)
+    space = enumerate_train(model, cluster, job, pins=pins, options=OPTIONS.space)
+    assert space.candidates and all(c.moe_a2a_overlap and c.dims.ep > 1 and c.recompute.value != "full"
+                                    and (c.dims.pp == 1 or c.dims.vpp > 1) for c in space.candidates)
+    best, _ = brute_force(model, cluster, job, OPTIONS, pins)
+    got, status = solver_objective(model, cluster, job, OPTIONS, pins)
+    assert status == "OPTIMAL"
+    assert got == best
+    plan = solve_train(model, cluster, job, pins=pins, options=OPTIONS)[0]
+    assert plan.config.moe_a2a_overlap and all(st.full_recompute_layers == 0 for st in plan.stages)
+    assert plan.prediction.time.ep_comm_hidden > 0
 
 
 def test_heterogeneous_cpsat_reaches_the_brute_force_optimum():

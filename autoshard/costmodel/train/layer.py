@@ -15,6 +15,7 @@ from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu, training_pool
 from autoshard.costmodel.fp8 import NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
 from autoshard.costmodel.moe import dispatch_time_s
+from autoshard.costmodel.train.a2a_overlap import MoeLayerParts, paired_saving_s, routed_expert_s, sm_count
 from autoshard.costmodel.train.memory import (
     BF16,
     TrainFramework,
@@ -100,6 +101,7 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
         dense_params=out.dense_params + n * (dec.dense_params * scale if not dec.expert_params else dec.dense_params),
         expert_params=out.expert_params + n * dec.expert_params,
         weight_cast_s=out.weight_cast_s + n * scale * dec.weight_cast_s,
+        ep_overlap_s=out.ep_overlap_s + n * dec.ep_overlap_s,
     )
 
 
@@ -194,6 +196,20 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
             ep=dims.ep, etp=dims.expert_tp, pool=pool,
         )
         ep_s = (fwd_passes + 1) * one
+    ep_overlap_s = 0.0
+    if cfg.moe_a2a_overlap and ep_s > 0 and model.moe is not None:
+        passes = fwd_passes + 1
+        expert_fwd, expert_dgrad, expert_wgrad = routed_expert_s(
+            model, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
+            precision=cfg.precision, fp8_recipe=cfg.fp8_recipe, main_grad_bytes=_main_grad_bytes(cfg))
+        parts = MoeLayerParts(
+            attention_fwd=ct.forward_s - expert_fwd + (tp_s + cp_s) / passes,
+            attention_bwd=ct.backward_s - expert_dgrad - expert_wgrad + (tp_s + cp_s) * fwd_passes / passes
+            + ct.recompute_s,
+            expert_fwd=expert_fwd, expert_dgrad=expert_dgrad, expert_wgrad=expert_wgrad,
+            dispatch=one / 2, combine=one / 2,
+        )
+        ep_overlap_s = min(ep_s, paired_saving_s(parts, sm_count(gpu.name)))
 
     shards = layer_param_shards(model, kind, dims)
     # --fp8-param-gather keeps Transformer Engine's linear weights in FP8; the embedding and the output
@@ -241,4 +257,5 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         dense_params=shards.dense,
         expert_params=shards.expert,
         weight_cast_s=fp8_weight_cast_s(kind, shards.dense + shards.expert, pool, cfg),
+        ep_overlap_s=ep_overlap_s,
     )

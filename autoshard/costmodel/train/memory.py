@@ -301,15 +301,18 @@ def layer_activation_bytes(
     return tokens * (outside + inside)
 
 
-def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> float:
+def in_flight_microbatches(*, rank: int, pp: int, vpp: int, num_microbatches: int, a2a_overlap: bool = False) -> float:
     """Micro-batches (in units of a full rank's layers) whose activations pipeline rank `rank` holds
     at its peak under 1F1B, or interleaved 1F1B with `vpp` chunks (Megatron's warm-up counts).
 
     Rank 0 of a 1F1B pipeline holds p micro-batches; interleaving multiplies that by 1 + (p-1)/(p*v)
-    (Korthikanti sec. 4.2.3)."""
+    (Korthikanti sec. 4.2.3). With the EP all-to-all overlap (`a2a_overlap`) the interleaved schedule
+    warms up one chunk forward more (Megatron-LM `get_pp_rank_microbatches`); without a pipeline it
+    adds nothing, as the paired forward saves a layer where the backward beside it frees one."""
     if vpp == 1:
         return float(min(num_microbatches, pp - rank))
-    chunks = min(num_microbatches * vpp, (pp - rank - 1) * 2 + (vpp - 1) * pp + 1)
+    extra = 1 if a2a_overlap and pp > 1 else 0
+    chunks = min(num_microbatches * vpp, (pp - rank - 1) * 2 + (vpp - 1) * pp + 1 + extra)
     return chunks / vpp
 
 

@@ -24,7 +24,7 @@ from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["SMALL_EXPERT_ROWS", "small_expert_note"]
+__all__ = ["SMALL_EXPERT_ROWS", "a2a_overlap_note", "small_expert_note"]
 
 SMALL_EXPERT_ROWS = 2048
 """Rows per local expert per micro-batch below which no published run was predicted within 20 %."""
@@ -43,3 +43,13 @@ def small_expert_note(model: ModelSpec, cfg: TrainConfig) -> str | None:
             f"published runs below {SMALL_EXPERT_ROWS:,} rows (Qwen3-235B-A22B on H100, 512 and 1,024 rows) "
             "took 21-46 % longer per step than predicted, so this prediction may be optimistic; a larger "
             "micro-batch, less TP or more EP raises the rows")
+
+
+def a2a_overlap_note() -> str:
+    """The note for a plan that runs Megatron's EP all-to-all overlap (TrainConfig.moe_a2a_overlap): the
+    published measurements of it say the priced saving is optimistic (README, "EP all-to-all overlap")."""
+    return ("EP all-to-all overlap: priced as Megatron schedules it (two streams, 24 SMs kept by the traffic), "
+            "but the one published pair that measures it (Qwen3-235B-A22B on 256 H100, Megatron-MoE-ModelZoo) "
+            "saved 2.1 s of a 19.7 s step where this model saves 4.9 s, and Megatron-LM's DeepSeek-V3 GB200 "
+            "guide found it a net loss there (host synchronization between its phases, not priced): the "
+            "saving may be optimistic")

@@ -28,15 +28,23 @@ class ScheduleTime:
     bottleneck_rank: int
 
 
-def schedule_time(rank_times_s: Sequence[float], *, num_microbatches: int, vpp: int = 1) -> ScheduleTime:
+def schedule_time(
+    rank_times_s: Sequence[float], *, num_microbatches: int, vpp: int = 1, steady_times_s: Sequence[float] | None = None,
+) -> ScheduleTime:
+    """`steady_times_s`: each rank's mean per-micro-batch time over the whole run where it differs from
+    `rank_times_s` (the EP all-to-all overlap pairs most forwards with a backward, which the fill and
+    drain cannot: costmodel.train.a2a_overlap); the slowest of them sets the busy time, the unpaired
+    times the fill and drain."""
     if not rank_times_s:
         raise ValueError("a pipeline needs at least one rank")
     if num_microbatches < 1 or vpp < 1:
         raise ValueError("num_microbatches and vpp must be positive")
-    slowest = max(rank_times_s)
-    rank = list(rank_times_s).index(slowest)
-    busy = num_microbatches * slowest
-    bubble = (sum(rank_times_s) - slowest) / vpp
+    steady = list(steady_times_s if steady_times_s is not None else rank_times_s)
+    if len(steady) != len(rank_times_s):
+        raise ValueError("steady_times_s needs one time per rank")
+    rank = steady.index(max(steady))
+    busy = num_microbatches * steady[rank]
+    bubble = (sum(rank_times_s) - rank_times_s[rank]) / vpp
     return ScheduleTime(step_s=busy + bubble, busy_s=busy, bubble_s=bubble, bottleneck_rank=rank)
 
 

@@ -14,6 +14,7 @@ from autoshard.costmodel.comm import Collective, collective_time_s, group_links,
 from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu, training_pool
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
 from autoshard.costmodel.fp8 import quantized_peak_tflops
+from autoshard.costmodel.train.a2a_overlap import paired_chunks
 from autoshard.costmodel.train.deferral import apply_deferral
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import (
@@ -25,7 +26,7 @@ from autoshard.costmodel.train.memory import (
     static_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
-from autoshard.costmodel.train.notes import small_expert_note
+from autoshard.costmodel.train.notes import a2a_overlap_note, small_expert_note
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import schedule_time
 from autoshard.costmodel.train.types import (
@@ -82,7 +83,7 @@ def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig)
         activation_bytes=total("activation_bytes"), working_bytes=working,
         dense_params=total("dense_params"), expert_params=total("expert_params"),
         largest_layer_params=max(c.dense_params + c.expert_params for c in costs),
-        weight_cast_s=total("weight_cast_s"),
+        weight_cast_s=total("weight_cast_s"), ep_overlap_s=total("ep_overlap_s"),
     )
 
 
@@ -235,6 +236,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     # Per pipeline rank: sum its chunks, plus the p2p of each chunk boundary it sends across.
     pp = dims.pp
     rank_time = [0.0] * pp
+    rank_hidden = [0.0] * pp  # EP seconds a paired micro-batch hides (TrainConfig.moe_a2a_overlap)
     rank_parts: list[dict[str, float]] = [dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "pp"), 0.0) for _ in range(pp)]
     for i, (st, c) in enumerate(zip(stages, costs, strict=True)):
         r = i % pp
@@ -244,6 +246,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         if i > 0:
             p2p += _p2p_s(model, cfg, pools[stages[i - 1].pool], pools[st.pool], cluster)
         rank_time[r] += c.time_s + p2p
+        rank_hidden[r] += c.ep_overlap_s
         parts = rank_parts[r]
         parts["compute"] += c.compute_s + c.recompute_s
         parts["recompute"] += c.recompute_s
@@ -255,7 +258,10 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     saved_s, flush_s, deferred_bytes = apply_deferral(model, pools[stages[-1].pool], cfg, rank_time)
     rank_time[-1] -= saved_s
     rank_parts[-1]["compute"] -= saved_s
-    sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp)
+    # EP all-to-all overlap: a rank's paired chunk micro-batches each hide their share of its EP traffic
+    steady = [t - paired_chunks(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m) / (m * dims.vpp) * h
+              for r, (t, h) in enumerate(zip(rank_time, rank_hidden, strict=True))]
+    sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp, steady_times_s=steady)
 
     # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank. With it the
     # once-per-step work of the fill: Transformer Engine casts the FP8 weights on each chunk's first
@@ -283,10 +289,12 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
 
     b = sched.bottleneck_rank
     parts = rank_parts[b]
+    hidden = rank_time[b] - steady[b]  # per micro-batch, on average
     time = TimeBreakdown(
         compute=m * parts["compute"] + cast_s, tp_comm=m * parts["tp"], cp_comm=m * parts["cp"],
-        ep_comm=m * parts["ep"], pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed,
+        ep_comm=m * (parts["ep"] - hidden), pp_comm=m * parts["pp"], dp_comm_exposed=dp_exposed,
         bubble=sched.bubble_s + flush_s + (pp - 1) * cast_s, optimizer=opt_s, recompute=m * parts["recompute"],
+        ep_comm_hidden=m * hidden,
     )
     step = time.total
 
@@ -297,7 +305,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     for r in range(pp):
         mine = [costs[i] for i in range(len(stages)) if i % pp == r]
         gpu = pools[stages[r].pool].gpu
-        in_flight = _in_flight(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m)
+        in_flight = _in_flight(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m, a2a_overlap=cfg.moe_a2a_overlap)
         w = sum(c.weights_bytes for c in mine)
         g = sum(c.grads_bytes for c in mine)
         o = sum(c.optimizer_bytes for c in mine)
@@ -347,6 +355,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     )
     if (regime := small_expert_note(model, cfg)) is not None:
         notes += (regime,)
+    if cfg.moe_a2a_overlap:
+        notes += (a2a_overlap_note(),)
     return TrainPrediction(
         step_time_s=step,
         tokens_per_s=tokens / step,

@@ -75,6 +75,12 @@ class TrainConfig:
     setting that validation and the Python API price on GPUs with a
     kernel measurement; plans keep BF16 attention. FP8 or FP4 precision with flash attention only
     (costmodel.attention.fp8_attention_s)."""
+    moe_a2a_overlap: bool = False
+    """Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm with --delay-wgrad-compute):
+    in the 1F1B steady state one micro-batch's forward runs layer by layer beside another's backward, so
+    each MoE layer's dispatch and combine ride on a second stream under the other micro-batch's compute
+    (costmodel.train.a2a_overlap). MoE with EP > 1, alltoall or flex dispatcher, interleaving when PP > 1,
+    no full recompute and no MoE module recompute (api_train.check_moe_a2a_overlap)."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""
@@ -125,6 +131,10 @@ class LayerCost:
     weight_cast_s: float = 0.0
     """Once per step (not per micro-batch): Transformer Engine's FP8 cast of the layer's GEMM weights on
     its chunk's first micro-batch (costmodel.fp8.fp8_weight_cast_bytes_per_param)."""
+    ep_overlap_s: float = 0.0
+    """Seconds of EP traffic a micro-batch hides when its forward and backward of this layer each run
+    paired with another micro-batch's (TrainConfig.moe_a2a_overlap; costmodel.train.a2a_overlap); the
+    step applies it to the paired share of its micro-batches. Never more than ep_comm_s."""
 
     @property
     def time_s(self) -> float:
@@ -168,6 +178,8 @@ class StageCost:
     """Per-GPU parameters of the stage's largest layer (what ZeRO-3 gathers at once)."""
     weight_cast_s: float = 0.0
     """Once per step: the FP8 weight casts of the stage's first micro-batch (LayerCost.weight_cast_s)."""
+    ep_overlap_s: float = 0.0
+    """EP seconds a paired micro-batch hides in this stage (LayerCost.ep_overlap_s, summed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +194,9 @@ class TimeBreakdown:
     optimizer: float
     recompute: float = 0.0
     """Part of `compute` spent recomputing activations (informational, already in compute)."""
+    ep_comm_hidden: float = 0.0
+    """EP traffic the all-to-all overlap runs under the other micro-batch's compute (informational, not in
+    the step: `ep_comm` is what stays exposed; TrainConfig.moe_a2a_overlap)."""
 
     @property
     def total(self) -> float:

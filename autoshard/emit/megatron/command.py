@@ -2,7 +2,9 @@
 geometry (processes per node, nodes), the CUDA_DEVICE_MAX_CONNECTIONS rule, and the flag lines.
 
 CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron asserts it when TP > 1 or CP > 1 on GPUs older than Blackwell
-(AMD GPUs included), and asserts it is *not* 1 under Megatron-FSDP.
+(AMD GPUs included), and asserts it is *not* 1 under Megatron-FSDP. With the EP all-to-all overlap it only
+warns, and the overlap wants several hardware queues: such plans set it to 32 and leave 24 SMs to the
+dispatcher in the normalization kernels (A2A_ENV, as Megatron-MoE-ModelZoo's A2A_OVERLAP=1 does).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from autoshard.emit.megatron.args import megatron_args
 from autoshard.emit.shell import shell_word
 from autoshard.plans.train import Plan
 
-__all__ = ["ENTRY_POINT", "MASTER_PORT", "megatron_command", "needs_single_cuda_connection", "needs_ub_skipmc", "launch_geometry",
+__all__ = ["A2A_ENV", "ENTRY_POINT", "MASTER_PORT", "megatron_command", "needs_single_cuda_connection", "needs_ub_skipmc", "launch_geometry",
            "flag_lines", "join_lines"]
 
 ENTRY_POINT = "pretrain_gpt.py"
@@ -26,11 +28,18 @@ def _is_blackwell_or_newer(gpu_name: str) -> bool:
     return bool(re.match(r"^G?B[1-9]\d\d(?![0-9])", name)) or "BLACKWELL" in name or "RUBIN" in name
 
 
+A2A_ENV = (("CUDA_DEVICE_MAX_CONNECTIONS", "32"), ("NVTE_FWD_LAYERNORM_SM_MARGIN", "24"),
+           ("NVTE_BWD_LAYERNORM_SM_MARGIN", "24"))
+"""The environment of an EP all-to-all overlap plan: Megatron-MoE-ModelZoo `sbatch_benchmarking.sh`
+(A2A_OVERLAP=1); costmodel.train.a2a_overlap.COMM_SMS prices the 24 SMs."""
+
+
 def needs_single_cuda_connection(plan: Plan) -> bool:
     """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP > 1 or CP > 1 on pre-Blackwell GPUs,
-    except under FSDP (which needs it unset or > 1)."""
+    except under FSDP (which needs it unset or > 1) and with the EP all-to-all overlap (which only warns
+    and sets it to 32: A2A_ENV)."""
     dims = plan.config.dims
-    if dims.tp == 1 and dims.cp == 1 or plan.config.zero_stage >= 2:
+    if dims.tp == 1 and dims.cp == 1 or plan.config.zero_stage >= 2 or plan.config.moe_a2a_overlap:
         return False
     pools = {s.pool for s in plan.stages}
     return any(not _is_blackwell_or_newer(plan.cluster.pools[p].gpu.name) for p in pools)
@@ -81,6 +90,8 @@ def megatron_command(plan: Plan) -> str:
     checkout on every node with NODE_RANK, MASTER_ADDR, DATA_PATH, TOKENIZER_MODEL and CKPT_DIR set."""
     nproc, nnodes = launch_geometry(plan)
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if needs_single_cuda_connection(plan) else ""
+    if plan.config.moe_a2a_overlap:
+        env += "".join(f"{k}={v} " for k, v in A2A_ENV)
     if needs_ub_skipmc(plan):
         env += "UB_SKIPMC=1 "
     if nnodes == 1:

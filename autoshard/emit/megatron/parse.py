@@ -90,6 +90,8 @@ class ParsedMegatron:
     """--recompute-modules under selective recompute (empty: Megatron's default, core_attn)."""
     cross_entropy: CrossEntropyImpl = CrossEntropyImpl.UNFUSED
     """--cross-entropy-loss-fusion (+ --cross-entropy-fusion-impl); without it Megatron's unfused loss."""
+    moe_a2a_overlap: bool = False
+    """--overlap-moe-expert-parallel-comm (TrainConfig.moe_a2a_overlap)."""
     launcher_world_size: int | None = None
     """The processes the launcher starts (torchrun --nproc-per-node x --nnodes, ...), None if it does not say."""
     launcher_problem: str | None = None
@@ -139,6 +141,7 @@ class ParsedMegatron:
                 optimizer_moments_bf16=self.optimizer_moments_bf16,
                 recompute_modules=self.recompute_modules,
                 cross_entropy=self.cross_entropy,
+                moe_a2a_overlap=self.moe_a2a_overlap,
             )
         except ValueError as exc:
             raise SpecError(
@@ -248,7 +251,14 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         optimizer_moments_bf16=facts.optimizer_moments_bf16(r),
         recompute_modules=modules,
         cross_entropy=facts.cross_entropy(r),
+        moe_a2a_overlap=r.on("--overlap-moe-expert-parallel-comm"),
     )
+    if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
+        raise SpecError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): "
+                        "add that flag or drop this one", source="--delay-wgrad-compute")
+    if parsed.moe_a2a_overlap and not r.on("--delay-wgrad-compute"):
+        warnings.append("--overlap-moe-expert-parallel-comm without --delay-wgrad-compute: priced with the delayed "
+                        "weight gradient filling the gap between the dispatches (optimistic without it)")
     if launch.world_size is not None:
         parsed = dataclasses.replace(parsed, launcher_world_size=launch.world_size)
         try:

@@ -12,6 +12,7 @@ import textwrap
 
 from autoshard.emit.megatron.args import pipeline_layout
 from autoshard.emit.megatron.command import (
+    A2A_ENV,
     ENTRY_POINT,
     MASTER_PORT,
     flag_lines,
@@ -186,6 +187,12 @@ def megatron_script(plan: Plan) -> str:
         out += [
             "# Megatron-LM requires one CUDA hardware queue with TP or CP > 1 on pre-Blackwell GPUs.",
             "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        ]
+    elif plan.config.moe_a2a_overlap:
+        out += [
+            "# EP all-to-all overlap: several CUDA hardware queues for its two streams, and 24 SMs the",
+            "# normalization kernels leave to the token dispatcher (Megatron-MoE-ModelZoo A2A_OVERLAP=1).",
+            *(f"export {k}={v}" for k, v in A2A_ENV),
         ]
     elif plan.config.zero_stage >= 2:
         out += [

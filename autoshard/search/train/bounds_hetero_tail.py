@@ -22,7 +22,6 @@ import numpy as np
 
 from autoshard.search.train.bounds_hetero_sums import joint_sums
 from autoshard.search.train.bounds_joint import grid_bound, tail_forms
-from autoshard.parallel import Recompute
 from autoshard.search.train.bounds_pools import _exact_threshold, _HeteroCapacity, pipeline_sums
 from autoshard.search.train.bounds_rank import tail_lower_bound
 from autoshard.search.train.tables import CandidateTables
@@ -40,7 +39,7 @@ def uniform_joint_tail_bound(tab: CandidateTables, pool_gpus: Sequence[int], tma
     on mixed-3pool, where every rank recomputes two layers in the best layout (81,656 us of its sum
     of rank times), 45,582,462,240 -> 45,678,724,560, the optimum. Counts are tried in order of their
     slowest-rank threshold and stop once that alone (with the tail floor) reaches the best so far."""
-    allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    allow_rc = tab.block_recompute
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
     thresholds = sorted((t, k) for k in ks if (t := _exact_threshold(tab, pool_gpus, k, None, None)) is not None)
     floor = b * tail_lower_bound(tab)

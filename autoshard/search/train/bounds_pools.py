@@ -12,7 +12,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from autoshard.parallel import Recompute
 from autoshard.search.train.bounds_rank import (
     _least,
     _rank_capacity,
@@ -206,7 +205,7 @@ def hetero_tmax_lower_bound(tab: CandidateTables, pool_gpus: Sequence[int], prob
     every chunk shares (a tight pool that can hold only a few layers caps k for every rank)."""
     if not uniform_recompute:
         return _exact_threshold(tab, pool_gpus, None, probe, None)
-    allow_rc = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    allow_rc = tab.block_recompute
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if allow_rc else range(1)
     best = None
     for k in ks:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autoshard.parallel import Recompute
 from autoshard.search.train.tables import CandidateTables, Layout, even_layout
 
 __all__ = ["CandidateVars", "BuiltModel", "build_model"]
@@ -209,7 +208,7 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
     copies: dict = {}
     # Megatron-LM takes one --recompute-granularity: block full recompute (--recompute-num-layers)
     # cannot be added to selective recompute, so selective candidates recompute no extra layers
-    allow_rc = per_stage_recompute and not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    allow_rc = per_stage_recompute and tab.block_recompute
     uniform = model.new_int_var(0, n, "rc") if (allow_rc and uniform_recompute) else None
 
     rank_time: list[list] = [[] for _ in range(pp)]

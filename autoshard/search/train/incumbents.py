@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoshard.parallel import Recompute
 from autoshard.search.train.bounds_mixed import major_mask
 from autoshard.search.train.bounds_pools import _HeteroCapacity, assignment_capacity, assignment_sends, hetero_capacity_at
 from autoshard.search.train.bounds_rank import (
@@ -89,7 +88,7 @@ def fit_recompute(tab: CandidateTables, lay: Layout | None) -> tuple[int, Layout
     if lay is None:
         return None
     smallest = min(int(tab.decoders[lay.bounds[k + 1]] - tab.decoders[lay.bounds[k]]) for k in range(tab.num_chunks))
-    max_rc = 0 if tab.base_full or tab.config.recompute is Recompute.SELECTIVE else smallest  # one granularity
+    max_rc = smallest if tab.block_recompute else 0  # one granularity
     for rc in range(max_rc + 1):
         trial = Layout(bounds=lay.bounds, recompute=(rc,) * tab.num_chunks, pools=lay.pools)
         obj, fits = int_objective(tab, trial)
@@ -222,7 +221,7 @@ def _uniform_pools(tab: CandidateTables, pool_gpus: list[int], tmax_lb: int, ste
     one count k (the model's default): per k, the first of a few times from the bound, stepping by
     the fastest pool's layer time, at which the ranks' capacities at that count (own pool, cheapest
     links) hold the layers, and the assignment achieving it; the counts whose time is smallest."""
-    rc_allowed = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    rc_allowed = tab.block_recompute
     ks = range(int(tab.decoders[-1]) // tab.num_chunks + 1) if rc_allowed else range(1)
     step = max(1, min(p.decoder_unit[0] for p in tab.pools))
     found = []
@@ -259,7 +258,7 @@ def uniform_assignment_incumbent(tab: CandidateTables, assignment: tuple[int, ..
         d, x, fixed, least = rank_work(tab, q)
         parts.append((q, rank_room(tab, q), d, x, fixed + exact, least))
     least = parts[0][5]
-    rc_allowed = not tab.base_full and tab.config.recompute is not Recompute.SELECTIVE
+    rc_allowed = tab.block_recompute
     ks = range(n_dec // tab.num_chunks + 1) if rc_allowed else range(1)
     found = []
     for k in ks:

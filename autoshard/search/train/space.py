@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autoshard.costmodel.train.types import TrainConfig
+from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
 from autoshard.search.deadline import Deadline
 from autoshard.specs.cluster import ClusterSpec
@@ -66,9 +67,12 @@ class Pins:
     """MoE token dispatcher; None: the cheapest for each plan's expert grid (dispatcher_for)."""
     fp8_recipe: Fp8Recipe | None = None
     """FP8 scaling recipe; None: mxfp8 on Blackwell, delayed elsewhere (default_fp8_recipe)."""
+    moe_a2a_overlap: bool | None = None
+    """Megatron's EP all-to-all overlap on every candidate that can run it, others pruned (None/False: off)."""
 
     def describe(self) -> str:
-        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers", "moe_dispatcher", "fp8_recipe")
+        items = [f"{k}={getattr(self, k)}" for k in (*PIN_FIELDS, "recompute_num_layers", "moe_dispatcher", "fp8_recipe",
+                                                     "moe_a2a_overlap")
                  if getattr(self, k) is not None]
         return ", ".join(items) or "none"
 
@@ -175,6 +179,8 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
     check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
+    if pins.moe_a2a_overlap:
+        check_a2a_overlap_pins(model, pins)
     # pins that contradict each other or the model: bad input (exit 2), not an infeasible search
     if pins.vpp and pins.vpp > 1 and pins.pp == 1:
         raise SpecError(f"--vpp {pins.vpp} interleaves pipeline stages but --pp 1 has one stage: drop --vpp or "
@@ -196,6 +202,29 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
     if not cluster.is_heterogeneous and cluster.num_gpus % product:
         raise SpecError(f"the pinned degrees multiply to {product}, which does not divide the {cluster.num_gpus} GPUs: "
                         "change them or --gpus", source="--tp/--cp/--pp/--dp")
+
+
+def check_a2a_overlap_pins(model: ModelSpec, pins: Pins) -> None:
+    """--moe-a2a-overlap against the other pins: what Megatron-Core would refuse whatever the solver picks
+    (SpecError naming the flag; the candidates it could still refuse are pruned: a2a_overlap_problems)."""
+    from autoshard.errors import SpecError
+
+    rules = (
+        (model.moe is None, f"{model.name} is dense, and the overlap hides the token dispatch of experts"),
+        (pins.ep == 1, "--ep 1 leaves no expert-parallel traffic to overlap: drop --ep or pin EP > 1"),
+        (pins.moe_dispatcher is MoeDispatcher.ALLGATHER, "it runs with the alltoall or flex dispatcher: drop "
+                                                         "--moe-dispatcher allgather"),
+        (pins.recompute is Recompute.FULL or bool(pins.recompute_num_layers), "Megatron refuses it with full "
+         "recompute: use --recompute selective or none, no --recompute-num-layers"),
+        ((pins.pp or 1) > 1 and pins.vpp == 1, f"with --pp {pins.pp} it needs the interleaved schedule: pin --vpp 2 "
+                                               "or more, or drop --vpp"),
+        ("moe" in (pins.recompute_modules or ()), "it cannot recompute the moe module: drop moe from "
+                                                  "--recompute-modules (moe_act is allowed)"),
+        (model.mtp_num_layers > 1, f"it takes at most one MTP layer, {model.name} has {model.mtp_num_layers}"),
+    )
+    for broken, problem in rules:
+        if broken:
+            raise SpecError(f"--moe-a2a-overlap: {problem}", source="--moe-a2a-overlap")
 
 
 def enumerate_train(
@@ -280,7 +309,7 @@ def enumerate_train(
                                     space.prune(problems[0].split(";")[0])
                                     continue
                                 _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs,
-                                                    extra=_moe_fp8_knobs(model, cluster, dims, job, pins))
+                                                    extra=_moe_fp8_knobs(model, cluster, dims, job, pins), model=model)
     return space
 
 
@@ -299,17 +328,20 @@ def fp8_recipe_for(model: ModelSpec, cluster: ClusterSpec, pinned: Fp8Recipe | N
     return Fp8Recipe(recipe) if recipe else default_fp8_recipe(cluster)
 
 
-def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, seq_len: int) -> MoeDispatcher:
+def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, seq_len: int, *,
+                   a2a_overlap: bool = False) -> MoeDispatcher:
     """The cheapest MoE dispatcher for this expert grid. The dispatchers differ only in the bytes they
     move (memory and compute are the same), so the cheapest one dominates: pick it per plan instead
-    of multiplying the candidates. Ties go to alltoall (no extra library needed)."""
+    of multiplying the candidates. Ties go to alltoall (no extra library needed). `a2a_overlap`: the
+    EP all-to-all overlap runs with alltoall or flex only, so allgather is not a choice."""
     if model.moe is None or dims.ep * dims.expert_tp <= 1:
         return MoeDispatcher.ALLTOALL
-    return _cheapest_dispatcher(model, cluster, seq_len / dims.cp / dims.tp, dims.ep, dims.expert_tp)
+    return _cheapest_dispatcher(model, cluster, seq_len / dims.cp / dims.tp, dims.ep, dims.expert_tp, a2a_overlap)
 
 
 @lru_cache(maxsize=4096)
-def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, ep: int, etp: int) -> MoeDispatcher:
+def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, ep: int, etp: int,
+                         a2a_overlap: bool = False) -> MoeDispatcher:
     """`dispatcher_for` on what it reads of the grid (the candidates of one solve share a few)."""
     from autoshard.costmodel.efficiency import training_pool
     from autoshard.costmodel.moe import dispatch_time_s
@@ -320,20 +352,23 @@ def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, 
         d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
                            num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool)
         for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
+        if not (a2a_overlap and d is MoeDispatcher.ALLGATHER)
     }
     return min(costs, key=costs.__getitem__)  # first of equals: alltoall
 
 
 def _moe_fp8_knobs(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, job: TrainJob, pins: Pins) -> dict:
     return {
-        "moe_dispatcher": pins.moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len),
+        "moe_dispatcher": pins.moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len,
+                                                                a2a_overlap=bool(pins.moe_a2a_overlap)),
         "fp8_recipe": fp8_recipe_for(model, cluster, pins.fp8_recipe),
+        "moe_a2a_overlap": bool(pins.moe_a2a_overlap),
     }
 
 
 def _add_batch_variants(
     space: Space, dims: ParallelDims, job: TrainJob, mbss: list[int], recomputes: list[Recompute],
-    zeros: list[int], pins: Pins, gbs: int, extra: dict | None = None,
+    zeros: list[int], pins: Pins, gbs: int, extra: dict | None = None, model: ModelSpec | None = None,
 ) -> None:
     for mbs in mbss:
         if gbs % (mbs * dims.dp):
@@ -352,12 +387,14 @@ def _add_batch_variants(
                     space.prune("ZeRO-2/3 (Megatron-FSDP) does not combine with PP")
                     continue
                 sp = dims.tp > 1 if pins.sequence_parallel is None else (pins.sequence_parallel and dims.tp > 1)
-                space.candidates.append(
-                    TrainConfig(
-                        dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
-                        precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
-                        optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True, **(extra or {}),
-                        recompute_modules=(pins.recompute_modules or ()) if rc is Recompute.SELECTIVE else (),
-                    )
+                cfg = TrainConfig(
+                    dims=dims, micro_batch_size=mbs, global_batch_size=gbs, seq_len=job.seq_len,
+                    precision=job.precision, recompute=rc, sequence_parallel=sp, zero_stage=zero,
+                    optimizer=job.optimizer, tp_comm_overlap=sp, overlap_grad_reduce=True, **(extra or {}),
+                    recompute_modules=(pins.recompute_modules or ()) if rc is Recompute.SELECTIVE else (),
                 )
+                if cfg.moe_a2a_overlap and model is not None and (problems := a2a_overlap_problems(model, cfg)):
+                    space.prune(f"the EP all-to-all overlap: {problems[0]}")  # pinned: Megatron refuses this plan
+                    continue
+                space.candidates.append(cfg)
                 space.enumerated += 1

@@ -17,6 +17,7 @@ import numpy as np
 from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.efficiency import training_pool
 from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.a2a_overlap import paired_chunks
 from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
 from autoshard.costmodel.train.step import (
     _dp_time_s,
@@ -81,6 +82,13 @@ class CandidateTables:
     dp_min_latency_us: int = 0
     """The DP collectives' latency in the exposed floor `dp_min` (the cost model's (1 - overlap) x the
     whole DP time, latency included; all of it without --overlap-grad-reduce)."""
+
+    @property
+    def block_recompute(self) -> bool:
+        """Whether a chunk may fully recompute some of its layers (Megatron --recompute-num-layers): not on
+        top of full or selective recompute (one --recompute-granularity), nor under the EP all-to-all
+        overlap (Megatron refuses any recompute method with it)."""
+        return not self.base_full and self.config.recompute is not Recompute.SELECTIVE and not self.config.moe_a2a_overlap
 
     @property
     def num_layers(self) -> int:
@@ -184,8 +192,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
                   for c in base]
         state_mib = [(s + frag * (c.state_bytes - s)) / MIB for s, c in zip(static, base, strict=True)]
         act_mib = [frag * c.activation_bytes / MIB for c in base]
+        # EP all-to-all overlap: each layer at its steady-state mean, the largest paired share of any rank
+        # (the last), so that every bound stays below the cost model's step (costmodel.train.step)
+        paired = paired_chunks(rank=dims.pp - 1, pp=dims.pp, vpp=dims.vpp, num_microbatches=m) / (m * dims.vpp)
+        times = [c.time_s - paired * c.ep_overlap_s for c in base]
         time_us, state, act, full_us, min_us, window_us, opt_us = _per_layer_prefixes(
-            [[c.time_s for c in base], state_mib, act_mib, dp_full, dp_min, win, opt], idx,
+            [times, state_mib, act_mib, dp_full, dp_min, win, opt], idx,
             [US_PER_S, 1, 1, US_PER_S, US_PER_S, US_PER_S, US_PER_S])
         pools.append(PoolTables(
             time_us=time_us,
@@ -202,7 +214,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
             p2p_us=p2p,
             max_layer_us=math.ceil(max(c.time_s for c in base) * US_PER_S),
             decoder_unit=(
-                min(round(base[i].time_s * US_PER_S) for i in dec),
+                min(round(times[i] * US_PER_S) for i in dec),
                 min(round(state_mib[i]) for i in dec),
                 min(round(act_mib[i]) for i in dec),
             ),
@@ -215,7 +227,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
                     cross[(a, b)] = math.ceil(_p2p_s(model, cfg, pa, pb, cluster) * US_PER_S)
     decoders = _per_layer_prefix([1.0 if k in decoder_kinds else 0.0 for k in uniq], idx, 1)
     chunks = tuple(
-        round(in_flight_microbatches(rank=r, pp=dims.pp, vpp=dims.vpp, num_microbatches=m) * dims.vpp)
+        round(in_flight_microbatches(rank=r, pp=dims.pp, vpp=dims.vpp, num_microbatches=m,
+                                     a2a_overlap=cfg.moe_a2a_overlap) * dims.vpp)
         for r in range(dims.pp)
     )
     # ZeRO-3's transients (costmodel.train.step): two gathered BF16 layers and one layer's FP32 gradients
