@@ -161,8 +161,8 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     check_precision(cluster_spec, cfg.precision, source="--from-megatron")
     stages = parsed.layout()
     if cfg.moe_a2a_overlap and (problems := a2a_overlap_problems(parsed.model, cfg, stages)):
-        raise SpecError(f"--overlap-moe-expert-parallel-comm: Megatron-Core refuses it here: {'; '.join(problems)}",
-                        source="--from-megatron")
+        raise SpecError(f"Megatron-Core refuses it here: {'; '.join(problems)}",
+                        source="--overlap-moe-expert-parallel-comm")
     prediction = predict_train(parsed.model, cluster_spec, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     # the command's shapes are what runs; a given model names it (its differences are warnings above)
@@ -337,7 +337,7 @@ def evaluate(
     except ValueError as exc:
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None
     if moe_a2a_overlap and (problems := a2a_overlap_problems(model, cfg, stages)):
-        raise SpecError(f"--moe-a2a-overlap: {'; '.join(problems)}", source="--moe-a2a-overlap")
+        raise SpecError("; ".join(problems), source="--moe-a2a-overlap")
     prediction = predict_train(model, cluster, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     plan = Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats)

@@ -118,6 +118,10 @@ def bubble_lines(plan: Plan) -> list[str]:
         model = (f"(sum T_r - max T_r)/(v*m*max T_r) = ({1e3 * sum(times):.1f} - {1e3 * slowest:.1f})/"
                  f"({v}*{m}*{1e3 * slowest:.1f}) ms = {_pct(frac)}")
     lines = [f"bubble (cost model): {model} of the busy time, {bubble_s:.3f} s per step"]
+    if cfg.moe_a2a_overlap:
+        lines.append(f"drawn and counted unpaired: the EP all-to-all overlap hides {pred.time.ep_comm_hidden:.3f} s of "
+                     "EP traffic per step under the paired forwards and backwards (the step table), which the chart "
+                     "and the idle shares leave in")
     text = f"textbook, equal stages: GPipe/1F1B (p-1)/m = {_pct((p - 1) / m)}"
     if v > 1:
         text += f"; interleaved (p-1)/(v*m) = {_pct((p - 1) / (v * m))}"
@@ -225,6 +229,8 @@ def _stop_text(stats: SolverStats, time_limit_s: float | None) -> str:
         return f"{limit} ran out before the bound closed"
     if reason == "gap_limit":
         return f"CP-SAT stopped within its {_gap(stats.gap_limit)} relative gap limit"
+    if reason == "relaxed":
+        return "the solver's tables count the A2A overlap's traffic as hidden on every micro-batch, a bound below this step"
     if reason == "model_cap":
         return "candidates left out of the CP-SAT model by its size cap keep a lower bound below this plan"
     return "the search stopped before the bound closed"

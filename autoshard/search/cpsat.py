@@ -62,7 +62,8 @@ def stop_reason(optimal: bool, cp_status: int, *, time_cut: bool = False, open_i
     "time_limit" when CP-SAT stopped before proving its model (FEASIBLE or UNKNOWN: only its time
     limit, the rest of the command's deadline, does that) or a phase before it ran out of time
     (`time_cut`); "gap_limit" when the model's bound is still open under a positive relative gap
-    limit; else "model_cap" (candidates left out of the model by its size cap)."""
+    limit; else "model_cap" (candidates left out of the model by its size cap). The training search
+    also reports "relaxed" (search.train.solve: its tables relax the EP all-to-all overlap's step)."""
     if optimal:
         return "optimal"
     if cp_status != cp_model.OPTIMAL or time_cut:

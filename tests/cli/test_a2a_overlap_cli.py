@@ -58,13 +58,27 @@ def test_megatron_command_round_trips() -> None:
     assert not [w for w in parsed.warnings if "delay-wgrad" in w]
     code, back, _, _ = run("evaluate", "dgx-h100", "--from-megatron", on["launch"]["megatron"], "--json")
     assert code == 0 and back["plan"]["moe_a2a_overlap"] is True
+    assert back["predicted"]["step_time_s"] == pytest.approx(on["predicted"]["step_time_s"], rel=1e-9)
+    assert back["predicted"]["time_breakdown_s"]["ep_comm_hidden"] == pytest.approx(
+        on["predicted"]["time_breakdown_s"]["ep_comm_hidden"], rel=1e-9)
 
 
 def test_delay_wgrad_without_the_overlap_is_refused() -> None:
     cmd = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
            "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --delay-wgrad-compute")
     code, _, _, err = run("evaluate", "dgx-h100", "--from-megatron", cmd)
-    assert code == 2 and "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm" in err
+    assert code == 2 and "--delay-wgrad-compute: it needs --overlap-moe-expert-parallel-comm" in err
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda c: c.rstrip() + " --moe-shared-expert-overlap", "--moe-shared-expert-overlap"),
+    (lambda c: c.replace("--bf16", ""), "--bf16 or --fp16"),
+    (lambda c: c.rstrip() + " --recompute-granularity selective --recompute-method uniform", "--recompute-method"),
+])
+def test_from_megatron_refuses_what_megatron_asserts(edit, fragment) -> None:
+    _, on, _, _ = run(*QWEN, "--moe-a2a-overlap", "--json")
+    code, _, _, err = run("evaluate", "dgx-h100", "--from-megatron", edit(on["launch"]["megatron"]))
+    assert code == 2 and "--overlap-moe-expert-parallel-comm" in err and fragment in err
 
 
 def test_overlap_without_delayed_wgrad_warns() -> None:

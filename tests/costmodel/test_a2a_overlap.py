@@ -11,16 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.costmodel.train.a2a_overlap import (
-    COMM_SMS,
     DEFAULT_SM_COUNT,
     MoeLayerParts,
     a2a_overlap_problems,
     ideal_paired_s,
     paired_chunks,
     paired_saving_s,
+    rank_hidden_s,
+    schedule_chunks,
     sm_count,
 )
 from autoshard.costmodel.train.layer import layer_cost
+from autoshard.costmodel.train.memory import in_flight_microbatches
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.layout import default_stages
@@ -116,7 +118,8 @@ def test_layer_saving_comes_from_the_layers_own_parts() -> None:
     assert off.ep_overlap_s == 0.0
     assert 0.0 < on.ep_overlap_s < on.ep_comm_s
     assert (on.time_s, on.activation_bytes) == (off.time_s, off.activation_bytes)  # the step applies it
-    assert layer_cost(QWEN30, LayerKind.OUTPUT, H100.primary, _cfg(moe_a2a_overlap=True), Recompute.NONE).ep_overlap_s == 0
+    for kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+        assert layer_cost(QWEN30, kind, H100.primary, _cfg(moe_a2a_overlap=True), Recompute.NONE).ep_overlap_s == 0
 
 
 def test_step_saves_the_paired_share_without_a_pipeline() -> None:
@@ -139,7 +142,8 @@ def test_step_saves_the_paired_share_without_a_pipeline() -> None:
 
 def test_interleaved_overlap_warms_up_one_chunk_more() -> None:
     """PP 4 / VPP 2: rank 0 holds one more chunk micro-batch of activations (Megatron schedules one extra
-    warm-up forward in this mode), and the fill and drain stay unpaired."""
+    warm-up forward in this mode: test_interleaved_in_flight_adds_one_chunk), and the fill and drain stay
+    unpaired."""
     cfg = _cfg(dims=ParallelDims(tp=1, pp=4, dp=8, ep=8, vpp=2), global_batch_size=128)
     stages = default_stages(QWEN30, pp=4, vpp=2)
     off = predict_train(QWEN30, resize(H100, 32), cfg, stages)
@@ -170,4 +174,28 @@ def test_block_recompute_and_dense_models_are_refused() -> None:
     assert "no full recompute" in a2a_overlap_problems(QWEN30, BASE, stages)[0]
     dense = load_model("llama-3.1-8b")
     assert "no experts" in a2a_overlap_problems(dense, BASE)[0]
-    assert COMM_SMS == 24
+
+
+def test_schedule_table_is_megatrons() -> None:
+    """get_schedule_table's example (m 5, group 3, 2 chunks): chunks 0 0 0 1 1 1 0 0 1 1."""
+    assert schedule_chunks(5, 2, 3) == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+def test_unequal_chunks_pair_only_their_common_layers() -> None:
+    """PP 2 x VPP 2, 4 micro-batches, rank 0: table 0 0 1 1 0 0 1 1, warm-up (2 - 1) x 2 + 2 + 1 = 5, so
+    forwards 5, 6, 7 run beside backwards 0, 1, 2: chunk pairs (0, 1), (1, 1), (1, 0). With two layers in
+    chunk 0 and one in chunk 1 each pair overlaps one layer pair: 3 x the saving (not 3 + 4 x ... as
+    if every layer paired)."""
+    assert rank_hidden_s([[1.0, 1.0], [1.0]], rank=0, pp=2, num_microbatches=4) == 3.0
+    # rank 1 warms up 2 + 1 = 3: forwards 3..7 (chunks 1 0 0 1 1) beside backwards 0..4 (chunks 1 1 0 0 1):
+    # (1, 1), (0, 1), (0, 0), (1, 0), (1, 1) overlap 1 + 1 + 2 + 1 + 1 layer pairs
+    assert rank_hidden_s([[1.0, 1.0], [1.0]], rank=1, pp=2, num_microbatches=4) == 6.0
+    # PP 1: m - 1 pairs of the whole model with itself, forward layer i beside backward layer n - 1 - i:
+    # a dense-first model pairs its dense layers with MoE layers, which hide nothing here
+    assert rank_hidden_s([[0.0, 2.0, 2.0]], rank=0, pp=1, num_microbatches=4) == 3 * 2.0
+
+
+def test_interleaved_in_flight_adds_one_chunk() -> None:
+    for pp, vpp, extra in ((4, 2, 0.5), (8, 4, 0.25), (1, 1, 0.0)):
+        on = in_flight_microbatches(rank=0, pp=pp, vpp=vpp, num_microbatches=64, a2a_overlap=True)
+        assert on - in_flight_microbatches(rank=0, pp=pp, vpp=vpp, num_microbatches=64) == extra

@@ -22,11 +22,13 @@ that share.
 
 Where the pairing happens: every micro-batch's forward but the warm-up ones (PP = 1: the first; under the
 interleaved schedule Megatron's warm-up count plus the one extra forward this mode schedules), each with
-one backward; the rest run unpaired at the full price (`paired_chunks`).
+the backward the schedule pairs it with, on min(layers) of the two chunks (`rank_hidden_s`); the rest run
+unpaired at the full price.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from autoshard.specs.model import ModelSpec
 
 __all__ = ["COMM_SMS", "DEFAULT_SM_COUNT", "MoeLayerParts", "a2a_overlap_problems", "ideal_paired_s", "paired_chunks",
-           "paired_saving_s", "routed_expert_s", "sm_count"]
+           "paired_saving_s", "rank_hidden_s", "routed_expert_s", "schedule_chunks", "sm_count"]
 
 COMM_SMS = 24
 """SMs the EP communication kernels keep while the other micro-batch computes: Megatron-MoE-ModelZoo
@@ -148,6 +150,42 @@ def paired_saving_s(p: MoeLayerParts, sms: int) -> float:
     return max(0.0, hidden * (1.0 - COMM_SMS / sms))
 
 
+def schedule_chunks(num_microbatches: int, vpp: int, group: int) -> list[int]:
+    """The model chunk of each virtual micro-batch (forward order) of the interleaved schedule: groups of
+    `group` micro-batches (Megatron's default microbatch_group_size_per_vp_stage is PP) run chunk 0, then
+    chunk 1, ...; the last group holds what is left (Megatron-LM `get_schedule_table`)."""
+    table: list[int] = []
+    for start in range(0, num_microbatches, group):
+        size = num_microbatches - start if start + group >= num_microbatches else group
+        table += [chunk for chunk in range(vpp) for _ in range(size)]
+    return table
+
+
+def _pair_saving_s(forward: Sequence[float], backward: Sequence[float]) -> float:
+    """Seconds one chunk's forward beside another chunk's backward hides: Megatron overlaps
+    min(layers) of them, forward layer i beside backward layer n_b - 1 - i
+    (`TransformerModelChunkSchedulePlan.run`), the rest run alone; a pair hides the smaller of its two
+    layers' savings (a dense layer beside an MoE layer is counted as hiding nothing)."""
+    n = min(len(forward), len(backward))
+    return sum(min(forward[i], backward[len(backward) - 1 - i]) for i in range(n))
+
+
+def rank_hidden_s(chunk_savings: Sequence[Sequence[float]], *, rank: int, pp: int, num_microbatches: int) -> float:
+    """EP seconds a pipeline rank hides per step. `chunk_savings[c]`: the paired saving of each decoder
+    layer of the rank's chunk c, in order (LayerCost.ep_overlap_s). Every forward after the warm-up
+    (`paired_chunks`) runs beside the backward the schedule pairs it with: virtual micro-batch k's
+    forward chunk and k - warm-up's backward chunk (v - 1 - its table entry; PP = 1: one chunk, m - 1
+    pairs)."""
+    vpp, m = len(chunk_savings), num_microbatches
+    total = m * vpp
+    warmup = total - paired_chunks(rank=rank, pp=pp, vpp=vpp, num_microbatches=m)
+    if pp == 1:
+        return (total - warmup) * _pair_saving_s(chunk_savings[0], chunk_savings[0])
+    table = schedule_chunks(m, vpp, pp)
+    pairs = Counter((table[k], vpp - 1 - table[k - warmup]) for k in range(warmup, total))
+    return sum(n * _pair_saving_s(chunk_savings[f], chunk_savings[b]) for (f, b), n in pairs.items())
+
+
 def paired_chunks(*, rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
     """How many of a pipeline rank's m x v chunk forwards run paired with a backward: all but the
     warm-up ones (Megatron-LM `get_pp_rank_microbatches` with overlap_moe_expert_parallel_comm: PP = 1
@@ -174,14 +212,15 @@ def a2a_overlap_problems(model: ModelSpec, cfg: TrainConfig, stages: Sequence[St
         out.append("it overlaps the token dispatch of a mixture-of-experts model, and this model has no experts")
         return out
     if cfg.dims.ep <= 1:
-        out.append("it needs expert parallelism: set EP > 1")
+        out.append("it needs expert parallelism: set EP > 1 (--ep)")
     if cfg.moe_dispatcher not in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX):
-        out.append(f"it runs with the alltoall or flex dispatcher, not {cfg.moe_dispatcher.value}: change the "
-                   "dispatcher")
+        out.append(f"it runs with the alltoall or flex dispatcher, not {cfg.moe_dispatcher.value}: set "
+                   "--moe-dispatcher alltoall or flex (Megatron: --moe-token-dispatcher-type)")
     if cfg.dims.pp > 1 and cfg.dims.vpp == 1:
-        out.append("with PP > 1 it needs the interleaved schedule: set VPP > 1")
+        out.append("with PP > 1 it needs the interleaved schedule: set VPP > 1 (--vpp, or a --layout with "
+                   "more chunks than PP)")
     if cfg.recompute is Recompute.FULL or any(st.full_recompute_layers for st in stages):
-        out.append("it runs with no full recompute (granularity full, --recompute-num-layers): use selective or none")
+        out.append("it runs with no full recompute: use --recompute selective or none, no --recompute-num-layers")
     if cfg.recompute is Recompute.SELECTIVE and "moe" in cfg.recompute_modules:
         out.append("it cannot recompute the moe module: drop moe from --recompute-modules (moe_act is allowed)")
     if model.mtp_num_layers > 1:

@@ -14,7 +14,7 @@ from autoshard.costmodel.comm import Collective, collective_time_s, group_links,
 from autoshard.costmodel.efficiency import efficiency_source, is_borrowed, training_gpu, training_pool
 from autoshard.costmodel.flops import layer_flops, model_flops_per_step
 from autoshard.costmodel.fp8 import quantized_peak_tflops
-from autoshard.costmodel.train.a2a_overlap import paired_chunks
+from autoshard.costmodel.train.a2a_overlap import rank_hidden_s
 from autoshard.costmodel.train.deferral import apply_deferral
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import (
@@ -84,6 +84,8 @@ def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig)
         dense_params=total("dense_params"), expert_params=total("expert_params"),
         largest_layer_params=max(c.dense_params + c.expert_params for c in costs),
         weight_cast_s=total("weight_cast_s"), ep_overlap_s=total("ep_overlap_s"),
+        layer_overlaps=tuple(c.ep_overlap_s for k, c in zip(kinds, costs, strict=True)
+                             if k in (LayerKind.DENSE, LayerKind.MOE) or (k is LayerKind.OUTPUT and c.ep_overlap_s)),
     )
 
 
@@ -236,7 +238,6 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     # Per pipeline rank: sum its chunks, plus the p2p of each chunk boundary it sends across.
     pp = dims.pp
     rank_time = [0.0] * pp
-    rank_hidden = [0.0] * pp  # EP seconds a paired micro-batch hides (TrainConfig.moe_a2a_overlap)
     rank_parts: list[dict[str, float]] = [dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "pp"), 0.0) for _ in range(pp)]
     for i, (st, c) in enumerate(zip(stages, costs, strict=True)):
         r = i % pp
@@ -246,7 +247,6 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         if i > 0:
             p2p += _p2p_s(model, cfg, pools[stages[i - 1].pool], pools[st.pool], cluster)
         rank_time[r] += c.time_s + p2p
-        rank_hidden[r] += c.ep_overlap_s
         parts = rank_parts[r]
         parts["compute"] += c.compute_s + c.recompute_s
         parts["recompute"] += c.recompute_s
@@ -258,9 +258,12 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     saved_s, flush_s, deferred_bytes = apply_deferral(model, pools[stages[-1].pool], cfg, rank_time)
     rank_time[-1] -= saved_s
     rank_parts[-1]["compute"] -= saved_s
-    # EP all-to-all overlap: a rank's paired chunk micro-batches each hide their share of its EP traffic
-    steady = [t - paired_chunks(rank=r, pp=pp, vpp=dims.vpp, num_microbatches=m) / (m * dims.vpp) * h
-              for r, (t, h) in enumerate(zip(rank_time, rank_hidden, strict=True))]
+    # EP all-to-all overlap: the EP traffic a rank's paired forwards and backwards hide, per micro-batch
+    steady = list(rank_time)
+    if cfg.moe_a2a_overlap:
+        for r in range(pp):
+            chunks = [costs[i].layer_overlaps for i in range(len(stages)) if i % pp == r]
+            steady[r] -= rank_hidden_s(chunks, rank=r, pp=pp, num_microbatches=m) / m
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp, steady_times_s=steady)
 
     # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank. With it the

@@ -254,8 +254,17 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         moe_a2a_overlap=r.on("--overlap-moe-expert-parallel-comm"),
     )
     if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
-        raise SpecError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): "
-                        "add that flag or drop this one", source="--delay-wgrad-compute")
+        raise SpecError("it needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): add that flag or drop "
+                        "this one", source="--delay-wgrad-compute")
+    if parsed.moe_a2a_overlap:
+        for broken, problem in (
+            (r.on("--moe-shared-expert-overlap"), "Megatron-Core refuses it with --moe-shared-expert-overlap: drop one"),
+            (not (r.on("--bf16") or r.on("--fp16")), "Megatron-Core runs it in a --bf16 or --fp16 model only: add one"),
+            (r.text("--recompute-method") is not None, "Megatron-Core refuses it with any --recompute-method: drop "
+                                                       "--recompute-method and --recompute-num-layers"),
+        ):
+            if broken:
+                raise SpecError(problem, source="--overlap-moe-expert-parallel-comm")
     if parsed.moe_a2a_overlap and not r.on("--delay-wgrad-compute"):
         warnings.append("--overlap-moe-expert-parallel-comm without --delay-wgrad-compute: priced with the delayed "
                         "weight gradient filling the gap between the dispatches (optimistic without it)")

@@ -172,10 +172,10 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
     if pins.pp and pins.pp > model.num_layers + 2:
         raise SpecError(f"PP {pins.pp} exceeds the {model.num_layers} decoder layers", source="--pp")
     if pins.ep and pins.tp and pins.pp and not cluster.is_heterogeneous:
-        dense = cluster.num_gpus // (pins.tp * pins.pp) if cluster.num_gpus % (pins.tp * pins.pp) == 0 else 0
-        grid = (pins.etp or pins.tp) * pins.ep
+        cp_dp = cluster.num_gpus // (pins.tp * pins.pp) if cluster.num_gpus % (pins.tp * pins.pp) == 0 else 0
+        grid, dense = (pins.etp or pins.tp) * pins.ep, pins.tp * cp_dp
         if dense and dense % grid:
-            hint = expert_grid_hint(model, tp=pins.tp, cp=1, dp=dense, ep=pins.ep, etp=pins.etp)
+            hint = expert_grid_hint(model, tp=pins.tp, cp=1, dp=cp_dp, ep=pins.ep, etp=pins.etp)
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
     check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
@@ -224,7 +224,7 @@ def check_a2a_overlap_pins(model: ModelSpec, pins: Pins) -> None:
     )
     for broken, problem in rules:
         if broken:
-            raise SpecError(f"--moe-a2a-overlap: {problem}", source="--moe-a2a-overlap")
+            raise SpecError(problem, source="--moe-a2a-overlap")
 
 
 def enumerate_train(
