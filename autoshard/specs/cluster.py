@@ -92,7 +92,7 @@ class EfficiencySpec(FrozenSpec):
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
-    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 57 held H100
+    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 58 held H100
     runs, with the measured GEMM shape table (`train_gemm_shape_measured`)."""
     train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
@@ -125,7 +125,7 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 57
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 58
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
     (H100: 57, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving

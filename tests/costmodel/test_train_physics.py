@@ -134,18 +134,18 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 57 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 58 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
-    # H200: 3 held runs, fewer than 5: the Hopper pool's fit (H100's 57 runs and its own 3)
+    # H200: 3 held runs, fewer than 5: the Hopper pool's fit (H100's 58 runs and its own 4)
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
-    # Blackwell: B200, GB200 and GB300 (6 held runs with its NVFP4 ones) on their own runs; B300 (3 held
+    # Blackwell: B200, GB200 and GB300 (7 held runs with its NVFP4 ones) on their own runs; B300 (3 held
     # runs) borrows the pooled Blackwell fit, not H100's
     assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 20 runs"
     assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 25 runs"
-    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 6 runs"
+    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 7 runs"
     assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == (
         "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
 

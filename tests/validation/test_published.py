@@ -73,14 +73,19 @@ def test_moe_runs():
     Mixtral 8x22B on 128 H100 (ModelZoo, forced balance): BF16 step +14 % (predicted slow), block-scaled
     FP8 -4 %: the measured FP8/BF16 speed-up is 1.20x against 1.44x predicted. Qwen3-30B-A3B from Megatron-LM's MoE
     recipes (4 held: H100 EP 8 and GB200 EP 16, BF16 and FP8) is predicted 14-25 % fast (test_mlmrecipe_qwen3_30b_runs);
-    with them the median |error| of the 23 held runs is 9.9 % (7.9 % over the other 19, whose GB200 rows moved
-    with the refit on them: GB200 `train_gemm` 0.60 -> 0.65, `train_hbm` 0.80 -> 0.60)."""
+    with them the median |error| of the 23 held runs was 9.9 % (7.9 % over the other 19, whose GB200 rows moved
+    with the refit on them: GB200 `train_gemm` 0.60 -> 0.65, `train_hbm` 0.80 -> 0.60). The two ModelZoo runs with
+    the EP all-to-all overlap (item W) are held since it is priced, and both are predicted 12 % short: the priced
+    overlap hides more than they measured (the H100 pair: 4.8 s priced, 2.1 s measured); with them 25 held runs,
+    median 10.6 %."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 23
+    assert len(errs) == 25
     by_id = {r.id: r.error for r in MOE}
     assert 0.10 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.20
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
-    assert statistics.median(errs) <= 0.10
+    for overlap in ("moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap", "moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"):
+        assert -0.15 < by_id[overlap] < -0.08  # step predicted short: the overlap priced optimistic
+    assert statistics.median(errs) <= 0.11
     assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.08
     assert sum(e <= 0.15 for e in errs) >= 12
 
@@ -238,8 +243,8 @@ def test_nvfp4_rows_with_bf16_edge_layers_are_refused():
 
 def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     """fit_efficiency.generation_pool: B300 (3 held runs, MLPerf v5.1 Dell FP8, Lenovo and Nebius NVFP4) pools
-    the held runs of every Blackwell type (B200 20, B300 3, GB200 25, GB300 6), never H100's or A100's; GB300
-    has a fit of its own since its NVFP4 runs (6 held); a GPU of no fitted generation has no pool (it
+    the held runs of every Blackwell type (B200 20, B300 3, GB200 25, GB300 7), never H100's or A100's; GB300
+    has a fit of its own since its NVFP4 runs (7 held with the A2A-overlap ModelZoo run); a GPU of no fitted generation has no pool (it
     borrows H100's)."""
     from fit_efficiency import MIN_RUNS, generation_pool, held
     from validate_published import run_gpu
@@ -250,7 +255,7 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
     types, pool = generation_pool("B300-SXM-288GB", by_gpu)
     assert types == blackwell
-    assert [len(by_gpu[t]) for t in types] == [20, 3, 25, 6] and len(pool) == 54 >= MIN_RUNS
+    assert [len(by_gpu[t]) for t in types] == [20, 3, 25, 7] and len(pool) == 55 >= MIN_RUNS
     assert all(run_gpu(r) in blackwell for r in pool)
     assert len(by_gpu["GB300-288GB"]) > MIN_RUNS > len(by_gpu["B300-SXM-288GB"])  # GB300: a fit of its own
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's three
@@ -381,12 +386,12 @@ def test_mlperf60_runs():
     """MLPerf Training v6.0 DeepSeek-V3 671B MXFP8 pretraining (NVIDIA, Megatron-Bridge in NeMo 26.04, MTP 1,
     PP 4 x VPP 4 with layout Et*4|(t*4|)*14tmL, EP 32 with the HybridEP flex dispatcher, full-iteration CUDA
     graphs): GB300 TP 1 at 256/512 GPUs and GB200 TP 2 at 512-8,192 GPUs. All six are shown, not held: they
-    run 1F1B A2A overlap, the paged stash with static expert buffers and the fused grouped MLP, which autoshard
-    has no knob for (the rule of the shown ModelZoo A2A-overlap rows and the Qwen3-30B-A3B paged-stash recipe).
-    With the shipped knobs the GB200 steps are predicted +9 % (512), +5 % (2,048) and -9 % (4,096): the four
-    GB200 runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.148 s
-    + 0.14 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (26 % short). The GB300
-    runs are predicted 44-46 % long (57-60 % before GB300's own fit, item T): NVIDIA's own count
+    run the paged stash with static expert buffers and the fused grouped MLP, which autoshard has no knob for
+    (the rule of the Qwen3-30B-A3B paged-stash recipe); their 1F1B A2A overlap is priced (item W). With the
+    shipped knobs the GB200 steps are predicted -1 % (512), -4 % (2,048) and -16 % (4,096): the four GB200
+    runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.135 s
+    + 0.20 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (32 % short). The GB300
+    runs are predicted 38-40 % long (44-46 % before the overlap was priced, 57-60 % before GB300's own fit, item T): NVIDIA's own count
     (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630 TFLOP/s per GPU against GB200's 974 at the same
     512 GPUs, while autoshard prices GB300 at about GB200's MXFP8 rate.
     Cisco's Llama 3.1 8B FP8 (tensorwise) on 16 H200 (plan from the log's config dump, 2 micro-batches per
@@ -399,7 +404,8 @@ def test_mlperf60_runs():
     assert -0.08 < cisco.error < 0.0
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-") and not r.id.endswith("-fp4")}
     assert len(rows) == 6
-    assert all(r.skip_throughput and "overlap" in r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
+    assert all(r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
+    assert all(by_id[i]["moe_a2a_overlap"] for i in rows)  # priced: the run's OVERLAP_MOE_EXPERT_PARALLEL_COMM
     assert all(r.metric == "step_time_s" for r in rows.values())
     for i in rows:  # the published plan: MXFP8, PP 4 x VPP 4, EP 32, HybridEP (flex), MTP on the last chunk
         run, p = by_id[i], by_id[i]["parallel"]
@@ -413,11 +419,11 @@ def test_mlperf60_runs():
     assert measured == {"gb300-dsv3-671b-256": 39.28, "gb300-dsv3-671b-512": 20.03, "gb200-dsv3-671b-512": 32.91,
                         "gb200-dsv3-671b-2048": 8.653, "gb200-dsv3-671b-4096": 5.366, "gb200-dsv3-671b-8192": 3.477}
     err = {i.removeprefix("mlperf60-nvidia-").removesuffix("gpu"): r.error for i, r in rows.items()}
-    assert all(0.40 < err[k] < 0.50 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
-    assert 0.05 < err["gb200-dsv3-671b-512"] < 0.12
-    assert 0.0 < err["gb200-dsv3-671b-2048"] < 0.08
-    assert -0.13 < err["gb200-dsv3-671b-4096"] < -0.05
-    assert -0.35 < err["gb200-dsv3-671b-8192"] < -0.20  # shown: the fixed per-step cost
+    assert all(0.35 < err[k] < 0.42 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
+    assert -0.03 < err["gb200-dsv3-671b-512"] < 0.0
+    assert -0.06 < err["gb200-dsv3-671b-2048"] < -0.02
+    assert -0.18 < err["gb200-dsv3-671b-4096"] < -0.14
+    assert -0.35 < err["gb200-dsv3-671b-8192"] < -0.30  # shown: the fixed per-step cost
 
 
 def test_mlperf50_gb200_405b_runs():
@@ -605,8 +611,8 @@ def test_mlperf_nvfp4_runs():
 def test_nvfp4_runs_are_predicted_within_15_percent():
     """The sixteen NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
     of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the 405B steps within 15 %
-    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +14.6 / +9.3 % in v6.0: predicted long), median
-    9.6 %; the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), +0.4 to
+    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +11.2 / +6.1 % in v6.0: predicted long; +14.6 / +9.3 %
+    before GB300's refit with its A2A-overlap ModelZoo run, item W), median 8.0 %; the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), +0.4 to
     +14.8 % long (+3 to +18 % when that attention was priced in BF16). With the shipped knobs, which learned
     from them, every one within 11 %."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
@@ -614,8 +620,8 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     assert len(rows) == 16 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     big = {i for i in rows if "-405b-" in i}
-    assert len(big) == 6 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.14
-    assert 0.09 < statistics.median(abs(loso[i]) for i in big) < 0.10
+    assert len(big) == 6 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
+    assert 0.075 < statistics.median(abs(loso[i]) for i in big) < 0.085
     small = [loso[i] for i in rows.keys() - big]
     assert len(small) == 10 and all(0.0 < e < 0.15 for e in small) and max(small) > 0.14
     assert all(abs(r.error) < 0.11 for r in rows.values())

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from autoshard.costmodel.flops import causal_model_flops_per_step
+from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
 from autoshard.costmodel.train.memory import TrainFramework
 from autoshard.costmodel.train.memory_torchtitan import allocator_reported_bytes
 from autoshard.costmodel.train.step import predict_train
@@ -144,11 +145,14 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         recompute_modules=modules, optimizer_moments_bf16=run.get("optimizer_moments_bf16", False),
         compiled_loss=run.get("compiled_loss", False), cross_entropy=CrossEntropyImpl(run["cross_entropy"]),
         defer_embedding_wgrad=run.get("defer_embedding_wgrad", False), wgrad_deferral_limit=run.get("wgrad_deferral_limit", 0),
+        moe_a2a_overlap=run.get("moe_a2a_overlap", False),
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])
     else:
         stages = default_stages(model, pp=dims.pp, vpp=dims.vpp)
+    if cfg.moe_a2a_overlap and (problems := a2a_overlap_problems(model, cfg, stages)):
+        raise ValueError(f"{run['id']}: Megatron would refuse the EP all-to-all overlap: {'; '.join(problems)}")
     pred = predict_train(model, cluster, cfg, stages)
     predicted_memory = pred.peak_memory_bytes
     if cfg.framework is TrainFramework.TORCHTITAN:

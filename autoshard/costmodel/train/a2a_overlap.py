@@ -15,10 +15,11 @@ the dispatch backward sends it, and the dispatch forward must deliver the tokens
 forward runs; the delayed weight gradient is what fills the gap between them. `paired_saving_s` runs that
 schedule on one layer's priced parts and returns the seconds it saves over running them one after another.
 
-While both streams run, the communication kernels hold SMs the GEMMs no longer have: ModelZoo's
-A2A_OVERLAP=1 reserves COMM_SMS of them (NVTE_FWD/BWD_LAYERNORM_SM_MARGIN=24), so the compute that runs
-beside the traffic runs on (SMs - COMM_SMS) / SMs of the GPU (`sm_count`), and the saving shrinks by
-that share.
+While both streams run, the communication kernels hold SMs the compute no longer has. How many is not
+published per kernel; ModelZoo's A2A_OVERLAP=1 leaves COMM_SMS = 24 of them to the dispatcher in the
+normalization kernels (NVTE_FWD/BWD_LAYERNORM_SM_MARGIN=24; the GEMMs take no margin), and the model takes
+that as what the traffic holds while it runs: the compute beside it runs on (SMs - COMM_SMS) / SMs of the
+GPU (`sm_count`), and the saving shrinks by that share (a modelling choice, not a measurement).
 
 Where the pairing happens: every micro-batch's forward but the warm-up ones (PP = 1: the first; under the
 interleaved schedule Megatron's warm-up count plus the one extra forward this mode schedules), each with
