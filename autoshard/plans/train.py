@@ -101,6 +101,7 @@ class Plan(PlanBase):
             "cross_entropy": cfg.cross_entropy.value,
             "fp8_attention": cfg.fp8_attention,
             "moe_a2a_overlap": cfg.moe_a2a_overlap,
+            "moe_a2a_delay_wgrad": cfg.moe_a2a_overlap and cfg.moe_a2a_delay_wgrad,
             "stages": [
                 {
                     "index": i,

@@ -81,11 +81,22 @@ def test_from_megatron_refuses_what_megatron_asserts(edit, fragment) -> None:
     assert code == 2 and "--overlap-moe-expert-parallel-comm" in err and fragment in err
 
 
-def test_overlap_without_delayed_wgrad_warns() -> None:
+def test_overlap_without_delayed_wgrad_is_priced_so() -> None:
+    """A command with the overlap but no --delay-wgrad-compute runs the expert wgrad inside the backward, so the
+    dispatch backward waits for it: read back with moe_a2a_delay_wgrad off, it hides no more (this plan's
+    layers are compute-bound, so the same: the closed form where it differs is in
+    tests/costmodel/test_a2a_overlap.py), and its plan launches the overlap flag alone."""
     _, on, _, _ = run(*QWEN, "--moe-a2a-overlap", "--json")
     cmd = on["launch"]["megatron"].replace("--delay-wgrad-compute", "")
     parsed = parse_megatron(cmd)
-    assert any("without --delay-wgrad-compute" in w for w in parsed.warnings)
+    assert parsed.moe_a2a_overlap and not parsed.moe_a2a_delay_wgrad
+    code, back, _, _ = run("evaluate", "dgx-h100", "--from-megatron", cmd, "--json")
+    assert code == 0 and back["plan"]["moe_a2a_overlap"] and not back["plan"]["moe_a2a_delay_wgrad"]
+    hidden, hidden_delayed = (p["predicted"]["time_breakdown_s"]["ep_comm_hidden"] for p in (back, on))
+    assert 0 < hidden <= hidden_delayed * (1 + 1e-9)
+    assert back["predicted"]["step_time_s"] >= on["predicted"]["step_time_s"] * (1 - 1e-9)
+    words = shlex.split(back["launch"]["megatron"])
+    assert "--overlap-moe-expert-parallel-comm" in words and "--delay-wgrad-compute" not in words
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -69,6 +69,21 @@ def test_the_dispatch_backward_waits_for_the_expert_dgrad() -> None:
     assert p.unpaired_s == pytest.approx(5.4)
 
 
+def test_the_delayed_wgrad_lets_the_dispatch_backward_leave_early() -> None:
+    """Dispatch 1.5 s, expert dgrad 1, wgrad 1, forward 0.5: with --delay-wgrad-compute the dispatch backward
+    leaves after the dgrad (max(1.5, 1) + 1.5 = 3 s) while the wgrad and the experts' forward run (max(2, 1.5)
+    + 0.5 = 2.5): middle 3 s. Without it the wgrad is part of the backward it waits for (max(1.5, 2) + 1.5):
+    3.5 s. The layer cost applies the same rule (moe_a2a_delay_wgrad off: never more hidden)."""
+    delayed = parts(af=0.0, ab=0.0, ef=0.5, ed=1.0, ew=1.0, d=1.5, c=0.0)
+    inline = parts(af=0.0, ab=0.0, ef=0.5, ed=2.0, ew=0.0, d=1.5, c=0.0)
+    assert (ideal_paired_s(delayed), ideal_paired_s(inline)) == (3.0, 3.5)
+    cfg = _cfg(moe_a2a_overlap=True)
+    on = layer_cost(QWEN30, LayerKind.MOE, H100.primary, cfg, Recompute.NONE).ep_overlap_s
+    off = layer_cost(QWEN30, LayerKind.MOE, H100.primary, dataclasses.replace(cfg, moe_a2a_delay_wgrad=False),
+                     Recompute.NONE).ep_overlap_s
+    assert 0 < off <= on
+
+
 times = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 
 

@@ -202,6 +202,8 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         expert_fwd, expert_dgrad, expert_wgrad = routed_expert_s(
             model, gpu=gpu, dims=dims, micro_batch_size=cfg.micro_batch_size, seq_len=cfg.seq_len,
             precision=cfg.precision, fp8_recipe=cfg.fp8_recipe, main_grad_bytes=_main_grad_bytes(cfg))
+        if not cfg.moe_a2a_delay_wgrad:  # the expert wgrad inside the backward: the dispatch backward waits for it
+            expert_dgrad, expert_wgrad = expert_dgrad + expert_wgrad, 0.0
         parts = MoeLayerParts(
             attention_fwd=ct.forward_s - expert_fwd + (tp_s + cp_s) / passes,
             attention_bwd=ct.backward_s - expert_dgrad - expert_wgrad + (tp_s + cp_s) * fwd_passes / passes

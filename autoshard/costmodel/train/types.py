@@ -80,7 +80,11 @@ class TrainConfig:
     in the 1F1B steady state one micro-batch's forward runs layer by layer beside another's backward, so
     each MoE layer's dispatch and combine ride on a second stream under the other micro-batch's compute
     (costmodel.train.a2a_overlap). MoE with EP > 1, alltoall or flex dispatcher, interleaving when PP > 1,
-    no full recompute and no MoE module recompute (api_train.check_moe_a2a_overlap)."""
+    no full recompute and no MoE module recompute (costmodel.train.a2a_overlap.a2a_overlap_problems)."""
+    moe_a2a_delay_wgrad: bool = True
+    """With moe_a2a_overlap: Megatron's --delay-wgrad-compute, the expert weight gradient run after the
+    dispatch backward has left (what fills the middle phase); False prices the overlap a command runs without
+    it (the expert wgrad inside its backward, before the dispatch backward can start)."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""

@@ -216,7 +216,9 @@ def _distributed_args(plan: Plan) -> list[Arg]:
     if cfg.tp_comm_overlap and cfg.sp:
         args.append(("--tp-comm-overlap", None))
     if cfg.moe_a2a_overlap:  # the EP all-to-all overlap as Megatron-MoE-ModelZoo's A2A_OVERLAP=1 runs it
-        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+        args.append(("--overlap-moe-expert-parallel-comm", None))
+        if cfg.moe_a2a_delay_wgrad:
+            args.append(("--delay-wgrad-compute", None))
     if not cfg.grad_reduce_fp32:
         args.append(("--grad-reduce-in-bf16", None))
     return args

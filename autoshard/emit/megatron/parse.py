@@ -92,6 +92,8 @@ class ParsedMegatron:
     """--cross-entropy-loss-fusion (+ --cross-entropy-fusion-impl); without it Megatron's unfused loss."""
     moe_a2a_overlap: bool = False
     """--overlap-moe-expert-parallel-comm (TrainConfig.moe_a2a_overlap)."""
+    moe_a2a_delay_wgrad: bool = True
+    """--delay-wgrad-compute beside it (TrainConfig.moe_a2a_delay_wgrad)."""
     launcher_world_size: int | None = None
     """The processes the launcher starts (torchrun --nproc-per-node x --nnodes, ...), None if it does not say."""
     launcher_problem: str | None = None
@@ -142,6 +144,7 @@ class ParsedMegatron:
                 recompute_modules=self.recompute_modules,
                 cross_entropy=self.cross_entropy,
                 moe_a2a_overlap=self.moe_a2a_overlap,
+                moe_a2a_delay_wgrad=self.moe_a2a_delay_wgrad,
             )
         except ValueError as exc:
             raise SpecError(
@@ -252,6 +255,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         recompute_modules=modules,
         cross_entropy=facts.cross_entropy(r),
         moe_a2a_overlap=r.on("--overlap-moe-expert-parallel-comm"),
+        moe_a2a_delay_wgrad=r.on("--delay-wgrad-compute"),
     )
     if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
         raise SpecError("it needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): add that flag or drop "
@@ -265,9 +269,6 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         ):
             if broken:
                 raise SpecError(problem, source="--overlap-moe-expert-parallel-comm")
-    if parsed.moe_a2a_overlap and not r.on("--delay-wgrad-compute"):
-        warnings.append("--overlap-moe-expert-parallel-comm without --delay-wgrad-compute: priced with the delayed "
-                        "weight gradient filling the gap between the dispatches (optimistic without it)")
     if launch.world_size is not None:
         parsed = dataclasses.replace(parsed, launcher_world_size=launch.world_size)
         try:
