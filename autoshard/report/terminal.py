@@ -230,7 +230,8 @@ def _stop_text(stats: SolverStats, time_limit_s: float | None) -> str:
     if reason == "gap_limit":
         return f"CP-SAT stopped within its {_gap(stats.gap_limit)} relative gap limit"
     if reason == "relaxed":
-        return "the solver's tables count the A2A overlap's traffic as hidden on every micro-batch, a bound below this step"
+        return ("the solver's tables count the A2A overlap's traffic as hidden on every micro-batch of near-even "
+                "chunks, a bound below this step")
     if reason == "model_cap":
         return "candidates left out of the CP-SAT model by its size cap keep a lower bound below this plan"
     return "the search stopped before the bound closed"

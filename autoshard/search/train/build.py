@@ -225,6 +225,10 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
         else:
             lo = _lookup(model, tab, q, bounds[k], cache, hi)
             up = _lookup(model, tab, q, bounds[k + 1], cache, hi)
+        if tab.chunk_decoders is not None:  # the A2A overlap: near-even chunks (CandidateTables.chunk_decoders)
+            fewest, most = tab.chunk_decoders
+            model.add(up["decoders"] - lo["decoders"] >= fewest).only_enforce_if(x)
+            model.add(up["decoders"] - lo["decoders"] <= most).only_enforce_if(x)
         if allow_rc:
             rk = uniform if uniform is not None else model.new_int_var(0, n, f"r{k}")
             model.add(rk <= up["decoders"] - lo["decoders"]).only_enforce_if(x)

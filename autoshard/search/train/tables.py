@@ -83,6 +83,18 @@ class CandidateTables:
     whole DP time, latency included; all of it without --overlap-grad-reduce)."""
 
     @property
+    def chunk_decoders(self) -> tuple[int, int] | None:
+        """With the EP all-to-all overlap, the decoder layers a chunk may hold: within one of an even split. The
+        tables count every layer's traffic as hidden on every micro-batch, while Megatron overlaps only
+        min(layers) of each forward chunk and the backward chunk beside it (costmodel.train.a2a_overlap.
+        rank_hidden_s): near-even chunks keep that relaxation tight, where a layout of 1-layer and 40-layer
+        chunks would win the tables and lose the step. None: any split."""
+        if not self.config.moe_a2a_overlap:
+            return None
+        n, s = int(self.decoders[-1]), self.num_chunks
+        return max(0, n // s - 1), -(-n // s) + 1
+
+    @property
     def block_recompute(self) -> bool:
         """Whether a chunk may fully recompute some of its layers (Megatron --recompute-num-layers): not on
         top of full or selective recompute (one --recompute-granularity), nor under the EP all-to-all
