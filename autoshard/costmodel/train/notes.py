@@ -50,6 +50,6 @@ def a2a_overlap_note() -> str:
     published measurements of it say the priced saving is optimistic (README, "EP all-to-all overlap")."""
     return ("EP all-to-all overlap: priced as Megatron schedules it (two streams, 24 SMs kept by the traffic), "
             "but the one published pair that measures it (Qwen3-235B-A22B on 256 H100, Megatron-MoE-ModelZoo) "
-            "saved 2.1 s of a 19.7 s step where this model saves 4.9 s, and Megatron-LM's DeepSeek-V3 GB200 "
+            "saved 2.1 s of a 19.7 s step where this model saves 4.8 s, and Megatron-LM's DeepSeek-V3 GB200 "
             "guide found it a net loss there (host synchronization between its phases, not priced): the "
             "saving may be optimistic")

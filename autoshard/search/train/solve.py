@@ -210,7 +210,7 @@ def solve_train(
             # step the cost model prices (warm-up forwards and unequal chunks pair fewer layers): the
             # plan is reported at its step, proven within the gap to the relaxed bound
             stats = dataclasses.replace(stats, status="FEASIBLE", objective=prediction.step_time_s,
-                                        stop_reason="relaxed")
+                                        stop_reason="relaxed" if stats.stop_reason == "optimal" else stats.stop_reason)
         plans.append(Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats))
         built.model.add(built.candidates[index].selected == 0)
         returned.add(index)

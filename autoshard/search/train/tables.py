@@ -204,7 +204,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, *, sc
         state_mib = [(s + frag * (c.state_bytes - s)) / MIB for s, c in zip(static, base, strict=True)]
         act_mib = [frag * c.activation_bytes / MIB for c in base]
         # EP all-to-all overlap: each layer with its traffic counted as hidden on every micro-batch, more
-        # than any rank's paired forwards hide (costmodel.train.step.a2a_hidden_s): the tables' objective
+        # than any rank's paired forwards hide (costmodel.train.a2a_overlap.rank_hidden_s): the tables' objective
         # is then a relaxation of the step, every bound below it (the solver reports the step: solve.py)
         times = [c.time_s - c.ep_overlap_s for c in base]
         time_us, state, act, full_us, min_us, window_us, opt_us = _per_layer_prefixes(
