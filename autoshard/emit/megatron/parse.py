@@ -255,7 +255,8 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         recompute_modules=modules,
         cross_entropy=facts.cross_entropy(r),
         moe_a2a_overlap=r.on("--overlap-moe-expert-parallel-comm"),
-        moe_a2a_delay_wgrad=r.on("--delay-wgrad-compute"),
+        # meaningful with the overlap only (Megatron refuses it alone, below): otherwise TrainConfig's default
+        moe_a2a_delay_wgrad=r.on("--delay-wgrad-compute") or not r.on("--overlap-moe-expert-parallel-comm"),
     )
     if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
         raise SpecError("it needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): add that flag or drop "
