@@ -83,7 +83,7 @@ def stage_cost(model: ModelSpec, stage: Stage, pool: PoolSpec, cfg: TrainConfig)
         activation_bytes=total("activation_bytes"), working_bytes=working,
         dense_params=total("dense_params"), expert_params=total("expert_params"),
         largest_layer_params=max(c.dense_params + c.expert_params for c in costs),
-        weight_cast_s=total("weight_cast_s"), ep_overlap_s=total("ep_overlap_s"),
+        weight_cast_s=total("weight_cast_s"),
         layer_overlaps=tuple(c.ep_overlap_s for k, c in zip(kinds, costs, strict=True)
                              if k in (LayerKind.DENSE, LayerKind.MOE) or (k is LayerKind.OUTPUT and c.ep_overlap_s)),
     )

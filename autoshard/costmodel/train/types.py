@@ -182,8 +182,6 @@ class StageCost:
     """Per-GPU parameters of the stage's largest layer (what ZeRO-3 gathers at once)."""
     weight_cast_s: float = 0.0
     """Once per step: the FP8 weight casts of the stage's first micro-batch (LayerCost.weight_cast_s)."""
-    ep_overlap_s: float = 0.0
-    """EP seconds a paired micro-batch hides in this stage (LayerCost.ep_overlap_s, summed)."""
     layer_overlaps: tuple[float, ...] = ()
     """LayerCost.ep_overlap_s of the stage's decoder layers in order (the output layer's MTP modules last):
     what the EP all-to-all overlap pairs layer by layer (costmodel.train.a2a_overlap.rank_hidden_s)."""
