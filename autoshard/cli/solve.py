@@ -33,6 +33,7 @@ from autoshard.cli.options import (
     LayoutOpt,
     MbsOpt,
     Mode,
+    PLAN_KNOBS,
     PpOpt,
     PrecisionOpt,
     RecomputeLayersOpt,
@@ -118,6 +119,12 @@ def solve(
     if emit not in (None, Target.MEGATRON):
         raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     if from_megatron is not None:
+        knobs = [k for k in given if k in PLAN_KNOBS]
+        if knobs:  # the comparison solves over every knob for the command's model, batch and precision
+            flag = "--" + knobs[0].replace("_", "-")
+            raise SpecError("it would be ignored: solve --from-megatron compares the command's plan with the best "
+                            f"plan over every knob; drop {flag} (or pin it in a solve without --from-megatron)",
+                            source=flag)
         best = _compare_megatron(from_megatron, model, cluster, gpus, top, time_limit, workers, seed, json_out,
                                  verbose, console=report_err if emit is not None and output is None else out, started=started)
         write_emit(best, emit, output, json_out)

@@ -316,6 +316,11 @@ CASES = [
      2, ["FP8", "A100"]),
     ("fp4-on-h100", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--precision", "fp4", *FAST],
      2, ["--precision", "FP4 (NVFP4) training needs FP4 tensor cores", "H100-SXM5-80GB", "train in fp8 or bf16"]),
+    # solve --from-megatron compares the command with a solve over every knob: a pin beside it was dropped silently
+    *[(f"from-megatron-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
+                                                                   "--from-megatron", MEGATRON, f, *v, *FAST],
+       2, [flag, "would be ignored", "solve without --from-megatron"])
+      for flag, value in (("--tp", ["2"]), ("--moe-a2a-overlap", []), ("--precision", ["fp8"]))],
     *[(f"serve-ignores-{flag}", lambda t, f=flag, v=value: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
                                                             "--mode", "serve", f, *v, *FAST], 2, [flag, "--mode train"])
       for flag, value in (("--mbs", ["2"]), ("--recompute", ["full"]), ("--cp", ["2"]), ("--zero-stage", ["1"]),
