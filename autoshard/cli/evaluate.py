@@ -15,6 +15,7 @@ from autoshard.cli.options import (
     AcctEmbOpt,
     AcctLossOpt,
     command_started,
+    given_plan_knob,
     CpOpt,
     DispatcherOpt,
     DistOptOpt,
@@ -31,7 +32,6 @@ from autoshard.cli.options import (
     LastLayersOpt,
     LayoutOpt,
     MbsOpt,
-    PLAN_KNOBS,
     PpOpt,
     PrecisionOpt,
     RecomputeLayersOpt,
@@ -89,9 +89,7 @@ def evaluate(
         raise SpecError("--input-len, --output-len and --concurrency describe a serving plan: use them with "
                         "--from-vllm or --from-sglang (or `solve --mode serve`)", source="evaluate")
     if from_megatron is not None or from_vllm is not None or from_sglang is not None:
-        knobs = {k: v for k, v in locals().items() if v is not None and k in PLAN_KNOBS}
-        if knobs:
-            flag = "--" + next(iter(knobs)).replace("_", "-")
+        if (flag := given_plan_knob(locals())) is not None:
             source = ("--from-megatron" if from_megatron is not None else "--from-vllm" if from_vllm is not None
                       else "--from-sglang")
             raise SpecError(f"{flag} would be ignored: the plan comes from the {source} command; change it there "

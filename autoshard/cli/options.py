@@ -156,6 +156,12 @@ PLAN_KNOBS = ("seq_len", "global_batch_size", "precision", "tp", "pp", "dp", "cp
               "fp8_attention", "moe_a2a_overlap")
 
 
+def given_plan_knob(values: dict[str, Any]) -> str | None:
+    """The flag of the first plan knob in `values` (parameter name -> value, None when not given), e.g.
+    "--tp"; None when there is none: what a command that reads its plan from a launch would drop."""
+    return next(("--" + k.replace("_", "-") for k, v in values.items() if v is not None and k in PLAN_KNOBS), None)
+
+
 def check_mode_flags(mode: Mode, given: dict[str, Any]) -> None:
     """A flag the other mode owns would be silently ignored: refuse it, naming the flag."""
     wrong = TRAIN_ONLY if mode is Mode.SERVE else SERVE_ONLY

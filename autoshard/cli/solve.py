@@ -17,6 +17,7 @@ from autoshard.cli.options import (
     A2aOverlapOpt,
     AcctEmbOpt,
     command_started,
+    given_plan_knob,
     AcctLossOpt,
     CpOpt,
     Disaggregate,
@@ -33,7 +34,6 @@ from autoshard.cli.options import (
     LayoutOpt,
     MbsOpt,
     Mode,
-    PLAN_KNOBS,
     PpOpt,
     PrecisionOpt,
     RecomputeLayersOpt,
@@ -119,9 +119,7 @@ def solve(
     if emit not in (None, Target.MEGATRON):
         raise SpecError(f"--emit {emit.value} is for serving plans: add --mode serve", source="--emit")
     if from_megatron is not None:
-        knobs = [k for k in given if k in PLAN_KNOBS]
-        if knobs:  # the comparison solves over every knob for the command's model, batch and precision
-            flag = "--" + knobs[0].replace("_", "-")
+        if (flag := given_plan_knob(given)) is not None:  # the comparison solves over every knob
             raise SpecError("it would be ignored: solve --from-megatron compares the command's plan with the best "
                             f"plan over every knob; drop {flag} (or pin it in a solve without --from-megatron)",
                             source=flag)
