@@ -14,16 +14,23 @@ The statistic (built by `build_table`, shipped as `bands_table.json` by
   the sources;
 - a kind with >= 2 runs: centre c = median x of its runs (its own bias); edges c + Q_a and
   c + Q_(1-a), where Q are the quantiles (linear interpolation) of e pooled over every run of the
-  mode, a = (1 - P) / 2; each side at least MIN_HALF_WIDTH from c. The spread is pooled fully, not
-  per kind: measured, a kind's own spread (even shrunk toward the pool by n / (n + 10) or
-  n / (n + 40)) does not carry to unseen sources (leave-one-source-out coverage of serving at
-  P = 0.85: 71 % and 73 % against 82 % pooled; training 68 %, 75 % against 78 %);
-- P, the central probability, is one number per mode (COVERAGE), chosen so that leave-one-source-out
-  coverage (each source's runs against a table built without that source) is >= 80 % per mode;
+  kind's model family (dense or MoE) in the mode, a = (1 - P) / 2; each side at least MIN_HALF_WIDTH
+  from c. A family whose runs come from fewer than MIN_POOL_SOURCES sources takes the whole mode's
+  pool. The spread is pooled per family, not per kind or generation: measured, a kind's own spread
+  (even shrunk toward the pool by n / (n + 10) or n / (n + 40)) does not carry to unseen sources
+  (leave-one-source-out coverage of serving at P = 0.85: 71 % and 73 % against 82 % pooled; training
+  68 %, 75 % against 78 %), nor does a generation's within a family (training MoE 80 % against 84 %
+  at P 0.825); but one pool for the whole mode gave MoE training bands the dense runs' spread:
+  +-14.5 % holding 11 of 25 MoE runs of unseen sources (44 %) while dense held 88 %, and serving's
+  dense runs 72 % against MoE's 90 %. Per family, each holds >= 80 % (`make_bands.py` prints both);
+- P, the central probability, is one number per mode and family (COVERAGE), chosen so that
+  leave-one-source-out coverage (each source's runs against a table built without that source) is
+  >= 80 % for each;
 - a kind with fewer than 2 runs, and only then, gets a wider band: centre the median x of its GPU
-  generation's runs (else of the whole mode), edges from the quantiles of the deviations from that
-  pool's out-of-source centre (which include the spread between kinds), never narrower than a
-  kind's; a mode with a single source has nothing to measure another source's error by:
+  generation's runs of both families (else of the whole mode: centres from the family's runs alone
+  held 7 of 25 MoE training runs of unseen sources), edges from the quantiles of its family's deviations
+  from that pool's out-of-source centre (which include the spread between kinds), never narrower
+  than a kind's; a mode with a single source has nothing to measure another source's error by:
   NO_SOURCE_SPREAD either side; no run of the mode at all: DEFAULT_RATIO;
 - memory: the same statistic on q = measured / predicted peak memory of the runs that report it;
 - a training band's top is capped at the sanity ceiling (best measured useful MFU + 10 %,
@@ -41,7 +48,7 @@ from typing import Any
 __all__ = [
     "Kind", "gpu_generation", "gpu_name_key", "central_band", "out_of_source_deviations", "build_table", "residual_kind",
     "throughput_ratio", "memory_ratio", "latency_ratio", "MIN_HALF_WIDTH", "DEFAULT_RATIO",
-    "DEFAULT_MEMORY_RATIO", "COVERAGE", "NO_SOURCE_SPREAD", "THROUGHPUT_METRICS", "LATENCY_METRICS",
+    "DEFAULT_MEMORY_RATIO", "COVERAGE", "FAMILIES", "MIN_POOL_SOURCES", "NO_SOURCE_SPREAD", "central_probability", "THROUGHPUT_METRICS", "LATENCY_METRICS",
     "TABLE_SCHEMA",
 ]
 
@@ -53,13 +60,17 @@ DEFAULT_RATIO = (0.5, 1.5)
 """measured / predicted throughput assumed when no run of the mode exists at all."""
 DEFAULT_MEMORY_RATIO = (0.8, 1.2)
 """measured / predicted peak memory assumed when no run of the mode reports memory."""
-COVERAGE = {"train": 0.8, "serve": 0.9}
-"""Central probability P of the bands per mode: the quantiles of the out-of-source deviations are
-(1 - P) / 2 and (1 + P) / 2. Chosen, one number per mode and never per kind, as the smallest of
-0.700, 0.725, ..., 0.950 that gives >= 80 % leave-one-source-out coverage (`make_bands.py --choose-coverage`
-prints the scan); training needs it because its sources disagree (the Megatron-LM README's
-weak-scaling series measures ~20 % above the model where MPT's FSDP runs measure ~10 % below), serving
-slightly more because TensorRT-LLM releases disagree (0.14 measures ~7 % below what 0.15/0.17 predict)."""
+COVERAGE = {"train/dense": 0.825, "train/moe": 0.825, "serve/dense": 0.95, "serve/moe": 0.925}
+"""Central probability P of the bands per mode and model family ("mode/family"): the quantiles of the
+out-of-source deviations are (1 - P) / 2 and (1 + P) / 2. Chosen, one number per mode and family and
+never per kind, as the smallest of 0.700, 0.725, ..., 0.975 that gives >= 80 % leave-one-source-out
+coverage of that family's runs (`make_bands.py --choose-coverage` prints the scan). A `coverage`
+argument may also name a whole mode ("train": P for both families)."""
+FAMILIES = ("dense", "moe")
+"""Model families with bands of their own spread."""
+MIN_POOL_SOURCES = 3
+"""A family's runs in a mode make their own pool of deviations (the spread of its bands) when they come
+from at least this many sources; with fewer, the family takes the whole mode's pool."""
 NO_SOURCE_SPREAD = 0.25
 """Half-width (ln units, about 25 %) when a mode has runs of a single source only: nothing measures how
 far another source lands."""
@@ -108,6 +119,15 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def central_probability(coverage: Mapping[str, float], mode: str, family: str) -> float:
+    """P for a mode and family from a coverage map keyed "mode/family" or "mode" (the first that is
+    there; else the largest P in the map)."""
+    for key in (f"{mode}/{family}", mode):
+        if key in coverage:
+            return coverage[key]
+    return max(coverage.values())
 
 
 def central_band(xs: Sequence[float], pooled: Sequence[float], coverage: float) -> tuple[float, float]:
@@ -227,49 +247,61 @@ def _group(kind: Kind, like: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("kind", kind)
 
 
+def _pooled(level: Sequence[Sequence[float]], a: float) -> list[tuple[float, float]]:
+    """(low, high) quantiles of the deviations at each level, each level never narrower than the one
+    below, each side at least MIN_HALF_WIDTH (+-NO_SOURCE_SPREAD for a level with no deviation)."""
+    pooled: list[tuple[float, float]] = []
+    for devs in level:
+        lo, hi = (_quantile(devs, a), _quantile(devs, 1 - a)) if devs else (-NO_SOURCE_SPREAD, NO_SOURCE_SPREAD)
+        if pooled:
+            lo, hi = min(lo, pooled[-1][0]), max(hi, pooled[-1][1])
+        pooled.append((min(lo, -MIN_HALF_WIDTH), max(hi, MIN_HALF_WIDTH)))
+    return pooled
+
+
 def _section(points: Sequence[Point], coverage: Mapping[str, float]) -> dict[str, Any]:
-    """Bands per kind, per (generation, mode) and per mode from the runs' (kind, ln ratio, source)."""
+    """Bands per kind, per (generation, family, mode) and per (family, mode) from the runs' (kind, ln
+    ratio, source). Centres come from the runs of the kind, generation or mode; spreads from the
+    out-of-source deviations of the runs of the same family in the mode (its pool, MIN_POOL_SOURCES)."""
     devs = out_of_source_deviations(points)
     kinds: dict[str, Any] = {}
     single: dict[str, int] = {}
     gens: dict[str, Any] = {}
     modes: dict[str, Any] = {}
     for mode in sorted({k.mode for k, _, _ in points}):
-        p = coverage.get(mode, max(coverage.values()))
-        a = (1 - p) / 2
         idx = [i for i, (k, _, _) in enumerate(points) if k.mode == mode]
-        level = [[devs[i][j] for i in idx if devs[i][j] is not None] for j in range(3)]
-        # pooled (low, high) deviations per level, each never narrower than the level below
-        pooled: list[tuple[float, float]] = []
-        for j in range(3):
-            lo, hi = ((_quantile(level[j], a), _quantile(level[j], 1 - a)) if level[j]
-                      else (-NO_SOURCE_SPREAD, NO_SOURCE_SPREAD))
-            if pooled:
-                lo, hi = min(lo, pooled[-1][0]), max(hi, pooled[-1][1])
-            pooled.append((min(lo, -MIN_HALF_WIDTH), max(hi, MIN_HALF_WIDTH)))
-        by_kind: dict[Kind, list[int]] = {}
         by_gen: dict[str, list[int]] = {}
         for i in idx:
-            by_kind.setdefault(points[i][0], []).append(i)
             by_gen.setdefault(points[i][0].generation, []).append(i)
-        for kind, ii in sorted(by_kind.items(), key=lambda kv: kv[0].key):
-            if len(ii) < 2:
-                single[kind.key] = len(ii)
-                continue
-            xs = [points[i][1] for i in ii]
-            lo, hi = central_band(xs, level[0], p)
-            kinds[kind.key] = _outward(lo, hi, len(ii), sources=len({points[i][2] for i in ii}),
-                                       centre=round(math.exp(_quantile(xs, 0.5)), 4))
-        for gen, ii in sorted(by_gen.items()):
-            if len(ii) < 2:
-                continue
-            c = _quantile([points[i][1] for i in ii], 0.5)
-            gens[f"{gen}/{mode}"] = _outward(math.exp(c + pooled[1][0]), math.exp(c + pooled[1][1]), len(ii),
-                                             sources=len({points[i][2] for i in ii}), centre=round(math.exp(c), 4))
-        if len(idx) >= 2:
-            c = _quantile([points[i][1] for i in idx], 0.5)
-            modes[mode] = _outward(math.exp(c + pooled[2][0]), math.exp(c + pooled[2][1]), len(idx),
-                                   sources=len({points[i][2] for i in idx}), centre=round(math.exp(c), 4))
+        for family in sorted(set(FAMILIES) | {points[i][0].family for i in idx}):
+            p = central_probability(coverage, mode, family)
+            mine = [i for i in idx if points[i][0].family == family]
+            pool = mine if len({points[i][2] for i in mine}) >= MIN_POOL_SOURCES else idx
+            level = [[devs[i][j] for i in pool if devs[i][j] is not None] for j in range(3)]
+            pooled = _pooled(level, (1 - p) / 2)
+            by_kind: dict[Kind, list[int]] = {}
+            for i in mine:
+                by_kind.setdefault(points[i][0], []).append(i)
+            for kind, ii in sorted(by_kind.items(), key=lambda kv: kv[0].key):
+                if len(ii) < 2:
+                    single[kind.key] = len(ii)
+                    continue
+                xs = [points[i][1] for i in ii]
+                lo, hi = central_band(xs, level[0], p)
+                kinds[kind.key] = _outward(lo, hi, len(ii), sources=len({points[i][2] for i in ii}),
+                                           centre=round(math.exp(_quantile(xs, 0.5)), 4))
+            for gen, ii in sorted(by_gen.items()):
+                if len(ii) < 2:
+                    continue
+                c = _quantile([points[i][1] for i in ii], 0.5)
+                gens[f"{gen}/{family}/{mode}"] = _outward(math.exp(c + pooled[1][0]), math.exp(c + pooled[1][1]),
+                                                          len(ii), sources=len({points[i][2] for i in ii}),
+                                                          centre=round(math.exp(c), 4))
+            if len(idx) >= 2:
+                c = _quantile([points[i][1] for i in idx], 0.5)
+                modes[f"{family}/{mode}"] = _outward(math.exp(c + pooled[2][0]), math.exp(c + pooled[2][1]), len(idx),
+                                                     sources=len({points[i][2] for i in idx}),
+                                                     centre=round(math.exp(c), 4))
     return {"kinds": kinds, "single_run_kinds": single, "generations": gens, "modes": modes}
 
 
@@ -295,12 +327,13 @@ def build_table(rows: Sequence[Mapping[str, Any]], *, residuals: str, sources: S
         "held_only": held_only,
         "statistic": ("x = ln(measured/predicted) per run; e = x - the centre its kind would get without its source "
                       "(kind, else generation, else mode median of other sources' runs); per kind: median x + the "
-                      "(1-P)/2 and (1+P)/2 quantiles of e pooled over the mode's runs, each side >= "
-                      f"{MIN_HALF_WIDTH:g} ln units; P per mode: "
+                      "(1-P)/2 and (1+P)/2 quantiles of e pooled over the runs of the kind's family (dense, MoE) in "
+                      f"the mode when they come from >= {MIN_POOL_SOURCES} sources, else over the mode's runs; each "
+                      f"side >= {MIN_HALF_WIDTH:g} ln units; P per mode and family: "
                       + ", ".join(f"{m} {v:g}" for m, v in sorted(coverage.items()))
                       + "; kinds with < 2 runs: the generation's (else the mode's) median + quantiles of the "
-                      f"deviations from that pool's out-of-source centre; one source only: +-{NO_SOURCE_SPREAD:g} "
-                      f"ln units; no run: {DEFAULT_RATIO[0]:g}-{DEFAULT_RATIO[1]:g}x"),
+                      "deviations from that pool's out-of-source centre, the family's pool; one source only: "
+                      f"+-{NO_SOURCE_SPREAD:g} ln units; no run: {DEFAULT_RATIO[0]:g}-{DEFAULT_RATIO[1]:g}x"),
         "coverage": coverage,
         "min_half_width": MIN_HALF_WIDTH,
         "default_ratio": list(DEFAULT_RATIO),

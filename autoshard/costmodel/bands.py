@@ -64,11 +64,11 @@ def lookup(kind: Kind, table: Mapping[str, Any] | None = None, *, section: str =
         return Lookup(exact["low"], exact["high"], n, "kind", f"{kind.describe()}, {n} measured runs")
     what = f"only 1 measured {kind.describe()} run" if n == 1 else f"no measured {kind.describe()} run"
     mode = _MODES.get(kind.mode, kind.mode)
-    gen = sec["generations"].get(f"{kind.generation}/{kind.mode}")
+    gen = sec["generations"].get(f"{kind.generation}/{kind.family}/{kind.mode}")
     if gen:
         return Lookup(gen["low"], gen["high"], n, "generation",
                       f"{what}: wider band of all {kind.generation} {mode} runs ({gen['runs']} measured)")
-    pooled = sec["modes"].get(kind.mode)
+    pooled = sec["modes"].get(f"{kind.family}/{kind.mode}")
     if pooled:
         return Lookup(pooled["low"], pooled["high"], n, "mode",
                       f"{what}: wider band of all {mode} runs ({pooled['runs']} measured)")

@@ -4,7 +4,7 @@
     python tests/validation/make_bands.py --in-sample  # no residual files: predict the runs with the
                                                        # current model (in-sample; a weaker check)
     python tests/validation/make_bands.py --check     # print coverage only, write nothing
-    python tests/validation/make_bands.py --choose-coverage  # the central-probability scan per mode
+    python tests/validation/make_bands.py --choose-coverage  # the central-probability scan per mode and family
     python tests/validation/make_bands.py --mfu-reference    # also regenerate mfu_reference.json
 
 Reads tests/validation/residuals_train.json and residuals_serve.json (the leave-one-source-out
@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from autoshard.costmodel.band_table import (  # noqa: E402
     COVERAGE,
     LATENCY_METRICS,
+    Kind,
     THROUGHPUT_METRICS,
     build_table,
     latency_ratio,
@@ -122,7 +123,7 @@ def coverage_runs(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any] | 
                   cover: Mapping[str, float] | None = None) -> list[tuple[Mapping[str, Any], bool, float, float]]:
     """(row, inside, band low, band high) for every row of `section`, each against `table` (default:
     the table built from the same rows) or, with table="loso", against a table built without the row's
-    source. `cover`: the central probability per mode (default: the shipped COVERAGE)."""
+    source. `cover`: the central probability per mode and family (default: the shipped COVERAGE)."""
     sources = {r["source"] for r in rows}
     tables: dict[str, Mapping[str, Any]] = {}
     if table == "loso":
@@ -144,10 +145,10 @@ def coverage_runs(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any] | 
 
 def coverage(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any] | str | None = None,
              *, section: str = "throughput", held_only: bool = True, mode: str | None = None,
-             cover: Mapping[str, float] | None = None) -> tuple[int, int]:
-    """(runs inside their band, runs) of `section` (and `mode` if given); see coverage_runs."""
+             family: str | None = None, cover: Mapping[str, float] | None = None) -> tuple[int, int]:
+    """(runs inside their band, runs) of `section` (and `mode`, `family` if given); see coverage_runs."""
     got = [inside for r, inside, _, _ in coverage_runs(rows, table, section=section, held_only=held_only, cover=cover)
-           if mode is None or residual_kind(r).mode == mode]
+           if (mode is None or residual_kind(r).mode == mode) and (family is None or residual_kind(r).family == family)]
     return sum(got), len(got)
 
 
@@ -171,36 +172,46 @@ def report(rows: Sequence[Mapping[str, Any]], table: Mapping[str, Any], *, held_
             print(f"{'':{len(section) + 2}}{key:28} {len(mine):5d} {srcs:7d} {b.low:8.3f} - {b.high:<8.3f} "
                   f"{(b.high / b.low) ** 0.5 - 1:6.1%}  {sum(x[1] for x in mine):3d}/{len(mine):<4d} "
                   f"{sum(x[1] for x in theirs):5d}/{len(theirs):<4d}  ({b.level})")
-        for mode in sorted({residual_kind(r).mode for r, *_ in in_table}):
-            mine = [x for x in in_table if residual_kind(x[0]).mode == mode]
-            theirs = [x for x in loso if residual_kind(x[0]).mode == mode]
+        pools = sorted({residual_kind(r).mode for r, *_ in in_table}
+                       | {_pool(residual_kind(r)) for r, *_ in in_table})
+        for pool in pools:  # each mode, then each mode's families ("train", "train/dense", "train/moe", ...)
+            mine = [x for x in in_table if pool in (residual_kind(x[0]).mode, _pool(residual_kind(x[0])))]
+            theirs = [x for x in loso if pool in (residual_kind(x[0]).mode, _pool(residual_kind(x[0])))]
             i, n = sum(x[1] for x in mine), len(mine)
             li, ln = sum(x[1] for x in theirs), len(theirs)
             width = statistics.median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in theirs])
-            print(f"{section} {mode} coverage: in-table {i}/{n} = {i / n:.0%}; leave-one-source-out {li}/{ln} = "
+            print(f"{section} {pool} coverage: in-table {i}/{n} = {i / n:.0%}; leave-one-source-out {li}/{ln} = "
                   f"{li / ln:.0%} (target >= {TARGET:.0%}); median half-width out-of-source +-{width:.1%}")
             if section == "throughput":
                 ok = ok and li / ln >= TARGET
     return 0 if ok else 1
 
 
+def _pool(kind: Kind) -> str:
+    """The "mode/family" a run's band takes its central probability from (COVERAGE)."""
+    return f"{kind.mode}/{kind.family}"
+
+
+GRID_P = [round(0.70 + 0.025 * i, 3) for i in range(12)]
+"""Central probabilities the scan tries: 0.700, 0.725, ..., 0.975."""
+
+
 def choose_coverage(rows: Sequence[Mapping[str, Any]], *, held_only: bool = True) -> dict[str, float]:
-    """Per mode the smallest central probability of 0.700, 0.725, ..., 0.950 whose throughput bands cover
-    >= TARGET of the runs leave-one-source-out (printed as it goes)."""
+    """Per mode and family ("train/dense", "train/moe", ...) the smallest central probability of GRID_P
+    whose throughput bands cover >= TARGET of that family's runs leave-one-source-out (printed as it
+    goes). A family's bands take only its own P, so one scan serves every family."""
     chosen: dict[str, float] = {}
-    modes = sorted({residual_kind(r).mode for r in rows})
-    for p in [round(0.70 + 0.025 * i, 3) for i in range(11)]:
-        got = coverage_runs(rows, "loso", held_only=held_only, cover={m: p for m in modes})
-        for mode in modes:
-            mine = [x for x in got if residual_kind(x[0]).mode == mode]
-            if not mine:
-                continue
+    pools = sorted({_pool(residual_kind(r)) for r in rows if _ratio(r, "throughput", held_only) is not None})
+    for p in GRID_P:
+        got = coverage_runs(rows, "loso", held_only=held_only, cover={pool: p for pool in pools})
+        for pool in pools:
+            mine = [x for x in got if _pool(residual_kind(x[0])) == pool]
             share = sum(x[1] for x in mine) / len(mine)
             width = statistics.median([(hi / lo) ** 0.5 - 1 for _, _, lo, hi in mine])
-            print(f"P = {p:.3f} {mode:6}: leave-one-source-out coverage {share:.0%} ({len(mine)} runs), "
+            print(f"P = {p:.3f} {pool:11}: leave-one-source-out coverage {share:.0%} ({len(mine)} runs), "
                   f"median half-width +-{width:.1%}")
-            if share >= TARGET and mode not in chosen:
-                chosen[mode] = p
+            if share >= TARGET and pool not in chosen:
+                chosen[pool] = p
     return chosen
 
 
@@ -305,8 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all-runs", action="store_true",
                         help='also use runs not held to the accuracy target ("held": false, e.g. another framework)')
     parser.add_argument("--choose-coverage", action="store_true",
-                        help="print leave-one-source-out coverage for central probabilities 0.700-0.950 per mode "
-                             "and the smallest reaching the target (the shipped COVERAGE is that choice)")
+                        help="print leave-one-source-out coverage for central probabilities 0.700-0.975 per mode "
+                             "and family, and the smallest reaching the target (the shipped COVERAGE is that choice)")
     parser.add_argument("--mfu-reference", action="store_true",
                         help="also regenerate autoshard/costmodel/mfu_reference.json (best measured useful MFU per "
                              "GPU class x precision x dense/MoE) from the held training runs")
