@@ -92,9 +92,10 @@ def uniform_layouts(tab, pool_gpus):
 
 
 def layout_objectives(model: ModelSpec, cluster: ClusterSpec, cfg):
-    """Every contiguous split of candidate `cfg` on pool 0, no partial recompute: (the configuration
-    and stages the layout runs, the integer objective the CP-SAT model counts for it, in seconds).
-    Tests that hold the solver's objective to `predict_train` walk these."""
+    """Every contiguous split of candidate `cfg` on pool 0 the solver may choose
+    (`CandidateTables.chunks_allowed`), no partial recompute: (the configuration and stages the layout
+    runs, the integer objective the CP-SAT model counts for it, in seconds). Tests that hold the
+    solver's objective to `predict_train` walk these."""
     from autoshard.search.train.result import layout_stages
     from autoshard.search.train.tables import build_tables, int_objective
     from autoshard.units import US_PER_S
@@ -103,7 +104,10 @@ def layout_objectives(model: ModelSpec, cluster: ClusterSpec, cfg):
     tab = build_tables(model, cluster, cfg, scale=vpp)
     s, n = tab.num_chunks, tab.num_layers
     for inner in itertools.combinations(range(1, n), s - 1):
-        layout = Layout(bounds=(0, *inner, n), recompute=(0,) * s, pools=(0,) * s)
+        bounds = (0, *inner, n)
+        if not tab.chunks_allowed([int(tab.decoders[bounds[k + 1]] - tab.decoders[bounds[k]]) for k in range(s)]):
+            continue
+        layout = Layout(bounds=bounds, recompute=(0,) * s, pools=(0,) * s)
         obj, _ = int_objective(tab, layout)
         c, stages = layout_stages(tab, layout)
         yield c, stages, obj / vpp / US_PER_S

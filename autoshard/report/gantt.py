@@ -6,91 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autoshard.costmodel.train.pipeline import Op, simulate
+
 __all__ = ["Op", "Chart", "simulate", "draw_schedule"]
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    rank: int
-    kind: str  # "F" or "B"
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-
-
-def _order(rank: int, pp: int, vpp: int, m: int) -> list[tuple[str, int, int]]:
-    """Megatron's per-rank sequence of (kind, microbatch, chunk)."""
-    total = m * vpp
-    # interleaved: groups of PP micro-batches run through chunk 0, then chunk 1, ...; a last group
-    # smaller than PP (m not a multiple of PP, Megatron-Core's microbatch_group_size_per_vp_stage)
-    # does the same with fewer micro-batches
-    seq = [(mb, c) for g in range(0, m, pp) for c in range(vpp) for mb in range(g, min(g + pp, m))]
-
-    def fwd(i: int) -> tuple[int, int]:
-        return seq[i]
-
-    def bwd(i: int) -> tuple[int, int]:
-        mb, chunk = seq[i]
-        return mb, vpp - 1 - chunk
-
-    if vpp == 1:
-        warmup = min(pp - rank - 1, m)
-    else:
-        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
-    ops: list[tuple[str, int, int]] = []
-    f = b = 0
-    for _ in range(warmup):
-        ops.append(("F", *fwd(f)))
-        f += 1
-    while f < total:
-        ops.append(("F", *fwd(f)))
-        f += 1
-        ops.append(("B", *bwd(b)))
-        b += 1
-    while b < total:
-        ops.append(("B", *bwd(b)))
-        b += 1
-    return ops
-
-
-def simulate(chunk_fwd_s: Sequence[float], chunk_bwd_s: Sequence[float], *, pp: int, vpp: int, m: int) -> list[Op]:
-    """Start/end of every operation. chunk_*_s are indexed by model chunk (chunk c of rank r is
-    model chunk c*pp + r). Dependencies: a forward needs the previous model chunk's forward of the
-    same micro-batch, a backward the next model chunk's backward (and the last chunk its own forward)."""
-    orders = [_order(r, pp, vpp, m) for r in range(pp)]
-    pos = [0] * pp
-    free = [0.0] * pp
-    done: dict[tuple[str, int, int], float] = {}
-    ops: list[Op] = []
-    last = pp * vpp - 1
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r in range(pp):
-            if pos[r] >= len(orders[r]):
-                continue
-            kind, mb, chunk = orders[r][pos[r]]
-            model_chunk = chunk * pp + r
-            if kind == "F":
-                dep = ("F", mb, model_chunk - 1) if model_chunk > 0 else None
-                dur = chunk_fwd_s[model_chunk]
-            else:
-                dep = ("B", mb, model_chunk + 1) if model_chunk < last else ("F", mb, model_chunk)
-                dur = chunk_bwd_s[model_chunk]
-            if dep is not None and dep not in done:
-                continue
-            start = max(free[r], done[dep] if dep else 0.0)
-            end = start + dur
-            done[(kind, mb, model_chunk)] = end
-            free[r] = end
-            ops.append(Op(r, kind, mb, chunk, start, end))
-            pos[r] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocked (inconsistent order)")
-    return ops
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,9 +35,8 @@ def brute_force(model, cluster, job, options: SolverOptions, pins: Pins = Pins()
         for inner in itertools.combinations(range(1, n), s - 1):
             bounds = (0, *inner, n)
             counts = [int(tab.decoders[bounds[k + 1]] - tab.decoders[bounds[k]]) for k in range(s)]
-            if tab.chunk_decoders is not None and not all(
-                    tab.chunk_decoders[0] <= c <= tab.chunk_decoders[1] for c in counts):
-                continue  # the A2A overlap's near-even chunks
+            if not tab.chunks_allowed(counts):
+                continue  # the A2A overlap's near-even chunks; interleaved ranks' chunks within one layer
             smallest = min(counts)
             max_rc = smallest if tab.block_recompute else 0
             for pools in pool_choices:

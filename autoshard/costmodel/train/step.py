@@ -28,7 +28,7 @@ from autoshard.costmodel.train.memory import (
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
 from autoshard.costmodel.train.notes import a2a_overlap_note, small_expert_note
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
-from autoshard.costmodel.train.pipeline import schedule_time
+from autoshard.costmodel.train.pipeline import lopsided, schedule_time, simulated_schedule
 from autoshard.costmodel.train.types import (
     LayerCost,
     MemoryBreakdown,
@@ -238,6 +238,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     # Per pipeline rank: sum its chunks, plus the p2p of each chunk boundary it sends across.
     pp = dims.pp
     rank_time = [0.0] * pp
+    chunk_time: list[float] = []
     rank_parts: list[dict[str, float]] = [dict.fromkeys(("compute", "recompute", "tp", "cp", "ep", "pp"), 0.0) for _ in range(pp)]
     for i, (st, c) in enumerate(zip(stages, costs, strict=True)):
         r = i % pp
@@ -247,6 +248,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
         if i > 0:
             p2p += _p2p_s(model, cfg, pools[stages[i - 1].pool], pools[st.pool], cluster)
         rank_time[r] += c.time_s + p2p
+        chunk_time.append(c.time_s + p2p)
         parts = rank_parts[r]
         parts["compute"] += c.compute_s + c.recompute_s
         parts["recompute"] += c.recompute_s
@@ -265,6 +267,9 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             chunks = [costs[i].layer_overlaps for i in range(len(stages)) if i % pp == r]
             steady[r] -= rank_hidden_s(chunks, rank=r, pp=pp, num_microbatches=m) / m
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp, steady_times_s=steady)
+    decoders = [sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop]) for st in stages]
+    if lopsided(decoders, pp=pp, vpp=dims.vpp):
+        sched = simulated_schedule(sched, chunk_time, pp=pp, vpp=dims.vpp, num_microbatches=m)
 
     # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank. With it the
     # once-per-step work of the fill: Transformer Engine casts the FP8 weights on each chunk's first

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from autoshard.costmodel.train.pipeline import RANK_CHUNK_SPREAD
 from autoshard.search.train.tables import CandidateTables, Layout, even_layout
 
 __all__ = ["CandidateVars", "BuiltModel", "build_model"]
@@ -217,6 +218,8 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
     recompute: list[cp_model.IntVar | int] = []
     p2p_same = max(p.p2p_us for p in tab.pools)
     linear_pools = hetero and tab.uniform_decoders
+    vpp = s // pp
+    rank_base = [model.new_int_var(0, n, f"chunk_base{r}") for r in range(pp)] if vpp > 1 else []
     for k in range(s):
         r = k % pp
         q = rank_pools[r]
@@ -229,6 +232,9 @@ def _add_candidate(model: cp_model.CpModel, tab: CandidateTables, *, pool_gpus: 
             fewest, most = tab.chunk_decoders
             model.add(up["decoders"] - lo["decoders"] >= fewest).only_enforce_if(x)
             model.add(up["decoders"] - lo["decoders"] <= most).only_enforce_if(x)
+        if vpp > 1:  # a rank's chunks within RANK_CHUNK_SPREAD layer of each other (CandidateTables.chunks_allowed)
+            model.add(up["decoders"] - lo["decoders"] >= rank_base[r]).only_enforce_if(x)
+            model.add(up["decoders"] - lo["decoders"] <= rank_base[r] + RANK_CHUNK_SPREAD).only_enforce_if(x)
         if allow_rc:
             rk = uniform if uniform is not None else model.new_int_var(0, n, f"r{k}")
             model.add(rk <= up["decoders"] - lo["decoders"]).only_enforce_if(x)

@@ -18,6 +18,7 @@ from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.efficiency import training_pool
 from autoshard.costmodel.train.layer import layer_cost
 from autoshard.costmodel.train.memory import in_flight_microbatches, static_bytes
+from autoshard.costmodel.train.pipeline import lopsided
 from autoshard.costmodel.train.step import (
     _dp_time_s,
     _p2p_s,
@@ -93,6 +94,15 @@ class CandidateTables:
             return None
         n, s = int(self.decoders[-1]), self.num_chunks
         return max(0, n // s - 1), -(-n // s) + 1
+
+    def chunks_allowed(self, counts: Sequence[int]) -> bool:
+        """Whether a layout with `counts` decoder layers per chunk is one the solver may choose: near-even
+        chunks under the A2A overlap (`chunk_decoders`), and with interleaving each rank's chunks within
+        pipeline.RANK_CHUNK_SPREAD layer of each other, where the schedule's closed form holds."""
+        if self.chunk_decoders is not None and not all(self.chunk_decoders[0] <= c <= self.chunk_decoders[1]
+                                                       for c in counts):
+            return False
+        return not lopsided(counts, pp=self.config.dims.pp, vpp=self.config.dims.vpp)
 
     @property
     def block_recompute(self) -> bool:
