@@ -25,7 +25,9 @@ hold. It prices a rank's chunks as equal shares of its time: with chunks of 1, 1
 Megatron accepts) the event simulation of Megatron's order takes 37-41 % longer, because every
 virtual-stage step waits for the slowest rank at that chunk; with chunks within one layer of each
 other the two agree within 2-3 % (tests/costmodel/test_pipeline_lopsided.py). The solver keeps to it;
-a given layout beyond it is priced by the event simulation (`step.predict_train`)."""
+a given layout beyond it is priced by the event simulation (`step.predict_train`), except under the EP
+all-to-all overlap, whose pairing of forwards with backwards (costmodel.train.a2a_overlap) is priced on
+the closed form's steady state and which the simulation does not model."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from autoshard.costmodel.serve.disagg import (
     MAX_PREFILL_UTILIZATION,
@@ -28,15 +30,17 @@ from autoshard.costmodel.serve.disagg import (
     kv_transfer_bytes,
     prefill_instance,
 )
+from autoshard.costmodel.comm import Link
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.mtp import mtp_draft_options
 from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_concurrency
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.budget import ll_budgeted
+from autoshard.search.serve.ladder import highest_between
 from autoshard.search.serve.space import (
     MAX_CONCURRENCY, Engine, ServeSpace, _config, _ladder_top, _unpriced, split_decode_rule,
 )
-from autoshard.specs.cluster import ClusterSpec
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 from autoshard.units import time_to_us
@@ -103,6 +107,26 @@ def _side_us(model: ModelSpec, job: ServeJob, streams: int, bytes_per_s: float) 
     return time_to_us(kv_transfer_bytes(model, job) / (streams * bytes_per_s))
 
 
+def _decode_row(model: ModelSpec, pool: PoolSpec, job: ServeJob, e: Engine, plinks: Sequence[Link], b: int,
+                drafts: int, lost: Counter[str]) -> DecodeRow | None:
+    """The decode instance of engine `e` at concurrency `b` with `drafts` MTP tokens; None (its reason
+    counted in `lost`) when its KV cache cannot hold `b` requests or it misses the TPOT target."""
+    dcfg = _config(model, pool, job, e, max_num_seqs=b, split=True, role="decode")
+    dcfg = ll_budgeted(model, pool.gpu, replace(dcfg, speculative_tokens=drafts), job)  # its MTP tokens too
+    dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
+    if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
+        lost["decode concurrency beyond the KV cache"] += 1
+        return None
+    d = decode_instance(model, pool, job, dcfg, dmem, concurrency=b)
+    tpot = time_to_us(d.tpot_s)
+    if job.tpot_target_s is not None and tpot > time_to_us(job.tpot_target_s):
+        lost["decode instance misses the TPOT target"] += 1
+        return None
+    recv = tuple(_side_us(model, job, holders(dcfg), lk.bytes_per_s) for lk in plinks)
+    return DecodeRow(e, d, int(d.requests_per_s * MILLI), tpot, time_to_us(first_token_s(d.tpot_s)),
+                     recv)  # type: ignore[arg-type]
+
+
 def tabulate_disagg(
     model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False,
     deadline: Deadline | None = None,
@@ -159,29 +183,25 @@ def tabulate_disagg(
         limit = max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, job)))
         # MTP drafts only without PP (SGLang refuses speculative decoding with --pp-size > 1)
         drafting = mtp_draft_options(model) if e.pp == 1 else (0,)
-        for b, drafts in itertools.product(concurrency_ladder(limit), drafting):
-            dcfg = _config(model, pool, job, e, max_num_seqs=b, split=True, role="decode")
-            dcfg = ll_budgeted(model, pool.gpu, replace(dcfg, speculative_tokens=drafts), job)  # its MTP tokens too
-            dmem = serve_memory(model, pool, dcfg, context_len=job.context_len)
-            if dmem.problem() or kv_limited_concurrency(dmem, job) < b:
-                dropped["decode concurrency beyond the KV cache"] += 1
-                continue
-            d = decode_instance(model, pool, job, dcfg, dmem, concurrency=b)
-            tpot = time_to_us(d.tpot_s)
-            if job.tpot_target_s is not None and tpot > time_to_us(job.tpot_target_s):
-                dropped["decode instance misses the TPOT target"] += 1
-                continue
-            recv = tuple(_side_us(model, job, holders(dcfg), lk.bytes_per_s) for lk in plinks)
-            decode.append(
-                DecodeRow(
-                    e,
-                    d,
-                    int(d.requests_per_s * MILLI),
-                    tpot,
-                    time_to_us(first_token_s(d.tpot_s)),
-                    recv,  # type: ignore[arg-type]
-                )
-            )
+        row = partial(_decode_row, model, pool, job, e, plinks)
+        ladder = concurrency_ladder(limit)
+        edge: dict[int, list[int]] = {drafts: [0, 0] for drafts in drafting}  # highest rung kept, next rung lost
+        for b, drafts in itertools.product(ladder, drafting):
+            if (r := row(b, drafts, dropped)) is not None:
+                decode.append(r)
+                edge[drafts] = [b, 0]
+            elif edge[drafts][0] and not edge[drafts][1]:
+                edge[drafts][1] = b
+        # between the highest rung kept and the next, the highest concurrency the TPOT target and the KV
+        # cache still allow (it dominates the other rows between the two)
+        for drafts, (below, above) in edge.items():
+            extra: dict[int, DecodeRow | None] = {}
+
+            def kept(b: int, drafts=drafts, extra=extra, row=row) -> bool:
+                return extra.setdefault(b, row(b, drafts, Counter())) is not None
+
+            if below and above and (b := highest_between(below, above, kept)) is not None:
+                decode.append(extra[b])  # type: ignore[arg-type]
     # one latency per kind of link, the slowest pool's (the transfer time itself is per row)
     latency = tuple(max(time_to_us(lk[k].latency_s) for lk in all_links) for k in range(3))
     if (untabulated := len(space.engines) - done):

@@ -17,7 +17,9 @@ not evaluated and the front says so (`Front.complete`, `Front.cut_text`, `Front.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.memory import serve_memory
@@ -25,11 +27,12 @@ from autoshard.costmodel.serve.predict import concurrency_ladder, kv_limited_con
 from autoshard.errors import InfeasibleError
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve.disagg import tabulate_disagg
-from autoshard.search.serve.ladder import ENUM_TIME_CUT
-from autoshard.search.serve.space import MAX_CONCURRENCY, _config, _unpriced, enumerate_serve, promise_order
-from autoshard.specs.cluster import ClusterSpec
+from autoshard.search.serve.ladder import ENUM_TIME_CUT, highest_between
+from autoshard.search.serve.space import MAX_CONCURRENCY, Engine, _config, _unpriced, enumerate_serve, promise_order
+from autoshard.specs.cluster import ClusterSpec, PoolSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
+from autoshard.units import time_to_us
 
 __all__ = ["FrontPoint", "Front", "serve_front", "STANDARD_TPOT_MS", "FRONT_SHARE"]
 
@@ -98,14 +101,30 @@ def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
     return tuple(out)
 
 
+def _aggregated_point(model: ModelSpec, pool: PoolSpec, free: ServeJob, e: Engine, where: str,
+                      ttft_ok: Callable[[float], bool], b: int) -> FrontPoint | None:
+    """The front's point of aggregated engine `e` at concurrency `b` (None: it cannot run it, or misses
+    the TTFT target)."""
+    cfg = _config(model, pool, free, e, max_num_seqs=b)
+    try:
+        pred = predict_serve(model, pool, free, cfg, concurrency=b)
+    except InfeasibleError:
+        return None
+    if pred.concurrency < b or not ttft_ok(pred.ttft_s):
+        return None
+    return FrontPoint("aggregated", f"{where}{e.label()} x{b}", pred.tokens_per_s_per_gpu, 1.0 / pred.tpot_s,
+                      pred.tpot_s, pred.ttft_s, e.gpus)
+
+
 def serve_front(
     model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, disaggregate: str = "auto",
     framework: str = DEFAULT_ENGINE, time_limit_s: float | None = None, started_at: float | None = None,
     deadline: Deadline | None = None,
 ) -> Front:
     """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front, priced for
-    `framework` ("vllm" or "sglang"). The job's TPOT target is ignored (the front spans all TPOTs); its
-    TTFT target filters points. With `deadline` (or `time_limit_s`, counted from `started_at`, a
+    `framework` ("vllm" or "sglang"). The front spans all TPOTs: the job's TPOT target only adds, per
+    aggregated engine, the point at the highest concurrency that meets it (the solver's, between two
+    ladder rungs); its TTFT target filters points. With `deadline` (or `time_limit_s`, counted from `started_at`, a
     `time.monotonic()` value) the engines left when it expires are not evaluated: the front returned is
     partial and says so (`Front.complete` false)."""
     if deadline is None:
@@ -133,26 +152,23 @@ def serve_front(
                 _config(model, pool, free, e, max_num_seqs=MAX_CONCURRENCY),
                 context_len=free.context_len,
             )
-            for b in concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, free)))):
-                cfg = _config(model, pool, free, e, max_num_seqs=b)
-                try:
-                    pred = predict_serve(model, pool, free, cfg, concurrency=b)
-                except InfeasibleError:
-                    continue
-                if pred.concurrency < b or not ttft_ok(pred.ttft_s):
-                    continue
-                where = f"{pool.name} " if len(cluster.pools) > 1 else ""
-                found[i].append(
-                    FrontPoint(
-                        "aggregated",
-                        f"{where}{e.label()} x{b}",
-                        pred.tokens_per_s_per_gpu,
-                        1.0 / pred.tpot_s,
-                        pred.tpot_s,
-                        pred.ttft_s,
-                        e.gpus,
-                    )
-                )
+            where = f"{pool.name} " if len(cluster.pools) > 1 else ""
+            point = partial(_aggregated_point, model, pool, free, e, where, ttft_ok)
+            ladder = concurrency_ladder(max(1, min(MAX_CONCURRENCY, kv_limited_concurrency(top, free))))
+            rungs = {b: point(b) for b in ladder}
+            found[i] += [q for q in rungs.values() if q is not None]
+            if job.tpot_target_s is not None:  # the solver's concurrency at the target, between two rungs
+                target_us = time_to_us(job.tpot_target_s)
+                extra: dict[int, FrontPoint | None] = {}
+
+                def meets(b: int, point=point, rungs=rungs, extra=extra, target_us=target_us) -> bool:
+                    q = rungs[b] if b in rungs else extra.setdefault(b, point(b))
+                    return q is not None and time_to_us(q.tpot_s) <= target_us
+
+                kept = [b for b in ladder if meets(b)]
+                above = [b for b in ladder if kept and b > kept[-1]]
+                if above and (b := highest_between(kept[-1], above[0], meets)) is not None:
+                    found[i].append(extra[b])
     points += [p for i in sorted(found) for p in found[i]]
     if disaggregate != "off":
         split, done = _disagg_points(model, cluster, free, job, space, deadline)

@@ -318,7 +318,7 @@ def tabulate(
         make = partial(_row, model=model, cluster=cluster, job=job, engine=e, pool=pool, prefill=prefill, pins=pins,
                        dropped=dropped, util=gpu_memory_utilization)
         evaluated = bisect_ladder(job, ladder, make)
-        dropped["dominated by a higher concurrency of the same engine"] += len(ladder) - len(evaluated)
+        dropped["dominated by a higher concurrency of the same engine"] += len(set(ladder) - set(evaluated))
         done[i] = [r for _, r in sorted(evaluated.items()) if r is not None]
         rows += done[i]
     return [r for i in sorted(done) for r in done[i]], dropped

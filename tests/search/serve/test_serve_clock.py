@@ -363,14 +363,14 @@ def test_auto_mode_cut_short_keeps_the_better_kind():
                         disaggregate="on")[0]
     agg = solve_serve(LLAMA70, H100_16, SLA, pins=None, top_k=1, time_limit_s=30, num_workers=1,
                       disaggregate="off")[0]
-    assert split.solver.objective > agg.solver.objective  # 2P3D beats TP4 PP1 here
-    cut = dataclasses.replace(agg, solver=dataclasses.replace(agg.solver, status="FEASIBLE", stop_reason="time_limit",
-                                                              pruned={ROWS_TIME_CUT: 3}))
-    kept = with_choice(SLA, cut, split)
-    assert kept.disaggregated and kept.describe() == split.describe()
+    assert agg.solver.objective > split.solver.objective  # TP4 PP1 (867 per GPU) beats 2P3D (804) here
+    cut = dataclasses.replace(split, solver=dataclasses.replace(split.solver, status="FEASIBLE",
+                                                                stop_reason="time_limit", pruned={ROWS_TIME_CUT: 3}))
+    kept = with_choice(SLA, cut, agg)
+    assert not kept.disaggregated and kept.describe() == agg.describe()
     assert (kept.solver.status, kept.solver.stop_reason, kept.solver.pruned) == ("FEASIBLE", "time_limit",
                                                                                   {ROWS_TIME_CUT: 3})
-    assert kept.solver.objective == split.solver.objective
-    assert kept.choice.startswith(f"disaggregated: {split.throughput_tokens_per_s / 16:,.0f} output tokens/s per GPU")
-    proven = with_choice(SLA, agg, split)  # OPTIMAL: not swapped (its model could not place the split)
-    assert not proven.disaggregated and proven.choice.startswith("aggregated:")
+    assert kept.solver.objective == agg.solver.objective
+    assert kept.choice.startswith(f"aggregated: {agg.throughput_tokens_per_s / 16:,.0f} output tokens/s per GPU")
+    proven = with_choice(SLA, split, agg)  # OPTIMAL: not swapped (its model could not place the other kind)
+    assert proven.disaggregated and proven.choice.startswith("disaggregated:")
