@@ -78,7 +78,7 @@ from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_f
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
-from autoshard.specs.loader import bundled_clusters, bundled_models, load_cluster, load_model
+from autoshard.specs.loader import FILES_READ, bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.prepare import check_precision, resize, train_job
 from autoshard.study.costs import StudyResult
@@ -125,8 +125,16 @@ def load(model_ref: str, cluster_ref: str, gpus: int | None = None) -> tuple[Mod
 
 
 def write_launch_script(text: str, output: Path) -> None:
-    """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written."""
+    """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written, when
+    it is something other than a regular file (a device, a FIFO: a script is a file, and making one
+    executable would change a device's permissions) or when it is a model or cluster file the command read."""
+    where = str(output)[:120]
     try:
+        if output.exists() and not output.is_file():
+            raise SpecError(f"{where} exists and is not a regular file: give a file path for the script", source="-o")
+        if output.resolve() in FILES_READ:
+            raise SpecError(f"{where} is an input of this command: writing the script there would overwrite it: "
+                            f"give another path", source="-o")
         output.parent.mkdir(parents=True, exist_ok=True)  # as --out and --emit k8s -o DIR create theirs
         output.write_text(text)
         output.chmod(0o755)

@@ -10,7 +10,9 @@ commands, in the order `--help` lists them.
 """
 
 from autoshard.cli import solve, evaluate, study, catalog  # noqa: F401, I001  (registers the commands, in this order)
-from autoshard.cli.app import app
+import sys
+
+from autoshard.cli.app import app, flush_stdout
 from autoshard.cli.options import mark_process_start
 
 __all__ = ["app", "main"]
@@ -18,7 +20,13 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     mark_process_start()
-    app()
+    if sys.stdout is None:  # started with stdout closed (`autoshard ... >&-`)
+        print("error (bad input): standard output is closed: give the command somewhere to print", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        app()
+    finally:
+        flush_stdout()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -25,7 +27,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-out = Console(soft_wrap=False)
+class _StdoutConsole(Console):
+    """Rich's console for stdout, except that a reader that went away (`| head`) ends the command with
+    exit 0, not rich's 1 (which the exit codes reserve for "no feasible plan")."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _quiet_stdout()
+        raise SystemExit(0)
+
+
+out = _StdoutConsole(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)
 report_err = Console(stderr=True, soft_wrap=False)
 """Where a report goes when --emit writes its script to stdout: stderr, wrapped to the terminal like
@@ -81,6 +93,10 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 _finite_options(kwargs)
                 return fn(*args, **kwargs)
+            except OSError as exc:
+                if exc.filename is not None or exc.errno not in _STDOUT_ERRNOS:
+                    raise  # not the terminal's or the pipe's: a real fault, with its traceback
+                _stdout_gone(exc)
             except AutoshardError as exc:
                 if (kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate") and not JSON_PRINTED
                         and not isinstance(exc, SpecError)):
@@ -88,6 +104,46 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
                 _fail(exc)
 
     return wrapper
+
+
+_STDOUT_ERRNOS = frozenset({errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG})
+"""Errors writing a command's output to stdout (no file name): the reader went away (`| head`), the disk
+or device is full (`> /dev/full`), the descriptor is closed."""
+
+
+def _stdout_gone(exc: OSError) -> None:
+    """Stdout cannot take the output. A reader that went away (EPIPE: `| head` read what it wanted) ends
+    the command quietly, exit 0; anything else is said on stderr, exit 2. Stdout then goes to /dev/null so
+    that Python's flush at exit has nothing left to fail on."""
+    _quiet_stdout()
+    if exc.errno == errno.EPIPE:
+        raise typer.Exit(0)
+    err.print(f"[bold red]error (bad input):[/bold red] cannot write the output to standard output: "
+              f"{escape(exc.strerror or str(exc))}: print to a file or a pipe that reads it", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def flush_stdout() -> None:
+    """Flush stdout at the end of the command (`cli.main`): what is still buffered fails here when the
+    reader went away or the device is full, which Python would report as an ignored exception with exit
+    120 (`_stdout_gone` says what happened and sets the exit code)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as exc:
+        try:
+            _stdout_gone(exc)
+        except typer.Exit as done:
+            raise SystemExit(done.exit_code) from None
 
 
 def _finite_options(kwargs: dict[str, Any]) -> None:

@@ -101,7 +101,7 @@ def solve(
 ) -> None:
     """Find the best plan for MODEL on CLUSTER, with its predictions and launch command."""
     started = command_started()  # --time-limit covers the whole command: start-up, loading and checks included
-    check_output(output, emit)
+    check_output(output, emit, (model, cluster))
     given = {k: v for k, v in locals().items() if v is not None and v is not False}
     check_mode_flags(mode, given)
     if mode is Mode.SERVE:

@@ -22,7 +22,7 @@ from autoshard.specs.validation import short as _short
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
-    "read_mapping", "validate", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES",
+    "read_mapping", "validate", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES", "FILES_READ",
 ]
 
 T = TypeVar("T", bound=BaseModel)
@@ -171,10 +171,16 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     )
 
 
+FILES_READ: set[Path] = set()
+"""Every model or cluster file this process has read (resolved): a command's outputs must not overwrite
+its own inputs (`api.write_launch_script`)."""
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold a mapping (YAML 1.2 scalars, no duplicate keys, at most
     MAX_FILE_BYTES and MAX_DEPTH levels)."""
     try:
+        FILES_READ.add(path.resolve())
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise SpecError(f"the file is {size / 2**20:.1f} MiB; a model or cluster file is at most "

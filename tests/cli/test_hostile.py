@@ -10,6 +10,7 @@ YAML 1.1 spellings (`64:00`, `yes`, duplicate keys) reach the loader exactly as 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -358,6 +359,13 @@ CASES = [
     # --- output paths, checked before solving
     ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
      2, ["-o", "is a directory"]),
+    # a device or FIFO is not a script file: writing it hung on a FIFO, and making /dev/null executable
+    # (0755) took its write permission from every other user
+    ("o-is-a-device", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o",
+                                 "/dev/null"], 2, ["-o", "/dev/null exists and is not a regular file"]),
+    # the script used to replace the model file it was planned from
+    ("o-is-the-model-file", lambda t: ["solve", model_file(t), "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o",
+                                       t / "model.yaml"], 2, ["-o", "is an input of this command", "another path"]),
     # a missing directory is created (as --out's and --emit k8s's are); a file on the path is refused
     ("o-file-on-the-path", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron",
                                       "-o", model_file(t) / "x.sh"], 2, ["-o", "is a file, not a directory"]),
@@ -633,3 +641,30 @@ def test_block_recompute_reads_as_what_the_launch_does() -> None:
     flat = " ".join(stdout.split())
     assert "TP2 PP2 DP2, mbs 1, recompute full on 4 layers/stage, SP, ZeRO-1" in flat and "recompute none" not in flat[:400]
     assert "--recompute-granularity full \\ --recompute-method block \\ --recompute-num-layers 4" in flat
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_a_full_stdout_is_said_with_exit_2_not_a_traceback(extra: list[str]) -> None:
+    import subprocess
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
+                               *FAST, *extra], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "cannot write the output to standard output: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_a_reader_that_goes_away_ends_the_command_with_exit_0(extra: list[str]) -> None:
+    """`autoshard solve ... | head -1`: rich's console and click both exit 1 on a broken pipe, the code
+    for "no feasible plan"."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "autoshard.cli", "solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8",
+                             *FAST, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with proc:
+        assert proc.stdout is not None and proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == 0
+        assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
