@@ -147,8 +147,9 @@ def run_study(
             raise SpecError(f"how many tokens to train? {model_spec.name} has no training.tokens: pass --tokens "
                             "(e.g. --tokens 15e12)", source="--tokens")
     else:
-        for flag, value in (("--deadline-days", deadline_days), ("--budget-usd", budget_usd), ("--tokens", tokens)):
-            if value is not None:
+        for flag, value in (("--deadline-days", deadline_days), ("--budget-usd", budget_usd), ("--tokens", tokens),
+                            ("--seq-len", seq_len), ("--global-batch-size", global_batch_size)):
+            if value is not None:  # a serving study's request lengths are --input-len / --output-len's
                 raise SpecError("applies to training studies only: drop it or use --mode train", source=flag)
         job = serve_job or _serve_job(model_spec, precision, request_rate, tpot_ms, ttft_s)
     tasks: list[tuple[str, int]] = []

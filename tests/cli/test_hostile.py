@@ -359,6 +359,17 @@ CASES = [
     # --- output paths, checked before solving
     ("o-is-directory", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o", t],
      2, ["-o", "is a directory"]),
+    # a DeepSeek config with no routed experts was planned as a dense model (Mixtral's is refused)
+    ("hf-deepseek-no-routed-experts", lambda t: ["solve", _write(t / "config.json", json.dumps({
+        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61,
+        "hidden_size": 7168, "num_attention_heads": 128, "vocab_size": 129280, "intermediate_size": 18432,
+        "n_routed_experts": 0, "moe_intermediate_size": 2048, "num_experts_per_tok": 8})), "dgx-h100", "--gpus", "64",
+        *FAST], 2, ["config.json", "'n_routed_experts'", "at least 1"]),
+    # a serving study's request lengths are --input-len / --output-len: the training shape was dropped silently
+    ("study-serve-seq-len", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                       "--seq-len", "4"], 2, ["--seq-len", "training studies only"]),
+    ("study-serve-global-batch", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--mode",
+                                            "serve", "--global-batch-size", "3"], 2, ["--global-batch-size"]),
     # a device or FIFO is not a script file: writing it hung on a FIFO, and making /dev/null executable
     # (0755) took its write permission from every other user
     ("o-is-a-device", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o",

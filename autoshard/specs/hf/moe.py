@@ -105,7 +105,7 @@ def _deepseek(r: Reader, model_type: str) -> dict[str, Any]:
     layers = r.layers("num_hidden_layers")
     hidden = r.int("hidden_size", spec_field="hidden_size")
     heads = r.int("num_attention_heads", spec_field="num_attention_heads")
-    routed = r.int("n_routed_experts", "num_local_experts", default=256 if v3 else 64, minimum=0,
+    routed = r.int("n_routed_experts", "num_local_experts", default=256 if v3 else 64, minimum=1,
                    spec_field="moe.num_experts")
     first_dense = r.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
     freq = r.int("moe_layer_freq", default=1)
