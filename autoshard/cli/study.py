@@ -4,6 +4,7 @@ stderr, the answers and table (or one JSON object) on stdout, and the report fil
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,8 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoshard import api
 from autoshard.api import MAX_TOKENS
 from autoshard.cli.app import app, err, guard, out
-from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt
+from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt, command_started
 from autoshard.errors import SpecError
+
+FRONT_SHARE_OF_STUDY = 0.4
+"""A serving study's share of --time-limit for its Pareto fronts (one per cluster kind, after the sizes)."""
+MIN_FRONT_S = 0.5
+"""The least time one front gets (a front cut short says so)."""
 
 
 @app.command(short_help="Cost study: the best plan per cluster kind, in days and dollars.")
@@ -33,7 +39,7 @@ def study(
     precision: Annotated[str | None, typer.Option("--precision", help="Train: bf16, fp8 or fp4. Serve: the weights, bf16, fp8, int8, int4, nvfp4 or mxfp4 (default: the model's serving precision).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit per size.")] = 20.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Time limit for the whole study, start-up included: its sizes share it (each size at least 0.5 s); serving studies give 40 %% of it to the Pareto fronts.")] = 60.0,
     jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
     request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain.")] = None,
     tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
@@ -55,6 +61,7 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
               tpot_ms: float | None = None, ttft_s: float | None = None) -> api.StudyResult:
     """Solve with a progress bar on stderr, print the answers and the table on stdout (or one JSON
     object with `json_out`), and write the report files under `out_dir`."""
+    started = command_started()  # --time-limit covers the whole command
     if out_dir is not None:
         api.check_output_dir(out_dir, "--out", api.STUDY_DIR)
     bar = Progress(TextColumn("solving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -71,7 +78,8 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
         result = api.study(model, clusters, sizes, mode=mode, tokens=tokens, deadline_days=deadline_days,
                            budget_usd=budget_usd, prices=prices, seq_len=seq_len, global_batch_size=global_batch_size,
                            precision=precision, request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
-                           time_limit_s=time_limit, jobs=jobs, progress=progress)
+                           time_limit_s=time_limit, jobs=jobs, progress=progress, started_at=started,
+                           share=1.0 if mode == "train" else 1.0 - FRONT_SHARE_OF_STUDY)
     except KeyboardInterrupt:
         bar.stop()
         where = f"; nothing was written to {out_dir}" if out_dir is not None else ""
@@ -81,9 +89,10 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
         bar.stop()
     fronts, extra = None, []
     if mode == "serve":
+        left = time_limit - (time.monotonic() - started)  # one front per cluster kind, one after another
         fronts, extra = api.serve_study_fronts(model, clusters, sizes, prices=prices, precision=precision,
                                                request_rate=request_rate, tpot_ms=tpot_ms, ttft_s=ttft_s,
-                                               time_limit_s=time_limit)
+                                               time_limit_s=max(MIN_FRONT_S, left / max(1, len(clusters))))
     try:
         written = api.write_study(result, out_dir, extra=extra) if out_dir is not None else []
     except KeyboardInterrupt:

@@ -108,17 +108,22 @@ def run_study(
     request_rate: float | None = None,
     tpot_ms: float | None = None,
     ttft_s: float | None = None,
-    time_limit_s: float = 20.0,
+    time_limit_s: float = 60.0,
     relative_gap: float = STUDY_RELATIVE_GAP,
     jobs: int = 0,
     progress: ProgressFn | None = None,
+    started_at: float | None = None,
+    share: float = 1.0,
 ) -> StudyResult:
-    """Solve every (cluster, size) and assemble the study. Raises SpecError for bad input and
-    InfeasibleError when no size of any cluster can run the job."""
+    """Solve every (cluster, size) and assemble the study. `time_limit_s` bounds the whole study, counted
+    from `started_at` (a time.monotonic() value; default: now): the sizes share `share` of it (the rest is
+    the caller's, e.g. the serving fronts), each solved within `task_time_limit`. Raises SpecError for bad
+    input and InfeasibleError when no size of any cluster can run the job."""
     from autoshard.specs import load_model
     from autoshard.specs.prepare import train_job
 
     start = time.perf_counter()
+    started_at = time.monotonic() if started_at is None else started_at
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)
     specs = _load_clusters(clusters)
     price = _prices(specs, dict(prices or {}))
@@ -162,8 +167,9 @@ def run_study(
                 skipped.append(Skipped(key, n, str(exc)))
                 continue
             tasks.append((key, n))
-    init_args = (model_spec, specs, job, time_limit_s, relative_gap)
     jobs = jobs or os.cpu_count() or 1
+    per_task = task_time_limit(time_limit_s * share - (time.monotonic() - started_at), len(tasks), jobs)
+    init_args = (model_spec, specs, job, per_task, relative_gap)
     found = _run_tasks(tasks, init_args, jobs, progress)
     order = {key: i for i, key in enumerate(specs)}
     found.sort(key=lambda r: (order[r[0]], r[1]))
@@ -193,13 +199,29 @@ def run_study(
         answers = _serve_answers([r for r in rows if isinstance(r, ServeRow)], job.request_rate)
     result = StudyResult(
         mode=mode, inputs=_inputs(model_spec, specs, sizes, job, price, prices or {}, deadline_days, budget_usd,
-                                  time_limit_s, relative_gap),
+                                  (time_limit_s, per_task), relative_gap),
         rows=rows, skipped=skipped, answers=answers, pareto=pareto,
     )
     result.notes = _notes(result, price)
     result.assumptions = _assumptions(result, specs, price, prices or {}, job)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+MIN_TASK_TIME_LIMIT_S = 0.5
+"""The least time one size's solve gets: a study whose limit leaves its sizes less is refused."""
+
+
+def task_time_limit(budget_s: float, tasks: int, jobs: int) -> float:
+    """Seconds each of `tasks` solves gets for the study to end within `budget_s` on `jobs` parallel
+    processes: the budget over the rounds of solves (ceil(tasks / jobs)). SpecError naming --time-limit
+    when that is under MIN_TASK_TIME_LIMIT_S."""
+    rounds = -(-max(tasks, 1) // max(jobs, 1))
+    if budget_s / rounds < MIN_TASK_TIME_LIMIT_S:
+        raise SpecError(f"{tasks} sizes on {jobs} parallel process(es) need at least {MIN_TASK_TIME_LIMIT_S:g} s each, "
+                        f"{rounds * MIN_TASK_TIME_LIMIT_S:g} s of solving, and the limit leaves {max(budget_s, 0):.1f} s: "
+                        f"raise --time-limit, study fewer sizes or give more --jobs", source="--time-limit")
+    return budget_s / rounds
 
 
 def _serve_job(model: ModelSpec, precision: str | None, rate: float | None, tpot_ms: float | None,
@@ -259,12 +281,14 @@ def _serve_row(key: str, n: int, f: dict[str, Any], job: ServeJob, price: float 
 
 def _inputs(model: ModelSpec, specs: dict[str, ClusterSpec], sizes: list[int], job: TrainJob | ServeJob,
             price: dict[str, float | None], overrides: dict[str, float], deadline: float | None,
-            budget: float | None, time_limit_s: float, gap: float) -> dict[str, Any]:
+            budget: float | None, limits: tuple[float, float], gap: float) -> dict[str, Any]:
+    """`limits`: the study's --time-limit and each size's share of it."""
     return {
         "model": model.name, "params": model.num_params, "clusters": list(specs), "sizes": sizes,
         "job": job.model_dump(mode="json"), "tokens": job.tokens if isinstance(job, TrainJob) else None,
         "deadline_days": deadline, "budget_usd": budget, "prices_usd_per_gpu_hour": price,
-        "price_overrides": dict(overrides), "time_limit_s": time_limit_s, "relative_gap": gap,
+        "price_overrides": dict(overrides), "time_limit_s": limits[0], "task_time_limit_s": limits[1],
+        "relative_gap": gap,
     }
 
 
@@ -316,6 +340,7 @@ def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict
     out.append("Speeds come from autoshard's cost model with each cluster file's efficiency knobs (the fitted "
                "defaults unless the file sets its own); GPU types without a published run to fit on scale with "
                "their datasheet peaks.")
-    out.append(f"Each plan is the solver's best within {result.inputs['time_limit_s']:g} s and a "
+    out.append(f"Each plan is the solver's best within {result.inputs['task_time_limit_s']:.3g} s (the study's "
+               f"{result.inputs['time_limit_s']:g} s shared by its sizes) and a "
                f"{result.inputs['relative_gap']:.0%} optimality gap, one CP-SAT worker per size.")
     return out

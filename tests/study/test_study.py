@@ -265,3 +265,38 @@ def test_plan_summary_names_the_fully_recomputed_layers():
     assert _plan_summary(plan("none", 42)) == "TP2 PP1 DP64 mbs4 +42 full/stage"
     assert _plan_summary(plan("selective", 3, zero=3)) == "TP2 PP1 DP64 mbs4 rc-selective +3 full/stage ZeRO-3"
     assert _plan_summary(plan("none", 0)) == "TP2 PP1 DP64 mbs4"
+
+
+# ----------------------------------------------------------------------------- the study's time limit
+
+
+def test_the_sizes_share_the_whole_study_limit():
+    """--time-limit bounds the whole study: each size's solve gets the budget over the rounds of solves
+    (sizes / parallel processes, rounded up); it used to be a limit per size (30 sizes at --time-limit 2
+    took 27 s)."""
+    from autoshard.study.run import MIN_TASK_TIME_LIMIT_S, task_time_limit
+
+    assert task_time_limit(60.0, 32, 2) == pytest.approx(60.0 / 16)
+    assert task_time_limit(60.0, 3, 4) == pytest.approx(60.0)  # one round
+    assert task_time_limit(10.0, 5, 2) == pytest.approx(10.0 / 3)
+    with pytest.raises(SpecError, match=r"32 sizes on 2 parallel process\(es\) need at least 0.5 s each, 8 s of "
+                                        r"solving, and the limit leaves 4.0 s") as exc:
+        task_time_limit(4.0, 32, 2)
+    assert exc.value.source == "--time-limit" and MIN_TASK_TIME_LIMIT_S == 0.5
+
+
+def test_study_records_each_sizes_share_of_the_limit(tiny_study):
+    inputs = tiny_study.inputs
+    assert inputs["time_limit_s"] == 10
+    # 6 (cluster, size) solves (size 6 is no whole number of 4-GPU nodes) on one process: 10 / 6 s each,
+    # less the time spent before them
+    assert 1.5 < inputs["task_time_limit_s"] <= 10 / 6
+    assert any(f"within {inputs['task_time_limit_s']:.3g} s (the study's 10 s shared by its sizes)" in n
+               for n in tiny_study.assumptions)
+
+
+def test_a_study_limit_too_short_for_its_sizes_is_refused():
+    result = CliRunner().invoke(app, ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--cluster", "dgx-b200",
+                                      "--gpus", "8,16,32,64,128,256", "--time-limit", "1", "--jobs", "1"])
+    assert result.exit_code == 2
+    assert "--time-limit: 12 sizes on 1 parallel process(es) need at least 0.5 s each, 6 s of solving" in result.output
