@@ -8,7 +8,7 @@ The command-line equivalent:
 
     autoshard study llama-3.1-405b --cluster dgx-h100 --cluster dgx-h200 --cluster dgx-b200 \\
         --cluster gb200-nvl72 --gpus 1024,1152,2048,2304,4096,4608,8192,9216,16384,18432 \\
-        --tokens 15e12 --deadline-days 90 --budget-usd 100e6 --time-limit 30 --out cost_study_405b
+        --tokens 15e12 --deadline-days 90 --budget-usd 100e6 --time-limit 60 --out cost_study_405b
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("cost_study_405b"), help="directory for the report files")
     parser.add_argument("--jobs", type=int, default=0, help="solver processes (0: one per CPU)")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="solver limit per size, seconds")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="limit for the whole study (its sizes share it), seconds")
     args = parser.parse_args()
 
     result = run_study(
