@@ -250,6 +250,11 @@ def megatron_layout(
     """(stages, VPP, note) of the layout Megatron-LM builds from these flags. Without flags, when the
     decoder layers do not split evenly over PP x VPP, the layout Megatron-LM would need (see
     `predict_layout`), with a note naming the flags that produce it."""
+    if (flags is None or flags.layout is None) and pp * vpp > model.num_layers + 2:
+        # as solve's pins: every model chunk holds a decoder layer, the embedding or the loss
+        what = f"PP {pp} x VPP {vpp} = {pp * vpp} model chunks exceed" if vpp > 1 else f"PP {pp} exceeds"
+        raise SpecError(f"{what} the {model.num_layers} decoder layers: use a smaller degree",
+                        source="--pp" if vpp == 1 else "--pp/--vpp")
     note = None
     if flags is None or not flags.given():
         if model.num_layers % (pp * vpp):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from autoshard.costmodel.bands import band_of
 from autoshard.costmodel.attention import FP8_ATTENTION_GPUS, check_fp8_attention_model, fp8_attention_table
 from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 from autoshard.emit.megatron.layout import LayoutFlags
@@ -78,6 +79,10 @@ def memory_headroom(plan: Plan, fraction: float) -> dict[str, Any]:
     hbm, peak = pred.capacity_bytes / GIB, pred.peak_memory_bytes / GIB
     note = (f"planned to {fraction:.0%} of HBM: predicted peak {peak:.1f} of {hbm:.1f} GiB, {hbm - peak:.1f} GiB "
             f"headroom for the memory model's error (--memory-fraction changes it)")
+    top = band_of(plan).memory_gib_peak[1]
+    if top > hbm:  # the validated memory error reaches past HBM: the plan may not fit
+        note += (f"; its likely peak reaches {top:.1f} GiB, more than the {hbm:.1f} GiB of HBM: it may run out of "
+                 f"memory (a lower --memory-fraction keeps room)")
     return {"memory_fraction": fraction, "peak_gib": round(peak, 2), "hbm_gib": round(hbm, 2),
             "headroom_gib": round(hbm - peak, 2), "note": note}
 

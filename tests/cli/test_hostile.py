@@ -370,6 +370,12 @@ CASES = [
                                        "--seq-len", "4"], 2, ["--seq-len", "training studies only"]),
     ("study-serve-global-batch", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--mode",
                                             "serve", "--global-batch-size", "3"], 2, ["--global-batch-size"]),
+    # more pipeline ranks than layers: evaluate blamed --decoder-first-pipeline-num-layers, never given
+    ("evaluate-pp-beyond-layers", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "128", "--tp", "2",
+                                             "--pp", "64"], 2, ["--pp: PP 64 exceeds the 32 decoder layers"]),
+    ("evaluate-chunks-beyond-layers", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "128", "--tp", "2",
+                                                 "--pp", "16", "--vpp", "4"], 2,
+     ["--pp/--vpp: PP 16 x VPP 4 = 64 model chunks exceed the 32 decoder layers"]),
     # a device or FIFO is not a script file: writing it hung on a FIFO, and making /dev/null executable
     # (0755) took its write permission from every other user
     ("o-is-a-device", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--emit", "megatron", "-o",
@@ -501,6 +507,21 @@ def test_default_plan_keeps_headroom_and_says_so() -> None:
                               "1.0", *FAST)
     brim = json.loads(stdout)["memory_headroom"]
     assert brim["memory_fraction"] == 1.0 and brim["peak_gib"] > 0.87 * brim["hbm_gib"]
+    assert "likely peak" not in head["note"]  # the default plan's memory band stays under HBM
+
+
+def test_a_plan_whose_memory_band_passes_hbm_says_it_may_not_fit() -> None:
+    """70B on 24 H100 at --memory-fraction 1.0: a 77.3 GiB peak whose memory band reaches 79.8 GiB of
+    79.6 (the review found plans at 99.8 % of HBM reported with no warning)."""
+    code, stdout, _ = run_cli("solve", "llama-3.1-70b", "dgx-h100", "--gpus", "24", "--json", "--memory-fraction",
+                              "1.0", *FAST)
+    assert code == 0
+    obj = json.loads(stdout)
+    top = obj["predicted"]["band"]["memory_gib_peak"][1]
+    head = obj["memory_headroom"]
+    assert top > head["hbm_gib"]
+    assert (f"its likely peak reaches {top:.1f} GiB, more than the {head['hbm_gib']:.1f} GiB of HBM: it may run out "
+            "of memory") in head["note"]
 
 
 @pytest.mark.parametrize(("gpus", "expected"), [
