@@ -929,6 +929,22 @@ def test_world_size_that_cannot_run_the_plan_is_left_open() -> None:
             "torchrun pretrain_gpt.py --num-layers $L --hidden-size 8 --num-attention-heads 2",
             "not a whole number",
         ),
+        # a degree Megatron-LM's argparse refuses was read as 1 with a warning: another plan priced
+        (
+            "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "
+            "--tensor-model-parallel-size abc",
+            "'abc' is not a whole number: Megatron-LM's argparse would refuse it",
+        ),
+        (
+            "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "
+            "--tensor-model-parallel-size 2.5",
+            "'2.5' is not a whole number",
+        ),
+        (
+            "torchrun pretrain_gpt.py --num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 8 "
+            "--tensor-model-parallel-size",
+            "--tensor-model-parallel-size expects a value",
+        ),
         ("", "empty"),
         ("echo hello", "no Megatron-LM launch"),
         ("/nonexistent/launch.sh", "file not found"),

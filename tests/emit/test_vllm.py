@@ -216,14 +216,20 @@ def test_parser_reads_the_api_server_entry_point_and_negations():
 def test_removed_and_unknown_flags_warn_with_the_replacement():
     p = parse_vllm(
         "vllm serve m -tp 2 --swap-space 16 --use-v2-block-manager --num-scheduler-steps 8 "
-        "--tensor-paralel-size 4 --max-num-seq 64"
+        "--tnsr-prll-size 4 --max-num-seq 64"
     )
     text = " | ".join(p.warnings)
     assert "--swap-space: not a vLLM 0.33.0 flag any more" in text
     assert "--num-scheduler-steps" in text and "multi-step scheduling" in text
-    assert "--tensor-paralel-size: unknown vLLM 0.33.0 flag (did you mean --tensor-parallel-size" in text
+    # far from any flag (a newer vLLM's own?): ignored with a hint
+    assert "--tnsr-prll-size: unknown vLLM 0.33.0 flag (did you mean --tensor-parallel-size" in text
     assert "--max-num-seq: accepted by vLLM only as an abbreviation of --max-num-seqs" in text
     assert p.tp == 2 and p.max_num_seqs == 64
+    # a misspelling of a flag vLLM has is refused: vLLM would refuse it, and without it the plan is another
+    # (--tensor-paralel-size 4 was priced as TP 1 with a note)
+    with pytest.raises(SpecError, match=r"--tensor-paralel-size is not a vLLM 0.33.0 flag: did you mean "
+                                        r"--tensor-parallel-size\?"):
+        parse_vllm("vllm serve m --tensor-paralel-size 4")
     assert any(
         "--speculative-config" in w for w in parse_vllm("vllm serve m --num-speculative-tokens 5").warnings
     )

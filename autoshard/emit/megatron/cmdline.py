@@ -107,9 +107,8 @@ def read_flags(args: list[str], warnings: list[str]) -> Flags:
             if i < len(args) and not is_option(args[i]):
                 values = [args[i]]
                 i += 1
-            else:
-                warnings.append(f"{name} expects a value; ignored")
-                continue
+            else:  # argparse: "expected one argument"
+                raise SpecError(f"{name} expects a value: give it one or drop the flag", source=name)
         else:
             want = mf.FIXED_NARGS.get(primary)
             values = []

@@ -61,14 +61,11 @@ class FlagReader:
             return default
         try:
             number = int(value)
-        except ValueError:
+        except ValueError:  # Megatron-LM's argparse refuses it too ("invalid int value"): the run would not start
             msg = f"{name} '{value}' is not a whole number"
-            if required is not None or value.startswith("$"):
-                raise SpecError(
-                    f"{msg}: write the number itself (autoshard does not run the shell)", source=self.source
-                ) from None
-            self.warnings.append(f"{msg}; read as {default}")
-            return default
+            hint = "write the number itself (autoshard does not run the shell)" if value.startswith("$") else \
+                "Megatron-LM's argparse would refuse it: fix the value"
+            raise SpecError(f"{msg}: {hint}", source=self.source) from None
         if number < 0 or (number == 0 and (required is not None or name in _POSITIVE)):
             raise SpecError(f"{name} must be positive, got {number}", source=self.source)
         if number > _MAX_FLAG_INT:

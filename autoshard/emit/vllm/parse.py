@@ -66,6 +66,12 @@ def _entry(tokens: list[str]) -> tuple[list[str], bool]:
     )
 
 
+TYPO_CUTOFF = 0.9
+"""An unknown flag this close (difflib ratio) to a known one is a misspelling of it: refused, not
+ignored (`--tensor-paralel-size 4` was priced as TP 1 with a note); farther ones (a newer vLLM's own
+flags) are ignored with a warning."""
+
+
 def _canonical(name: str, warnings: list[str]) -> tuple[str | None, bool]:
     """(primary flag, switch value) for an option name; None when unknown or removed."""
     if name in ALIASES:
@@ -86,6 +92,10 @@ def _canonical(name: str, warnings: list[str]) -> tuple[str | None, bool]:
     if len(prefixed) == 1:
         warnings.append(f"{name}: accepted by vLLM only as an abbreviation of {prefixed[0]}; spell it out")
         return prefixed[0], True
+    typo = difflib.get_close_matches(name, sorted(KNOWN), n=1, cutoff=TYPO_CUTOFF)
+    if typo:  # vLLM's argparse refuses it ("unrecognized arguments"); pricing without it prices another plan
+        raise SpecError(f"{name} is not a vLLM {VLLM_VERSION} flag: did you mean {typo[0]}? (vLLM would refuse the "
+                        f"command)", field=name)
     close = difflib.get_close_matches(name, sorted(KNOWN), n=2, cutoff=0.75)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     warnings.append(f"{name}: unknown vLLM {VLLM_VERSION} flag{hint}; ignored")
