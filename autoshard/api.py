@@ -142,6 +142,12 @@ def write_launch_script(text: str, output: Path) -> None:
         raise SpecError(f"cannot write {str(output)[:120]}: {exc.strerror}: choose another path", source="-o") from None
 
 
+SIZE_FACTS = frozenset({"hidden_size", "ffn_hidden_size", "num_attention_heads", "num_layers"})
+"""Architecture facts (`model_shape_differences`) that make a Megatron-LM command's model another model than
+the MODEL named beside it (refused), where the other facts (vocabulary padding, RoPE base, biases) make a
+variant of it (warned)."""
+
+
 def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None) -> tuple[Plan, list[str]]:
     """(plan, warnings) for an existing Megatron-LM command or script: its model (checked against
     `model_ref` when given), degrees, layout and knobs, on `gpus` GPUs or the command's world size."""
@@ -152,6 +158,10 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     warnings = list(parsed.warnings)
     if expected is not None:
         differences = model_shape_differences(expected, parsed.model) + rope_differences(expected, parsed.model)
+        size = [d for d in differences if d.split(":", 1)[0] in SIZE_FACTS]
+        if size:  # another model, not a variant of it: the rule for contradictions
+            raise SpecError(f"the command trains another model than {expected.name} ({'; '.join(size)}): give the "
+                            f"model the command trains as MODEL", source="MODEL/--from-megatron")
         warnings += [f"the command's model differs from {expected.name}: {d}" for d in differences]
     world = gpus or parsed.world_size
     if world is None and parsed.launcher_problem is not None:

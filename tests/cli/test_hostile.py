@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = (REPO / "models" / "llama-3.1-8b.yaml").read_text()
 CLUSTER = (REPO / "clusters" / "dgx-h100.yaml").read_text()
 FAST = ["--time-limit", "5", "--workers", "1"]
-MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
             "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --global-batch-size 64 --bf16")
 
 
@@ -370,6 +370,11 @@ CASES = [
                                        "--seq-len", "4"], 2, ["--seq-len", "training studies only"]),
     ("study-serve-global-batch", lambda t: ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--mode",
                                             "serve", "--global-batch-size", "3"], 2, ["--global-batch-size"]),
+    # MODEL and the command's model contradict each other: the 8B command was planned under the 70B's name
+    ("from-megatron-another-model", lambda t: ["solve", "llama-3.1-70b", "dgx-h100", "--from-megatron",
+                                               MEGATRON, *FAST], 2,
+     ["MODEL/--from-megatron: the command trains another model than llama-3.1-70b", "num_layers: 80 vs 32",
+      "give the model the command trains as MODEL"]),
     # more pipeline ranks than layers: evaluate blamed --decoder-first-pipeline-num-layers, never given
     ("evaluate-pp-beyond-layers", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "128", "--tp", "2",
                                              "--pp", "64"], 2, ["--pp: PP 64 exceeds the 32 decoder layers"]),

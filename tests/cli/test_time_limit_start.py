@@ -66,7 +66,8 @@ def test_in_process_the_clock_starts_now(monkeypatch: pytest.MonkeyPatch) -> Non
     assert options.command_started() <= time.monotonic()
 
 
-MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+MEGATRON = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+            "--num-attention-heads 32 "
             "--seq-length 4096 --max-position-embeddings 4096 --global-batch-size 64 --micro-batch-size 1 --bf16")
 
 
