@@ -340,6 +340,7 @@ class ClusterSpec(FrozenSpec):
         domain = pool.node.domain_size
         unit = per_node
         lower, upper = max(unit, num_gpus // unit * unit), (num_gpus // unit + 1) * unit
+        upper = upper if upper <= MAX_GPUS else lower  # never a size autoshard refuses
         hint = f"use --gpus {lower} or --gpus {upper}" if lower != upper else f"use --gpus {lower}"
         if num_gpus < per_node:
             if per_node % num_gpus:

@@ -152,6 +152,12 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     if path.is_dir():
         raise SpecError(f"this is a directory, not a {kind[:-1]} file: give the path of the YAML/JSON file inside it",
                         source=str(path))
+    if path.exists():  # a device, a FIFO: nothing a spec is read from (a FIFO would block the read)
+        raise SpecError(f"this is not a regular file: give the path of the {kind[:-1]}'s YAML/JSON file",
+                        source=_short(str(ref)))
+    if path.is_symlink():  # exists() is False for a dangling link or a loop
+        raise SpecError(f"this symbolic link leads to no file (dangling, or a loop): give the path of the {kind[:-1]}'s "
+                        f"YAML/JSON file", source=_short(str(ref)))
     looks_like_path = path.suffix in (".yaml", ".yml", ".json") or "/" in str(ref) or "\\" in str(ref)
     if looks_like_path:
         raise SpecError(f"file not found: {path} (check the path, or give a bundled {kind[:-1]} name)")
@@ -205,6 +211,9 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise SpecError(f"nested too deeply (a spec file has at most {MAX_DEPTH} levels)", source=str(path)) from None
     except ValueError as exc:  # a duplicate JSON key, or a number Python cannot hold
+        if "int_max_str_digits" in str(exc) or "integer string conversion" in str(exc):
+            raise SpecError("a number in the file has thousands of digits, beyond any model or cluster figure: fix "
+                            "it", source=str(path)) from None
         raise SpecError(f"invalid JSON: {exc}", source=str(path)) from None
     _check_shape(data, str(path))
     if data is None:

@@ -48,6 +48,13 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _loop(tmp: Path) -> Path:
+    """A symbolic link that leads back to itself through another."""
+    (tmp / "loop-a.yaml").symlink_to(tmp / "loop-b.yaml")
+    (tmp / "loop-b.yaml").symlink_to(tmp / "loop-a.yaml")
+    return tmp / "loop-a.yaml"
+
+
 def _write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -375,6 +382,19 @@ CASES = [
                                                MEGATRON, *FAST], 2,
      ["MODEL/--from-megatron: the command trains another model than llama-3.1-70b", "num_layers: 80 vs 32",
       "give the model the command trains as MODEL"]),
+    # a device, a FIFO or a symlink loop as MODEL was "file not found"
+    ("model-is-a-device", lambda t: ["solve", "/dev/zero", "dgx-h100", "--gpus", "8", *FAST], 2,
+     ["/dev/zero: this is not a regular file"]),
+    ("model-is-a-symlink-loop", lambda t: ["solve", _loop(t), "dgx-h100", "--gpus", "8", *FAST], 2,
+     ["this symbolic link leads to no file (dangling, or a loop)"]),
+    # a 5,000-digit number: Python's "use sys.set_int_max_str_digits()" reached the user
+    ("json-number-of-thousands-of-digits", lambda t: ["solve", _write(t / "config.json", '{"model_type": "llama", '
+                                                      '"hidden_size": ' + "9" * 5000 + "}"), "dgx-h100", "--gpus", "8",
+                                                      *FAST], 2, ["config.json", "thousands of digits"]),
+    # FP8 weights already: "quantize the weights" is no fix
+    ("serve-tpot-unreachable-fp8", lambda t: ["solve", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                              "--tpot-ms", "5", "--weight-dtype", "fp8", *FAST], 1,
+     ["no plan meets TPOT <= 5 ms", "nearest fix: relax the target or use faster GPUs"]),
     # more pipeline ranks than layers: evaluate blamed --decoder-first-pipeline-num-layers, never given
     ("evaluate-pp-beyond-layers", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "128", "--tp", "2",
                                              "--pp", "64"], 2, ["--pp: PP 64 exceeds the 32 decoder layers"]),

@@ -175,10 +175,12 @@ def target_message(job: ServeJob, rows: list[Row]) -> str:
         )
     if not parts:
         parts.append("the TPOT and TTFT targets together (each alone is reachable, not both with one plan)")
+    quantized = job.weight_dtype.value != "bf16"  # a quantized checkpoint already: no further fix of that kind
     return (
         "no plan meets "
         + " and ".join(parts)
-        + ": nearest fix: relax the target, quantize the weights, or use faster GPUs"
+        + (": nearest fix: relax the target or use faster GPUs" if quantized
+           else ": nearest fix: relax the target, quantize the weights, or use faster GPUs")
     )
 
 
