@@ -395,6 +395,14 @@ CASES = [
     ("serve-tpot-unreachable-fp8", lambda t: ["solve", "llama-3.1-70b", "dgx-h100", "--gpus", "8", "--mode", "serve",
                                               "--tpot-ms", "5", "--weight-dtype", "fp8", *FAST], 1,
      ["no plan meets TPOT <= 5 ms", "nearest fix: relax the target or use faster GPUs"]),
+    # serving pins that cannot fit one engine are bad input (they were exit 1, "no vLLM engine is legal")
+    ("serve-pins-beyond-the-gpus", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                              "--tp", "8", "--pp", "2", *FAST], 2,
+     ["--tp/--pp", "TP 8 x PP 2 = 16 GPUs for one engine, more than the 8 GPUs given"]),
+    # --dp on a dense model counts aggregated replicas: a split came back with it silently ignored
+    ("serve-dp-pin-with-a-split", lambda t: ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", "--mode", "serve",
+                                             "--tp", "2", "--dp", "3", *FAST], 2,
+     ["--dp pins the replicas of an aggregated deployment", "add --disaggregate off"]),
     # more pipeline ranks than layers: evaluate blamed --decoder-first-pipeline-num-layers, never given
     ("evaluate-pp-beyond-layers", lambda t: ["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "128", "--tp", "2",
                                              "--pp", "64"], 2, ["--pp: PP 64 exceeds the 32 decoder layers"]),

@@ -112,6 +112,11 @@ def solve_serve(
             f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
             field="--disaggregate",
         )
+    if pins and "dp" in pins and not model.is_moe and disaggregate != "off":
+        # on a dense model --dp counts aggregated replicas; a split's instance counts are the solver's (it was
+        # silently ignored: --tp 2 --dp 3 on 8 GPUs came back as 1 prefill + 3 decode instances)
+        raise SpecError("--dp pins the replicas of an aggregated deployment; a prefill/decode split's instance counts "
+                        "are the solver's: add --disaggregate off, or drop --dp", field="--dp")
     check_context_len(model, job)  # the plan carries both vLLM's and SGLang's launch lines
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")
