@@ -267,9 +267,10 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             chunks = [costs[i].layer_overlaps for i in range(len(stages)) if i % pp == r]
             steady[r] -= rank_hidden_s(chunks, rank=r, pp=pp, num_microbatches=m) / m
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp, steady_times_s=steady)
-    decoders = [sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop]) for st in stages]
-    if lopsided(decoders, pp=pp, vpp=dims.vpp) and not cfg.moe_a2a_overlap:  # the overlap pairs on the closed form
-        sched = simulated_schedule(sched, chunk_time, pp=pp, vpp=dims.vpp, num_microbatches=m)
+    if dims.vpp > 1 and not cfg.moe_a2a_overlap:  # the overlap pairs on the closed form (pipeline.RANK_CHUNK_SPREAD)
+        decoders = [sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop]) for st in stages]
+        if lopsided(decoders, pp=pp, vpp=dims.vpp):
+            sched = simulated_schedule(sched, chunk_time, pp=pp, vpp=dims.vpp, num_microbatches=m)
 
     # After the pipeline drains: exposed DP traffic and the optimizer step, slowest rank. With it the
     # once-per-step work of the fill: Transformer Engine casts the FP8 weights on each chunk's first
