@@ -78,6 +78,7 @@ from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_f
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
+from autoshard.specs.layers import LayerKind
 from autoshard.specs.loader import FILES_READ, bundled_clusters, bundled_models, load_cluster, load_model
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.prepare import check_precision, resize, train_job
@@ -145,7 +146,8 @@ def write_launch_script(text: str, output: Path) -> None:
 SIZE_FACTS = frozenset({"hidden_size", "ffn_hidden_size", "num_attention_heads", "num_layers"})
 """Architecture facts (`model_shape_differences`) that make a Megatron-LM command's model another model than
 the MODEL named beside it (refused), where the other facts (vocabulary padding, RoPE base, biases) make a
-variant of it (warned)."""
+variant of it (warned). The FFN size counts only for a model with a dense layer: an all-MoE model's
+scripts leave --ffn-hidden-size out (Qwen3-30B-A3B's: Megatron then assumes 4 x hidden, used by no layer)."""
 
 
 def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpus: int | None) -> tuple[Plan, list[str]]:
@@ -158,7 +160,8 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     warnings = list(parsed.warnings)
     if expected is not None:
         differences = model_shape_differences(expected, parsed.model) + rope_differences(expected, parsed.model)
-        size = [d for d in differences if d.split(":", 1)[0] in SIZE_FACTS]
+        dense = any(k is LayerKind.DENSE for k in expected.layer_kinds)  # an all-MoE model runs no --ffn-hidden-size
+        size = [d for d in differences if d.split(":", 1)[0] in SIZE_FACTS - (set() if dense else {"ffn_hidden_size"})]
         if size:  # another model, not a variant of it: the rule for contradictions
             raise SpecError(f"the command trains another model than {expected.name} ({'; '.join(size)}): give the "
                             f"model the command trains as MODEL", source="MODEL/--from-megatron")

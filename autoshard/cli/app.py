@@ -36,6 +36,14 @@ class _StdoutConsole(Console):
         _quiet_stdout()
         raise SystemExit(0)
 
+    def _check_buffer(self) -> None:  # rich handles only BrokenPipeError here: a full device, too
+        try:
+            super()._check_buffer()
+        except OSError as exc:
+            del self._buffer[:]
+            self.quiet = True
+            _stdout_gone(exc)
+
 
 out = _StdoutConsole(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)
@@ -93,10 +101,6 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 _finite_options(kwargs)
                 return fn(*args, **kwargs)
-            except OSError as exc:
-                if exc.filename is not None or exc.errno not in _STDOUT_ERRNOS:
-                    raise  # not the terminal's or the pipe's: a real fault, with its traceback
-                _stdout_gone(exc)
             except AutoshardError as exc:
                 if (kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate") and not JSON_PRINTED
                         and not isinstance(exc, SpecError)):
@@ -104,11 +108,6 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
                 _fail(exc)
 
     return wrapper
-
-
-_STDOUT_ERRNOS = frozenset({errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG})
-"""Errors writing a command's output to stdout (no file name): the reader went away (`| head`), the disk
-or device is full (`> /dev/full`), the descriptor is closed."""
 
 
 def _stdout_gone(exc: OSError) -> None:
@@ -121,6 +120,14 @@ def _stdout_gone(exc: OSError) -> None:
     err.print(f"[bold red]error (bad input):[/bold red] cannot write the output to standard output: "
               f"{escape(exc.strerror or str(exc))}: print to a file or a pipe that reads it", markup=True, highlight=False)
     raise typer.Exit(2)
+
+
+def write_stdout(text: str) -> None:
+    """Write the command's output to stdout; a stdout that cannot take it ends the command (`_stdout_gone`)."""
+    try:
+        sys.stdout.write(text)
+    except OSError as exc:
+        _stdout_gone(exc)
 
 
 def _quiet_stdout() -> None:

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from autoshard import api
 from autoshard.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, Fp8Recipe, MoeDispatcher, write_launch_script
-from autoshard.cli.app import JSON_PRINTED, NOTES, err
+from autoshard.cli.app import JSON_PRINTED, NOTES, err, write_stdout
 from autoshard.errors import SpecError
 
 _ENTRY: dict[str, float] = {}
@@ -128,7 +128,7 @@ def print_json(obj: dict) -> None:
     importer's notes first) under "warnings"."""
     if NOTES and obj.get("schema") == "autoshard.plan/v1":
         obj = {**obj, "warnings": [*NOTES, *(w for w in obj.get("warnings", []) if w not in NOTES)]}
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    write_stdout(json.dumps(obj, indent=2) + "\n")
     JSON_PRINTED.append(True)
 
 
@@ -218,7 +218,7 @@ def _check_manifest_dir(output: Path) -> None:
 def write_script(text: str, output: Path | None, json_out: bool) -> None:
     """The launch script to -o, else to stdout (to stderr under --json: stdout holds the JSON object only)."""
     if output is None:
-        (sys.stderr if json_out else sys.stdout).write(text)
+        sys.stderr.write(text) if json_out else write_stdout(text)
         return
     write_launch_script(text, output)
     err.print(f"wrote {escape(str(output))}", highlight=False)

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autoshard import api
 from autoshard.api import MAX_TOKENS
-from autoshard.cli.app import app, err, guard, out
+from autoshard.cli.app import app, err, flush_stdout, guard, out, write_stdout
 from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt, command_started
 from autoshard.errors import SpecError
 
@@ -100,8 +100,8 @@ def run_study(*, model: str, clusters: list[str], sizes: list[int], tokens: floa
                   markup=False)
         raise SystemExit(130) from None
     if json_out:
-        out.file.write(json.dumps(api.study_json(result, fronts, tpot_ms, written), indent=2) + "\n")
-        out.file.flush()
+        write_stdout(json.dumps(api.study_json(result, fronts, tpot_ms, written), indent=2) + "\n")
+        flush_stdout()
     else:
         api.render_study(result, out)
         if fronts:

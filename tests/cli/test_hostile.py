@@ -733,3 +733,33 @@ def test_a_reader_that_goes_away_ends_the_command_with_exit_0(extra: list[str]) 
         proc.stdout.close()
         assert proc.wait(timeout=120) == 0
         assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
+
+
+def test_an_all_moe_command_without_ffn_hidden_size_is_the_named_model() -> None:
+    """Qwen3-30B-A3B's public launch scripts leave --ffn-hidden-size out (every layer is MoE: Megatron-LM then
+    assumes 4 x hidden, which no layer uses): that difference is a warning, not another model (the
+    MODEL/--from-megatron refusal counts FFN size only for a model with a dense layer)."""
+    cmd = ("torchrun --nproc-per-node 8 --nnodes 4 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
+           "--num-attention-heads 32 --group-query-attention --num-query-groups 4 --kv-channels 128 --seq-length 4096 "
+           "--max-position-embeddings 40960 --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 "
+           "--expert-model-parallel-size 8 --global-batch-size 256 --micro-batch-size 1 --bf16 --swiglu "
+           "--normalization RMSNorm --qk-layernorm --disable-bias-linear --untie-embeddings-and-output-weights "
+           "--moe-grouped-gemm --use-distributed-optimizer --position-embedding-type rope")
+    code, _, stderr = run_cli("evaluate", "qwen3-30b-a3b", "dgx-h100", "--from-megatron", cmd)
+    assert code == 0, stderr
+    assert "the command's model differs from qwen3-30b-a3b: ffn_hidden_size: 6144 vs 5440" in " ".join(stderr.split())
+
+
+def test_a_full_disk_under_a_file_write_is_not_blamed_on_stdout() -> None:
+    """An OSError with no file name (Path.write_text on a full disk raises one) is not reported as stdout's:
+    only the command's own stdout writes (`write_stdout`, the stdout console, the final flush) say that."""
+    import errno
+
+    from autoshard.cli.app import guard
+
+    @guard
+    def writes_a_file() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device"):
+        writes_a_file()

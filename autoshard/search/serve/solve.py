@@ -34,6 +34,7 @@ from autoshard.search.serve.messages import (
 from autoshard.search.serve.model import (
     Pick, ServeModel, build_model, element, exclude, objective_units, product, read_pick, solve_for_plan,
 )
+from autoshard.search.serve.pins import check_serve_pins
 from autoshard.search.serve.result import deep_gemm_warning, disagg_serve_plan, with_choice
 from autoshard.search.serve.space import (
     GPU_MEMORY_UTILIZATION, TIE_SCALE, Row, ServeSpace, enumerate_serve, tabulate,
@@ -108,15 +109,9 @@ def solve_serve(
     deadline = deadline or Deadline(time_limit_s, start=started_at)
     start = time.perf_counter()
     if disaggregate not in DISAGGREGATE:
-        raise SpecError(
-            f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
-            field="--disaggregate",
-        )
-    if pins and "dp" in pins and not model.is_moe and disaggregate != "off":
-        # on a dense model --dp counts aggregated replicas; a split's instance counts are the solver's (it was
-        # silently ignored: --tp 2 --dp 3 on 8 GPUs came back as 1 prefill + 3 decode instances)
-        raise SpecError("--dp pins the replicas of an aggregated deployment; a prefill/decode split's instance counts "
-                        "are the solver's: add --disaggregate off, or drop --dp", field="--dp")
+        raise SpecError(f"disaggregate must be one of {', '.join(DISAGGREGATE)}, got '{disaggregate}'",
+                        field="--disaggregate")
+    check_serve_pins(model, cluster, pins or {}, disaggregate)
     check_context_len(model, job)  # the plan carries both vLLM's and SGLang's launch lines
     if top_k < 1:
         raise SpecError(f"top_k must be at least 1, got {top_k}")

@@ -202,13 +202,6 @@ def enumerate_serve(
     bad = set(pins) - set(PINNABLE)
     if bad:
         raise SpecError(f"cannot pin {sorted(bad)} for serving; pin one of {', '.join(PINNABLE)}")
-    most = max(pool.num_gpus for pool in cluster.pools)
-    need = pins.get("tp", 1) * pins.get("pp", 1)
-    if need > most:  # contradictory pins: bad input, not "no plan"
-        flags = "/".join(f"--{k}" for k in ("tp", "pp") if k in pins)
-        raise SpecError(f"TP {pins.get('tp', 1)} x PP {pins.get('pp', 1)} = {need} GPUs for one engine, more than the "
-                        f"{most} GPUs {'of the largest pool' if len(cluster.pools) > 1 else 'given'}: lower the degrees "
-                        f"or add --gpus", field=flags)
     space = ServeSpace(framework=framework)
     for pi, pool in enumerate(cluster.pools):
         for tp in _tp_choices(pool.node.domain_size):
