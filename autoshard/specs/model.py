@@ -196,6 +196,10 @@ class ModelSpec(FrozenSpec):
         """Every layer in order, embedding and output included."""
         return tuple(g.kind for g in self.layers for _ in range(g.count))
 
+    def decoders_between(self, start: int, stop: int) -> int:
+        """Decoder layers (dense + MoE) among layers [start, stop) of `layer_kinds` (a pipeline chunk's)."""
+        return sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in self.layer_kinds[start:stop])
+
     @cached_property
     def layer_names(self) -> tuple[str, ...]:
         """Stable names: `embedding`, `decoder.0` … `decoder.{L-1}`, `output`."""

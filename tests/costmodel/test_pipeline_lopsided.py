@@ -13,7 +13,7 @@ from autoshard.costmodel.train.step import predict_train
 from autoshard.emit.megatron.layout import parse_layout
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.space import SpaceOptions
-from autoshard.specs import LayerKind, load_cluster, load_model
+from autoshard.specs import load_cluster, load_model
 
 
 def _sim_vs_formula(sizes: list[int], pp: int, vpp: int, m: int) -> tuple[float, float]:
@@ -68,6 +68,5 @@ def test_solve_never_picks_lopsided_chunks() -> None:
                                                              space=SpaceOptions(max_vpp=5)))
     assert any(p.config.dims.vpp > 1 for p in plans)
     for plan in plans:
-        counts = [sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop])
-                  for st in plan.stages]
+        counts = [model.decoders_between(st.start, st.stop) for st in plan.stages]
         assert not lopsided(counts, pp=plan.config.dims.pp, vpp=plan.config.dims.vpp), (plan.config.dims, counts)

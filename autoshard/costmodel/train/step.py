@@ -268,7 +268,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
             steady[r] -= rank_hidden_s(chunks, rank=r, pp=pp, num_microbatches=m) / m
     sched = schedule_time(rank_time, num_microbatches=m, vpp=dims.vpp, steady_times_s=steady)
     if dims.vpp > 1 and not cfg.moe_a2a_overlap:  # the overlap pairs on the closed form (pipeline.RANK_CHUNK_SPREAD)
-        decoders = [sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop]) for st in stages]
+        decoders = [model.decoders_between(st.start, st.stop) for st in stages]
         if lopsided(decoders, pp=pp, vpp=dims.vpp):
             sched = simulated_schedule(sched, chunk_time, pp=pp, vpp=dims.vpp, num_microbatches=m)
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from autoshard.costmodel.train.types import Stage
 from autoshard.errors import SpecError
 from autoshard.specs.base import MAX_LAYERS
-from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["LayoutFlags", "parse_layout", "layout_stages", "predict_layout", "default_stages", "with_block"]
@@ -341,7 +340,6 @@ def with_block(stages: list[Stage], model: ModelSpec, n: int) -> list[Stage]:
         return stages
     out = []
     for s in stages:
-        dec = sum(1 for k in model.layer_kinds[s.start : s.stop] if k in (LayerKind.DENSE, LayerKind.MOE))
-        out.append(dataclasses.replace(s, full_recompute_layers=min(n, dec)))
+        out.append(dataclasses.replace(s, full_recompute_layers=min(n, model.decoders_between(s.start, s.stop))))
     return out
 

@@ -28,7 +28,7 @@ from autoshard.errors import SpecError
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs.base import MAX_LAYERS
 from autoshard.specs.job import Optimizer, Precision
-from autoshard.specs.layers import LayerKind, PositionKind
+from autoshard.specs.layers import PositionKind
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
@@ -203,8 +203,8 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
     recompute, block, modules = facts.recompute(r)
     if stages is not None:
         stages = with_block(stages, model, block)
-    per_chunk = min(sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in model.layer_kinds[st.start:st.stop])
-                    for st in stages) if stages else num_layers // (pp * (vpp or 1))
+    per_chunk = min(model.decoders_between(st.start, st.stop) for st in stages) if stages else \
+        num_layers // (pp * (vpp or 1))
     if block > per_chunk:
         warnings.append(f"--recompute-num-layers {block} is more than the {per_chunk} decoder layers of a pipeline "
                         f"stage: Megatron-LM recomputes all of them (read as {per_chunk})")
