@@ -129,11 +129,15 @@ def _decode_row(model: ModelSpec, pool: PoolSpec, job: ServeJob, e: Engine, plin
 
 def tabulate_disagg(
     model: ModelSpec, cluster: ClusterSpec, job: ServeJob, space: ServeSpace, *, keep_all: bool = False,
-    deadline: Deadline | None = None,
+    deadline: Deadline | None = None, refine_tpot_s: float | None = None,
 ) -> DisaggTables:
     """Prefill and decode rows of every engine in `space`, dominated rows dropped (with a count)
     unless `keep_all` (the Pareto front wants every decode concurrency). Once `deadline` has expired
-    the engines left are not tabulated: they are counted under `TIME_CUT` and in `untabulated`."""
+    the engines left are not tabulated: they are counted under `TIME_CUT` and in `untabulated`.
+    `refine_tpot_s`: a TPOT the decode concurrency is also searched to between the ladder's rungs when the
+    job has none (the Pareto front, which spans all TPOTs, at the plan's target)."""
+    cap = job.tpot_target_s if job.tpot_target_s is not None else refine_tpot_s
+    cap_us = time_to_us(cap) if cap is not None else None
     dropped: Counter[str] = Counter()
     done = 0
     prefill: list[PrefillRow] = []
@@ -189,6 +193,7 @@ def tabulate_disagg(
         for b, drafts in itertools.product(ladder, drafting):
             if (r := row(b, drafts, dropped)) is not None:
                 decode.append(r)
+            if r is not None and (cap_us is None or r.tpot_us <= cap_us):
                 edge[drafts] = [b, 0]
             elif edge[drafts][0] and not edge[drafts][1]:
                 edge[drafts][1] = b
@@ -198,7 +203,8 @@ def tabulate_disagg(
             extra: dict[int, DecodeRow | None] = {}
 
             def kept(b: int, drafts=drafts, extra=extra, row=row) -> bool:
-                return extra.setdefault(b, row(b, drafts, Counter())) is not None
+                r = extra.setdefault(b, row(b, drafts, Counter()))
+                return r is not None and (cap_us is None or r.tpot_us <= cap_us)
 
             if below and above and (b := highest_between(below, above, kept)) is not None:
                 decode.append(extra[b])  # type: ignore[arg-type]

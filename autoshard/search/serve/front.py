@@ -123,8 +123,8 @@ def serve_front(
 ) -> Front:
     """Every deployment's (tokens/s per GPU, tokens/s per user) and their Pareto front, priced for
     `framework` ("vllm" or "sglang"). The front spans all TPOTs: the job's TPOT target only adds, per
-    aggregated engine, the point at the highest concurrency that meets it (the solver's, between two
-    ladder rungs); its TTFT target filters points. With `deadline` (or `time_limit_s`, counted from `started_at`, a
+    aggregated engine and per decode instance, the point at the highest concurrency that meets it (the
+    solver's, between two ladder rungs); its TTFT target filters points. With `deadline` (or `time_limit_s`, counted from `started_at`, a
     `time.monotonic()` value) the engines left when it expires are not evaluated: the front returned is
     partial and says so (`Front.complete` false)."""
     if deadline is None:
@@ -182,7 +182,8 @@ def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[
     tabulated ones whose decode rows were all paired before `deadline`)."""
     from autoshard.costmodel.serve.disagg import disagg_ttft_s, kv_link, kv_transfer
 
-    tables = tabulate_disagg(model, cluster, free, space, keep_all=True, deadline=deadline)
+    tables = tabulate_disagg(model, cluster, free, space, keep_all=True, deadline=deadline,
+                             refine_tpot_s=job.tpot_target_s)
     out: list[FrontPoint] = []
     unpaired: set[int] = set()  # indices in space.engines of engines with a decode row never paired
     index = {id(e): i for i, e in enumerate(space.engines)}
