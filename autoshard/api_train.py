@@ -92,7 +92,11 @@ def overflow_messages(plan: Plan) -> list[str]:
     does not already use."""
     pred = plan.prediction
     dims = plan.config.dims
-    fixes = [] if plan.config.recompute.value == "full" else ["--recompute full"]
+    over = [(r, m, c) for r, (m, c) in enumerate(zip(pred.rank_memory_bytes, pred.rank_capacity_bytes, strict=True)) if m > c]
+    # full recompute frees at most the activations: named only where that could cover the overflow (405B on 8
+    # A100-40GB is 882 GiB over, nearly all model state, and was told to try --recompute full)
+    worst = max((m - c for _, m, c in over), default=0.0)
+    fixes = [] if plan.config.recompute.value == "full" or pred.memory.activations < worst else ["--recompute full"]
     if dims.dp > 1:  # PP from data-parallel replicas; without any, more PP needs more GPUs
         fixes.append("more PP")
     if dims.dp * dims.cp > 1:  # the optimizer state shards over DP x CP: nothing to shard over one replica
@@ -102,7 +106,6 @@ def overflow_messages(plan: Plan) -> list[str]:
             fixes.append("Megatron-FSDP (--zero-stage 3)")
     fixes.append("more GPUs (--gpus)")
     tries = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
-    over = [(r, m, c) for r, (m, c) in enumerate(zip(pred.rank_memory_bytes, pred.rank_capacity_bytes, strict=True)) if m > c]
     return [f"pipeline rank {r} needs {m / GIB:.1f} GiB per GPU, has {c / GIB:.1f} GiB (over by {(m - c) / GIB:.1f} GiB); "
             f"try {tries}" for r, m, c in over]
 
