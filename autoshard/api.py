@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ __all__ = ["train_job", "solve", "evaluate", "even_stages", "megatron_layout", "
            "evaluate_serve_command", "ServeSolution", "plan_serving", "serve_front", "FRONT_SHARE", "serve_launch_script",
            "write_k8s_manifests", "train_pins", "recompute_modules", "layout_flags", "solver_options",
            "memory_headroom", "overflow_messages", "megatron_script", "megatron_notes", "load", "write_launch_script",
-           "evaluate_megatron", "compare_megatron", "MegatronComparison", "solve_with_layout", "Recompute",
+           "check_script_path", "evaluate_megatron", "compare_megatron", "MegatronComparison", "solve_with_layout", "Recompute",
            "MoeDispatcher", "Fp8Recipe", "MAX_CONTEXT", "MAX_GLOBAL_BATCH", "MAX_GPUS", "MAX_LAYERS", "MAX_SEQ_LEN",
            "MAX_TOKENS", "bundled_models", "bundled_clusters", "load_model", "load_cluster", "DEFAULT_ENGINE",
            "ENGINE_NAMES"]
@@ -125,17 +126,24 @@ def load(model_ref: str, cluster_ref: str, gpus: int | None = None) -> tuple[Mod
     return load_model(model_ref), resize(load_cluster(cluster_ref), gpus)
 
 
-def write_launch_script(text: str, output: Path) -> None:
-    """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written, when
-    it is something other than a regular file (a device, a FIFO: a script is a file, and making one
-    executable would change a device's permissions) or when it is a model or cluster file the command read."""
+def check_script_path(output: Path, inputs: Iterable[Path]) -> None:
+    """SpecError naming -o when `output` is something other than a regular file (a device, a FIFO: a script
+    is a file, and making one executable would change a device's permissions) or one of `inputs`, the
+    command's model and cluster files. `cli.options.check_output` asks before solving, `write_launch_script`
+    again when it writes (against every file read)."""
     where = str(output)[:120]
+    if output.exists() and not output.is_file():
+        raise SpecError(f"{where} exists and is not a regular file: give a file path for the script", source="-o")
+    if output.resolve() in {i.resolve() for i in inputs}:
+        raise SpecError(f"{where} is an input of this command: writing the script there would overwrite it: "
+                        f"give another path", source="-o")
+
+
+def write_launch_script(text: str, output: Path) -> None:
+    """Write a launch script to `output`, executable; SpecError naming -o when it cannot be written or
+    `check_script_path` refuses it (against every model or cluster file the command read)."""
     try:
-        if output.exists() and not output.is_file():
-            raise SpecError(f"{where} exists and is not a regular file: give a file path for the script", source="-o")
-        if output.resolve() in FILES_READ:
-            raise SpecError(f"{where} is an input of this command: writing the script there would overwrite it: "
-                            f"give another path", source="-o")
+        check_script_path(output, FILES_READ)
         output.parent.mkdir(parents=True, exist_ok=True)  # as --out and --emit k8s -o DIR create theirs
         output.write_text(text)
         output.chmod(0o755)

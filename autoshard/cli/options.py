@@ -188,11 +188,7 @@ def check_output(output: Path | None, emit: Target | None, inputs: tuple[str | N
     try:
         if output.is_dir():
             raise SpecError(f"{where} is a directory: give a file name, e.g. {output / 'launch.sh'}", source="-o")
-        if output.exists() and not output.is_file():
-            raise SpecError(f"{where} exists and is not a regular file: give a file path for the script", source="-o")
-        if any(ref and Path(ref).is_file() and Path(ref).resolve() == output.resolve() for ref in inputs):
-            raise SpecError(f"{where} is an input of this command: writing the script there would overwrite it: "
-                            f"give another path", source="-o")
+        api.check_script_path(output, [Path(ref) for ref in inputs if ref and Path(ref).is_file()])
         api.check_output_dir(output.parent, "-o", "the launch script's directory")
         if output.exists() and not os.access(output, os.W_OK):
             raise SpecError(f"{where} is not writable: choose a path you can write to", source="-o")

@@ -16,8 +16,8 @@ from autoshard.search.deadline import Deadline
 from autoshard.specs.job import ServeJob
 from autoshard.units import time_to_us
 
-__all__ = ["bisect_ladder", "highest_between", "meets_targets", "best_row", "row_objective", "time_cut", "may_stop", "ROWS_TIME_CUT",
-           "ENUM_TIME_CUT"]
+__all__ = ["bisect_ladder", "highest_between", "meets_targets", "best_row", "row_objective", "time_cut", "may_stop",
+           "ROWS_TIME_CUT", "ENUM_TIME_CUT"]
 
 ROWS_TIME_CUT = "time limit: engines not tabulated as aggregated replicas (no bound on them)"
 """The `pruned` reason of the engines the aggregated rows never reached: their share of the command's
