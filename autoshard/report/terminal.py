@@ -157,14 +157,7 @@ def schedule_text(plan: Plan, *, width: int = 100) -> Text:
     step = m * max(times) + (sum(times) - max(times)) / vpp
     idle = [1 - m * t / step for t in times]
     # numbered bands while the chart stays within about 40 rows; beyond, one scaled-down band
-    try:
-        chart = draw_schedule(fwd, bwd, pp=pp, vpp=vpp, m=m, width=width, idle=idle,
-                              max_bands=max(1, min(6, 40 // pp)))
-    except RuntimeError:  # an interleaved order this simulator does not reproduce (m not a multiple of PP)
-        text = (f"The interleaved schedule of {m} micro-batches on PP {pp} x VPP {vpp} is not drawn: {m} is not a "
-                f"multiple of PP and Megatron-LM's order for that case is not simulated here. The bubble the cost "
-                f"model charges:")
-        return Text("\n".join([_wrap(text, width, "  ")] + [_wrap(b, width, "  ") for b in bubble_lines(plan)]))
+    chart = draw_schedule(fwd, bwd, pp=pp, vpp=vpp, m=m, width=width, idle=idle, max_bands=max(1, min(6, 40 // pp)))
     kind = f"interleaved 1F1B, PP {pp} x VPP {vpp}" if vpp > 1 else f"1F1B, PP {pp}"
     head = [f"Pipeline schedule ({kind}, {m} micro-batches, numbered from 1)"]
     legend = "12 = forward of micro-batch 12, b12=== = its backward, . = idle"

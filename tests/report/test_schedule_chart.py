@@ -121,35 +121,6 @@ def test_no_pipeline_says_so(plan_7b_one_gpu):
     assert "no pipeline bubble" in schedule_chart(plan_7b_one_gpu, width=80)
 
 
-def test_interleaved_orders_with_a_short_last_group():
-    """m not a multiple of PP: the last group of micro-batches is smaller (Megatron-Core's grouping);
-    every micro-batch still runs forward and backward through every chunk on every rank."""
-    from autoshard.report.gantt import simulate
-
-    for p, v, m in [(4, 2, 6), (3, 2, 5), (2, 3, 7), (4, 2, 66)]:
-        ops = simulate([1.0 / v] * (p * v), [2.0 / v] * (p * v), pp=p, vpp=v, m=m)
-        assert sorted((o.rank, o.kind, o.microbatch, o.chunk) for o in ops) == sorted(
-            (r, k, mb, c) for r in range(p) for k in "FB" for mb in range(m) for c in range(v))
-
-
-def test_an_order_that_cannot_be_simulated_says_so(plan_70b, monkeypatch):
-    """8 x 4 chunks and 36 micro-batches deadlock the simulator; the report says so, without a
-    traceback, and still prints the cost model's bubble."""
-    import autoshard.report.terminal as terminal
-
-    with pytest.raises(RuntimeError):
-        draw_schedule([1.0] * 32, [2.0] * 32, pp=8, vpp=4, m=36, width=80)
-
-    def deadlock(*args, **kwargs):
-        raise RuntimeError("pipeline schedule deadlocked (inconsistent order)")
-
-    monkeypatch.setattr(terminal, "draw_schedule", deadlock)
-    text = schedule_chart(plan_70b, width=80)
-    flat = " ".join(text.split())
-    assert "is not drawn" in flat and "bubble (cost model)" in flat
-    assert all(len(line) <= 80 for line in text.splitlines())
-
-
 def test_interleaved_chunks_carry_their_chunk_index(plan_70b):
     """The second chunk's operations are styled (a colour terminal shades them like the textbook
     figure); styles fall on operations only, never on idle dots or the frame."""

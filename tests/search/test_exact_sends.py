@@ -39,7 +39,7 @@ def _cluster(inter_gbps: float, pools: int = 3) -> ClusterSpec:
 def _tables(inter_gbps: float, min_pp: int = 2, pools: int = 3):
     model = tiny_model(layers=6, hidden=2048, heads=16, kv=4)
     cluster = _cluster(inter_gbps, pools)
-    job = TrainJob(seq_len=2048, global_batch_size=16)
+    job = TrainJob(seq_len=2048, global_batch_size=24)
     space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
     pool_gpus = [p.num_gpus for p in cluster.pools]
     for cfg in space.candidates:

@@ -15,7 +15,8 @@ from autoshard.specs import load_cluster, load_model
 def test_uniform_recompute_incumbent_fits_the_tight_pool():
     model = load_model("llama-3.1-70b")
     cluster = load_cluster("mixed-3pool")
-    space = enumerate_train(model, cluster, train_job(model), pins=Pins(tp=4, pp=6, vpp=4))
+    # 1,536 sequences: a multiple of PP 6 micro-batches per DP rank, as the interleaved schedule needs
+    space = enumerate_train(model, cluster, train_job(model, global_batch_size=1536), pins=Pins(tp=4, pp=6, vpp=4))
     pool_gpus = [p.num_gpus for p in cluster.pools]
     hits = recomputed = 0
     for cfg in space.candidates[:12]:

@@ -33,7 +33,7 @@ CASES = {  # name: (model, cluster, sequence length)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_memory_aware_quick_bound_against_brute_force(case):
     model, cluster, seq = CASES[case]
-    job = TrainJob(seq_len=seq, global_batch_size=16)
+    job = TrainJob(seq_len=seq, global_batch_size=24)
     space = enumerate_train(model, cluster, job, options=SpaceOptions(max_micro_batch=2, max_vpp=2, max_cp=1))
     pool_gpus = [p.num_gpus for p in cluster.pools]
     checked = dropped = higher = 0

@@ -94,9 +94,9 @@ class Op:
 def _order(rank: int, pp: int, vpp: int, m: int) -> list[tuple[str, int, int]]:
     """Megatron's per-rank sequence of (kind, microbatch, chunk)."""
     total = m * vpp
-    # interleaved: groups of PP micro-batches run through chunk 0, then chunk 1, ...; a last group
-    # smaller than PP (m not a multiple of PP, Megatron-Core's microbatch_group_size_per_vp_stage)
-    # does the same with fewer micro-batches
+    # interleaved: groups of PP micro-batches (Megatron-Core's microbatch_group_size_per_vp_stage
+    # default) run through chunk 0, then chunk 1, ...; Megatron-Core refuses a last group smaller than
+    # PP, and so does TrainConfig, so m is a multiple of PP here
     seq = [(mb, c) for g in range(0, m, pp) for c in range(vpp) for mb in range(g, min(g + pp, m))]
 
     def fwd(i: int) -> tuple[int, int]:
@@ -170,11 +170,11 @@ def simulated_schedule(closed: ScheduleTime, chunk_time_s: Sequence[float], *, p
     """The schedule of an interleaved layout whose ranks hold chunks more than RANK_CHUNK_SPREAD layers
     apart (`lopsided`), which the closed form `closed` prices as equal shares: the event simulation of
     Megatron's order over each chunk's time with its sends (a third forward, two thirds backward, as
-    the schedule chart draws it), the makespan beyond the busy time charged as bubble. The closed form
-    where the simulation does not reproduce Megatron's order (RuntimeError: some micro-batch counts not a
-    multiple of PP deadlock it) or comes out no longer. Known gap, not priced: with the micro-batches not
-    a multiple of PP, Megatron-Core's interleaved order leaves holes the closed form misses (8-32 % of the
-    step in the simulation even with equal chunks); README "Limits worth knowing"."""
+    the schedule chart draws it), the makespan beyond the busy time charged as bubble; the closed form
+    where the simulation comes out no longer. With equal chunks and a multiple of PP micro-batches (all
+    TrainConfig admits under interleaving, as Megatron-Core does) the simulation is the closed form
+    exactly (tests/costmodel/test_interleaved_microbatches.py); the RuntimeError fallback guards an order
+    this simulator cannot run (some counts Megatron-Core refuses deadlock it)."""
     try:
         ops = simulate([t / 3 for t in chunk_time_s], [2 * t / 3 for t in chunk_time_s], pp=pp, vpp=vpp,
                        m=num_microbatches)

@@ -96,6 +96,17 @@ class TrainConfig:
                 f"global batch {self.global_batch_size} is not a multiple of micro-batch x DP = "
                 f"{self.micro_batch_size} x {self.dims.dp} = {per_step}"
             )
+        m, pp = self.global_batch_size // per_step, self.dims.pp
+        if self.dims.vpp > 1 and m % pp:
+            # Megatron-Core's interleaved schedule runs micro-batches through each model chunk in groups
+            # of PP (microbatch_group_size_per_vp_stage's default) and raises on fewer than PP or a last
+            # group smaller than PP ("dependency bubbles", schedules.py since 2024-11; earlier
+            # versions asserted m % PP == 0 outright)
+            raise ValueError(
+                f"the interleaved pipeline (VPP {self.dims.vpp}) needs the micro-batches per DP rank to be a "
+                f"multiple of PP {pp}, got {m} (global batch {self.global_batch_size} / (micro-batch "
+                f"{self.micro_batch_size} x DP {self.dims.dp})); Megatron-Core refuses the rest"
+            )
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.fp8_attention and not (self.precision.quantized and self.flash_attention):

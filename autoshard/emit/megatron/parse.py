@@ -200,6 +200,12 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         raise SpecError(f"the command describes an impossible model: {problems}", source=source) from None
     vpp = facts.vpp(r, num_layers, pp)
     stages, vpp = facts.layout(r, model, pp, vpp or 1)
+    group = r.int("--microbatch-group-size-per-virtual-pipeline-stage")
+    if group is not None and (vpp or 1) > 1 and group != pp:
+        raise SpecError(
+            f"--microbatch-group-size-per-virtual-pipeline-stage {group} is not modelled: autoshard prices the "
+            f"interleaved schedule with Megatron's default group of PP = {pp} micro-batches; drop the flag to "
+            "compare that schedule", source=source)
     recompute, block, modules = facts.recompute(r)
     if stages is not None:
         stages = with_block(stages, model, block)

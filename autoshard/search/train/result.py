@@ -59,8 +59,8 @@ def _layout_fixes(model: ModelSpec, cluster: ClusterSpec) -> tuple[tuple[str, tu
         ("CP shard shorter than", ("cp",), "a longer --seq-len or a smaller --cp (a CP rank needs at least 512 tokens)"),
         ("sequence length not divisible by 2*CP", ("cp",), "a --seq-len divisible by 2 x CP"),
         ("global batch not divisible", ("mbs", "dp"), "a global batch divisible by more micro-batch x DP sizes"),
-        ("interleaving needs at least PP micro-batches", ("vpp",), "a larger --global-batch-size or no --vpp "
-                                                                   "(interleaving needs at least PP micro-batches)"),
+        ("interleaving needs a multiple of PP micro-batches", ("vpp",),
+         "a --global-batch-size giving a multiple of PP micro-batches per DP rank, or no --vpp"),
         ("interleaving needs PP > 1", ("vpp",), "--pp 2 or more with --vpp"),
         ("ZeRO needs data parallelism", ("zero_stage",), "DP > 1 for ZeRO (fewer model-parallel GPUs) or --zero-stage 0"),
         ("ETP x EP does not divide", ("ep", "etp"), "an expert grid ETP x EP dividing TP x CP x DP (e.g. --etp 1)"),

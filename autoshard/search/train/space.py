@@ -375,8 +375,8 @@ def _add_batch_variants(
             space.prune("global batch not divisible by micro-batch x DP")
             continue
         m = gbs // (mbs * dims.dp)
-        if dims.vpp > 1 and m < dims.pp:
-            space.prune("interleaving needs at least PP micro-batches")
+        if dims.vpp > 1 and m % dims.pp:  # Megatron-Core refuses it (TrainConfig)
+            space.prune("interleaving needs a multiple of PP micro-batches")
             continue
         for rc in recomputes:
             for zero in zeros:
