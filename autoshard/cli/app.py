@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import sys
 import warnings
@@ -99,7 +98,6 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             warnings.simplefilter("default", UserWarning)  # each note once, whatever the caller's filters
             warnings.showwarning = _show_warning
             try:
-                _finite_options(kwargs)
                 return fn(*args, **kwargs)
             except AutoshardError as exc:
                 if (kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate") and not JSON_PRINTED
@@ -151,13 +149,6 @@ def flush_stdout() -> None:
             _stdout_gone(exc)
         except typer.Exit as done:
             raise SystemExit(done.exit_code) from None
-
-
-def _finite_options(kwargs: dict[str, Any]) -> None:
-    """NaN and infinities pass click's range checks (every comparison with NaN is false): refuse them."""
-    for name, value in kwargs.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SpecError(f"{value} is not a finite number: give a number", source="--" + name.replace("_", "-"))
 
 
 def _version(value: bool) -> None:

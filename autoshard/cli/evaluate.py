@@ -15,6 +15,7 @@ from autoshard.cli.options import (
     AcctEmbOpt,
     AcctLossOpt,
     command_started,
+    float_option,
     given_plan_knob,
     CpOpt,
     DispatcherOpt,
@@ -77,7 +78,7 @@ def evaluate(
     concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Serve: requests in flight over the deployment (default: as many as max-num-seqs and the KV cache allow).")] = None,
     json_out: JsonOpt = False,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Draw the pipeline schedule.")] = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Solver limit when knobs are left out.")] = 30.0,
+    time_limit: Annotated[float, float_option("--time-limit", lo=0.5, hi=86400, help="Solver limit when knobs are left out.")] = 30.0,
     workers: Annotated[int, typer.Option("--workers", min=1, max=256)] = 8,
 ) -> None:
     """Predict speed and memory of a plan you already have. Knobs left out are filled in by the solver."""

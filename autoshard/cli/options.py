@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -90,6 +91,25 @@ class RecomputeOpt(StrEnum):
 
 
 # ----------------------------------------------------------------------------- shared option types
+
+def float_option(*names: str, lo: float, hi: float, help: str, **kwargs: Any) -> Any:
+    """A float option in [lo, hi]. typer's own min/max compare, and every comparison with NaN is false, so
+    `--time-limit nan` was refused as "should be less than or equal to 86400"; this parser names a NaN or
+    an infinity as such, and a number out of range with the range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"'{text}' is not a number: give one from {lo:g} to {hi:g}") from None
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{text} is not a finite number: give one from {lo:g} to {hi:g}")
+        if not lo <= value <= hi:
+            raise typer.BadParameter(f"{text} is out of range: give a number from {lo:g} to {hi:g}")
+        return value
+
+    return typer.Option(*names, parser=parse, metavar="<float>", help=f"{help} [{lo:g}<=x<={hi:g}]", **kwargs)
+
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help="Use this many GPUs (resizes a homogeneous cluster).")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Training sequence length (default: the model's training: section, else 4096).")]

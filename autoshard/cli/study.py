@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoshard import api
 from autoshard.api import MAX_TOKENS
 from autoshard.cli.app import app, err, flush_stdout, guard, out, write_stdout
-from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt, command_started
+from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt, command_started, float_option
 from autoshard.errors import SpecError
 
 FRONT_SHARE_OF_STUDY = 0.4
@@ -29,9 +29,9 @@ def study(
     model: Annotated[str, typer.Argument(help="Model: bundled name, YAML path, or config.json.")],
     cluster: Annotated[list[str], typer.Option("--cluster", help="Cluster kind to compare (repeat).")],
     gpus: Annotated[str, typer.Option("--gpus", help="Comma-separated GPU counts, e.g. 64,128,256.")],
-    tokens: Annotated[float | None, typer.Option("--tokens", min=1, max=MAX_TOKENS, help="Training tokens (default: the model's training: tokens).")] = None,
-    deadline_days: Annotated[float | None, typer.Option("--deadline-days", min=0.001, max=1e7, help="Finish within this many days.")] = None,
-    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=1, max=1e12, help="Spend at most this many dollars.")] = None,
+    tokens: Annotated[float | None, float_option("--tokens", lo=1, hi=MAX_TOKENS, help="Training tokens (default: the model's training: tokens).")] = None,
+    deadline_days: Annotated[float | None, float_option("--deadline-days", lo=0.001, hi=1e7, help="Finish within this many days.")] = None,
+    budget_usd: Annotated[float | None, float_option("--budget-usd", lo=1, hi=1e12, help="Spend at most this many dollars.")] = None,
     price: Annotated[list[str] | None, typer.Option("--price", help="Override a price: CLUSTER=USD_PER_GPU_HOUR (repeat).")] = None,
     mode: Annotated[Mode, typer.Option("--mode", help="train or serve.")] = Mode.TRAIN,
     seq_len: SeqOpt = None,
@@ -39,11 +39,11 @@ def study(
     precision: Annotated[str | None, typer.Option("--precision", help="Train: bf16, fp8 or fp4. Serve: the weights, bf16, fp8, int8, int4, nvfp4 or mxfp4 (default: the model's serving precision).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
     json_out: JsonOpt = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.5, max=86400, help="Time limit for the whole study, start-up included: its sizes share it (each size at least 0.5 s); serving studies give 40 %% of it to the Pareto fronts.")] = 60.0,
+    time_limit: Annotated[float, float_option("--time-limit", lo=0.5, hi=86400, help="Time limit for the whole study, start-up included: its sizes share it (each size at least 0.5 s); serving studies give 40 %% of it to the Pareto fronts.")] = 60.0,
     jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
-    request_rate: Annotated[float | None, typer.Option("--request-rate", min=0.0001, max=1e6, help="Serve: requests/s to sustain.")] = None,
-    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", min=0.001, max=3.6e6, help="Serve: time per output token target (ms).")] = None,
-    ttft_s: Annotated[float | None, typer.Option("--ttft-s", min=0.001, max=86400, help="Serve: time to first token target (s).")] = None,
+    request_rate: Annotated[float | None, float_option("--request-rate", lo=0.0001, hi=1e6, help="Serve: requests/s to sustain.")] = None,
+    tpot_ms: Annotated[float | None, float_option("--tpot-ms", lo=0.001, hi=3.6e6, help="Serve: time per output token target (ms).")] = None,
+    ttft_s: Annotated[float | None, float_option("--ttft-s", lo=0.001, hi=86400, help="Serve: time to first token target (s).")] = None,
 ) -> None:
     """Pre-provisioning cost study: the best plan per cluster kind and size, time and dollars."""
     sizes = parse_sizes(gpus)

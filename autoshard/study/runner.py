@@ -6,6 +6,7 @@ worker when it starts. `autoshard.study.run` assembles the results.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -46,8 +47,12 @@ def _plan_summary(plan: Any) -> str:
     return text
 
 
-def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | None, str | None]:
-    """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None)."""
+def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> tuple[str, int, dict[str, Any] | None,
+                                                                                 str | None]:
+    """(cluster key, GPUs, figures of the best plan or None, reason it was skipped or None). `time_limit_s`:
+    this size's limit, counted from now (default: the one every worker was started with)."""
+    started_at = time.monotonic()
+    limit = _WORKER["time_limit_s"] if time_limit_s is None else time_limit_s
     from autoshard.costmodel.bands import band_of
     from autoshard.costmodel.sanity import sanity_for
     from autoshard.search.train.options import SolverOptions
@@ -60,7 +65,7 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
         if isinstance(job, ServeJob):
             from autoshard.search.serve.solve import solve_serve
 
-            sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=_WORKER["time_limit_s"],
+            sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=limit - (time.monotonic() - started_at),
                              num_workers=1, seed=0, disaggregate="auto")[0]
             p = sp.prediction
             return key, num_gpus, {
@@ -69,7 +74,7 @@ def _solve_task(key: str, num_gpus: int) -> tuple[str, int, dict[str, Any] | Non
                 "meets_targets": sp.meets_targets(), "throughput_band": band_of(sp).tokens_per_s,
                 "band_basis": band_of(sp).basis,
             }, None
-        options = SolverOptions(num_workers=1, time_limit_s=_WORKER["time_limit_s"],
+        options = SolverOptions(num_workers=1, time_limit_s=limit, started_at=started_at,
                                 relative_gap=_WORKER["relative_gap"])
         check_precision(cluster, job.precision)
         plan = solve_train(model, cluster, job, options=options)[0]  # band_of: the band api.solve would attach
@@ -99,35 +104,71 @@ def _sized(spec: ClusterSpec, num_gpus: int) -> ClusterSpec:
     return spec if num_gpus == spec.num_gpus else spec.with_gpus(num_gpus)
 
 
-def _run_tasks(tasks: list[tuple[str, int]], init_args: tuple, jobs: int,
-               progress: ProgressFn | None) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+TIME_OUT_REASON = "not solved: the study's --time-limit ran out before this size's turn (raise --time-limit)"
+
+
+def _task_limit(cap: float, end: float | None, waiting: int, workers: int) -> float | None:
+    """The limit of the next size to start: `cap` (the even share), less where the sizes before it ran
+    over, so that the `waiting` sizes not yet started, ceil(waiting / workers) rounds of them, end by
+    `end` (a time.monotonic() value); None when the study's time is spent."""
+    if end is None:
+        return cap
+    left = (end - time.monotonic()) / -(-waiting // workers)
+    return None if left < MIN_TASK_S else min(cap, left)
+
+
+MIN_TASK_S = 0.1
+"""A size whose turn comes with less than this left of the study is not started (it could not finish
+before the study's end, and its solve's first-plan grace would only push the study past it)."""
+
+
+def _run_tasks(tasks: list[tuple[str, int]], init_args: tuple, jobs: int, progress: ProgressFn | None,
+               end: float | None = None) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+    """Solve the sizes on `jobs` processes, each size within its `_task_limit`: the sizes start as
+    workers free up, so time one size overran comes off the later ones, not off the study's end."""
     results = []
     # the largest sizes take longest: start them first so no worker is left with one at the end
-    ordered = sorted(tasks, key=lambda t: -t[1])
-    if jobs <= 1 or len(tasks) <= 1:
+    queue = sorted(tasks, key=lambda t: -t[1])
+    cap = init_args[3]
+    workers = min(jobs, len(tasks)) if jobs > 1 and len(tasks) > 1 else 1
+
+    def start(run: Callable[..., Any]) -> Any:
+        key, n = queue.pop(0)
+        limit = _task_limit(cap, end, len(queue) + 1, workers)
+        return (key, n, None, TIME_OUT_REASON) if limit is None else run(_solve_task, key, n, limit)
+
+    def report(result: tuple) -> None:
+        results.append(result)
+        if progress:
+            progress(len(results), len(tasks), f"{result[0]} x {result[1]}")
+
+    if workers == 1:
         _init_worker(*init_args)
         if progress:
             progress(0, len(tasks), "")
         try:
-            for i, (key, n) in enumerate(ordered):
-                results.append(_solve_task(key, n))
-                if progress:
-                    progress(i + 1, len(tasks), f"{key} x {n}")
+            while queue:
+                report(start(lambda f, *a: f(*a)))
         finally:
             _WORKER.clear()
         return results
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_init_worker, initargs=init_args)
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=init_args)
     try:
-        pending: set[Future] = {pool.submit(_solve_task, key, n) for key, n in ordered}
+        pending: set[Future] = set()
         if progress:
             progress(0, len(tasks), "")
-        while pending:
+        while queue or pending:
+            while queue and len(pending) < workers:
+                got = start(pool.submit)
+                if isinstance(got, Future):
+                    pending.add(got)
+                else:
+                    report(got)
+            if not pending:
+                continue
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                results.append(fut.result())
-                if progress:
-                    key, n = results[-1][:2]
-                    progress(len(results), len(tasks), f"{key} x {n}")
+                report(fut.result())
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a bug: do not wait for the queue
         raise

@@ -300,3 +300,41 @@ def test_a_study_limit_too_short_for_its_sizes_is_refused():
                                       "--gpus", "8,16,32,64,128,256", "--time-limit", "1", "--jobs", "1"])
     assert result.exit_code == 2
     assert "--time-limit: 12 sizes on 1 parallel process(es) need at least 0.5 s each, 6 s of solving" in result.output
+
+
+def test_time_a_size_overran_comes_off_the_later_sizes(monkeypatch):
+    """Each size starts with the study's time left over the rounds still to run (never more than the even
+    share): a solve that overruns its limit (the first-plan grace, the float re-check) shortens the sizes
+    after it instead of pushing the study's end; a size whose turn comes with under MIN_TASK_S left is not
+    started, and says why. It used to submit every size with the even share: 32 sizes at 10 s ran 13.5 s."""
+    import autoshard.study.runner as runner
+
+    clock = [100.0]
+    given: list[float] = []
+    overrun = [0.5]
+
+    def fake_solve(key, n, limit):
+        given.append(limit)
+        clock[0] += limit + overrun[0]  # every solve overruns its limit
+        return key, n, {"ok": True}, None
+
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runner, "_solve_task", fake_solve)
+    tasks = [("c", n) for n in (1, 2, 3, 4, 5, 6)]
+    init = (None, None, None, 2.0, 0.0)  # the even share: 12 s over 6 sizes on one process
+    found = runner._run_tasks(tasks, init, 1, None, end=112.0)
+    assert given[0] == pytest.approx(2.0)  # on time: the even share
+    assert given[1] == pytest.approx(9.5 / 5)  # 2.5 s spent: the 9.5 s left over the 5 sizes to go
+    assert all(b < a for a, b in zip(given, given[1:]))
+    assert clock[0] <= 112.0 + 0.5  # only the last size's own overrun is past the end
+    assert [r[3] for r in found].count(None) == len(given) == 6
+
+    clock[0], overrun[0] = 100.0, 2.0
+    given.clear()
+    found = runner._run_tasks(tasks, (None, None, None, 4.0, 0.0), 1, None, end=108.0)  # 2 s overruns
+    skipped = [r for r in found if r[3] == runner.TIME_OUT_REASON]
+    assert given == pytest.approx([8 / 6, (8 - 8 / 6 - 2) / 5, 0.4333333333], abs=1e-6)
+    assert len(skipped) == 3 and "raise --time-limit" in runner.TIME_OUT_REASON
+    assert clock[0] <= 108.0 + 2.0 and all(g >= runner.MIN_TASK_S for g in given)
+    # the largest sizes go first, so the ones left out are the smallest
+    assert sorted(r[1] for r in skipped) == sorted(n for _, n in tasks)[:len(skipped)]
