@@ -6,14 +6,16 @@ their launchers: `autoshard.emit.vllm.parse`, `autoshard.emit.sglang.parse`.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoshard.errors import SpecError
 from autoshard.specs.job import ServeJob, WeightDtype
 
-__all__ = ["ParsedServe", "weight_dtype_of", "kv_cache_dtype_of", "is_option", "to_int", "split_command",
+__all__ = ["ParsedServe", "misspelling_of", "weight_dtype_of", "kv_cache_dtype_of", "is_option", "to_int", "split_command",
            "ENV_WORD", "FP8", "INT8", "INT4", "NVFP4", "MXFP4", "OTHER_QUANT", "KV_BF16", "KV_FP8"]
 
 ENV_WORD = re.compile(r"^[A-Za-z_]\w*=")
@@ -191,3 +193,27 @@ def split_command(command: str) -> list[str]:
         raise SpecError(
             f"cannot split the command line ({exc}): check its quotes", field="--from-vllm"
         ) from None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether `a` becomes `b` by one letter changed, added or dropped, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    i = next((k for k in range(len(short)) if short[k] != long[k]), len(short))
+    return short[i:] == long[i + 1:]
+
+
+def misspelling_of(name: str, known: Iterable[str], cutoff: float) -> str | None:
+    """The known flag `name` misspells, if any: one edit away (`--tp-sise`: difflib's ratio is only 0.89 on
+    names this short) or at least `cutoff` alike by difflib's ratio (`--tensor-paralel-size`)."""
+    names = sorted(known)
+    edits = [k for k in names if _one_edit(name, k)]
+    if edits:
+        return edits[0]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+    return close[0] if close else None

@@ -4,15 +4,20 @@ describes, in vLLM's terms (`ParsedServe`); see `parse_sglang` for how SGLang's 
 
 from __future__ import annotations
 
+import difflib
+
 from autoshard.emit.serve_args import (
     ENV_WORD,
     ParsedServe,
     is_option,
     kv_cache_dtype_of,
+    misspelling_of,
     split_command,
     to_int,
     weight_dtype_of,
 )
+from autoshard.emit.sglang.flags import ALIASES, KNOWN, MULTI_VALUE, NEGATIONS, NO_VALUE, OPTIONAL_VALUE, \
+    SGLANG_FLAGS_VERSION
 from autoshard.errors import SpecError
 
 __all__ = ["parse_sglang", "SGLANG_VERSION"]
@@ -45,6 +50,61 @@ _SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--tru
                               "--disable-cuda-graph", "--enable-torch-compile", "--disable-radix-cache",
                               "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup",
                               "--enable-nccl-nvls", "--enable-symm-mem"})
+
+_LEGACY = {
+    "--enable-ep-moe": f"removed before SGLang {SGLANG_FLAGS_VERSION} (which refuses it): write --ep-size <TP size>",
+    "--cuda-graph-max-bs": f"SGLang {SGLANG_FLAGS_VERSION} split it into --cuda-graph-max-bs-decode and "
+                           "--cuda-graph-max-bs-prefill and refuses the old name as ambiguous: read as the decode one",
+}
+"""Flags of earlier SGLang 0.5 releases autoshard still reads, with what the current one makes of them."""
+TYPO_CUTOFF = 0.9
+"""An unknown flag this close (difflib ratio) to a known one is a misspelling of it, refused as SGLang's
+parser would refuse it (`--tp-sise 8` was read as TP 1 with a note); farther ones (a newer SGLang's own
+flags) are ignored with a warning, as for vLLM."""
+
+
+def _resolve(name: str, warnings: list[str]) -> str | None:
+    """The flag SGLang's parser takes `name` for: itself when known (or read by autoshard from an earlier
+    0.5 release, with a warning), else the one flag it is a prefix of (argparse's allow_abbrev, with a
+    warning to spell it out). SpecError for a prefix of several flags or a misspelling, both of which
+    SGLang refuses; None, with a warning, for a name far from every flag (a newer SGLang's)."""
+    if name in _LEGACY:
+        warnings.append(f"{name}: {_LEGACY[name]}")
+        return name
+    if name in KNOWN or name in _SGLANG_VALUE or name in _SGLANG_SWITCHES:
+        return name
+    prefixed = sorted(f for f in KNOWN if f.startswith(name)) if name.startswith("--") and len(name) > 3 else []
+    if len(prefixed) == 1:
+        warnings.append(f"{name}: accepted by SGLang only as an abbreviation of {prefixed[0]}; spell it out")
+        return prefixed[0]
+    if prefixed:
+        raise SpecError(f"{name} is ambiguous to SGLang {SGLANG_FLAGS_VERSION}'s parser, which refuses it: it could "
+                        f"be {', '.join(prefixed[:4])}{' ...' if len(prefixed) > 4 else ''}; spell one out", field=name)
+    typo = misspelling_of(name, KNOWN, TYPO_CUTOFF)
+    if typo:
+        raise SpecError(f"{name} is not an SGLang {SGLANG_FLAGS_VERSION} flag: did you mean {typo}? (SGLang "
+                        "would refuse the command)", field=name)
+    close = difflib.get_close_matches(name, sorted(KNOWN), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    warnings.append(f"{name}: unknown SGLang {SGLANG_FLAGS_VERSION} flag{hint}; ignored")
+    return None
+
+
+def _values_taken(flag: str | None, args: list[str], i: int) -> int:
+    """How many words after an ignored flag (at args[i:]) are its values: none for a switch, all the
+    words up to the next flag for a several-value one, one (if there) otherwise; for an unknown flag one
+    word that is not a flag, as argparse would take it."""
+    primary = NEGATIONS.get(flag, ALIASES.get(flag, flag)) if flag else None
+    if primary in NO_VALUE or flag in NEGATIONS:
+        return 0
+    if primary in MULTI_VALUE:
+        n = 0
+        while i + n < len(args) and not is_option(args[i + n]):
+            n += 1
+        return n
+    if primary in OPTIONAL_VALUE or primary is None:
+        return 1 if i < len(args) and not is_option(args[i]) else 0
+    return 1 if i < len(args) else 0
 
 
 def parse_sglang(command: str) -> ParsedServe:
@@ -92,6 +152,8 @@ def parse_sglang(command: str) -> ParsedServe:
             continue
         name, eq, inline = tok.partition("=")
         name = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+        flag = _resolve(name, warnings)
+        name = flag or name
         if name in _SGLANG_VALUE:
             if not eq:
                 if i >= len(args) or is_option(args[i]):
@@ -102,9 +164,10 @@ def parse_sglang(command: str) -> ParsedServe:
         elif name in _SGLANG_SWITCHES:
             switches.add(name)
         else:
-            ignored.append(name)
-            if not eq and i < len(args) and not is_option(args[i]):
-                i += 1  # its value
+            if flag is not None:
+                ignored.append(name)
+            if not eq:
+                i += _values_taken(flag, args, i)
     if ignored:
         warnings.append(f"SGLang flags not read by autoshard (no effect on the prediction): {' '.join(ignored)}")
     model = values.get("--model-path")

@@ -29,6 +29,7 @@ from autoshard.emit.serve_args import (
     ParsedServe,
     is_option,
     kv_cache_dtype_of,
+    misspelling_of,
     split_command,
     to_int,
     weight_dtype_of,
@@ -92,9 +93,9 @@ def _canonical(name: str, warnings: list[str]) -> tuple[str | None, bool]:
     if len(prefixed) == 1:
         warnings.append(f"{name}: accepted by vLLM only as an abbreviation of {prefixed[0]}; spell it out")
         return prefixed[0], True
-    typo = difflib.get_close_matches(name, sorted(KNOWN), n=1, cutoff=TYPO_CUTOFF)
+    typo = misspelling_of(name, KNOWN, TYPO_CUTOFF)
     if typo:  # vLLM's argparse refuses it ("unrecognized arguments"); pricing without it prices another plan
-        raise SpecError(f"{name} is not a vLLM {VLLM_VERSION} flag: did you mean {typo[0]}? (vLLM would refuse the "
+        raise SpecError(f"{name} is not a vLLM {VLLM_VERSION} flag: did you mean {typo}? (vLLM would refuse the "
                         f"command)", field=name)
     close = difflib.get_close_matches(name, sorted(KNOWN), n=2, cutoff=0.75)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""

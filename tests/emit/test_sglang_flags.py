@@ -1,0 +1,64 @@
+"""SGLang launch lines are read against SGLang 0.5.23's whole flag vocabulary (autoshard.emit.sglang.flags,
+from its parser): a misspelt flag or an ambiguous abbreviation, both of which SGLang's argparse refuses,
+is refused (it used to be ignored with a note, pricing another plan: `--tp-sise 8` as TP 1); a unique
+abbreviation is read as its flag, as argparse's allow_abbrev does; a flag's values are skipped by its
+arity, not by guessing; flags of earlier 0.5 releases autoshard still reads say what 0.5.23 makes of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.emit.serve_args import misspelling_of
+from autoshard.emit.sglang import parse_sglang
+from autoshard.emit.sglang.flags import KNOWN, MULTI_VALUE, NO_VALUE, ONE_VALUE
+from autoshard.emit.vllm import parse_vllm
+from autoshard.errors import SpecError
+
+BASE = "python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B-FP8 --tp-size 8 --quantization fp8"
+
+
+def test_the_vocabulary_is_sglang_0_5_23s() -> None:
+    assert len(KNOWN) == 559 and len(NO_VALUE) == 173 and len(ONE_VALUE) == 336 and len(MULTI_VALUE) == 22
+    assert {"--tp-size", "--attn-dp-size", "--moe-a2a-backend", "--disaggregation-mode"} <= ONE_VALUE
+    assert "--cuda-graph-bs-decode" in MULTI_VALUE and "--enable-dp-attention" in NO_VALUE
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("--tp-sise 8", "--tp-sise is not an SGLang 0.5.23 flag: did you mean --tp-size?"),
+    ("--chunked-prefil-size 4096", "did you mean --chunked-prefill-size?"),
+    ("--mem-fraction-statc 0.8", "did you mean --mem-fraction-static?"),
+    ("--cuda-graph-max 64", "ambiguous to SGLang 0.5.23's parser, which refuses it: it could be "
+                            "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+])
+def test_what_sglang_refuses_is_refused(extra: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace("?", r"\?").replace(".", r"\.")):
+        parse_sglang(f"{BASE} {extra}")
+
+
+def test_abbreviations_legacy_flags_and_arity() -> None:
+    p = parse_sglang(f"{BASE} --mem-frac 0.8 --cuda-graph-bs-decode 1 2 4 8 --enable-foo-bar --ep-size 8")
+    assert p.gpu_memory_utilization == 0.8 and p.enable_expert_parallel
+    notes = " ".join(p.warnings)
+    assert "--mem-frac: accepted by SGLang only as an abbreviation of --mem-fraction-static" in notes
+    assert "--enable-foo-bar: unknown SGLang 0.5.23 flag" in notes  # far from every flag: a newer one
+    assert "unexpected positional" not in notes  # 2 4 8 are --cuda-graph-bs-decode's values
+    legacy = parse_sglang(f"{BASE} --enable-ep-moe --cuda-graph-max-bs 64")
+    assert legacy.enable_expert_parallel  # read as before, with what SGLang 0.5.23 makes of them
+    notes = " ".join(legacy.warnings)
+    assert "--enable-ep-moe: removed before SGLang 0.5.23" in notes and "refuses the old name as ambiguous" in notes
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("--tp-sise", "--tp-size"),  # difflib's ratio: 0.89, under the 0.9 cutoff
+    ("--tp-szie", "--tp-size"),  # two neighbours swapped
+    ("--tp-siz", "--tp-size"),  # a letter dropped
+    ("--tensor-paralel-size", "--tensor-parallel-size"),
+    ("--enable-foo-bar", None),
+])
+def test_misspelling_of(name: str, expected: str | None) -> None:
+    assert misspelling_of(name, ["--tp-size", "--pp-size", "--tensor-parallel-size", "--enable-lora"], 0.9) == expected
+
+
+def test_vllm_refuses_a_one_letter_misspelling_too() -> None:
+    with pytest.raises(SpecError, match=r"--tensor-parallel-sise is not a vLLM .* did you mean --tensor-parallel-size"):
+        parse_vllm("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-sise 4")
