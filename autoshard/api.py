@@ -60,6 +60,7 @@ from autoshard.api_train import (
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINE_NAMES
 from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
+from autoshard.costmodel.train.rules import check_config
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit.megatron.command import megatron_command
@@ -75,7 +76,8 @@ from autoshard.report.compare import compare_plans
 from autoshard.search.serve.front import FRONT_SHARE, serve_front
 from autoshard.search.train.options import SolverOptions
 from autoshard.search.train.solve import solve_train
-from autoshard.search.train.space import Pins, check_moe_fp8_knobs, dispatcher_for, expert_grid_hint, fp8_recipe_for
+from autoshard.search.train.knobs import check_moe_fp8_knobs, dispatcher_for, fp8_recipe_for
+from autoshard.search.train.space import Pins, expert_grid_hint
 from autoshard.specs.base import MAX_CONTEXT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_TOKENS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
@@ -188,6 +190,7 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     cluster_spec = resize(load_cluster(cluster_ref), world)
     cfg = parsed.train_config()
     check_precision(cluster_spec, cfg.precision, source="--from-megatron")
+    check_config(parsed.model, cfg, source="--from-megatron", cluster=cluster_spec)
     stages = parsed.layout()
     if cfg.moe_a2a_overlap and (problems := a2a_overlap_problems(parsed.model, cfg, stages)):
         raise SpecError(f"Megatron-Core refuses it here: {'; '.join(problems)}",
@@ -372,6 +375,7 @@ def evaluate(
         raise SpecError(f"{exc}: change --mbs or --global-batch-size", source="--mbs/--global-batch-size") from None
     if moe_a2a_overlap and (problems := a2a_overlap_problems(model, cfg, stages)):
         raise SpecError("; ".join(problems), source="--moe-a2a-overlap")
+    check_config(model, cfg, source="plan")
     prediction = predict_train(model, cluster, cfg, stages)
     stats = SolverStats(status="EVALUATED", wall_s=0.0, objective=prediction.step_time_s, bound=prediction.step_time_s)
     plan = Plan(model=model, cluster=cluster, config=cfg, stages=stages, prediction=prediction, solver=stats)

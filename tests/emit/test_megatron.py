@@ -23,7 +23,7 @@ from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.emit import megatron_command, megatron_notes, megatron_script, parse_megatron
 from autoshard.emit.megatron import flags as mf
 from autoshard.emit.megatron import flags_retired
-from autoshard.search.train.space import default_fp8_recipe
+from autoshard.search.train.knobs import default_fp8_recipe
 from autoshard.emit.megatron.args import pipeline_layout
 from autoshard.emit.megatron.layout import default_stages, parse_layout
 from autoshard.emit.megatron.parse import model_shape_differences

@@ -16,7 +16,7 @@ from autoshard.emit.megatron.script import megatron_script
 from autoshard.emit.megatron.parse import parse_megatron
 from autoshard.errors import SpecError
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims
-from autoshard.search.train.space import default_fp8_recipe, dispatcher_for
+from autoshard.search.train.knobs import default_fp8_recipe, dispatcher_for
 from autoshard.specs import Precision, load_cluster, load_model
 
 

@@ -214,6 +214,19 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
     if block > per_chunk:
         warnings.append(f"--recompute-num-layers {block} is more than the {per_chunk} decoder layers of a pipeline "
                         f"stage: Megatron-LM recomputes all of them (read as {per_chunk})")
+    distributed = r.on("--use-distributed-optimizer") or r.on("--use-megatron-fsdp")
+    for refused, rule in (  # Megatron-LM's validate_args (arguments.py) and get_megatron_optimizer assert these
+        ((vpp or 1) > 1 and pp <= 2 and r.on("--no-overlap-p2p-communication"),
+         "the interleaved schedule with --no-overlap-p2p-communication needs PP > 2"),
+        (r.on("--overlap-param-gather") and not distributed,
+         "--overlap-param-gather needs --use-distributed-optimizer (or Megatron-FSDP)"),
+        (r.on("--overlap-param-gather") and not r.on("--overlap-grad-reduce"),
+         "--overlap-param-gather needs --overlap-grad-reduce"),
+        (r.on("--use-precision-aware-optimizer") and not distributed,
+         "--use-precision-aware-optimizer needs --use-distributed-optimizer"),
+    ):
+        if refused:
+            raise SpecError(f"Megatron-LM refuses the command at start-up: {rule}", source=source)
     mbs = r.int("--micro-batch-size")
     if mbs is None:
         warnings.append("no --micro-batch-size (Megatron-LM requires it); read as 1")

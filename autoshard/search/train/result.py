@@ -65,6 +65,11 @@ def _layout_fixes(model: ModelSpec, cluster: ClusterSpec) -> tuple[tuple[str, tu
         ("ZeRO needs data parallelism", ("zero_stage",), "DP > 1 for ZeRO (fewer model-parallel GPUs) or --zero-stage 0"),
         ("ETP x EP does not divide", ("ep", "etp"), "an expert grid ETP x EP dividing TP x CP x DP (e.g. --etp 1)"),
         ("ZeRO-2/3 (Megatron-FSDP) does not combine with PP", ("zero_stage",), "--pp 1 with ZeRO-2/3"),
+        ("MoE with TP > 1 needs sequence parallelism", ("tp", "sequence_parallel"),
+         "sequence parallelism on with --tp 2 or more (drop --no-sequence-parallel), or --tp 1"),
+        ("sequence length not divisible by CP x TP", ("tp", "cp"),
+         "a --seq-len divisible by CP x TP (sequence parallelism splits it over both)"),
+        ("BF16 Adam moments need the distributed optimizer", ("zero_stage",), "--zero-stage 1 or more"),
     )
 
 

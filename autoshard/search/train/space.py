@@ -9,15 +9,15 @@ rules are Megatron-LM's (arguments.py validate_args, TransformerConfig, parallel
 from __future__ import annotations
 
 import itertools
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
 from autoshard.parallel import Fp8Recipe, MoeDispatcher, ParallelDims, Recompute, check_dims
+from autoshard.costmodel.train.rules import config_problems, recompute_module_problems
 from autoshard.search.deadline import Deadline
+from autoshard.search.train.knobs import check_moe_fp8_knobs, fp8_recipe_for, moe_fp8_knobs
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import TrainJob
 from autoshard.specs.model import ModelSpec
@@ -131,25 +131,6 @@ def _world_sizes(cluster: ClusterSpec) -> list[int]:
     return sorted(sizes, reverse=True)
 
 
-def check_moe_fp8_knobs(
-    model: ModelSpec, cluster: ClusterSpec, job: TrainJob, dispatcher: MoeDispatcher | None, recipe: Fp8Recipe | None,
-) -> None:
-    """--moe-dispatcher needs an MoE model; --fp8-recipe needs --precision fp8, and mxfp8 Blackwell."""
-    from autoshard.errors import SpecError
-    from autoshard.specs.job import Precision
-
-    if dispatcher is not None and model.moe is None:
-        raise SpecError(f"--moe-dispatcher {dispatcher.value}: {model.name} has no experts (dense model): drop the option",
-                        source="--moe-dispatcher")
-    if recipe is not None and job.precision is not Precision.FP8:
-        raise SpecError(f"--fp8-recipe {recipe.value} needs --precision fp8 (the plan trains in {job.precision.value})",
-                        source="--fp8-recipe")
-    if recipe is Fp8Recipe.MXFP8 and default_fp8_recipe(cluster) is not Fp8Recipe.MXFP8:
-        gpus = ", ".join(sorted({p.gpu.name for p in cluster.pools}))
-        raise SpecError(f"--fp8-recipe mxfp8 needs Blackwell GPUs (block scaling in hardware), the cluster has {gpus}: "
-                        "use delayed, tensorwise or blockwise", source="--fp8-recipe")
-
-
 def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins) -> None:
     """Reject pinned degrees that break a framework rule before searching, naming the flag (SpecError)."""
     from autoshard.errors import SpecError
@@ -179,6 +160,9 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
     check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
+    if pins.recompute_modules and (problems := recompute_module_problems(
+            model, pins.recompute_modules, job.precision, fp8_recipe_for(model, cluster, pins.fp8_recipe))):
+        raise SpecError("; ".join(problems), source="--recompute-modules")
     if pins.moe_a2a_overlap:
         check_a2a_overlap_pins(model, pins)
     # pins that contradict each other or the model: bad input (exit 2), not an infeasible search
@@ -308,62 +292,11 @@ def enumerate_train(
                                 if problems:
                                     space.prune(problems[0].split(";")[0])
                                     continue
-                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs,
-                                                    extra=_moe_fp8_knobs(model, cluster, dims, job, pins), model=model)
+                                knobs = moe_fp8_knobs(model, cluster, dims, job, dispatcher=pins.moe_dispatcher,
+                                                      recipe=pins.fp8_recipe, a2a_overlap=bool(pins.moe_a2a_overlap))
+                                _add_batch_variants(space, dims, job, mbss, recomputes, zeros, pins, gbs, extra=knobs,
+                                                    model=model)
     return space
-
-
-def default_fp8_recipe(cluster: ClusterSpec) -> Fp8Recipe:
-    """MXFP8 where every pool is Blackwell or newer (hardware block scaling), delayed scaling elsewhere."""
-    blackwell = all(re.match(r"^G?B[1-9]\d\d(?![0-9])", p.gpu.name.upper()) for p in cluster.pools)
-    return Fp8Recipe.MXFP8 if blackwell else Fp8Recipe.DELAYED
-
-
-def fp8_recipe_for(model: ModelSpec, cluster: ClusterSpec, pinned: Fp8Recipe | None = None) -> Fp8Recipe:
-    """The FP8 recipe of a plan: the pinned one, else the one the model trains with (its `training.fp8_recipe`,
-    e.g. DeepSeek-V3's blockwise), else the cluster's default (default_fp8_recipe)."""
-    if pinned is not None:
-        return pinned
-    recipe = model.training.fp8_recipe if model.training is not None else None
-    return Fp8Recipe(recipe) if recipe else default_fp8_recipe(cluster)
-
-
-def dispatcher_for(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, seq_len: int, *,
-                   a2a_overlap: bool = False) -> MoeDispatcher:
-    """The cheapest MoE dispatcher for this expert grid. The dispatchers differ only in the bytes they
-    move (memory and compute are the same), so the cheapest one dominates: pick it per plan instead
-    of multiplying the candidates. Ties go to alltoall (no extra library needed). `a2a_overlap`: the
-    EP all-to-all overlap runs with alltoall or flex only, so allgather is not a choice."""
-    if model.moe is None or dims.ep * dims.expert_tp <= 1:
-        return MoeDispatcher.ALLTOALL
-    return _cheapest_dispatcher(model, cluster, seq_len / dims.cp / dims.tp, dims.ep, dims.expert_tp, a2a_overlap)
-
-
-@lru_cache(maxsize=4096)
-def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, ep: int, etp: int,
-                         a2a_overlap: bool = False) -> MoeDispatcher:
-    """`dispatcher_for` on what it reads of the grid (the candidates of one solve share a few)."""
-    from autoshard.costmodel.efficiency import training_pool
-    from autoshard.costmodel.moe import dispatch_time_s
-
-    assert model.moe is not None
-    pool = training_pool(min(cluster.pools, key=lambda p: p.node.domain_size))
-    costs = {
-        d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
-                           num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool)
-        for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
-        if not (a2a_overlap and d is MoeDispatcher.ALLGATHER)
-    }
-    return min(costs, key=costs.__getitem__)  # first of equals: alltoall
-
-
-def _moe_fp8_knobs(model: ModelSpec, cluster: ClusterSpec, dims: ParallelDims, job: TrainJob, pins: Pins) -> dict:
-    return {
-        "moe_dispatcher": pins.moe_dispatcher or dispatcher_for(model, cluster, dims, job.seq_len,
-                                                                a2a_overlap=bool(pins.moe_a2a_overlap)),
-        "fp8_recipe": fp8_recipe_for(model, cluster, pins.fp8_recipe),
-        "moe_a2a_overlap": bool(pins.moe_a2a_overlap),
-    }
 
 
 def _add_batch_variants(
@@ -395,6 +328,9 @@ def _add_batch_variants(
                 )
                 if cfg.moe_a2a_overlap and model is not None and (problems := a2a_overlap_problems(model, cfg)):
                     space.prune(f"the EP all-to-all overlap: {problems[0]}")  # pinned: Megatron refuses this plan
+                    continue
+                if model is not None and (rules := config_problems(model, cfg)):
+                    space.prune(rules[0][0])  # Megatron refuses it at start-up (costmodel.train.rules)
                     continue
                 space.candidates.append(cfg)
                 space.enumerated += 1
