@@ -22,9 +22,9 @@ from autoshard.costmodel.serve.engines import (
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import parse_sglang, sglang_node_commands
+from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_node_commands
 from autoshard.emit.vllm import (
-    VLLM_QUANTIZATION, no_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
+    check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
 )
 from autoshard.emit.vllm.parse import backend_role
 from autoshard.errors import InfeasibleError, SolverError, SpecError
@@ -79,10 +79,8 @@ def serve_job_for(model: ModelSpec | None, input_len: int | None = None, output_
     name = model.name if model is not None else "the command's model"
     job = validate(ServeJob, data, source=f"serving job for {name}")
     wd = job.weight_dtype
-    # the emitters' rule (emit.vllm.vllm_quantization): what engines cannot quantize online needs a
-    # published checkpoint; refused before solving, not when the command is written
-    if model is not None and wd not in VLLM_QUANTIZATION and not any(c.weights is wd for c in model.checkpoints):
-        raise no_checkpoint(model.name, wd)
+    if model is not None:  # refused before solving, not when the command is written
+        check_checkpoint(model, wd)
     return job
 
 
@@ -99,7 +97,11 @@ def serve_launch(plan: ServePlan) -> dict[str, str]:
     if plan.disaggregated:
         return pd_launch(plan)
     launch: dict[str, str] = {}
-    for name, lines in (("vllm", vllm_node_commands(plan)), ("sglang", sglang_node_commands(plan))):
+    engines = [("vllm", vllm_node_commands)]
+    if sglang_fp8_problem([plan.pool.gpu], plan.job.weight_dtype) is None:  # no SGLang line SGLang would refuse
+        engines.append(("sglang", sglang_node_commands))
+    for name, build in engines:
+        lines = build(plan)
         launch[name] = lines[0]  # the head node's line
         if len(lines) > 1:
             launch[f"{name}_nodes"] = "\n".join(lines)  # every node's line, head first
@@ -277,6 +279,8 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k
     `time_limit_s` (counted from `started_at`, a `time.monotonic()` value, else from this call): the
     throughput-optimal one runs first in `ALTERNATIVE_SHARE` of it; when the limit cuts one short, the other is
     the answer with a note (SolverError only when neither found a plan)."""
+    if framework == "sglang" and (problem := sglang_fp8_problem([p.gpu for p in cluster.pools], job.weight_dtype)):
+        raise SpecError(problem, source="--target/--emit sglang")
     deadline = Deadline(time_limit_s, start=started_at)  # both solves share it: `--time-limit` bounds the command
     run = dict(pins={k: v for k, v in (pins or {}).items() if v is not None}, time_limit_s=time_limit_s,
                num_workers=num_workers, seed=seed, disaggregate=disaggregate, framework=framework)
@@ -319,6 +323,10 @@ def with_engine_check(plan: ServePlan) -> ServePlan:
     engine = plan.prediction.config.engine
     other = "sglang" if engine == "vllm" else "vllm"
     name, other_name = ENGINE_NAMES[engine], ENGINE_NAMES[other]
+    if other == "sglang" and (problem := sglang_fp8_problem([plan.pool.gpu], plan.job.weight_dtype)):
+        return dataclasses.replace(plan, engine_other={"engine": other, "differs": True,
+                                                       "note": f"under {other_name} this deployment would not start: "
+                                                               f"{problem.split(': use')[0]}"})
     if other == "sglang" and not sglang_priced_plan(plan):
         return dataclasses.replace(plan, engine_other={
             "engine": other, "differs": True, "priced": False,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from autoshard import api
 from autoshard.cli.app import app, guard, out
-from autoshard.cli.options import JsonOpt, print_json
+from autoshard.cli.options import ListJsonOpt, print_json
 from autoshard.report.terminal import render_clusters, render_models
 
 
 @app.command()
 @guard
-def models(json_out: JsonOpt = False) -> None:
+def models(json_out: ListJsonOpt = False) -> None:
     """List the bundled models with their key figures."""
     items = [(name, api.load_model(path)) for name, path in api.bundled_models().items()]
     if json_out:
@@ -24,7 +24,7 @@ def models(json_out: JsonOpt = False) -> None:
 
 @app.command()
 @guard
-def clusters(json_out: JsonOpt = False) -> None:
+def clusters(json_out: ListJsonOpt = False) -> None:
     """List the bundled clusters with their key figures."""
     items = [(name, api.load_cluster(path)) for name, path in api.bundled_clusters().items()]
     if json_out:

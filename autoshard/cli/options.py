@@ -116,6 +116,8 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN,
 GbsOpt = Annotated[int | None, typer.Option("--global-batch-size", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp8 or fp4 (NVFP4 GEMMs, Blackwell).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.plan/v1) on stdout.")]
+StudyJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (schema autoshard.study/v1) on stdout.")]
+ListJsonOpt = Annotated[bool, typer.Option("--json", help="Print the list as one JSON object on stdout.")]
 TpOpt = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor parallel size.")]
 PpOpt = Annotated[int | None, typer.Option("--pp", min=1, max=MAX_GPUS, help="Pipeline parallel size.")]
 DpOpt = Annotated[int | None, typer.Option("--dp", min=1, max=MAX_GPUS, help="Data parallel size.")]

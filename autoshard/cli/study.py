@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoshard import api
 from autoshard.api import MAX_TOKENS
 from autoshard.cli.app import app, err, flush_stdout, guard, out, write_stdout
-from autoshard.cli.options import GbsOpt, JsonOpt, Mode, SeqOpt, command_started, float_option
+from autoshard.cli.options import GbsOpt, Mode, SeqOpt, StudyJsonOpt, command_started, float_option
 from autoshard.errors import SpecError
 
 FRONT_SHARE_OF_STUDY = 0.4
@@ -38,8 +38,8 @@ def study(
     global_batch_size: GbsOpt = None,
     precision: Annotated[str | None, typer.Option("--precision", help="Train: bf16, fp8 or fp4. Serve: the weights, bf16, fp8, int8, int4, nvfp4 or mxfp4 (default: the model's serving precision).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write study.csv, study.json, study.md and pareto.png here.")] = None,
-    json_out: JsonOpt = False,
-    time_limit: Annotated[float, float_option("--time-limit", lo=0.5, hi=86400, help="Time limit for the whole study, start-up included: its sizes share it (each size at least 0.5 s); serving studies give 40 %% of it to the Pareto fronts.")] = 60.0,
+    json_out: StudyJsonOpt = False,
+    time_limit: Annotated[float, float_option("--time-limit", lo=0.5, hi=86400, help="Time limit for the whole study, start-up included: its sizes share it (each size at least 0.5 s); serving studies give 40 % of it to the Pareto fronts.")] = 60.0,
     jobs: Annotated[int, typer.Option("--jobs", min=0, max=256, help="Parallel solver processes (0: one per CPU).")] = 0,
     request_rate: Annotated[float | None, float_option("--request-rate", lo=0.0001, hi=1e6, help="Serve: requests/s to sustain.")] = None,
     tpot_ms: Annotated[float | None, float_option("--tpot-ms", lo=0.001, hi=3.6e6, help="Serve: time per output token target (ms).")] = None,

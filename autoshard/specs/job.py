@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from autoshard.specs.base import MAX_CONTEXT, MAX_COUNT, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, FrozenSpec
 
@@ -96,6 +96,14 @@ class ServeJob(FrozenSpec):
     request_rate: float | None = Field(default=None, gt=0, le=MAX_REQUEST_RATE)
     """Requests per second to sustain (then the plan minimizes GPUs)."""
 
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: WeightDtype) -> WeightDtype:
+        if value not in (WeightDtype.BF16, WeightDtype.FP8):
+            raise ValueError(f"must be bf16 or fp8, got {value.value} (autoshard prices BF16 and FP8 KV caches only; "
+                             "vLLM and SGLang have no int8/int4 one): use --kv-cache-dtype fp8")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ServeJob:
         if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
@@ -104,8 +112,6 @@ class ServeJob(FrozenSpec):
                 f"({self.input_len + self.output_len}): raise max_model_len (--max-model-len) or shorten the requests "
                 f"(--input-len, --output-len)"
             )
-        if self.kv_cache_dtype in (WeightDtype.INT4, WeightDtype.INT8):
-            raise ValueError("kv_cache_dtype must be bf16 or fp8 (vLLM's KV cache has no int8/int4 mode)")
         return self
 
     @property

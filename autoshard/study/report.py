@@ -38,11 +38,12 @@ def _headers(result: StudyResult) -> list[str]:
 
 
 def _status(r: Row) -> str:
-    """"optimal" for a proven optimum (the bound meets the objective), else the remaining gap."""
+    """"optimal" for a proven optimum, else the remaining gap ("not proven" where there is none to give: a
+    solve cut by the clock can stop with its bound at the objective and still not have proven it)."""
     gap = getattr(r, "gap", None)
-    if r.status == "optimal" or gap == 0:
+    if r.status == "optimal":
         return "optimal"
-    if gap is None:
+    if not gap:
         return "not proven"
     return f"gap {100 * gap:.2g}%" if gap < 0.01 else f"gap {100 * gap:.1f}%"
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from autoshard.emit.vllm.command import serve_weight_dtype
+from autoshard.emit.vllm.command import check_checkpoint, serve_weight_dtype
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
@@ -218,9 +218,11 @@ def task_time_limit(budget_s: float, tasks: int, jobs: int) -> float:
     when that is under MIN_TASK_TIME_LIMIT_S."""
     rounds = -(-max(tasks, 1) // max(jobs, 1))
     if budget_s / rounds < MIN_TASK_TIME_LIMIT_S:
-        raise SpecError(f"{tasks} sizes on {jobs} parallel process(es) need at least {MIN_TASK_TIME_LIMIT_S:g} s each, "
-                        f"{rounds * MIN_TASK_TIME_LIMIT_S:g} s of solving, and the limit leaves {max(budget_s, 0):.1f} s: "
-                        f"raise --time-limit, study fewer sizes or give more --jobs", source="--time-limit")
+        # more processes only help while the sizes take several rounds
+        fix = "raise --time-limit, study fewer sizes or give more --jobs" if rounds > 1 else "raise --time-limit"
+        raise SpecError(f"{tasks} size(s) on {jobs} parallel process(es) need at least {MIN_TASK_TIME_LIMIT_S:g} s "
+                        f"each, {rounds * MIN_TASK_TIME_LIMIT_S:g} s of solving, and the limit leaves "
+                        f"{max(budget_s, 0):.1f} s after start-up: {fix}", source="--time-limit")
     return budget_s / rounds
 
 
@@ -247,7 +249,9 @@ def _serve_job(model: ModelSpec, precision: str | None, rate: float | None, tpot
         data["tpot_target_s"] = tpot_ms / 1e3
     if ttft_s is not None:
         data["ttft_target_s"] = ttft_s
-    return validate(ServeJob, data, source=f"serving job for {model.name}")
+    job = validate(ServeJob, data, source=f"serving job for {model.name}")
+    check_checkpoint(model, job.weight_dtype, flag="--precision")  # as solve's --weight-dtype: before solving
+    return job
 
 
 def _train_row(key: str, n: int, f: dict[str, Any], tokens: float, price: float | None) -> TrainRow:
@@ -310,7 +314,8 @@ def _notes(result: StudyResult, price: dict[str, float | None]) -> list[str]:
 
 
 def _pct(x: float) -> str:
-    return f"{x:.1%}" if x >= 0.001 else f"{x:.1e}"
+    """A gap as the table writes it: a percentage (the note said 6.6e-06 beside the table's 0.00066%)."""
+    return f"{x:.1%}" if x >= 0.01 else f"{100 * x:.2g}%"
 
 
 def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict[str, float | None],

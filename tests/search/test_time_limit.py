@@ -50,6 +50,21 @@ def test_enumeration_stops_at_the_deadline_and_says_so():
     assert not cut.complete and len(cut.candidates) < len(full.candidates)
 
 
+def test_a_limit_spent_before_enumeration_still_enumerates_within_the_grace():
+    """`--time-limit 0.5` spent on start-up: the space is enumerated within the first-plan grace, so a plan
+    comes back (it answered "no plan found ... (0 candidates enumerated)")."""
+    from autoshard.search.train.prepare import prepare
+
+    model, cluster = load_model("llama-3.1-8b"), resize(load_cluster("dgx-h100"), 8)
+    job = train_job(model)
+    spent = Deadline(0.5, start=time.monotonic() - 1.0)  # the limit, gone
+    grace = spent.later(600.0)
+    prep = prepare(model, cluster, job, pins=Pins(), options=SolverOptions(), deadline=spent, hard_deadline=grace)
+    assert prep.enumerated > 0 and prep.tables and any(prep.incumbents)
+    plans = solve_train(model, cluster, job, options=SolverOptions(time_limit_s=0.5, started_at=time.monotonic() - 0.4))
+    assert plans and plans[0].solver.status in ("OPTIMAL", "FEASIBLE")
+
+
 @pytest.mark.parametrize("limit", [1.0, 3.0])
 def test_big_moe_solve_returns_within_the_limit_with_a_certified_gap(limit):
     model = load_model("deepseek-v3")

@@ -279,9 +279,11 @@ def test_the_sizes_share_the_whole_study_limit():
     assert task_time_limit(60.0, 32, 2) == pytest.approx(60.0 / 16)
     assert task_time_limit(60.0, 3, 4) == pytest.approx(60.0)  # one round
     assert task_time_limit(10.0, 5, 2) == pytest.approx(10.0 / 3)
-    with pytest.raises(SpecError, match=r"32 sizes on 2 parallel process\(es\) need at least 0.5 s each, 8 s of "
-                                        r"solving, and the limit leaves 4.0 s") as exc:
+    with pytest.raises(SpecError, match=r"32 size\(s\) on 2 parallel process\(es\) need at least 0.5 s each, 8 s of "
+                                        r"solving, and the limit leaves 4.0 s after start-up: .*more --jobs") as exc:
         task_time_limit(4.0, 32, 2)
+    with pytest.raises(SpecError, match=r"leaves 0.3 s after start-up: raise --time-limit$"):
+        task_time_limit(0.3, 1, 2)  # one round: more processes cannot help
     assert exc.value.source == "--time-limit" and MIN_TASK_TIME_LIMIT_S == 0.5
 
 
@@ -299,7 +301,7 @@ def test_a_study_limit_too_short_for_its_sizes_is_refused():
     result = CliRunner().invoke(app, ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--cluster", "dgx-b200",
                                       "--gpus", "8,16,32,64,128,256", "--time-limit", "1", "--jobs", "1"])
     assert result.exit_code == 2
-    assert "--time-limit: 12 sizes on 1 parallel process(es) need at least 0.5 s each, 6 s of solving" in result.output
+    assert "--time-limit: 12 size(s) on 1 parallel process(es) need at least 0.5 s each, 6 s of solving" in result.output
 
 
 def test_time_a_size_overran_comes_off_the_later_sizes(monkeypatch):
@@ -338,3 +340,19 @@ def test_time_a_size_overran_comes_off_the_later_sizes(monkeypatch):
     assert clock[0] <= 108.0 + 2.0 and all(g >= runner.MIN_TASK_S for g in given)
     # the largest sizes go first, so the ones left out are the smallest
     assert sorted(r[1] for r in skipped) == sorted(n for _, n in tasks)[:len(skipped)]
+
+
+def test_status_column_claims_optimal_only_when_proven():
+    """A solve the clock cut can stop with its bound at its objective (gap 0.0) without having proven it:
+    the table said "optimal" there while study.json said "feasible"."""
+    import dataclasses
+
+    from autoshard.study.report import _status
+    from autoshard.study.run import _pct
+
+    proven = row("a", 8, 1.0, 1.0)
+    assert _status(proven) == "optimal"
+    assert _status(dataclasses.replace(proven, status="feasible", gap=0.0)) == "not proven"
+    assert _status(dataclasses.replace(proven, status="feasible", gap=6.6e-6)) == "gap 0.00066%"
+    assert _status(dataclasses.replace(proven, status="feasible", gap=0.066)) == "gap 6.6%"
+    assert _pct(6.6e-6) == "0.00066%" and _pct(0.066) == "6.6%"  # the note's gap in the table's unit

@@ -45,6 +45,7 @@ from autoshard.costmodel.serve.ep_buffers import (
 from autoshard.emit.vllm.command import HEAD_ADDRESS, speculative_tokens, vllm_quantization
 from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
+from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import WeightDtype
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "mem_fraction_static",
     "sglang_chunked_prefill_size",
     "runs_deepep",
+    "sglang_fp8_problem",
     "sglang_deepep_seqs",
     "sglang_env",
     "SGLANG_DEEPEP_ENV",
@@ -73,6 +75,19 @@ SGLANG_QUANTIZATION: dict[str, str] = {  # vLLM method -> SGLang 0.5 --quantizat
 }
 SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", WeightDtype.FP8: "fp8_e4m3"}
 SGLANG_DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+
+
+def sglang_fp8_problem(gpus: list[GpuSpec], weights: WeightDtype) -> str | None:
+    """Why SGLang cannot serve these FP8 weights on these GPUs, or None: its FP8 checkpoint loader needs
+    compute capability 8.9 (ModelOptFp8Config.get_min_capability() is 89; the model loader raises
+    "Minimum capability: 89") and its FP8 MoE runs Triton kernels in e4m3, which sm80 lacks. vLLM runs
+    FP8 weights there through Marlin."""
+    old = sorted({g.name for g in gpus if g.fp8_tflops is None})
+    if weights is not WeightDtype.FP8 or not old:
+        return None
+    return (f"SGLang serves FP8 weights from compute capability 8.9 on (its FP8 loader's minimum; its FP8 MoE "
+            f"kernels need e4m3), the cluster has {', '.join(old)}: use --target vllm (Marlin FP8 kernels there) "
+            "or --weight-dtype bf16")
 
 
 def runs_deepep(plan: ServePlan) -> bool:

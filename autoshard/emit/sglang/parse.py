@@ -16,6 +16,7 @@ from autoshard.emit.serve_args import (
     to_int,
     weight_dtype_of,
 )
+from autoshard.emit.sglang.command import SGLANG_QUANTIZATION
 from autoshard.emit.sglang.flags import ALIASES, KNOWN, MULTI_VALUE, NEGATIONS, NO_VALUE, OPTIONAL_VALUE, \
     SGLANG_FLAGS_VERSION
 from autoshard.errors import SpecError
@@ -212,6 +213,8 @@ def parse_sglang(command: str) -> ParsedServe:
     seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel or tp_moe else 1))
     context = values.get("--context-length")
     quant = values.get("--quantization")
+    # SGLang's own names for the methods autoshard writes (modelopt_fp8 is vLLM's modelopt: FP8 weights)
+    quant = {v: k for k, v in SGLANG_QUANTIZATION.items()}.get(quant, quant) if quant else quant
     kv = values.get("--kv-cache-dtype") or "auto"
     for note in (weight_dtype_of(quant)[1], kv_cache_dtype_of(kv)[1]):
         if note:

@@ -12,6 +12,7 @@ from autoshard.emit.vllm.command import (
     MASTER_PORT,
     VLLM_KV_CACHE_DTYPE,
     VLLM_QUANTIZATION,
+    check_checkpoint,
     native_checkpoint,
     no_checkpoint,
     serve_weight_dtype,
@@ -22,5 +23,5 @@ from autoshard.emit.vllm.command import (
 from autoshard.emit.vllm.flags import VLLM_VERSION
 from autoshard.emit.vllm.parse import parse_vllm
 
-__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "VLLM_QUANTIZATION",
+__all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "check_checkpoint", "VLLM_QUANTIZATION",
            "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "DP_RPC_PORT", "MASTER_PORT", "parse_vllm", "VLLM_VERSION", "native_checkpoint", "serve_weight_dtype"]

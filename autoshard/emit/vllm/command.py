@@ -118,12 +118,19 @@ def vllm_quantization(plan: ServePlan) -> str | None:
     return VLLM_QUANTIZATION[wd]
 
 
-def no_checkpoint(model_name: str, weights: WeightDtype) -> SpecError:
+def no_checkpoint(model_name: str, weights: WeightDtype, flag: str = "--weight-dtype") -> SpecError:
     """The error for int8/int4 weights with no published checkpoint to load."""
     return SpecError(
         f"{weights.value} weights need a published {weights.value} checkpoint of {model_name} (vLLM and SGLang only "
-        "quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, or use "
-        "--weight-dtype fp8 or bf16", source="--weight-dtype")
+        f"quantize BF16 weights online, to fp8): name one under `checkpoints:` in the model file, or use "
+        f"{flag} fp8 or bf16", source=flag)
+
+
+def check_checkpoint(model: ModelSpec, weights: WeightDtype, flag: str = "--weight-dtype") -> None:
+    """The emitters' rule (`vllm_quantization`), before solving: what engines cannot quantize online needs
+    a published checkpoint (SpecError naming `flag`)."""
+    if weights not in VLLM_QUANTIZATION and not any(c.weights is weights for c in model.checkpoints):
+        raise no_checkpoint(model.name, weights, flag)
 
 
 def native_checkpoint(model: ModelSpec) -> Checkpoint | None:

@@ -87,7 +87,9 @@ def prepare(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, *, pins: Pins
     best-first pass still runs until it has one plan (the caller's overall limit caps that)."""
     deadline = deadline or Deadline.never()
     hard = hard_deadline or deadline
-    space = enumerate_train(model, cluster, job, pins=pins, options=options.space, deadline=deadline)
+    # the space is enumerated within the grace: no candidate means no plan (--time-limit 0.5 spent on start-up
+    # left none and answered "no plan found" where the README promises a first plan within the grace)
+    space = enumerate_train(model, cluster, job, pins=pins, options=options.space, deadline=hard)
     configs = space.candidates
     prep = Prepared(tables=[], lower_bounds=[], tmax_bounds=[], incumbents=[], pruned=Counter(space.pruned),
                     enumerated=space.enumerated)
