@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from functools import wraps
@@ -74,16 +75,44 @@ JSON_PRINTED: list[bool] = []
 """Set by cli.options.print_json when the current command has printed its JSON object."""
 
 
-def _no_plan_json(exc: AutoshardError, kwargs: dict[str, Any]) -> None:
-    """`solve`/`evaluate --json` that ends without a plan (exit 1) still prints its one JSON object: the
-    status ("infeasible": no plan fits; "unknown": the time limit ran out before any plan was found), no
-    plan or prediction, and the message stderr shows under "error"."""
+def _no_plan_json(exc: AutoshardError, kwargs: dict[str, Any], command: str, wall_s: float) -> None:
+    """`--json` that ends without a result still prints its one JSON object (ARCHITECTURE: exactly one):
+    the status ("invalid": bad input, exit 2; "infeasible": no plan fits, exit 1; "unknown": the time
+    limit ran out before any plan was found, exit 1), no plan or prediction, the `solver` block with no
+    objective, and the message stderr shows under "error". `study` prints its own schema's object."""
+    status = "invalid" if isinstance(exc, SpecError) else "unknown" if isinstance(exc, SolverError) else "infeasible"
+    if command == "study":
+        obj: dict[str, Any] = {"schema": "autoshard.study/v1", "status": status, "mode": str(kwargs.get("mode", "train")),
+                               "rows": [], "warnings": list(NOTES), "error": str(exc)}
+        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+        return
     serve = str(kwargs.get("mode", "train")) == "serve" or any(kwargs.get(k) for k in ("from_vllm", "from_sglang"))
-    obj = {"schema": "autoshard.plan/v1", "status": "unknown" if isinstance(exc, SolverError) else "infeasible",
-           "mode": "serve" if serve else "train", "model": kwargs.get("model"), "cluster": kwargs.get("cluster"),
-           "num_gpus": kwargs.get("gpus"), "plan": None, "predicted": None, "launch": {}, "warnings": list(NOTES),
-           "error": str(exc)}
+    model, cluster = kwargs.get("model"), kwargs.get("cluster")
+    if cluster is None and any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang")):
+        model, cluster = None, model  # one positional is the cluster when the command names the model
+    gpus = kwargs.get("gpus")
+    if gpus is None and cluster is not None:
+        try:  # the cluster's own size, as the plan's num_gpus would be
+            from autoshard.api import load_cluster
+
+            gpus = load_cluster(cluster).num_gpus
+        except AutoshardError:
+            gpus = None
+    obj = {"schema": "autoshard.plan/v1", "status": status, "mode": "serve" if serve else "train", "model": model,
+           "cluster": cluster, "num_gpus": gpus, "plan": None, "predicted": None, "launch": {},
+           "solver": {"status": status, "wall_s": wall_s, "objective": None, "bound": None, "gap": None},
+           "warnings": list(NOTES), "error": str(exc)}
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def usage_error_json(exc: Exception, argv: list[str]) -> None:
+    """A command line the parser refused before the command ran: under `--json` (solve, evaluate, study)
+    the one JSON object too, status "invalid", with the parser's message."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if "--json" not in argv or command not in ("solve", "evaluate", "study"):
+        return
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    _no_plan_json(SpecError(message), {"json_out": True}, command, 0.0)
 
 
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,12 +126,12 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("default", UserWarning)  # each note once, whatever the caller's filters
             warnings.showwarning = _show_warning
+            started = time.monotonic()
             try:
                 return fn(*args, **kwargs)
             except AutoshardError as exc:
-                if (kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate") and not JSON_PRINTED
-                        and not isinstance(exc, SpecError)):
-                    _no_plan_json(exc, kwargs)
+                if kwargs.get("json_out") and fn.__name__ in ("solve", "evaluate", "study") and not JSON_PRINTED:
+                    _no_plan_json(exc, kwargs, fn.__name__, time.monotonic() - started)
                 _fail(exc)
 
     return wrapper

@@ -523,6 +523,40 @@ def test_json_without_a_plan_is_still_one_object(argv: list[str], mode: str) -> 
     assert obj["error"] in " ".join(stderr.split()) or obj["error"].split("\n")[0] in stderr
 
 
+@pytest.mark.parametrize(("argv", "schema"), [
+    (["solve", "nosuchmodel", "dgx-h100"], "autoshard.plan/v1"),  # unknown model: exit 2
+    (["solve", "llama-3.1-8b", "dgx-h100", "--tp", "3"], "autoshard.plan/v1"),  # a pin breaking a rule
+    (["evaluate", "dgx-h100", "--gpus", "8", "--from-vllm", "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-sise 8"],
+     "autoshard.plan/v1"),
+    (["study", "llama-3.1-8b", "--cluster", "nosuch", "--gpus", "8"], "autoshard.study/v1"),
+])
+def test_json_on_bad_input_is_still_one_object(argv: list[str], schema: str) -> None:
+    """ARCHITECTURE: `--json` prints exactly one JSON object. Bad input (exit 2) printed nothing on stdout;
+    it prints the object with status "invalid" and the message; the plan JSON names the cluster (not the
+    model) when a launch command names the model, and the cluster's GPU count when --gpus is left out."""
+    code, stdout, stderr = run_cli(*argv, "--json")
+    assert code == 2, stderr
+    obj = json.loads(stdout)
+    assert obj["schema"] == schema and obj["status"] == "invalid" and obj["error"].split(":")[0] in stderr
+    if schema == "autoshard.plan/v1":
+        assert obj["solver"]["status"] == "invalid" and obj["solver"]["objective"] is None
+        assert obj["cluster"] == "dgx-h100" and obj["num_gpus"] in (8, 1024)
+
+
+def test_json_on_a_refused_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A command line the parser refuses before the command runs (`--time-limit nan`, an unknown option)
+    under --json: the parser's message on stderr and the one object on stdout, exit 2."""
+    from autoshard.cli import _run
+
+    assert _run(["solve", "llama-3.1-8b", "dgx-h100", "--time-limit", "nan", "--json"]) == 2
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert obj["status"] == "invalid" and "nan is not a finite number" in obj["error"] and "nan is not" in err
+    assert _run(["solve", "llama-3.1-8b", "dgx-h100", "--bogus"]) == 2  # without --json: the message only
+    out, err = capsys.readouterr()
+    assert out == "" and "No such option: --bogus" in err
+
+
 def test_json_when_the_time_limit_finds_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     import autoshard.api as api
     from autoshard.errors import SolverError
@@ -538,7 +572,7 @@ def test_json_when_the_time_limit_finds_no_plan(monkeypatch: pytest.MonkeyPatch)
     code, stdout, stderr = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "8", *FAST)  # no --json: stderr only
     assert code == 1 and stdout == "" and "raise --time-limit" in stderr
     code, stdout, _ = run_cli("solve", "llama-3.1-8b", "dgx-h100", "--gpus", "12", "--json", *FAST)  # bad input
-    assert code == 2 and stdout == ""
+    assert code == 2 and json.loads(stdout)["status"] == "invalid"
 
 
 # ----------------------------------------------------------------------------- plans that launch
