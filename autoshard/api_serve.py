@@ -31,6 +31,7 @@ from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
 from autoshard.search.serve import solve as _search
+from autoshard.search.serve.result import reconcile_interactive
 from autoshard.search.serve.solve import model_for_path
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -308,6 +309,8 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k
                    else "no plan reaches")
             sla_note = (f"{why} the interactive default TPOT <= {INTERACTIVE_TPOT_MS:g} ms ({exc}); "
                         "showing the throughput-optimal plan")
+    if interactive is not None and alternative is not None and plans:
+        plans, alternative, sla_note = reconcile_interactive(plans, alternative, interactive, sla_note)
     plans = [with_engine_check(p) for p in plans]
     alternative = None if alternative is None else with_engine_check(alternative)
     return ServeSolution(plans, alternative, sla_note, interactive is not None)
