@@ -27,9 +27,15 @@ class ClusterFront:
     band: Any = None
     """The front's `report.pareto.FrontBand`: where measured values land against its figures."""
 
-    def usd_per_million(self, tokens_per_s_per_gpu: float) -> float | None:
+    def usd_per_million(self, tokens_per_s_per_gpu: float, gpus: int | None = None) -> float | None:
+        """Dollars per million output tokens at the studied size: a deployment of `gpus` GPUs runs as many
+        copies as fit in the size and the size's every GPU is paid for, the rule the study's rows follow
+        (a 1P1D on 6 of 8 GPUs read $1.175/M beside an answer of $1.309/M for two TP4 replicas on all 8; it
+        costs $1.566/M on the 8 GPUs rented). Without `gpus`: per GPU the deployment runs on."""
         if self.price_per_gpu_hour is None or tokens_per_s_per_gpu <= 0:
             return None
+        if gpus is not None and 0 < gpus <= self.num_gpus:
+            tokens_per_s_per_gpu *= (self.num_gpus // gpus) * gpus / self.num_gpus  # idle GPUs still paid for
         return self.price_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6
 
 
@@ -97,7 +103,7 @@ def fronts_json(fronts: list[ClusterFront], tpot_target_s: float | None) -> list
         for cut in obj["sla_cuts"]:
             best = cut["best"]
             cut["usd_per_million_output_tokens"] = (
-                cf.usd_per_million(best["tokens_per_s_per_gpu"]) if best else None
+                cf.usd_per_million(best["tokens_per_s_per_gpu"], best["gpus"]) if best else None
             )
         out.append(
             {
@@ -123,7 +129,7 @@ def render_fronts(fronts: list[ClusterFront], console: Any, tpot_target_s: float
             if p is None:
                 table.add_row(cf.cluster, str(cf.num_gpus), f"{ms:g}", "-", "-", "no deployment reaches it")
                 continue
-            usd = cf.usd_per_million(p.tokens_per_s_per_gpu)
+            usd = cf.usd_per_million(p.tokens_per_s_per_gpu, p.gpus)
             table.add_row(
                 cf.cluster,
                 str(cf.num_gpus),

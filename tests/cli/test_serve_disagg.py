@@ -277,8 +277,10 @@ def test_study_serve_front(tmp_path):
     assert set(fronts) == {"dgx-h100", "dgx-a100-80gb"}
     for f in fronts.values():
         for cut in f["sla_cuts"]:
-            if cut["best"]:  # dollars per million tokens = price / (tokens/s/GPU x 3600) x 1e6
-                want = f["price_per_gpu_hour"] / (cut["best"]["tokens_per_s_per_gpu"] * 3600) * 1e6
+            if cut["best"]:  # dollars per million tokens = price / (tokens/s/GPU x 3600) x 1e6 at the studied size:
+                best, size = cut["best"], f["num_gpus"]  # the copies that fit, every GPU of the size paid for
+                per_gpu = best["tokens_per_s_per_gpu"] * (size // best["gpus"]) * best["gpus"] / size
+                want = f["price_per_gpu_hour"] / (per_gpu * 3600) * 1e6
                 assert cut["usd_per_million_output_tokens"] == pytest.approx(want)
     assert (tmp_path / "serve_front.png").exists()
 

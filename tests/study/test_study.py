@@ -356,3 +356,18 @@ def test_status_column_claims_optimal_only_when_proven():
     assert _status(dataclasses.replace(proven, status="feasible", gap=6.6e-6)) == "gap 0.00066%"
     assert _status(dataclasses.replace(proven, status="feasible", gap=0.066)) == "gap 6.6%"
     assert _pct(6.6e-6) == "0.00066%" and _pct(0.066) == "6.6%"  # the note's gap in the table's unit
+
+
+def test_front_dollars_are_at_the_studied_size():
+    """The serving front's $/M pays for every GPU of the studied size, as the rows do: a 6-GPU deployment in
+    an 8-GPU size runs once and leaves 2 GPUs idle, paid for (review of 2026-11-24: $1.175/M read beside a
+    cheapest answer of $1.309/M); a 4-GPU one runs twice and loses nothing."""
+    from autoshard.study.front import ClusterFront
+
+    cf = ClusterFront("dgx-h100", 8, 3.0, front=None)
+    per_gpu = 874.0
+    used = cf.usd_per_million(per_gpu)  # per GPU the deployment runs on
+    assert used == pytest.approx(3.0 / (874.0 * 3600) * 1e6)
+    assert cf.usd_per_million(per_gpu, 6) == pytest.approx(used * 8 / 6)
+    assert cf.usd_per_million(per_gpu, 4) == pytest.approx(used)
+    assert cf.usd_per_million(per_gpu, 16) == pytest.approx(used)  # larger than the size: as given
