@@ -91,7 +91,8 @@ def _no_plan_json(exc: AutoshardError, kwargs: dict[str, Any], command: str, wal
     if cluster is None and any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang")):
         model, cluster = None, model  # one positional is the cluster when the command names the model
     gpus = kwargs.get("gpus")
-    if gpus is None and cluster is not None:
+    from_command = any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang"))
+    if gpus is None and cluster is not None and not from_command:  # a command's own process count decides there
         try:  # the cluster's own size, as the plan's num_gpus would be
             from autoshard.api import load_cluster
 
@@ -112,7 +113,9 @@ def usage_error_json(exc: Exception, argv: list[str]) -> None:
     if "--json" not in argv or command not in ("solve", "evaluate", "study"):
         return
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-    _no_plan_json(SpecError(message), {"json_out": True}, command, 0.0)
+    mode = next((v.split("=", 1)[1] for v in argv if v.startswith("--mode=")), None)
+    mode = mode or next((argv[i + 1] for i, v in enumerate(argv[:-1]) if v == "--mode"), "train")
+    _no_plan_json(SpecError(message), {"json_out": True, "mode": mode}, command, 0.0)
 
 
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:

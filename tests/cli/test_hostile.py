@@ -552,6 +552,8 @@ def test_json_on_a_refused_command_line(capsys: pytest.CaptureFixture[str]) -> N
     out, err = capsys.readouterr()
     obj = json.loads(out)
     assert obj["status"] == "invalid" and "nan is not a finite number" in obj["error"] and "nan is not" in err
+    assert _run(["solve", "llama-3.1-8b", "dgx-h100", "--mode", "serve", "--tpot-ms", "nan", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["mode"] == "serve"
     assert _run(["solve", "llama-3.1-8b", "dgx-h100", "--bogus"]) == 2  # without --json: the message only
     out, err = capsys.readouterr()
     assert out == "" and "No such option: --bogus" in err

@@ -62,3 +62,13 @@ def test_misspelling_of(name: str, expected: str | None) -> None:
 def test_vllm_refuses_a_one_letter_misspelling_too() -> None:
     with pytest.raises(SpecError, match=r"--tensor-parallel-sise is not a vLLM .* did you mean --tensor-parallel-size"):
         parse_vllm("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-sise 4")
+
+
+def test_older_sglang_spellings_are_notes_not_refusals() -> None:
+    """Flags of earlier 0.5 releases that 0.5.23 renamed or split are read or skipped with a note, not refused as
+    misspellings or ambiguous abbreviations (review of 2026-11-24: --cuda-graph-bs, common in launch lines,
+    was refused as ambiguous, --oltp-traces-endpoint and --max-micro-batch-size as typos)."""
+    p = parse_sglang(f"{BASE} --cuda-graph-bs 1 2 4 8 --oltp-traces-endpoint host:4317 --max-micro-batch-size 4")
+    notes = " ".join(p.warnings)
+    assert "--cuda-graph-bs: SGLang 0.5.23 split it" in notes and "unexpected positional" not in notes
+    assert "--oltp-traces-endpoint: the older spelling" in notes and "--max-micro-batch-size: renamed" in notes

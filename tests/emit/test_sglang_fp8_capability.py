@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from autoshard.cli import app
 from autoshard.emit.serve_args import weight_dtype_of
 from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem
-from autoshard.specs import WeightDtype, load_cluster
+from autoshard.specs import WeightDtype, load_cluster, load_model
 
 
 def _run(args: list[str]) -> tuple[int, str]:
@@ -24,15 +24,23 @@ def _run(args: list[str]) -> tuple[int, str]:
 
 def test_fp8_capability_rule() -> None:
     a100, h100, l40s = (load_cluster(c).primary.gpu for c in ("dgx-a100-80gb", "dgx-h100", "l40s-pcie"))
-    assert sglang_fp8_problem([a100], WeightDtype.FP8) is not None
-    assert sglang_fp8_problem([a100], WeightDtype.BF16) is None
-    assert sglang_fp8_problem([h100], WeightDtype.FP8) is None and sglang_fp8_problem([l40s], WeightDtype.FP8) is None
+    llama31, llama2, mixtral = (load_model(m) for m in ("llama-3.1-70b", "llama-2-70b", "mixtral-8x7b"))
+    assert "ModelOpt FP8 checkpoint" in sglang_fp8_problem([a100], llama31, WeightDtype.FP8)  # nvidia/...-FP8
+    assert "FP8 MoE kernels" in sglang_fp8_problem([a100], mixtral, WeightDtype.FP8)
+    # online FP8 on the BF16 checkpoint: Marlin on sm80 (Fp8Config's minimum capability is 80)
+    assert sglang_fp8_problem([a100], llama2, WeightDtype.FP8) is None
+    assert sglang_fp8_problem([a100], llama31, WeightDtype.BF16) is None
+    assert sglang_fp8_problem([h100], llama31, WeightDtype.FP8) is None
+    assert sglang_fp8_problem([l40s], mixtral, WeightDtype.FP8) is None
 
 
 def test_a100_fp8_plans_run_vllm_only() -> None:
     base = ["solve", "llama-3.1-70b", "dgx-a100-80gb", "--gpus", "16", "--mode", "serve", "--weight-dtype", "fp8"]
     code, text = _run([*base, "--target", "sglang"])
-    assert code == 2 and "SGLang serves FP8 weights from compute capability 8.9 on" in " ".join(text.split())
+    assert code == 2 and "SGLang cannot serve this model's FP8 weights on A100-SXM4-80GB" in " ".join(text.split())
+    code, text = _run(["solve", "llama-2-70b", "dgx-a100-80gb", "--gpus", "8", "--mode", "serve", "--weight-dtype",
+                       "fp8", "--target", "sglang", "--json"])
+    assert code == 0 and "--quantization fp8" in json.loads(text)["launch"]["sglang"]  # online FP8: Marlin
     code, text = _run([*base, "--json"])
     plan = json.loads(text)
     assert code == 0 and "vllm" in plan["launch"] and "sglang" not in plan["launch"]

@@ -66,17 +66,21 @@ def test_moe_tp_needs_sequence_parallelism() -> None:
     code, text = _run(["evaluate", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", "1", "--ep", "8",
                        "--no-sequence-parallel"])
     assert code == 2 and "an MoE model with TP 2 needs sequence parallelism" in text
-    # with knobs left to the solver, the search's prune and its fix (exit 1)
-    code, text = _run(["evaluate", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--no-sequence-parallel"])
-    assert code == 1 and "MoE with TP > 1 needs sequence parallelism" in text
-    code, text = _run(["solve", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--no-sequence-parallel"])
-    assert code == 1 and "sequence parallelism on with --tp 2 or more" in text
+    # pins that contradict the model: bad input (exit 2), as --vpp with --pp 1 is; it was exit 1, "no plan"
+    for cmd in ("evaluate", "solve"):
+        code, text = _run([cmd, "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--no-sequence-parallel"])
+        assert code == 2 and "an MoE model needs sequence parallelism at TP > 1" in text
 
 
 def test_sequence_parallelism_needs_the_sequence_to_split() -> None:
     code, text = _run(["evaluate", "llama-3.1-8b", "dgx-h100", "--gpus", "64", "--tp", "8", "--pp", "1", "--seq-len",
                        "65538", "--global-batch-size", "64"])
     assert code == 2 and "splits the 65538 tokens of a CP rank over TP 8" in text
+    code, text = _run(["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "64", "--tp", "8", "--seq-len", "65538"])
+    assert code == 2 and "or --no-sequence-parallel (dense models)" in text  # the pin alone cannot work
+    code, text = _run(["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "64", "--tp", "8", "--seq-len", "65538",
+                       "--no-sequence-parallel", "--time-limit", "20"])
+    assert code == 0  # Megatron runs a dense model at TP 8 without SP
     plan = __import__("json").loads(CliRunner().invoke(app, ["solve", "llama-3.1-8b", "dgx-h100", "--gpus", "64",
                                                              "--seq-len", "65538", "--json"]).output)["plan"]
     assert plan["sequence_parallel"] and plan["tp"] > 1  # 65538 = 2 x 32769: TP 2, never 4 or 8, with CP 1

@@ -23,9 +23,10 @@ over NVLink inside the node (DeepEP needs NVLink for its intranode kernels; Mega
 and raises "DeepEP is not installed" without it: moe/fused_a2a.py, token_dispatcher.py). ROCm has its
 own forks, not what upstream Megatron-LM loads, and PCIe nodes have no NVLink."""
 
-_BLOCK_SCALING = ("hopper", "blackwell")
-"""GPU generations whose FP8 GEMMs take Transformer Engine's blockwise recipe (compute capability 9.0 and
-up; TE raises on older GPUs at the first FP8 step)."""
+_NO_BLOCK_SCALING = ("ada", "ampere", "volta")
+"""GPU generations whose FP8 GEMMs cannot take Transformer Engine's blockwise recipe (it needs compute
+capability 9.0 and up and raises on older GPUs at the first FP8 step). A GPU whose name gives no known
+generation (a cluster file naming it as nvidia-smi does) is not refused on a guess."""
 
 
 def flex_dispatcher_problem(cluster: ClusterSpec) -> str | None:
@@ -45,7 +46,7 @@ def fp8_recipe_problem(cluster: ClusterSpec, recipe: Fp8Recipe) -> str | None:
 
     if recipe is not Fp8Recipe.BLOCKWISE:
         return None
-    off = sorted({p.gpu.name for p in cluster.pools if gpu_generation(p.gpu.name) not in _BLOCK_SCALING})
+    off = sorted({p.gpu.name for p in cluster.pools if gpu_generation(p.gpu.name) in _NO_BLOCK_SCALING})
     if not off:
         return None
     return (f"--fp8-recipe blockwise needs compute capability 9.0 or newer (Hopper, Blackwell), the cluster has "

@@ -47,6 +47,7 @@ from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import WeightDtype
+from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "sglang_command",
@@ -77,17 +78,24 @@ SGLANG_KV_CACHE_DTYPE: dict[WeightDtype, str] = {WeightDtype.BF16: "auto", Weigh
 SGLANG_DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
 
-def sglang_fp8_problem(gpus: list[GpuSpec], weights: WeightDtype) -> str | None:
-    """Why SGLang cannot serve these FP8 weights on these GPUs, or None: its FP8 checkpoint loader needs
-    compute capability 8.9 (ModelOptFp8Config.get_min_capability() is 89; the model loader raises
-    "Minimum capability: 89") and its FP8 MoE runs Triton kernels in e4m3, which sm80 lacks. vLLM runs
-    FP8 weights there through Marlin."""
+def sglang_fp8_problem(gpus: list[GpuSpec], model: ModelSpec, weights: WeightDtype) -> str | None:
+    """Why SGLang cannot serve these FP8 weights of this model on these GPUs, or None. Before compute
+    capability 8.9 SGLang runs dense FP8 linears through Marlin (Fp8Config's minimum is 80), but a ModelOpt
+    FP8 checkpoint needs 8.9 (ModelOptFp8Config.get_min_capability() is 89; the loader raises "Minimum
+    capability: 89") and its FP8 MoE runs Triton kernels in e4m3, which sm80 lacks. vLLM runs all of them
+    there through Marlin."""
     old = sorted({g.name for g in gpus if g.fp8_tflops is None})
     if weights is not WeightDtype.FP8 or not old:
         return None
-    return (f"SGLang serves FP8 weights from compute capability 8.9 on (its FP8 loader's minimum; its FP8 MoE "
-            f"kernels need e4m3), the cluster has {', '.join(old)}: use --target vllm (Marlin FP8 kernels there) "
-            "or --weight-dtype bf16")
+    ckpt = next((c for c in model.checkpoints if c.weights is WeightDtype.FP8), None)
+    if model.moe is not None:
+        why = "its FP8 MoE kernels need e4m3 (compute capability 8.9)"
+    elif ckpt is not None and ckpt.quantization == "modelopt":
+        why = f"the ModelOpt FP8 checkpoint {ckpt.repo} needs compute capability 8.9 (its loader's minimum)"
+    else:
+        return None  # online FP8 on the BF16 checkpoint, or another FP8 method: Marlin on sm80
+    return (f"SGLang cannot serve this model's FP8 weights on {', '.join(old)}: {why}; use --target vllm "
+            "(Marlin FP8 kernels there) or --weight-dtype bf16")
 
 
 def runs_deepep(plan: ServePlan) -> bool:

@@ -52,12 +52,20 @@ _SGLANG_SWITCHES = frozenset({"--enable-dp-attention", "--enable-ep-moe", "--tru
                               "--enable-mixed-chunk", "--enable-metrics", "--skip-server-warmup",
                               "--enable-nccl-nvls", "--enable-symm-mem"})
 
+_SPLIT = f"SGLang {SGLANG_FLAGS_VERSION} split it into -decode and -prefill flags and refuses the old name as ambiguous"
 _LEGACY = {
     "--enable-ep-moe": f"removed before SGLang {SGLANG_FLAGS_VERSION} (which refuses it): write --ep-size <TP size>",
-    "--cuda-graph-max-bs": f"SGLang {SGLANG_FLAGS_VERSION} split it into --cuda-graph-max-bs-decode and "
-                           "--cuda-graph-max-bs-prefill and refuses the old name as ambiguous: read as the decode one",
+    "--cuda-graph-max-bs": f"{_SPLIT}: read as --cuda-graph-max-bs-decode",
+    "--cuda-graph-bs": f"{_SPLIT} (--cuda-graph-bs-decode); ignored",
+    "--oltp-traces-endpoint": f"the older spelling of --otlp-traces-endpoint, which SGLang {SGLANG_FLAGS_VERSION} "
+                              "spells only so; ignored",
+    "--max-micro-batch-size": f"renamed --pp-max-micro-batch-size by SGLang {SGLANG_FLAGS_VERSION}; ignored",
 }
-"""Flags of earlier SGLang 0.5 releases autoshard still reads, with what the current one makes of them."""
+"""Flags of earlier SGLang 0.5 releases, with what the current one makes of them: read or skipped with a note,
+never refused as misspellings."""
+_LEGACY_ARITY = {"--cuda-graph-bs": "--cuda-graph-bs-decode", "--oltp-traces-endpoint": "--otlp-traces-endpoint",
+                 "--max-micro-batch-size": "--pp-max-micro-batch-size"}
+"""The current flag whose values an older one takes (to skip them)."""
 TYPO_CUTOFF = 0.9
 """An unknown flag this close (difflib ratio) to a known one is a misspelling of it, refused as SGLang's
 parser would refuse it (`--tp-sise 8` was read as TP 1 with a note); farther ones (a newer SGLang's own
@@ -95,6 +103,7 @@ def _values_taken(flag: str | None, args: list[str], i: int) -> int:
     """How many words after an ignored flag (at args[i:]) are its values: none for a switch, all the
     words up to the next flag for a several-value one, one (if there) otherwise; for an unknown flag one
     word that is not a flag, as argparse would take it."""
+    flag = _LEGACY_ARITY.get(flag, flag) if flag else flag
     primary = NEGATIONS.get(flag, ALIASES.get(flag, flag)) if flag else None
     if primary in NO_VALUE or flag in NEGATIONS:
         return 0

@@ -68,7 +68,8 @@ def _layout_fixes(model: ModelSpec, cluster: ClusterSpec) -> tuple[tuple[str, tu
         ("MoE with TP > 1 needs sequence parallelism", ("tp", "sequence_parallel"),
          "sequence parallelism on with --tp 2 or more (drop --no-sequence-parallel), or --tp 1"),
         ("sequence length not divisible by CP x TP", ("tp", "cp"),
-         "a --seq-len divisible by CP x TP (sequence parallelism splits it over both)"),
+         "a --seq-len divisible by CP x TP (sequence parallelism splits it over both), or --no-sequence-parallel "
+         "(dense models)"),
         ("BF16 Adam moments need the distributed optimizer", ("zero_stage",), "--zero-stage 1 or more"),
     )
 

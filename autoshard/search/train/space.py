@@ -160,6 +160,14 @@ def check_pins(model: ModelSpec, cluster: ClusterSpec, job: TrainJob, pins: Pins
             raise SpecError(f"expert grid ETP x EP = {grid} must divide TP x CP x DP = {dense} (Megatron folds expert "
                             f"layers onto the same ranks){hint}", source="--ep/--etp")
     check_moe_fp8_knobs(model, cluster, job, pins.moe_dispatcher, pins.fp8_recipe)
+    if model.moe is not None and (pins.tp or 1) > 1 and pins.sequence_parallel is False:
+        raise SpecError(f"--tp {pins.tp} with --no-sequence-parallel: an MoE model needs sequence parallelism at TP > 1 "
+                        "(Megatron-Core's MoE layer raises without it): drop one of them", source="--tp")
+    sp_tp = (pins.tp or 1) * (pins.cp or 1)
+    if (pins.tp or 1) > 1 and pins.sequence_parallel is not False and job.seq_len % sp_tp:
+        raise SpecError(f"--tp {pins.tp}: sequence parallelism splits the {job.seq_len}-token sequence over CP x TP = "
+                        f"{sp_tp}, which does not divide it: a --seq-len divisible by {sp_tp}, another --tp, or "
+                        "--no-sequence-parallel (dense models)", source="--tp")
     if pins.recompute_modules and (problems := recompute_module_problems(
             model, pins.recompute_modules, job.precision, fp8_recipe_for(model, cluster, pins.fp8_recipe))):
         raise SpecError("; ".join(problems), source="--recompute-modules")
