@@ -99,7 +99,7 @@ def serve_launch(plan: ServePlan) -> dict[str, str]:
         return pd_launch(plan)
     launch: dict[str, str] = {}
     engines = [("vllm", vllm_node_commands)]
-    if sglang_fp8_problem([plan.pool.gpu], plan.model, plan.job.weight_dtype) is None:  # no SGLang line SGLang would refuse
+    if sglang_fp8_problem([plan.pool.gpu], plan.model, plan.job.weight_dtype) is None:  # no line SGLang refuses
         engines.append(("sglang", sglang_node_commands))
     for name, build in engines:
         lines = build(plan)
@@ -280,7 +280,8 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, *, top_k
     `time_limit_s` (counted from `started_at`, a `time.monotonic()` value, else from this call): the
     throughput-optimal one runs first in `ALTERNATIVE_SHARE` of it; when the limit cuts one short, the other is
     the answer with a note (SolverError only when neither found a plan)."""
-    if framework == "sglang" and (problem := sglang_fp8_problem([p.gpu for p in cluster.pools], model, job.weight_dtype)):
+    gpus = [p.gpu for p in cluster.pools]
+    if framework == "sglang" and (problem := sglang_fp8_problem(gpus, model, job.weight_dtype)):
         raise SpecError(problem, source="--target/--emit sglang")
     deadline = Deadline(time_limit_s, start=started_at)  # both solves share it: `--time-limit` bounds the command
     run = dict(pins={k: v for k, v in (pins or {}).items() if v is not None}, time_limit_s=time_limit_s,

@@ -82,16 +82,17 @@ def _no_plan_json(exc: AutoshardError, kwargs: dict[str, Any], command: str, wal
     objective, and the message stderr shows under "error". `study` prints its own schema's object."""
     status = "invalid" if isinstance(exc, SpecError) else "unknown" if isinstance(exc, SolverError) else "infeasible"
     if command == "study":
-        obj: dict[str, Any] = {"schema": "autoshard.study/v1", "status": status, "mode": str(kwargs.get("mode", "train")),
-                               "rows": [], "warnings": list(NOTES), "error": str(exc)}
+        obj: dict[str, Any] = {"schema": "autoshard.study/v1", "status": status,
+                               "mode": str(kwargs.get("mode", "train")), "rows": [], "warnings": list(NOTES),
+                               "error": str(exc)}
         sys.stdout.write(json.dumps(obj, indent=2) + "\n")
         return
     serve = str(kwargs.get("mode", "train")) == "serve" or any(kwargs.get(k) for k in ("from_vllm", "from_sglang"))
     model, cluster = kwargs.get("model"), kwargs.get("cluster")
-    if cluster is None and any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang")):
+    from_command = any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang"))
+    if cluster is None and from_command:
         model, cluster = None, model  # one positional is the cluster when the command names the model
     gpus = kwargs.get("gpus")
-    from_command = any(kwargs.get(k) is not None for k in ("from_megatron", "from_vllm", "from_sglang"))
     if gpus is None and cluster is not None and not from_command:  # a command's own process count decides there
         try:  # the cluster's own size, as the plan's num_gpus would be
             from autoshard.api import load_cluster

@@ -35,7 +35,7 @@ def with_choice(job: ServeJob, best: ServePlan, other: ServePlan | None) -> Serv
 
 
 def reconcile_interactive(plans: list[ServePlan], alternative: ServePlan, interactive: ServeJob,
-               note: str) -> tuple[list[ServePlan], ServePlan, str]:
+                          note: str) -> tuple[list[ServePlan], ServePlan, str]:
     """The interactive plan and the throughput-optimal alternative compared, for when the time limit cut one
     of their solves short: an alternative that meets the interactive TPOT with more throughput is the
     answer (a cut interactive solve printed a 1P1D at 22,571 tokens/s beside an 'alternative' at 90,284
