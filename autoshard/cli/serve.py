@@ -12,7 +12,7 @@ from autoshard import api
 from autoshard.cli.app import err, out, report_err
 from autoshard.cli.options import Target, print_json, write_script
 from autoshard.errors import SolverError, SpecError
-from autoshard.report.pareto import front_band, front_json, render_front, write_front_png
+from autoshard.report.pareto import front_band, front_json, plan_line, plan_on_front, render_front, write_front_png
 from autoshard.report.serving import alternative_text, render_serve_plan
 
 
@@ -112,7 +112,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if len(plans) > 1:
             obj["alternatives"] = [p.to_json() for p in plans[1:]]
         if front is not None:
-            obj["pareto"] = front_json(front, best.job.tpot_target_s, band)
+            obj["pareto"] = {**front_json(front, best.job.tpot_target_s, band), "plan": plan_on_front(best, front)}
         if found.interactive:
             obj["sla"] = {"tpot_ms": api.INTERACTIVE_TPOT_MS if best.job.tpot_target_s is not None else None, "default": True,
                           "note": sla_note}
@@ -130,6 +130,7 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
         if front is not None:
             render_front(front, console, title=f"{model_spec.name} on {cluster_spec.num_gpus} GPUs",
                          tpot_target_s=best.job.tpot_target_s, band=band, cluster_gpus=cluster_spec.num_gpus)
+            console.print(plan_line(plan_on_front(best, front)), markup=False, highlight=False)
     if emit is Target.K8S:  # the manifests run the engine the plan is priced for
         count = api.write_k8s_manifests(best, output, framework)
         # the command is pasted into a shell: quote the directory (a path with a space ran `kubectl apply -f a`)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -17,7 +18,8 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["sla_cuts", "render_front", "write_front_png", "front_json", "FrontBand", "front_band"]
+__all__ = ["plan_on_front", "plan_line", "sla_cuts", "render_front", "write_front_png", "front_json", "FrontBand",
+           "front_band"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,28 @@ def front_json(front: Front, tpot_target_s: float | None = None, band: FrontBand
             {"tpot_ms": ms, "best": point(p) if p else None} for ms, p in sla_cuts(front, tpot_target_s)
         ],
     }
+
+
+def plan_on_front(plan: Any, front: Front) -> dict:
+    """Where the chosen plan sits against the front, in the front's units (tokens/s per GPU it uses, per
+    user 1 / TPOT): on it, or inside it with the front point that beats it on both axes. The solver divides
+    by every GPU of the cluster, the front by the GPUs a deployment uses, so a split on 6 of 8 GPUs can
+    dominate the chosen plan here and still lose to it on the cluster."""
+    per_gpu = plan.throughput_tokens_per_s / plan.num_gpus
+    per_user = 1.0 / plan.prediction.tpot_s
+    better = [p for p in front.front if p.tokens_per_s_per_gpu >= per_gpu and p.tokens_per_s_per_user >= per_user
+              and (p.tokens_per_s_per_gpu > per_gpu or p.tokens_per_s_per_user > per_user)]
+    beaten_by = max(better, key=lambda p: p.tokens_per_s_per_gpu, default=None)
+    return {"deployment": plan.describe(), "gpus": plan.num_gpus, "tokens_per_s_per_gpu": per_gpu,
+            "tokens_per_s_per_user": per_user, "on_front": beaten_by is None,
+            "beaten_by": None if beaten_by is None else beaten_by.label}
+
+
+def plan_line(point: dict) -> str:
+    where = ("on the front" if point["on_front"] else
+             f"inside the front: {point['beaten_by']} beats it per GPU used")
+    return (f"the plan above: {point['tokens_per_s_per_gpu']:,.0f} tok/s/GPU over its {point['gpus']} GPUs at "
+            f"{point['tokens_per_s_per_user']:.1f} tok/s/user, {where}")
 
 
 def _kind(p: FrontPoint) -> str:

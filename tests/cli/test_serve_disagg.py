@@ -226,6 +226,15 @@ def test_pareto_json_and_png(tmp_path):
     cut50 = next(c for c in obj["pareto"]["sla_cuts"] if c["tpot_ms"] == 50.0)
     assert cut50["best"]["tpot_s"] <= 0.05
     assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    # the chosen plan against the front, in the front's units (it did not say where the plan sat)
+    mark = obj["pareto"]["plan"]
+    assert mark["deployment"] and 0 < mark["gpus"] <= obj["num_gpus"]
+    assert mark["tokens_per_s_per_user"] == pytest.approx(1 / obj["predicted"]["serve"]["tpot_s"])
+    dominated = [p for p in front if p["tokens_per_s_per_gpu"] >= mark["tokens_per_s_per_gpu"]
+                 and p["tokens_per_s_per_user"] >= mark["tokens_per_s_per_user"]
+                 and (p["tokens_per_s_per_gpu"], p["tokens_per_s_per_user"])
+                 != (mark["tokens_per_s_per_gpu"], mark["tokens_per_s_per_user"])]
+    assert mark["on_front"] == (not dominated) and (mark["beaten_by"] is None) == mark["on_front"]
 
 
 def test_pareto_front_carries_the_band_of_its_plans():
