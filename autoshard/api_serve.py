@@ -181,15 +181,21 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                                          block_scaled=block)
         model = model.model_copy(update={"checkpoints": (own, *model.checkpoints)})
     try:
-        return with_engine_check(evaluate_serve(
-            model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
-            expert_parallel=parsed.enable_expert_parallel, attention_dp=parsed.attention_dp,
-            gpu_memory_utilization=parsed.gpu_memory_utilization,
-            max_num_seqs=parsed.max_num_seqs, max_num_batched_tokens=parsed.max_num_batched_tokens,
-            warnings=parsed.warnings, concurrency=concurrency, nccl_nvls=parsed.nccl_nvls,
-            deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its 0.33.0 oracle (serve.engines.vllm_deep_gemm)
-            framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
-            role=role))
+        def priced(util: float) -> ServePlan:
+            return evaluate_serve(
+                model, cluster, applied, tp=parsed.tp, pp=parsed.pp, dp=parsed.dp,
+                expert_parallel=parsed.enable_expert_parallel, attention_dp=parsed.attention_dp,
+                gpu_memory_utilization=util, max_num_seqs=parsed.max_num_seqs,
+                max_num_batched_tokens=parsed.max_num_batched_tokens, warnings=parsed.warnings, concurrency=concurrency,
+                nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its own oracle
+                framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
+                role=role)
+        if not (sglang and parsed.static_fraction):
+            return with_engine_check(priced(parsed.gpu_memory_utilization))
+        # --mem-fraction-static is weights + KV pool (emit.sglang.mem_fraction_static): activations on top
+        mem = priced(0.98).prediction.memory
+        return with_engine_check(priced(min(0.98, parsed.static_fraction
+                                            + (mem.activation_bytes + mem.overhead_bytes) / mem.capacity_bytes)))
     except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
         if not parsed.warnings:
             raise

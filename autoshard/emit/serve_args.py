@@ -95,6 +95,9 @@ class ParsedServe:
     them (`--attn-dp-size` without expert parallelism: `costmodel.serve.dp_tp_moe`), not replicas."""
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.92
+    static_fraction: float | None = None
+    """SGLang's --mem-fraction-static as given: weights + KV pool only (the activations and buffers come on
+    top; the evaluation adds them back, `api_serve.evaluate_serve_command`). None: not given or vLLM."""
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     quantization: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from autoshard.cli import app
@@ -56,3 +57,18 @@ def test_sglang_fp8_name_reads_back_as_fp8() -> None:
     parsed = parse_sglang(line)
     assert parsed.quantization == "modelopt" and weight_dtype_of(parsed.quantization)[0] is WeightDtype.FP8
     assert not any("modelled as bf16" in w for w in parsed.warnings)
+
+
+def test_sglang_mem_fraction_round_trip() -> None:
+    """--mem-fraction-static is weights + KV pool (emit.sglang.mem_fraction_static subtracts the activations
+    and buffers); --from-sglang read it as the whole budget: Qwen3-235B on 8 H100 planned at 4,703 output
+    tokens/s read its own line back at 3,989 (review of 2026-11-24). It adds them back on top now."""
+    code, text = _run(["solve", "qwen3-235b-a22b", "dgx-h100", "--gpus", "8", "--mode", "serve", "--target", "sglang",
+                       "--json"])
+    plan = json.loads(text)
+    line = plan["launch"]["sglang"]
+    assert code == 0 and "--mem-fraction-static" in line
+    code, text = _run(["evaluate", "qwen3-235b-a22b", "dgx-h100", "--gpus", "8", "--from-sglang", line, "--json"])
+    back = json.loads(text)
+    assert code == 0
+    assert back["predicted"]["tokens_per_s"] == pytest.approx(plan["predicted"]["tokens_per_s"], rel=0.01)

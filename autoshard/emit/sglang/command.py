@@ -134,7 +134,9 @@ def mem_fraction_static(plan: ServePlan) -> float:
     """Weights + KV pool as a fraction of HBM, rounded down to 0.01 and kept inside (0, 1)."""
     mem = plan.prediction.memory
     static = mem.budget_bytes - mem.activation_bytes - mem.overhead_bytes
-    return min(0.95, max(0.05, math.floor(100 * static / mem.capacity_bytes) / 100))
+    # rounded down, but not for a float's last bit: a line read back (--from-sglang adds the activations back
+    # on top) writes the fraction it was read with
+    return min(0.95, max(0.05, math.floor(100 * static / mem.capacity_bytes + 1e-9) / 100))
 
 
 def _base(plan: ServePlan, *, dp: int, deepep: bool = False) -> list[str]:

@@ -216,8 +216,8 @@ def parse_sglang(command: str) -> ParsedServe:
                             field="--mem-fraction-static") from None
         if not 0 < util < 1:
             raise SpecError(f"--mem-fraction-static must be in (0, 1), got {util}", field="--mem-fraction-static")
-        warnings.append(f"--mem-fraction-static {util} (weights + KV pool) read as the whole memory budget: "
-                        "SGLang keeps activations outside it, so the predicted KV cache is a little smaller")
+        warnings.append(f"--mem-fraction-static {util} is weights + KV pool: the activations and buffers SGLang "
+                        "keeps outside it are added on top (as autoshard writes the flag)")
     running = values.get("--max-running-requests")
     seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel or tp_moe else 1))
     context = values.get("--context-length")
@@ -246,6 +246,7 @@ def parse_sglang(command: str) -> ParsedServe:
         model=model, tp=tp, pp=pp, dp=dp, enable_expert_parallel=expert_parallel, attention_dp=tp_moe,
         max_model_len=None if context is None else to_int("--context-length", context, human=True),
         gpu_memory_utilization=util, max_num_seqs=seqs,
+        static_fraction=util if "--mem-fraction-static" in values else None,
         max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else max(
             1, to_int("--chunked-prefill-size", chunk) // attn_dp),
         quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
