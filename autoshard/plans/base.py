@@ -36,9 +36,11 @@ class SolverStats:
     conflicts: int = 0
     branches: int = 0
     candidates: int = 0
-    """Degree tuples enumerated."""
+    """Candidates examined: training, degree tuples enumerated; serving, engines dropped before pricing
+    plus the rows priced (an engine at one concurrency, a prefill or decode instance), i.e. the rows in
+    the model plus every count in `pruned`."""
     candidates_in_model: int = 0
-    """Tuples left for CP-SAT after bound-based pruning."""
+    """Candidates left for CP-SAT after pruning (training: degree tuples; serving: rows)."""
     pruned: dict[str, int] = field(default_factory=dict)
     """Why candidates were discarded, with counts."""
     stop_reason: str = ""

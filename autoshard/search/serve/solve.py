@@ -166,6 +166,7 @@ def solve_serve(
                 f"no deployment found within the {time_limit_s:g} s time limit ({len(space.engines)} candidate "
                 "engines in the model, none placed before the limit): raise --time-limit"
             )
+        in_model = len(rows) + (len(tables.prefill) + len(tables.decode) if tables else 0)
         stats = SolverStats(
             # a plan chosen from tables the deadline cut short is the best of what was tabulated only
             status="FEASIBLE" if cut else solver.status_name(status),
@@ -176,8 +177,7 @@ def solve_serve(
             bound=objective_units(job, solver.best_objective_bound),
             conflicts=solver.num_conflicts,
             branches=solver.num_branches,
-            candidates=space.enumerated,
-            candidates_in_model=len(rows) + (len(tables.prefill) + len(tables.decode) if tables else 0),
+            candidates=in_model + pruned.total(), candidates_in_model=in_model,
             pruned=dict(pruned),
         )
         if tie is not None and is_optimal(status) and deadline.remaining() > 0.05:

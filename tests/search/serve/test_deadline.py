@@ -100,6 +100,9 @@ def test_results_identical_to_before_when_the_limit_is_not_hit():
     assert [p.tokens_per_s_per_gpu for p in plans] == [867.1048284236622, 843.5794873687007]
     assert [(p.solver.status, p.solver.stop_reason, p.solver.candidates_in_model) for p in plans] == [
         ("OPTIMAL", "optimal", 122)] * 2
+    # candidates counts what candidates_in_model counts (rows), plus every pruned engine and row: 359
+    # (it counted the 36 engines enumerated, fewer than the 122 rows in the model)
+    assert [p.solver.candidates for p in plans] == [122 + sum(plans[0].solver.pruned.values())] * 2 == [359] * 2
     front = serve_front(LLAMA70, H100_16, JOB, time_limit_s=30)
     assert (len(front.points), len(front.front)) == (256, 30)
     best = front.best_at(0.05)
