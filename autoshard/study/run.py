@@ -170,7 +170,7 @@ def run_study(
     jobs = jobs or os.cpu_count() or 1
     per_task = task_time_limit(time_limit_s * share - (time.monotonic() - started_at), len(tasks), jobs)
     init_args = (model_spec, specs, job, per_task, relative_gap)
-    found = _run_tasks(tasks, init_args, jobs, progress, end=started_at + time_limit_s * share)
+    found = _run_tasks(tasks, init_args, jobs, progress, cap=per_task, end=started_at + time_limit_s * share)
     order = {key: i for i, key in enumerate(specs)}
     found.sort(key=lambda r: (order[r[0]], r[1]))
     rows: list[Row] = []

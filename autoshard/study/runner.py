@@ -122,14 +122,14 @@ MIN_TASK_S = 0.1
 before the study's end, and its solve's first-plan grace would only push the study past it)."""
 
 
-def _run_tasks(tasks: list[tuple[str, int]], init_args: tuple, jobs: int, progress: ProgressFn | None,
-               end: float | None = None) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
-    """Solve the sizes on `jobs` processes, each size within its `_task_limit`: the sizes start as
-    workers free up, so time one size overran comes off the later ones, not off the study's end."""
+def _run_tasks(tasks: list[tuple[str, int]], init_args: tuple, jobs: int, progress: ProgressFn | None, *,
+               cap: float, end: float | None = None) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+    """Solve the sizes on `jobs` processes, each size within its `_task_limit` (at most `cap` seconds, the
+    even share): the sizes start as workers free up, so time one size overran comes off the later ones,
+    not off the study's end. `init_args` go to `_init_worker` in each process."""
     results = []
     # the largest sizes take longest: start them first so no worker is left with one at the end
     queue = sorted(tasks, key=lambda t: -t[1])
-    cap = init_args[3]
     workers = min(jobs, len(tasks)) if jobs > 1 and len(tasks) > 1 else 1
 
     def start(run: Callable[..., Any]) -> Any:

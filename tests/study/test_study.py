@@ -324,7 +324,7 @@ def test_time_a_size_overran_comes_off_the_later_sizes(monkeypatch):
     monkeypatch.setattr(runner, "_solve_task", fake_solve)
     tasks = [("c", n) for n in (1, 2, 3, 4, 5, 6)]
     init = (None, None, None, 2.0, 0.0)  # the even share: 12 s over 6 sizes on one process
-    found = runner._run_tasks(tasks, init, 1, None, end=112.0)
+    found = runner._run_tasks(tasks, init, 1, None, cap=2.0, end=112.0)
     assert given[0] == pytest.approx(2.0)  # on time: the even share
     assert given[1] == pytest.approx(9.5 / 5)  # 2.5 s spent: the 9.5 s left over the 5 sizes to go
     assert all(b < a for a, b in zip(given, given[1:]))
@@ -333,7 +333,7 @@ def test_time_a_size_overran_comes_off_the_later_sizes(monkeypatch):
 
     clock[0], overrun[0] = 100.0, 2.0
     given.clear()
-    found = runner._run_tasks(tasks, (None, None, None, 4.0, 0.0), 1, None, end=108.0)  # 2 s overruns
+    found = runner._run_tasks(tasks, (None, None, None, 4.0, 0.0), 1, None, cap=4.0, end=108.0)  # 2 s overruns
     skipped = [r for r in found if r[3] == runner.TIME_OUT_REASON]
     assert given == pytest.approx([8 / 6, (8 - 8 / 6 - 2) / 5, 0.4333333333], abs=1e-6)
     assert len(skipped) == 3 and "raise --time-limit" in runner.TIME_OUT_REASON
