@@ -56,6 +56,7 @@ __all__ = [
     "holders",
     "kv_link",
     "kv_transfer",
+    "prefill_seqs",
     "prefill_instance",
     "decode_instance",
     "md1_wait_s",
@@ -169,15 +170,25 @@ def kv_transfer(
     )
 
 
+def prefill_seqs(max_num_batched_tokens: int, input_len: int, pp: int) -> int:
+    """The requests a prefill instance (per DP rank) must admit to run a full token budget in each of its PP
+    micro-batches: vLLM counts the requests of every batch in flight against --max-num-seqs (v1 scheduler) and
+    fills a PP pipeline only with PP batches in flight; SGLang splits --max-running-requests over its PP
+    micro-batches. A prompt longer than the budget is chunked, one request per micro-batch."""
+    return pp * max(1, max_num_batched_tokens // input_len)
+
+
 def prefill_instance(
     model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig, memory: ServeMemory
 ) -> PrefillInstance:
     """Prefill throughput of one instance: every tick each DP rank runs `max_num_batched_tokens`
-    prompt tokens (prompts chunked as vLLM/SGLang chunk them), with PP micro-batches in flight. At
+    prompt tokens (prompts chunked as vLLM/SGLang chunk them), with PP micro-batches in flight, as many
+    as its running-request cap admits (`prefill_seqs`: below it, the pipeline runs part-empty). At
     full load every rank has a backlog (the engines route each request to the least-loaded DP rank),
     so every rank fills its budget: no busiest-rank excess (`step_time(balanced_prefill=True)`)."""
     budget = cfg.max_num_batched_tokens
     per_tick_prompts = budget / job.input_len
+    fill = min(1.0, cfg.max_num_seqs / prefill_seqs(budget, job.input_len, cfg.pp))
     tick = step_time(
         model,
         pool,
@@ -190,7 +201,7 @@ def prefill_instance(
         balanced_prefill=True,
     )
     prompt = prefill_time(model, pool, cfg, prompt_len=job.input_len)
-    rate = cfg.dp_attention * per_tick_prompts / tick.total_s
+    rate = cfg.dp_attention * per_tick_prompts / tick.total_s * fill
     return PrefillInstance(config=cfg, memory=memory, prompt=prompt, step=tick, requests_per_s=rate)
 
 

@@ -29,6 +29,7 @@ from autoshard.costmodel.serve.disagg import (
     kv_transfer,
     kv_transfer_bytes,
     prefill_instance,
+    prefill_seqs,
 )
 from autoshard.costmodel.comm import Link
 from autoshard.costmodel.serve.memory import serve_memory
@@ -156,7 +157,7 @@ def tabulate_disagg(
             continue
         # ---- prefill side
         budget_cfg = _config(model, pool, job, e, max_num_seqs=1, split=True, role="prefill")
-        seqs = max(1, budget_cfg.max_num_batched_tokens // job.input_len)
+        seqs = prefill_seqs(budget_cfg.max_num_batched_tokens, job.input_len, e.pp)
         cfg = _config(model, pool, job, e, max_num_seqs=seqs, split=True, role="prefill")
         mem = serve_memory(model, pool, cfg, context_len=job.context_len)
         if mem.problem() or kv_limited_concurrency(mem, job) < 1:
