@@ -174,9 +174,9 @@ def test_deepseek_v3_fp8_on_8_h200_runs_deepep():
     assert (cfg.engine, cfg.deep_gemm) == ("sglang", True)
     # the vLLM-priced plan runs vLLM 0.33.0's own budget for its deepep_low_latency line (256 a rank, the
     # buffer's size), which SGLang's line of it passes as 8 x 256; the SGLang-priced one keeps its 8,192
-    # a rank (SGLang's buffer does not grow with it), whose larger activation peak leaves 0.01 less HBM
+    # a rank (SGLang's buffer does not grow with it), whose larger activation peak leaves 0.015 less HBM
     assert f["--chunked-prefill-size"] == "2048" and plan.max_num_batched_tokens == 256
-    assert sglang.launch["sglang"] == line.replace("--mem-fraction-static 0.85", "--mem-fraction-static 0.84").replace(
+    assert sglang.launch["sglang"] == line.replace("--mem-fraction-static 0.859", "--mem-fraction-static 0.844").replace(
         "--chunked-prefill-size 2048", "--chunked-prefill-size 65536")
     # DeepEP's low-latency layout at 256 tokens (h = 7,168, 256 experts): 2 x send + 2 x receive of
     # 256 x 256 x 14,560 B (combine messages 2h + 4h/128) + 2 x 1,024 B of signals, aligned up by 128;

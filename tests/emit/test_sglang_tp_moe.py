@@ -27,7 +27,7 @@ from autoshard.search.serve.space import _unpriced, enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 
 QWEN_LINE = ("python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B --tp-size 8 --pp-size 1 "
-             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.88 --max-running-requests 276 "
+             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.883 --max-running-requests 276 "
              "--chunked-prefill-size 2048 --kv-cache-dtype auto")
 
 
@@ -121,7 +121,7 @@ def test_evaluate_reads_the_line_back():
     assert (cfg.moe_tp, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (8, 138, 1024)
     assert back.prediction.concurrency == plan.prediction.concurrency
     assert back.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-9)
-    # relaunched as read: --mem-fraction-static 0.88 is weights + KV, the activations on top (it was taken as
+    # relaunched as read: --mem-fraction-static 0.883 is weights + KV, the activations on top (it was taken as
     # the whole budget and relaunched at 0.86)
     assert back.launch["sglang"] == QWEN_LINE
 
