@@ -7,6 +7,7 @@ import difflib
 import errno
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -281,11 +282,16 @@ def _is_hf_config(path: Path, data: dict[str, Any]) -> bool:
 
 def _hf_quant_config(path: Path) -> dict[str, Any] | None:
     """ModelOpt's hf_quant_config.json beside a config.json (nvidia/*-FP8, *-NVFP4 checkpoints keep their
-    quantization there, and vLLM reads it: vllm/transformers_utils/config.py), or None."""
+    quantization there, and vLLM reads it: vllm/transformers_utils/config.py), or None. One that cannot be
+    read is a warning, as an unreadable quantization_config is (the model imports as BF16)."""
     sidecar = path.parent / "hf_quant_config.json"
-    if path.name == sidecar.name or not sidecar.is_file():
+    if path.name != "config.json" or not sidecar.is_file():
         return None
-    return read_mapping(sidecar)
+    try:
+        return read_mapping(sidecar)
+    except SpecError as exc:
+        warnings.warn(f"{exc}: its quantization is not read; imported as BF16", UserWarning, stacklevel=3)
+        return None
 
 
 def load_model(ref: str | Path) -> ModelSpec:

@@ -445,7 +445,7 @@ def test_text_config_nesting() -> None:
                "_name_or_path": "llava-hf/llava-like", "vision_config": {"model_type": "clip_vision_model"},
                "text_config": {k: v for k, v in llama.items() if k != "tie_word_embeddings"},
                "tie_word_embeddings": False}
-    with pytest.warns(UserWarning, match="vision_config: only text_config .* vision tower's weights are not counted"):
+    with pytest.warns(UserWarning, match="vision_config: only the language model .* vision tower's weights are not counted"):
         s = model_from_hf_config(wrapped, source="config.json")
     assert s.name == "llava-hf/llava-like"
     assert s.num_params == load("llama-3.1-8b").num_params

@@ -63,7 +63,7 @@ def test_kimi_k25_int4_experts_in_text_config_are_its_checkpoint() -> None:
     assert spec.num_params == 1_026_408_209_408  # Kimi K2's shapes
     assert total_weight_bytes(spec, WeightDtype.BF16) / GiB == pytest.approx(1911.83, abs=0.01)
     assert total_weight_bytes(spec, ckpt.weights) / GiB == pytest.approx(496.37, abs=0.01)
-    assert notes == ["config.json: vision_config: only text_config (the language model) is imported: the vision "
+    assert notes == ["config.json: vision_config: only the language model is imported: the vision "
                      "tower's weights are not counted, so serving weight memory is low by their size and training "
                      "leaves their FLOPs out"]
 
@@ -117,6 +117,19 @@ def test_hf_quant_config_kv_cache_algorithm_and_unknown_algorithms_are_said(tmp_
     assert spec.checkpoints == ()
     assert notes == [f"{tmp_path / 'config.json'}: hf_quant_config.json.quant_algo: ModelOpt 'W4A8_AWQ' is not "
                      "modelled (FP8 and NVFP4 are); imported as BF16"]
+
+
+def test_an_unreadable_sidecar_is_a_warning_and_only_config_json_has_one(tmp_path: Path) -> None:
+    path = modelopt_dir(tmp_path, None)
+    (tmp_path / "hf_quant_config.json").write_text("{not json")
+    spec, notes = load_noting(path)
+    assert spec.checkpoints == () and len(notes) == 1
+    assert "hf_quant_config.json: invalid JSON at line 1, column 2" in notes[0] and "imported as BF16" in notes[0]
+    modelopt_dir(tmp_path, "FP8")
+    renamed = tmp_path / "llama.json"
+    renamed.write_text(path.read_text())
+    assert load_noting(renamed)[0].checkpoints == ()  # a file of another name is no checkpoint folder's config
+    assert load_noting(path)[0].checkpoints[0].weights is WeightDtype.FP8
 
 
 def test_config_json_quantization_config_wins_over_the_sidecar(tmp_path: Path) -> None:

@@ -121,8 +121,7 @@ def model_from_hf_config(config: dict[str, Any], *, source: str,
         raise SpecError(f"{message} (model_type {model_type})", source=source,
                         field=_config_key(reader.origin, field, message)) from None
     _note_sliding_window(reader, model_type, spec.max_position_embeddings)
-    if prefix:
-        _note_towers(config, source)
+    _note_towers(config, source)
     return spec
 
 
@@ -148,11 +147,12 @@ _TOWERS = ("vision_config", "audio_config", "speech_config", "vision_tower_confi
 
 
 def _note_towers(config: dict[str, Any], source: str) -> None:
-    """A multimodal wrapper imports as its language model only: say that the other towers' weights are
-    left out (serving memory is low by that much; training FLOPs leave out the towers)."""
+    """A multimodal config imports as its language model only (text_config, or the top level): say that
+    the other towers' weights are left out (serving memory is low by that much; training FLOPs leave
+    out the towers)."""
     towers = [key for key in _TOWERS if isinstance(config.get(key), dict)]
     if towers:
-        warnings.warn(f"{source}: {', '.join(towers)}: only text_config (the language model) is imported: the "
+        warnings.warn(f"{source}: {', '.join(towers)}: only the language model is imported: the "
                       f"{' and '.join(t.removesuffix('_config').replace('_', ' ') for t in towers)} tower's "
                       "weights are not counted, so serving weight memory is low by their size and training "
                       "leaves their FLOPs out", UserWarning, stacklevel=3)
