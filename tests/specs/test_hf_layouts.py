@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from autoshard.cli import app
 from autoshard.costmodel.serve.weights import total_weight_bytes
+from autoshard.emit.megatron.network_args import network_args
 from autoshard.emit.megatron.rope import rope_args
 from autoshard.errors import SpecError
 from autoshard.specs import load_model
@@ -190,6 +191,8 @@ def test_moonlight_q_lora_rank_null_is_a_dense_query_projection() -> None:
     It was read as absent, so DeepSeek-V3's 1536 applied (16.003B, --q-lora-rank=1536 in the launch)."""
     spec = load_model(HF / "moonlight-16b-a3b.json")
     assert spec.mla is not None and spec.mla.q_lora_rank is None
+    launch = dict(network_args(spec, 8192))
+    assert "--q-lora-rank" not in launch and launch["--kv-lora-rank"] == "512"  # was --q-lora-rank=1536
     h, heads, vocab, experts, ffn, expert_ffn = 2048, 16, 163840, 64, 11264, 1408
     attention = h * heads * 192 + h * (512 + 64) + 512 + 512 * heads * (128 + 128) + heads * 128 * h + 2 * h
     expert = 3 * h * expert_ffn
