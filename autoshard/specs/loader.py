@@ -7,6 +7,7 @@ import difflib
 import errno
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,13 +23,16 @@ from autoshard.specs.validation import short as _short
 
 __all__ = [
     "catalog_dir", "bundled_models", "bundled_clusters", "load_model", "load_cluster",
-    "read_mapping", "validate", "StrictLoader", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES", "FILES_READ",
+    "read_mapping", "validate", "StrictLoader", "MAX_FILE_BYTES", "MAX_JSON_BYTES", "MAX_DEPTH", "MAX_VALUES", "FILES_READ",
 ]
 
 T = TypeVar("T", bound=BaseModel)
 
 MAX_FILE_BYTES = 1 << 20
-"""Largest model/cluster file read (the biggest Hugging Face config.json files are ~100 KB)."""
+"""Largest YAML model/cluster file read (the bundled ones are a few KB)."""
+MAX_JSON_BYTES = 32 << 20
+"""Largest JSON file read: a Hugging Face config.json of a quantized checkpoint can list every layer its
+quantization leaves out (nvidia/MiniMax-M3-NVFP4's is 2.9 MiB, its quantization_config.ignore list)."""
 MAX_DEPTH = 32
 """Deepest nesting of mappings and lists a spec file may have (specs nest four levels)."""
 MAX_VALUES = 100_000
@@ -101,14 +105,15 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _check_shape(data: Any, source: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH and more than MAX_VALUES values in all (YAML aliases can make
-    a small file expand exponentially: the "billion laughs"). Iterative, and stops at the first excess."""
+def _check_shape(data: Any, source: str, *, count: bool = True) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and (with `count`: YAML, whose aliases can make a small file
+    expand exponentially, the "billion laughs") more than MAX_VALUES values in all. JSON has no aliases:
+    its size cap bounds its values. Iterative, and stops at the first excess."""
     stack, seen = [(data, 1)], 0
     while stack:
         item, level = stack.pop()
         seen += 1
-        if seen > MAX_VALUES:
+        if count and seen > MAX_VALUES:
             raise SpecError(f"the file expands to more than {MAX_VALUES} values (YAML aliases?): a spec file holds a "
                             "few hundred", source=source)
         if isinstance(item, dict | list):
@@ -188,16 +193,21 @@ def read_mapping(path: Path) -> dict[str, Any]:
     try:
         FILES_READ.add(path.resolve())
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise SpecError(f"the file is {size / 2**20:.1f} MiB; a model or cluster file is at most "
-                            f"{MAX_FILE_BYTES >> 20} MiB: give the right file", source=str(path))
+        json_file = path.suffix == ".json"
+        cap = MAX_JSON_BYTES if json_file else MAX_FILE_BYTES
+        if size > cap:
+            kind = "a JSON (Hugging Face config.json) file" if json_file else "a YAML model or cluster file"
+            raise SpecError(f"the file is {size / 2**20:.1f} MiB; {kind} is at most {cap >> 20} MiB: give the "
+                            "right file", source=str(path))
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not content
     except OSError as exc:
         raise SpecError(f"cannot read the file ({exc.strerror})", source=str(path)) from None
     except UnicodeDecodeError:
         raise SpecError("the file is not UTF-8 text", source=str(path)) from None
+    if json_file and not text.strip():
+        raise SpecError("the file is empty: a config.json is a JSON object of the model's fields", source=str(path))
     try:
-        if path.suffix == ".json":
+        if json_file:
             data = json.loads(text, object_pairs_hook=_json_object)
         else:
             data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
@@ -215,7 +225,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
             raise SpecError("a number in the file has thousands of digits, beyond any model or cluster figure: fix "
                             "it", source=str(path)) from None
         raise SpecError(f"invalid JSON: {exc}", source=str(path)) from None
-    _check_shape(data, str(path))
+    _check_shape(data, str(path), count=not json_file)
     if data is None:
         raise SpecError("the file is empty (or only comments): a model or cluster file is a mapping of fields, "
                         "e.g. `name: ...`", source=str(path))
@@ -270,6 +280,20 @@ def _is_hf_config(path: Path, data: dict[str, Any]) -> bool:
     return path.suffix == ".json" or ("model_type" in data and "layers" not in data)
 
 
+def _hf_quant_config(path: Path) -> dict[str, Any] | None:
+    """ModelOpt's hf_quant_config.json beside a config.json (nvidia/*-FP8, *-NVFP4 checkpoints keep their
+    quantization there, and vLLM reads it: vllm/transformers_utils/config.py), or None. One that cannot be
+    read is a warning, as an unreadable quantization_config is (the model imports as BF16)."""
+    sidecar = path.parent / "hf_quant_config.json"
+    if path.name != "config.json" or not sidecar.is_file():
+        return None
+    try:
+        return read_mapping(sidecar)
+    except SpecError as exc:
+        warnings.warn(f"{exc}: its quantization is not read; imported as BF16", UserWarning, stacklevel=3)
+        return None
+
+
 def load_model(ref: str | Path) -> ModelSpec:
     """A ModelSpec from a YAML path, a Hugging Face config.json path, or a bundled name."""
     if isinstance(ref, ModelSpec):
@@ -278,7 +302,7 @@ def load_model(ref: str | Path) -> ModelSpec:
     data = read_mapping(path)
     _check_kind(data, "model", str(path))
     if _is_hf_config(path, data):
-        return model_from_hf_config(data, source=str(path))
+        return model_from_hf_config(data, source=str(path), hf_quant_config=_hf_quant_config(path))
     data.setdefault("name", path.stem)
     return validate(ModelSpec, data, source=str(path))
 

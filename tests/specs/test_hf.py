@@ -105,6 +105,11 @@ PUBLISHED: dict[str, tuple[float, float | None, str]] = {
     "mistral-large-instruct-2407": (123 * B, None, "huggingface.co/mistralai/Mistral-Large-Instruct-2407"),
     # mistral.ai/news/mixtral-8x22b: "141B parameters ... 39B active"
     "mixtral-8x22b-v0.1": (141 * B, 39 * B, "mistral.ai/news/mixtral-8x22b"),
+    # Moonlight-16B-A3B model card's comparison table: 15.29B total and 2.24B activated parameters, both
+    # without the embedding parameters (the card's dagger); the total here adds the untied input and output
+    # tables, 2 x 163,840 x 2,048 = 0.671B (the hub's config.json has q_lora_rank null: no query LoRA)
+    "moonlight-16b-a3b": ((15.29 + 0.671) * B, 2.24 * B,
+                          "huggingface.co/moonshotai/Moonlight-16B-A3B model card (Activated/Total Param)"),
     # Qwen2.5-72B-Instruct model card: "Number of Parameters: 72.7B"
     "qwen2.5-72b-instruct": (72.7 * B, None, "huggingface.co/Qwen/Qwen2.5-72B-Instruct model card"),
 }
@@ -126,10 +131,11 @@ ACTIVE_TOLERANCE: dict[str, float] = {
 }
 # DeepSeek's own activated figure leaves out the input embedding table (2.45B here vs "2.4B"; with the
 # table 2.66B), so V2-Lite's active count is pinned exactly below instead of against the rounded figure.
-ACTIVE_NOT_COMPARED = {"deepseek-v2-lite", "glm-4.5", "glm-4.5-air"}
+ACTIVE_NOT_COMPARED = {"deepseek-v2-lite", "glm-4.5", "glm-4.5-air", "moonlight-16b-a3b"}
 # Zhipu's activated figures count neither the embedding table nor the output head (GLM-4.5: 33.63B with
 # both, 32.08B without); compared without them, within 2% ("12B" for GLM-4.5-Air's 12.18B).
-ACTIVE_WITHOUT_EMBEDDINGS = {"glm-4.5", "glm-4.5-air"}
+# Moonshot's Moonlight figures leave out the embedding parameters as well (the card says so).
+ACTIVE_WITHOUT_EMBEDDINGS = {"glm-4.5", "glm-4.5-air", "moonlight-16b-a3b"}
 
 # Exact counts from transformers 5.23.0 (see module docstring), and expected spec - transformers offsets.
 EXACT_TRANSFORMERS: dict[str, int] = {
@@ -439,7 +445,8 @@ def test_text_config_nesting() -> None:
                "_name_or_path": "llava-hf/llava-like", "vision_config": {"model_type": "clip_vision_model"},
                "text_config": {k: v for k, v in llama.items() if k != "tie_word_embeddings"},
                "tie_word_embeddings": False}
-    s = model_from_hf_config(wrapped, source="config.json")
+    with pytest.warns(UserWarning, match="vision_config: only the language model .* vision tower's weights are not counted"):
+        s = model_from_hf_config(wrapped, source="config.json")
     assert s.name == "llava-hf/llava-like"
     assert s.num_params == load("llama-3.1-8b").num_params
 

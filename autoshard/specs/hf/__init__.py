@@ -9,7 +9,18 @@ priced as full attention, an upper bound, and a UserWarning says so. Architectur
 schema cannot describe (gpt-oss, Llama 4, Gemma 2/3, Qwen3-Next, DeepSeek-V3.2, Mamba hybrids, ...) are
 refused with what they lack (importer.py `_NOT_MODELLED`), never imported as the nearest family. A
 ``quantization_config`` becomes the model's one `checkpoints:` entry (quant.py: FP8 with or without
-128 x 128 block scales, int8/int4, NVFP4, MXFP4; anything else a warning, never an error).
+128 x 128 block scales, int8/int4, NVFP4, MXFP4; anything else a warning, never an error); it is looked
+for where vLLM looks: the top level, ``text_config`` (Kimi-K2.5), ``compression_config``, then ModelOpt's
+``hf_quant_config.json`` beside config.json (the loader reads it).
+
+Layouts read as transformers reads them: a multimodal wrapper imports its ``text_config`` (the other
+towers, ``vision_config`` ..., are left out with a warning: their weights are not counted); transformers
+v5's ``rope_parameters`` holds ``rope_theta`` / ``partial_rotary_factor`` when the top level does not (both,
+different: refused naming both keys); an explicit null is "absent" (the family default applies) except
+where the modeling code reads null as "none": DeepSeek's ``q_lora_rank`` (a dense query projection:
+Moonlight, Kimi-VL) and ``n_shared_experts`` (no shared expert). ``num_hidden_layers`` above the schema's
+1,024 is refused naming that key; a ``_name_or_path`` longer than a model name (200 characters) gives way
+to the folder's name with a warning.
 
 Which file owns what: importer.py picks the converter by ``model_type`` (`model_from_hf_config`);
 quant.py reads ``quantization_config``; reader.py is the typed field reader and the helpers every family shares; dense.py (Llama-like), gpt.py

@@ -12,10 +12,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from autoshard.errors import SpecError
+from autoshard.specs.base import MAX_NAME_LEN
 from autoshard.specs.hf import dense, gpt, moe
 from autoshard.specs.hf.quant import checkpoint_from_quantization_config
 from autoshard.specs.hf.reader import Converter, Reader
-from autoshard.specs.hf.rope import rope_scaling_fields
+from autoshard.specs.hf.rope import rope_base_fields, rope_scaling_fields
 from autoshard.specs.layers import PositionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
@@ -64,8 +65,10 @@ def _default_name(source: str) -> str:
     return parent.name or "model"
 
 
-def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
-    """A ModelSpec from a parsed Hugging Face ``config.json``.
+def model_from_hf_config(config: dict[str, Any], *, source: str,
+                         hf_quant_config: dict[str, Any] | None = None) -> ModelSpec:
+    """A ModelSpec from a parsed Hugging Face ``config.json`` (and the ``hf_quant_config.json`` found beside
+    it, ModelOpt's quantization file, where there is one).
 
     Bad input raises SpecError naming the config key, never another exception."""
     if not isinstance(config, dict):
@@ -101,20 +104,16 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
     fields = _CONVERTERS[model_type](reader, model_type)
     if fields.get("position_embedding", PositionKind.ROPE) is PositionKind.ROPE:
         # launch facts the Megatron-LM command carries (--rotary-base, --rotary-percent); no cost depends on them
-        fields["rope_theta"] = reader.number("rope_theta", "rotary_emb_base", maximum=1e12, spec_field="rope_theta")
-        fields["rotary_percent"] = reader.number("partial_rotary_factor", "rotary_pct", maximum=1,
-                                                 spec_field="rotary_percent")
+        fields["rope_theta"], fields["rotary_percent"] = rope_base_fields(reader)
         fields["rope_scaling"] = rope_scaling_fields(reader, fields["max_position_embeddings"])
-    name = data.get("_name_or_path")
-    fields["name"] = name.rstrip("/") if isinstance(name, str) and name.strip("/ ") else _default_name(source)
-    if isinstance(name, str) and name.strip("/ "):
-        reader.origin["name"] = "_name_or_path"  # a bad name is named by its config key
+    fields["name"] = _name(reader, source)
     fields["source"] = source
-    checkpoint = checkpoint_from_quantization_config(config, source=source, name=fields["name"])
+    checkpoint = checkpoint_from_quantization_config(config, source=source, name=fields["name"],
+                                                     sidecar=hf_quant_config)
     if checkpoint is not None:
         checkpoint["source"] = checkpoint["source"][:2000]
         fields["checkpoints"] = [checkpoint]
-        reader.origin["checkpoints"] = "quantization_config"
+        reader.origin["checkpoints"] = checkpoint["source"].rpartition(": ")[2]
     try:
         spec = ModelSpec.model_validate(fields)
     except ValidationError as exc:
@@ -122,7 +121,41 @@ def model_from_hf_config(config: dict[str, Any], *, source: str) -> ModelSpec:
         raise SpecError(f"{message} (model_type {model_type})", source=source,
                         field=_config_key(reader.origin, field, message)) from None
     _note_sliding_window(reader, model_type, spec.max_position_embeddings)
+    _note_towers(config, source)
     return spec
+
+
+def _name(reader: Reader, source: str) -> str:
+    """``_name_or_path``, else the folder's (or file's) name. A path longer than a model name may be
+    (MAX_NAME_LEN: a deep local checkout) falls back to the folder's name with a warning, not a refusal."""
+    name = reader.data.get("_name_or_path")
+    if not isinstance(name, str) or not name.strip("/ "):
+        return _default_name(source)
+    name = name.rstrip("/")
+    if len(name) > MAX_NAME_LEN:
+        fallback = _default_name(source)[:MAX_NAME_LEN]
+        warnings.warn(f"{source}: _name_or_path: {len(name)} characters, more than a model name holds "
+                      f"({MAX_NAME_LEN}): the model is named {fallback!r} after its file instead", UserWarning,
+                      stacklevel=3)
+        return fallback
+    reader.origin["name"] = "_name_or_path"  # a bad name is named by its config key
+    return name
+
+
+# other towers a multimodal wrapper carries beside text_config, none of them modelled
+_TOWERS = ("vision_config", "audio_config", "speech_config", "vision_tower_config")
+
+
+def _note_towers(config: dict[str, Any], source: str) -> None:
+    """A multimodal config imports as its language model only (text_config, or the top level): say that
+    the other towers' weights are left out (serving memory is low by that much; training FLOPs leave
+    out the towers)."""
+    towers = [key for key in _TOWERS if isinstance(config.get(key), dict)]
+    if towers:
+        warnings.warn(f"{source}: {', '.join(towers)}: only the language model is imported: the "
+                      f"{' and '.join(t.removesuffix('_config').replace('_', ' ') for t in towers)} tower's "
+                      "weights are not counted, so serving weight memory is low by their size and training "
+                      "leaves their FLOPs out", UserWarning, stacklevel=3)
 
 
 # model types whose sliding window applies only with use_sliding_window: true (transformers' Qwen2/Qwen3)

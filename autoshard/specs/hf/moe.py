@@ -124,7 +124,9 @@ def _deepseek(r: Reader, model_type: str) -> dict[str, Any]:
         "head_dim": v_head_dim if hidden % heads else None,
         "attention": AttentionKind.MLA,
         "mla": {
-            "q_lora_rank": r.int("q_lora_rank", default=1536 if v3 else None, spec_field="mla.q_lora_rank"),
+            # null: no query LoRA, a dense q_proj (Moonlight, Kimi-VL-A3B); absent: transformers' default
+            "q_lora_rank": r.int("q_lora_rank", default=1536 if v3 else None, null=None,
+                                 spec_field="mla.q_lora_rank"),
             "kv_lora_rank": r.int("kv_lora_rank", default=512, spec_field="mla.kv_lora_rank"),
             "qk_nope_head_dim": r.int("qk_nope_head_dim", default=128, spec_field="mla.qk_nope_head_dim"),
             "qk_rope_head_dim": r.int("qk_rope_head_dim", default=64, spec_field="mla.qk_rope_head_dim"),
@@ -149,7 +151,9 @@ def _deepseek_moe(r: Reader, routed: int, *, expert_ffn_default: int, shared_def
     Kimi K2 and GLM-4.5 configure it."""
     expert_ffn = r.int("moe_intermediate_size", default=expert_ffn_default,
                        spec_field="moe.expert_ffn_hidden_size")
-    shared = r.int("n_shared_experts", default=shared_default, minimum=0, spec_field="moe.num_shared_experts")
+    # null: no shared expert (transformers builds shared_experts only when n_shared_experts is not None)
+    shared = r.int("n_shared_experts", default=shared_default, null=0, minimum=0,
+                   spec_field="moe.num_shared_experts")
     return {
         "num_experts": routed,
         "top_k": r.int("num_experts_per_tok", default=top_k_default, spec_field="moe.top_k"),

@@ -9,7 +9,14 @@ Read as vLLM reads it to pick its --quantization method:
 * ``compressed-tensors``: the first config group's weights: 8-bit floats are FP8 (``strategy: block``
   with ``block_structure`` [128, 128] block-scaled), 8/4-bit integers int8/int4.
 * ``modelopt``: ``quant_algo`` FP8 or NVFP4; ``gptq`` / ``awq``: ``bits`` 4 or 8 (vLLM's Marlin
-  kernels); ``mxfp4``: MXFP4 (gpt-oss).
+  kernels); ``mxfp4``: MXFP4 (gpt-oss). A config with ``producer.name: modelopt`` and no ``quant_method``
+  (ModelOpt's own export, ``quant_algo`` at the top or under ``quantization``) is ModelOpt, as vLLM's
+  ModelConfig sets it.
+Where it is looked for, in vLLM's order (vllm/transformers_utils/config.py and
+model_executor/model_loader/weight_utils.py ``get_quant_config``): the top-level ``quantization_config``,
+else ``text_config.quantization_config`` (multimodal wrappers: Kimi-K2.5 keeps its int4 experts there),
+else compressed-tensors' ``compression_config``, else a ``hf_quant_config.json`` beside config.json
+(ModelOpt 0.29 and older write it there: nvidia/*-FP8, *-NVFP4).
 Anything else (bitsandbytes, a method this list does not know, a field of the wrong type) is ignored
 with a UserWarning naming the file and the key: the model imports as BF16 and the serving job's
 ``--weight-dtype`` decides. Never raises.
@@ -82,9 +89,36 @@ def _compressed_tensors(q: dict, source: str, key: str) -> tuple[str, str, bool]
     return None
 
 
+def _modelopt_algo(q: dict) -> Any:
+    """ModelOpt's quant_algo: at the top of a quantization_config, or under ``quantization`` in its own
+    export (hf_quant_config.json: {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": ...}})."""
+    nested = q.get("quantization")
+    if q.get("quant_algo") is None and isinstance(nested, dict):
+        return nested.get("quant_algo")
+    return q.get("quant_algo")
+
+
+def _note_kv_cache(q: dict, source: str, key: str) -> None:
+    """ModelOpt's kv_cache_quant_algo (FP8 KV-cache scales in the checkpoint) is not read: say so."""
+    nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+    kv = nested.get("kv_cache_quant_algo", q.get("kv_cache_quant_algo"))
+    if isinstance(kv, str) and kv.strip():
+        _note(source, f"{key}.kv_cache_quant_algo",
+              f"the checkpoint carries {kv} KV-cache scales (vLLM may store the cache in {kv} with "
+              "--kv-cache-dtype auto); autoshard prices the KV cache at the serving job's --kv-cache-dtype "
+              "(bf16 unless given): give --kv-cache-dtype fp8 to price an FP8 cache")
+
+
+def _is_modelopt(q: dict) -> bool:
+    producer = q.get("producer")
+    return isinstance(producer, dict) and producer.get("name") == "modelopt" and _modelopt_algo(q) is not None
+
+
 def _read(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
     """(weight dtype, vLLM --quantization method, block-scaled) or None."""
     method = q.get("quant_method")
+    if method is None and _is_modelopt(q):
+        method = "modelopt"
     if not isinstance(method, str):
         _note(source, f"{key}.quant_method", f"missing or not a string ({method!r}); imported as BF16")
         return None
@@ -101,13 +135,14 @@ def _read(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
     if method in ("compressed-tensors", "compressed_tensors"):
         return _compressed_tensors(q, source, key)
     if method == "modelopt":
-        algo = str(q.get("quant_algo", "")).upper()
+        algo = str(_modelopt_algo(q) or "").upper()
+        _note_kv_cache(q, source, key)
         if algo == "FP8":
             return _fp8("modelopt", False)
         if algo == "NVFP4":
             return "nvfp4", "modelopt_fp4", False
         _note(source, f"{key}.quant_algo",
-              f"ModelOpt {q.get('quant_algo')!r} is not modelled (FP8 and NVFP4 are); imported as BF16")
+              f"ModelOpt {_modelopt_algo(q)!r} is not modelled (FP8 and NVFP4 are); imported as BF16")
         return None
     if method in ("gptq", "awq"):
         bits = q.get("bits", q.get("w_bit"))
@@ -124,14 +159,27 @@ def _read(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
     return None
 
 
-def checkpoint_from_quantization_config(config: dict[str, Any], *, source: str, name: str) -> dict | None:
+def _find(config: dict[str, Any], sidecar: Any) -> tuple[str, Any]:
+    """(the key to name, the quantization dict) in vLLM's order of lookup; (key, None) when none."""
+    text = config.get("text_config")
+    for key, value in (("quantization_config", config.get("quantization_config")),
+                       ("text_config.quantization_config",
+                        text.get("quantization_config") if isinstance(text, dict) else None),
+                       ("compression_config", config.get("compression_config"))):
+        if value is not None:
+            return key, value
+    return "hf_quant_config.json", sidecar
+
+
+def checkpoint_from_quantization_config(config: dict[str, Any], *, source: str, name: str,
+                                        sidecar: dict[str, Any] | None = None) -> dict | None:
     """The `Checkpoint` fields (weights, repo, quantization, block_scaled, source) the config's
-    ``quantization_config`` (or compressed-tensors' older ``compression_config``) describes, the repo
+    ``quantization_config`` describes (else ``text_config.quantization_config``, compressed-tensors'
+    older ``compression_config``, or `sidecar`: the hf_quant_config.json beside config.json), the repo
     being the imported model's `name` (``_name_or_path``, or the Hugging Face cache folder's repo id);
     None when there is none, and, with a UserWarning, when it is not modelled or `name` is no
     Hugging Face repo id."""
-    key = "quantization_config" if "quantization_config" in config else "compression_config"
-    q = config.get(key)
+    key, q = _find(config, sidecar)
     if q is None:
         return None
     if not isinstance(q, dict):
@@ -139,6 +187,8 @@ def checkpoint_from_quantization_config(config: dict[str, Any], *, source: str, 
         return None
     if key == "compression_config" and "quant_method" not in q:
         q = {**q, "quant_method": "compressed-tensors"}
+    if key == "hf_quant_config.json" and "quant_method" not in q:
+        q = {**q, "quant_method": "modelopt"}  # ModelOpt's own file (vLLM reads it for ModelOpt only)
     read = _read(q, source, key)
     if read is None:
         return None

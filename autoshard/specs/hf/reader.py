@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoshard.errors import SpecError
+from autoshard.specs.base import MAX_LAYERS as SPEC_MAX_LAYERS
 from autoshard.specs.layers import LayerKind, MlpKind
 
 __all__ = [
@@ -15,7 +16,8 @@ __all__ = [
 ]
 
 MISSING: Any = object()
-MAX_LAYERS = 100_000
+MAX_LAYERS = SPEC_MAX_LAYERS
+"""The ModelSpec's cap on decoder layers (base.py), checked here so the error names the config key."""
 
 
 class Reader:
@@ -40,9 +42,17 @@ class Reader:
                 return key, self.data[key]
         return keys[0], MISSING
 
-    def int(self, *keys: str, default: Any = MISSING, spec_field: str | None = None, minimum: int = 1,
-            maximum: int | None = None) -> Any:
-        """A whole number in [minimum, maximum] from the first present key, else `default` (may be None)."""
+    def int(self, *keys: str, default: Any = MISSING, null: Any = MISSING, spec_field: str | None = None,
+            minimum: int = 1, maximum: int | None = None) -> Any:
+        """A whole number in [minimum, maximum] from the first present key, else `default` (may be None).
+
+        `null`: what an explicit JSON null in the first key means, where Hugging Face uses null for "none"
+        rather than "unset" (DeepSeek's q_lora_rank: no query LoRA; n_shared_experts: no shared expert);
+        without it a null is read as absent and `default` applies."""
+        if null is not MISSING and keys[0] in self.data and self.data[keys[0]] is None:
+            if spec_field:
+                self.origin[spec_field] = self.where(keys[0])
+            return null
         key, value = self.lookup(keys)
         if value is MISSING:
             if default is MISSING:
@@ -74,8 +84,13 @@ class Reader:
         return float(value)
 
     def layers(self, *keys: str) -> int:
-        """The decoder layer count (one entry per layer is built, so absurd values are refused)."""
-        return self.int(*keys, maximum=MAX_LAYERS)
+        """The decoder layer count, refused past the ModelSpec's MAX_LAYERS naming this key (it used to be
+        blamed on the spec's `layers[1].count` between 1,025 and 100,000)."""
+        value = self.int(*keys)
+        if value > MAX_LAYERS:
+            raise self.error(self.lookup(keys)[0], f"{value} decoder layers: autoshard models at most {MAX_LAYERS} "
+                                                   "(the deepest published LLMs have under 200): check the config")
+        return value
 
     def bool(self, *keys: str, default: bool) -> bool:
         key, value = self.lookup(keys)

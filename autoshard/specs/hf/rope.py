@@ -3,7 +3,12 @@ Megatron-LM command must apply it, no cost depends on it).
 
 transformers names the type `rope_type` (older configs, DeepSeek's: `type`); newer configs may hold the
 same dict as `rope_parameters`. `default` is unscaled RoPE. llama3, yarn and linear are carried; any
-other type (dynamic, longrope, ...) is a warning naming it: the launch would train unscaled RoPE."""
+other type (dynamic, longrope, ...) is a warning naming it: the launch would train unscaled RoPE.
+
+transformers v5 also moves `rope_theta` and `partial_rotary_factor` into `rope_parameters`
+(`{"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, ...}`): they are read there when the
+top level lacks them (`rope_base_fields`); both present and different is refused naming both keys, since
+the launch's --rotary-base / --rotary-percent would follow one and the checkpoint may follow the other."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from autoshard.specs.hf.reader import Reader
 from autoshard.specs.rope import ROPE_SCALING_KEYS, ROPE_SCALING_TYPES, RopeScaling
 from autoshard.specs.validation import format_validation_error
 
-__all__ = ["rope_scaling_fields"]
+__all__ = ["rope_scaling_fields", "rope_base_fields"]
 
 # keys a rope_scaling dict carries that are not parameters of the scaling itself
 _BOOKKEEPING = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
@@ -68,3 +73,34 @@ def rope_scaling_fields(reader: Reader, max_position_embeddings: int) -> dict[st
         raise reader.error(where, f"{message} ({key} {kind})") from None
     reader.origin["rope_scaling"] = reader.where(key)
     return fields
+
+
+def _nested_number(reader: Reader, top_keys: tuple[str, ...], name: str, maximum: float,
+                   spec_field: str) -> float | None:
+    """`name` from the top level (any of `top_keys`) or from rope_parameters; both and different: refused."""
+    top = reader.number(*top_keys, maximum=maximum, spec_field=spec_field)
+    params = reader.data.get("rope_parameters")
+    value = params.get(name) if isinstance(params, dict) else None
+    if value is None:
+        return top
+    key = f"rope_parameters.{name}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= maximum:
+        raise reader.error(key, f"expected a positive number of at most {maximum:g} (got {value!r})")
+    if top is None:
+        reader.origin[spec_field] = reader.where(key)
+        return float(value)
+    if float(value) != top:
+        top_key, _ = reader.lookup(top_keys)
+        raise reader.error(key, f"{value:g} contradicts {reader.where(top_key)} {top:g}: the Megatron-LM "
+                                "launch would train one of them; keep the checkpoint's value in one place")
+    return top
+
+
+def rope_base_fields(reader: Reader) -> tuple[float | None, float | None]:
+    """(rope_theta, rotary fraction) from the top level (``rope_theta`` / ``rotary_emb_base``,
+    ``partial_rotary_factor`` / ``rotary_pct``) or transformers v5's ``rope_parameters``; None where
+    neither says (Megatron-LM's defaults then apply: base 10,000, the full head rotated)."""
+    theta = _nested_number(reader, ("rope_theta", "rotary_emb_base"), "rope_theta", 1e12, "rope_theta")
+    percent = _nested_number(reader, ("partial_rotary_factor", "rotary_pct"), "partial_rotary_factor", 1,
+                             "rotary_percent")
+    return theta, percent
