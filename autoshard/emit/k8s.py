@@ -49,7 +49,9 @@ from autoshard.emit.pd import (
     vllm_deepep_decode,
     vllm_kv_transfer_config,
 )
-from autoshard.emit.k8s_pod import IMAGES, Unit as _Unit, compute_domain, dns_label, manifest_comments, pod as _pod
+from autoshard.emit.k8s_pod import IMAGES, compute_domain, dns_label, manifest_comments
+from autoshard.emit.k8s_pod import Unit as _Unit
+from autoshard.emit.k8s_pod import pod as _pod
 from autoshard.emit.sglang import sglang_env, sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.plans.serve import ServePlan
