@@ -78,6 +78,26 @@ class Target(StrEnum):
     K8S = "k8s"
 
 
+LAUNCHERS = (Target.MEGATRON, Target.VLLM, Target.SGLANG)
+"""--target's choices: the launchers a plan is priced and written for. --emit takes these and k8s."""
+
+
+def parse_target(text: str) -> Target:
+    """--target's value. k8s is an output format (manifests that run vLLM or SGLang), not a launcher: it
+    is offered by --emit only, and `--target k8s` says so (exit 2, as every bad choice)."""
+    if text == Target.K8S.value:
+        raise typer.BadParameter("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s "
+                                 "-o DIR (with --target vllm or sglang for the engine they run)")
+    if text not in {t.value for t in LAUNCHERS}:
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(repr(t.value) for t in LAUNCHERS)}")
+    return Target(text)
+
+
+TargetOpt = Annotated[Target | None, typer.Option(
+    "--target", parser=parse_target, metavar="<" + "|".join(t.value for t in LAUNCHERS) + ">",
+    help="Launcher to plan for (train: megatron; serve: vllm or sglang); Kubernetes manifests: --emit k8s.")]
+
+
 class Disaggregate(StrEnum):
     AUTO = "auto"
     ON = "on"

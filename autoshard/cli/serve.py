@@ -59,9 +59,6 @@ def solve_serve(model, cluster, gpus, target, top, time_limit, workers, seed, js
                 started_at: float | None = None) -> None:
     """`solve --mode serve`: the best deployment (at the interactive SLA when none is given), its
     Pareto front with --pareto, and its launch script or manifests with --emit."""
-    if target is Target.K8S:
-        raise SpecError("k8s is an --emit format (Kubernetes manifests), not a launcher: use --emit k8s -o DIR",
-                        source="--target")
     if out_dir is not None and not pareto:
         raise SpecError("--out writes the Pareto front's PNG: add --pareto", source="--out")
     if out_dir is not None:  # created with its missing parents, as -o's directory is

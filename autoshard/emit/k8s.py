@@ -1,10 +1,15 @@
 """ServePlan -> Kubernetes manifests a user can `kubectl apply -f DIR`.
 
 One workload per engine instance, so every instance has a stable Service name the router can address:
-- an instance that fits one node: a Deployment (replicas 1) and a Service;
-- an instance spanning nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, group size = its
-  nodes) and a Service on its leader pod. Workers read the leader's address and their index from
-  the LWS_LEADER_ADDRESS and LWS_WORKER_INDEX variables LWS sets in every pod.
+- an instance that fits one node: a Deployment (replicas 1, strategy Recreate: an update frees the
+  GPUs before the new pod needs them) and a Service;
+- an instance spanning nodes: a LeaderWorkerSet `<instance>-lws` (leaderworkerset.x-k8s.io/v1, group
+  size = its nodes; its rollout replaces the group, never adds one beside it) and a Service on its
+  leader pod. Workers read the leader's address and their index from the LWS_LEADER_ADDRESS and
+  LWS_WORKER_INDEX variables LWS sets in every pod. Where one NVLink domain spans trays (GB200/GB300
+  NVL72) and holds the instance, a ComputeDomain too (`k8s_pod.compute_domain`).
+Every object name is a DNS-1035 label built from the model name (`k8s_pod.dns_label`). Pods that
+reach other nodes add IPC_LOCK; the RDMA device resource is the cluster's to add (the YAML says so).
 A disaggregated plan adds the router (SGLang's sglang_router with --pd-disaggregation, or the vLLM
 Router with --vllm-pd-disaggregation, pip-installed at start since vLLM's image lacks it) as a
 Deployment and a Service named `<name>-router`, the deployment's entry point.
@@ -15,16 +20,15 @@ only the leader's address is left for the shell to expand. LWS has one worker te
 pick their node's literal line with `case "$LWS_WORKER_INDEX"`. GPUs come from
 `resources.limits["nvidia.com/gpu"]` (the NVIDIA device plugin), /dev/shm is a memory-backed volume
 (NCCL needs more than the container default). In a heterogeneous cluster every pod carries a
-nodeSelector `autoshard/pool: <pool>`: label each pool's nodes with it. Image tags are the projects'
+nodeSelector `autoshard/pool: <pool>` (the pool's name as a label value): label each pool's nodes with it. Image tags are the projects'
 published images; pin the version you test.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import shlex
-from dataclasses import dataclass
+import textwrap
 from typing import Any
 
 import yaml
@@ -45,34 +49,20 @@ from autoshard.emit.pd import (
     vllm_deepep_decode,
     vllm_kv_transfer_config,
 )
+from autoshard.emit.k8s_pod import IMAGES, compute_domain, dns_label, manifest_comments
+from autoshard.emit.k8s_pod import Unit as _Unit
+from autoshard.emit.k8s_pod import pod as _pod
 from autoshard.emit.sglang import sglang_env, sglang_node_commands
 from autoshard.emit.vllm import HEAD_ADDRESS, vllm_node_commands
 from autoshard.plans.serve import ServePlan
 
-__all__ = ["k8s_manifests", "k8s_yaml", "IMAGES", "workload_name"]
-
-IMAGES = {"vllm": "vllm/vllm-openai:latest", "sglang": "lmsysorg/sglang:latest"}
-_NAME = re.compile(r"[^a-z0-9-]+")
+__all__ = ["k8s_manifests", "k8s_yaml", "IMAGES", "lws_name", "workload_name"]
 
 
 def workload_name(plan: ServePlan) -> str:
-    """A DNS-1123 label from the model name."""
-    return _NAME.sub("-", plan.model.name.lower()).strip("-")[:40] or "model"
-
-
-@dataclass(frozen=True, slots=True)
-class _Unit:
-    name: str
-    role: str
-    gpus_per_pod: int
-    pods: int
-    lines: list[str]
-    port: int
-    pool: str
-    env: tuple[tuple[str, str], ...] = ()
-    """Environment variables of the engine container."""
-    pod_ip_env: tuple[str, ...] = ()
-    """Environment variables set to the pod's own IP (the downward API's status.podIP)."""
+    """The base of every object name, from the model name (`01-ai.Yi_test` -> `m-01-ai-yi-test`: a
+    Service name must start with a letter)."""
+    return dns_label(plan.model.name)
 
 
 def _sh(words: list[str]) -> str:
@@ -129,6 +119,7 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
                     port,
                     plan.pool.name,
                     env,
+                    domain_nodes=_domain_nodes(plan.pool.node),
                 )
             )
         return units
@@ -174,9 +165,13 @@ def _units(plan: ServePlan, framework: str) -> list[_Unit]:
             pod_ip = (VLLM_NIXL_HOST_ENV,) if framework == "vllm" else ()
             units.append(
                 _Unit(f"{base}-{role.role}-{i}", role.role, gpus, len(lines), lines, port, one.pool.name, env,
-                      pod_ip)
+                      pod_ip, _domain_nodes(one.pool.node))
             )
     return units
+
+
+def _domain_nodes(node) -> int:  # type: ignore[no-untyped-def]
+    return max(1, node.domain_size // node.gpus_per_node)
 
 
 class _AggRole:
@@ -188,38 +183,6 @@ class _AggRole:
         self.ep = plan.ep
         self.prediction = plan.prediction
         self.pool_index = plan.pool_index
-
-
-POOL_LABEL = "autoshard/pool"
-"""Node label that pins pods to a pool's GPU type in a heterogeneous cluster: label the nodes of
-each pool `kubectl label node NODE autoshard/pool=<pool name>`."""
-
-
-def _pod(
-    unit: _Unit, framework: str, command: str, labels: dict[str, str], pinned: bool = False
-) -> dict[str, Any]:
-    spec_extra: dict[str, Any] = {"nodeSelector": {POOL_LABEL: unit.pool}} if pinned else {}
-    return {
-        "metadata": {"labels": dict(labels)},
-        "spec": {
-            **spec_extra,
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": IMAGES[framework],
-                    "command": ["/bin/sh", "-c", command],
-                    "ports": [{"containerPort": unit.port, "name": "http"}],
-                    "resources": {"limits": {"nvidia.com/gpu": unit.gpus_per_pod}},
-                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                    **({"env": [{"name": k, "value": v} for k, v in unit.env]
-                               + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-                                  for k in unit.pod_ip_env]}
-                       if unit.env or unit.pod_ip_env else {}),
-                }
-            ],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-        },
-    }
 
 
 def _service(name: str, selector: dict[str, str], port: int, extra: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
@@ -283,6 +246,19 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
     return [deployment, _service(f"{base}-router", labels, ROUTER_PORT)]
 
 
+def lws_name(instance: str) -> str:
+    """The LeaderWorkerSet of a multi-node instance; the instance's name is its Service's."""
+    return f"{instance}-lws"
+
+
+LWS_ROLLOUT = {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}}
+"""LeaderWorkerSet v1 knows one rolloutStrategy type, RollingUpdate; with maxSurge 0 no group is added
+above `replicas` and maxUnavailable 1 lets the one group go before its replacement is created, so an
+update never waits for GPUs the old group holds (kubernetes-sigs/lws 060ab4da,
+api/leaderworkerset/v1/leaderworkerset_types.go: RolloutStrategy, RollingUpdateConfiguration; these are
+its defaults, written out so that a changed default cannot deadlock an update)."""
+
+
 def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[dict[str, Any]]]:
     """File name -> the objects it holds (one workload and its Service per instance, then the router)."""
     if framework not in IMAGES:
@@ -301,6 +277,9 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
                 "metadata": {"name": u.name, "labels": dict(labels)},
                 "spec": {
                     "replicas": 1,
+                    # the old pod frees its GPUs before the new one starts: under RollingUpdate (the
+                    # default) a new pod that needs every GPU the old one holds stays Pending
+                    "strategy": {"type": "Recreate"},
                     "selector": {"matchLabels": dict(labels)},
                     "template": _pod(u, framework, command, labels, pinned),
                 },
@@ -312,9 +291,13 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
         workload = {
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
-            "metadata": {"name": u.name, "labels": dict(labels)},
+            # LWS names its headless Service (the pods' subdomain, LWS_LEADER_ADDRESS's domain) after
+            # the set (lws 060ab4da, pkg/controllers/leaderworkerset_controller.go reconcileHeadlessServices):
+            # the set takes another name than the instance's Service, which would take that one's place
+            "metadata": {"name": lws_name(u.name), "labels": dict(labels)},
             "spec": {
                 "replicas": 1,
+                "rolloutStrategy": LWS_ROLLOUT,
                 "leaderWorkerTemplate": {
                     "size": u.pods,
                     "restartPolicy": "RecreateGroupOnPodRestart",
@@ -328,11 +311,19 @@ def k8s_manifests(plan: ServePlan, framework: str = "vllm") -> dict[str, list[di
             },
         }
         selector = {"app": u.name, "autoshard/pod": "leader"}
-        files[f"{u.name}.yaml"] = [workload, _service(u.name, selector, u.port, extra)]
+        cd = [compute_domain(u)] if u.compute_domain else []
+        files[f"{u.name}.yaml"] = [*cd, workload, _service(u.name, selector, u.port, extra)]
     if plan.roles:
         files[f"{workload_name(plan)}-router.yaml"] = _router(plan, framework, units)
     return files
 
 
 def k8s_yaml(objects: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    """The objects as one multi-document YAML file, each under the comments it needs (`manifest_comments`:
+    where the ComputeDomain comes from, which RDMA resource to add)."""
+    docs = []
+    for obj in objects:
+        wrapped = (textwrap.wrap(n, 98, break_long_words=False, break_on_hyphens=False) for n in manifest_comments(obj))
+        notes = "".join(f"# {line}\n" for lines in wrapped for line in lines)
+        docs.append(notes + yaml.safe_dump(obj, sort_keys=False, default_flow_style=False))
+    return "---\n".join(docs)

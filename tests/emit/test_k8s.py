@@ -1,6 +1,6 @@
 """Kubernetes manifests: every object passes a schema check of the published APIs (apps/v1
 Deployment, v1 Service, leaderworkerset.x-k8s.io/v1 LeaderWorkerSet: required keys and their types,
-DNS-1123 names, selectors that match their pod labels), services and the router address the
+DNS-1035 names, selectors that match their pod labels), services and the router address the
 workloads that exist, and GPU requests add up to the plan."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
 
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # Service names: a letter first
 LABEL_KEY = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 H100 = load_cluster("dgx-h100")
 
@@ -84,11 +85,13 @@ def check_object(obj):
     kind = check_type(obj, "kind", str)
     api = check_type(obj, "apiVersion", str)
     name = check_type(check_type(obj, "metadata", dict), "name", str)
-    assert DNS1123.match(name) and len(name) <= 63, name
+    assert DNS1035.match(name) and len(name) <= 63, name
     spec = check_type(obj, "spec", dict)
     if kind == "Deployment":
         assert api == "apps/v1"
         replicas = check_type(spec, "replicas", int)
+        if not name.endswith("-router"):  # GPUs freed before the new pod needs them
+            assert spec["strategy"] == {"type": "Recreate"}
         match = check_type(check_type(spec, "selector", dict), "matchLabels", dict)
         labels, gpus = check_pod_template(check_type(spec, "template", dict))
         assert match.items() <= labels.items(), "selector must match the pod template's labels"
@@ -96,6 +99,9 @@ def check_object(obj):
     if kind == "LeaderWorkerSet":
         assert api == "leaderworkerset.x-k8s.io/v1"
         replicas = check_type(spec, "replicas", int)
+        rollout = check_type(spec, "rolloutStrategy", dict)  # LWS v1: RollingUpdate only; no surge
+        assert rollout["type"] == "RollingUpdate" and rollout["rollingUpdateConfiguration"]["maxSurge"] == 0
+        assert rollout["rollingUpdateConfiguration"]["maxUnavailable"] == 1
         lwt = check_type(spec, "leaderWorkerTemplate", dict)
         size = check_type(lwt, "size", int)
         assert size >= 2
@@ -114,6 +120,11 @@ def check_object(obj):
                 check_type(p, "targetPort", int), int
             )
         return kind, name, spec["selector"], 0
+    if kind == "ComputeDomain":  # NVIDIA k8s-dra-driver-gpu docs/install.md, demo/specs/imex
+        assert api == "resource.nvidia.com/v1beta1"
+        assert set(spec) == {"numNodes", "channel"} and isinstance(spec["numNodes"], int)
+        assert DNS1123.match(spec["channel"]["resourceClaimTemplate"]["name"])
+        return kind, name, {}, 0
     raise AssertionError(f"unexpected kind {kind}")
 
 
@@ -131,12 +142,16 @@ def test_manifests_pass_the_schema(model, gpus, mode, job, framework):
     files = k8s_manifests(plan, framework)
     objects = [o for text in (k8s_yaml(objs) for objs in files.values()) for o in yaml.safe_load_all(text)]
     seen = [check_object(o) for o in objects]
-    names = [n for _, n, _, _ in seen]
     assert len(set((k, n) for k, n, _, _ in seen)) == len(seen)
-    workloads = {n: labels for k, n, labels, _ in seen if k in ("Deployment", "LeaderWorkerSet")}
+    workloads = {n: labels for k, n, labels, _ in seen if k == "Deployment"}
+    # a LeaderWorkerSet's own headless Service takes the set's name (LWS_LEADER_ADDRESS resolves through
+    # it): the instance's Service is named for the instance, the set `<instance>-lws`
+    workloads |= {n.removesuffix("-lws"): labels for k, n, labels, _ in seen if k == "LeaderWorkerSet"}
+    assert all(n.endswith("-lws") for k, n, _, _ in seen if k == "LeaderWorkerSet")
     for kind, name, selector, _ in seen:
-        if kind == "Service":  # every Service selects the pods of one workload of the same name
+        if kind == "Service":  # every Service selects the pods of one instance's workload
             assert name in workloads and selector.items() <= workloads[name].items()
+            assert ("LeaderWorkerSet", name) not in {(k, n) for k, n, _, _ in seen}
     engine_gpus = sum(g for k, n, _, g in seen if k != "Service" and not n.endswith("-router"))
     assert engine_gpus == plan.num_gpus
     if plan.disaggregated:
@@ -144,8 +159,10 @@ def test_manifests_pass_the_schema(model, gpus, mode, job, framework):
             o for o in objects if o["metadata"]["name"].endswith("-router") and o["kind"] == "Deployment"
         )
         line = router["spec"]["template"]["spec"]["containers"][0]["command"][2]
-        for inst in (n for n in names if "-prefill-" in n or "-decode-" in n):
-            assert f"{inst}" in line
+        services = [n for k, n, _, _ in seen if k == "Service" and ("-prefill-" in n or "-decode-" in n)]
+        assert len(services) == sum(r.instances for r in plan.roles)
+        for inst in services:  # the router addresses every instance's Service
+            assert f"http://{inst}:" in line
         kinds = {k for k, *_ in seen}
         if any(r.gpus_per_instance > 8 for r in plan.roles):
             assert "LeaderWorkerSet" in kinds
