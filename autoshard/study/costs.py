@@ -16,7 +16,7 @@ from autoshard.specs.cluster import ClusterSpec
 __all__ = [
     "SCHEMA", "SECONDS_PER_DAY", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
     "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline",
-    "fastest_within_budget", "money", "where", "train_ranges", "likely",
+    "fastest_within_budget", "money", "where", "train_ranges", "likely", "pool_prices", "deployment_price",
 ]
 
 SCHEMA = "autoshard.study/v1"
@@ -136,6 +136,8 @@ class StudyResult:
     notes: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    serve_front: list[dict[str, Any]] | None = None
+    """A serving study's fronts (`study.front.fronts_json`), in study.json and --json alike."""
 
     def is_pareto(self, row: Row) -> bool:
         return any(row is p for p in self.pareto)
@@ -156,6 +158,7 @@ class StudyResult:
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
             "wall_s": self.wall_s,
+            **({"serve_front": self.serve_front} if self.serve_front is not None else {}),
         }
 
 
@@ -307,3 +310,18 @@ def cluster_price(spec: ClusterSpec) -> float | None:
     if any(p is None for p in prices):
         return None
     return sum((p.price_per_gpu_hour or 0.0) * p.num_gpus for p in spec.pools) / spec.num_gpus
+
+
+def pool_prices(spec: ClusterSpec, override: float | None = None) -> tuple[float | None, ...]:
+    """Dollars per GPU-hour of each pool: the cluster file's, or a --price override for every pool."""
+    return tuple(override if override is not None else p.price_per_gpu_hour for p in spec.pools)
+
+
+def deployment_price(prices: Sequence[float | None], pool_gpus: dict[int, int]) -> float | None:
+    """Dollars per GPU-hour of a deployment using `pool_gpus` (pool index: GPUs): the prices of the
+    pools it runs on, weighted by its GPUs there (None if one of them has no price). A 1P1D on 6 H100
+    of mixed-h100-a100 is $3.00, not the cluster's $2.19 average over its idle A100s."""
+    used = {i: g for i, g in pool_gpus.items() if g > 0}
+    if not used or any(prices[i] is None for i in used):
+        return None
+    return sum((prices[i] or 0.0) * g for i, g in used.items()) / sum(used.values())

@@ -38,7 +38,9 @@ from autoshard.study.costs import (
     _serve_answers,
     _train_answers,
     cluster_price,
+    deployment_price,
     pareto_front,
+    pool_prices,
     serve_costs,
     train_costs,
     train_ranges,
@@ -76,9 +78,10 @@ def _load_clusters(clusters: Sequence[str | ClusterSpec]) -> dict[str, ClusterSp
     return out
 
 
-def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float | None]:
+def _overrides(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float]:
+    """The --price overrides by cluster key (a cluster named by its key or its file's name)."""
     names = {spec.name: key for key, spec in clusters.items()}
-    prices: dict[str, float | None] = {key: cluster_price(spec) for key, spec in clusters.items()}
+    out: dict[str, float] = {}
     for name, usd in overrides.items():
         key = name if name in clusters else names.get(name)
         if key is None:
@@ -87,8 +90,21 @@ def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> di
         if not math.isfinite(usd) or usd <= 0 or usd > MAX_PRICE:
             raise SpecError(f"price for '{name}' must be a positive finite number of dollars per GPU-hour, at most "
                             f"{MAX_PRICE:g}; got {usd}", source="--price")
-        prices[key] = usd
+        out[key] = usd
+    return out
+
+
+def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float | None]:
+    """Dollars per GPU-hour of each cluster: its pools' GPU-weighted mean, or its --price."""
+    prices: dict[str, float | None] = {key: cluster_price(spec) for key, spec in clusters.items()}
+    prices.update(_overrides(clusters, overrides))
     return prices
+
+
+def _pool_prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, tuple[float | None, ...]]:
+    """Dollars per GPU-hour of each cluster's pools (a --price sets every pool of its cluster)."""
+    over = _overrides(clusters, overrides)
+    return {key: pool_prices(spec, over.get(key)) for key, spec in clusters.items()}
 
 
 def run_study(
@@ -127,6 +143,7 @@ def run_study(
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)
     specs = _load_clusters(clusters)
     price = _prices(specs, dict(prices or {}))
+    per_pool = _pool_prices(specs, dict(prices or {}))
     sizes = sorted(set(sizes))
     if not sizes or min(sizes) < 1:
         raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
@@ -180,7 +197,7 @@ def run_study(
         elif isinstance(job, TrainJob):
             rows.append(_train_row(key, n, figures, float(job.tokens or 0), price[key]))
         else:
-            rows.append(_serve_row(key, n, figures, job, price[key]))
+            rows.append(_serve_row(key, n, figures, job, deployment_price(per_pool[key], figures["pool_gpus"])))
     skipped.sort(key=lambda s: (order[s.cluster], s.num_gpus))
     if not rows:
         lines = "\n".join(f"  {s.cluster} x {s.num_gpus}: {s.reason}" for s in skipped)

@@ -68,8 +68,13 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
             sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=limit - (time.monotonic() - started_at),
                              num_workers=1, seed=0, disaggregate="auto")[0]
             p = sp.prediction
+            pool_gpus: dict[int, int] = {}  # GPUs per pool the deployment runs on (a split's roles may differ)
+            for r in sp.roles or ():
+                pool_gpus[r.pool_index] = pool_gpus.get(r.pool_index, 0) + r.gpus
+            pool_gpus = pool_gpus or {sp.pool_index: sp.num_gpus}
             return key, num_gpus, {
-                "gpu": sp.pool.gpu.name, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
+                "gpu": "+".join(dict.fromkeys(cluster.pools[i].gpu.name for i in sorted(pool_gpus))),
+                "pool_gpus": pool_gpus, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
                 "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": sp.ttft_s, "tpot_s": p.tpot_s,
                 "meets_targets": sp.meets_targets(), "throughput_band": band_of(sp).tokens_per_s,
                 "band_basis": band_of(sp).basis,
