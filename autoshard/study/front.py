@@ -59,15 +59,6 @@ class ClusterFront:
             return None
         return usd / (copies * p.tokens_per_s_per_gpu * p.gpus * 3600.0) * 1e6
 
-    def usd_per_million(self, tokens_per_s_per_gpu: float, gpus: int | None = None) -> float | None:
-        """Dollars per million output tokens at the studied size of a one-pool deployment of `gpus` GPUs
-        (copies as fit, the size's every GPU paid); without `gpus`: per GPU it runs on."""
-        if self.price_per_gpu_hour is None or tokens_per_s_per_gpu <= 0:
-            return None
-        if gpus is not None and 0 < gpus <= self.num_gpus:
-            tokens_per_s_per_gpu *= (self.num_gpus // gpus) * gpus / self.num_gpus  # idle GPUs still paid for
-        return self.price_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6
-
     def cheapest_at(self, tpot_s: float) -> FrontPoint | None:
         """The cost cut at TPOT <= `tpot_s`: of every deployment evaluated that meets it (not only the
         per-GPU-used front), the cheapest per output token on the GPUs rented (unpriced: the most tokens/s
