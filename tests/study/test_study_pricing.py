@@ -113,3 +113,92 @@ def test_out_writes_the_serving_fronts_into_study_json(tmp_path):
     plain = tmp_path / "t"  # without --json too
     assert CliRunner().invoke(app, [*args, "--out", str(plain)]).exit_code == 0
     assert json.loads((plain / "study.json").read_text())["serve_front"][0]["sla_cuts"] == written[0]["sla_cuts"]
+
+
+# ----------------------------------------------------------------------------- answers the solver has not settled
+
+
+def _row(cluster: str, gpus: int, days: float, usd: float, status: str = "optimal", gap: float = 0.0,
+         useful_mfu: float | None = 0.4):
+    from autoshard.study.costs import TrainRow
+
+    return TrainRow(cluster=cluster, gpu="X", num_gpus=gpus, plan="TP8", degrees={}, status=status, gap=gap, solve_s=1.0,
+                    mfu=0.45, tokens_per_s=1.0, days=days, gpu_hours=0.0, price_per_gpu_hour=1.0, total_usd=usd,
+                    usd_per_million_tokens=1.0, useful_mfu=useful_mfu)
+
+
+def test_an_answer_an_unproven_row_could_beat_is_marked_unsettled_naming_it(tmp_path):
+    """--time-limit 10 on the README's 405B study: 16,384 H100 at $71.12M stated the cheapest within 90 days
+    beside 8,192 B200 at gap 31.3 %, whose bound is 68.7 % of its $77.0M and 78.4 days: $52.9M, 53.9 days."""
+    from autoshard.study.costs import StudyResult, _train_answers, days_bound, usd_bound
+    from autoshard.study.report import write_markdown
+
+    h100 = _row("dgx-h100", 16384, 60.3, 71.12e6)
+    b200 = _row("dgx-b200", 8192, 78.4, 77.0e6, status="feasible", gap=0.313)
+    far = _row("dgx-h100", 1024, 1393.0, 102.7e6, status="feasible", gap=1.0, useful_mfu=0.3)  # >= 417.9 days
+    assert usd_bound(b200) == pytest.approx(52.9e6, rel=1e-3) and days_bound(b200) == pytest.approx(53.86, abs=0.01)
+    assert days_bound(far) == pytest.approx(1393.0 * 0.3)  # no solver bound: every GPU at its peak
+    cheap, fast = _train_answers([h100, b200, far], 90.0, 100e6)
+    assert cheap.row is h100 and cheap.unsettled_by is b200
+    assert cheap.text.endswith("Not settled: 8,192 x X (dgx-b200) is unproven (gap 31.3%) and could take 53.9 days "
+                               "and $52.90M; a longer --time-limit settles it.")
+    assert fast.row is h100 and fast.unsettled_by is b200  # 53.9 days < 60.3, within $100M
+    # proven, or a bound that cannot beat it (past the deadline, or dearer): settled
+    settled, _ = _train_answers([h100, _row("dgx-b200", 8192, 78.4, 77.0e6), far], 90.0, 100e6)
+    assert settled.unsettled_by is None and "Not settled" not in settled.text
+    assert _train_answers([h100, _row("b", 8, 150.0, 60e6, "feasible", 0.2)], 90.0, None)[0].unsettled_by is None
+    inputs = {"model": "llama-3.1-405b", "params": 405e9, "clusters": ["dgx-h100", "dgx-b200"], "sizes": [8192, 16384],
+              "tokens": 15e12, "job": {"seq_len": 8192, "global_batch_size": 2048, "precision": "bf16"},
+              "deadline_days": 90.0, "budget_usd": 100e6}
+    res = StudyResult(mode="train", inputs=inputs, rows=[h100, b200], skipped=[], answers=[cheap, fast], pareto=[])
+    obj = res.to_json()["answers"]["cheapest_within_deadline"]
+    assert obj["settled"] is False and obj["unsettled_by"]["cluster"] == "dgx-b200"
+    assert obj["unsettled_by"]["total_usd_bound"] == pytest.approx(52.9e6, rel=1e-3)
+    assert res.to_json()["answers"]["fastest_within_budget"]["settled"] is False
+    assert "Not settled: 8,192 x X (dgx-b200)" in write_markdown(res, tmp_path / "s.md").read_text()
+    # no option within the deadline yet, but an unproven one could be
+    none, _ = _train_answers([_row("a", 8, 120.0, 1e6), _row("b", 8, 100.0, 2e6, "feasible", 0.2)], 90.0, None)
+    assert none.row is None and none.unsettled_by is not None and none.unsettled_by.cluster == "b"
+
+
+def test_a_study_the_clock_cut_is_unknown_not_infeasible():
+    """Every size of a study timed out: solve's SolverError (JSON status "unknown", exit 1), not "no studied
+    size can run" (InfeasibleError)."""
+    from autoshard.errors import InfeasibleError, SolverError
+
+    with pytest.raises(SolverError, match=r"no plan of deepseek-v3 was found within the study's 4 s --time-limit "
+                                          r"\(4 of 4 size\(s\) timed out; raise --time-limit\)") as exc:
+        run_study("deepseek-v3", ["dgx-h100", "dgx-b200"], [1024, 2048], tokens=1e13, time_limit_s=4, jobs=2)
+    assert not isinstance(exc.value, InfeasibleError)
+    result = CliRunner().invoke(app, ["study", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024",
+                                      "--tokens", "1e13", "--time-limit", "1", "--jobs", "1", "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["status"] == "unknown"
+    # a size that fits nothing is still infeasible
+    with pytest.raises(InfeasibleError, match="no studied size can run"):
+        run_study("llama-3.1-405b", ["dgx-h100"], [8], tokens=1e12, time_limit_s=5, jobs=1)
+
+
+def test_a_cluster_priced_twice_is_refused_and_the_price_source_is_the_real_file(tmp_path):
+    twice = CliRunner().invoke(app, ["study", "llama-3.1-8b", "--cluster", "dgx-h100", "--gpus", "8", "--price",
+                                     "dgx-h100=2", "--price", "dgx-h100=5", "--jobs", "1"])
+    assert twice.exit_code == 2 and "'dgx-h100' is priced twice ('dgx-h100=5' after 2)" in twice.stderr
+    mine = tmp_path / "h" / "x.yaml"  # a user's file whose cluster is named dgx-h100 too
+    mine.parent.mkdir()
+    mine.write_text(load_cluster_text("dgx-h100"))
+    res = run_study("llama-3.1-8b", ["dgx-h100", str(mine)], [8], tokens=1e9, prices={"dgx-h100": 2.0},
+                    time_limit_s=20, jobs=1)
+    assert res.assumptions[0] == "dgx-h100: H100-SXM5-80GB, $2.00 per GPU-hour (--price override)."
+    assert res.assumptions[1] == f"{mine}: H100-SXM5-80GB, $3.00 per GPU-hour ({mine})."  # not clusters/dgx-h100.yaml
+    from autoshard.errors import SpecError
+
+    other = tmp_path / "y.yaml"
+    other.write_text(mine.read_text())
+    with pytest.raises(SpecError, match=r"'dgx-h100' names 2 studied clusters .*: give the --cluster value"):
+        run_study("llama-3.1-8b", [str(other), str(mine)], [8], tokens=1e9, prices={"dgx-h100": 2.0},
+                  time_limit_s=20, jobs=1)
+
+
+def load_cluster_text(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[2] / "clusters" / f"{name}.yaml").read_text()
