@@ -161,21 +161,35 @@ def test_an_answer_an_unproven_row_could_beat_is_marked_unsettled_naming_it(tmp_
     assert none.row is None and none.unsettled_by is not None and none.unsettled_by.cluster == "b"
 
 
-def test_a_study_the_clock_cut_is_unknown_not_infeasible():
-    """Every size of a study timed out: solve's SolverError (JSON status "unknown", exit 1), not "no studied
-    size can run" (InfeasibleError)."""
+def test_a_study_the_clock_cut_is_unknown_not_infeasible(monkeypatch):
+    """Every size of a study timed out (`study deepseek-v3 ... --gpus 1024,2048 --time-limit 2` on 2 cores): solve's
+    SolverError (JSON status "unknown", exit 1), not "no studied size can run" (InfeasibleError). The solves are
+    made to time out (or not fit) here, so that the test does not hang on the machine's speed."""
+    import autoshard.search.train.solve as train_solve
     from autoshard.errors import InfeasibleError, SolverError
 
+    def timed_out(model, cluster, job, *, options):
+        raise SolverError(f"no plan found within the {options.time_limit_s:g} s time limit")
+
+    monkeypatch.setattr(train_solve, "solve_train", timed_out)
     with pytest.raises(SolverError, match=r"no plan of deepseek-v3 was found within the study's 4 s --time-limit "
                                           r"\(4 of 4 size\(s\) timed out; raise --time-limit\)") as exc:
-        run_study("deepseek-v3", ["dgx-h100", "dgx-b200"], [1024, 2048], tokens=1e13, time_limit_s=4, jobs=2)
+        run_study("deepseek-v3", ["dgx-h100", "dgx-b200"], [1024, 2048], tokens=1e13, time_limit_s=4, jobs=1)
     assert not isinstance(exc.value, InfeasibleError)
     result = CliRunner().invoke(app, ["study", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024",
-                                      "--tokens", "1e13", "--time-limit", "1", "--jobs", "1", "--json"])
+                                      "--tokens", "1e13", "--time-limit", "2", "--jobs", "1", "--json"])
     assert result.exit_code == 1 and json.loads(result.stdout)["status"] == "unknown"
-    # a size that fits nothing is still infeasible
-    with pytest.raises(InfeasibleError, match="no studied size can run"):
-        run_study("llama-3.1-405b", ["dgx-h100"], [8], tokens=1e12, time_limit_s=5, jobs=1)
+
+    def some_fit_nothing(model, cluster, job, *, options):
+        if cluster.num_gpus == 1024:
+            raise InfeasibleError("needs more memory")
+        return timed_out(model, cluster, job, options=options)
+
+    monkeypatch.setattr(train_solve, "solve_train", some_fit_nothing)
+    with pytest.raises(SolverError, match=r"\(1 of 2 size\(s\) timed out"):  # unknown while one may still fit
+        run_study("deepseek-v3", ["dgx-h100"], [1024, 2048], tokens=1e13, time_limit_s=4, jobs=1)
+    with pytest.raises(InfeasibleError, match="no studied size can run"):  # every size fits nothing
+        run_study("deepseek-v3", ["dgx-h100"], [1024], tokens=1e13, time_limit_s=4, jobs=1)
 
 
 def test_a_cluster_priced_twice_is_refused_and_the_price_source_is_the_real_file(tmp_path):
