@@ -163,7 +163,8 @@ class StudyResult:
                                 "unsettled_by": None if a.unsettled_by is None else {
                                     "cluster": a.unsettled_by.cluster, "num_gpus": a.unsettled_by.num_gpus,
                                     "gap": getattr(a.unsettled_by, "gap", None),
-                                    "days_bound": days_bound(a.unsettled_by), "total_usd_bound": usd_bound(a.unsettled_by)}}
+                                    "days_bound": days_bound(a.unsettled_by),
+                                    "total_usd_bound": usd_bound(a.unsettled_by)}}
                         for a in self.answers},
             "rows": [row_json(r) for r in self.rows],
             "pareto": [asdict(r) for r in self.pareto],

@@ -15,7 +15,8 @@ from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["ClusterFront", "FrontsWriter", "serve_fronts", "serve_study_fronts", "render_fronts", "fronts_json", "write_fronts_png"]
+__all__ = ["ClusterFront", "FrontsWriter", "serve_fronts", "serve_study_fronts", "render_fronts", "fronts_json",
+           "write_fronts_png"]
 
 
 @dataclass(frozen=True, slots=True)

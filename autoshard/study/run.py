@@ -208,8 +208,8 @@ def run_study(
             raise SpecError(f"no studied size fits the clusters' nodes:\n{lines}", source="--gpus")
         if any(s.timed_out for s in skipped):  # unknown, as solve reports a time-out (status "unknown")
             raise SolverError(f"no plan of {model_spec.name} was found within the study's {time_limit_s:g} s "
-                              f"--time-limit ({sum(s.timed_out for s in skipped)} of {len(skipped)} size(s) timed out; "
-                              f"raise --time-limit):\n{lines}")
+                              f"--time-limit ({sum(s.timed_out for s in skipped)} of {len(skipped)} size(s) timed "
+                              f"out; raise --time-limit):\n{lines}")
         raise InfeasibleError(f"no studied size can run {model_spec.name}:\n{lines}")
     priced = [i for i, r in enumerate(rows) if r.y is not None]
     pareto: list[Row] = []

@@ -94,7 +94,8 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
                     "vpp": cfg.dims.vpp, "micro_batch_size": cfg.micro_batch_size, "recompute": cfg.recompute.value,
                     "recompute_num_layers": plan.recompute_num_layers, "zero_stage": cfg.zero_stage},
         "status": plan.status().value, "gap": plan.solver.gap, "solve_s": plan.solver.wall_s,
-        "mfu": pred.mfu, "useful_mfu": useful_mfu(plan), "tokens_per_s": pred.tokens_per_s, "tokens_per_s_band": band_of(plan).tokens_per_s,
+        "mfu": pred.mfu, "useful_mfu": useful_mfu(plan), "tokens_per_s": pred.tokens_per_s,
+        "tokens_per_s_band": band_of(plan).tokens_per_s,
         "band_basis": band_of(plan).basis,
         "sanity": sanity_for(plan).message(cite=True) if sanity_for(plan).flagged else "",
     }, None
@@ -118,7 +119,8 @@ class TimedOut(str):
     __slots__ = ()
 
 
-TIME_OUT_REASON = TimedOut("not solved: the study's --time-limit ran out before this size's turn (raise --time-limit)")
+TIME_OUT_REASON = TimedOut("not solved: the study's --time-limit ran out before this size's turn "
+                           "(raise --time-limit)")
 
 
 def _task_limit(cap: float, end: float | None, waiting: int, workers: int) -> float | None:
