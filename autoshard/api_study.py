@@ -13,7 +13,7 @@ from typing import Any
 from autoshard.study import run as _run
 from autoshard.study.costs import StudyResult
 from autoshard.study.files import write_study_set
-from autoshard.study.front import ClusterFront, fronts_json
+from autoshard.study.front import ClusterFront, FrontsWriter, fronts_json
 
 __all__ = ["study", "write_study", "study_json", "StudyResult", "ClusterFront"]
 
@@ -26,16 +26,20 @@ def study(model: Any, clusters: Sequence[Any], sizes: Sequence[int], **kwargs: A
 
 def write_study(result: StudyResult, out_dir: Path, extra: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
     """Write study.csv, study.md, pareto.png and study.json (and what the `extra` writers add, e.g. the
-    serving fronts' PNG) to `out_dir` as one set; the paths written."""
-    return write_study_set(result, out_dir, extra=extra)
+    serving fronts' PNG) to `out_dir` as one set; the paths written. The fronts' `FrontsWriter` also puts
+    them into study.json (`serve_front`, as `--json` has it)."""
+    fronts = [w for w in extra if isinstance(w, FrontsWriter)]
+    if fronts:
+        result.serve_front = [f for w in fronts for f in w.json()]
+    return write_study_set(result, out_dir, extra=[w for w in extra if not isinstance(w, FrontsWriter) or w.fronts])
 
 
 def study_json(result: StudyResult, fronts: list[ClusterFront] | None, tpot_ms: float | None,
                written: Sequence[Path]) -> dict[str, Any]:
     """The `study --json` object: the study, the serving fronts when studied, the files written."""
-    obj = result.to_json()
     if fronts is not None:
-        obj["serve_front"] = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
+        result.serve_front = fronts_json(fronts, tpot_ms / 1e3 if tpot_ms else None)
+    obj = result.to_json()
     if written:
         obj["files"] = [str(p) for p in written]
     return obj

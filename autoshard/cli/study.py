@@ -130,6 +130,9 @@ def parse_prices(items: list[str]) -> dict[str, float]:
     prices: dict[str, float] = {}
     for item in items:
         name, _, value = item.partition("=")
+        if name.strip() in prices:  # the last one silently won
+            raise SpecError(f"'{name.strip()}' is priced twice ('{item}' after {prices[name.strip()]:g}): give one "
+                            "--price per cluster", source="--price")
         try:
             prices[name.strip()] = float(value)
         except ValueError:

@@ -121,23 +121,40 @@ def useful_mfu(plan: Any) -> float:
 
 def sanity_for(plan: Any) -> Sanity:
     """Compare a training plan's predicted useful MFU with the best measured useful MFU for its GPU
-    class, precision and dense/MoE (the generated table `mfu_reference.json`, each row cited)."""
+    class, precision and dense/MoE (the generated table `mfu_reference.json`, each row cited). A plan on
+    several pools has its MFU against the peak-weighted mean of their GPUs (`train.step`), so its
+    ceiling is the pools' references weighted the same way: each pool's best measured MFU x its GPUs'
+    peak, over their peak. The first pool's alone flagged 70B on mixed-h100-a100 (1 H100 stage, 2
+    A100 stages) at 52.4 % against H100's 47.1 %, where A100's measured 61.7 % weighs in."""
     pred = plan.prediction
-    pools = sorted({s.pool for s in plan.stages})
-    gpu = plan.cluster.pools[pools[0]].gpu
-    precision = plan.config.precision.value
-    if not quantized_peak_tflops(gpu, Precision(precision)):
-        precision = "bf16"  # BF16, or no such tensor cores: the plan's MFU is against the BF16 peak
     family = "moe" if plan.model.is_moe else "dense"
+    stages: dict[int, int] = {}
+    for st in plan.stages:  # every stage has the same GPUs (tp x cp x dp)
+        stages[st.pool] = stages.get(st.pool, 0) + 1
     mine = useful_mfu(plan)
-    ref, note = _reference(gpu.name, precision, family, load_mfu_reference())
-    if ref is None:
-        return Sanity(pred.mfu, None, False, f"no measured {family} {precision} run on {gpu.name} or its generation",
-                      "", mine)
-    what = ref["run"]
-    if note:
-        what += f" ({note}: an upper bound for this plan)"
-    return Sanity(pred.mfu, ref["mfu"], mine > ref["mfu"] * (1 + SANITY_MARGIN), what, ref["citation"], mine)
+    refs = load_mfu_reference()
+    parts = []
+    for i in sorted(stages):
+        gpu = plan.cluster.pools[i].gpu
+        precision = plan.config.precision.value
+        peak = quantized_peak_tflops(gpu, Precision(precision))
+        if not peak:
+            precision = "bf16"  # BF16, or no such tensor cores: the plan's MFU is against the BF16 peak
+        ref, note = _reference(gpu.name, precision, family, refs)
+        if ref is None:
+            return Sanity(pred.mfu, None, False,
+                          f"no measured {family} {precision} run on {gpu.name} or its generation", "", mine)
+        what = ref["run"] + (f" ({note}: an upper bound for this plan)" if note else "")
+        weight = stages[i] * (peak or gpu.bf16_tflops) if len(stages) > 1 else 1.0
+        parts.append((ref["mfu"], weight, what, ref["citation"], gpu.name))
+    if len(parts) == 1:
+        mfu, _, what, citation, _ = parts[0]
+    else:
+        mfu = sum(m * w for m, w, *_ in parts) / sum(w for _, w, *_ in parts)
+        what = "peak-weighted over the pools' GPUs: " + "; ".join(
+            f"{100 * m:.1f} % on {name} ({run})" for m, _, run, _, name in parts)
+        citation = "; ".join(dict.fromkeys(c for *_, c, _ in parts))
+    return Sanity(pred.mfu, mfu, mine > mfu * (1 + SANITY_MARGIN), what, citation, mine)
 
 
 def sanity_line(plan: Any) -> str | None:

@@ -16,7 +16,8 @@ from autoshard.specs.cluster import ClusterSpec
 __all__ = [
     "SCHEMA", "SECONDS_PER_DAY", "TrainRow", "ServeRow", "Row", "Skipped", "Answer", "StudyResult",
     "train_costs", "serve_costs", "cluster_price", "pareto_front", "cheapest_within_deadline",
-    "fastest_within_budget", "money", "where", "train_ranges", "likely",
+    "fastest_within_budget", "money", "where", "train_ranges", "likely", "pool_prices", "deployment_price",
+    "days_bound", "usd_bound", "unsettled_by",
 ]
 
 SCHEMA = "autoshard.study/v1"
@@ -54,6 +55,9 @@ class TrainRow:
     total_usd_high: float | None = None
     band_basis: str = ""
     """What backs the range (kind of run and measured runs)."""
+    useful_mfu: float | None = None
+    """Useful MFU (causal attention counted once, `costmodel.sanity.useful_mfu`): no plan beats its days
+    x this (every GPU at its peak), a bound where the solver's own is none (gap 100 %)."""
     sanity: str = ""
     """Why the predicted MFU is suspect (useful MFU more than 10 % above the best measured for
     the GPU class, precision and dense/MoE: costmodel.bands.sanity_for); "" if not."""
@@ -114,6 +118,8 @@ class Skipped:
     cluster: str
     num_gpus: int
     reason: str
+    timed_out: bool = False
+    """The time limit ran out before any plan of this size (unknown), rather than none fitting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,8 @@ class Answer:
     title: str
     row: Row | None
     text: str
+    unsettled_by: Row | None = None
+    """A row the solver has not settled whose bound could beat `row` (None: the answer is settled)."""
 
 
 @dataclass(slots=True)
@@ -136,6 +144,8 @@ class StudyResult:
     notes: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    serve_front: list[dict[str, Any]] | None = None
+    """A serving study's fronts (`study.front.fronts_json`), in study.json and --json alike."""
 
     def is_pareto(self, row: Row) -> bool:
         return any(row is p for p in self.pareto)
@@ -148,7 +158,13 @@ class StudyResult:
             "schema": SCHEMA,
             "mode": self.mode,
             "inputs": self.inputs,
-            "answers": {a.key: {"title": a.title, "text": a.text, "row": asdict(a.row) if a.row else None}
+            "answers": {a.key: {"title": a.title, "text": a.text, "row": asdict(a.row) if a.row else None,
+                                "settled": a.unsettled_by is None,
+                                "unsettled_by": None if a.unsettled_by is None else {
+                                    "cluster": a.unsettled_by.cluster, "num_gpus": a.unsettled_by.num_gpus,
+                                    "gap": getattr(a.unsettled_by, "gap", None),
+                                    "days_bound": days_bound(a.unsettled_by),
+                                    "total_usd_bound": usd_bound(a.unsettled_by)}}
                         for a in self.answers},
             "rows": [row_json(r) for r in self.rows],
             "pareto": [asdict(r) for r in self.pareto],
@@ -156,6 +172,7 @@ class StudyResult:
             "notes": list(self.notes),
             "assumptions": list(self.assumptions),
             "wall_s": self.wall_s,
+            **({"serve_front": self.serve_front} if self.serve_front is not None else {}),
         }
 
 
@@ -252,6 +269,59 @@ def where(row: Row) -> str:
     return f"{row.num_gpus:,} x {row.gpu} ({row.cluster})"
 
 
+def days_bound(row: Row) -> float | None:
+    """The fewest days the solver has not ruled out for a training row: its days less the remaining gap
+    (the step-time bound; a proven row's own days). None for serving rows."""
+    if not isinstance(row, TrainRow):
+        return None
+    return row.days * _bound_share(row)
+
+
+def usd_bound(row: Row) -> float | None:
+    """The least total cost the solver has not ruled out for a training row (dollars scale with days)."""
+    if not isinstance(row, TrainRow) or row.total_usd is None:
+        return None
+    return row.total_usd * _bound_share(row)
+
+
+def _bound_share(row: TrainRow) -> float:
+    """The share of its days (and dollars) a row may still shrink to: 1 proven; else the solver's
+    step-time bound (1 - gap), never below every GPU at its dense peak (its useful MFU: 405B on 1,024
+    H100 at gap 100 % has no solver bound, but cannot train 15T tokens in under ~400 days)."""
+    if row.status == "optimal":
+        return 1.0
+    return max(1.0 - row.gap, min(1.0, row.useful_mfu or 0.0))
+
+
+def unsettled_by(rows: Sequence[TrainRow], answer: TrainRow | None, *, cheapest: bool, deadline: float | None,
+                 budget: float | None) -> TrainRow | None:
+    """The row, other than `answer`, whose bound could beat it (the cheapest bound within the deadline,
+    or the fastest bound within the budget; without an answer, any bound that meets them), or None when
+    none can: then the answer is settled. With
+    `--time-limit 10` on the README's 405B study 16,384 H100 at $71.12M was stated the cheapest within 90
+    days beside 8,192 B200 at gap 31.3 %, whose cost bound is $52.9M."""
+    def could(r: TrainRow) -> bool:
+        d, usd = days_bound(r), usd_bound(r)
+        if r is answer or d is None or (r.status == "optimal" or not r.gap):
+            return False
+        if cheapest:
+            beats = answer is None or (answer.total_usd is not None and usd is not None and usd < answer.total_usd)
+            return usd is not None and beats and (deadline is None or d <= deadline)
+        return (answer is None or d < answer.days) and (budget is None or (usd is not None and usd <= budget))
+
+    rivals = [r for r in rows if could(r)]
+    if cheapest:
+        return min(rivals, key=lambda r: usd_bound(r) or 0.0, default=None)
+    return min(rivals, key=lambda r: days_bound(r) or 0.0, default=None)
+
+
+def _unsettled_text(r: TrainRow | None) -> str:
+    if r is None:
+        return ""
+    return (f" Not settled: {where(r)} is unproven (gap {r.gap:.1%}) and could take {days_bound(r):,.1f} days"
+            f" and {money(usd_bound(r))}; a longer --time-limit settles it.")
+
+
 def _train_answers(rows: list[TrainRow], deadline: float | None, budget: float | None) -> list[Answer]:
     out = []
     best = cheapest_within_deadline(rows, deadline)
@@ -265,7 +335,8 @@ def _train_answers(rows: list[TrainRow], deadline: float | None, budget: float |
         quickest = min(rows, key=lambda r: r.days)
         text = (f"{title}: no option finishes within {deadline:g} days; the fastest, {where(quickest)}, "
                 f"takes {quickest.days:,.1f} days ({money(quickest.total_usd)}).")
-    out.append(Answer("cheapest_within_deadline", title, best, text))
+    rival = unsettled_by(rows, best, cheapest=True, deadline=deadline, budget=budget)
+    out.append(Answer("cheapest_within_deadline", title, best, text + _unsettled_text(rival), rival))
     fast = fastest_within_budget(rows, budget)
     title = f"Fastest within {money(budget)}" if budget is not None else "Fastest option"
     if fast is not None:
@@ -276,7 +347,8 @@ def _train_answers(rows: list[TrainRow], deadline: float | None, budget: float |
         cheap = min((r for r in rows if r.total_usd is not None), key=lambda r: r.total_usd or 0.0)
         text = (f"{title}: no option costs {money(budget)} or less; the cheapest, {where(cheap)}, costs "
                 f"{money(cheap.total_usd)} and takes {cheap.days:,.1f} days.")
-    out.append(Answer("fastest_within_budget", title, fast, text))
+    rival = unsettled_by(rows, fast, cheapest=False, deadline=deadline, budget=budget)
+    out.append(Answer("fastest_within_budget", title, fast, text + _unsettled_text(rival), rival))
     return out
 
 
@@ -307,3 +379,18 @@ def cluster_price(spec: ClusterSpec) -> float | None:
     if any(p is None for p in prices):
         return None
     return sum((p.price_per_gpu_hour or 0.0) * p.num_gpus for p in spec.pools) / spec.num_gpus
+
+
+def pool_prices(spec: ClusterSpec, override: float | None = None) -> tuple[float | None, ...]:
+    """Dollars per GPU-hour of each pool: the cluster file's, or a --price override for every pool."""
+    return tuple(override if override is not None else p.price_per_gpu_hour for p in spec.pools)
+
+
+def deployment_price(prices: Sequence[float | None], pool_gpus: dict[int, int]) -> float | None:
+    """Dollars per GPU-hour of a deployment using `pool_gpus` (pool index: GPUs): the prices of the
+    pools it runs on, weighted by its GPUs there (None if one of them has no price). A 1P1D on 6 H100
+    of mixed-h100-a100 is $3.00, not the cluster's $2.19 average over its idle A100s."""
+    used = {i: g for i, g in pool_gpus.items() if g > 0}
+    if not used or any(prices[i] is None for i in used):
+        return None
+    return sum((prices[i] or 0.0) * g for i, g in used.items()) / sum(used.values())

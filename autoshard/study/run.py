@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autoshard.emit.vllm.command import check_checkpoint, serve_weight_dtype
-from autoshard.errors import InfeasibleError, SpecError
+from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.specs.base import MAX_GPUS
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, TrainJob, WeightDtype
@@ -38,12 +38,14 @@ from autoshard.study.costs import (
     _serve_answers,
     _train_answers,
     cluster_price,
+    deployment_price,
     pareto_front,
+    pool_prices,
     serve_costs,
     train_costs,
     train_ranges,
 )
-from autoshard.study.runner import ProgressFn, _gpu_names, _run_tasks, _sized
+from autoshard.study.runner import ProgressFn, TimedOut, _gpu_names, _run_tasks, _sized
 
 __all__ = ["STUDY_RELATIVE_GAP", "run_study"]
 
@@ -76,19 +78,36 @@ def _load_clusters(clusters: Sequence[str | ClusterSpec]) -> dict[str, ClusterSp
     return out
 
 
-def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float | None]:
-    names = {spec.name: key for key, spec in clusters.items()}
-    prices: dict[str, float | None] = {key: cluster_price(spec) for key, spec in clusters.items()}
+def _overrides(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float]:
+    """The --price overrides by cluster key (a cluster named by its key or its file's name)."""
+    out: dict[str, float] = {}
     for name, usd in overrides.items():
-        key = name if name in clusters else names.get(name)
+        named = [k for k, spec in clusters.items() if spec.name == name]
+        if name not in clusters and len(named) > 1:
+            raise SpecError(f"'{name}' names {len(named)} studied clusters ({', '.join(named)}): give the --cluster "
+                            "value of the one to price", source="--price")
+        key = name if name in clusters else (named[0] if named else None)
         if key is None:
             raise SpecError(f"'{name}' is not one of the studied clusters ({', '.join(clusters)}): "
                             "name a cluster given with --cluster", source="--price")
         if not math.isfinite(usd) or usd <= 0 or usd > MAX_PRICE:
             raise SpecError(f"price for '{name}' must be a positive finite number of dollars per GPU-hour, at most "
                             f"{MAX_PRICE:g}; got {usd}", source="--price")
-        prices[key] = usd
+        out[key] = usd
+    return out
+
+
+def _prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, float | None]:
+    """Dollars per GPU-hour of each cluster: its pools' GPU-weighted mean, or its --price."""
+    prices: dict[str, float | None] = {key: cluster_price(spec) for key, spec in clusters.items()}
+    prices.update(_overrides(clusters, overrides))
     return prices
+
+
+def _pool_prices(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) -> dict[str, tuple[float | None, ...]]:
+    """Dollars per GPU-hour of each cluster's pools (a --price sets every pool of its cluster)."""
+    over = _overrides(clusters, overrides)
+    return {key: pool_prices(spec, over.get(key)) for key, spec in clusters.items()}
 
 
 def run_study(
@@ -127,6 +146,7 @@ def run_study(
     model_spec = model if isinstance(model, ModelSpec) else load_model(model)
     specs = _load_clusters(clusters)
     price = _prices(specs, dict(prices or {}))
+    per_pool = _pool_prices(specs, dict(prices or {}))
     sizes = sorted(set(sizes))
     if not sizes or min(sizes) < 1:
         raise SpecError("give at least one positive GPU count, e.g. --gpus 64,128", source="--gpus")
@@ -176,16 +196,20 @@ def run_study(
     rows: list[Row] = []
     for key, n, figures, reason in found:
         if figures is None:
-            skipped.append(Skipped(key, n, reason or "no plan"))
+            skipped.append(Skipped(key, n, str(reason or "no plan"), isinstance(reason, TimedOut)))
         elif isinstance(job, TrainJob):
             rows.append(_train_row(key, n, figures, float(job.tokens or 0), price[key]))
         else:
-            rows.append(_serve_row(key, n, figures, job, price[key]))
+            rows.append(_serve_row(key, n, figures, job, deployment_price(per_pool[key], figures["pool_gpus"])))
     skipped.sort(key=lambda s: (order[s.cluster], s.num_gpus))
     if not rows:
         lines = "\n".join(f"  {s.cluster} x {s.num_gpus}: {s.reason}" for s in skipped)
         if not tasks:  # no size is a whole number of any cluster's nodes: bad input (exit 2), not "no plan"
             raise SpecError(f"no studied size fits the clusters' nodes:\n{lines}", source="--gpus")
+        if any(s.timed_out for s in skipped):  # unknown, as solve reports a time-out (status "unknown")
+            raise SolverError(f"no plan of {model_spec.name} was found within the study's {time_limit_s:g} s "
+                              f"--time-limit ({sum(s.timed_out for s in skipped)} of {len(skipped)} size(s) timed "
+                              f"out; raise --time-limit):\n{lines}")
         raise InfeasibleError(f"no studied size can run {model_spec.name}:\n{lines}")
     priced = [i for i, r in enumerate(rows) if r.y is not None]
     pareto: list[Row] = []
@@ -203,7 +227,8 @@ def run_study(
         rows=rows, skipped=skipped, answers=answers, pareto=pareto,
     )
     result.notes = _notes(result, price)
-    result.assumptions = _assumptions(result, specs, price, prices or {}, job)
+    result.assumptions = _assumptions(result, specs, price, _overrides(specs, dict(prices or {})), job,
+                                      {k: _source(ref) for k, ref in zip(specs, clusters)})
     result.wall_s = time.perf_counter() - start
     return result
 
@@ -263,7 +288,7 @@ def _train_row(key: str, n: int, f: dict[str, Any], tokens: float, price: float 
                     gap=f["gap"], solve_s=f["solve_s"], mfu=f["mfu"], tokens_per_s=f["tokens_per_s"], days=days,
                     gpu_hours=gpu_hours, price_per_gpu_hour=price, total_usd=total, usd_per_million_tokens=per_m,
                     days_low=d_lo, days_high=d_hi, total_usd_low=usd_lo, total_usd_high=usd_hi,
-                    band_basis=f["band_basis"], sanity=f.get("sanity", ""))
+                    band_basis=f["band_basis"], useful_mfu=f.get("useful_mfu"), sanity=f.get("sanity", ""))
 
 
 def _serve_row(key: str, n: int, f: dict[str, Any], job: ServeJob, price: float | None) -> ServeRow:
@@ -318,12 +343,27 @@ def _pct(x: float) -> str:
     return f"{x:.1%}" if x >= 0.01 else f"{100 * x:.2g}%"
 
 
+def _source(ref: str | ClusterSpec) -> str:
+    """Where a studied cluster's price comes from: its file as given, a bundled file, or the spec object."""
+    if isinstance(ref, ClusterSpec):
+        return "its ClusterSpec"
+    if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or "\\" in ref:
+        return ref  # a user's ./h/x.yaml, not clusters/<its name>.yaml
+    return f"clusters/{ref}.yaml"
+
+
 def _assumptions(result: StudyResult, specs: dict[str, ClusterSpec], price: dict[str, float | None],
-                 overrides: dict[str, float], job: TrainJob | ServeJob) -> list[str]:
+                 overrides: dict[str, float], job: TrainJob | ServeJob, sources: dict[str, str]) -> list[str]:
+    """`overrides`: the --price overrides by cluster key (`_overrides`): a second cluster of the same name
+    is not overridden by the first's --price."""
     out = []
     for key, spec in specs.items():
         usd = price[key]
-        src = "--price override" if key in overrides or spec.name in overrides else f"clusters/{spec.name}.yaml"
+        src = "--price override" if key in overrides else sources[key]
+        if usd is not None and len(spec.pools) > 1 and key not in overrides:
+            src += "; pools " + ", ".join(f"{p.name} ${p.price_per_gpu_hour:.2f}" for p in spec.pools
+                                          if p.price_per_gpu_hour is not None)
+            src += ", a deployment priced at the pools it uses" if isinstance(job, ServeJob) else ""
         out.append(f"{key}: {_gpu_names(spec)}, " + (f"${usd:.2f} per GPU-hour ({src})." if usd is not None
                                                            else "no price."))
     if isinstance(job, TrainJob):

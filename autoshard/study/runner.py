@@ -11,12 +11,12 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from autoshard.errors import AutoshardError
+from autoshard.errors import AutoshardError, SolverError
 from autoshard.specs.cluster import ClusterSpec
 from autoshard.specs.job import ServeJob, TrainJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["ProgressFn"]
+__all__ = ["ProgressFn", "TimedOut"]
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -54,7 +54,7 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
     started_at = time.monotonic()
     limit = _WORKER["time_limit_s"] if time_limit_s is None else time_limit_s
     from autoshard.costmodel.bands import band_of
-    from autoshard.costmodel.sanity import sanity_for
+    from autoshard.costmodel.sanity import sanity_for, useful_mfu
     from autoshard.search.train.options import SolverOptions
     from autoshard.search.train.solve import solve_train
     from autoshard.specs.prepare import check_precision
@@ -68,8 +68,13 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
             sp = solve_serve(model, cluster, job, pins=None, top_k=1, time_limit_s=limit - (time.monotonic() - started_at),
                              num_workers=1, seed=0, disaggregate="auto")[0]
             p = sp.prediction
+            pool_gpus: dict[int, int] = {}  # GPUs per pool the deployment runs on (a split's roles may differ)
+            for r in sp.roles or ():
+                pool_gpus[r.pool_index] = pool_gpus.get(r.pool_index, 0) + r.gpus
+            pool_gpus = pool_gpus or {sp.pool_index: sp.num_gpus}
             return key, num_gpus, {
-                "gpu": sp.pool.gpu.name, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
+                "gpu": "+".join(dict.fromkeys(cluster.pools[i].gpu.name for i in sorted(pool_gpus))),
+                "pool_gpus": pool_gpus, "plan": sp.describe(), "gpus_used": sp.num_gpus, "status": sp.status().value,
                 "throughput_tokens_per_s": sp.throughput_tokens_per_s, "ttft_s": sp.ttft_s, "tpot_s": p.tpot_s,
                 "meets_targets": sp.meets_targets(), "throughput_band": band_of(sp).tokens_per_s,
                 "band_basis": band_of(sp).basis,
@@ -78,6 +83,8 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
                                 relative_gap=_WORKER["relative_gap"])
         check_precision(cluster, job.precision)
         plan = solve_train(model, cluster, job, options=options)[0]  # band_of: the band api.solve would attach
+    except SolverError as exc:  # the clock ran out before any plan: not "no plan fits"
+        return key, num_gpus, None, TimedOut(str(exc))
     except AutoshardError as exc:
         return key, num_gpus, None, str(exc)
     cfg, pred = plan.config, plan.prediction
@@ -87,7 +94,8 @@ def _solve_task(key: str, num_gpus: int, time_limit_s: float | None = None) -> t
                     "vpp": cfg.dims.vpp, "micro_batch_size": cfg.micro_batch_size, "recompute": cfg.recompute.value,
                     "recompute_num_layers": plan.recompute_num_layers, "zero_stage": cfg.zero_stage},
         "status": plan.status().value, "gap": plan.solver.gap, "solve_s": plan.solver.wall_s,
-        "mfu": pred.mfu, "tokens_per_s": pred.tokens_per_s, "tokens_per_s_band": band_of(plan).tokens_per_s,
+        "mfu": pred.mfu, "useful_mfu": useful_mfu(plan), "tokens_per_s": pred.tokens_per_s,
+        "tokens_per_s_band": band_of(plan).tokens_per_s,
         "band_basis": band_of(plan).basis,
         "sanity": sanity_for(plan).message(cite=True) if sanity_for(plan).flagged else "",
     }, None
@@ -104,7 +112,15 @@ def _sized(spec: ClusterSpec, num_gpus: int) -> ClusterSpec:
     return spec if num_gpus == spec.num_gpus else spec.with_gpus(num_gpus)
 
 
-TIME_OUT_REASON = "not solved: the study's --time-limit ran out before this size's turn (raise --time-limit)"
+class TimedOut(str):
+    """A skipped size's reason when its solve's time ran out before any plan (a SolverError), or the
+    study's before its turn: unknown, not infeasible."""
+
+    __slots__ = ()
+
+
+TIME_OUT_REASON = TimedOut("not solved: the study's --time-limit ran out before this size's turn "
+                           "(raise --time-limit)")
 
 
 def _task_limit(cap: float, end: float | None, waiting: int, workers: int) -> float | None:

@@ -283,3 +283,36 @@ def test_every_reference_gpu_generation_is_named() -> None:
     # the sanity reference and the bands share the generation map
     for r in REFS:
         assert gpu_generation(r["gpus"][0]) in {"ampere", "hopper", "blackwell", "cdna3"}
+
+
+def test_a_plan_on_two_pools_is_checked_against_their_peak_weighted_references() -> None:
+    """A plan's MFU on several pools is against the peak-weighted mean of their GPUs (train.step), so the
+    ceiling weights each pool's best measured useful MFU the same way: 70B TP8 PP3 DP4 on
+    mixed-h100-a100 (1 stage of 32 H100, 2 of 32 A100) was flagged at 52.4 % against H100's 47.1 % alone."""
+    h100 = SimpleNamespace(name="H100-SXM5-80GB", bf16_tflops=989.0, fp8_tflops=1979.0)
+    a100 = SimpleNamespace(name="A100-SXM4-80GB", bf16_tflops=312.0, fp8_tflops=None)
+    plan = _fake(0.5615)
+    plan.cluster = SimpleNamespace(pools=(SimpleNamespace(gpu=h100), SimpleNamespace(gpu=a100)))
+    plan.stages = (SimpleNamespace(pool=0), SimpleNamespace(pool=1), SimpleNamespace(pool=1))
+    ref = {r["run_id"]: r["mfu"] for r in REFS}
+    want = (ref["mlm-h100-weak-16B"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
+    s = sanity_for(plan)
+    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5277, abs=1e-4)
+    assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 47.1 % on H100")
+    assert "61.7 % on A100-SXM4-80GB (mpt-a100-7b-seq2048-8gpu" in s.reference
+    # a plan on the H100 stage alone keeps the H100 reference
+    plan.stages = (SimpleNamespace(pool=0),)
+    assert sanity_for(plan).reference_mfu == ref["mlm-h100-weak-16B"] and sanity_for(plan).flagged
+
+
+def test_mixed_cluster_study_band_holds_its_point() -> None:
+    from autoshard.study.run import run_study
+
+    res = run_study("llama-3.1-70b", ["mixed-h100-a100"], [96], tokens=1e12, jobs=1, time_limit_s=60)
+    (r,) = res.rows
+    assert r.plan == "TP8 PP3 DP4 mbs1" and r.mfu == pytest.approx(0.5615, abs=1e-4)
+    assert r.sanity == ""  # "56.2% !" before
+    assert r.days == pytest.approx(192.2, abs=0.05)
+    assert r.days_low < r.days < r.days_high  # the band read 194.4-210.9 days beside 192.2
+    assert (round(r.days_low, 1), round(r.days_high, 1)) == (173.6, 210.9)
+    assert "capped at 58.0 % useful MFU, the best measured 52.8 % + 10 %" in r.band_basis

@@ -361,13 +361,18 @@ def test_status_column_claims_optimal_only_when_proven():
 def test_front_dollars_are_at_the_studied_size():
     """The serving front's $/M pays for every GPU of the studied size, as the rows do: a 6-GPU deployment in
     an 8-GPU size runs once and leaves 2 GPUs idle, paid for (review of 2026-11-24: $1.175/M read beside a
-    cheapest answer of $1.309/M); a 4-GPU one runs twice and loses nothing."""
+    cheapest answer of $1.309/M); a 4-GPU one runs twice and loses nothing; one larger than the size does
+    not fit it."""
+    from autoshard.search.serve.front import FrontPoint
     from autoshard.study.front import ClusterFront
 
     cf = ClusterFront("dgx-h100", 8, 3.0, front=None)
     per_gpu = 874.0
-    used = cf.usd_per_million(per_gpu)  # per GPU the deployment runs on
-    assert used == pytest.approx(3.0 / (874.0 * 3600) * 1e6)
-    assert cf.usd_per_million(per_gpu, 6) == pytest.approx(used * 8 / 6)
-    assert cf.usd_per_million(per_gpu, 4) == pytest.approx(used)
-    assert cf.usd_per_million(per_gpu, 16) == pytest.approx(used)  # larger than the size: as given
+    used = 3.0 / (874.0 * 3600) * 1e6  # per GPU the deployment runs on
+
+    def point(gpus: int) -> FrontPoint:
+        return FrontPoint("aggregated", "x", per_gpu, 20.0, 0.05, 0.1, gpus)
+
+    assert cf.usd_per_million_of(point(6)) == pytest.approx(used * 8 / 6)
+    assert cf.usd_per_million_of(point(4)) == pytest.approx(used)
+    assert cf.usd_per_million_of(point(16)) is None and cf.rented(point(16))[0] == 0

@@ -57,6 +57,8 @@ class FrontPoint:
     ttft_s: float
     gpus: int
     """GPUs of one engine (aggregated) or of the whole xPyD mix (disaggregated)."""
+    pools: tuple[tuple[int, int], ...] = ()
+    """(pool index, GPUs there) of the deployment: what a price per pool charges it for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +90,13 @@ class Front:
                 f"aggregated and split{more}), cut at the time limit")
 
     def best_at(self, tpot_s: float) -> FrontPoint | None:
-        """The most tokens/s per GPU with TPOT <= tpot_s (where the SLA cuts the front)."""
-        ok = [p for p in self.front if p.tpot_s <= tpot_s * (1 + 1e-9)]
-        return max(ok, key=lambda p: p.tokens_per_s_per_gpu, default=None)
+        """The most tokens/s per GPU used with TPOT <= tpot_s (where the SLA cuts the front). A cost
+        study ranks `meeting(tpot_s)` by its price on the GPUs rented instead (`study.front`)."""
+        return max(self.meeting(tpot_s, front_only=True), key=lambda p: p.tokens_per_s_per_gpu, default=None)
+
+    def meeting(self, tpot_s: float, *, front_only: bool = False) -> list[FrontPoint]:
+        """Every deployment evaluated (or only the front's) with TPOT <= tpot_s."""
+        return [p for p in (self.front if front_only else self.points) if p.tpot_s <= tpot_s * (1 + 1e-9)]
 
 
 def _pareto(points: list[FrontPoint]) -> tuple[FrontPoint, ...]:
@@ -113,7 +119,7 @@ def _aggregated_point(model: ModelSpec, pool: PoolSpec, free: ServeJob, e: Engin
     if pred.concurrency < b or not ttft_ok(pred.ttft_s):
         return None
     return FrontPoint("aggregated", f"{where}{e.label()} x{b}", pred.tokens_per_s_per_gpu, 1.0 / pred.tpot_s,
-                      pred.tpot_s, pred.ttft_s, e.gpus)
+                      pred.tpot_s, pred.ttft_s, e.gpus, ((e.pool, e.gpus),))
 
 
 def serve_front(
@@ -241,6 +247,7 @@ def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[
                         d.instance.tpot_s,
                         ttft,
                         used,
+                        ((a, used),) if same else ((a, x * p.engine.gpus), (b, y * d.engine.gpus)),
                     )
                 )
     return out, tables.engines_done - len(unpaired)
