@@ -141,13 +141,12 @@ def test_efficiency_source_says_fitted_or_borrowed():
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
-    # Blackwell: B200, GB200 and GB300 (7 held runs with its NVFP4 ones) on their own runs; B300 (3 held
-    # runs) borrows the pooled Blackwell fit, not H100's
-    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 20 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 25 runs"
-    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 7 runs"
-    assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == (
-        "borrowed from Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)")
+    # Blackwell: every type on its own runs; B300 (3 held runs, the pooled Blackwell fit, before MLPerf
+    # v6.0's 8B NVFP4 runs) since its 13
+    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 26 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 28 runs"
+    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 22 runs"
+    assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == "fitted on 13 runs"
 
 
 def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():

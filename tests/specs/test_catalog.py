@@ -174,16 +174,15 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
                           fitted_runs=runs)
 
 
-# Blackwell training fits (tests/validation/fit_efficiency.py): B200, GB200 and (since its 3 held NVFP4
-# runs) GB300 on their own runs, B300 (1 held run) on the Blackwell pool.
-_POOL = "Blackwell pool (B200-SXM-180GB, B300-SXM-288GB, GB200-186GB, GB300-288GB)"
+# Blackwell training fits (tests/validation/fit_efficiency.py): B200, GB200, GB300 and (since the MLPerf v6.0
+# 8B NVFP4 runs of eight submitters, 13 held runs) B300, each on its own runs.
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.25, "B200-SXM-180GB", 20, half_seq=2048, half_dim=256, intra=0.90,
+    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.20, "B200-SXM-180GB", 26, half_seq=8192, hbm=0.90, half_dim=256,
+                                 intra=0.90, inter=0.70),
+    "GB200-186GB": _train_fit(0.60, 0.55, 0.20, "GB200-186GB", 28, half_seq=8192, hbm=0.80, half_dim=256),
+    "GB300-288GB": _train_fit(0.55, 0.55, 0.25, "GB300-288GB", 22, half_seq=4096, hbm=0.80, half_dim=256, intra=0.90),
+    "B300-SXM-288GB": _train_fit(0.55, 0.55, 0.25, "B300-SXM-288GB", 13, half_seq=2048, hbm=0.90, half_dim=256,
                                  inter=0.70),
-    "GB200-186GB": _train_fit(0.65, 0.60, 0.20, "GB200-186GB", 25, half_seq=8192, hbm=0.60, half_dim=256,
-                              intra=0.90),
-    "GB300-288GB": _train_fit(0.55, 0.55, 0.25, "GB300-288GB", 7, half_seq=8192, hbm=0.80, half_dim=256, intra=0.90),
-    "B300-SXM-288GB": _train_fit(0.50, 0.50, 0.25, _POOL, 55, half_seq=4096, half_dim=128),
 }
 
 
