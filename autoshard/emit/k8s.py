@@ -49,7 +49,7 @@ from autoshard.emit.pd import (
     vllm_deepep_decode,
     vllm_kv_transfer_config,
 )
-from autoshard.emit.k8s_pod import IMAGES, compute_domain, dns_label, manifest_comments
+from autoshard.emit.k8s_pod import IMAGES, LWS_NAME_MAX, compute_domain, dns_label, manifest_comments
 from autoshard.emit.k8s_pod import Unit as _Unit
 from autoshard.emit.k8s_pod import pod as _pod
 from autoshard.emit.sglang import sglang_env, sglang_node_commands
@@ -247,8 +247,10 @@ def _router(plan: ServePlan, framework: str, units: list[_Unit]) -> list[dict[st
 
 
 def lws_name(instance: str) -> str:
-    """The LeaderWorkerSet of a multi-node instance; the instance's name is its Service's."""
-    return f"{instance}-lws"
+    """The LeaderWorkerSet of a multi-node instance; the instance's name is its Service's. At most
+    LWS_NAME_MAX characters (the instance's name cut, with its hash, where it would be longer)."""
+    name = f"{instance}-lws"
+    return name if len(name) <= LWS_NAME_MAX else f"{dns_label(instance, LWS_NAME_MAX - 4)}-lws"
 
 
 LWS_ROLLOUT = {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}}

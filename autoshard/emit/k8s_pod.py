@@ -15,9 +15,14 @@ IMAGES = {"vllm": "vllm/vllm-openai:latest", "sglang": "lmsysorg/sglang:latest"}
 _NAME = re.compile(r"[^a-z0-9-]+")
 
 
-BASE_MAX = 40
-"""Longest base name: every object is named base + a suffix of at most 23 characters (`-prefill-131071`
-+ `-channel`), within the 63 of a DNS-1035 label."""
+BASE_MAX = 28
+"""Longest base name. Every object is named base + a suffix (`-prefill-131071` + `-channel` at most),
+within the 63 of a DNS-1035 label, and a LeaderWorkerSet (base + `-prefill-N-lws`) stays at or under
+LWS_NAME_MAX: LWS names each group's worker StatefulSet `<set>-<group>`, whose pods carry the label
+`controller-revision-hash` = `<StatefulSet>-<hash of up to 10>`, a label value of at most 63 (lws 060ab4da
+`pod_controller.go`; kubernetes-sigs/lws issue #410: a set named above 51 characters cannot start)."""
+LWS_NAME_MAX = 45
+"""Longest LeaderWorkerSet name written: 52 - 1 - 6, room for group indices up to 999,999."""
 
 
 def dns_label(text: str, limit: int = BASE_MAX) -> str:

@@ -63,7 +63,7 @@ def test_object_names_from_hostile_model_names(h100_8b, name):
         for n in _names(obj):
             assert DNS1035.match(n) and len(n) <= 63, (name, n)
     assert workload_name(plan) == workload_name(plan)  # deterministic
-    assert len(workload_name(plan)) <= 40
+    assert len(workload_name(plan)) <= 28
 
 
 def test_dns_label_keeps_what_it_can_and_separates_what_it_cuts():
@@ -72,8 +72,8 @@ def test_dns_label_keeps_what_it_can_and_separates_what_it_cuts():
     assert dns_label("Ünïcødé") == "unicde"  # NFKD folds the accents; ø has no ASCII form
     assert dns_label("模型") == "m-" + __import__("hashlib").sha1("模型".encode()).hexdigest()[:8]
     long_a, long_b = "a" * 300, "a" * 299 + "b"
-    assert len(dns_label(long_a)) == 40 and dns_label(long_a) != dns_label(long_b)
-    assert dns_label(long_a).startswith("a" * 31 + "-")
+    assert len(dns_label(long_a)) == 28 and dns_label(long_a) != dns_label(long_b)
+    assert dns_label(long_a).startswith("a" * 19 + "-")
 
 
 def test_gpu_deployments_recreate_and_lws_never_surge(h100_8b, gb200_405b):
@@ -143,3 +143,19 @@ def test_disaggregated_pods_add_ipc_lock():
     router = next(o for o in objects if o["metadata"]["name"].endswith("-router") and o["kind"] == "Deployment")
     assert "securityContext" not in router["spec"]["template"]["spec"]["containers"][0]
     assert all("Mooncake" in k8s_yaml(objs) for name, objs in files.items() if not name.endswith("-router.yaml"))
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V3-0324-instruct-long-variant", "x" * 300, "9"])
+def test_leaderworkerset_names_leave_room_for_their_statefulsets(gb200_405b, name):
+    """LWS names a group's worker StatefulSet `<set>-<group>`, and every pod of it carries the label
+    `controller-revision-hash` = `<StatefulSet>-<hash of up to 10>`, at most 63 characters: a set named
+    above 51 cannot start its workers (kubernetes-sigs/lws issue #410). A 50-character model name gave a
+    54-character `...-prefill-0-lws`; every set is now at most LWS_NAME_MAX (45) characters, room for
+    group indices up to 999,999."""
+    from autoshard.emit.k8s_pod import LWS_NAME_MAX
+
+    plan = dataclasses.replace(gb200_405b, model=gb200_405b.model.model_copy(update={"name": name}))
+    _, objects = _objects(plan)
+    sets = [o["metadata"]["name"] for o in objects if o["kind"] == "LeaderWorkerSet"]
+    assert sets and all(DNS1035.match(n) and len(n) <= LWS_NAME_MAX == 45 for n in sets), sets
+    assert all(len(f"{n}-999999") + 1 + 10 <= 63 for n in sets)
