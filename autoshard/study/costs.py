@@ -159,7 +159,8 @@ class StudyResult:
             "mode": self.mode,
             "inputs": self.inputs,
             "answers": {a.key: {"title": a.title, "text": a.text, "row": asdict(a.row) if a.row else None,
-                                "settled": a.unsettled_by is None,
+                                # serving rows carry no proven bound to settle an answer with: null
+                                "settled": a.unsettled_by is None if self.mode == "train" else None,
                                 "unsettled_by": None if a.unsettled_by is None else {
                                     "cluster": a.unsettled_by.cluster, "num_gpus": a.unsettled_by.num_gpus,
                                     "gap": getattr(a.unsettled_by, "gap", None),

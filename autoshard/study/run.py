@@ -93,6 +93,9 @@ def _overrides(clusters: dict[str, ClusterSpec], overrides: dict[str, float]) ->
         if not math.isfinite(usd) or usd <= 0 or usd > MAX_PRICE:
             raise SpecError(f"price for '{name}' must be a positive finite number of dollars per GPU-hour, at most "
                             f"{MAX_PRICE:g}; got {usd}", source="--price")
+        if key in out:  # the same cluster under its key and its file's name: the last one silently won
+            raise SpecError(f"'{name}' prices the cluster '{key}' a second time: give one --price per cluster",
+                            source="--price")
         out[key] = usd
     return out
 

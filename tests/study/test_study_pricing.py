@@ -37,6 +37,8 @@ def test_mixed_cluster_serving_rows_are_priced_at_the_h100_pool():
         assert r.price_per_gpu_hour == 3.0  # was the clusters' means, $2.19 and $2.03
         assert r.usd_per_hour == pytest.approx(18.0)
         assert r.usd_per_million_output_tokens == pytest.approx(18.0 / (5000 * 3600) * 1e6)  # $1.000
+    # serving rows have no proven bound: their answers are neither settled nor unsettled (it read true)
+    assert [(a["settled"], a["unsettled_by"]) for a in res.to_json()["answers"].values()] == [(None, None)] * 2
 
 
 def _point(label: str, per_gpu: float, tpot_ms: float, gpus: int, pools=()) -> FrontPoint:
@@ -209,6 +211,10 @@ def test_a_cluster_priced_twice_is_refused_and_the_price_source_is_the_real_file
     other.write_text(mine.read_text())
     with pytest.raises(SpecError, match=r"'dgx-h100' names 2 studied clusters .*: give the --cluster value"):
         run_study("llama-3.1-8b", [str(other), str(mine)], [8], tokens=1e9, prices={"dgx-h100": 2.0},
+                  time_limit_s=20, jobs=1)
+    # one cluster priced under its --cluster value and its name: refused, not the last one winning ($3.00 won)
+    with pytest.raises(SpecError, match=rf"'dgx-h100' prices the cluster '{mine}' a second time"):
+        run_study("llama-3.1-8b", [str(mine)], [8], tokens=1e9, prices={str(mine): 3.0, "dgx-h100": 2.0},
                   time_limit_s=20, jobs=1)
 
 
