@@ -108,6 +108,19 @@ def test_hf_quant_config_beside_config_json_is_read(tmp_path: Path, algo: str, w
         {"FP8": 8.46, "NVFP4": 5.61}[algo], abs=0.01)
 
 
+def test_the_sidecar_comes_before_text_config_as_in_vllm(tmp_path: Path) -> None:
+    """vLLM's get_config makes hf_quant_config.json the config's quantization_config when it has none, before
+    get_quant_config reads text_config's: a wrapper with FP8 in text_config and an NVFP4 sidecar is NVFP4
+    (it read FP8, and its launch line passed a --quantization vLLM refuses beside the detected modelopt_fp4)."""
+    path = modelopt_dir(tmp_path, "NVFP4")
+    inner = json.loads(path.read_text())
+    path.write_text(json.dumps({"model_type": "llava", "_name_or_path": "nvidia/wrapped-NVFP4", "text_config": {
+        **inner, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}}))
+    spec, _ = load_noting(path)
+    (ckpt,) = spec.checkpoints
+    assert (ckpt.weights, ckpt.quantization) == (WeightDtype.NVFP4, "modelopt_fp4")
+
+
 def test_hf_quant_config_kv_cache_algorithm_and_unknown_algorithms_are_said(tmp_path: Path) -> None:
     spec, notes = load_noting(modelopt_dir(tmp_path, "FP8", kv="FP8"))
     assert spec.checkpoints[0].weights is WeightDtype.FP8

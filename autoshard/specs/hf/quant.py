@@ -160,22 +160,25 @@ def _read(q: dict, source: str, key: str) -> tuple[str, str, bool] | None:
 
 
 def _find(config: dict[str, Any], sidecar: Any) -> tuple[str, Any]:
-    """(the key to name, the quantization dict) in vLLM's order of lookup; (key, None) when none."""
+    """(the key to name, the quantization dict) in vLLM's order of lookup; (key, None) when none. vLLM's
+    get_config makes hf_quant_config.json the config's quantization_config when it has none, before
+    get_quant_config looks at text_config and compression_config: the sidecar comes second."""
     text = config.get("text_config")
     for key, value in (("quantization_config", config.get("quantization_config")),
+                       ("hf_quant_config.json", sidecar),
                        ("text_config.quantization_config",
                         text.get("quantization_config") if isinstance(text, dict) else None),
                        ("compression_config", config.get("compression_config"))):
         if value is not None:
             return key, value
-    return "hf_quant_config.json", sidecar
+    return "hf_quant_config.json", None
 
 
 def checkpoint_from_quantization_config(config: dict[str, Any], *, source: str, name: str,
                                         sidecar: dict[str, Any] | None = None) -> dict | None:
     """The `Checkpoint` fields (weights, repo, quantization, block_scaled, source) the config's
-    ``quantization_config`` describes (else ``text_config.quantization_config``, compressed-tensors'
-    older ``compression_config``, or `sidecar`: the hf_quant_config.json beside config.json), the repo
+    ``quantization_config`` describes (else `sidecar`, the hf_quant_config.json beside config.json, else
+    ``text_config.quantization_config`` or compressed-tensors' older ``compression_config``), the repo
     being the imported model's `name` (``_name_or_path``, or the Hugging Face cache folder's repo id);
     None when there is none, and, with a UserWarning, when it is not modelled or `name` is no
     Hugging Face repo id."""
