@@ -77,7 +77,8 @@ def test_moe_runs():
     with the refit on them: GB200 `train_gemm` 0.60 -> 0.65, `train_hbm` 0.80 -> 0.60). The two ModelZoo runs with
     the EP all-to-all overlap (item W) are held since it is priced, and both are predicted 12 % short: the priced
     overlap hides more than they measured (the H100 pair: 4.8 s priced, 2.1 s measured); with them 25 held runs,
-    median 10.6 %."""
+    median 10.6 %; 8.9 % with item Y's refit on MLPerf v6.0's dense runs (GB200 `train_gemm` 0.65 -> 0.60,
+    `train_hbm` 0.60 -> 0.80), 8.7 % over the 21 not from the MoE recipes (7.9 % before it)."""
     errs = sorted(abs(r.error) for r in MOE)
     assert len(errs) == 25
     by_id = {r.id: r.error for r in MOE}
@@ -86,7 +87,7 @@ def test_moe_runs():
     for overlap in ("moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap", "moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"):
         assert -0.15 < by_id[overlap] < -0.08  # step predicted short: the overlap priced optimistic
     assert statistics.median(errs) <= 0.11
-    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.08
+    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.09
     assert sum(e <= 0.15 for e in errs) >= 12
 
 
@@ -363,8 +364,9 @@ def test_mlperf51_blackwell_runs():
     committed config the results README names): 6 held B200 runs from three submitters (Oracle, University of
     Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
     (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
-    B200 knobs (fitted on these, the six B200 NVFP4 runs and NeMo 25.02's B200 runs together) the 64-GPU
-    CP 2 runs' steps are predicted 7 % short and the 16-GPU and 405B runs' 9-15 % long, while NeMo 25.02's B200 Mixtral and
+    B200 knobs (fitted on these, the B200 NVFP4 runs of MLPerf v5.1 and v6.0 and NeMo 25.02's B200 runs together)
+    the 64-GPU CP 2 runs' steps are predicted 3 % short (7 % before MLPerf v6.0's runs, item Y) and the 16-GPU
+    and 405B runs' 7-17 % long (9-15 %), while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
@@ -377,8 +379,8 @@ def test_mlperf51_blackwell_runs():
     assert all(abs(r.error) <= 0.22 for r in held)
     b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
     cp2 = {i for i in b200 if i.endswith("-cp2")}
-    assert len(cp2) == 2 and all(-0.13 <= b200[i] <= -0.06 for i in cp2)  # predicted short
-    assert all(0.08 <= b200[i] <= 0.16 for i in b200.keys() - cp2)  # predicted long
+    assert len(cp2) == 2 and all(-0.05 <= b200[i] <= -0.02 for i in cp2)  # predicted short
+    assert all(0.07 <= b200[i] <= 0.18 for i in b200.keys() - cp2)  # predicted long
     assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
 
@@ -403,7 +405,7 @@ def test_mlperf60_runs():
     assert cisco.gpu == "H200-SXM-141GB" and not cisco.skip_throughput and cisco.measured == 1.181
     assert (by_id[cisco.id]["fp8_recipe"], by_id[cisco.id]["global_batch_size"], by_id[cisco.id]["parallel"]["dp"]) == ("tensorwise", 32, 16)
     assert -0.08 < cisco.error < 0.0
-    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-") and not r.id.endswith("-fp4")}
+    rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-") and "-dsv3-" in r.id}
     assert len(rows) == 6
     assert all(r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
     assert all(by_id[i]["moe_a2a_overlap"] for i in rows)  # priced: the run's OVERLAP_MOE_EXPERT_PARALLEL_COMM
@@ -425,28 +427,40 @@ def test_mlperf60_runs():
     assert -0.06 < err["gb200-dsv3-671b-2048"] < -0.02
     assert -0.18 < err["gb200-dsv3-671b-4096"] < -0.14
     assert -0.35 < err["gb200-dsv3-671b-8192"] < -0.30  # shown: the fixed per-step cost
+    # item Y: the Llama 3.1 runs of the other submitters (and NVIDIA's 8B), read from the stored mirror: 34
+    # held (32 NVFP4 8B/405B, SCITIX's FP8 8B), each within 10 % in sample (B300's 13 runs -5 to +4 %, its own
+    # fit since), NVIDIA's strong-scaled 8B at 512 GB300 / 1,024 GB200 (TP x CP 8 / 16) shown: 38 % and 56 % short
+    llama = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-") and "-llama31-" in r.id}
+    held = {i: r for i, r in llama.items() if not r.skip_throughput}
+    assert len(llama) == 39 and len(held) == 37  # with Cisco's H200 and NVIDIA's two GB300 405B runs of items S, T
+    assert all(abs(r.error) < 0.10 for r in held.values())
+    assert {r.gpu for r in held.values()} == {"B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB",
+                                               "H200-SXM-141GB"}
+    shown = sorted(r.error for r in llama.values() if r.skip_throughput)
+    assert len(shown) == 2 and -0.60 < shown[0] < -0.50 and -0.42 < shown[1] < -0.35
 
 
 def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
-    shipped GB200 knobs (fitted on 25 GB200 runs, these 7 among them) each step is within 4 % (-3.5 to +0.2 %);
+    shipped GB200 knobs (fitted on 28 GB200 runs, these 7 among them) each step is within 6 % (+1.2 to +5.1 %;
+    -3.5 to +0.2 % before item Y's refit, GB200 `train_gemm_fp8` 0.60 -> 0.55);
     out of source (residuals_train.json) within 4 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
     plan family) now pin the GB200 fit of the fold that leaves v5.0 out, which was 9-13 % long without them
     (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
-    assert all(-0.04 < r.error < 0.01 for r in rows)
+    assert all(0.0 < r.error < 0.06 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.04 for r in rows)
 
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
     """MLPerf Training v4.1's 64-B200 GPT-3 175B (Preview: pre-release software, a Blackwell settings file
-    not published) is shown, not held: autoshard predicts its step 28 % long with the shipped B200 knobs
-    (22 % at item T, 30 % with the knobs fitted on NeMo 25.02 alone)."""
+    not published) is shown, not held: autoshard predicts its step 31 % long with the shipped B200 knobs
+    (28 % before item Y, 22 % at item T, 30 % with the knobs fitted on NeMo 25.02 alone)."""
     run = next(r for r in RESULTS if r.id == "mlperf41-nvidia-b200-gpt3-175b-64gpu")
-    assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.30
+    assert run.skip_throughput and run.metric == "step_time_s" and 0.17 < run.error < 0.33
 
 
 MLPERF_HOPPER = {  # id: (TP, PP, DP, CP, VPP, micro-batch, global batch, measured step s), from the submissions' config files
@@ -511,7 +525,7 @@ def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held and every one is predicted fast: BF16 11-13 % on both GPUs, FP8 18-19 %, because the measured FP8
+    recipes are held and every one is predicted fast: BF16 8-12 % (GB200 8 % since item Y's refit), FP8 18-20 %, because the measured FP8
     step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
     while autoshard prices FP8 4-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
@@ -525,7 +539,7 @@ def test_mlmrecipe_qwen3_30b_runs():
     bf16 = {i: r for i, r in held.items() if "-bf16-" in i}
     fp8 = {i: r for i, r in held.items() if "-bf16-" not in i}
     assert len(bf16) == len(fp8) == 2
-    assert all(-0.14 < r.error < -0.10 for r in bf16.values())  # predicted fast
+    assert all(-0.14 < r.error < -0.07 for r in bf16.values())  # predicted fast
     assert all(-0.20 < r.error < -0.17 for r in fp8.values())  # predicted faster still
     for gpu in ("h100", "gb200"):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
@@ -550,7 +564,7 @@ def test_mlperf_nvfp4_runs():
     layers in BF16 (fp4_bf16_layers [0, 0]); none gathers parameters in FP4."""
     text = (Path(__file__).resolve().parent / "training_runs.yaml").read_text(encoding="utf-8")
     runs = yaml.safe_load(text)
-    rows = {r["id"]: r for r in runs if r["precision"] == "fp4"}
+    every = {r["id"]: r for r in runs if r["precision"] == "fp4"}
     # id -> cluster, (tp, pp, vpp, cp, dp), micro-batch, global batch, measured step (s)
     plans = {
         "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4": ("gb200-nvl72", (4, 8, 8, 2, 8), 1, 1152, 17.34),
@@ -570,7 +584,14 @@ def test_mlperf_nvfp4_runs():
         "mlperf60-nvidia-gb300-llama31-405b-512gpu-fp4": ("gb300-nvl72", (2, 8, 8, 2, 16), 1, 896, 9.593),
         "mlperf60-nvidia-gb300-llama31-405b-2048gpu-fp4": ("gb300-nvl72", (2, 8, 8, 2, 64), 1, 1024, 3.095),
     }
-    assert rows.keys() == plans.keys()
+    # item Y's 33 NVFP4 rows of MLPerf v6.0's other submitters (and NVIDIA's 8B), from the stored mirror: held
+    assert len(every) == 16 + 33 and plans.keys() <= every.keys()
+    for i in every.keys() - plans.keys():
+        r = every[i]
+        assert i.startswith("mlperf60-") and "Richardyu114/training_results_v6.0" in r["source"], i
+        assert r["fp4_bf16_layers"] == [0, 0] and r["measured"]["metric"] == "step_time_s", i
+        assert not r.get("skip_throughput") and r["model_file"] in ("llama-3.1-8b", "llama-3.1-405b"), i
+    rows = {i: every[i] for i in plans}
     assert all(source_key(r) == i.split("-")[0] in ("mlperf51", "mlperf60") for i, r in rows.items())
     for i, (cluster, dims, mbs, gbs, step) in plans.items():
         r, p = rows[i], rows[i]["parallel"]
@@ -610,19 +631,23 @@ def test_mlperf_nvfp4_runs():
 
 
 def test_nvfp4_runs_are_predicted_within_15_percent():
-    """The sixteen NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
-    of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the 405B steps within 15 %
-    (GB200 +13.9 / +5.3 / -1.9 %, GB300 +9.8 % in v5.1, +11.2 / +6.1 % in v6.0: predicted long; +14.6 / +9.3 %
-    before GB300's refit with its A2A-overlap ModelZoo run, item W), median 8.0 %; the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), +0.4 to
-    +14.8 % long (+3 to +18 % when that attention was priced in BF16). With the shipped knobs, which learned
-    from them, every one within 11 %."""
+    """The 49 NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
+    of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the eight 405B steps within
+    15 % (v5.1: GB200 +13.1 / +4.6 / -2.5 %, GB300 +1.3 %; v6.0: GB300 +11.2 / +6.1 %, Azure's 8,192 GB200 -0.4 %,
+    CoreWeave's 4,096 GB300 +3.7 %), median 4.2 % (8.0 % over the six before item Y's runs); the 8B runs, whose
+    attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), v5.1's -7.7 to +3.6 % (+0.4 to
+    +14.8 % before item Y's runs taught the B200/B300/GB300 fits their NVFP4 level) and v6.0's -10.6 to +9.3 %
+    (the 64-72-GPU GB300 runs at one micro-batch per step 8-11 % short: the fixed per-step cost). With the
+    shipped knobs, which learned from them, every one within 16 % (GB200's 405B at 512 GPUs +15.1 %)."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
-    assert len(rows) == 16 and not any(r.skip_throughput for r in rows.values())
+    assert len(rows) == 49 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     big = {i for i in rows if "-405b-" in i}
-    assert len(big) == 6 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
-    assert 0.075 < statistics.median(abs(loso[i]) for i in big) < 0.085
-    small = [loso[i] for i in rows.keys() - big]
-    assert len(small) == 10 and all(0.0 < e < 0.15 for e in small) and max(small) > 0.14
-    assert all(abs(r.error) < 0.11 for r in rows.values())
+    assert len(big) == 8 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
+    assert 0.035 < statistics.median(abs(loso[i]) for i in big) < 0.05
+    v51 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf51-")]
+    assert len(v51) == 10 and all(-0.08 < e < 0.04 for e in v51)
+    v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
+    assert len(v60) == 31 and all(-0.11 < e < 0.10 for e in v60)
+    assert all(abs(r.error) < 0.16 for r in rows.values())
