@@ -699,6 +699,43 @@ def test_heterogeneous_cluster_note() -> None:
     assert rule_violations(megatron_command(plan), world=96, blackwell=False) == []
 
 
+def test_pools_of_different_node_sizes_start_their_own_gpus(tmp_path: Path) -> None:
+    """mixed-3pool has 8-GPU H100 and A100-80GB servers and 4-GPU A100-40GB ones. The launch script started 8
+    processes on every node (12 nodes x 8, with a note), which a 4-GPU server cannot run; each node now starts
+    its own pool's GPUs (16 nodes: 2 x 8, 8 x 4, 4 x 8, 2 x 8). torchrun's elastic agent gives a node's ranks
+    from the sum of the process counts of the nodes before it (`_assign_worker_ranks`), so node i runs the
+    global ranks [sum(sizes[:i]), sum(sizes[:i + 1])), and those must all sit on a pipeline rank of the node's
+    pool (pipeline rank is Megatron's outermost dimension)."""
+    import subprocess
+
+    from autoshard.emit.megatron.script import node_sizes
+
+    m, c = load_model("llama-3.1-70b"), load_cluster("mixed-3pool")
+    cfg = TrainConfig(dims=ParallelDims(tp=4, pp=6, dp=2, cp=2), micro_batch_size=1, global_batch_size=64,
+                      seq_len=8192)
+    stages = chunk_stages(80, [9, 9, 8, 23, 23, 8], pools=[1, 2, 2, 0, 0, 1])
+    plan = Plan(model=m, cluster=c, config=cfg, stages=stages, prediction=predict_train(m, c, cfg, stages),
+                solver=SolverStats(status="EVALUATED", wall_s=0, objective=1, bound=1))
+    sizes = node_sizes(plan)
+    assert [n for n, _ in sizes] == [8] * 2 + [4] * 8 + [8] * 4 + [8] * 2 and sum(n for n, _ in sizes) == 96
+    first, per_rank = 0, 96 // 6
+    for n, pool in sizes:  # every rank of a node on a pipeline rank of the node's pool, of its node size
+        assert {c.pools[stages[r // per_rank].pool].name for r in range(first, first + n)} == {pool}
+        assert c.pools[[p.name for p in c.pools].index(pool)].node.gpus_per_node == n
+        first += n
+    script = megatron_script(plan)
+    assert "96 GPUs = 16 nodes (2 x 8, 8 x 4, 4 x 8, 2 x 8 GPUs)" in script and "NNODES=${NNODES:-16}" in script
+    block = script[script.index("if (( NODE_RANK < 0 ))"):script.index("if (( NNODES != 16 ))")]
+    got = {}
+    for rank in (-1, 0, 1, 2, 9, 10, 13, 14, 15, 16):
+        run = subprocess.run(["bash", "-c", f"NODE_RANK={rank}\n{block}echo $GPUS_PER_NODE"], capture_output=True,
+                             text=True)
+        got[rank] = run.stdout.strip() if run.returncode == 0 else "refused"
+    assert got == {-1: "refused", 0: "8", 1: "8", 2: "4", 9: "4", 10: "8", 13: "8", 14: "8", 15: "8", 16: "refused"}
+    # one node size: the plain launch, unchanged
+    assert node_sizes(make_plan("llama-3.1-8b", "dgx-h100", tp=1, pp=2, dp=8)) is None
+
+
 # --------------------------------------------------------------------------- real-world commands
 GPT3_EXAMPLE = r"""#!/bin/bash
 # Runs the "175B" parameter model (Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh style)

@@ -68,7 +68,12 @@ def megatron_notes(plan: Plan) -> list[str]:
     pools = sorted({s.pool for s in plan.stages})
     per_node = {plan.cluster.pools[p].node.gpus_per_node for p in pools}
     nproc, nnodes = launch_geometry(plan)
-    if len(per_node) > 1:
+    if len(per_node) > 1 and node_sizes(plan) is not None:
+        notes.append(
+            f"the pools have {sorted(per_node)} GPUs per node: each node starts its own pool's count (GPUS_PER_NODE "
+            "below, by NODE_RANK); torchrun numbers the ranks in node order, so the pipeline stages land on the pools"
+        )
+    elif len(per_node) > 1:
         notes.append(
             f"the pools have {sorted(per_node)} GPUs per node; torchrun starts {nproc} on every node"
         )
@@ -79,9 +84,35 @@ def megatron_notes(plan: Plan) -> list[str]:
     return notes
 
 
+def node_sizes(plan: Plan) -> list[tuple[int, str]] | None:
+    """(processes, pool name) of each node in NODE_RANK order when the plan's pools differ in GPUs per node
+    and every node holds ranks of one pool only (pipeline rank is Megatron's outermost rank dimension);
+    None otherwise (one torchrun geometry for every node, `launch_geometry`). torchrun's elastic agent
+    numbers the ranks in node order by each node's own process count (`_assign_worker_ranks`: a node's
+    first rank is the sum of the counts of the nodes before it), so nodes of 4 and 8 GPUs may share a job."""
+    dims, pools = plan.config.dims, plan.cluster.pools
+    stage_pool = [plan.stages[r].pool for r in range(dims.pp)]
+    if len({pools[p].node.gpus_per_node for p in stage_pool}) < 2:
+        return None
+    per_rank = dims.world_size // dims.pp
+    nodes: list[tuple[int, str]] = []
+    rank = 0
+    while rank < dims.world_size:
+        pool = stage_pool[rank // per_rank]
+        n = pools[pool].node.gpus_per_node
+        if rank + n > dims.world_size or stage_pool[(rank + n - 1) // per_rank] != pool:
+            return None  # a node would hold ranks of two pools
+        nodes.append((n, pools[pool].name))
+        rank += n
+    return nodes
+
+
 def _node_pools(plan: Plan) -> str:
     """Which NODE_RANKs must run on which pool: pipeline rank is Megatron's outermost rank dimension."""
     dims = plan.config.dims
+    if (sized := node_sizes(plan)) is not None:
+        return "; ".join(f"NODE_RANK {a}-{b} on pool {p}" if a != b else f"NODE_RANK {a} on pool {p}"
+                         for a, b, p, _ in _spans(sized))
     nproc, nnodes = launch_geometry(plan)
     per_rank = dims.world_size // dims.pp
     groups: list[tuple[int, int, str]] = []
@@ -95,6 +126,17 @@ def _node_pools(plan: Plan) -> str:
         f"NODE_RANK {a}-{b} on pool {p}" if a != b else f"NODE_RANK {a} on pool {p}" for a, b, p in groups
     ]
     return "; ".join(spans)
+
+
+def _spans(nodes: list[tuple[int, str]]) -> list[tuple[int, int, str, int]]:
+    """Runs of consecutive nodes of one pool: (first NODE_RANK, last, pool, processes per node)."""
+    spans: list[tuple[int, int, str, int]] = []
+    for i, (n, pool) in enumerate(nodes):
+        if spans and spans[-1][2] == pool and spans[-1][3] == n:
+            spans[-1] = (spans[-1][0], i, pool, n)
+        else:
+            spans.append((i, i, pool, n))
+    return spans
 
 
 def _summary(plan: Plan) -> list[str]:
@@ -118,9 +160,11 @@ def _summary(plan: Plan) -> list[str]:
         3: "ZeRO-3 (Megatron-FSDP optim_grads_params)",
     }
     layout = pipeline_layout(model, plan.stages) if len(plan.stages) > 1 else None
+    sized = node_sizes(plan)
+    shape = (f"{len(sized)} nodes ({', '.join(f'{b - a + 1} x {n}' for a, b, _, n in _spans(sized))} GPUs)"
+             if sized else f"{nnodes} node{'s' if nnodes > 1 else ''} x {nproc} GPUs")
     lines = [
-        f"{dims.world_size} GPUs = {nnodes} node{'s' if nnodes > 1 else ''} x {nproc} GPUs "
-        f"({', '.join(gpus)})",
+        f"{dims.world_size} GPUs = {shape} ({', '.join(gpus)})",
         degrees,
         f"micro-batch {cfg.micro_batch_size}, global batch {cfg.global_batch_size} "
         f"({cfg.num_microbatches} micro-batches per step), sequence length {cfg.seq_len}",
@@ -136,6 +180,8 @@ def megatron_script(plan: Plan) -> str:
     environment Megatron-LM requires, and the torchrun command. Run the same script on every node."""
     nproc, nnodes = launch_geometry(plan)
     world = plan.config.dims.world_size
+    sized = node_sizes(plan)
+    nnodes = len(sized) if sized else nnodes
     multi = nnodes > 1
     out = [
         "#!/usr/bin/env bash",
@@ -165,12 +211,19 @@ def megatron_script(plan: Plan) -> str:
         ]
     else:
         out += ["MASTER_ADDR=${MASTER_ADDR:-localhost}", "NODE_RANK=${NODE_RANK:-0}"]
+    out += [f"MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}", f"NNODES=${{NNODES:-{nnodes}}}"]
+    if sized:  # each node starts its own pool's GPUs
+        spans = _spans(sized)
+        bad = f'echo "NODE_RANK must be 0..{nnodes - 1}" >&2; exit 1'
+        out += [f"if (( NODE_RANK < 0 )); then {bad}"]
+        out += [f"elif (( NODE_RANK <= {b} )); then GPUS_PER_NODE={n}  # pool {comment(pool)}" for _, b, pool, n in spans]
+        out += [f"else {bad}; fi",
+                f"if (( NNODES != {nnodes} )); then",
+                f'  echo "this plan needs exactly {world} GPUs on {nnodes} nodes; got NNODES=$NNODES" >&2']
+    else:
+        out += [f"GPUS_PER_NODE={nproc}", f"if (( NNODES * GPUS_PER_NODE != {world} )); then",
+                f'  echo "this plan needs exactly {world} GPUs ({nnodes} x {nproc}); got NNODES=$NNODES" >&2']
     out += [
-        f"MASTER_PORT=${{MASTER_PORT:-{MASTER_PORT}}}",
-        f"NNODES=${{NNODES:-{nnodes}}}",
-        f"GPUS_PER_NODE={nproc}",
-        f"if (( NNODES * GPUS_PER_NODE != {world} )); then",
-        f'  echo "this plan needs exactly {world} GPUs ({nnodes} x {nproc}); got NNODES=$NNODES" >&2',
         "  exit 1",
         "fi",
         "",
