@@ -48,15 +48,8 @@ from autoshard.api_serve import (
     write_k8s_manifests,
 )
 from autoshard.api_study import study, study_json, write_study
-from autoshard.api_train import (
-    check_fp8_attention,
-    layout_flags,
-    memory_headroom,
-    overflow_messages,
-    recompute_modules,
-    solver_options,
-    train_pins,
-)
+from autoshard.api_train import (check_fp8_attention, layout_flags, memory_headroom, overflow_messages,
+                                 recompute_modules, solver_options, train_pins)
 from autoshard.costmodel.bands import band_for, mark_ties
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE, ENGINE_NAMES
 from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
@@ -180,9 +173,11 @@ def evaluate_megatron(command: str, model_ref: str | None, cluster_ref: str, gpu
     if world is None and parsed.launcher_problem is not None:
         raise SpecError(f"{parsed.launcher_problem}: fix the command's parallel sizes or its process count, or pass "
                         "--gpus with a count that runs them", source="--from-megatron")
-    if world is None:
-        raise SpecError("the command does not say how many GPUs it runs on (no torchrun --nproc-per-node/--nnodes): "
-                        "pass --gpus", source="--from-megatron")
+    if world is None:  # a mixed cluster's script starts each pool's GPUs by NODE_RANK: no pool per stage in it
+        mixed = load_cluster(cluster_ref).is_heterogeneous
+        raise SpecError("the command does not say how many GPUs it runs on (no torchrun --nproc-per-node/--nnodes): " + (
+            "a heterogeneous cluster's script is not read back; evaluate its degrees as pins" if mixed else "pass --gpus"),
+                        source="--from-megatron")
     if gpus is not None and parsed.launcher_world_size not in (None, gpus):
         warnings.append(f"--gpus {gpus} replaces the {parsed.launcher_world_size} processes the command's launcher "
                         f"starts: predicted on {gpus} GPUs (data parallelism from them), not as the command runs")

@@ -734,6 +734,12 @@ def test_pools_of_different_node_sizes_start_their_own_gpus(tmp_path: Path) -> N
     assert got == {-1: "refused", 0: "8", 1: "8", 2: "4", 9: "4", 10: "8", 13: "8", 14: "8", 15: "8", 16: "refused"}
     # one node size: the plain launch, unchanged
     assert node_sizes(make_plan("llama-3.1-8b", "dgx-h100", tp=1, pp=2, dp=8)) is None
+    # read back: no pool per stage in the command, so refused with the way out (it was "pass --gpus", then
+    # "--gpus cannot resize a heterogeneous cluster")
+    from autoshard.api import evaluate_megatron
+
+    with pytest.raises(SpecError, match="a heterogeneous cluster's script is not read back; evaluate its degrees"):
+        evaluate_megatron(script, "llama-3.1-70b", "mixed-3pool", None)
 
 
 # --------------------------------------------------------------------------- real-world commands

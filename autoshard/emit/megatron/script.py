@@ -217,7 +217,7 @@ def megatron_script(plan: Plan) -> str:
         bad = f'echo "NODE_RANK must be 0..{nnodes - 1}" >&2; exit 1'
         out += [f"if (( NODE_RANK < 0 )); then {bad}"]
         out += [f"elif (( NODE_RANK <= {b} )); then GPUS_PER_NODE={n}  # pool {comment(pool)}" for _, b, pool, n in spans]
-        out += [f"else {bad}; fi",
+        out += [f"else {bad}", "fi",
                 f"if (( NNODES != {nnodes} )); then",
                 f'  echo "this plan needs exactly {world} GPUs on {nnodes} nodes; got NNODES=$NNODES" >&2']
     else:
