@@ -29,6 +29,10 @@ def test_the_vocabulary_is_sglang_0_5_23s() -> None:
     ("--mem-fraction-statc 0.8", "did you mean --mem-fraction-static?"),
     ("--cuda-graph-max 64", "ambiguous to SGLang 0.5.23's parser, which refuses it: it could be "
                             "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+    # not among SGLang's choices (vLLM's spellings): refused as SGLang refuses them (both were read as FP8)
+    ("--kv-cache-dtype fp8", "SGLang has no --kv-cache-dtype fp8: use auto, bf16, fp8_e4m3 or fp8_e5m2"),
+    ("--kv-cache-dtype int8", "SGLang has no --kv-cache-dtype int8"),
+    ("--quantization bogus", "SGLang has no --quantization bogus"),  # was priced as BF16 with a note
 ])
 def test_what_sglang_refuses_is_refused(extra: str, message: str) -> None:
     with pytest.raises(SpecError, match=message.replace("?", r"\?").replace(".", r"\.")):
@@ -72,3 +76,26 @@ def test_older_sglang_spellings_are_notes_not_refusals() -> None:
     notes = " ".join(p.warnings)
     assert "--cuda-graph-bs: SGLang 0.5.23 split it" in notes and "unexpected positional" not in notes
     assert "--oltp-traces-endpoint: the older spelling" in notes and "--max-micro-batch-size: renamed" in notes
+
+
+@pytest.mark.parametrize(("kv", "dtype", "noted"), [("bf16", "bf16", False), ("bfloat16", "bf16", False),
+                                                     ("auto", "bf16", False), ("fp8_e4m3", "fp8", False),
+                                                     ("fp8_e5m2", "fp8", False), ("mxfp8", "fp8", False),
+                                                     ("nvfp4", "fp8", True), ("fp4_mx_block16", "fp8", True)])
+def test_sglang_kv_cache_dtypes_read_as_sglang_means_them(kv: str, dtype: str, noted: bool) -> None:
+    """SGLang 0.5.23's --kv-cache-dtype choices: bf16 is a BF16 cache (it was read as FP8, half the bytes per
+    token: twice the KV tokens), the FP4 caches are modelled as FP8 and say so."""
+    p = parse_sglang(f"{BASE} --kv-cache-dtype {kv}")
+    assert p.kv_dtype.value == dtype
+    assert any("modelled as fp8" in w for w in p.warnings) == noted
+
+
+def test_an_ep_spanning_all_to_all_backend_spreads_the_experts_over_tp() -> None:
+    """SGLang sets ep_size = tp_size for DeepEP, Mooncake and the other EP-spanning all-to-all backends
+    (srt/arg_groups/overrides.py _a2a_ep_size), so its DeepSeek recipes leave --ep-size out: such a line was
+    read as attention DP with TP-sharded experts, without DeepEP."""
+    line = ("python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention "
+            "--moe-a2a-backend deepep")
+    p = parse_sglang(line)
+    assert (p.tp, p.dp, p.enable_expert_parallel) == (1, 8, True)
+    assert not parse_sglang(line.replace("deepep", "none")).enable_expert_parallel

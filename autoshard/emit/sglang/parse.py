@@ -72,6 +72,21 @@ parser would refuse it (`--tp-sise 8` was read as TP 1 with a note); farther one
 flags) are ignored with a warning, as for vLLM."""
 
 
+
+# SGLang 0.5.23's choices (srt/arg_groups/choices.py QUANTIZATION_CHOICES, arg_groups/fields/model.py kv_cache_dtype):
+# it refuses any other value, and so does the parser. KV dtypes map to the names ParsedServe reads (bf16 was
+# read as an FP8 cache); mxfp8 is an FP8 cache with block scales, the FP4 caches are modelled as FP8 (a note)
+_QUANTIZATION_CHOICES = frozenset({
+    "awq", "fp8", "mxfp8", "gptq", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt", "modelopt_fp8",
+    "modelopt_fp4", "nvfp4_online", "modelopt_mixed", "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "w4afp8",
+    "mxfp4", "auto-round", "auto-round-int8", "compressed-tensors", "modelslim", "mxfp_w4a8", "quark",
+    "quark_int4fp8_moe", "quark_mxfp4", "mlx_q4", "mlx_q8", "unquant", "humming"})
+_KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp8_e4m3": "fp8_e4m3",
+                    "fp8_e5m2": "fp8_e5m2", "mxfp8": "fp8_e4m3", "nvfp4": "nvfp4", "fp4_mx_block16": "nvfp4"}
+# all-to-all backends with which SGLang sets ep_size = tp_size (srt/arg_groups/overrides.py _a2a_ep_size)
+_A2A_EP_SPANNING = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
+                              "flashinfer_megamoe", "mori", "pplx"})
+
 def _resolve(name: str, warnings: list[str]) -> str | None:
     """The flag SGLang's parser takes `name` for: itself when known (or read by autoshard from an earlier
     0.5 release, with a warning), else the one flag it is a prefix of (argparse's allow_abbrev, with a
@@ -192,6 +207,8 @@ def parse_sglang(command: str) -> ParsedServe:
     ep = integer("--ep-size", 1)
     if "--enable-ep-moe" in switches and "--ep-size" not in values:
         ep = tp_all  # the old switch: experts over the whole TP group
+    if values.get("--moe-a2a-backend", "none") in _A2A_EP_SPANNING:  # SGLang sets ep_size = tp_size for these
+        ep = tp_all
     attn_dp = integer("--attn-dp-size", 1)
     if "--enable-dp-attention" in switches and "--attn-dp-size" not in values:
         attn_dp = dp_size
@@ -222,9 +239,16 @@ def parse_sglang(command: str) -> ParsedServe:
     seqs = None if running is None else max(1, to_int("--max-running-requests", running) // (attn_dp if expert_parallel or tp_moe else 1))
     context = values.get("--context-length")
     quant = values.get("--quantization")
+    if quant is not None and quant not in _QUANTIZATION_CHOICES:
+        raise SpecError(f"SGLang has no --quantization {quant}: use one of fp8, modelopt_fp8, modelopt_fp4, awq_marlin, "
+                        "gptq_marlin, w8a8_int8, mxfp4, ... (or leave it out for the checkpoint's own)", field="--quantization")
     # SGLang's own names for the methods autoshard writes (modelopt_fp8 is vLLM's modelopt: FP8 weights)
     quant = {v: k for k, v in SGLANG_QUANTIZATION.items()}.get(quant, quant) if quant else quant
     kv = values.get("--kv-cache-dtype") or "auto"
+    if kv not in _KV_CACHE_DTYPES:
+        raise SpecError(f"SGLang has no --kv-cache-dtype {kv}: use auto, bf16, fp8_e4m3 or fp8_e5m2 (or mxfp8, nvfp4, "
+                        "fp4_mx_block16)", field="--kv-cache-dtype")
+    kv = _KV_CACHE_DTYPES[kv]  # in vLLM's names, which ParsedServe reads
     for note in (weight_dtype_of(quant)[1], kv_cache_dtype_of(kv)[1]):
         if note:
             warnings.append(note)
