@@ -33,6 +33,7 @@ def test_the_vocabulary_is_sglang_0_5_23s() -> None:
     ("--kv-cache-dtype fp8", "SGLang has no --kv-cache-dtype fp8: use auto, bf16, fp8_e4m3 or fp8_e5m2"),
     ("--kv-cache-dtype int8", "SGLang has no --kv-cache-dtype int8"),
     ("--quantization bogus", "SGLang has no --quantization bogus"),  # was priced as BF16 with a note
+    ("--config sg.yaml", "--config: the flags in a config file are not read; put them on the line"),  # was TP 1
 ])
 def test_what_sglang_refuses_is_refused(extra: str, message: str) -> None:
     with pytest.raises(SpecError, match=message.replace("?", r"\?").replace(".", r"\.")):
@@ -99,3 +100,10 @@ def test_an_ep_spanning_all_to_all_backend_spreads_the_experts_over_tp() -> None
     p = parse_sglang(line)
     assert (p.tp, p.dp, p.enable_expert_parallel) == (1, 8, True)
     assert not parse_sglang(line.replace("deepep", "none")).enable_expert_parallel
+
+
+def test_vllm_config_files_are_not_read_silently() -> None:
+    """`vllm serve MODEL --config cfg.yaml` (tensor-parallel-size 8, max-model-len, kv-cache-dtype in the file)
+    was priced as TP 1 BF16 with no warning: refused, naming the file and the fix."""
+    with pytest.raises(SpecError, match="--config cfg.yaml: the flags in a config file are not read"):
+        parse_vllm("vllm serve meta-llama/Llama-3.1-70B-Instruct --config cfg.yaml")

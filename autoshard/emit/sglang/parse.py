@@ -195,6 +195,9 @@ def parse_sglang(command: str) -> ParsedServe:
                 i += _values_taken(flag, args, i)
     if ignored:
         warnings.append(f"SGLang flags not read by autoshard (no effect on the prediction): {' '.join(ignored)}")
+    if "--config" in ignored:  # its settings would be priced as SGLang's defaults: TP 1, BF16, ...
+        raise SpecError("--config: the flags in a config file are not read; put them on the line (--tp 8 ...) and "
+                        "evaluate that", field="--config")
     model = values.get("--model-path")
     if not model:
         raise SpecError("no model given: add --model-path <model>", field="--from-sglang")

@@ -166,6 +166,9 @@ def parse_vllm(command: str) -> ParsedServe:
         k += 1
     args, via_serve = _entry(tokens[k:])
     values, positionals = _collect(args, warnings)
+    if "--config" in values:  # its settings would be priced as vLLM's defaults: TP 1, BF16, ...
+        raise SpecError(f"--config {values['--config']}: the flags in a config file are not read; put them on the "
+                        "line (--tensor-parallel-size 8 ...) and evaluate that", field="--config")
     model = values.get("--model")
     if via_serve and positionals:
         model = positionals[0]
