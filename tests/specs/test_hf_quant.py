@@ -128,16 +128,23 @@ CMD = "vllm serve {repo} -tp 8 --quantization {q} --max-model-len 4096"
 
 
 def test_from_vllm_prices_an_unlisted_deepseek_fp8_repo_block_scaled():
-    """DeepSeek-R1-0528 is not under deepseek-v3's checkpoints (only deepseek-ai/DeepSeek-V3, block-scaled):
-    it was priced per-tensor, now as the block-scaled FP8 release it is, with a note; the same
-    command naming the listed repo reads the same, without the note."""
-    unlisted = evaluate_vllm(DSV3, H200_8, CMD.format(repo="deepseek-ai/DeepSeek-R1-0528", q="fp8"), job=JOB)
+    """DeepSeek-Prover-V2-671B is not under deepseek-v3's checkpoints (DeepSeek-V3, V3-0324, V3.1, R1 and
+    R1-0528, block-scaled): with --quantization fp8 it is priced as the block-scaled FP8 release it is, with a
+    note (R1-0528 was, before it was listed); the same command naming a listed repo reads the same, without the
+    note. A listed release needs no --quantization: `vllm serve deepseek-ai/DeepSeek-R1-0528 -tp 8` was priced as
+    BF16 weights (157.9 GiB a GPU, no plan on 8 H200; found by a review helper)."""
+    unlisted = evaluate_vllm(DSV3, H200_8, CMD.format(repo="deepseek-ai/DeepSeek-Prover-V2-671B", q="fp8"), job=JOB)
     listed = evaluate_vllm(DSV3, H200_8, CMD.format(repo="deepseek-ai/DeepSeek-V3", q="fp8"), job=JOB)
     assert block_scaled_fp8(unlisted.model, WeightDtype.FP8)
     assert unlisted.throughput_tokens_per_s == pytest.approx(listed.throughput_tokens_per_s, rel=1e-12)
     (note,) = [w for w in unlisted.warnings if "not under" in w]
-    assert "deepseek-ai/DeepSeek-R1-0528 is not under deepseek-v3's checkpoints: priced as block-scaled" in note
+    assert "deepseek-ai/DeepSeek-Prover-V2-671B is not under deepseek-v3's checkpoints: priced as block-scaled" in note
     assert not any("not under" in w for w in listed.warnings)
+    r1 = evaluate_vllm(DSV3, H200_8, "vllm serve deepseek-ai/DeepSeek-R1-0528 --tensor-parallel-size 8", job=JOB)
+    assert r1.throughput_tokens_per_s == pytest.approx(listed.throughput_tokens_per_s, rel=1e-12)
+    from autoshard.search.serve.solve import model_for_path  # and a line naming no MODEL finds it by its release
+
+    assert model_for_path("deepseek-ai/DeepSeek-R1").name == model_for_path("deepseek-ai/DeepSeek-V3.1").name == DSV3.name
 
 
 def test_from_vllm_other_fp8_methods_of_an_unlisted_repo_stay_per_tensor():

@@ -375,7 +375,7 @@ def evaluate_serve(
 
 def model_for_path(path: str, flag: str = "--from-vllm") -> ModelSpec:
     """The bundled model a launcher's model path names: its Hugging Face repo id (an -Instruct or
-    -FP8 variant of it too) or its bundled name. Raises SpecError naming `flag` (the option that gave
+    -FP8 variant of it too), a checkpoint it lists, or its bundled name. Raises SpecError naming `flag` (the option that gave
     the command) when none matches."""
     from autoshard.plans.serve import model_path
     from autoshard.specs.loader import bundled_models, load_model
@@ -387,8 +387,8 @@ def model_for_path(path: str, flag: str = "--from-vllm") -> ModelSpec:
         spec = load_model(name)
         repo = model_path(spec).lower()
         base = repo.rsplit("/", 1)[-1]
-        if wanted in (repo, name) or stem in (base, name):
-            return spec
+        if wanted in (repo, name) or stem in (base, name) or wanted in {c.repo.lower() for c in spec.checkpoints}:
+            return spec  # (a checkpoint's repo: another release of the same architecture, e.g. DeepSeek-R1)
         if stem.startswith((base + "-", name + "-")):
             matches.append((len(name), spec))
     if matches:
