@@ -108,3 +108,32 @@ def test_the_terminal_prints_the_prediction_notes() -> None:
     console = Console(record=True, width=400)
     render_plan(plan, console)
     assert f"note: {notes[0]}" in console.export_text()
+
+
+def test_an_odd_gpu_count_that_forces_pp_says_so():
+    """Llama-3.1-70B FP8 on the bundled GB200 NVL72 cluster (1,152 GPUs = 128 x 9, global batch 512): data
+    parallelism must divide the batch, so PP takes the 9, and with 4 micro-batches per replica no interleaving
+    (a multiple of PP micro-batches); the solver's plan, TP4 PP9 CP2 DP16, spends 20 % of its step in the
+    bubble, and said nothing (a review helper found it: 2,694 tokens/s per GPU where a batch of 576 gives 3,561).
+    The note names the factor and the ways out; a batch of 576 or a power-of-two GPU count has no note."""
+    import dataclasses
+
+    from autoshard.costmodel.train.notes import odd_pipeline_note
+    from autoshard.costmodel.train.step import predict_train
+    from autoshard.emit.megatron.layout import parse_layout
+    from autoshard.specs import Precision, load_cluster
+
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("gb200-nvl72")
+    cfg = TrainConfig(dims=ParallelDims(tp=4, pp=9, cp=2, dp=16), micro_batch_size=1, global_batch_size=512,
+                      seq_len=8192, precision=Precision.FP8)
+    stages = tuple(parse_layout("Et*9|(t*9|)*7t*8L", num_layers=80, pp=9)[0])
+    pred = predict_train(model, cluster, cfg, stages)
+    (note,) = [n for n in pred.notes if "GPUs = 128 x 9" in n]
+    assert 0.15 < pred.time.bubble / pred.step_time_s < 0.25
+    assert ("1,152 GPUs = 128 x 9: data parallelism must divide the global batch of 512 sequences, so the factor "
+            "9 falls to PP 9 without interleaving") in note
+    assert "a global batch of 9 x a power of two (e.g. 576) or 1,024 or 2,048 GPUs avoids it" in note
+    assert odd_pipeline_note(dataclasses.replace(cfg, global_batch_size=576), 1.0, 4.0) is None
+    assert odd_pipeline_note(dataclasses.replace(cfg, dims=ParallelDims(tp=4, pp=8, cp=2, dp=16)),
+                             1.0, 4.0) is None  # 1,024 GPUs: no odd factor
+    assert odd_pipeline_note(cfg, 0.04, 1.0) is None  # a bubble under 5 % of the step: not worth a note

@@ -20,11 +20,13 @@ plan in the small-expert regime is told so rather than silently priced as if the
 
 from __future__ import annotations
 
+import math
+
 from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["SMALL_EXPERT_ROWS", "a2a_overlap_note", "small_expert_note"]
+__all__ = ["SMALL_EXPERT_ROWS", "a2a_overlap_note", "odd_pipeline_note", "small_expert_note"]
 
 SMALL_EXPERT_ROWS = 2048
 """Rows per local expert per micro-batch below which no published run was predicted within 20 %."""
@@ -53,3 +55,23 @@ def a2a_overlap_note() -> str:
             "saved 2.1 s of a 19.7 s step where this model saves 4.8 s, and Megatron-LM's DeepSeek-V3 GB200 "
             "guide found it a net loss there (host synchronization between its phases, not priced): the "
             "saving may be optimistic")
+
+
+def odd_pipeline_note(cfg: TrainConfig, bubble_s: float, step_s: float) -> str | None:
+    """The note for a plan whose GPU count carries an odd factor the global batch does not: data
+    parallelism must divide the batch, so the factor lands on PP, whose micro-batches per replica (a power
+    of two) are then never a multiple of it, so no interleaving either (NVL72 sizes: 576 = 64 x 9 GPUs, a
+    batch of 512 gives PP 9 with 20 % of the step in the bubble). None when no such factor, or a bubble
+    under 5 % of the step."""
+    world, odd = cfg.dims.world_size, cfg.dims.world_size
+    while odd % 2 == 0:
+        odd //= 2
+    if odd == 1 or cfg.global_batch_size % odd == 0 or cfg.dims.pp % odd or bubble_s < 0.05 * step_s:
+        return None
+    fewer = world // odd * (1 << (odd.bit_length() - 1))  # the odd factor replaced by the powers of two around it
+    return (f"{world:,} GPUs = {world // odd:,} x {odd}: data parallelism must divide the global batch of "
+            f"{cfg.global_batch_size:,} sequences, so the factor {odd} falls to PP {cfg.dims.pp}"
+            f"{' without interleaving' if cfg.dims.vpp == 1 else ''}, and the pipeline bubble takes "
+            f"{bubble_s / step_s:.0%} of the step; a global batch of {odd} x a power of two (e.g. "
+            f"{odd << max(0, math.ceil(math.log2(cfg.global_batch_size / odd))):,}) or {fewer:,} or {2 * fewer:,} GPUs "
+            "avoids it")
