@@ -105,6 +105,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     dense, expert = _params_held(plan, rank)
     held = dense + expert
     dp = dims.dp * dims.cp
+    dp_name = "(DP x CP)" if dims.cp > 1 else "DP"  # the optimizer shards over the data- and context-parallel ranks
     z = cfg.zero_stage
     titan = cfg.framework is TrainFramework.TORCHTITAN
     full = model_state_bytes(ParamShards(1.0, 0.0), dims=dims, zero_stage=0, optimizer=cfg.optimizer,
@@ -115,7 +116,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
     edp = dims.expert_dp
 
     def sharded(full: float, from_stage: int) -> str:
-        text = f"{_g(full)}/DP = {_g(full)}/{dp}" if z >= from_stage and dp > 1 else _g(full)
+        text = f"{_g(full)}/{dp_name} = {_g(full)}/{dp}" if z >= from_stage and dp > 1 else _g(full)
         if expert and z >= from_stage and edp != dp:  # routed experts shard over the expert-DP group
             text += f"; experts {_g(full)}/EDP = {_g(full)}/{edp}" if edp > 1 else f"; experts {_g(full)} (EDP 1)"
         return text
@@ -148,7 +149,7 @@ def memory_rows(plan: Plan) -> list[MemoryRow]:
                 2: f"{_g(full_w)} + {_g(full_g + full_o)}/{group} = {_g(w + g + o)}",
                 3: f"{_g(full_w + full_g + full_o)}/{group} = {_g(w + g + o)}"}[stage]
 
-    states_f = states(*nominal_bytes_per_param(plan), "DP")
+    states_f = states(*nominal_bytes_per_param(plan), dp_name)
     if fp8_copies > 0:
         states_f += f", + {fp8_copies / held:.2f} {_copies(plan)} weight copies" if held else ""
     if expert:

@@ -86,7 +86,10 @@ def test_pipeline_rank_names_the_fullest_rank(plan_70b):
     assert f"pipeline rank {r}" in str(table.title)
     rows = _rows(plan_70b)
     dp = plan_70b.config.dims.dp * plan_70b.config.dims.cp
-    assert "12/DP = 12/%d" % dp in rows["optimizer state"].formula
+    # the plan's CP 2 x DP 2: the optimizer shards over both, and the formula says so (it said 12/DP = 12/4
+    # beside a plan of DP 2; DP 1 x CP 32 read "12/DP = 12/32", found by a review helper)
+    assert plan_70b.config.dims.cp == 2 and "12/(DP x CP) = 12/%d" % dp in rows["optimizer state"].formula
+    assert "bytes/param 6 + 12/(DP x CP) = " in rows["model states"].formula
     assert rows["optimizer state"].per_param == pytest.approx(12 / dp)
     assert rows["weights"].per_param == pytest.approx(2.0) and rows["gradients"].per_param == pytest.approx(4.0)
 
