@@ -14,7 +14,7 @@ from rich.text import Text
 
 from autoshard.costmodel.bands import band_text, tie_text
 from autoshard.costmodel.fp8 import quantized_peak_tflops
-from autoshard.costmodel.sanity import sanity_line
+from autoshard.costmodel.sanity import sanity_line, useful_mfu
 from autoshard.costmodel.train.step import stage_cost
 from autoshard.plans.base import SolverStats
 from autoshard.plans.train import Plan, layer_counts, stage_devices
@@ -265,8 +265,10 @@ def headline(plan: Plan, *, time_limit_s: float | None = None) -> Text:
     if band:
         speed += f", {band}"
     head.append(speed + "\n", style="bold")
+    useful = useful_mfu(plan)  # long context: Megatron's MFU counts the whole s x s attention square
+    causal = f" (useful {100 * useful:.1f} %: causal attention counted once)" if useful < 0.9 * pred.mfu else ""
     head.append(f"{pred.tflops_per_gpu:,.0f} model TFLOP/s per GPU ({pred.hw_tflops_per_gpu:,.0f} with recompute) | "
-                f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}\n", style="bold")
+                f"MFU {100 * pred.mfu:.1f} % {_peak_text(plan)}{causal}\n", style="bold")
     fit = "fits" if pred.fits else "DOES NOT FIT"
     memory = (f"memory: peak {pred.peak_memory_bytes / GIB:.1f} GiB of {pred.capacity_bytes / GIB:.1f} GiB "
               f"({fit})")
