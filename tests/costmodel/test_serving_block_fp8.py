@@ -121,7 +121,7 @@ def test_block_scaled_flag_is_for_fp8_checkpoints_only():
 
 def test_a_vllm_command_keeps_the_checkpoint_it_loads():
     """`evaluate --from-vllm` with `--quantization fp8`: the bundled block-scaled repo stays block-scaled;
-    another repo of the same architecture loaded the same way (DeepSeek-R1's own FP8 release) is priced
+    another repo of the same architecture loaded the same way and not listed (DeepSeek-Prover-V2's FP8 release) is priced
     block-scaled too, as every FP8 checkpoint the model file lists is, with a note (it was priced
     per-tensor); one loaded per channel (fbgemm_fp8) is per-tensor and runs faster (same engine, same
     batch)."""
@@ -132,12 +132,12 @@ def test_a_vllm_command_keeps_the_checkpoint_it_loads():
     job = ServeJob(input_len=2000, output_len=1000, weight_dtype=FP8)
     tail = " -tp 8 --quantization {} --max-model-len 4096 --max-num-seqs 64"
     own = evaluate_vllm(DSV3, h200, "vllm serve deepseek-ai/DeepSeek-V3" + tail.format("fp8"), job=job)
-    r1 = evaluate_vllm(DSV3, h200, "vllm serve deepseek-ai/DeepSeek-R1-0528" + tail.format("fp8"), job=job)
+    r1 = evaluate_vllm(DSV3, h200, "vllm serve deepseek-ai/DeepSeek-Prover-V2-671B" + tail.format("fp8"), job=job)
     other = evaluate_vllm(DSV3, h200, "vllm serve someone/DeepSeek-V3-FP8-dynamic" + tail.format("fbgemm_fp8"),
                           job=job)
     assert block_scaled_fp8(own.model, FP8) and block_scaled_fp8(r1.model, FP8)
     assert not block_scaled_fp8(other.model, FP8)
-    assert any("DeepSeek-R1-0528 is not under deepseek-v3's checkpoints: priced as block-scaled" in w
+    assert any("DeepSeek-Prover-V2-671B is not under deepseek-v3's checkpoints: priced as block-scaled" in w
                for w in r1.warnings)
     assert own.max_num_seqs == other.max_num_seqs == r1.max_num_seqs == 64
     assert r1.throughput_tokens_per_s == pytest.approx(own.throughput_tokens_per_s, rel=1e-12)
