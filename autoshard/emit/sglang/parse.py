@@ -71,8 +71,6 @@ TYPO_CUTOFF = 0.9
 parser would refuse it (`--tp-sise 8` was read as TP 1 with a note); farther ones (a newer SGLang's own
 flags) are ignored with a warning, as for vLLM."""
 
-
-
 # SGLang 0.5.23's choices (srt/arg_groups/choices.py QUANTIZATION_CHOICES, arg_groups/fields/model.py kv_cache_dtype):
 # it refuses any other value, and so does the parser. KV dtypes map to the names ParsedServe reads (bf16 was
 # read as an FP8 cache); mxfp8 is an FP8 cache with block scales, the FP4 caches are modelled as FP8 (a note)
@@ -86,6 +84,7 @@ _KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bfloat16", "bfloat16": "bfloat16", 
 # all-to-all backends with which SGLang sets ep_size = tp_size (srt/arg_groups/overrides.py _a2a_ep_size)
 _A2A_EP_SPANNING = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
                               "flashinfer_megamoe", "mori", "pplx"})
+
 
 def _resolve(name: str, warnings: list[str]) -> str | None:
     """The flag SGLang's parser takes `name` for: itself when known (or read by autoshard from an earlier
@@ -193,11 +192,11 @@ def parse_sglang(command: str) -> ParsedServe:
                 ignored.append(name)
             if not eq:
                 i += _values_taken(flag, args, i)
-    if ignored:
-        warnings.append(f"SGLang flags not read by autoshard (no effect on the prediction): {' '.join(ignored)}")
     if "--config" in ignored:  # its settings would be priced as SGLang's defaults: TP 1, BF16, ...
         raise SpecError("--config: the flags in a config file are not read; put them on the line (--tp 8 ...) and "
                         "evaluate that", field="--config")
+    if ignored:
+        warnings.append(f"SGLang flags not read by autoshard (no effect on the prediction): {' '.join(ignored)}")
     model = values.get("--model-path")
     if not model:
         raise SpecError("no model given: add --model-path <model>", field="--from-sglang")
