@@ -22,7 +22,7 @@ from autoshard.costmodel.serve.engines import (
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_node_commands
+from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_memory_utilization, sglang_node_commands
 from autoshard.emit.vllm import (
     check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
 )
@@ -192,10 +192,10 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 role=role)
         if not (sglang and parsed.static_fraction):
             return with_engine_check(priced(parsed.gpu_memory_utilization))
-        # --mem-fraction-static is weights + KV pool (emit.sglang.mem_fraction_static): activations on top
-        mem = priced(0.98).prediction.memory
-        return with_engine_check(priced(min(0.98, parsed.static_fraction
-                                            + (mem.activation_bytes + mem.overhead_bytes) / mem.capacity_bytes)))
+        # --mem-fraction-static: weights + KV pool of SGLang's baseline (emit.sglang.mem_fraction_static)
+        first = priced(0.98)
+        return with_engine_check(priced(min(0.98, sglang_memory_utilization(
+            parsed.static_fraction, first.prediction.memory, first.pool, first.prediction.config))))
     except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
         if not parsed.warnings:
             raise

@@ -1,7 +1,8 @@
 """Whole-block KV reservation at admission (`ServeConfig.kv_block_tokens`): TensorRT-LLM's
 guaranteed-no-evict scheduler reserves ceil((ISL + OSL) / tokens_per_block) blocks per request (64
-tokens in the validation harness), its pool holds whole blocks; vLLM-style accounting (None) counts
-the cache in tokens."""
+tokens in the validation harness), its pool holds whole blocks. Unset (None), the engine's own block
+applies (`serve.engine_defaults.kv_block_tokens`): vLLM's 16 tokens for Llama (a request at its end
+holds whole blocks too), SGLang's page of 1 on Hopper (the tokens themselves)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _memory(block: int | None, kv_gib: float, job: ServeJob):
         (4096, 64, 4096),  # 2048/2048: exactly 64 blocks
         (4224, 64, 4224),  # 128/4096: exactly 66
         (723, 64, 768),  # the online table's 467/256
-        (2500, None, 2500),  # vLLM-style: tokens
+        (2500, None, 2512),  # vLLM: 157 blocks of 16 (FLASH_ATTN's default 16-token block)
+        (2000, None, 2000),  # 125 blocks of 16
     ],
 )
 def test_a_request_reserves_whole_blocks(tokens, block, reserved):
@@ -48,17 +50,25 @@ def test_a_request_reserves_whole_blocks(tokens, block, reserved):
     assert request_kv_tokens(mem, tokens) == reserved
 
 
+def test_sglang_pages_are_single_tokens_on_hopper():
+    """SGLang 0.5.23 defaults --page-size to 1 (srt/arg_groups/overrides.py:1342-1363) under fa3 on Hopper."""
+    job = ServeJob(input_len=1250, output_len=1250)
+    cfg = ServeConfig(weight_dtype=FP8, kv_cache_dtype=FP8, kv_cache_memory_bytes=10.0 * GIB, engine="sglang")
+    mem = serve_memory(LLAMA8, POOL, cfg, context_len=job.context_len)
+    assert mem.kv_block_tokens == 1 and request_kv_tokens(mem, 2500) == 2500 and mem.kv_cache_tokens == 163_840
+
+
 def test_the_pool_holds_whole_blocks_and_concurrency_counts_blocks():
     """Llama 3.1 8B, FP8 cache: 32 layers x 8 KV heads x 128 x 2 x 1 B = 65,536 B a token, so 10 GiB
     hold 163,840 tokens = 2,560 blocks of 64; a 500/2000 request takes 40 of them: 64 requests,
-    where counting tokens gives 65 (163,840 // 2,500)."""
+    where vLLM's 16-token blocks give 65 (10,240 blocks // 157)."""
     job = ServeJob(input_len=500, output_len=2000, weight_dtype=FP8, kv_cache_dtype=FP8)
     assert kv_cache_bytes_per_token_per_gpu(LLAMA8, tp=1, layers=32, dtype=FP8) == 65_536
     _, blocks = _memory(64, 10.0, job)
     _, tokens = _memory(None, 10.0, job)
     assert blocks.kv_cache_tokens == 163_840 and blocks.kv_cache_tokens % 64 == 0
     assert kv_limited_concurrency(blocks, job) == 2_560 // 40 == 64
-    assert kv_limited_concurrency(tokens, job) == 163_840 // 2_500 == 65
+    assert kv_limited_concurrency(tokens, job) == 10_240 // 157 == 65
 
 
 def test_a_pool_that_is_not_whole_blocks_rounds_down():
@@ -80,7 +90,8 @@ def test_the_replay_admits_what_the_blocks_allow():
         weight_dtype=FP8, kv_cache_dtype=FP8, kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         max_num_seqs=4096,
     )
-    assert simulate_burst(LLAMA8, POOL, job, plain, requests=200).max_running == 64 * 576 // 520 == 70
+    # vLLM's 16-token blocks: 520 tokens are 33 blocks, 2,304 blocks hold 69 such requests (70 counting tokens)
+    assert simulate_burst(LLAMA8, POOL, job, plain, requests=200).max_running == 64 * 576 // 16 // 33 == 69
 
 
 @pytest.mark.parametrize("bad", [0, -64, 1.5, "64"])

@@ -27,7 +27,7 @@ from autoshard.search.serve.space import _unpriced, enumerate_serve, tabulate
 from autoshard.specs import load_cluster, load_model
 
 QWEN_LINE = ("python -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B --tp-size 8 --pp-size 1 "
-             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.883 --max-running-requests 276 "
+             "--attn-dp-size 2 --context-length 2000 --mem-fraction-static 0.913 --max-running-requests 276 "
              "--chunked-prefill-size 2048 --kv-cache-dtype auto")
 
 

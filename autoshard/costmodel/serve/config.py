@@ -75,8 +75,10 @@ class ServeConfig:
     """Tokens per paged KV-cache block when the engine reserves a request's whole prompt + output in
     blocks at admission: TensorRT-LLM's guaranteed-no-evict scheduler (its default policy) takes
     ceil((ISL + OSL) / tokens_per_block) blocks per request (64 or 32 tokens: the plugin config's
-    default, by release), and its pool holds whole blocks. None: vLLM/SGLang accounting, the cache counted in tokens (vLLM's
-    16-token blocks are filled as a request grows: at most one partial block per request)."""
+    default, by release), and its pool holds whole blocks. None: the block of the attention backend vLLM or
+    SGLang selects (`serve.engine_defaults.kv_block_tokens`: vLLM 16, 64 for FlashMLA's FP8 MLA cache on
+    Hopper, 32 for MLA on Blackwell; SGLang 1, 64 on Blackwell); a request then holds whole blocks as it
+    grows, ceil(tokens / block) of them at its end, which is what autoshard's concurrency counts."""
     fp8_context_attention: bool = False
     """Prefill (context) attention in FP8 on GPUs with FP8 tensor cores, when the KV cache is FP8:
     TensorRT-LLM's FP8 engines (`trtllm-bench build --quantization FP8` sets the plugin's

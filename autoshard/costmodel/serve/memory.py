@@ -23,6 +23,9 @@ Facts modelled:
   defaults on and vLLM leaves it; SGLang sets it to 0 unless --enable-nccl-nvls or --enable-symm-mem
   (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py; sgl-project/sglang PRs #631, #3502).
 
+- The KV cache is whole blocks of the engine's attention backend and a request holds whole blocks; the
+  graph pool holds the engine's default capture list (`autoshard.costmodel.serve.engine_defaults`).
+
 Step times built on these live in `autoshard.costmodel.serve.step`, predictions in
 `autoshard.costmodel.serve.predict`. Pure functions of the specs: no I/O, no solver.
 """
@@ -40,6 +43,8 @@ from autoshard.costmodel.serve.comm_memory import (
     startup_comm_bytes,
 )
 from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
+from autoshard.costmodel.serve.engine_defaults import capture_sizes, kv_block_tokens, vllm_capture_sizes
+from autoshard.costmodel.serve.engines import sglang_deepep_seqs
 from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, runs_cuda_graphs
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
@@ -64,8 +69,6 @@ __all__ = [
 
 BF16 = 2
 FP32 = 4
-KV_BLOCK_TOKENS = 16
-"""vLLM's default KV block size: capacity is counted in whole blocks."""
 CUDA_GRAPH_POOL_BYTES = 256 * MIB
 """Fixed part of the CUDA graph memory pools (vLLM logs 0.3-1.5 GiB for "graph capturing")."""
 CUDA_GRAPH_BYTES_PER_LAYER_GRAPH = 64 * 1024
@@ -110,22 +113,18 @@ def activation_peak_bytes(model: ModelSpec, *, tp: int, ep: int, tokens: int, nu
     return streams + layer + sampler
 
 
-def cuda_graph_capture_sizes(max_num_seqs: int) -> list[int]:
-    """vLLM's default decode graph sizes: 1, 2, 4, then steps of 8 to 256 and of 16 beyond, up to
-    min(2 * max_num_seqs, 512)."""
-    top = min(2 * max_num_seqs, 512)
-    sizes = [s for s in (1, 2, 4) if s <= top]
-    sizes += list(range(8, min(top, 255) + 1, 8)) + list(range(256, top + 1, 16))
-    return sizes
+cuda_graph_capture_sizes = vllm_capture_sizes
+"""vLLM's default decode graph sizes (`serve.engine_defaults.vllm_capture_sizes`)."""
 
 
 def cuda_graph_bytes(
-    model: ModelSpec, *, tp: int, ep: int, layers: int, max_num_seqs: int, gathered: int = 1, moe_tp: int | None = None
+    model: ModelSpec, *, tp: int, ep: int, layers: int, sizes: list[int], gathered: int = 1,
+    moe_tp: int | None = None,
 ) -> float:
     """Graph pools: a fixed part, per-graph per-layer node memory, and the activations of the largest
-    captured decode batch (graph pools are shared across sizes). `gathered` > 1: SGLang's attention DP
-    with TP experts, whose captured FFNs run on `gathered` DP ranks' rows sharded over `moe_tp` GPUs."""
-    sizes = cuda_graph_capture_sizes(max_num_seqs)
+    captured decode batch (graph pools are shared across sizes); `sizes`: the tokens of each captured
+    graph (`serve.engine_defaults.capture_sizes`). `gathered` > 1: SGLang's attention DP with TP experts,
+    whose captured FFNs run on `gathered` DP ranks' rows sharded over `moe_tp` GPUs."""
     largest = activation_peak_bytes(model, tp=tp, ep=ep, tokens=sizes[-1], num_seqs=0)
     if gathered > 1:
         ffn = activation_peak_bytes(model, tp=moe_tp or tp, ep=1, tokens=gathered * sizes[-1], num_seqs=0)
@@ -173,8 +172,13 @@ class ServeMemory:
         return self.capacity_bytes - self.budget_bytes
     ep_buffer_bytes: float = 0.0
     """DeepEP's low-latency buffers (`autoshard.costmodel.serve.ep_buffers`), part of non_torch_bytes."""
-    kv_block_tokens: int | None = None
-    """`ServeConfig.kv_block_tokens`: the block a request's reservation is rounded up to (None: none)."""
+    kv_block_tokens: int = 1
+    """Tokens per KV-cache block (`serve.engine_defaults.kv_block_tokens`): the pool holds whole blocks and
+    a request of L tokens holds ceil(L / block) of them (1: token-granular, SGLang's default page)."""
+
+    def request_tokens(self, tokens: int) -> int:
+        """Cache tokens a request of `tokens` tokens holds: whole blocks."""
+        return self.kv_block_tokens * math.ceil(tokens / self.kv_block_tokens)
 
     @property
     def overhead_bytes(self) -> float:
@@ -190,14 +194,16 @@ class ServeMemory:
 
     @property
     def max_concurrency(self) -> float:
-        """Requests of max_model_len tokens the KV cache holds at once (vLLM's "Maximum concurrency")."""
-        return self.kv_cache_tokens / self.context_len
+        """Requests of max_model_len tokens the KV cache holds at once, each in whole blocks (vLLM's
+        "Maximum concurrency": num_blocks / cdiv(max_model_len, block_size),
+        `get_max_concurrency_for_kv_cache_config`, vllm/v1/core/kv_cache_utils.py:1061-1087)."""
+        return self.kv_cache_tokens / self.request_tokens(self.context_len)
 
     @property
     def fits(self) -> bool:
         return (
             self.kv_cache_bytes > 0
-            and self.kv_cache_tokens >= self.context_len
+            and self.kv_cache_tokens >= self.request_tokens(self.context_len)
             and self.startup_bytes <= self.headroom_bytes
         )
 
@@ -212,10 +218,11 @@ class ServeMemory:
                 f"{self.non_kv_bytes / gib:.1f} GiB per GPU; gpu_memory_utilization leaves "
                 f"{self.budget_bytes / gib:.1f} GiB"
             )
-        if self.kv_cache_tokens < self.context_len:
+        if self.kv_cache_tokens < self.request_tokens(self.context_len):
             return (
                 f"the KV cache holds {self.kv_cache_tokens} tokens, less than one request of "
                 f"max_model_len {self.context_len}"
+                + (f" in {self.kv_block_tokens}-token blocks" if self.kv_block_tokens > 1 else "")
             )
         if self.startup_bytes > self.headroom_bytes:
             top = math.floor(100 * (1 - self.startup_bytes / self.capacity_bytes)) / 100
@@ -273,6 +280,8 @@ def serve_memory(
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
     stage_w, graphs_max = [], 0.0
+    deepep_bs = sglang_deepep_seqs(model, gpu, cfg)  # the line's --cuda-graph-max-bs-decode
+    sizes = capture_sizes(gpu, cfg, max_bs=None if deepep_bs is None else min(cfg.max_num_seqs, deepep_bs))
     for st in stages:
         w = stage_weight_bytes(
             model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp,
@@ -283,7 +292,7 @@ def serve_memory(
             w = _with_mtp_modules(model, w, cfg, mtp_layers)
         stage_w.append(w.total)
         graphs = (
-            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, max_num_seqs=cfg.max_num_seqs,
+            cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, sizes=sizes,
                              gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.expert_tp)
             if cuda_graphs
             else 0.0
@@ -303,7 +312,7 @@ def serve_memory(
         worst_kv = min(worst_kv, kv)
         kv_tokens = min(kv_tokens, toks)
     assert worst_w is not None
-    block = cfg.kv_block_tokens or KV_BLOCK_TOKENS
+    block = kv_block_tokens(model, gpu, cfg)
     blocks = int(kv_tokens // block) if math.isfinite(kv_tokens) else 0
     return ServeMemory(
         capacity_bytes=capacity,
@@ -320,5 +329,5 @@ def serve_memory(
         nvls_bytes=engine_nvls_bytes(pool, cfg),
         startup_bytes=startup_comm_bytes(pool, cfg),
         ep_buffer_bytes=ep_buffers,
-        kv_block_tokens=cfg.kv_block_tokens,
+        kv_block_tokens=block,
     )

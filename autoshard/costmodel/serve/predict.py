@@ -86,10 +86,10 @@ class ServePrediction:
 
 
 def request_kv_tokens(memory: ServeMemory, tokens: int) -> int:
-    """Cache tokens one request of `tokens` (prompt + output) reserves at admission: whole blocks of
-    `kv_block_tokens` where the engine reserves in blocks (TensorRT-LLM), else the tokens themselves."""
-    block = memory.kv_block_tokens
-    return tokens if block is None else block * math.ceil(tokens / block)
+    """Cache tokens one request of `tokens` (prompt + output) holds at its end, and what TensorRT-LLM
+    reserves at admission: whole blocks of the engine's `kv_block_tokens` (`ServeMemory.request_tokens`;
+    SGLang's default page of 1: the tokens themselves)."""
+    return memory.request_tokens(tokens)
 
 
 def kv_limited_concurrency(memory: ServeMemory, job: ServeJob) -> int:

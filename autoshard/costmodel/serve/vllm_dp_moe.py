@@ -49,9 +49,10 @@ from autoshard.costmodel.comm import Collective, Link, collective_time_s
 from autoshard.costmodel.flops import Gemm, mlp_gemms
 from autoshard.costmodel.serve.compute import _gemm_s, block_scaled_fp8, model_serving_gpu
 from autoshard.costmodel.serve.config import ServeConfig
-from autoshard.costmodel.serve.memory import BF16, cuda_graph_capture_sizes
+from autoshard.costmodel.serve.engine_defaults import capture_sizes
+from autoshard.costmodel.serve.memory import BF16
 from autoshard.costmodel.serve.sharding import layer_tp_comm_s
-from autoshard.specs.cluster import PoolSpec
+from autoshard.specs.cluster import GpuSpec, PoolSpec
 from autoshard.specs.job import WeightDtype
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
@@ -104,10 +105,11 @@ def dispatch_bytes_per_row(model: ModelSpec, cfg: ServeConfig, *, fp8_math: bool
     return row + model.moe.top_k * TOPK_BYTES
 
 
-def gathered_rows(cfg: ServeConfig, *, rows_sum: float, rows_max: float) -> float:
+def gathered_rows(cfg: ServeConfig, gpu: GpuSpec, *, rows_sum: float, rows_max: float) -> float:
     """Rows the experts run on: D x the busiest rank's when the step runs a CUDA graph (its tokens at
-    most the largest captured size: every rank padded to the largest), else the ranks' summed tokens."""
-    graphed = cfg.cuda_graphs and rows_max <= cuda_graph_capture_sizes(cfg.max_num_seqs)[-1]
+    most the largest size vLLM captures by default on `gpu`, `serve.engine_defaults.capture_sizes`:
+    every rank padded to the largest), else the ranks' summed tokens."""
+    graphed = cfg.cuda_graphs and rows_max <= capture_sizes(gpu, cfg)[-1]
     return cfg.dp_attention * rows_max if graphed else rows_sum
 
 
@@ -150,7 +152,7 @@ def vllm_dp_moe_layer(
     if kind is not LayerKind.MOE:
         return layer_time(model, kind, pool, local, links, tokens=tokens, **own)
     attn = layer_time(model, kind, pool, local, links, tokens=tokens, part="attention", **own)
-    rows = gathered_rows(cfg, rows_sum=rows_sum, rows_max=tokens)
+    rows = gathered_rows(cfg, pool.gpu, rows_sum=rows_sum, rows_max=tokens)
     experts = expert_config(cfg)
     ffn = layer_time(model, kind, pool, experts, links, tokens=rows, decode_seqs=0, context_len=0, prefills=0,
                      prefill_len=prefill_len, part="ffn")

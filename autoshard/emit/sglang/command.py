@@ -13,8 +13,11 @@ One line per node (head first). SGLang rejects `--dp-size > 1` with `--nnodes > 
 `--chunked-prefill-size` is per engine: SGLang divides it among the attention-DP ranks, so the line
 passes the plan's per-rank budget times the attention-DP size (`sglang_chunked_prefill_size`).
 
-`--mem-fraction-static` is the share of HBM for weights plus the KV pool: the plan's vLLM budget minus
-the activation and graph memory SGLang keeps outside it. Weights: the same checkpoint as vLLM
+`--mem-fraction-static` is weights plus the KV pool as a share of the memory SGLang measures its budget
+from: what is free after its parallel initialization (`costmodel.serve.engine_defaults.sglang_baseline_bytes`:
+the capacity less the CUDA context and NCCL's communicators), so that SGLang's pool, fraction x that
+baseline - weights, is the plan's: the plan's vLLM budget minus the activation and graph memory SGLang
+keeps outside it. Weights: the same checkpoint as vLLM
 (`autoshard.emit.vllm.command.vllm_quantization`), with SGLang's name for its method; a method SGLang has no
 name for is left to SGLang, which reads it from the checkpoint's quantization_config. KV cache: `auto`
 or `fp8_e4m3`.
@@ -36,7 +39,9 @@ from __future__ import annotations
 import math
 import shlex
 
+from autoshard.costmodel.serve.engine_defaults import sglang_baseline_bytes
 from autoshard.costmodel.serve.engines import sglang_deepep
+from autoshard.costmodel.serve.memory import ServeMemory
 from autoshard.costmodel.serve.ep_buffers import (
     SGLANG_DEEPEP_TOKENS_MAX,
     sglang_deepep_tokens,
@@ -45,7 +50,8 @@ from autoshard.costmodel.serve.ep_buffers import (
 from autoshard.emit.vllm.command import HEAD_ADDRESS, speculative_tokens, vllm_quantization
 from autoshard.emit.shell import shell_join
 from autoshard.plans.serve import ServePlan
-from autoshard.specs.cluster import GpuSpec
+from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.specs.cluster import GpuSpec, PoolSpec
 from autoshard.specs.job import WeightDtype
 from autoshard.specs.model import ModelSpec
 
@@ -53,6 +59,7 @@ __all__ = [
     "sglang_command",
     "sglang_node_commands",
     "mem_fraction_static",
+    "sglang_memory_utilization",
     "sglang_chunked_prefill_size",
     "runs_deepep",
     "sglang_fp8_problem",
@@ -131,14 +138,27 @@ def sglang_chunked_prefill_size(tokens_per_rank: int, attn_dp: int) -> int:
 
 
 def mem_fraction_static(plan: ServePlan) -> float:
-    """Weights + KV pool as a fraction of HBM, rounded down to 0.001 and kept inside (0, 1). SGLang sizes its
-    KV pool as this fraction of memory less the weights: rounded down to 0.01 it lost up to 1 % of HBM
-    (0.8 GiB on an H100, 1.8 GiB on a B200) of the KV cache the plan counts."""
+    """Weights + KV pool as a fraction of SGLang's memory baseline B (`sglang_baseline_bytes`), rounded down
+    to 0.001 and kept inside (0.05, 0.95). SGLang 0.5.23 sizes its KV pool as the memory free after the
+    weights load less B x (1 - fraction), i.e. fraction x B - weights
+    (srt/mem_cache/kv_cache_configurator.py:2990-3061), B measured after its parallel initialization
+    (srt/distributed/bootstrap.py:193-223): a fraction of the GPU's capacity instead left the pool
+    fraction x (capacity - B) short (2.3 GiB on an H100 at TP 4: 6.1 % of a 70B plan's KV cache).
+    Rounded down to 0.01 it lost up to 1 % more."""
     mem = plan.prediction.memory
     static = mem.budget_bytes - mem.activation_bytes - mem.overhead_bytes
+    base = sglang_baseline_bytes(plan.pool, plan.prediction.config)
     # rounded down, but not for a float's last bit: a line read back (--from-sglang adds the activations back
-    # on top) writes the fraction it was read with
-    return min(0.95, max(0.05, math.floor(1000 * static / mem.capacity_bytes + 1e-9) / 1000))
+    # on top, `sglang_memory_utilization`) writes the fraction it was read with
+    return min(0.95, max(0.05, math.floor(1000 * static / base + 1e-9) / 1000))
+
+
+def sglang_memory_utilization(fraction: float, mem: ServeMemory, pool: PoolSpec, cfg: ServeConfig) -> float:
+    """The vLLM-style gpu_memory_utilization of a line with --mem-fraction-static `fraction` (how
+    `evaluate --from-sglang` prices it): SGLang's weights + KV pool, fraction x its baseline, plus the
+    activations and buffers `mem` (the same engine) keeps outside it, over the capacity."""
+    static = fraction * sglang_baseline_bytes(pool, cfg)
+    return (static + mem.activation_bytes + mem.overhead_bytes) / mem.capacity_bytes
 
 
 def _base(plan: ServePlan, *, dp: int, deepep: bool = False) -> list[str]:

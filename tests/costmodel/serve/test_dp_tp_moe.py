@@ -26,9 +26,9 @@ from autoshard.costmodel.serve.memory import (
     CUDA_GRAPH_BYTES_PER_LAYER_GRAPH,
     CUDA_GRAPH_POOL_BYTES,
     activation_peak_bytes,
-    cuda_graph_capture_sizes,
     serve_memory,
 )
+from autoshard.costmodel.serve.engine_defaults import capture_sizes
 from autoshard.costmodel.serve.step import step_time
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu, stage_weight_bytes
 from autoshard.specs import load_cluster, load_model
@@ -154,14 +154,17 @@ def test_decode_step_communication_collective_by_collective():
 def test_activation_and_graph_memory_hold_the_gathered_rows():
     """The FFNs run on every DP rank's rows: the profiled peak is the larger of the attention side at TP 1
     on the rank's 1,024-token budget and the FFN side at TP 8 on the 8,192 gathered rows; the decode
-    graphs' pool (captured up to 128 requests a rank at 64) holds the FFN side of 8 x 128 rows."""
+    graphs' pool holds the FFN side of 8 x 64 rows. SGLang captures its own list: a default largest batch
+    of 512 at --tp-size 8 on a 141 GB GPU (capped at --max-running-requests 512 = 64 x 8), kept at the 64
+    requests a rank (srt/arg_groups/memory_hook.py:138-145, cuda_graph_hook.py:510-516,
+    base_cuda_graph_runner.py:94-101): 1, 2, 4, 8, 12, then steps of 8 from 16 to 64, 12 graphs."""
     cfg = _cfg(max_num_batched_tokens=1024)
     mem = serve_memory(DSV3, H200, cfg, context_len=2000)
     local = activation_peak_bytes(DSV3, tp=1, ep=1, tokens=1024, num_seqs=64)
     gathered = activation_peak_bytes(DSV3, tp=8, ep=1, tokens=8 * 1024, num_seqs=64)
     assert mem.activation_bytes == max(local, gathered) == gathered
-    sizes = cuda_graph_capture_sizes(64)
-    assert sizes[-1] == 128
-    ffn = activation_peak_bytes(DSV3, tp=8, ep=1, tokens=8 * 128, num_seqs=0)
-    assert ffn > activation_peak_bytes(DSV3, tp=1, ep=1, tokens=128, num_seqs=0)
+    sizes = capture_sizes(H200.gpu, cfg)
+    assert sizes == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    ffn = activation_peak_bytes(DSV3, tp=8, ep=1, tokens=8 * 64, num_seqs=0)
+    assert ffn > activation_peak_bytes(DSV3, tp=1, ep=1, tokens=64, num_seqs=0)
     assert mem.cuda_graph_bytes == CUDA_GRAPH_POOL_BYTES + len(sizes) * LAYERS * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH + ffn

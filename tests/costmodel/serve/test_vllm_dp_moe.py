@@ -120,7 +120,7 @@ def test_dispatch_bytes_per_row():
 def test_gather_and_scatter_collectives(rows_sum, rows_max, buffer_rows):
     cfg = _cfg()
     assert cuda_graph_capture_sizes(64)[-1] == 128
-    assert gathered_rows(cfg, rows_sum=rows_sum, rows_max=rows_max) == buffer_rows
+    assert gathered_rows(cfg, H100.gpu, rows_sum=rows_sum, rows_max=rows_max) == buffer_rows
     got = dispatch_combine_s(QWEN, cfg, NVL, rows=buffer_rows, fp8_math=True)
     expected = _coll(Collective.ALL_GATHER, buffer_rows * 8256) + _coll(Collective.REDUCE_SCATTER, buffer_rows * H * 2)
     assert got == pytest.approx(expected, rel=1e-12)
@@ -129,7 +129,7 @@ def test_gather_and_scatter_collectives(rows_sum, rows_max, buffer_rows):
 
 
 def test_eager_engine_never_pads():
-    assert gathered_rows(_cfg(cuda_graphs=False), rows_sum=400, rows_max=64) == 400
+    assert gathered_rows(_cfg(cuda_graphs=False), H100.gpu, rows_sum=400, rows_max=64) == 400
 
 
 def test_decode_step_communication_collective_by_collective():
