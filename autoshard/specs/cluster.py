@@ -107,8 +107,9 @@ class EfficiencySpec(FrozenSpec):
     from kernel benchmarks like train_attention."""
     train_gemm_half_dim: Annotated[float, Field(ge=0, le=1e6)] | None = 64.0
     """Training-only override of `gemm_half_dim` (None: use `gemm_half_dim`): the smooth fall-off of a
-    training GEMM with its smallest dimension where no measured shape table applies. H100 default: the
-    H100 fit's value (its own GEMMs take the measured table)."""
+    training GEMM with its smallest dimension where no measured shape table applies. Default 64: the A100
+    fit's value (A100 clusters take it from here). H100 and H200 are indifferent to it: every Hopper GEMM
+    takes the measured table, so their fit ties across the grid (it printed 0 at item Z, 64 before)."""
     train_tp_overlap: Annotated[float, Field(ge=0, le=1)] | None = 0.8
     """Training-only override of `tp_overlap` (None: use `tp_overlap`)."""
     train_intra_node_bw: Fraction | None = 0.7
