@@ -189,7 +189,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 max_num_batched_tokens=parsed.max_num_batched_tokens, warnings=parsed.warnings, concurrency=concurrency,
                 nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its own oracle
                 framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
-                role=role)
+                role=role, all2all_backend=None if sglang else parsed.all2all_backend)
         if not (sglang and parsed.static_fraction):
             return with_engine_check(priced(parsed.gpu_memory_utilization))
         # --mem-fraction-static is weights + KV pool (emit.sglang.mem_fraction_static): activations on top

@@ -282,7 +282,10 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
     (`ParallelConfig.all2all_backend`; fused_moe/config.py `use_deepep_ht_kernels`/`use_deepep_ll_kernels`):
     `deepep_low_latency` is the aggregated engine autoshard prices; `deepep_high_throughput` runs every
     step, decode included, on DeepEP's normal kernels with their fixed buffers and no CUDA graphs, as the
-    "prefill" role prices it; any other backend is priced as DeepEP, with a note that it is not modelled."""
+    "prefill" role prices it; any other backend (the default allgather_reducescatter among them: vLLM 0.33.0's
+    `ParallelConfig.all2all_backend`, config/parallel.py:220) runs vLLM's usual step budget, not the
+    batched-DP 256 (`search.serve.evaluate.batched_dp_backend`), and is priced on DeepEP's kernels in
+    256-token passes with a note that it is not modelled."""
     backend = parsed.all2all_backend
     if (model.moe is not None and not parsed.enable_expert_parallel and parsed.dp > 1
             and backend not in (None, "naive", "allgather_reducescatter")):
@@ -299,6 +302,14 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
                            "included) on DeepEP's high-throughput kernels, their 1-2 GiB buffers and no CUDA graphs "
                            "(vLLM turns them off on this backend); autoshard's own lines use it for prefill "
                            "instances only")
-    return "aggregated", (f"--all2all-backend {backend}: an expert-parallel engine over data-parallel ranks is "
-                          "priced with DeepEP's kernels (autoshard's own commands pass --all2all-backend "
-                          "deepep_low_latency); this backend's speed and buffers are not modelled")
+    if backend in ("nixl_ep",):
+        return "aggregated", (f"--all2all-backend {backend}: priced as deepep_low_latency (vLLM gives both its "
+                              "batched-DP budget of 256 and a buffer sized at the budget); its own speed and buffers "
+                              "are not modelled")
+    default = " (vLLM's default: the line names none, or pplx/naive, which fall back to it)" * (
+        backend == "allgather_reducescatter")
+    return "aggregated", (f"--all2all-backend {backend}{default}: vLLM's batched-DP budget of 256 applies only to "
+                          "deepep_low_latency and nixl_ep (config/parallel.py:795-805), so the line runs vLLM's own "
+                          "--max-num-batched-tokens and --max-num-seqs defaults and no DeepEP buffer grows with the "
+                          "budget; its all-to-all is not modelled: priced as DeepEP's low-latency kernels in "
+                          "256-token passes, their buffer at 256 tokens charged")

@@ -14,7 +14,7 @@ import math
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
-from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction, kv_limited_concurrency, predict_serve
 from autoshard.costmodel.serve.vllm_dp_moe import tp_experts_problem, vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
@@ -27,7 +27,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.specs.cluster import PoolSpec
 from autoshard.units import GIB, time_to_us
 
-__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem"]
+__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem", "batched_dp_backend", "VLLM_BATCHED_DP_BACKENDS"]
 
 
 def evaluated_row(
@@ -51,10 +51,14 @@ def evaluated_row(
     framework: str = DEFAULT_ENGINE,
     role: str = "aggregated",
     carry: bool = False,
+    all2all_backend: str | None = None,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments. `carry`: a user's line, checked against what its
-    vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not."""
+    vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not.
+    `all2all_backend`: a vLLM line's --all2all-backend (None: autoshard's own lines, which pass
+    deepep_low_latency to these engines); vLLM's 256-token defaults and the buffer sized at the budget
+    hold only on a batched-DP backend (`batched_dp_backend`)."""
     if not 0 <= pool < len(cluster.pools):
         raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
     spec = cluster.pools[pool]
@@ -91,22 +95,26 @@ def evaluated_row(
             f"{spec.num_gpus}: use fewer replicas or a larger --gpus"
         )
     seqs = max_num_seqs or (1024 if spec.gpu.hbm_gib >= 70 and "A100" not in spec.gpu.name.upper() else 256)
+    batched = batched_dp_backend(all2all_backend)
     cfg = _config(
         model,
         spec,
         job,
         e,
         max_num_seqs=seqs,
-        util=gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
+        util=gpu_memory_utilization,  # another backend: vLLM's default budget, not the planner's LL ladder
+        max_num_batched_tokens=max_num_batched_tokens or (None if batched else default_max_num_batched_tokens(spec.gpu)),
         role=role,
     )
-    if max_num_batched_tokens is None and vllm_ll_engine(model, spec.gpu, cfg):
-        cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
+    if vllm_ll_engine(model, spec.gpu, cfg):
+        if not batched:  # no buffer grows with the budget: DeepEP's kernels priced in vLLM's 256-token passes
+            cfg = dataclasses.replace(cfg, moe_dp_chunk=VLLM_MOE_DP_CHUNK_SIZE)
+        elif max_num_batched_tokens is None:
+            cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
     given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
-    if carry and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
+    if carry and batched and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
         raise InfeasibleError(problem)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
@@ -131,6 +139,20 @@ def evaluated_row(
     )
     row = Row(e, cfg, pred, replicas, 0, time_to_us(pred.tpot_s), time_to_us(pred.ttft_s))
     return row, stats, tuple(warn)
+
+
+VLLM_BATCHED_DP_BACKENDS = ("deepep_low_latency", "nixl_ep")
+"""vLLM 0.33.0's backends of `ParallelConfig.use_batched_dp_moe` (config/parallel.py:795-805, with
+--enable-expert-parallel and DP > 1): only on these does a line without --max-num-batched-tokens get
+DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP = 256 (engine/arg_utils.py:3166-3170); any other backend,
+the default allgather_reducescatter (config/parallel.py:220; VLLM_ALL2ALL_BACKEND is no longer read),
+gets `vllm serve`'s usual default (8,192 on an H100)."""
+
+
+def batched_dp_backend(backend: str | None) -> bool:
+    """Whether a vLLM line's --all2all-backend is one whose engines take vLLM's batched-DP budget and
+    size a DeepEP low-latency buffer at it (None: autoshard's own lines, deepep_low_latency)."""
+    return backend is None or backend in VLLM_BATCHED_DP_BACKENDS
 
 
 def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
