@@ -23,10 +23,8 @@ from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_node_commands
-from autoshard.emit.vllm import (
-    check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
-)
-from autoshard.emit.vllm.parse import backend_role
+from autoshard.emit.vllm import check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands
+from autoshard.emit.vllm.parse import backend_role, start_context
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
@@ -150,6 +148,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
     if note:
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     applied = parsed.apply_to(job)
+    if not sglang:  # vLLM starts at the model's context when the line gives none (SGLang caps its requests)
+        applied, parsed = start_context(model, applied, parsed)
     quantization, named = parsed.quantization, None
     if quantization is None:
         # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
@@ -189,7 +189,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 max_num_batched_tokens=parsed.max_num_batched_tokens, warnings=parsed.warnings, concurrency=concurrency,
                 nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its own oracle
                 framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
-                role=role, all2all_backend=None if sglang else parsed.all2all_backend)
+                role=role, all2all_backend=parsed.all2all_backend, allow_long_context=parsed.allow_long_context)
         if not (sglang and parsed.static_fraction):
             return with_engine_check(priced(parsed.gpu_memory_utilization))
         # --mem-fraction-static is weights + KV pool (emit.sglang.mem_fraction_static): activations on top

@@ -131,6 +131,11 @@ def _values_taken(flag: str | None, args: list[str], i: int) -> int:
     return 1 if i < len(args) else 0
 
 
+LONG_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+"""SGLang 0.5.23 starts with --context-length past the model's derived context when this is set (a
+warning); without it, it refuses (srt/configs/model_config.py:1291-1316)."""
+
+
 def parse_sglang(command: str) -> ParsedServe:
     """Read an SGLang launch (`python -m sglang.launch_server ...` or `sglang serve ...`) as the
     vLLM-semantics plan autoshard evaluates. SGLang carves expert and attention data parallelism out of
@@ -277,6 +282,8 @@ def parse_sglang(command: str) -> ParsedServe:
             1, to_int("--chunked-prefill-size", chunk) // attn_dp),
         quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
         node_rank=integer("--node-rank", 0, minimum=0), warnings=tuple(warnings),
+        # SGLang 0.5.23 EnvBool (srt/environ.py:143-150): "true", "1", "yes", "y"
+        allow_long_context=env.get(LONG_ENV, "").strip().lower() in ("true", "1", "yes", "y"),
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
         # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),

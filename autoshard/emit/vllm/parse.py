@@ -14,6 +14,7 @@ is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from autoshard.emit.serve_args import (
@@ -48,9 +49,10 @@ from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["parse_vllm", "backend_role"]
+__all__ = ["parse_vllm", "backend_role", "derived_max_model_len", "start_context"]
 
 
 def _entry(tokens: list[str]) -> tuple[list[str], bool]:
@@ -66,6 +68,10 @@ def _entry(tokens: list[str]) -> tuple[list[str], bool]:
         field="--from-vllm",
     )
 
+
+LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+"""vLLM 0.33.0 starts with --max-model-len past the model's derived length when this is "1" or "true"
+(vllm/envs.py:1115-1118), with a warning; without it, it refuses (config/model.py:2652-2683)."""
 
 TYPO_CUTOFF = 0.9
 """An unknown flag this close (difflib ratio) to a known one is a misspelling of it: refused, not
@@ -255,6 +261,8 @@ def parse_vllm(command: str) -> ParsedServe:
         headless=bool(values.get("--headless", False)),
         nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
         all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
+        allow_long_context=any(t.partition("=")[0] == LONG_ENV and t.partition("=")[2].strip().lower() in ("1", "true")
+                               for t in tokens[:k]),
         warnings=tuple(warnings),
     )
     if parsed.dp_local is not None and parsed.dp_local > parsed.dp:
@@ -313,3 +321,32 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
                           "--max-num-batched-tokens and --max-num-seqs defaults and no DeepEP buffer grows with the "
                           "budget; its all-to-all is not modelled: priced as DeepEP's low-latency kernels in "
                           "256-token passes, their buffer at 256 tokens charged")
+
+
+def derived_max_model_len(model: ModelSpec) -> int:
+    """The max model length vLLM 0.33.0 takes for a line without --max-model-len
+    (`_get_and_verify_max_len`, vllm/config/model.py:2545-2683): the config's max_position_embeddings
+    (transformers_utils/model_arch_config_convertor.py:374-407), times the RoPE scaling factor only for
+    types other than llama3 and YaRN, which leave max_position_embeddings already scaled (:2602-2632;
+    of autoshard's types, linear)."""
+    rope = model.rope_scaling
+    factor = rope.factor if rope is not None and rope.type == "linear" else 1.0
+    return int(model.max_position_embeddings * factor)
+
+
+def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple[ServeJob, ParsedServe]:
+    """`job` with the max model length a vLLM line without --max-model-len starts with, and `parsed` with
+    the note saying so: vLLM takes the model's context (`derived_max_model_len`) and refuses to start unless the
+    KV cache holds one request of that length (`check_enough_kv_cache_memory`,
+    vllm/v1/core/kv_cache_planning.py:151-185), so the start check is made at it; the requests are
+    still priced at their shape. Unchanged when the line gives one or the shape is past the context
+    (refused as such, `search.serve.messages.check_context_len`)."""
+    limit = derived_max_model_len(model)
+    if parsed.max_model_len is not None or job.input_len + job.output_len > limit:
+        return job, parsed
+    note = (f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens (max_position_embeddings), "
+            f"and starts only if the KV cache holds one request of that length: checked at {limit:,}, priced at "
+            f"the request shape ({job.input_len:,} in / {job.output_len:,} out); pass --max-model-len to start "
+            "with less")
+    return (ServeJob.model_validate({**job.model_dump(), "max_model_len": limit}),
+            dataclasses.replace(parsed, warnings=(*parsed.warnings, note)))
