@@ -96,3 +96,13 @@ def test_sglang_allow_overwrite_longer_context_len():
                for w in plan.warnings)
     with pytest.raises(SpecError, match="unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set"):
         evaluate_vllm(L8, H100.with_gpus(1), line, job=JOB, sglang=True)
+
+
+def test_relaunch_lines_keep_the_variable():
+    plan = evaluate_vllm(L8, H100.with_gpus(1), "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " + LONG8, job=JOB)
+    assert plan.launch["vllm"].startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve ")
+    assert plan.launch["sglang"].startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 python -m sglang")
+    again = evaluate_vllm(L8, H100.with_gpus(1), plan.launch["vllm"], job=JOB)
+    assert again.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+    short = evaluate_vllm(L8, H100.with_gpus(1), LONG8.replace("200000", "2000"), job=JOB)
+    assert "ALLOW" not in short.launch["vllm"] + short.launch["sglang"]

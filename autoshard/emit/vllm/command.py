@@ -167,7 +167,14 @@ def serve_weight_dtype(model: ModelSpec, requested: str | WeightDtype | None, *,
 
 
 def vllm_node_commands(plan: ServePlan) -> list[str]:
-    """The command for every node of the deployment, head node first."""
+    """The command for every node of the deployment, head node first; prefixed with
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 when its max model length is past the model's context (a line read
+    back with it: vLLM 0.33.0 refuses to start without it, config/model.py:2652-2683)."""
+    long = plan.max_model_len > plan.model.max_position_embeddings
+    return [("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " if long else "") + line for line in _node_lines(plan)]
+
+
+def _node_lines(plan: ServePlan) -> list[str]:
     per_node = plan.pool.node.gpus_per_node
     rank_gpus = plan.tp * plan.pp
     base = _base(plan)
