@@ -73,15 +73,15 @@ def evaluated_row(
     lockstep = expert_parallel or vllm_tp_moe or (attention_dp and dp > 1)  # one engine of attention-DP ranks
     e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
     replicas = 1 if lockstep else dp
-    if tp > spec.node.domain_size:
-        # a legal launch for SGLang (--tp 16 --nnodes 2) and vLLM alike, but not one autoshard prices
+    if tp > spec.node.domain_size:  # legal for SGLang (--tp 16 --nnodes 2) and vLLM alike: priced over the network
         dom, hops = spec.node.domain_size, -(-tp // spec.node.domain_size)
-        raise SpecError(
-            f"TP {tp} spans {hops} NVLink domains of {dom} GPUs ({spec.name}): autoshard does not model "
-            f"tensor parallelism over the inter-node network; evaluate the same GPUs as TP {dom} x PP {hops * pp}"
-            + (f", or as TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
-               f"(EP {dom * hops * dp})" if model.is_moe else ""))
-    reason = _engine_rules(model, spec, e, check_size=False) or tp_experts_problem(
+        warn.append(
+            f"TP {tp} spans {hops} NVLink domains of {dom} GPUs ({spec.name}): its all-reduces, two a layer, run "
+            f"over the inter-node network and are priced there (slow: autoshard's own plans keep TP inside a "
+            f"domain); the same GPUs as TP {dom} x PP {hops * pp}"
+            + (f", or TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
+               f"(EP {dom * hops * dp})," if model.is_moe else "") + " avoid it")
+    reason = _engine_rules(model, spec, e, check_size=False, cross_node_tp=True) or tp_experts_problem(
         model, job.weight_dtype, tp=tp, dp=e.dp_attention, expert_parallel=expert_parallel)
     if reason:
         legal = [t for t in range(1, spec.node.domain_size + 1)
