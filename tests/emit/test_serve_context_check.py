@@ -106,3 +106,35 @@ def test_relaunch_lines_keep_the_variable():
     assert again.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
     short = evaluate_vllm(L8, H100.with_gpus(1), LONG8.replace("200000", "2000"), job=JOB)
     assert "ALLOW" not in short.launch["vllm"] + short.launch["sglang"]
+
+
+QWEN = load_model("qwen3-235b-a22b")
+QLINE = "vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 8 "
+YARN = '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}'
+
+
+def _qwen(line: str):
+    return evaluate_vllm(QWEN, H100.with_gpus(8), line, job=ServeJob(input_len=1000, output_len=1000,
+                                                                     weight_dtype="fp8"))
+
+
+def test_hf_overrides_set_the_context_as_vllm_derives_it():
+    """vLLM 0.33.0 leaves max_position_embeddings unscaled for YaRN (config/model.py:2602-2632): Qwen's
+    YaRN override alone keeps Qwen3's 40,960 and vLLM refuses --max-model-len 131072 (so does the reader,
+    naming both fixes); with "max_position_embeddings": 131072 in the override it starts there. A linear
+    override scales it by its factor."""
+    with pytest.raises(SpecError, match=r'does not scale it by a yarn override\'s factor .* add '
+                                        r'"max_position_embeddings": 131072 to --hf-overrides'):
+        _qwen(QLINE + f"--hf-overrides '{YARN}}}' --max-model-len 131072")
+    plan = _qwen(QLINE + f"--hf-overrides '{YARN}, \"max_position_embeddings\": 131072}}' --max-model-len 131072")
+    assert plan.max_model_len == 131072 and plan.prediction.concurrency == 464
+    assert plan.throughput_tokens_per_s == pytest.approx(6802.0, rel=2e-3)
+    assert any(w.startswith("--hf-overrides: vLLM's max model length for qwen3-235b-a22b is 131,072 (was 40,960)")
+               for w in plan.warnings)
+    allowed = _qwen(f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 {QLINE}--hf-overrides '{YARN}}}' --max-model-len 131072")
+    assert allowed.max_model_len == 131072 and any("not the planner's to promise" in w for w in allowed.warnings)
+    linear = _qwen(QLINE + "--hf-overrides '{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}'")
+    assert linear.max_model_len == 81920  # no --max-model-len: the derived 2 x 40,960
+    assert derived_max_model_len(QWEN, '{"rope_parameters": {"rope_type": "dynamic", "factor": 4}}') == 163840
+    with pytest.raises(SpecError, match="--hf-overrides expects a JSON object"):
+        parse_vllm(QLINE + "--hf-overrides not-json")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 
 from autoshard.emit.serve_args import (
     ENV_WORD,
@@ -261,6 +262,7 @@ def parse_vllm(command: str) -> ParsedServe:
         headless=bool(values.get("--headless", False)),
         nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
         all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
+        hf_overrides=_overrides(get("--hf-overrides")),
         allow_long_context=any(t.partition("=")[0] == LONG_ENV and t.partition("=")[2].strip().lower() in ("1", "true")
                                for t in tokens[:k]),
         warnings=tuple(warnings),
@@ -323,30 +325,72 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
                           "256-token passes, their buffer at 256 tokens charged")
 
 
-def derived_max_model_len(model: ModelSpec) -> int:
-    """The max model length vLLM 0.33.0 takes for a line without --max-model-len
-    (`_get_and_verify_max_len`, vllm/config/model.py:2545-2683): the config's max_position_embeddings
-    (transformers_utils/model_arch_config_convertor.py:374-407), times the RoPE scaling factor only for
-    types other than llama3 and YaRN, which leave max_position_embeddings already scaled (:2602-2632;
-    of autoshard's types, linear)."""
-    rope = model.rope_scaling
-    factor = rope.factor if rope is not None and rope.type == "linear" else 1.0
-    return int(model.max_position_embeddings * factor)
+UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+"""RoPE types whose factor vLLM 0.33.0 does not apply to max_position_embeddings (already scaled):
+vllm/config/model.py:2602-2632."""
 
 
-def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple[ServeJob, ParsedServe]:
-    """`job` with the max model length a vLLM line without --max-model-len starts with, and `parsed` with
-    the note saying so: vLLM takes the model's context (`derived_max_model_len`) and refuses to start unless the
-    KV cache holds one request of that length (`check_enough_kv_cache_memory`,
-    vllm/v1/core/kv_cache_planning.py:151-185), so the start check is made at it; the requests are
-    still priced at their shape. Unchanged when the line gives one or the shape is past the context
-    (refused as such, `search.serve.messages.check_context_len`)."""
-    limit = derived_max_model_len(model)
-    if parsed.max_model_len is not None or job.input_len + job.output_len > limit:
-        return job, parsed
-    note = (f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens (max_position_embeddings), "
-            f"and starts only if the KV cache holds one request of that length: checked at {limit:,}, priced at "
-            f"the request shape ({job.input_len:,} in / {job.output_len:,} out); pass --max-model-len to start "
-            "with less")
-    return (ServeJob.model_validate({**job.model_dump(), "max_model_len": limit}),
-            dataclasses.replace(parsed, warnings=(*parsed.warnings, note)))
+def _overrides(text: str | None) -> str | None:
+    """--hf-overrides as given, checked to be a JSON object (vLLM parses it with json.loads)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise SpecError(f"--hf-overrides expects a JSON object, got {text!r}", field="--hf-overrides")
+    return text
+
+
+def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int:
+    """The max model length vLLM 0.33.0 derives (`_get_and_verify_max_len`, vllm/config/model.py:2545-2683):
+    the config's max_position_embeddings (transformers_utils/model_arch_config_convertor.py:374-407),
+    times the RoPE scaling factor only for types outside `UNSCALED_ROPE` (of autoshard's types, linear);
+    `overrides`: the line's --hf-overrides, whose max_position_embeddings and rope_scaling (or
+    rope_parameters) replace the model's. A YaRN override alone therefore leaves the length as it was."""
+    ov = json.loads(overrides) if overrides else {}
+    length = ov.get("max_position_embeddings", model.max_position_embeddings)
+    rope = ov.get("rope_scaling") or ov.get("rope_parameters")
+    if isinstance(rope, dict):
+        kind, factor = rope.get("rope_type") or rope.get("type") or "default", rope.get("factor")
+    elif model.rope_scaling is not None:
+        kind, factor = model.rope_scaling.type, model.rope_scaling.factor
+    else:
+        kind, factor = "default", None
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise SpecError(f"--hf-overrides max_position_embeddings must be a positive integer, got {length!r}",
+                        field="--hf-overrides")
+    scale = factor if kind not in UNSCALED_ROPE and kind != "default" and isinstance(factor, (int, float)) else 1
+    return int(length * scale)
+
+
+def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple[ModelSpec, ServeJob, ParsedServe]:
+    """(the model as the line loads it, `job` with the max model length a vLLM line starts with, `parsed`
+    with the notes saying so). --hf-overrides that change vLLM's derived length (`derived_max_model_len`)
+    give the model that context, with a note; a YaRN rope_scaling override alone does not, and a
+    --max-model-len past it is refused naming the fix (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set). No
+    --max-model-len: vLLM takes the model's context and refuses to start unless the KV cache holds one
+    request of it (`check_enough_kv_cache_memory`, vllm/v1/core/kv_cache_planning.py:151-185), so the
+    start check is made there; the requests are still priced at their shape (unchanged when the shape is
+    past the context: refused as such, `search.serve.messages.check_context_len`)."""
+    limit, notes = derived_max_model_len(model, parsed.hf_overrides), []
+    rope = (json.loads(parsed.hf_overrides) if parsed.hf_overrides else {}).get("rope_scaling") or {}
+    mml = parsed.max_model_len
+    if (isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in UNSCALED_ROPE and mml is not None
+            and mml > limit and not parsed.allow_long_context):
+        raise SpecError(f"--max-model-len {mml:,} is longer than {limit:,} (max_position_embeddings): vLLM "
+                        f"{VLLM_VERSION} does not scale it by a {rope.get('rope_type', rope.get('type'))} override's "
+                        f"factor (config/model.py:2602-2632) and refuses to start; add \"max_position_embeddings\": "
+                        f"{mml} to --hf-overrides, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", field="--max-model-len")
+    if limit != model.max_position_embeddings:
+        notes.append(f"--hf-overrides: vLLM's max model length for {model.name} is {limit:,} "
+                     f"(was {model.max_position_embeddings:,}); checked against it")
+        model = model.model_copy(update={"max_position_embeddings": limit})
+    if mml is None and job.input_len + job.output_len <= limit:
+        notes.append(f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens "
+                     f"(max_position_embeddings), and starts only if the KV cache holds one request of that length: "
+                     f"checked at {limit:,}, priced at the request shape ({job.input_len:,} in / {job.output_len:,} "
+                     "out); pass --max-model-len to start with less")
+        job = ServeJob.model_validate({**job.model_dump(), "max_model_len": limit})
+    return model, job, dataclasses.replace(parsed, warnings=(*parsed.warnings, *notes))
