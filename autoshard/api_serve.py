@@ -23,8 +23,8 @@ from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_node_commands, sglang_nodes
-from autoshard.emit.vllm import check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands
-from autoshard.emit.vllm.parse import backend_role, start_context
+from autoshard.emit.vllm import (backend_role, check_checkpoint, parse_vllm, serve_weight_dtype, start_context,
+                                 vllm_node_commands)
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
@@ -145,7 +145,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
     if model is None:
         model = model_for_path(parsed.model, "--from-sglang" if sglang else "--from-vllm")
     role, note = (sglang_nodes(parsed, cluster.primary) if sglang  # its --nnodes against the pool's nodes
-                  else backend_role(parsed, model, cluster.primary.gpu))
+                  else backend_role(parsed, model, cluster.primary))
     parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note)) if note else parsed
     applied = parsed.apply_to(job)
     if not sglang:  # vLLM starts at the model's context when the line gives none (SGLang caps its requests)

@@ -114,6 +114,9 @@ class ParsedServe:
     """Block-scaled FP8 experts of TP-sharded MoE layers may run DeepGEMM (`ServeConfig.deep_gemm`):
     vLLM's fused_moe hands them over where DeepGEMM is installed; SGLang's TP MoE path runs Triton
     unless --moe-runner-backend deep_gemm (or DeepEP/Mooncake all-to-all under auto)."""
+    distributed_executor_backend: str | None = None
+    """vLLM's --distributed-executor-backend as given (ray places a TP x PP group over nodes without
+    --nnodes); None: not given, or SGLang."""
     hf_overrides: str | None = None
     """vLLM's --hf-overrides JSON as given (its max_position_embeddings and rope_scaling set the max model
     length vLLM derives: `emit.vllm.parse.derived_max_model_len`); None for SGLang commands."""

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from autoshard.api_serve import evaluate_vllm
 from autoshard.cli import app
 from autoshard.emit.sglang.parse import parse_sglang
-from autoshard.emit.vllm.parse import derived_max_model_len, parse_vllm
+from autoshard.emit.vllm.context import derived_max_model_len
+from autoshard.emit.vllm.parse import parse_vllm
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob

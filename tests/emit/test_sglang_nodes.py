@@ -1,4 +1,4 @@
-"""A launch line whose TP group spans nodes, and SGLang's --nnodes rules.
+"""A launch line whose TP group spans nodes, and SGLang's and vLLM's --nnodes rules.
 
 SGLang 0.5.23 starts `--tp 16 --nnodes 2` (a 16-GPU TP group over two 8-GPU nodes): it only asserts
 tp_size x pp_size is a multiple of nnodes and refuses multi-node --dp-size replicas
@@ -22,6 +22,7 @@ from autoshard.specs.job import ServeJob, WeightDtype
 DSV3 = load_model("deepseek-v3")
 H100x16 = load_cluster("dgx-h100").with_gpus(16)
 JOB = ServeJob(input_len=1000, output_len=1000, weight_dtype=WeightDtype.FP8)
+VLLM = "vllm serve deepseek-ai/DeepSeek-V3 --tensor-parallel-size 16 --max-model-len 2000"
 LINE = "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --context-length 2000 "
 
 
@@ -41,10 +42,20 @@ def test_tp_across_two_nodes_is_priced_over_the_network():
     assert pp.throughput_tokens_per_s == pytest.approx(5652.9, rel=2e-3)
     assert pp.prediction.decode.tp_comm_s < plan.prediction.decode.tp_comm_s / 2
     assert not any("NVLink domains" in w for w in pp.warnings)
-    # vLLM's line of the same engine reads the same way
-    vllm = evaluate_vllm(DSV3, H100x16, "vllm serve deepseek-ai/DeepSeek-V3 --tensor-parallel-size 16 "
-                         "--max-model-len 2000", job=JOB)
-    assert vllm.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+    # vLLM's line of the same engine reads the same way (--nnodes 2, or ray placing it)
+    for how in ("--nnodes 2 --node-rank 0", "--distributed-executor-backend ray"):
+        vllm = evaluate_vllm(DSV3, H100x16, f"{VLLM} {how}", job=JOB)
+        assert vllm.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+
+
+def test_vllm_nnodes_that_vllm_refuses():
+    """vLLM 0.33.0 refuses a world size past the node's GPUs with --nnodes 1 and its default executor
+    (config/parallel.py:1055-1078) and runs world_size / nnodes ranks a node (:838-840)."""
+    with pytest.raises(SpecError, match=r"16 GPUs over --nnodes 1: .*16 a node, and dgx-h100's nodes have 8: "
+                                        r"pass --nnodes 2 .* or --distributed-executor-backend ray"):
+        evaluate_vllm(DSV3, H100x16, VLLM, job=JOB)
+    with pytest.raises(SpecError, match=r"16 GPUs over --nnodes 3: .*do not split evenly over them"):
+        evaluate_vllm(DSV3, H100x16, VLLM + " --nnodes 3", job=JOB)
 
 
 def test_nnodes_that_sglang_refuses():

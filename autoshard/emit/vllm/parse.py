@@ -14,7 +14,6 @@ is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 
@@ -49,11 +48,10 @@ from autoshard.emit.vllm.flags import (
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.errors import SpecError
-from autoshard.specs.cluster import GpuSpec
-from autoshard.specs.job import ServeJob
+from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["parse_vllm", "backend_role", "derived_max_model_len", "start_context"]
+__all__ = ["parse_vllm", "backend_role"]
 
 
 def _entry(tokens: list[str]) -> tuple[list[str], bool]:
@@ -263,6 +261,7 @@ def parse_vllm(command: str) -> ParsedServe:
         nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
         all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
         hf_overrides=_overrides(get("--hf-overrides")),
+        distributed_executor_backend=get("--distributed-executor-backend"),
         allow_long_context=any(t.partition("=")[0] == LONG_ENV and t.partition("=")[2].strip().lower() in ("1", "true")
                                for t in tokens[:k]),
         warnings=tuple(warnings),
@@ -285,7 +284,7 @@ def parse_vllm(command: str) -> ParsedServe:
     return parsed
 
 
-def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[str, str | None]:
+def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple[str, str | None]:
     """How `evaluate --from-vllm` prices a line's `--all2all-backend` for an MoE engine with expert
     parallelism over DP ranks on a GPU DeepEP runs on: (the `ServeConfig.role` whose kernels and buffers
     it runs, a note or None). vLLM 0.33.0 runs one backend per engine, every step on it
@@ -295,8 +294,11 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
     "prefill" role prices it; any other backend (the default allgather_reducescatter among them: vLLM 0.33.0's
     `ParallelConfig.all2all_backend`, config/parallel.py:220) runs vLLM's usual step budget, not the
     batched-DP 256 (`search.serve.evaluate.batched_dp_backend`), and is priced on DeepEP's kernels in
-    256-token passes with a note that it is not modelled."""
-    backend = parsed.all2all_backend
+    256-token passes with a note that it is not modelled. First the line's --nnodes against the pool's
+    nodes (`_nodes_problem`)."""
+    if (problem := _nodes_problem(parsed, pool)) is not None:
+        raise SpecError(problem, field="--nnodes")
+    gpu, backend = pool.gpu, parsed.all2all_backend
     if (model.moe is not None and not parsed.enable_expert_parallel and parsed.dp > 1
             and backend not in (None, "naive", "allgather_reducescatter")):
         return "aggregated", (f"--all2all-backend {backend} without --enable-expert-parallel: vLLM {VLLM_VERSION} "
@@ -325,11 +327,6 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
                           "256-token passes, their buffer at 256 tokens charged")
 
 
-UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
-"""RoPE types whose factor vLLM 0.33.0 does not apply to max_position_embeddings (already scaled):
-vllm/config/model.py:2602-2632."""
-
-
 def _overrides(text: str | None) -> str | None:
     """--hf-overrides as given, checked to be a JSON object (vLLM parses it with json.loads)."""
     if text is None:
@@ -343,54 +340,18 @@ def _overrides(text: str | None) -> str | None:
     return text
 
 
-def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int:
-    """The max model length vLLM 0.33.0 derives (`_get_and_verify_max_len`, vllm/config/model.py:2545-2683):
-    the config's max_position_embeddings (transformers_utils/model_arch_config_convertor.py:374-407),
-    times the RoPE scaling factor only for types outside `UNSCALED_ROPE` (of autoshard's types, linear);
-    `overrides`: the line's --hf-overrides, whose max_position_embeddings and rope_scaling (or
-    rope_parameters) replace the model's. A YaRN override alone therefore leaves the length as it was."""
-    ov = json.loads(overrides) if overrides else {}
-    length = ov.get("max_position_embeddings", model.max_position_embeddings)
-    rope = ov.get("rope_scaling") or ov.get("rope_parameters")
-    if isinstance(rope, dict):
-        kind, factor = rope.get("rope_type") or rope.get("type") or "default", rope.get("factor")
-    elif model.rope_scaling is not None:
-        kind, factor = model.rope_scaling.type, model.rope_scaling.factor
-    else:
-        kind, factor = "default", None
-    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-        raise SpecError(f"--hf-overrides max_position_embeddings must be a positive integer, got {length!r}",
-                        field="--hf-overrides")
-    scale = factor if kind not in UNSCALED_ROPE and kind != "default" and isinstance(factor, (int, float)) else 1
-    return int(length * scale)
-
-
-def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple[ModelSpec, ServeJob, ParsedServe]:
-    """(the model as the line loads it, `job` with the max model length a vLLM line starts with, `parsed`
-    with the notes saying so). --hf-overrides that change vLLM's derived length (`derived_max_model_len`)
-    give the model that context, with a note; a YaRN rope_scaling override alone does not, and a
-    --max-model-len past it is refused naming the fix (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set). No
-    --max-model-len: vLLM takes the model's context and refuses to start unless the KV cache holds one
-    request of it (`check_enough_kv_cache_memory`, vllm/v1/core/kv_cache_planning.py:151-185), so the
-    start check is made there; the requests are still priced at their shape (unchanged when the shape is
-    past the context: refused as such, `search.serve.messages.check_context_len`)."""
-    limit, notes = derived_max_model_len(model, parsed.hf_overrides), []
-    rope = (json.loads(parsed.hf_overrides) if parsed.hf_overrides else {}).get("rope_scaling") or {}
-    mml = parsed.max_model_len
-    if (isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in UNSCALED_ROPE and mml is not None
-            and mml > limit and not parsed.allow_long_context):
-        raise SpecError(f"--max-model-len {mml:,} is longer than {limit:,} (max_position_embeddings): vLLM "
-                        f"{VLLM_VERSION} does not scale it by a {rope.get('rope_type', rope.get('type'))} override's "
-                        f"factor (config/model.py:2602-2632) and refuses to start; add \"max_position_embeddings\": "
-                        f"{mml} to --hf-overrides, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", field="--max-model-len")
-    if limit != model.max_position_embeddings:
-        notes.append(f"--hf-overrides: vLLM's max model length for {model.name} is {limit:,} "
-                     f"(was {model.max_position_embeddings:,}); checked against it")
-        model = model.model_copy(update={"max_position_embeddings": limit})
-    if mml is None and job.input_len + job.output_len <= limit:
-        notes.append(f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens "
-                     f"(max_position_embeddings), and starts only if the KV cache holds one request of that length: "
-                     f"checked at {limit:,}, priced at the request shape ({job.input_len:,} in / {job.output_len:,} "
-                     "out); pass --max-model-len to start with less")
-        job = ServeJob.model_validate({**job.model_dump(), "max_model_len": limit})
-    return model, job, dataclasses.replace(parsed, warnings=(*parsed.warnings, *notes))
+def _nodes_problem(parsed: ParsedServe, pool: PoolSpec) -> str | None:
+    """Why vLLM 0.33.0 would not start a line's TP x PP group (no data parallelism) on the pool's nodes:
+    with --nnodes 1 and its default executor it refuses a world size past the node's GPUs
+    (config/parallel.py:1055-1078, "set '--nnodes' appropriately"); with --nnodes N each node runs
+    world_size / N ranks (`local_world_size`, :838-840), which must be whole and fit the node. Ray
+    (--distributed-executor-backend ray) places the group itself. None when it starts."""
+    per_node, ranks, nodes = pool.node.gpus_per_node, parsed.tp * parsed.pp, parsed.nnodes
+    if parsed.dp > 1 or parsed.distributed_executor_backend == "ray" or (ranks % nodes == 0 and ranks // nodes <= per_node):
+        return None
+    need = -(-ranks // per_node)
+    what = (f"do not split evenly over them" if ranks % nodes else
+            f"{ranks // nodes} a node, and {pool.name}'s nodes have {per_node}")
+    return (f"TP {parsed.tp} x PP {parsed.pp} = {ranks} GPUs over --nnodes {nodes}: vLLM {VLLM_VERSION} runs "
+            f"world_size / nnodes ranks on each node, {what}: pass --nnodes {need} (one line per node, "
+            f"--node-rank 0..{need - 1}) or --distributed-executor-backend ray")
