@@ -51,9 +51,13 @@ def test_tp_across_two_nodes_is_priced_over_the_network():
 def test_vllm_nnodes_that_vllm_refuses():
     """vLLM 0.33.0 refuses a world size past the node's GPUs with --nnodes 1 and its default executor
     (config/parallel.py:1055-1078) and runs world_size / nnodes ranks a node (:838-840)."""
-    with pytest.raises(SpecError, match=r"16 GPUs over --nnodes 1: .*16 a node, and dgx-h100's nodes have 8: "
-                                        r"pass --nnodes 2 .* or --distributed-executor-backend ray"):
-        evaluate_vllm(DSV3, H100x16, VLLM, job=JOB)
+    with pytest.raises(SpecError, match=r"32 GPUs over --nnodes 2: .*16 a node, and dgx-h100's nodes have 8: "
+                                        r"pass --nnodes 4 .* or --distributed-executor-backend ray"):
+        evaluate_vllm(DSV3, load_cluster("dgx-h100").with_gpus(32), VLLM + " --pipeline-parallel-size 2 --nnodes 2",
+                      job=JOB)
+    # no --nnodes: as written vLLM refuses it on one node; priced as the engine the line describes, with a note
+    plan = evaluate_vllm(DSV3, H100x16, VLLM, job=JOB)
+    assert any(w.startswith("TP 16 x PP 1 = 16 GPUs over --nnodes 1") and "pass --nnodes 2" in w for w in plan.warnings)
     with pytest.raises(SpecError, match=r"16 GPUs over --nnodes 3: .*do not split evenly over them"):
         evaluate_vllm(DSV3, H100x16, VLLM + " --nnodes 3", job=JOB)
 
@@ -63,9 +67,13 @@ def test_nnodes_that_sglang_refuses():
         parse_sglang(LINE + "--tp 16 --nnodes 3")
     with pytest.raises(SpecError, match=r"--dp-size 2 replicas with --nnodes 2: SGLang refuses"):
         parse_sglang(LINE + "--tp 8 --dp-size 2 --nnodes 2")
-    # 16 GPUs on one node (no --nnodes): the node has 8
-    with pytest.raises(SpecError, match=r"16 a node, and dgx-h100's nodes have 8: pass --nnodes 2"):
-        _sglang("--tp 16")
+    with pytest.raises(SpecError, match=r"over --nnodes 2: 16 a node, and dgx-h100's nodes have 8: pass --nnodes 4"):
+        _sglang("--tp 16 --pp-size 2 --nnodes 2")
+    # no --nnodes: 16 GPUs asked of one node, as written; priced as the deployment it describes, with a note
+    plan = _sglang("--tp 16")
+    assert any(w.startswith("the line runs 16 GPUs (TP x PP x DP) over --nnodes 1: 16 a node, and dgx-h100's nodes "
+                            "have 8: pass --nnodes 2") for w in plan.warnings)
+    assert plan.throughput_tokens_per_s == pytest.approx(3240.7, rel=2e-3)
 
 
 def test_nnodes_thinner_than_the_nodes_is_noted():

@@ -326,16 +326,20 @@ def _deepep_notes(values: dict[str, str], env: dict[str, str], seqs: int | None)
 def sglang_nodes(parsed: ParsedServe, pool: PoolSpec) -> tuple[str, str | None]:
     """(the `ServeConfig.role` an SGLang line is priced as, "aggregated"; a note or None), after checking
     its --nnodes against the pool's nodes: SGLang runs tp_size x pp_size / nnodes GPUs of the engine on
-    each node (with --nnodes 1 its --dp-size replicas too), so a line asking more of a node than it has
-    would not start (SpecError naming the --nnodes that fits); fewer is priced packed into whole nodes,
-    with a note."""
+    each node (with --nnodes 1 its --dp-size replicas too), so a line whose --nnodes asks more of a node
+    than it has would not start (SpecError naming the --nnodes that fits); without --nnodes that is a
+    note (the line describes a deployment it would not start as written); fewer is priced packed into
+    whole nodes, with a note."""
     total, per_node = parsed.tp * parsed.pp * parsed.dp, pool.node.gpus_per_node
     on_node = total // parsed.nnodes
     if on_node > per_node:
         need = -(-total // per_node)
-        raise SpecError(f"the line runs {total} GPUs (TP x PP x DP) over --nnodes {parsed.nnodes}: {on_node} a node, and "
-                        f"{pool.name}'s nodes have {per_node}: pass --nnodes {need} (one line per node, --node-rank "
-                        f"0..{need - 1})", field="--nnodes")
+        problem = (f"the line runs {total} GPUs (TP x PP x DP) over --nnodes {parsed.nnodes}: {on_node} a node, and "
+                   f"{pool.name}'s nodes have {per_node}: pass --nnodes {need} (one line per node, --node-rank "
+                   f"0..{need - 1})")
+        if parsed.nnodes > 1:
+            raise SpecError(problem, field="--nnodes")
+        return "aggregated", f"{problem}; priced as the {total}-GPU deployment the line describes"
     if parsed.nnodes > 1 and on_node < per_node:
         return "aggregated", (f"--nnodes {parsed.nnodes} runs {on_node} of each node's {per_node} GPUs: priced packed "
                               f"into {-(-total // per_node)} whole node(s) of {pool.name}")

@@ -67,7 +67,7 @@ def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple
     if mml is None and job.input_len + job.output_len <= limit:
         notes.append(f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens "
                      f"(max_position_embeddings), and starts only if the KV cache holds one request of that length: "
-                     f"checked at {limit:,}, priced at the request shape ({job.input_len:,} in / {job.output_len:,} "
+                     f"checked at {limit:,}, priced at the request shape ({job.input_len} in / {job.output_len} "
                      "out); pass --max-model-len to start with less")
         job = ServeJob.model_validate({**job.model_dump(), "max_model_len": limit})
     return model, job, dataclasses.replace(parsed, warnings=(*parsed.warnings, *notes))

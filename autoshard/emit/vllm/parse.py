@@ -295,9 +295,12 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
     `ParallelConfig.all2all_backend`, config/parallel.py:220) runs vLLM's usual step budget, not the
     batched-DP 256 (`search.serve.evaluate.batched_dp_backend`), and is priced on DeepEP's kernels in
     256-token passes with a note that it is not modelled. First the line's --nnodes against the pool's
-    nodes (`_nodes_problem`)."""
-    if (problem := _nodes_problem(parsed, pool)) is not None:
+    nodes (`_nodes_problem`): refused when given and wrong, a note when absent (the line, as written,
+    would not start on one node; priced as the engine it describes)."""
+    if (problem := _nodes_problem(parsed, pool)) is not None and parsed.nnodes > 1:
         raise SpecError(problem, field="--nnodes")
+    if problem is not None:  # no --nnodes: the line describes the deployment; as written vLLM would refuse it
+        return "aggregated", f"{problem} (priced as the {parsed.tp * parsed.pp}-GPU engine the line describes)"
     gpu, backend = pool.gpu, parsed.all2all_backend
     if (model.moe is not None and not parsed.enable_expert_parallel and parsed.dp > 1
             and backend not in (None, "naive", "allgather_reducescatter")):
