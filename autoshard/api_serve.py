@@ -148,8 +148,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                   else backend_role(parsed, model, cluster.primary))
     parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note)) if note else parsed
     applied = parsed.apply_to(job)
-    if not sglang:  # vLLM starts at the model's context when the line gives none (SGLang caps its requests)
-        model, applied, parsed = start_context(model, applied, parsed)
+    model, applied, parsed = (model, applied, parsed) if sglang else start_context(model, applied, parsed)  # vLLM's
     quantization, named = parsed.quantization, None
     if quantization is None:
         # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
