@@ -139,3 +139,19 @@ def test_hf_overrides_set_the_context_as_vllm_derives_it():
     assert derived_max_model_len(QWEN, '{"rope_parameters": {"rope_type": "dynamic", "factor": 4}}') == 163840
     with pytest.raises(SpecError, match="--hf-overrides expects a JSON object"):
         parse_vllm(QLINE + "--hf-overrides not-json")
+
+
+def test_sglang_starts_with_a_pool_smaller_than_its_context_length():
+    """SGLang 0.5.23 starts when the KV pool holds fewer tokens than --context-length (it warns and caps a
+    request at the pool: srt/managers/tp_worker.py:555-571); vLLM refuses. The reader refused both."""
+    line = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp-size 2 "
+    plan = evaluate_vllm(L70, H100.with_gpus(2), line + "--context-length 131072", job=JOB, sglang=True)
+    assert plan.prediction.memory.kv_cache_tokens == 26720 and plan.prediction.concurrency == 13
+    assert plan.throughput_tokens_per_s == pytest.approx(394.0, rel=2e-3)
+    assert any(w.startswith("--context-length 131,072: the KV pool holds 26,720 tokens, fewer than one request")
+               for w in plan.warnings)
+    short = evaluate_vllm(L70, H100.with_gpus(2), line + "--context-length 2000", job=JOB, sglang=True)
+    assert short.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+    assert not any("KV pool" in w for w in short.warnings)
+    with pytest.raises(InfeasibleError, match="less than one request of max_model_len 131072"):
+        evaluate_vllm(L70, H100.with_gpus(2), LLAMA70.format(tp=2) + " --max-model-len 131072", job=JOB)

@@ -120,6 +120,9 @@ def evaluated_row(
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:
         warn.append(f"concurrency {concurrency} over {ranks} DP ranks: predicted at {per_rank} per rank")
+    if carry and cfg.engine == "sglang" and (capped := sglang_context_cap(model, spec, job, cfg)) is not None:
+        job, note = capped
+        warn.append(note)
     pred = predict_serve(model, spec, job, cfg, concurrency=per_rank)
     if per_rank is not None and pred.concurrency < per_rank:
         warn.append(f"concurrency {concurrency} exceeds what max-num-seqs and the KV cache admit: "
@@ -169,6 +172,21 @@ def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
             f"{vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)} (its DeepEP buffer grows with it) "
             f"or --max-num-seqs <= {budget}", field="--max-num-batched-tokens")
     return dataclasses.replace(cfg, max_num_seqs=min(cfg.max_num_seqs, budget), max_num_batched_tokens=budget)
+
+
+def sglang_context_cap(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig) -> tuple[ServeJob, str] | None:
+    """(the job at the context an SGLang engine serves, the note) when its KV pool holds fewer tokens than
+    one request of --context-length but the requests' shape: SGLang 0.5.23 starts anyway, warns, and
+    caps a request at the pool (`max_req_len = min(context_len - 1, kv_capacity - 1)`,
+    srt/managers/tp_worker.py:555-571), where vLLM refuses to start; None otherwise (the memory check
+    refuses a pool that cannot hold the shape)."""
+    held = serve_memory(model, pool, cfg, context_len=job.context_len).kv_cache_tokens
+    if held >= job.context_len or held < job.input_len + job.output_len:
+        return None
+    return job.model_copy(update={"max_model_len": held}), (
+        f"--context-length {job.context_len:,}: the KV pool holds {held:,} tokens, fewer than one request of it; "
+        f"SGLang starts, warns and refuses or truncates requests past {held - 1:,} tokens "
+        f"(srt/managers/tp_worker.py:555-571): checked at the pool, priced at the request shape")
 
 
 def step_tokens(job: ServeJob, cfg: ServeConfig, running: int) -> float:
