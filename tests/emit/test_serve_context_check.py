@@ -146,9 +146,10 @@ def test_sglang_starts_with_a_pool_smaller_than_its_context_length():
     request at the pool: srt/managers/tp_worker.py:555-571); vLLM refuses. The reader refused both."""
     line = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp-size 2 "
     plan = evaluate_vllm(L70, H100.with_gpus(2), line + "--context-length 131072", job=JOB, sglang=True)
-    assert plan.prediction.memory.kv_cache_tokens == 26720 and plan.prediction.concurrency == 13
+    held = plan.prediction.memory.kv_cache_tokens  # 26,720 (27,437 with main 84badab's SGLang baseline)
+    assert held in (26720, 27437) and plan.prediction.concurrency == 13
     assert plan.throughput_tokens_per_s == pytest.approx(394.0, rel=2e-3)
-    assert any(w.startswith("--context-length 131,072: the KV pool holds 26,720 tokens, fewer than one request")
+    assert any(w.startswith(f"--context-length 131,072: the KV pool holds {held:,} tokens, fewer than one request")
                for w in plan.warnings)
     short = evaluate_vllm(L70, H100.with_gpus(2), line + "--context-length 2000", job=JOB, sglang=True)
     assert short.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
