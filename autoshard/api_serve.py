@@ -22,11 +22,10 @@ from autoshard.costmodel.serve.engines import (
 from autoshard.emit.k8s import k8s_manifests, k8s_yaml
 from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
-from autoshard.emit.sglang import parse_sglang, sglang_fp8_problem, sglang_memory_utilization, sglang_node_commands
-from autoshard.emit.vllm import (
-    check_checkpoint, parse_vllm, serve_weight_dtype, vllm_node_commands,
-)
-from autoshard.emit.vllm.parse import backend_role
+from autoshard.emit.sglang import (parse_sglang, sglang_fp8_problem, sglang_memory_utilization, sglang_node_commands,
+                                   sglang_nodes)
+from autoshard.emit.vllm import (backend_role, check_checkpoint, parse_vllm, serve_weight_dtype, start_context,
+                                 vllm_node_commands)
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
@@ -146,10 +145,11 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
     if model is None:
         model = model_for_path(parsed.model, "--from-sglang" if sglang else "--from-vllm")
-    role, note = backend_role(parsed, model, cluster.primary.gpu) if not sglang else ("aggregated", None)
-    if note:
-        parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
+    role, note = (sglang_nodes(parsed, cluster.primary) if sglang  # its --nnodes against the pool's nodes
+                  else backend_role(parsed, model, cluster.primary))
+    parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note)) if note else parsed
     applied = parsed.apply_to(job)
+    model, applied, parsed = (model, applied, parsed) if sglang else start_context(model, applied, parsed)  # vLLM's
     quantization, named = parsed.quantization, None
     if quantization is None:
         # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
@@ -189,7 +189,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 max_num_batched_tokens=parsed.max_num_batched_tokens, warnings=parsed.warnings, concurrency=concurrency,
                 nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its own oracle
                 framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
-                role=role)
+                role=role, all2all_backend=parsed.all2all_backend, allow_long_context=parsed.allow_long_context)
         if not (sglang and parsed.static_fraction):
             return with_engine_check(priced(parsed.gpu_memory_utilization))
         # --mem-fraction-static: weights + KV pool of SGLang's baseline (emit.sglang.mem_fraction_static)

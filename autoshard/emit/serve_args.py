@@ -114,6 +114,17 @@ class ParsedServe:
     """Block-scaled FP8 experts of TP-sharded MoE layers may run DeepGEMM (`ServeConfig.deep_gemm`):
     vLLM's fused_moe hands them over where DeepGEMM is installed; SGLang's TP MoE path runs Triton
     unless --moe-runner-backend deep_gemm (or DeepEP/Mooncake all-to-all under auto)."""
+    distributed_executor_backend: str | None = None
+    """vLLM's --distributed-executor-backend as given (ray places a TP x PP group over nodes without
+    --nnodes); None: not given, or SGLang."""
+    hf_overrides: str | None = None
+    """vLLM's --hf-overrides JSON as given (its max_position_embeddings and rope_scaling set the max model
+    length vLLM derives: `emit.vllm.parse.derived_max_model_len`); None for SGLang commands."""
+    allow_long_context: bool = False
+    """The line's environment lets the engine start with a max model length past the model's context:
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM 0.33.0 vllm/envs.py:1115-1118, "1" or "true"; checked in
+    config/model.py:2652-2683) or SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (SGLang 0.5.23
+    srt/environ.py:320, EnvBool: true/1/yes/y; checked in srt/configs/model_config.py:1291-1316)."""
     warnings: tuple[str, ...] = ()
 
     @property

@@ -252,10 +252,12 @@ CASES = [
                                       "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
                                       "--tp 8 --ep-size 4 --quantization fp8"], 1,
      ["deepseek-v3 on 8x H100-SXM5-80GB (TP8 PP1)", "as read from the command: --ep-size 4 differs from --tp-size 8"]),
-    ("sglang-tp-across-nodes", lambda t: ["evaluate", "dgx-h200", "--gpus", "16", "--from-sglang",
-                                          "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
-                                          "--tp 16 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"], 2,
-     ["TP 16 spans 2 NVLink domains of 8 GPUs", "TP 8 x PP 2", "2 attention data-parallel ranks", "(EP 16)"]),
+    # TP across nodes (--tp 16 --nnodes 2) is a line SGLang starts: priced over the network with a note
+    # (tests/emit/test_sglang_nodes.py); was refused here. A --nnodes that asks 16 GPUs of an 8-GPU node is not
+    ("sglang-tp-beyond-the-node", lambda t: ["evaluate", "dgx-h200", "--gpus", "32", "--from-sglang",
+                                             "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 "
+                                             "--tp 16 --pp-size 2 --nnodes 2 --dist-init-addr 10.0.0.1:5000"], 2,
+     ["field '--nnodes'", "16 a node, and dgx-h200's nodes have 8: pass --nnodes 4"]),
     # an unknown model path named the wrong option (was "field '--from-vllm'" for an SGLang line)
     ("sglang-unknown-model", lambda t: ["evaluate", "dgx-h100", "--gpus", "8", "--from-sglang",
                                         "python -m sglang.launch_server --model-path nosuch/Model --tp 8"], 2,

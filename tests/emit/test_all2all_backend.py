@@ -86,4 +86,4 @@ def test_parsed_command_with_another_backend_is_flagged():
     assert notes(mi300x, base) == []  # AMD: not priced with DeepEP
     assert notes(h100, base.replace("--data-parallel-size 4", "--data-parallel-size 1")) == []
     dense = "vllm serve meta-llama/Llama-3.1-70B --tensor-parallel-size 2 --data-parallel-size 4 --enable-expert-parallel"
-    assert notes(h100, dense) == []
+    assert notes(h100, dense + " --max-model-len 2000") == []  # (vLLM's own 131,072 does not fit TP 2)

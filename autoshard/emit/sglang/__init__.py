@@ -19,8 +19,9 @@ from autoshard.emit.sglang.command import (
     sglang_memory_utilization,
     sglang_node_commands,
 )
-from autoshard.emit.sglang.parse import SGLANG_VERSION, parse_sglang
+from autoshard.emit.sglang.parse import SGLANG_VERSION, parse_sglang, sglang_nodes
 
 __all__ = ["sglang_command", "sglang_node_commands", "mem_fraction_static", "SGLANG_QUANTIZATION",
            "SGLANG_KV_CACHE_DTYPE", "DIST_INIT_PORT", "SGLANG_DEEPEP_ENV", "runs_deepep", "sglang_deepep_seqs",
-           "sglang_env", "sglang_fp8_problem", "sglang_memory_utilization", "parse_sglang", "SGLANG_VERSION"]
+           "sglang_env", "sglang_fp8_problem", "sglang_memory_utilization", "parse_sglang", "SGLANG_VERSION",
+           "sglang_nodes"]

@@ -224,6 +224,8 @@ def sglang_node_commands(plan: ServePlan, *, deepep: bool = True, env: bool = Tr
     `VAR=value` prefix (`sglang_env`)."""
     deepep = deepep and runs_deepep(plan)
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sglang_env(plan)) if deepep and env else ""
+    if env and plan.max_model_len > plan.model.max_position_embeddings:  # a line read back with it: SGLang
+        prefix += "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 "  # refuses to start without it
     return [prefix + line for line in _node_commands(plan, deepep)]
 
 

@@ -20,8 +20,9 @@ from autoshard.emit.sglang.command import SGLANG_QUANTIZATION
 from autoshard.emit.sglang.flags import ALIASES, KNOWN, MULTI_VALUE, NEGATIONS, NO_VALUE, OPTIONAL_VALUE, \
     SGLANG_FLAGS_VERSION
 from autoshard.errors import SpecError
+from autoshard.specs.cluster import PoolSpec
 
-__all__ = ["parse_sglang", "SGLANG_VERSION"]
+__all__ = ["sglang_nodes", "parse_sglang", "SGLANG_VERSION"]
 
 SGLANG_VERSION = "0.5"
 
@@ -131,6 +132,11 @@ def _values_taken(flag: str | None, args: list[str], i: int) -> int:
     return 1 if i < len(args) else 0
 
 
+LONG_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+"""SGLang 0.5.23 starts with --context-length past the model's derived context when this is set (a
+warning); without it, it refuses (srt/configs/model_config.py:1291-1316)."""
+
+
 def parse_sglang(command: str) -> ParsedServe:
     """Read an SGLang launch (`python -m sglang.launch_server ...` or `sglang serve ...`) as the
     vLLM-semantics plan autoshard evaluates. SGLang carves expert and attention data parallelism out of
@@ -221,6 +227,13 @@ def parse_sglang(command: str) -> ParsedServe:
     if expert_parallel and ep != tp_all:
         warnings.append(f"--ep-size {ep} differs from --tp-size {tp_all}: predicted with experts over all "
                         f"{tp_all} GPUs of the TP group (vLLM's expert parallelism)")
+    nnodes = integer("--nnodes", 1)
+    if (tp_all * pp) % nnodes:  # SGLang 0.5.23 check_server_args, srt/arg_groups/validation_hook.py:179-181
+        raise SpecError(f"--tp-size {tp_all} x --pp-size {pp} = {tp_all * pp} GPUs do not split evenly over --nnodes "
+                        f"{nnodes}: SGLang asserts tp_size x pp_size is a multiple of nnodes", field="--nnodes")
+    if dp_size > 1 and nnodes > 1:  # validation_hook.py:199-202
+        raise SpecError(f"--dp-size {dp_size} replicas with --nnodes {nnodes}: SGLang refuses multi-node data-parallel "
+                        "replicas; use --attn-dp-size across nodes, or one replica line per node", field="--nnodes")
     tp_moe = not expert_parallel and attn_dp > 1  # attention DP, experts TP-sharded over all (serve.dp_tp_moe)
     tp = tp_all // attn_dp
     dp = attn_dp if expert_parallel or tp_moe else dp_size * attn_dp
@@ -275,8 +288,10 @@ def parse_sglang(command: str) -> ParsedServe:
         static_fraction=util if "--mem-fraction-static" in values else None,
         max_num_batched_tokens=None if chunk is None or chunk.strip() == "-1" else max(
             1, to_int("--chunked-prefill-size", chunk) // attn_dp),
-        quantization=quant, kv_cache_dtype=kv, nnodes=integer("--nnodes", 1),
+        quantization=quant, kv_cache_dtype=kv, nnodes=nnodes,
         node_rank=integer("--node-rank", 0, minimum=0), warnings=tuple(warnings),
+        # SGLang 0.5.23 EnvBool (srt/environ.py:143-150): "true", "1", "yes", "y"
+        allow_long_context=env.get(LONG_ENV, "").strip().lower() in ("true", "1", "yes", "y"),
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
         # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
@@ -306,3 +321,26 @@ def _deepep_notes(values: dict[str, str], env: dict[str, str], seqs: int | None)
         out.append(f"--cuda-graph-max-bs-decode {graphs} exceeds the {cap} tokens per rank of DeepEP's low-latency "
                    f"buffer ({DEEPEP_ENV}): capturing those graphs fails DeepEP's assert")
     return out
+
+
+def sglang_nodes(parsed: ParsedServe, pool: PoolSpec) -> tuple[str, str | None]:
+    """(the `ServeConfig.role` an SGLang line is priced as, "aggregated"; a note or None), after checking
+    its --nnodes against the pool's nodes: SGLang runs tp_size x pp_size / nnodes GPUs of the engine on
+    each node (with --nnodes 1 its --dp-size replicas too), so a line whose --nnodes asks more of a node
+    than it has would not start (SpecError naming the --nnodes that fits); without --nnodes that is a
+    note (the line describes a deployment it would not start as written); fewer is priced packed into
+    whole nodes, with a note."""
+    total, per_node = parsed.tp * parsed.pp * parsed.dp, pool.node.gpus_per_node
+    on_node = total // parsed.nnodes
+    if on_node > per_node:
+        need = -(-total // per_node)
+        problem = (f"the line runs {total} GPUs (TP x PP x DP) over --nnodes {parsed.nnodes}: {on_node} a node, and "
+                   f"{pool.name}'s nodes have {per_node}: pass --nnodes {need} (one line per node, --node-rank "
+                   f"0..{need - 1})")
+        if parsed.nnodes > 1:
+            raise SpecError(problem, field="--nnodes")
+        return "aggregated", f"{problem}; priced as the {total}-GPU deployment the line describes"
+    if parsed.nnodes > 1 and on_node < per_node:
+        return "aggregated", (f"--nnodes {parsed.nnodes} runs {on_node} of each node's {per_node} GPUs: priced packed "
+                              f"into {-(-total // per_node)} whole node(s) of {pool.name}")
+    return "aggregated", None

@@ -92,9 +92,12 @@ def all2all_backend(plan: ServePlan) -> str | None:
     """`deepep_low_latency` where the cost model prices DeepEP's low-latency kernels (expert parallelism
     over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), `deepep_high_throughput`
     for such an engine priced on the high-throughput backend (`ServeConfig.role` "prefill": a prefill
-    instance, or a line read back with that backend), else None (vLLM's default)."""
+    instance, or a line read back with that backend), else None (vLLM's default): also for a line read
+    back on another backend (its engine priced in 256-token passes, `ServeConfig.moe_dp_chunk`: vLLM
+    0.33.0 chunks no DeepEP pass, `search.serve.evaluate.batched_dp_backend`), relaunched as it was."""
     pred = plan.prediction
-    if pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config):
+    if (pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config)
+            or pred.config.moe_dp_chunk is not None):
         return None
     return "deepep_high_throughput" if pred.config.role == "prefill" else "deepep_low_latency"
 
@@ -164,7 +167,14 @@ def serve_weight_dtype(model: ModelSpec, requested: str | WeightDtype | None, *,
 
 
 def vllm_node_commands(plan: ServePlan) -> list[str]:
-    """The command for every node of the deployment, head node first."""
+    """The command for every node of the deployment, head node first; prefixed with
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 when its max model length is past the model's context (a line read
+    back with it: vLLM 0.33.0 refuses to start without it, config/model.py:2652-2683)."""
+    long = plan.max_model_len > plan.model.max_position_embeddings
+    return [("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " if long else "") + line for line in _node_lines(plan)]
+
+
+def _node_lines(plan: ServePlan) -> list[str]:
     per_node = plan.pool.node.gpus_per_node
     rank_gpus = plan.tp * plan.pp
     base = _base(plan)

@@ -15,6 +15,7 @@ is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
 from __future__ import annotations
 
 import difflib
+import json
 
 from autoshard.emit.serve_args import (
     ENV_WORD,
@@ -47,7 +48,7 @@ from autoshard.emit.vllm.flags import (
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
 from autoshard.errors import SpecError
-from autoshard.specs.cluster import GpuSpec
+from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["parse_vllm", "backend_role"]
@@ -66,6 +67,10 @@ def _entry(tokens: list[str]) -> tuple[list[str], bool]:
         field="--from-vllm",
     )
 
+
+LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+"""vLLM 0.33.0 starts with --max-model-len past the model's derived length when this is "1" or "true"
+(vllm/envs.py:1115-1118), with a warning; without it, it refuses (config/model.py:2652-2683)."""
 
 TYPO_CUTOFF = 0.9
 """An unknown flag this close (difflib ratio) to a known one is a misspelling of it: refused, not
@@ -255,6 +260,10 @@ def parse_vllm(command: str) -> ParsedServe:
         headless=bool(values.get("--headless", False)),
         nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
         all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
+        hf_overrides=_overrides(get("--hf-overrides")),
+        distributed_executor_backend=get("--distributed-executor-backend"),
+        allow_long_context=any(t.partition("=")[0] == LONG_ENV and t.partition("=")[2].strip().lower() in ("1", "true")
+                               for t in tokens[:k]),
         warnings=tuple(warnings),
     )
     if parsed.dp_local is not None and parsed.dp_local > parsed.dp:
@@ -275,15 +284,24 @@ def parse_vllm(command: str) -> ParsedServe:
     return parsed
 
 
-def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[str, str | None]:
+def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple[str, str | None]:
     """How `evaluate --from-vllm` prices a line's `--all2all-backend` for an MoE engine with expert
     parallelism over DP ranks on a GPU DeepEP runs on: (the `ServeConfig.role` whose kernels and buffers
     it runs, a note or None). vLLM 0.33.0 runs one backend per engine, every step on it
     (`ParallelConfig.all2all_backend`; fused_moe/config.py `use_deepep_ht_kernels`/`use_deepep_ll_kernels`):
     `deepep_low_latency` is the aggregated engine autoshard prices; `deepep_high_throughput` runs every
     step, decode included, on DeepEP's normal kernels with their fixed buffers and no CUDA graphs, as the
-    "prefill" role prices it; any other backend is priced as DeepEP, with a note that it is not modelled."""
-    backend = parsed.all2all_backend
+    "prefill" role prices it; any other backend (the default allgather_reducescatter among them: vLLM 0.33.0's
+    `ParallelConfig.all2all_backend`, config/parallel.py:220) runs vLLM's usual step budget, not the
+    batched-DP 256 (`search.serve.evaluate.batched_dp_backend`), and is priced on DeepEP's kernels in
+    256-token passes with a note that it is not modelled. First the line's --nnodes against the pool's
+    nodes (`_nodes_problem`): refused when given and wrong, a note when absent (the line, as written,
+    would not start on one node; priced as the engine it describes)."""
+    if (problem := _nodes_problem(parsed, pool)) is not None and parsed.nnodes > 1:
+        raise SpecError(problem, field="--nnodes")
+    if problem is not None:  # no --nnodes: the line describes the deployment; as written vLLM would refuse it
+        return "aggregated", f"{problem} (priced as the {parsed.tp * parsed.pp}-GPU engine the line describes)"
+    gpu, backend = pool.gpu, parsed.all2all_backend
     if (model.moe is not None and not parsed.enable_expert_parallel and parsed.dp > 1
             and backend not in (None, "naive", "allgather_reducescatter")):
         return "aggregated", (f"--all2all-backend {backend} without --enable-expert-parallel: vLLM {VLLM_VERSION} "
@@ -299,6 +317,44 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, gpu: GpuSpec) -> tuple[s
                            "included) on DeepEP's high-throughput kernels, their 1-2 GiB buffers and no CUDA graphs "
                            "(vLLM turns them off on this backend); autoshard's own lines use it for prefill "
                            "instances only")
-    return "aggregated", (f"--all2all-backend {backend}: an expert-parallel engine over data-parallel ranks is "
-                          "priced with DeepEP's kernels (autoshard's own commands pass --all2all-backend "
-                          "deepep_low_latency); this backend's speed and buffers are not modelled")
+    if backend in ("nixl_ep",):
+        return "aggregated", (f"--all2all-backend {backend}: priced as deepep_low_latency (vLLM gives both its "
+                              "batched-DP budget of 256 and a buffer sized at the budget); its own speed and buffers "
+                              "are not modelled")
+    default = " (vLLM's default: the line names none, or pplx/naive, which fall back to it)" * (
+        backend == "allgather_reducescatter")
+    return "aggregated", (f"--all2all-backend {backend}{default}: vLLM's batched-DP budget of 256 applies only to "
+                          "deepep_low_latency and nixl_ep (config/parallel.py:795-805), so the line runs vLLM's own "
+                          "--max-num-batched-tokens and --max-num-seqs defaults and no DeepEP buffer grows with the "
+                          "budget; its all-to-all is not modelled: priced as DeepEP's low-latency kernels in "
+                          "256-token passes, their buffer at 256 tokens charged")
+
+
+def _overrides(text: str | None) -> str | None:
+    """--hf-overrides as given, checked to be a JSON object (vLLM parses it with json.loads)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise SpecError(f"--hf-overrides expects a JSON object, got {text!r}", field="--hf-overrides")
+    return text
+
+
+def _nodes_problem(parsed: ParsedServe, pool: PoolSpec) -> str | None:
+    """Why vLLM 0.33.0 would not start a line's TP x PP group (no data parallelism) on the pool's nodes:
+    with --nnodes 1 and its default executor it refuses a world size past the node's GPUs
+    (config/parallel.py:1055-1078, "set '--nnodes' appropriately"); with --nnodes N each node runs
+    world_size / N ranks (`local_world_size`, :838-840), which must be whole and fit the node. Ray
+    (--distributed-executor-backend ray) places the group itself. None when it starts."""
+    per_node, ranks, nodes = pool.node.gpus_per_node, parsed.tp * parsed.pp, parsed.nnodes
+    if parsed.dp > 1 or parsed.distributed_executor_backend == "ray" or (ranks % nodes == 0 and ranks // nodes <= per_node):
+        return None
+    need = -(-ranks // per_node)
+    what = (f"do not split evenly over them" if ranks % nodes else
+            f"{ranks // nodes} a node, and {pool.name}'s nodes have {per_node}")
+    return (f"TP {parsed.tp} x PP {parsed.pp} = {ranks} GPUs over --nnodes {nodes}: vLLM {VLLM_VERSION} runs "
+            f"world_size / nnodes ranks on each node, {what}: pass --nnodes {need} (one line per node, "
+            f"--node-rank 0..{need - 1}) or --distributed-executor-backend ray")

@@ -14,7 +14,7 @@ import math
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
-from autoshard.costmodel.serve.memory import serve_memory
+from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction, kv_limited_concurrency, predict_serve
 from autoshard.costmodel.serve.vllm_dp_moe import tp_experts_problem, vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
@@ -27,7 +27,7 @@ from autoshard.specs.model import ModelSpec
 from autoshard.specs.cluster import PoolSpec
 from autoshard.units import GIB, time_to_us
 
-__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem"]
+__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem", "batched_dp_backend", "VLLM_BATCHED_DP_BACKENDS"]
 
 
 def evaluated_row(
@@ -51,10 +51,14 @@ def evaluated_row(
     framework: str = DEFAULT_ENGINE,
     role: str = "aggregated",
     carry: bool = False,
+    all2all_backend: str | None = None,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments. `carry`: a user's line, checked against what its
-    vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not."""
+    vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not.
+    `all2all_backend`: a vLLM line's --all2all-backend (None: autoshard's own lines, which pass
+    deepep_low_latency to these engines); vLLM's 256-token defaults and the buffer sized at the budget
+    hold only on a batched-DP backend (`batched_dp_backend`)."""
     if not 0 <= pool < len(cluster.pools):
         raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
     spec = cluster.pools[pool]
@@ -69,15 +73,15 @@ def evaluated_row(
     lockstep = expert_parallel or vllm_tp_moe or (attention_dp and dp > 1)  # one engine of attention-DP ranks
     e = Engine(pool, tp, pp, dp if lockstep else 1, expert_parallel, framework)
     replicas = 1 if lockstep else dp
-    if tp > spec.node.domain_size:
-        # a legal launch for SGLang (--tp 16 --nnodes 2) and vLLM alike, but not one autoshard prices
+    if tp > spec.node.domain_size:  # legal for SGLang (--tp 16 --nnodes 2) and vLLM alike: priced over the network
         dom, hops = spec.node.domain_size, -(-tp // spec.node.domain_size)
-        raise SpecError(
-            f"TP {tp} spans {hops} NVLink domains of {dom} GPUs ({spec.name}): autoshard does not model "
-            f"tensor parallelism over the inter-node network; evaluate the same GPUs as TP {dom} x PP {hops * pp}"
-            + (f", or as TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
-               f"(EP {dom * hops * dp})" if model.is_moe else ""))
-    reason = _engine_rules(model, spec, e, check_size=False) or tp_experts_problem(
+        warn.append(
+            f"TP {tp} spans {hops} NVLink domains of {dom} GPUs ({spec.name}): its all-reduces, two a layer, run "
+            f"over the inter-node network and are priced there (slow: autoshard's own plans keep TP inside a "
+            f"domain); the same GPUs as TP {dom} x PP {hops * pp}"
+            + (f", or TP {dom} with {hops * dp} attention data-parallel ranks and expert parallelism "
+               f"(EP {dom * hops * dp})," if model.is_moe else "") + " avoid it")
+    reason = _engine_rules(model, spec, e, check_size=False, cross_node_tp=True) or tp_experts_problem(
         model, job.weight_dtype, tp=tp, dp=e.dp_attention, expert_parallel=expert_parallel)
     if reason:
         legal = [t for t in range(1, spec.node.domain_size + 1)
@@ -91,27 +95,34 @@ def evaluated_row(
             f"{spec.num_gpus}: use fewer replicas or a larger --gpus"
         )
     seqs = max_num_seqs or (1024 if spec.gpu.hbm_gib >= 70 and "A100" not in spec.gpu.name.upper() else 256)
+    batched = batched_dp_backend(all2all_backend)
     cfg = _config(
         model,
         spec,
         job,
         e,
         max_num_seqs=seqs,
-        util=gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
+        util=gpu_memory_utilization,  # another backend: vLLM's default budget, not the planner's LL ladder
+        max_num_batched_tokens=max_num_batched_tokens or (None if batched else default_max_num_batched_tokens(spec.gpu)),
         role=role,
     )
-    if max_num_batched_tokens is None and vllm_ll_engine(model, spec.gpu, cfg):
-        cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
+    if vllm_ll_engine(model, spec.gpu, cfg):
+        if not batched:  # no buffer grows with the budget: DeepEP's kernels priced in vLLM's 256-token passes
+            cfg = dataclasses.replace(cfg, moe_dp_chunk=VLLM_MOE_DP_CHUNK_SIZE)
+        elif max_num_batched_tokens is None:
+            cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
     given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
-    if carry and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
+    if carry and batched and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
         raise InfeasibleError(problem)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
     if per_rank is not None and per_rank * ranks != concurrency:
         warn.append(f"concurrency {concurrency} over {ranks} DP ranks: predicted at {per_rank} per rank")
+    if carry and cfg.engine == "sglang" and (capped := sglang_context_cap(model, spec, job, cfg)) is not None:
+        job, note = capped
+        warn.append(note)
     pred = predict_serve(model, spec, job, cfg, concurrency=per_rank)
     if per_rank is not None and pred.concurrency < per_rank:
         warn.append(f"concurrency {concurrency} exceeds what max-num-seqs and the KV cache admit: "
@@ -133,6 +144,20 @@ def evaluated_row(
     return row, stats, tuple(warn)
 
 
+VLLM_BATCHED_DP_BACKENDS = ("deepep_low_latency", "nixl_ep")
+"""vLLM 0.33.0's backends of `ParallelConfig.use_batched_dp_moe` (config/parallel.py:795-805, with
+--enable-expert-parallel and DP > 1): only on these does a line without --max-num-batched-tokens get
+DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP = 256 (engine/arg_utils.py:3166-3170); any other backend,
+the default allgather_reducescatter (config/parallel.py:220; VLLM_ALL2ALL_BACKEND is no longer read),
+gets `vllm serve`'s usual default (8,192 on an H100)."""
+
+
+def batched_dp_backend(backend: str | None) -> bool:
+    """Whether a vLLM line's --all2all-backend is one whose engines take vLLM's batched-DP budget and
+    size a DeepEP low-latency buffer at it (None: autoshard's own lines, deepep_low_latency)."""
+    return backend is None or backend in VLLM_BATCHED_DP_BACKENDS
+
+
 def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
     """A vLLM 0.33.0 line on `--all2all-backend deepep_low_latency` without --max-num-batched-tokens:
     vLLM's own budget for it, 256 (`DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP`, config/scheduler.py:42,
@@ -147,6 +172,21 @@ def _vllm_ll_defaults(cfg: ServeConfig, *, seqs_given: bool) -> ServeConfig:
             f"{vllm_deepep_ll_budget(cfg.max_num_seqs, cfg.speculative_tokens)} (its DeepEP buffer grows with it) "
             f"or --max-num-seqs <= {budget}", field="--max-num-batched-tokens")
     return dataclasses.replace(cfg, max_num_seqs=min(cfg.max_num_seqs, budget), max_num_batched_tokens=budget)
+
+
+def sglang_context_cap(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: ServeConfig) -> tuple[ServeJob, str] | None:
+    """(the job at the context an SGLang engine serves, the note) when its KV pool holds fewer tokens than
+    one request of --context-length but the requests' shape: SGLang 0.5.23 starts anyway, warns, and
+    caps a request at the pool (`max_req_len = min(context_len - 1, kv_capacity - 1)`,
+    srt/managers/tp_worker.py:555-571), where vLLM refuses to start; None otherwise (the memory check
+    refuses a pool that cannot hold the shape)."""
+    held = serve_memory(model, pool, cfg, context_len=job.context_len).kv_cache_tokens
+    if held >= job.context_len or held < job.input_len + job.output_len:
+        return None
+    return job.model_copy(update={"max_model_len": held}), (
+        f"--context-length {job.context_len:,}: the KV pool holds {held:,} tokens, fewer than one request of it; "
+        f"SGLang starts, warns and refuses or truncates requests past {held - 1:,} tokens "
+        f"(srt/managers/tp_worker.py:555-571): checked at the pool, priced at the request shape")
 
 
 def step_tokens(job: ServeJob, cfg: ServeConfig, running: int) -> float:

@@ -36,17 +36,24 @@ def _gib(x: float) -> str:
     return f"{x / GIB:,.0f} GiB" if x >= 10 * GIB else f"{x / GIB:.1f} GiB"
 
 
+LONG_CONTEXT_ENV = {"vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"}
+"""The environment variable that lets each engine start past the model's context (`ParsedServe.
+allow_long_context`)."""
+
+
 def check_context_len(model: ModelSpec, job: ServeJob, *, flag: str = "--max-model-len",
-                      engine: str | None = None) -> None:
+                      engine: str | None = None, allow_long: bool = False) -> str | None:
     """Refuse (SpecError naming the flag to change and the model's limit) a context longer than the
     model's max_position_embeddings: vLLM and SGLang refuse to start with such a max model length unless
     an environment variable overrides their check, and positions past the trained range give wrong outputs.
+    Returns None, or with `allow_long` (a line whose environment sets that variable: the engine starts,
+    with a warning) the note saying what was priced and what the planner cannot promise.
 
     `flag`: the option that set the max model length (vLLM's --max-model-len, SGLang's --context-length);
     `engine`: the launcher a command was read from ("vllm", "sglang"), whose own refusal is named."""
     limit = model.max_position_embeddings
     if job.context_len <= limit:
-        return
+        return None
     if job.max_model_len is None:
         raise SpecError(
             f"--input-len {job.input_len:,} + --output-len {job.output_len:,} = {job.context_len:,} tokens "
@@ -54,6 +61,13 @@ def check_context_len(model: ModelSpec, job: ServeJob, *, flag: str = "--max-mod
             f"SGLang reject longer requests: shorten --input-len / --output-len to at most {limit} tokens together",
             field="--input-len",
         )
+    if allow_long and engine in LONG_CONTEXT_ENV:
+        name = "vLLM" if engine == "vllm" else "SGLang"
+        return (f"{flag} {job.max_model_len:,} is longer than {model.name}'s {limit:,}-token context "
+                f"(max_position_embeddings): the line sets {LONG_CONTEXT_ENV[engine]}=1, so {name} starts with it "
+                f"(with a warning) and it is priced as given; whether the model's outputs hold up past the "
+                f"{limit:,} positions it was trained for (RoPE positions past them can give NaNs or garbage, "
+                f"{name} warns) is not the planner's to promise")
     why = {
         "vllm": "vLLM refuses to start with it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set",
         "sglang": "SGLang refuses to start with it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set",

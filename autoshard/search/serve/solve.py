@@ -336,22 +336,18 @@ def evaluate_serve(
     cluster: ClusterSpec,
     job: ServeJob,
     *,
-    tp: int,
-    pp: int = 1,
-    dp: int = 1,
-    expert_parallel: bool = False,
-    attention_dp: bool = False,
+    tp: int, pp: int = 1, dp: int = 1,
+    expert_parallel: bool = False, attention_dp: bool = False,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
     pool: int = 0,
     warnings: tuple[str, ...] = (),
     concurrency: int | None = None,
-    nccl_nvls: bool | None = None,
-    deep_gemm: bool | None = None,
+    nccl_nvls: bool | None = None, deep_gemm: bool | None = None,
     framework: str = DEFAULT_ENGINE,
     max_len_flag: str | None = None,
     role: str = "aggregated",
+    all2all_backend: str | None = None, allow_long_context: bool = False,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine; `attention_dp`: SGLang's attention DP with the experts TP-sharded over
@@ -362,13 +358,17 @@ def evaluate_serve(
     command's option for the max model length when the plan was read from a launch line (a context past
     the model's is refused naming it and that engine's own refusal; None: autoshard's --max-model-len);
     `role`: "prefill" prices a vLLM attention-DP + EP engine on `--all2all-backend deepep_high_throughput`
-    (every step on DeepEP's normal kernels, its fixed buffers, no CUDA graphs: `ServeConfig.role`)."""
-    check_context_len(model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework)
+    (every step on DeepEP's normal kernels, its fixed buffers, no CUDA graphs: `ServeConfig.role`);
+    `all2all_backend`: a vLLM line's --all2all-backend (`evaluate.batched_dp_backend`); `allow_long_context`:
+    its environment lets its engine start past the model's context (`messages.check_context_len`: a note)."""
+    warnings = (*warnings, *filter(None, [check_context_len(
+        model, job, flag=max_len_flag or "--max-model-len", engine=max_len_flag and framework, allow_long=allow_long_context)]))
     row, stats, warn = evaluated_row(
         model, cluster, job, tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel, attention_dp=attention_dp,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
         nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role, carry=True,
+        all2all_backend=all2all_backend,
     )
     return _plan(model, cluster, job, row, stats, warn)
 

@@ -15,8 +15,7 @@ from functools import partial
 
 from autoshard.costmodel.serve.config import ServeConfig, stage_layers
 from autoshard.costmodel.serve.engines import (
-    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_deepep_seqs, sglang_priced,
-)
+    DEFAULT_ENGINE, ENGINES, SGLANG_UNPRICED, engine_config, sglang_deepep_seqs, sglang_priced)
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE
 from autoshard.costmodel.serve.memory import ServeMemory, default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import (
@@ -118,14 +117,15 @@ def _tp_choices(domain: int) -> list[int]:
     return sorted(powers | {d for d in range(1, domain + 1) if domain % d == 0})
 
 
-def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bool = True) -> str | None:
-    """vLLM's rules for one engine on one pool; the reason it is illegal, or None."""
+def _engine_rules(model: ModelSpec, pool: PoolSpec, e: Engine, *, check_size: bool = True,
+                  cross_node_tp: bool = False) -> str | None:
+    """vLLM's rules for one engine on one pool; the reason it is illegal, or None (`cross_node_tp`: TP past a domain is legal)."""
     heads, node = model.num_attention_heads, pool.node
     if heads % e.tp:
         return f"TP {e.tp} does not divide the {heads} attention heads"
     if model.attention is AttentionKind.GQA and model.kv_heads % e.tp and e.tp % model.kv_heads:
         return f"TP {e.tp} and the {model.kv_heads} KV heads must divide one another"
-    if e.tp > node.domain_size:
+    if e.tp > node.domain_size and not cross_node_tp:
         return f"TP {e.tp} would leave the {node.domain_size}-GPU NVLink domain (TP stays inside one)"
     if e.pp > model.num_layers:
         return f"PP {e.pp} exceeds the {model.num_layers} decoder layers"

@@ -31,7 +31,7 @@ H100_8 = load_cluster("dgx-h100").with_gpus(8)
 def ll_line(budget: int, seqs: int = 256) -> str:
     return ("vllm serve deepseek-ai/DeepSeek-V3 --tensor-parallel-size 1 --data-parallel-size 16 "
             "--enable-expert-parallel --all2all-backend deepep_low_latency "
-            f"--max-num-batched-tokens {budget} --max-num-seqs {seqs}")
+            f"--max-num-batched-tokens {budget} --max-num-seqs {seqs} --max-model-len 2000")  # the job's shape
 
 
 def llama_line(budget: int, seqs: int = 256, pp: int = 1) -> str:
