@@ -26,8 +26,10 @@ def test_the_two_rows_as_the_issue_states_them(rows):
     # measured step / (micro-batches per pipeline x decoder layers per rank): 29.0 s / (256 x 94/8)
     assert rows[TP4].measured_layer_s == pytest.approx(29.0 / (256 * 94 / 8))
     assert rows[PP32].measured_layer_s == pytest.approx(24.2 / (512 * 94 / 32))
-    assert rows[TP4].gap_s == pytest.approx(3.02e-3, abs=0.05e-3)
-    assert rows[PP32].gap_s == pytest.approx(2.82e-3, abs=0.05e-3)
+    # 3.02 and 2.82 ms until item Z priced the unfused loss they ran (ModelZoo 8017e11): under PP 32 it sits
+    # alone on the last stage and set most of that row's gap
+    assert rows[TP4].gap_s == pytest.approx(2.74e-3, abs=0.05e-3)
+    assert rows[PP32].gap_s == pytest.approx(0.61e-3, abs=0.05e-3)
 
 
 def test_published_host_cost_closes_almost_none_of_the_gap(rows):
@@ -40,11 +42,11 @@ def test_published_host_cost_closes_almost_none_of_the_gap(rows):
     assert rows[QWEN30].floor_s == pytest.approx(0.082e-3, abs=0.005e-3) and rows[QWEN30].gap_s == pytest.approx(0.96e-3, abs=0.02e-3)
 
 
-def test_closing_the_gap_needs_three_times_the_published_cost_and_two_different_ones(rows):
+def test_closing_the_gap_needs_twice_the_published_cost_and_two_different_ones(rows):
     tp4, pp32 = rows[TP4].needed_op_s, rows[PP32].needed_op_s
-    assert tp4 > 2.5 * HOST_OP_S and pp32 > 2.5 * HOST_OP_S
+    assert tp4 > 2.5 * HOST_OP_S and pp32 > 2.0 * HOST_OP_S  # 29.7 and 21.6 us (both > 25 us before item Z)
     # the same 16 experts issue the same ops in both runs: one host cost fits neither exactly
-    assert pp32 / tp4 > 1.1
+    assert tp4 / pp32 > 1.25  # pp32 needed 1.1x tp4's before item Z; now tp4 needs 1.37x pp32's
     # the least cost that closes a row predicted > 10 % fast is Qwen3-30B-A3B's on H100, half of theirs
     assert closing_op_s(list(rows.values())) == rows[QWEN30].needed_op_s == pytest.approx(15.5e-6, abs=0.1e-6)
 

@@ -78,14 +78,20 @@ def test_moe_runs():
     the EP all-to-all overlap (item W) are held since it is priced, and both are predicted 12 % short: the priced
     overlap hides more than they measured (the H100 pair: 4.8 s priced, 2.1 s measured); with them 25 held runs,
     median 10.6 %; 8.9 % with item Y's refit on MLPerf v6.0's dense runs (GB200 `train_gemm` 0.65 -> 0.60,
-    `train_hbm` 0.60 -> 0.80), 8.7 % over the 21 not from the MoE recipes (7.9 % before it)."""
+    `train_hbm` 0.60 -> 0.80), 8.7 % over the 21 not from the MoE recipes (7.9 % before it). Item Z: ModelZoo's
+    five 4k Qwen3-235B H100 rows ran Megatron-LM's unfused loss (their table is of 8017e11, before the config
+    turned the fusion on): PP 32 -17.5 -> -3.8 %, TP 4 / PP 8 -31.3 -> -28.4 %, the overlap run -12.0 -> -7.2 %."""
     errs = sorted(abs(r.error) for r in MOE)
     assert len(errs) == 25
     by_id = {r.id: r.error for r in MOE}
     assert 0.10 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.20
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
-    for overlap in ("moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap", "moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"):
-        assert -0.15 < by_id[overlap] < -0.08  # step predicted short: the overlap priced optimistic
+    # steps predicted short: the overlap priced optimistic (the H100 run -12 % until item Z's unfused loss, -7 % since)
+    assert -0.10 < by_id["moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap"] < -0.05
+    assert -0.15 < by_id["moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"] < -0.08
+    # item Z: the five 4k H100 rows ran the unfused loss (ModelZoo 8017e11); on the last of 32 stages it sets the pace
+    assert -0.06 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"] < -0.02
+    assert -0.31 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"] < -0.26
     assert statistics.median(errs) <= 0.11
     assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.09
     assert sum(e <= 0.15 for e in errs) >= 12
@@ -140,7 +146,8 @@ def test_every_run_records_its_loss_with_evidence():
     assert loss["mlm"] == loss["megatron2021"] == {"unfused"}
     assert loss["nemo2407"] == {"unfused", "native"}  # the 24.07 launcher's Llama-3 and Nemotron 8B/22B configs fuse it
     assert loss["mlmllama"] == loss["nemo2502"] == {"native"} and loss["mpt"] == {"xentropy"}
-    assert loss["moezoo"] == {"te", "native"}  # the Qwen3 configs fuse with TE, the Mixtral 8x22B config natively
+    # the Qwen3 configs fuse with TE, the Mixtral 8x22B config natively; the 4k H100 Qwen3 table predates the fusion
+    assert loss["moezoo"] == {"te", "native", "unfused"}
 
 
 def test_every_moe_run_records_its_cuda_graphs_with_evidence():
@@ -305,8 +312,9 @@ def test_cdna3_leave_one_source_out_fits_its_own_fp8_level():
     """Each CDNA 3 source alone leaves 2 or 4 MI325X runs in its fold: too few for a fit of its own
     (MIN_RUNS), so the fold borrows the H100 fit with CDNA 3's kernel-measured attention, but refits
     the GEMM level of each precision those runs train in (fit_efficiency.level_fit). With H100's FP8
-    level every held dense FP8 run was predicted 8-22 % fast; with its own level each is within 6 %
-    out of source (residuals_train.json, written by validate_published.py --write-residuals). The
+    level every held dense FP8 run was predicted 8-22 % fast; with its own level each is within 7 %
+    out of source (residuals_train.json, written by validate_published.py --write-residuals; 6 % until item Z
+    moved the H100 fit the folds lend through the ModelZoo rows' loss). The
     BF16 Mixtral keeps H100's BF16 level (no other source has a CDNA 3 BF16 run) and stays 34 % fast:
     the kernel path of its software, recorded with the run."""
     rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
@@ -318,7 +326,7 @@ def test_cdna3_leave_one_source_out_fits_its_own_fp8_level():
         faster = (row["measured"] / row["predicted_loso"] if row["metric"] == "step_time_s"
                   else row["predicted_loso"] / row["measured"])
         if row["precision"] == "fp8":
-            assert 0.94 <= faster <= 1.06, (r.id, faster)
+            assert 0.94 <= faster <= 1.07, (r.id, faster)
         else:
             assert r.id == "aac-mi325x-mixtral-8x7b-64gpu-ep8-bf16" and 1.30 <= faster <= 1.38, (r.id, faster)
 
@@ -429,11 +437,12 @@ def test_mlperf60_runs():
     assert -0.35 < err["gb200-dsv3-671b-8192"] < -0.30  # shown: the fixed per-step cost
     # item Y: the Llama 3.1 runs of the other submitters (and NVIDIA's 8B), read from the stored mirror: 34
     # held (32 NVFP4 8B/405B, SCITIX's FP8 8B), each within 10 % in sample (B300's 13 runs -5 to +4 %, its own
-    # fit since), NVIDIA's strong-scaled 8B at 512 GB300 / 1,024 GB200 (TP x CP 8 / 16) shown: 38 % and 56 % short
+    # fit since); 10.3 % since item Z took the eight short-block rows at their logs' pace (Nebius's 64-GPU B300
+    # -10.2 %, the 72-GPU GB300 rows -7.8 to -9.5 %: one micro-batch per step, the fixed per-step cost), NVIDIA's strong-scaled 8B at 512 GB300 / 1,024 GB200 (TP x CP 8 / 16) shown: 38 % and 56 % short
     llama = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-") and "-llama31-" in r.id}
     held = {i: r for i, r in llama.items() if not r.skip_throughput}
     assert len(llama) == 39 and len(held) == 37  # with Cisco's H200 and NVIDIA's two GB300 405B runs of items S, T
-    assert all(abs(r.error) < 0.10 for r in held.values())
+    assert all(abs(r.error) < 0.103 for r in held.values())
     assert {r.gpu for r in held.values()} == {"B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB",
                                                "H200-SXM-141GB"}
     shown = sorted(r.error for r in llama.values() if r.skip_throughput)
@@ -636,8 +645,9 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     15 % (v5.1: GB200 +13.1 / +4.6 / -2.5 %, GB300 +1.3 %; v6.0: GB300 +11.2 / +6.1 %, Azure's 8,192 GB200 -0.4 %,
     CoreWeave's 4,096 GB300 +3.7 %), median 4.2 % (8.0 % over the six before item Y's runs); the 8B runs, whose
     attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), v5.1's -7.7 to +3.6 % (+0.4 to
-    +14.8 % before item Y's runs taught the B200/B300/GB300 fits their NVFP4 level) and v6.0's -10.6 to +9.3 %
-    (the 64-72-GPU GB300 runs at one micro-batch per step 8-11 % short: the fixed per-step cost). With the
+    +14.8 % before item Y's runs taught the B200/B300/GB300 fits their NVFP4 level) and v6.0's -12.4 to +9.3 %
+    (the 64-72-GPU GB300 runs at one micro-batch per step 11-12 % short since item Z took them at their logs'
+    pace, 8-11 % before: the fixed per-step cost). With the
     shipped knobs, which learned from them, every one within 16 % (GB200's 405B at 512 GPUs +15.1 %)."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
@@ -649,5 +659,5 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     v51 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf51-")]
     assert len(v51) == 10 and all(-0.08 < e < 0.04 for e in v51)
     v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
-    assert len(v60) == 31 and all(-0.11 < e < 0.10 for e in v60)
+    assert len(v60) == 31 and all(-0.13 < e < 0.10 for e in v60)
     assert all(abs(r.error) < 0.16 for r in rows.values())
