@@ -179,7 +179,7 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 BLACKWELL_FITS = {
     "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.20, "B200-SXM-180GB", 26, half_seq=8192, hbm=0.90, half_dim=256,
                                  intra=0.90, inter=0.70),
-    "GB200-186GB": _train_fit(0.60, 0.55, 0.20, "GB200-186GB", 28, half_seq=8192, hbm=0.80, half_dim=256),
+    "GB200-186GB": _train_fit(0.65, 0.55, 0.20, "GB200-186GB", 28, half_seq=8192, hbm=0.60, half_dim=256, intra=0.90),
     "GB300-288GB": _train_fit(0.55, 0.55, 0.25, "GB300-288GB", 22, half_seq=4096, hbm=0.80, half_dim=256, intra=0.90),
     "B300-SXM-288GB": _train_fit(0.55, 0.50, 0.25, "B300-SXM-288GB", 13, half_seq=4096, hbm=0.80, half_dim=128,
                                  inter=0.70),
