@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from autoshard.costmodel.comm import Collective, Link, collective_time_s
+from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link
 from autoshard.costmodel.flops import Gemm, mlp_gemms
 from autoshard.costmodel.serve.compute import _gemm_s, block_scaled_fp8, model_serving_gpu
 from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig
@@ -145,9 +145,12 @@ def agrs_ep_comm_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, link: Lin
                    rows_sum: float) -> float:
     """One MoE layer's dispatch and combine of an `agrs_ep_engine`: `dispatch_combine_s` of the gathered
     rows (`gathered_rows`: D x the busiest rank's `tokens` in a CUDA graph, else the ranks' `rows_sum`)
-    over the EP group on `link`: the D DP ranks, or with TP > 1 the T x D ranks of the sequence-parallel
-    MoE, each gathering its 1/T of the rows."""
+    over the EP group: the D DP ranks on `link` (the DP group's), or with TP > 1 the T x D ranks of the
+    sequence-parallel MoE, each gathering its 1/T of the rows, on the EP group's own link (TP innermost,
+    DP outermost: T x D consecutive ranks when PP is 1, each PP stage's T ranks per DP rank otherwise)."""
     rows = gathered_rows(cfg, pool.gpu, rows_sum=rows_sum, rows_max=tokens)
+    if cfg.tp > 1:
+        link = group_link(pool, ranks=cfg.ep) if cfg.pp == 1 else link
     fp8_math = cfg.weight_dtype is WeightDtype.FP8 and bool(model_serving_gpu(model, pool.gpu, cfg.weight_dtype).fp8_tflops)
     return dispatch_combine_s(model, replace(cfg, dp_attention=cfg.ep), link, rows=rows, fp8_math=fp8_math)
 
