@@ -24,8 +24,8 @@ from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import (parse_sglang, sglang_fp8_problem, sglang_memory_utilization, sglang_node_commands,
                                    sglang_nodes)
-from autoshard.emit.vllm import (backend_role, check_checkpoint, parse_vllm, serve_weight_dtype, start_context,
-                                 vllm_node_commands)
+from autoshard.emit.vllm import (backend_role, carry_overrides, check_checkpoint, parse_vllm, serve_weight_dtype,
+                                 start_context, vllm_node_commands)
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
@@ -149,7 +149,7 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                   else backend_role(parsed, model, cluster.primary))
     parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note)) if note else parsed
     applied = parsed.apply_to(job)
-    model, applied, parsed = (model, applied, parsed) if sglang else start_context(model, applied, parsed)  # vLLM's
+    model, applied, parsed = start_context(model, applied, parsed, engine="sglang" if sglang else "vllm")
     quantization, named = parsed.quantization, None
     if quantization is None:
         # no --quantization: vLLM and SGLang read the repository's quantization_config, so the weights
@@ -191,11 +191,11 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
                 role=role, all2all_backend=parsed.all2all_backend, allow_long_context=parsed.allow_long_context)
         if not (sglang and parsed.static_fraction):
-            return with_engine_check(priced(parsed.gpu_memory_utilization))
-        # --mem-fraction-static: weights + KV pool of SGLang's baseline (emit.sglang.mem_fraction_static)
-        first = priced(0.98)
-        return with_engine_check(priced(min(0.98, sglang_memory_utilization(
-            parsed.static_fraction, first.prediction.memory, first.pool, first.prediction.config))))
+            plan = with_engine_check(priced(parsed.gpu_memory_utilization))
+        else:  # --mem-fraction-static: weights + KV pool of SGLang's baseline (emit.sglang.mem_fraction_static)
+            plan = with_engine_check(priced(min(0.98, sglang_memory_utilization(parsed.static_fraction, (
+                first := priced(0.98)).prediction.memory, first.pool, first.prediction.config))))
+        return dataclasses.replace(plan, launch=carry_overrides(plan.launch, parsed.hf_overrides))  # the line's
     except InfeasibleError as exc:  # how the command was read explains what was priced (the plan's notes, lost)
         if not parsed.warnings:
             raise

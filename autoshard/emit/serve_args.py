@@ -118,8 +118,9 @@ class ParsedServe:
     """vLLM's --distributed-executor-backend as given (ray places a TP x PP group over nodes without
     --nnodes); None: not given, or SGLang."""
     hf_overrides: str | None = None
-    """vLLM's --hf-overrides JSON as given (its max_position_embeddings and rope_scaling set the max model
-    length vLLM derives: `emit.vllm.parse.derived_max_model_len`); None for SGLang commands."""
+    """vLLM's --hf-overrides (SGLang's --json-model-override-args) JSON as given: its max_position_embeddings
+    and rope_scaling set the max model length the engine derives (`emit.vllm.context.derived_max_model_len`,
+    `sglang_context_len`), and the relaunch lines carry it (`emit.vllm.context.carry_overrides`)."""
     allow_long_context: bool = False
     """The line's environment lets the engine start with a max model length past the model's context:
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM 0.33.0 vllm/envs.py:1115-1118, "1" or "true"; checked in

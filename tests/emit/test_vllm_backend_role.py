@@ -43,9 +43,13 @@ def test_high_throughput_line_is_priced_on_the_normal_kernels():
 
 
 def test_other_backends_keep_their_not_modelled_note():
-    plan = _evaluate("allgather_reducescatter")
-    assert plan.prediction.config.role == "aggregated"
-    assert any("allgather_reducescatter" in w and "not modelled" in w for w in plan.warnings)
+    agrs = _evaluate("allgather_reducescatter")  # priced as it runs (`costmodel.serve.vllm_dp_moe`)
+    assert (agrs.prediction.config.role, agrs.prediction.config.all2all_backend) == ("aggregated", "allgather_reducescatter")
+    assert any("allgather_reducescatter" in w and "priced as it runs" in w for w in agrs.warnings)
+    assert agrs.prediction.memory.ep_buffer_bytes == 0
+    plan = _evaluate("flashinfer_nvlink_two_sided")
+    assert (plan.prediction.config.all2all_backend, plan.prediction.config.moe_dp_chunk) == (None, 256)
+    assert any("flashinfer_nvlink_two_sided" in w and "not modelled" in w for w in plan.warnings)
 
 
 def test_low_latency_line_without_a_budget_runs_vllms_256():

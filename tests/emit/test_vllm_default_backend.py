@@ -6,15 +6,22 @@ and 1,024 requests on an H100, engine/arg_utils.py:3163-3180), not the batched-D
 DeepEP buffer at the budget. `evaluate --from-vllm` priced it with deepep_low_latency's 256 (13,897
 output tokens/s for DeepSeek-V3 DP16 x EP16 on 16 H100, 1,000 in / 1,000 out), refused
 --max-num-seqs 512 and --max-num-batched-tokens 8192 (a 114.8 GiB buffer the line never allocates);
-it now runs vLLM's own defaults (8,935 tokens/s, TTFT 0.32 s instead of 0.62 s: 8,192-token prefill
-steps, a 4.5 GiB activation peak that shrinks the KV cache from 87 to 56 requests per rank)."""
+it then ran vLLM's own defaults but still priced DeepEP's kernels in 256-token passes with a DeepEP buffer
+charged (8,935 tokens/s). It is now priced as vLLM runs it (`ServeConfig.all2all_backend`,
+`costmodel.serve.vllm_dp_moe`): no DeepEP buffer, each MoE layer an all-gather of the 16 ranks' tokens
+and a reduce-scatter of the outputs, the experts in one pass on the gathered rows, whose workspace in
+vLLM's profiling forward (16 x 8,192 rows: 50 GiB) does not fit beside the 55.8 GiB of weights, so the
+line as written is refused, naming the largest budget that starts; at --max-num-batched-tokens 1024
+--max-num-seqs 256 it runs 8,892 tokens/s (10,729 when priced as DeepEP's 256-token passes)."""
 
 from __future__ import annotations
 
 import pytest
 
 from autoshard.api_serve import evaluate_vllm
+from autoshard.costmodel.serve.config import AGRS_BACKEND
 from autoshard.costmodel.serve.ep_buffers import VLLM_DEEPEP_NVL_BYTES, deepep_ll_buffer_bytes
+from autoshard.errors import InfeasibleError
 from autoshard.search.serve.evaluate import batched_dp_backend
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.job import ServeJob, WeightDtype
@@ -35,40 +42,49 @@ def test_batched_dp_backends_are_vllms():
     assert not batched_dp_backend("allgather_reducescatter") and not batched_dp_backend("deepep_high_throughput")
 
 
-def test_line_without_a_backend_runs_vllms_usual_budget():
-    plan = _plan()
+def test_line_without_a_backend_is_refused_at_vllms_usual_budget():
+    # vLLM's usual 8,192 tokens x 16 DP ranks through the experts at once in the profiling forward
+    with pytest.raises(InfeasibleError, match=r"all-gathers the 16 DP ranks' tokens.*8,192.*50\.0 GiB of activations"
+                                              r".*pass --max-num-batched-tokens 2,038 or less"):
+        _plan()
+    with pytest.raises(InfeasibleError, match=r"pass --max-num-batched-tokens 2,163 or less"):
+        _plan(" --max-num-seqs 512")
+
+
+def test_line_without_a_backend_priced_as_allgather_reducescatter():
+    plan = _plan(" --max-num-batched-tokens 1024 --max-num-seqs 256")
     cfg, mem = plan.prediction.config, plan.prediction.memory
-    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs) == (8192, 1024)
-    # no buffer grows with the budget: DeepEP's kernels priced in 256-token passes, their buffer at 256
-    assert cfg.moe_dp_chunk == 256
-    assert mem.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, 256, 16) + VLLM_DEEPEP_NVL_BYTES
-    assert plan.prediction.concurrency == 56
-    assert plan.throughput_tokens_per_s == pytest.approx(8935.5, rel=2e-3)
-    assert plan.prediction.ttft_s == pytest.approx(0.319, rel=0.01)
-    assert any("allgather_reducescatter (vLLM's default" in w and "not modelled" in w for w in plan.warnings)
+    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.all2all_backend, cfg.moe_dp_chunk) == (
+        1024, 256, AGRS_BACKEND, None)
+    assert mem.ep_buffer_bytes == 0
+    assert plan.prediction.concurrency == 55
+    assert plan.throughput_tokens_per_s == pytest.approx(8892.3, rel=2e-3)
+    assert plan.prediction.ttft_s == pytest.approx(0.218, rel=0.01)
+    assert any("allgather_reducescatter (vLLM's default" in w and "priced as it runs" in w for w in plan.warnings)
     # relaunched as it was read (no --all2all-backend), and read back to the same figures
-    assert "--all2all-backend" not in plan.launch["vllm"] and "--max-num-batched-tokens 8192" in plan.launch["vllm"]
+    assert "--all2all-backend" not in plan.launch["vllm"] and "--max-num-batched-tokens 1024" in plan.launch["vllm"]
     again = evaluate_vllm(DSV3, H100x16, plan.launch["vllm"], job=JOB)
     assert again.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+    assert again.prediction.config.all2all_backend == AGRS_BACKEND
+    # pplx and naive fall back to it in vLLM 0.33.0
+    pplx = _plan(" --all2all-backend pplx --max-num-batched-tokens 1024 --max-num-seqs 256")
+    assert pplx.throughput_tokens_per_s == pytest.approx(plan.throughput_tokens_per_s, rel=1e-12)
+    assert any("removed: vLLM 0.33.0 runs allgather_reducescatter" in w for w in pplx.warnings)
 
 
 def test_low_latency_line_keeps_vllms_256():
     plan = _plan(" --all2all-backend deepep_low_latency")
     cfg = plan.prediction.config
-    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.moe_dp_chunk) == (256, 256, None)
+    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.moe_dp_chunk, cfg.all2all_backend) == (256, 256, None, None)
     assert plan.prediction.memory.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, 256, 16) + VLLM_DEEPEP_NVL_BYTES
-    # the 256-token steps' small activation peak leaves a larger KV cache than the default backend's 8,192
-    # (89 requests a rank, 14,069 tokens/s)
-    default = _plan()
-    assert plan.prediction.memory.kv_cache_tokens > 1.5 * default.prediction.memory.kv_cache_tokens
     assert plan.prediction.concurrency == 89
     assert plan.throughput_tokens_per_s == pytest.approx(14069.3, rel=2e-3)
+    assert "--all2all-backend deepep_low_latency" in plan.launch["vllm"]
 
 
-def test_default_backend_takes_seqs_and_budgets_vllm_starts():
-    # both were refused as if the line sized a DeepEP low-latency buffer at its budget
-    seqs = _plan(" --max-num-seqs 512")
-    assert (seqs.prediction.config.max_num_seqs, seqs.prediction.concurrency) == (512, 62)
-    big = _plan(" --max-num-batched-tokens 8192")
-    assert big.prediction.memory.ep_buffer_bytes == deepep_ll_buffer_bytes(DSV3, 256, 16) + VLLM_DEEPEP_NVL_BYTES
-    assert big.throughput_tokens_per_s == pytest.approx(_plan().throughput_tokens_per_s, rel=1e-12)
+def test_default_backend_takes_seqs_past_its_budget_and_a_smaller_budget():
+    seqs = _plan(" --max-num-seqs 512 --max-num-batched-tokens 512")
+    assert (seqs.prediction.config.max_num_seqs, seqs.prediction.memory.ep_buffer_bytes) == (512, 0)
+    small = _plan(" --max-num-batched-tokens 512 --max-num-seqs 256")
+    assert small.prediction.concurrency == 78
+    assert small.throughput_tokens_per_s == pytest.approx(12051.1, rel=2e-3)

@@ -14,7 +14,7 @@ from autoshard.specs.job import WeightDtype
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["HOST_US_PER_SEQ", "ROLES", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
+__all__ = ["AGRS_BACKEND", "HOST_US_PER_SEQ", "ROLES", "ServeConfig", "StageLayers", "pp_layer_split", "stage_layers"]
 
 HOST_US_PER_SEQ = 2.5
 """Host (CPU) work of one engine step per request in it, microseconds, serial with the GPU work:
@@ -26,6 +26,8 @@ GPU efficiencies, on the published offline runs by tests/validation/validate_ser
 
 ROLES = ("aggregated", "prefill", "decode")
 """`ServeConfig.role` values."""
+AGRS_BACKEND = "allgather_reducescatter"
+"""vLLM's all-gather + reduce-scatter MoE backend (`ServeConfig.all2all_backend`)."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -102,6 +104,15 @@ class ServeConfig:
     low-latency buffer holds one chunk per rank. None: one pass per step (vLLM 0.33.0, which has no DP
     chunking and sizes that buffer at `max_num_batched_tokens`, `ep_buffers.deepep_ll_engine_bytes`;
     SGLang). Set for the validation rows measured on older vLLM."""
+    all2all_backend: str | None = None
+    """The MoE all-to-all backend of a vLLM expert-parallel engine over DP ranks. None: the one autoshard's
+    own lines pass (`deepep_low_latency`, `deepep_high_throughput` for prefill instances: `role`);
+    "allgather_reducescatter": vLLM 0.33.0's default (`ParallelConfig.all2all_backend`,
+    config/parallel.py:220, which "pplx" and "naive" fall back to, :537-543), read from a line that names
+    no DeepEP backend: each MoE layer all-gathers the DP ranks' tokens and reduce-scatters the expert
+    outputs (`serve.vllm_dp_moe.agrs_ep_comm_s`), one pass a step, with no DeepEP buffer
+    (`serve.ep_buffers.uses_deepep_low_latency`) and its experts' workspace on the gathered rows
+    (`serve.memory.serve_memory`)."""
     role: str = "aggregated"
     """What the engine serves: "aggregated" (prefill and decode in one engine), or the "prefill" or
     "decode" instance of a prefill/decode split. It decides which DeepEP kernels an expert-parallel
@@ -130,6 +141,8 @@ class ServeConfig:
             raise ValueError(f"moe_kernels must be fused_moe or tensorrt_llm, got {self.moe_kernels!r}")
         if self.moe_dp_chunk is not None and (not isinstance(self.moe_dp_chunk, int) or self.moe_dp_chunk < 1):
             raise ValueError(f"moe_dp_chunk must be a positive integer or None, got {self.moe_dp_chunk!r}")
+        if self.all2all_backend not in (None, AGRS_BACKEND):
+            raise ValueError(f"all2all_backend must be None or {AGRS_BACKEND}, got {self.all2all_backend!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.engine not in ("vllm", "sglang"):

@@ -162,9 +162,13 @@ def deepep_ll_buffer_bytes(model: ModelSpec, cap: int, ep: int) -> int:
 
 def uses_deepep_low_latency(model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig) -> bool:
     """Whether the engine runs DeepEP's low-latency kernels: an MoE model with expert parallelism over
-    attention-DP ranks on a GPU DeepEP's low-latency kernels support."""
+    attention-DP ranks on a GPU DeepEP's low-latency kernels support, on the backend autoshard's lines
+    pass (not a vLLM line read back on allgather_reducescatter, `ServeConfig.all2all_backend`, which
+    allocates no DeepEP buffer: `AgRsAll2AllManager` has no handle, and its NCCL symmetric-memory scratch
+    is off unless VLLM_USE_NCCL_SYMM_MEM=1, vllm/envs.py in 0.33.0)."""
     return (
-        model.moe is not None
+        cfg.all2all_backend is None
+        and model.moe is not None
         and model.num_moe_layers > 0
         and cfg.expert_parallel
         and cfg.dp_attention > 1

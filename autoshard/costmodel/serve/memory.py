@@ -42,7 +42,7 @@ from autoshard.costmodel.serve.comm_memory import (
     engine_nvls_bytes,
     startup_comm_bytes,
 )
-from autoshard.costmodel.serve.config import ServeConfig, StageLayers, stage_layers
+from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig, StageLayers, stage_layers
 from autoshard.costmodel.serve.engine_defaults import capture_sizes, kv_block_tokens, vllm_capture_sizes
 from autoshard.costmodel.serve.engines import sglang_deepep_seqs
 from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, runs_cuda_graphs
@@ -123,11 +123,12 @@ def cuda_graph_bytes(
 ) -> float:
     """Graph pools: a fixed part, per-graph per-layer node memory, and the activations of the largest
     captured decode batch (graph pools are shared across sizes); `sizes`: the tokens of each captured
-    graph (`serve.engine_defaults.capture_sizes`). `gathered` > 1: SGLang's attention DP with TP experts,
-    whose captured FFNs run on `gathered` DP ranks' rows sharded over `moe_tp` GPUs."""
+    graph (`serve.engine_defaults.capture_sizes`). `gathered` > 1: attention DP with TP experts (SGLang,
+    vLLM) or vLLM's EP on allgather_reducescatter, whose captured FFNs run on `gathered` DP ranks' rows
+    (sharded over `moe_tp` GPUs, or `ep` of them holding whole experts)."""
     largest = activation_peak_bytes(model, tp=tp, ep=ep, tokens=sizes[-1], num_seqs=0)
     if gathered > 1:
-        ffn = activation_peak_bytes(model, tp=moe_tp or tp, ep=1, tokens=gathered * sizes[-1], num_seqs=0)
+        ffn = activation_peak_bytes(model, tp=moe_tp or tp, ep=ep, tokens=gathered * sizes[-1], num_seqs=0)
         largest = max(largest, ffn)
     return CUDA_GRAPH_POOL_BYTES + len(sizes) * layers * CUDA_GRAPH_BYTES_PER_LAYER_GRAPH + largest
 
@@ -268,9 +269,12 @@ def serve_memory(
     act = activation_peak_bytes(
         model, tp=cfg.tp, ep=cfg.ep, tokens=tokens, num_seqs=min(cfg.max_num_seqs, tokens)
     )
-    if cfg.expert_tp != cfg.tp:  # attention DP with TP experts (SGLang, vLLM): FFNs on every DP rank's tokens
+    # attention DP with TP experts (SGLang, vLLM), or vLLM's EP on allgather_reducescatter, whose experts'
+    # workspace takes the gathered rows whole (`serve.vllm_dp_moe`): FFNs on every DP rank's tokens
+    gathers = cfg.expert_tp != cfg.tp or (cfg.all2all_backend == AGRS_BACKEND and cfg.expert_parallel)
+    if gathers:
         act = max(act, activation_peak_bytes(
-            model, tp=cfg.expert_tp, ep=1, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
+            model, tp=cfg.expert_tp, ep=cfg.ep, tokens=tokens * cfg.dp_attention, num_seqs=min(cfg.max_num_seqs, tokens)
         ))
     per_node = pool.node.gpus_per_node if pool is not None else NUM_MAX_NVL_PEERS
     ep_buffers = deepep_ll_engine_bytes(model, gpu, cfg, gpus_per_node=per_node)
@@ -293,7 +297,7 @@ def serve_memory(
         stage_w.append(w.total)
         graphs = (
             cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, sizes=sizes,
-                             gathered=1 if cfg.expert_parallel else cfg.dp_attention, moe_tp=cfg.expert_tp)
+                             gathered=cfg.dp_attention if gathers else 1, moe_tp=cfg.expert_tp)
             if cuda_graphs
             else 0.0
         )

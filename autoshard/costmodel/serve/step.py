@@ -62,7 +62,7 @@ from autoshard.costmodel.serve.dp_tp_moe import (
     split_elementwise_s,
 )
 from autoshard.costmodel.serve.ep_dispatch import deepep_normal_step
-from autoshard.costmodel.serve.vllm_dp_moe import vllm_dp_moe_layer
+from autoshard.costmodel.serve.vllm_dp_moe import agrs_ep_comm_s, agrs_ep_engine, vllm_dp_moe_layer
 from autoshard.costmodel.serve.memory import FP32, SAMPLER_FP32_COPIES
 from autoshard.costmodel.serve.sharding import (
     _links,
@@ -192,10 +192,10 @@ def _layer_time(
         ew_s += (chunks - 1) * moe_kernels * gpu.efficiency.kernel_overhead_us * 1e-6
     tp_link, ep_link, _ = links
     tp_s = layer_tp_comm_s(model, pool, cfg, tp_link, tokens=tokens)
-    ep_s = chunks * ep_dispatch_s(
+    ep_s = agrs_ep_comm_s(model, pool, cfg, ep_link, tokens=tokens, rows_sum=rows_sum or cfg.dp_attention * routed
+                          ) if kind is LayerKind.MOE and agrs_ep_engine(cfg) else chunks * ep_dispatch_s(
         model, kind, cfg, ep_link, routed=routed / chunks, pool=pool,
-        high_throughput=deepep_normal_step(model, pool, cfg, prefill=prefills > 0),
-    )
+        high_throughput=deepep_normal_step(model, pool, cfg, prefill=prefills > 0))
     return StepTime(gemm_s=gemm_s, attention_s=attn_s, elementwise_s=ew_s, tp_comm_s=tp_s, ep_comm_s=ep_s)
 
 

@@ -37,6 +37,15 @@ expert_tp` (`serve.weights.stage_weight_bytes`). Not modelled: the monolithic ke
 gathers router logits instead of top-k ids (FlashInfer's TRT-LLM MoE on Blackwell), NVFP4 activation
 dispatch (priced as BF16 rows).
 
+The same gather and scatter run an expert-parallel engine on --all2all-backend allgather_reducescatter
+(vLLM 0.33.0's default, `ServeConfig.all2all_backend`): `use_ag_rs_all2all_kernels` (fused_moe/config.py:
+1073-1078) picks the naive prepare/finalize (all2all_utils.py:420-425), whose experts, each GPU its
+E / EP whole experts, take the gathered rows in one pass (no DP chunking: vllm/envs.py has no
+VLLM_MOE_DP_CHUNK_SIZE and `FusedMoEModularKernel` sizes its workspace on the full gathered M,
+modular_kernel.py:1340-1367). With TP > 1 the MoE runs sequence-parallel over the EP group
+(`use_sequence_parallel_moe`, config/parallel.py:768-785; `_get_comm_group` :64-66): each TP rank
+gathers its 1/T of the rows, the same gathered rows over T x D GPUs (`agrs_ep_comm_s`).
+
 Pure functions: no I/O.
 """
 
@@ -45,10 +54,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from autoshard.costmodel.comm import Collective, Link, collective_time_s
+from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_link
 from autoshard.costmodel.flops import Gemm, mlp_gemms
 from autoshard.costmodel.serve.compute import _gemm_s, block_scaled_fp8, model_serving_gpu
-from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig
 from autoshard.costmodel.serve.engine_defaults import capture_sizes
 from autoshard.costmodel.serve.memory import BF16
 from autoshard.costmodel.serve.sharding import layer_tp_comm_s
@@ -70,6 +79,8 @@ __all__ = [
     "vllm_dp_one_engine",
     "FP8_BLOCK",
     "tp_experts_problem",
+    "agrs_ep_engine",
+    "agrs_ep_comm_s",
 ]
 
 TOPK_BYTES = 4 + 4
@@ -123,6 +134,25 @@ def dispatch_combine_s(
         Collective.ALL_GATHER, rows * dispatch_bytes_per_row(model, cfg, fp8_math=fp8_math), d, link
     )
     return gather + collective_time_s(Collective.REDUCE_SCATTER, rows * model.hidden_size * BF16, d, link)
+
+
+def agrs_ep_engine(cfg: ServeConfig) -> bool:
+    """Whether `cfg` is a vLLM expert-parallel engine over DP ranks on allgather_reducescatter."""
+    return cfg.all2all_backend == AGRS_BACKEND and cfg.expert_parallel and cfg.dp_attention > 1
+
+
+def agrs_ep_comm_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, link: Link, *, tokens: float,
+                   rows_sum: float) -> float:
+    """One MoE layer's dispatch and combine of an `agrs_ep_engine`: `dispatch_combine_s` of the gathered
+    rows (`gathered_rows`: D x the busiest rank's `tokens` in a CUDA graph, else the ranks' `rows_sum`)
+    over the EP group: the D DP ranks on `link` (the DP group's), or with TP > 1 the T x D ranks of the
+    sequence-parallel MoE, each gathering its 1/T of the rows, on the EP group's own link (TP innermost,
+    DP outermost: T x D consecutive ranks when PP is 1, each PP stage's T ranks per DP rank otherwise)."""
+    rows = gathered_rows(cfg, pool.gpu, rows_sum=rows_sum, rows_max=tokens)
+    if cfg.tp > 1:
+        link = group_link(pool, ranks=cfg.ep) if cfg.pp == 1 else link
+    fp8_math = cfg.weight_dtype is WeightDtype.FP8 and bool(model_serving_gpu(model, pool.gpu, cfg.weight_dtype).fp8_tflops)
+    return dispatch_combine_s(model, replace(cfg, dp_attention=cfg.ep), link, rows=rows, fp8_math=fp8_math)
 
 
 def _router_shared_s(model: ModelSpec, pool: PoolSpec, cfg: ServeConfig, rows: float) -> float:

@@ -4,6 +4,8 @@ describes, in vLLM's terms (`ParsedServe`); see `parse_sglang` for how SGLang's 
 
 from __future__ import annotations
 
+import json
+
 import difflib
 
 from autoshard.emit.serve_args import (
@@ -44,6 +46,7 @@ _SGLANG_VALUE: dict[str, str] = {
     "--moe-runner-backend": "--moe-runner-backend", "--moe-a2a-backend": "--moe-a2a-backend",
     "--deepep-mode": "--deepep-mode", "--cuda-graph-max-bs-decode": "--cuda-graph-max-bs-decode",
     "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+    "--json-model-override-args": "--json-model-override-args",
 }
 DEEPEP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 DEEPEP_ENV_DEFAULT = 128
@@ -295,8 +298,23 @@ def parse_sglang(command: str) -> ParsedServe:
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
         # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
-        deep_gemm=deep_gemm,
+        deep_gemm=deep_gemm, hf_overrides=_override_args(values.get("--json-model-override-args")),
     )
+
+
+def _override_args(text: str | None) -> str | None:
+    """--json-model-override-args as given, checked to be a JSON object (SGLang json.loads it and updates
+    the model's config with it: srt/configs/model_config.py:612, srt/utils/hf_transformers/config.py:356)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise SpecError(f"--json-model-override-args expects a JSON object, got {text!r}",
+                        field="--json-model-override-args")
+    return text
 
 
 def _deepep_notes(values: dict[str, str], env: dict[str, str], seqs: int | None) -> list[str]:

@@ -93,7 +93,8 @@ def all2all_backend(plan: ServePlan) -> str | None:
     over attention-DP ranks on Hopper/Blackwell, `uses_deepep_low_latency`), `deepep_high_throughput`
     for such an engine priced on the high-throughput backend (`ServeConfig.role` "prefill": a prefill
     instance, or a line read back with that backend), else None (vLLM's default): also for a line read
-    back on another backend (its engine priced in 256-token passes, `ServeConfig.moe_dp_chunk`: vLLM
+    back on vLLM's default allgather_reducescatter (`ServeConfig.all2all_backend`, which runs no DeepEP)
+    or on another backend (its engine priced in 256-token passes, `ServeConfig.moe_dp_chunk`: vLLM
     0.33.0 chunks no DeepEP pass, `search.serve.evaluate.batched_dp_backend`), relaunched as it was."""
     pred = plan.prediction
     if (pred is None or not uses_deepep_low_latency(plan.model, plan.pool.gpu, pred.config)

@@ -1,23 +1,43 @@
 """The max model length a `vllm serve` line starts with, as vLLM 0.33.0 derives it: the model's context
-(--hf-overrides included) when the line gives no --max-model-len, checked where vLLM checks its start.
+(--hf-overrides included) when the line gives no --max-model-len, checked where vLLM checks its start;
+and the relaunch lines of a plan priced from such a line, which carry its overrides (`carry_overrides`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from autoshard.emit.serve_args import ParsedServe
+from autoshard.emit.shell import shell_word
 from autoshard.emit.vllm.flags import VLLM_VERSION
 from autoshard.errors import SpecError
 from autoshard.specs.job import ServeJob
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["UNSCALED_ROPE", "derived_max_model_len", "start_context"]
+__all__ = ["UNSCALED_ROPE", "derived_max_model_len", "sglang_context_len", "start_context", "carry_overrides", "OVERRIDE_FLAGS"]
 
 UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 """RoPE types whose factor vLLM 0.33.0 does not apply to max_position_embeddings (already scaled):
 vllm/config/model.py:2602-2632."""
+
+
+def sglang_context_len(model: ModelSpec, overrides: str) -> int:
+    """The context SGLang 0.5.23 derives from the model's config updated by --json-model-override-args
+    (`get_context_length`, srt/utils/hf_transformers/common.py:677-695): max_position_embeddings times the
+    rope_scaling factor, unless rope_scaling has original_max_position_embeddings or is llama3 (already
+    scaled). The rope_scaling counted is the override's (the model file's own context already stands
+    for the checkpoint's config)."""
+    ov = json.loads(overrides)
+    length, rope = ov.get("max_position_embeddings", model.max_position_embeddings), ov.get("rope_scaling")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise SpecError(f"--json-model-override-args max_position_embeddings must be a positive integer, got "
+                        f"{length!r}", field="--json-model-override-args")
+    factor = rope.get("factor", 1) if isinstance(rope, dict) else 1
+    if not isinstance(rope, dict) or "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        factor = 1
+    return int(factor * length) if isinstance(factor, (int, float)) else length
 
 
 def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int:
@@ -42,7 +62,8 @@ def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int
     return int(length * scale)
 
 
-def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple[ModelSpec, ServeJob, ParsedServe]:
+def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe, *,
+                  engine: str = "vllm") -> tuple[ModelSpec, ServeJob, ParsedServe]:
     """(the model as the line loads it, `job` with the max model length a vLLM line starts with, `parsed`
     with the notes saying so). --hf-overrides that change vLLM's derived length (`derived_max_model_len`)
     give the model that context, with a note; a YaRN rope_scaling override alone does not, and a
@@ -50,7 +71,17 @@ def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple
     --max-model-len: vLLM takes the model's context and refuses to start unless the KV cache holds one
     request of it (`check_enough_kv_cache_memory`, vllm/v1/core/kv_cache_planning.py:151-185), so the
     start check is made there; the requests are still priced at their shape (unchanged when the shape is
-    past the context: refused as such, `search.serve.messages.check_context_len`)."""
+    past the context: refused as such, `search.serve.messages.check_context_len`). `engine` "sglang": an
+    SGLang line's --json-model-override-args give the model the context SGLang derives
+    (`sglang_context_len`), with a note; nothing else changes (its --context-length is checked against it
+    downstream)."""
+    if engine == "sglang":
+        if not parsed.hf_overrides or (limit := sglang_context_len(model, parsed.hf_overrides)) == model.max_position_embeddings:
+            return model, job, parsed
+        note = (f"--json-model-override-args: SGLang's context length for {model.name} is {limit:,} "
+                f"(was {model.max_position_embeddings:,}); checked against it")
+        return (model.model_copy(update={"max_position_embeddings": limit}), job,
+                dataclasses.replace(parsed, warnings=(*parsed.warnings, note)))
     limit, notes = derived_max_model_len(model, parsed.hf_overrides), []
     rope = (json.loads(parsed.hf_overrides) if parsed.hf_overrides else {}).get("rope_scaling") or {}
     mml = parsed.max_model_len
@@ -71,3 +102,37 @@ def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe) -> tuple
                      "out); pass --max-model-len to start with less")
         job = ServeJob.model_validate({**job.model_dump(), "max_model_len": limit})
     return model, job, dataclasses.replace(parsed, warnings=(*parsed.warnings, *notes))
+
+
+OVERRIDE_FLAGS = {"vllm": ("--hf-overrides", "--max-model-len"), "sglang": ("--json-model-override-args", "--context-length")}
+"""Per engine: (the flag whose JSON updates the model's Hugging Face config before the engine derives its
+context, the context flag the relaunch line passes it after). vLLM 0.33.0 --hf-overrides (a dict updates
+the config: config/model.py); SGLang 0.5.23 --json-model-override-args (`config.update(...)`,
+srt/utils/hf_transformers/config.py:356-357)."""
+
+
+def carry_overrides(launch: dict[str, str], overrides: str | None) -> dict[str, str]:
+    """`launch` (a plan's relaunch lines: "vllm", "sglang", their "_nodes" variants) with the config
+    overrides of the line the plan was read from passed to every engine line, `OVERRIDE_FLAGS`: the plan
+    was priced at the context they give the model (`start_context`), which neither engine derives
+    without them (vLLM refuses a --max-model-len past it, SGLang a --context-length). The JSON is
+    re-serialized compactly (one line, the same object) and quoted as one shell word (`shell_word`).
+    Unchanged when there are no overrides."""
+    if not overrides:
+        return dict(launch)
+    word = shell_word(json.dumps(json.loads(overrides), separators=(",", ":")))
+    out = {}
+    for key, text in launch.items():
+        flag, after = OVERRIDE_FLAGS.get(key.split("_")[0], (None, None))
+        if flag is None:
+            out[key] = text
+            continue
+        lines = []
+        for line in text.split("\n"):
+            if line.startswith("#") or f" {flag} " in line:
+                lines.append(line)
+                continue
+            put, n = re.subn(rf"( {re.escape(after)} \S+)", lambda m: f"{m.group(1)} {flag} {word}", line, count=1)
+            lines.append(put if n else f"{line} {flag} {word}")
+        out[key] = "\n".join(lines)
+    return out

@@ -291,10 +291,11 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
     (`ParallelConfig.all2all_backend`; fused_moe/config.py `use_deepep_ht_kernels`/`use_deepep_ll_kernels`):
     `deepep_low_latency` is the aggregated engine autoshard prices; `deepep_high_throughput` runs every
     step, decode included, on DeepEP's normal kernels with their fixed buffers and no CUDA graphs, as the
-    "prefill" role prices it; any other backend (the default allgather_reducescatter among them: vLLM 0.33.0's
-    `ParallelConfig.all2all_backend`, config/parallel.py:220) runs vLLM's usual step budget, not the
-    batched-DP 256 (`search.serve.evaluate.batched_dp_backend`), and is priced on DeepEP's kernels in
-    256-token passes with a note that it is not modelled. First the line's --nnodes against the pool's
+    "prefill" role prices it; any other backend runs vLLM's usual step budget, not the batched-DP 256
+    (`search.serve.evaluate.batched_dp_backend`): the default allgather_reducescatter (vLLM 0.33.0's
+    `ParallelConfig.all2all_backend`, config/parallel.py:220; pplx and naive fall back to it) priced as it
+    runs (`ServeConfig.all2all_backend`), the others on DeepEP's kernels in 256-token passes with a note
+    that they are not modelled. First the line's --nnodes against the pool's
     nodes (`_nodes_problem`): refused when given and wrong, a note when absent (the line, as written,
     would not start on one node; priced as the engine it describes)."""
     if (problem := _nodes_problem(parsed, pool)) is not None and parsed.nnodes > 1:
@@ -321,13 +322,19 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
         return "aggregated", (f"--all2all-backend {backend}: priced as deepep_low_latency (vLLM gives both its "
                               "batched-DP budget of 256 and a buffer sized at the budget); its own speed and buffers "
                               "are not modelled")
-    default = " (vLLM's default: the line names none, or pplx/naive, which fall back to it)" * (
-        backend == "allgather_reducescatter")
-    return "aggregated", (f"--all2all-backend {backend}{default}: vLLM's batched-DP budget of 256 applies only to "
-                          "deepep_low_latency and nixl_ep (config/parallel.py:795-805), so the line runs vLLM's own "
-                          "--max-num-batched-tokens and --max-num-seqs defaults and no DeepEP buffer grows with the "
-                          "budget; its all-to-all is not modelled: priced as DeepEP's low-latency kernels in "
-                          "256-token passes, their buffer at 256 tokens charged")
+    budget = ("vLLM's batched-DP budget of 256 applies only to deepep_low_latency and nixl_ep "
+              "(config/parallel.py:795-805), so the line runs vLLM's own --max-num-batched-tokens and --max-num-seqs "
+              "defaults")
+    if backend in ("allgather_reducescatter", "pplx", "naive"):
+        default = (" (vLLM's default: the line names none)" if backend == "allgather_reducescatter" else
+                   f" (removed: vLLM {VLLM_VERSION} runs allgather_reducescatter, config/parallel.py:537-543)")
+        return "aggregated", (f"--all2all-backend {backend}{default}: {budget}; priced as it runs: each MoE layer "
+                              "all-gathers the DP ranks' tokens and reduce-scatters the experts' outputs, one pass a "
+                              "step, no DeepEP buffer, the experts' workspace on the gathered rows "
+                              "(`costmodel.serve.vllm_dp_moe`)")
+    return "aggregated", (f"--all2all-backend {backend}: {budget} and no DeepEP buffer grows with the budget; its "
+                          "all-to-all is not modelled: priced as DeepEP's low-latency kernels in 256-token passes, "
+                          "their buffer at 256 tokens charged")
 
 
 def _overrides(text: str | None) -> str | None:

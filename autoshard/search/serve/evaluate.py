@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig
 from autoshard.costmodel.serve.engines import DEFAULT_ENGINE
 from autoshard.costmodel.serve.ep_buffers import VLLM_MOE_DP_CHUNK_SIZE, vllm_deepep_ll_budget
 from autoshard.costmodel.serve.memory import default_max_num_batched_tokens, serve_memory
 from autoshard.costmodel.serve.predict import ServePrediction, kv_limited_concurrency, predict_serve
-from autoshard.costmodel.serve.vllm_dp_moe import tp_experts_problem, vllm_dp_one_engine
+from autoshard.costmodel.serve.vllm_dp_moe import agrs_ep_engine, tp_experts_problem, vllm_dp_one_engine
 from autoshard.errors import InfeasibleError, SpecError
 from autoshard.plans.base import SolverStats
 from autoshard.search.serve.budget import vllm_ll_engine
@@ -27,7 +27,8 @@ from autoshard.specs.model import ModelSpec
 from autoshard.specs.cluster import PoolSpec
 from autoshard.units import GIB, time_to_us
 
-__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem", "batched_dp_backend", "VLLM_BATCHED_DP_BACKENDS"]
+__all__ = ["evaluated_row", "budget_carry", "ll_budget_problem", "batched_dp_backend", "VLLM_BATCHED_DP_BACKENDS",
+           "VLLM_AGRS_BACKENDS"]
 
 
 def evaluated_row(
@@ -58,7 +59,9 @@ def evaluated_row(
     vLLM step budget carries (`ll_budget_problem`, `budget_carry`); the planner's own rows are not.
     `all2all_backend`: a vLLM line's --all2all-backend (None: autoshard's own lines, which pass
     deepep_low_latency to these engines); vLLM's 256-token defaults and the buffer sized at the budget
-    hold only on a batched-DP backend (`batched_dp_backend`)."""
+    hold only on a batched-DP backend (`batched_dp_backend`); allgather_reducescatter (vLLM's default,
+    `VLLM_AGRS_BACKENDS`) is priced as it runs (`ServeConfig.all2all_backend`), any other backend on
+    DeepEP's low-latency kernels in 256-token passes (`ServeConfig.moe_dp_chunk`), with a note."""
     if not 0 <= pool < len(cluster.pools):
         raise SpecError(f"pool index {pool} out of range: the cluster has {len(cluster.pools)} pools")
     spec = cluster.pools[pool]
@@ -106,15 +109,18 @@ def evaluated_row(
         max_num_batched_tokens=max_num_batched_tokens or (None if batched else default_max_num_batched_tokens(spec.gpu)),
         role=role,
     )
+    if all2all_backend in VLLM_AGRS_BACKENDS and framework == "vllm" and model.is_moe and expert_parallel and dp > 1:
+        cfg = dataclasses.replace(cfg, all2all_backend=AGRS_BACKEND)  # gathered rows, no DeepEP: `serve.vllm_dp_moe`
     if vllm_ll_engine(model, spec.gpu, cfg):
-        if not batched:  # no buffer grows with the budget: DeepEP's kernels priced in vLLM's 256-token passes
+        if not batched:  # another backend's all-to-all: DeepEP's kernels priced in vLLM 0.11.0's 256-token passes
             cfg = dataclasses.replace(cfg, moe_dp_chunk=VLLM_MOE_DP_CHUNK_SIZE)
         elif max_num_batched_tokens is None:
             cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
     given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
-    if carry and batched and max_num_batched_tokens is not None and (problem := ll_budget_problem(model, spec, job, cfg)):
+    if (carry and (batched and max_num_batched_tokens is not None or agrs_ep_engine(cfg))
+            and (problem := ll_budget_problem(model, spec, job, cfg))):
         raise InfeasibleError(problem)
     ranks = dp  # DP ranks: replicas, or attention-DP ranks of one expert-parallel engine
     per_rank = None if concurrency is None else max(1, -(-concurrency // ranks))
@@ -150,6 +156,12 @@ VLLM_BATCHED_DP_BACKENDS = ("deepep_low_latency", "nixl_ep")
 DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP = 256 (engine/arg_utils.py:3166-3170); any other backend,
 the default allgather_reducescatter (config/parallel.py:220; VLLM_ALL2ALL_BACKEND is no longer read),
 gets `vllm serve`'s usual default (8,192 on an H100)."""
+
+
+VLLM_AGRS_BACKENDS = (AGRS_BACKEND, "pplx", "naive")
+"""--all2all-backend values vLLM 0.33.0 runs as allgather_reducescatter (its default, config/parallel.py:220;
+"pplx" and "naive" were removed and fall back to it, :537-543): priced as `ServeConfig.all2all_backend`
+AGRS_BACKEND on an expert-parallel engine over DP ranks."""
 
 
 def batched_dp_backend(backend: str | None) -> bool:
@@ -225,8 +237,11 @@ def ll_budget_problem(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: Serv
     """Why a vLLM engine on DeepEP's low-latency kernels would not start with the line's
     --max-num-batched-tokens, naming the buffer it sizes and the largest budget that fits (at least
     --max-num-seqs, as vLLM requires), or None when it fits or is no such engine. vLLM 0.33.0 sizes that
-    buffer at the budget (`search.serve.budget`)."""
-    if not vllm_ll_engine(model, pool.gpu, cfg):
+    buffer at the budget (`search.serve.budget`). An engine on allgather_reducescatter (`ServeConfig.
+    all2all_backend`) holds no such buffer, but its profiling forward runs the experts on every DP rank's
+    budget at once (`serve.memory.serve_memory`): the same search, over its activations."""
+    agrs = agrs_ep_engine(cfg)  # allgather_reducescatter: the experts' workspace grows with the budget x DP
+    if not (agrs or vllm_ll_engine(model, pool.gpu, cfg)):
         return None
     mem = serve_memory(model, pool, cfg, context_len=job.context_len)
     if (problem := mem.problem()) is None:
@@ -237,15 +252,21 @@ def ll_budget_problem(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: Serv
 
     low, high = cfg.max_num_seqs, cfg.max_num_batched_tokens  # the largest b in [low, high) that fits
     head = (f"vLLM sizes its DeepEP low-latency buffer at --max-num-batched-tokens {high:,}: "
-            f"{mem.ep_buffer_bytes / GIB:.1f} GiB per GPU; {problem}")
+            f"{mem.ep_buffer_bytes / GIB:.1f} GiB per GPU; {problem}") if not agrs else (
+        f"on --all2all-backend allgather_reducescatter each MoE layer all-gathers the {cfg.dp_attention} DP ranks' "
+        f"tokens and runs its experts on them in one pass: at --max-num-batched-tokens {high:,} vLLM's profiling "
+        f"forward takes {mem.activation_bytes / GIB:.1f} GiB of activations per GPU; {problem}")
     if low >= high or (least := at(low)).problem() is not None:
         return (f"{head}; no smaller budget fits either (at {low:,}, vLLM's least since it must be >= --max-num-seqs, "
-                f"the buffer takes {(least if low < high else mem).ep_buffer_bytes / GIB:.1f} GiB): lower --max-num-seqs "
+                f"{'the activations take' if agrs else 'the buffer takes'} "
+                f"{getattr(least if low < high else mem, 'activation_bytes' if agrs else 'ep_buffer_bytes') / GIB:.1f} "
+                "GiB): lower --max-num-seqs "
                 "or use more GPUs per engine")
     while high - low > 1:  # `low` fits, `high` does not
         mid = (low + high) // 2
         low, high = (mid, high) if at(mid).problem() is None else (low, mid)
     best = at(low)
-    return (f"{head}: pass --max-num-batched-tokens {low:,} or less (the largest that fits: its buffer takes "
-            f"{best.ep_buffer_bytes / GIB:.1f} GiB and leaves a KV cache for {kv_limited_concurrency(best, job):,} "
+    took = f"its activations take {best.activation_bytes / GIB:.1f} GiB" if agrs else (
+        f"its buffer takes {best.ep_buffer_bytes / GIB:.1f} GiB")
+    return (f"{head}: pass --max-num-batched-tokens {low:,} or less (the largest that fits: {took} and leaves a KV cache for {kv_limited_concurrency(best, job):,} "
             f"request(s) of {job.context_len:,} tokens per DP rank)")
