@@ -398,7 +398,8 @@ def test_mlperf60_runs():
     graphs): GB300 TP 1 at 256/512 GPUs and GB200 TP 2 at 512-8,192 GPUs. All six are shown, not held: they
     run the paged stash with static expert buffers and the fused grouped MLP, which autoshard has no knob for
     (the rule of the Qwen3-30B-A3B paged-stash recipe); their 1F1B A2A overlap is priced (item W). With the
-    shipped knobs the GB200 steps are predicted -1 % (512), -4 % (2,048) and -16 % (4,096): the four GB200
+    shipped knobs the GB200 steps are predicted +1.5 % (512), -2 % (2,048) and -14 % (4,096) since item Z's GB200
+    refit (-1, -4, -16 % before): the four GB200
     runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.135 s
     + 0.20 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (32 % short). The GB300
     runs are predicted 38-40 % long (44-46 % at item V, before the overlap was priced and GB300 refitted with
@@ -431,10 +432,10 @@ def test_mlperf60_runs():
                         "gb200-dsv3-671b-2048": 8.653, "gb200-dsv3-671b-4096": 5.366, "gb200-dsv3-671b-8192": 3.477}
     err = {i.removeprefix("mlperf60-nvidia-").removesuffix("gpu"): r.error for i, r in rows.items()}
     assert all(0.35 < err[k] < 0.42 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
-    assert -0.03 < err["gb200-dsv3-671b-512"] < 0.0
-    assert -0.06 < err["gb200-dsv3-671b-2048"] < -0.02
-    assert -0.18 < err["gb200-dsv3-671b-4096"] < -0.14
-    assert -0.35 < err["gb200-dsv3-671b-8192"] < -0.30  # shown: the fixed per-step cost
+    assert 0.0 < err["gb200-dsv3-671b-512"] < 0.03
+    assert -0.04 < err["gb200-dsv3-671b-2048"] < 0.0
+    assert -0.16 < err["gb200-dsv3-671b-4096"] < -0.12
+    assert -0.33 < err["gb200-dsv3-671b-8192"] < -0.29  # shown: the fixed per-step cost
     # item Y: the Llama 3.1 runs of the other submitters (and NVIDIA's 8B), read from the stored mirror: 34
     # held (32 NVFP4 8B/405B, SCITIX's FP8 8B), each within 10 % in sample (B300's 13 runs -5 to +4 %, its own
     # fit since); 10.3 % since item Z took the eight short-block rows at their logs' pace (Nebius's 64-GPU B300
@@ -452,14 +453,15 @@ def test_mlperf60_runs():
 def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
-    shipped GB200 knobs (fitted on 28 GB200 runs, these 7 among them) each step is within 6 % (+1.2 to +5.1 %;
+    shipped GB200 knobs (fitted on 28 GB200 runs, these 7 among them) each step is within 7 % (+2.3 to +6.2 %
+    since item Z's refit, GB200 `train_gemm` 0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y;
     -3.5 to +0.2 % before item Y's refit, GB200 `train_gemm_fp8` 0.60 -> 0.55);
     out of source (residuals_train.json) within 4 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
     plan family) now pin the GB200 fit of the fold that leaves v5.0 out, which was 9-13 % long without them
     (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
-    assert all(0.0 < r.error < 0.06 for r in rows)
+    assert all(0.0 < r.error < 0.07 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.04 for r in rows)
 
