@@ -65,8 +65,8 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took longer than predicted (40 % at 512 rows, 4 % at 1,024; both
     >= 20 % until item Z priced the unfused loss they ran); every one at or above it is within 20 % either way,
-    except the runs the docstring names: the long-context Mixtral 8x22B run on B200 (21 % fast), Qwen3-30B-A3B's
-    two FP8 runs (23 and 30 % fast), Qwen3-235B MXFP8 on 64 GB300 with the A2A overlap (22 % fast) and Qwen3-235B
+    except the runs the docstring names: the long-context Mixtral 8x22B run on B200 (20 % fast; 21 % before
+    item Z), Qwen3-30B-A3B's two FP8 runs (23 and 30 % fast), Qwen3-235B MXFP8 on 64 GB300 with the A2A overlap (22 % fast) and Qwen3-235B
     BF16 on GB200 (20 % slow in speed, its step 25 % long), errors that do not
     follow the expert rows. The GB200 Mixtral 8x22B and Qwen3 131K runs are inside (10 % fast, 16 % slow)."""
     runs = {r["id"]: r for r in yaml.safe_load((VALIDATION / "training_runs.yaml").read_text())}
@@ -94,9 +94,9 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     assert sorted(round(s, 2) for s in below) == [1.04, 1.4]  # the note's "40 % and 4 %"
     assert len(above) >= 10 and all(1 / 1.2 <= s <= 1.2 for s in above)
     assert round(max(above), 2) == 1.19  # the note's farthest fast: Mixtral 8x7B on B200
-    # the docstring's exceptions: Qwen3-235B BF16 on GB200 20 % slow, Mixtral 8x22B on B200 21 % fast,
+    # the docstring's exceptions: Qwen3-235B BF16 on GB200 20 % slow, Mixtral 8x22B on B200 20 % fast,
     # Qwen3-235B MXFP8 on 64 GB300 with the A2A overlap 22 % fast, Qwen3-30B-A3B FP8 23 % and 30 % fast
-    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 1.21, 1.22, 1.23, 1.30]
+    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 1.20, 1.22, 1.23, 1.30]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:

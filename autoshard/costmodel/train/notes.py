@@ -10,7 +10,7 @@ tests/validation/expert_host_check.py, and not the grouped GEMM's tile padding e
 H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's speed at
 4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x7B on B200 the
 farthest fast, 19 % faster predicted than measured), except five whose errors do not follow the expert
-rows: Mixtral 8x22B at 65,536 tokens, CP 8, on B200 (21 % faster predicted than measured), Qwen3-235B-A22B
+rows: Mixtral 8x22B at 65,536 tokens, CP 8, on B200 (20 % faster predicted than measured), Qwen3-235B-A22B
 MXFP8 on 64 GB300 with the EP all-to-all overlap (22 % faster: the overlap priced optimistic, README item W),
 Qwen3-30B-A3B's FP8 runs from Megatron-LM's MoE recipes on H100 and GB200 (23 % and 30 % faster: they
 measured no faster than BF16, which the model prices 4-8 % slower) and Qwen3-235B-A22B BF16 on GB200 (20 %
