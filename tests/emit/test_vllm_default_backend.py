@@ -45,10 +45,25 @@ def test_batched_dp_backends_are_vllms():
 def test_line_without_a_backend_is_refused_at_vllms_usual_budget():
     # vLLM's usual 8,192 tokens x 16 DP ranks through the experts at once in the profiling forward
     with pytest.raises(InfeasibleError, match=r"all-gathers the 16 DP ranks' tokens.*8,192.*50\.0 GiB of activations"
-                                              r".*pass --max-num-batched-tokens 2,038 or less"):
+                                              r".*pass --max-num-batched-tokens 2038 or less"):
         _plan()
-    with pytest.raises(InfeasibleError, match=r"pass --max-num-batched-tokens 2,163 or less"):
+    with pytest.raises(InfeasibleError, match=r"pass --max-num-batched-tokens 2163 or less"):
         _plan(" --max-num-seqs 512")
+
+
+def test_refusal_at_the_least_budget_names_the_start_check_and_its_fix():
+    """Without --max-model-len vLLM starts only if the KV cache holds one request of the model's 163,840-token
+    context (vllm/v1/core/kv_cache_planning.py:151-185). At the least budget, 1,024, the activations fit (7.5 GiB)
+    and that check is what fails: the refusal says so and names --max-model-len (it said "lower --max-num-seqs or
+    use more GPUs per engine", found by a review helper); the line it names starts."""
+    bare = LINE.replace(" --max-model-len 2000", "")
+    with pytest.raises(InfeasibleError, match=r"at 1,024 \(vLLM's least.*the activations take 7\.5 GiB and the KV cache "
+                                              r"holds 93,776 tokens, less than one request of max_model_len 163,840: "
+                                              r"pass --max-num-batched-tokens 1024 with --max-model-len 93776 or less"):
+        evaluate_vllm(DSV3, H100x16, bare, job=JOB)
+    plan = evaluate_vllm(DSV3, H100x16, bare + " --max-num-batched-tokens 1024 --max-model-len 93776", job=JOB)
+    assert plan.prediction.memory.kv_cache_tokens == 93776
+    assert plan.throughput_tokens_per_s == pytest.approx(8004.7, rel=2e-3)
 
 
 def test_line_without_a_backend_priced_as_allgather_reducescatter():

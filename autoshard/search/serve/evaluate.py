@@ -257,16 +257,25 @@ def ll_budget_problem(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: Serv
         f"tokens and runs its experts on them in one pass: at --max-num-batched-tokens {high:,} vLLM's profiling "
         f"forward takes {mem.activation_bytes / GIB:.1f} GiB of activations per GPU; {problem}")
     if low >= high or (least := at(low)).problem() is not None:
+        worst = least if low < high else mem
+        took = (f"{'the activations take' if agrs else 'the buffer takes'} "
+                f"{(worst.activation_bytes if agrs else worst.ep_buffer_bytes) / GIB:.1f} GiB")
+        if worst.non_kv_bytes <= worst.budget_bytes and worst.kv_cache_tokens < worst.request_tokens(worst.context_len):
+            # what stops it at the least budget is vLLM's start check of one request of max_model_len
+            # (vllm/v1/core/kv_cache_planning.py:151-185): a shorter --max-model-len starts it
+            block = worst.kv_block_tokens or 1
+            fit = worst.kv_cache_tokens // block * block
+            return (f"{head}; at {low:,} (vLLM's least since it must be >= --max-num-seqs) {took} and the KV cache "
+                    f"holds {worst.kv_cache_tokens:,} tokens, less than one request of max_model_len "
+                    f"{worst.context_len:,}: pass --max-num-batched-tokens {low} with --max-model-len {fit} or less, "
+                    "or use more GPUs per engine")
         return (f"{head}; no smaller budget fits either (at {low:,}, vLLM's least since it must be >= --max-num-seqs, "
-                f"{'the activations take' if agrs else 'the buffer takes'} "
-                f"{getattr(least if low < high else mem, 'activation_bytes' if agrs else 'ep_buffer_bytes') / GIB:.1f} "
-                "GiB): lower --max-num-seqs "
-                "or use more GPUs per engine")
+                f"{took}): lower --max-num-seqs or use more GPUs per engine")
     while high - low > 1:  # `low` fits, `high` does not
         mid = (low + high) // 2
         low, high = (mid, high) if at(mid).problem() is None else (low, mid)
     best = at(low)
     took = f"its activations take {best.activation_bytes / GIB:.1f} GiB" if agrs else (
         f"its buffer takes {best.ep_buffer_bytes / GIB:.1f} GiB")
-    return (f"{head}: pass --max-num-batched-tokens {low:,} or less (the largest that fits: {took} and leaves a KV cache for {kv_limited_concurrency(best, job):,} "
+    return (f"{head}: pass --max-num-batched-tokens {low} or less (the largest that fits: {took} and leaves a KV cache for {kv_limited_concurrency(best, job):,} "
             f"request(s) of {job.context_len:,} tokens per DP rank)")
