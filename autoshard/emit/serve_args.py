@@ -7,6 +7,7 @@ their launchers: `autoshard.emit.vllm.parse`, `autoshard.emit.sglang.parse`.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shlex
 from collections.abc import Iterable
@@ -15,10 +16,26 @@ from dataclasses import dataclass
 from autoshard.errors import SpecError
 from autoshard.specs.job import ServeJob, WeightDtype
 
-__all__ = ["ParsedServe", "misspelling_of", "weight_dtype_of", "kv_cache_dtype_of", "is_option", "to_int", "split_command",
+__all__ = ["ParsedServe", "json_object_arg", "misspelling_of", "weight_dtype_of", "kv_cache_dtype_of", "is_option", "to_int", "split_command",
            "ENV_WORD", "FP8", "INT8", "INT4", "NVFP4", "MXFP4", "OTHER_QUANT", "KV_BF16", "KV_FP8"]
 
 ENV_WORD = re.compile(r"^[A-Za-z_]\w*=")
+
+
+def json_object_arg(text: str | None, flag: str) -> str | None:
+    """A config-override option's value as given (None when absent), checked to be a JSON object: vLLM's
+    --hf-overrides and SGLang's --json-model-override-args are json.loads'ed and update the model's config
+    (vLLM 0.33.0 config/model.py; SGLang 0.5.23 srt/configs/model_config.py:612,
+    srt/utils/hf_transformers/config.py:356)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise SpecError(f"{flag} expects a JSON object, got {text!r}", field=flag)
+    return text
 _HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT])$")
 _NUMBER = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 

@@ -4,13 +4,13 @@ describes, in vLLM's terms (`ParsedServe`); see `parse_sglang` for how SGLang's 
 
 from __future__ import annotations
 
-import json
 
 import difflib
 
 from autoshard.emit.serve_args import (
     ENV_WORD,
     ParsedServe,
+    json_object_arg,
     is_option,
     kv_cache_dtype_of,
     misspelling_of,
@@ -298,23 +298,10 @@ def parse_sglang(command: str) -> ParsedServe:
         # SGLang overrides NCCL_NVLS_ENABLE with --enable-nccl-nvls (default off) unless symmetric memory
         # is on (`_set_envs_and_config`, sglang/srt/entrypoints/engine.py)
         nccl_nvls=bool(switches & {"--enable-nccl-nvls", "--enable-symm-mem"}),
-        deep_gemm=deep_gemm, hf_overrides=_override_args(values.get("--json-model-override-args")),
+        deep_gemm=deep_gemm,
+        hf_overrides=json_object_arg(values.get("--json-model-override-args"), "--json-model-override-args"),
     )
 
-
-def _override_args(text: str | None) -> str | None:
-    """--json-model-override-args as given, checked to be a JSON object (SGLang json.loads it and updates
-    the model's config with it: srt/configs/model_config.py:612, srt/utils/hf_transformers/config.py:356)."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        raise SpecError(f"--json-model-override-args expects a JSON object, got {text!r}",
-                        field="--json-model-override-args")
-    return text
 
 
 def _deepep_notes(values: dict[str, str], env: dict[str, str], seqs: int | None) -> list[str]:

@@ -15,7 +15,6 @@ is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
 from __future__ import annotations
 
 import difflib
-import json
 
 from autoshard.emit.serve_args import (
     ENV_WORD,
@@ -28,6 +27,7 @@ from autoshard.emit.serve_args import (
     NVFP4,
     OTHER_QUANT,
     ParsedServe,
+    json_object_arg,
     is_option,
     kv_cache_dtype_of,
     misspelling_of,
@@ -260,7 +260,7 @@ def parse_vllm(command: str) -> ParsedServe:
         headless=bool(values.get("--headless", False)),
         nccl_nvls="NCCL_NVLS_ENABLE=0" not in tokens[:k],
         all2all_backend=get("--all2all-backend") or "allgather_reducescatter",  # an environment word before the command
-        hf_overrides=_overrides(get("--hf-overrides")),
+        hf_overrides=json_object_arg(get("--hf-overrides"), "--hf-overrides"),
         distributed_executor_backend=get("--distributed-executor-backend"),
         allow_long_context=any(t.partition("=")[0] == LONG_ENV and t.partition("=")[2].strip().lower() in ("1", "true")
                                for t in tokens[:k]),
@@ -337,18 +337,6 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
                           "their buffer at 256 tokens charged")
 
 
-def _overrides(text: str | None) -> str | None:
-    """--hf-overrides as given, checked to be a JSON object (vLLM parses it with json.loads)."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        raise SpecError(f"--hf-overrides expects a JSON object, got {text!r}", field="--hf-overrides")
-    return text
-
 
 def _nodes_problem(parsed: ParsedServe, pool: PoolSpec) -> str | None:
     """Why vLLM 0.33.0 would not start a line's TP x PP group (no data parallelism) on the pool's nodes:
@@ -360,7 +348,7 @@ def _nodes_problem(parsed: ParsedServe, pool: PoolSpec) -> str | None:
     if parsed.dp > 1 or parsed.distributed_executor_backend == "ray" or (ranks % nodes == 0 and ranks // nodes <= per_node):
         return None
     need = -(-ranks // per_node)
-    what = (f"do not split evenly over them" if ranks % nodes else
+    what = ("do not split evenly over them" if ranks % nodes else
             f"{ranks // nodes} a node, and {pool.name}'s nodes have {per_node}")
     return (f"TP {parsed.tp} x PP {parsed.pp} = {ranks} GPUs over --nnodes {nodes}: vLLM {VLLM_VERSION} runs "
             f"world_size / nnodes ranks on each node, {what}: pass --nnodes {need} (one line per node, "
