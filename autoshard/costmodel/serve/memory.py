@@ -201,12 +201,14 @@ class ServeMemory:
         return self.kv_cache_tokens / self.request_tokens(self.context_len)
 
     @property
+    def short_of_one_request(self) -> bool:
+        """The engine's memory leaves a KV cache, but one too small for a single request of max_model_len
+        (vLLM's start check, `check_enough_kv_cache_memory`: a shorter max_model_len starts it)."""
+        return self.kv_cache_bytes > 0 and self.kv_cache_tokens < self.request_tokens(self.context_len)
+
+    @property
     def fits(self) -> bool:
-        return (
-            self.kv_cache_bytes > 0
-            and self.kv_cache_tokens >= self.request_tokens(self.context_len)
-            and self.startup_bytes <= self.headroom_bytes
-        )
+        return self.kv_cache_bytes > 0 and not self.short_of_one_request and self.startup_bytes <= self.headroom_bytes
 
     def problem(self) -> str | None:
         """Why the engine would not start, phrased as needs/has; None when it fits."""
@@ -219,7 +221,7 @@ class ServeMemory:
                 f"{self.non_kv_bytes / gib:.1f} GiB per GPU; gpu_memory_utilization leaves "
                 f"{self.budget_bytes / gib:.1f} GiB"
             )
-        if self.kv_cache_tokens < self.request_tokens(self.context_len):
+        if self.short_of_one_request:
             return (
                 f"the KV cache holds {self.kv_cache_tokens} tokens, less than one request of "
                 f"max_model_len {self.context_len}"

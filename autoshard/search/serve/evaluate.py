@@ -260,9 +260,7 @@ def ll_budget_problem(model: ModelSpec, pool: PoolSpec, job: ServeJob, cfg: Serv
         worst = least if low < high else mem
         took = (f"{'the activations take' if agrs else 'the buffer takes'} "
                 f"{(worst.activation_bytes if agrs else worst.ep_buffer_bytes) / GIB:.1f} GiB")
-        if worst.non_kv_bytes <= worst.budget_bytes and worst.kv_cache_tokens < worst.request_tokens(worst.context_len):
-            # what stops it at the least budget is vLLM's start check of one request of max_model_len
-            # (vllm/v1/core/kv_cache_planning.py:151-185): a shorter --max-model-len starts it
+        if worst.short_of_one_request:  # vLLM's start check (vllm/v1/core/kv_cache_planning.py:151-185)
             block = worst.kv_block_tokens or 1
             fit = worst.kv_cache_tokens // block * block
             return (f"{head}; at {low:,} (vLLM's least since it must be >= --max-num-seqs) {took} and the KV cache "
