@@ -13,8 +13,9 @@ from autoshard.parallel import Fp8Recipe
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.job import Precision
 
-__all__ = ["NVFP4_CAST_BYTES", "NVFP4_WEIGHT_CACHE_BYTES", "fp8_cast_bytes_per_element", "fp8_quantize_s",
-           "fp8_recipe_gpu", "fp8_weight_cast_bytes_per_param", "gemm_operand_bytes", "gemm_peak",
+__all__ = ["NVFP4_CAST_BYTES", "NVFP4_WEIGHT_CACHE_BYTES", "SPLIT_QUANTIZE_KERNELS",
+           "fp8_cast_bytes_per_element", "fp8_quantize_s", "fp8_recipe_gpu", "fp8_weight_cast_bytes_per_param",
+           "gemm_operand_bytes", "gemm_peak",
            "nvfp4_quantize_s", "quantized_gemm", "quantized_peak_tflops"]
 
 NVFP4_WEIGHT_CACHE_BYTES = 2 * (0.5 + 1 / 16)
@@ -106,6 +107,23 @@ def fp8_cast_bytes_per_element(recipe: Fp8Recipe, *, transpose: bool = False) ->
     raise AssertionError(recipe)
 
 
+SPLIT_QUANTIZE_KERNELS = {
+    Fp8Recipe.DELAYED: 0, Fp8Recipe.TENSORWISE: 3, Fp8Recipe.BLOCKWISE: 1, Fp8Recipe.MXFP8: 1}
+"""Kernels Transformer Engine launches per local expert to quantize one operand of a grouped expert GEMM,
+beyond one fused pass over all experts. GroupedLinear quantizes its input (forward) and output gradient
+(backward) with `tex.split_quantize` (TransformerEngine release_v2.14, pytorch/csrc/extensions/cast.cpp
+`split_quantize` -> `multi_tensor_quantize_impl`): the one fused multi-tensor kernel
+(`nvte_multi_cast_transpose`, "Currently only have fused kernel for FP8 delayed scaling") serves only delayed
+scaling's Float8Quantizer; the blockwise (Float8BlockQuantizer) and MXFP8 quantizers, bulk-allocated, still
+"Quantize kernels individually": one `nvte_quantize_v2` each; current scaling
+(Float8CurrentScalingQuantizer, pytorch/csrc/quantizer.cpp) runs three per tensor: the amax, the scale from
+it, the cast. NVFP4's split-quantize with the random Hadamard transform (TE's default NVFP4 recipe) runs
+grouped amax and cast kernels: no extra launches (without it, MLPerf's "vanilla" recipe, the casts run per
+expert after one grouped amax: not priced, no NVFP4 MoE run is measured). Each
+launch costs the GPU's `kernel_overhead_us`, as each per-expert GEMM does (compute.gemm_time_s); the bytes
+are `fp8_cast_bytes_per_element`'s either way."""
+
+
 def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[float, float]:
     """(forward, backward) seconds Transformer Engine spends quantizing the activation operands of
     one layer's FP8 GEMMs (`gpu` carries the training knobs): for each forward GEMM (m x k) @ (k x n),
@@ -114,18 +132,26 @@ def fp8_quantize_s(gemms: list[Gemm], gpu: GpuSpec, recipe: Fp8Recipe) -> tuple[
     `fp8_cast_bytes_per_element` (with the transposed copy on GPUs before Blackwell). The weights
     are cast once per step (`is_first_microbatch`): not here, per micro-batch, but in
     costmodel.train.layer.fp8_weight_cast_s, once per step. BF16 GEMMs
-    (router, output layer) quantize nothing."""
+    (router, output layer) quantize nothing. A grouped expert GEMM's operands are quantized expert by
+    expert where the recipe has no fused multi-tensor kernel: SPLIT_QUANTIZE_KERNELS launches per extra
+    expert, each at the GPU's `kernel_overhead_us`."""
     per = fp8_cast_bytes_per_element(recipe, transpose=gpu_generation(gpu.name) != "blackwell")
-    return _quantize_s(gemms, gpu, per)
+    return _quantize_s(gemms, gpu, per, SPLIT_QUANTIZE_KERNELS[recipe])
 
 
-def _quantize_s(gemms: list[Gemm], gpu: GpuSpec, bytes_per_element: float) -> tuple[float, float]:
+def _quantize_s(
+    gemms: list[Gemm], gpu: GpuSpec, bytes_per_element: float, split_kernels: int = 0,
+) -> tuple[float, float]:
     """(forward, backward) seconds to quantize the inputs X (m x k) and the output gradients dY (m x n) of
-    the GEMMs Transformer Engine quantizes, at `bytes_per_element` of HBM traffic each."""
+    the GEMMs Transformer Engine quantizes, at `bytes_per_element` of HBM traffic each, plus
+    `split_kernels` launches per expert beyond the first for each operand of a grouped GEMM (one X forward,
+    one dY backward)."""
     hbm = gpu.hbm_tbps * 1e12 * gpu.efficiency.hbm
     x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
     dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
-    return bytes_per_element * x / hbm, bytes_per_element * dy / hbm
+    launches = split_kernels * sum(g.count - 1 for g in gemms if g.fp8_capable and g.grouped)
+    launch_s = launches * gpu.efficiency.kernel_overhead_us * 1e-6
+    return bytes_per_element * x / hbm + launch_s, bytes_per_element * dy / hbm + launch_s
 
 
 def nvfp4_quantize_s(gemms: list[Gemm], gpu: GpuSpec) -> tuple[float, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from autoshard.costmodel.compute import fp8_quantize_s, layer_compute_time
+from autoshard.costmodel.fp8 import fp8_cast_bytes_per_element
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import layer_gemms
 from autoshard.parallel import Fp8Recipe, ParallelDims, Recompute
@@ -55,3 +56,34 @@ def test_bf16_gemms_quantize_nothing():
     assert fp8_quantize_s(router, H100, Fp8Recipe.DELAYED) == (0.0, 0.0)
     rest = [g for g in moe if g.fp8_capable]
     assert fp8_quantize_s(moe, H100, Fp8Recipe.MXFP8) == pytest.approx(fp8_quantize_s(rest, H100, Fp8Recipe.MXFP8))
+
+
+@pytest.mark.parametrize(("recipe", "kernels"), [
+    (Fp8Recipe.DELAYED, 0), (Fp8Recipe.TENSORWISE, 3), (Fp8Recipe.BLOCKWISE, 1), (Fp8Recipe.MXFP8, 1)])
+def test_grouped_expert_operands_are_quantized_expert_by_expert(recipe, kernels):
+    """Qwen3-30B-A3B at EP 8 (16 local experts, 4,096 tokens): Transformer Engine's split_quantize fuses
+    the experts' casts only under delayed scaling; blockwise and MXFP8 launch one quantize kernel per
+    expert, current scaling three (amax, scale, cast). Per layer, the forward quantizes two grouped
+    inputs (fc1, fc2) and the backward two grouped output gradients: 15 extra experts x kernels x 2
+    operands each way, at 4 us a launch on H100; the bytes are the fused pass's, and a dense layer's
+    quantization (one tensor per GEMM) takes no extra launch."""
+    qwen = load_model("qwen3-30b-a3b")
+    moe = layer_gemms(qwen, LayerKind.MOE, tokens=4096, dims=ParallelDims(dp=8, ep=8))
+    grouped = [g for g in moe if g.grouped]
+    assert [(g.count, g.n, g.k) for g in grouped] == [(16, 1536, 2048), (16, 2048, 768)]
+    launch = kernels * 15 * 2 * 4e-6
+    assert H100.efficiency.kernel_overhead_us == 4.0
+    fused = _bytes_only(moe, recipe)
+    fwd, bwd = fp8_quantize_s(moe, H100, recipe)
+    assert fwd == pytest.approx(fused[0] + launch)
+    assert bwd == pytest.approx(fused[1] + launch)
+    dense = layer_gemms(LLAMA8, LayerKind.DENSE, tokens=8192, dims=ParallelDims())
+    assert fp8_quantize_s(dense, H100, recipe) == pytest.approx(_bytes_only(dense, recipe))
+
+
+def _bytes_only(gemms, recipe) -> tuple[float, float]:
+    """The quantization traffic alone: X and dY elements at the recipe's bytes (Hopper's transposed copy)."""
+    per = fp8_cast_bytes_per_element(recipe, transpose=True)
+    x = sum(g.m * g.k * g.count for g in gemms if g.fp8_capable)
+    dy = sum(g.m * g.n * g.count for g in gemms if g.fp8_capable)
+    return per * x / _hbm(H100), per * dy / _hbm(H100)
