@@ -29,6 +29,7 @@ from autoshard.emit.megatron.layout import default_stages, parse_layout
 from autoshard.parallel import CrossEntropyImpl, Fp8Recipe, MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs import ClusterSpec, EfficiencySpec, ModelSpec, Precision, load_cluster, load_model
 from autoshard.specs.job import Optimizer
+from autoshard.specs.layers import LayerKind
 from autoshard.units import GIB
 
 HERE = Path(__file__).resolve().parent
@@ -123,6 +124,15 @@ def first_iteration_max_allocated_bytes(pred: TrainPrediction, cfg: TrainConfig)
     return mem.total - mem.overhead - mem.optimizer * 8.0 / 12.0
 
 
+def _router_flops_per_step(model, *, tokens: int) -> float:
+    """Forward + backward FLOPs of the MoE layers' router GEMMs (tokens x hidden x experts each), which
+    Megatron-Core's logged TFLOP/s does not count."""
+    if model.moe is None:
+        return 0.0
+    moe_layers = sum(1 for k in model.layer_kinds if k is LayerKind.MOE)
+    return 3.0 * 2.0 * tokens * model.hidden_size * model.moe.num_experts * moe_layers
+
+
 def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) -> RunResult:
     if any(run.get("fp4_bf16_layers", (0, 0))):  # Megatron --first-last-layers-bf16: a per-layer precision
         raise ValueError(f"{run['id']}: decoder layers kept in BF16 under FP4 are not modelled")
@@ -167,10 +177,13 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         metric = "step_time_s"
         measured = _narayanan96_flops(model, run) / (measured * 1e12 * dims.world_size)
     elif metric == "tflops_per_gpu" and m.get("convention", "").startswith("megatron-causal"):
-        # Current Megatron-Core halves the causal attention core in its logged TFLOP/s: convert to
+        # Current Megatron-Core halves the causal attention core in its logged TFLOP/s and leaves the
+        # router GEMM out (num_floating_point_operations at e5ad09802d, megatron/training/training.py:
+        # moe_layer_flops and transformer_flops count routed and shared experts, no router): convert to
         # the step time it implies, compare step times.
         metric = "step_time_s"
         useful = causal_model_flops_per_step(model, seq_len=run["seq_len"], global_batch_size=run["global_batch_size"])
+        useful -= _router_flops_per_step(model, tokens=run["seq_len"] * run["global_batch_size"])
         measured = useful / (measured * 1e12 * dims.world_size)
     predicted = {
         "tflops_per_gpu": pred.tflops_per_gpu,
