@@ -663,3 +663,18 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
     assert len(v60) == 31 and all(-0.13 < e < 0.10 for e in v60)
     assert all(abs(r.error) < 0.16 for r in rows.values())
+
+
+def test_megatron_causal_tflops_convert_by_megatrons_own_formula():
+    """The Qwen3-30B-A3B BF16 recipe row (234.1 TFLOP/s per GPU on 32 H100, GBS 256 x 4,096 tokens) becomes
+    the step time Megatron-Core's num_floating_point_operations (e5ad09802d, megatron/training/training.py)
+    implies, written out here term by term: per token 3 x 2 x (QKV + output projections + 8 routed SwiGLU
+    experts + logits) per layer, plus the causal attention core 3 x 2 x q per token x sequence length; no
+    router GEMM (2 x 2,048 x 128 per token and layer forward: 0.3 % of the total)."""
+    run = next(r for r in RUNS if r["id"] == "mlmrecipe-qwen3-30b-h100-bf16-ep8")
+    h, layers, q, kv, ffn, topk, vocab, s, gbs = 2048, 48, 32 * 128, 4 * 128, 768, 8, 151936, 4096, 256
+    tokens = s * gbs
+    per_token = 3 * 2 * (layers * (h * (q + 2 * kv) + q * h + h * ffn * topk * 3) + h * vocab)
+    core = s * s * gbs * 3 * 2 * q * layers
+    megatron = tokens * per_token + core
+    assert predict_run(run).measured == pytest.approx(megatron / (234.1e12 * 32), rel=1e-9)
