@@ -144,7 +144,15 @@ def bounds_shares(bounds: tuple[int, ...], *, ranks: int, stride: int = 1) -> tu
     """`domain_shares` on ranks 0..bounds[-1] whose domains start at `bounds` (the last is the end)."""
     span = max(1, ranks * stride)
     out: set[tuple[int, ...]] = set()
+    seen: set[tuple[int, ...]] = set()
     for start in range(0, max(1, bounds[-1] - span + 1), span):
+        first = bisect.bisect_right(bounds, start) - 1
+        last = bisect.bisect_right(bounds, start + span - 1) - 1
+        sizes = (bounds[d + 1] - bounds[d] for d in range(first, min(last, len(bounds) - 2) + 1))
+        key = (start - bounds[first], *sizes)
+        if key in seen:  # the same offset into domains of the same sizes: the same split
+            continue
+        seen.add(key)
         counts: dict[int, int] = {}
         for j in range(ranks):
             d = bisect.bisect_right(bounds, start + j * stride) - 1
