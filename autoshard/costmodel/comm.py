@@ -17,6 +17,8 @@ transfer striped over several GPUs' links at once (`striped_send_s`: a disaggreg
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,7 +30,7 @@ from autoshard.specs.cluster import LinkKind, NodeSpec, PoolSpec
 __all__ = [
     "Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link",
     "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s", "ep_all_to_all_s",
-    "striped_send_s", "deepep_normal_all_to_all_s",
+    "striped_send_s", "deepep_normal_all_to_all_s", "domain_bounds", "domain_shares", "bounds_shares",
 ]
 
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
@@ -95,6 +97,7 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
     per-GPU network bandwidth, never more than NVLink's."""
     node = pool.node
     domain = node.domain_size
+    members = None
     if domain > node.gpus_per_node:
         # rack-scale domain: ranks fill `domain_used` GPUs of each, the last one possibly partly; an
         # aligned group stays inside one domain when it divides that count (or one domain holds all)
@@ -103,14 +106,59 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
         if ranks <= 1 or pool.num_gpus <= used or (span <= used and used % span == 0):
             return _intra(node, pool)
         domain = used
+        if span <= used:
+            # groups a rack could hold but that straddle two: the ring crosses between racks on the
+            # NICs of the side with fewer members (the slowest group sets the pace)
+            members = min(min(split) for split in domain_shares(pool, ranks=ranks, stride=stride))
     elif ranks <= 1 or ranks * stride <= domain:
         return _intra(node, pool, span=(ranks - 1) * stride + 1)
     eff = pool.gpu.efficiency
-    members = max(1, min(ranks, domain // stride))
+    members = members or max(1, min(ranks, domain // stride))
     # never more than the intra-node ring of a node's members (cross-socket on a two-socket PCIe node)
     intra = _intra(node, pool, span=(members - 1) * stride + 1).bytes_per_s / 1e9
     bandwidth = min(members * node.inter_node_gbps * eff.inter_node_bw, intra)
     return Link(bandwidth * 1e9, eff.inter_node_latency_us * 1e-6, True)
+
+
+def domain_bounds(pool: PoolSpec, gpus: int | None = None) -> tuple[int, ...]:
+    """First rank of each NVLink domain that `gpus` ranks (default: the pool's) fill from a domain's
+    start, in rank order, and the end: a rack-scale domain holds `domain_used` consecutive ranks
+    (`PoolSpec.domain_fill`: the last rack possibly partly filled), a node-sized one `domain_size`."""
+    per = pool.node.domain_used  # the domain's size where no partial fill is set
+    full, rest = divmod(pool.num_gpus if gpus is None else gpus, per)
+    return (0, *itertools.accumulate((per,) * full + ((rest,) if rest else ())))
+
+
+def domain_shares(pool: PoolSpec, *, ranks: int, stride: int = 1) -> tuple[tuple[int, ...], ...]:
+    """How the members of each group of `ranks` ranks `stride` apart split over NVLink domains: the
+    distinct splits (members per domain touched, in rank order) over the pool's groups. Groups are
+    Megatron's aligned blocks of `ranks * stride` consecutive ranks (`parallel_state.RankGenerator`,
+    order tp-cp-ep-dp-pp; the expert generator tp=ETP, ep=EP, cp=1), and ranks fill the domains in order
+    (`domain_bounds`). An aligned group whose span divides the domain's count has one split, (ranks,);
+    EP 48 on racks of 64 has (48,) and (16, 32)."""
+    return bounds_shares(domain_bounds(pool), ranks=ranks, stride=stride)
+
+
+@lru_cache(maxsize=4096)
+def bounds_shares(bounds: tuple[int, ...], *, ranks: int, stride: int = 1) -> tuple[tuple[int, ...], ...]:
+    """`domain_shares` on ranks 0..bounds[-1] whose domains start at `bounds` (the last is the end)."""
+    span = max(1, ranks * stride)
+    out: set[tuple[int, ...]] = set()
+    seen: set[tuple[int, ...]] = set()
+    for start in range(0, max(1, bounds[-1] - span + 1), span):
+        first = bisect.bisect_right(bounds, start) - 1
+        last = bisect.bisect_right(bounds, start + span - 1) - 1
+        sizes = (bounds[d + 1] - bounds[d] for d in range(first, min(last, len(bounds) - 2) + 1))
+        key = (start - bounds[first], *sizes)
+        if key in seen:  # the same offset into domains of the same sizes: the same split
+            continue
+        seen.add(key)
+        counts: dict[int, int] = {}
+        for j in range(ranks):
+            d = bisect.bisect_right(bounds, start + j * stride) - 1
+            counts[d] = counts.get(d, 0) + 1
+        out.add(tuple(counts[d] for d in sorted(counts)))
+    return tuple(sorted(out))
 
 
 def pool_link(a: PoolSpec, b: PoolSpec, inter_pool_gbps: float) -> Link:

@@ -36,6 +36,7 @@ import math
 from autoshard.costmodel.comm import (
     Collective,
     collective_time_s,
+    domain_shares,
     group_link,
     hierarchical_all_to_all_s,
     split_all_to_all_s,
@@ -46,6 +47,7 @@ from autoshard.specs.cluster import PoolSpec
 __all__ = [
     "remote_domains_per_token", "ranks_per_token", "dispatch_time_s", "imbalance_factor",
     "expected_max_normal", "rank_load_variance", "busiest_rank_factor", "domains_touched_per_token",
+    "domain_reach", "flex_nic_rows",
 ]
 
 BF16 = 2
@@ -135,6 +137,50 @@ def busiest_rank_factor(
     return 1.0 + expected_max_normal(ep) * math.sqrt(var) / pairs_per_rank
 
 
+def domain_reach(num_experts: int, top_k: int, ep: int, members: int) -> float:
+    """Chance that a token's top_k experts (uniform routing, E/ep experts per EP rank) include one of
+    the `members` EP ranks a domain holds: 1 - C(E - m E/ep, k) / C(E, k)."""
+    held = num_experts // ep * members
+    k = min(top_k, num_experts)
+    if num_experts - held < k:
+        return 1.0
+    return 1.0 - math.comb(num_experts - held, k) / math.comb(num_experts, k)
+
+
+def flex_nic_rows(split: tuple[int, ...], num_experts: int, top_k: int, ep: int) -> tuple[float, ...]:
+    """Token rows per token of every rank that each NIC of each domain of an EP group carries in one
+    flex (DeepEP/HybridEP) dispatch, the group's members split over domains as `split`: a token
+    crosses once to every remote domain holding one of its experts. A NIC sends its own GPU's tokens
+    (sum over remote domains j of reach(j)) and receives the other domains' tokens bound for its
+    domain, spread over its domain's c NICs (sum over j != i of c_j * reach(i) / c); the busier
+    direction counts. For equal shares (an aligned group over G domains) both are (G - 1) *
+    reach = `remote_domains_per_token`; a straddling group's smaller side receives more: EP 64 as
+    (8, 56) over 256 experts top-8 receives 7 x 0.66 = 4.6 rows per token where (32, 32) moves 1.0."""
+    reach = [domain_reach(num_experts, top_k, ep, c) for c in split]
+    total = sum(split)
+    out = []
+    for i, c in enumerate(split):
+        send = sum(r for j, r in enumerate(reach) if j != i)
+        recv = (total - c) * reach[i] / c
+        out.append(max(send, recv))
+    return tuple(out)
+
+
+def _flex_group_s(
+    split: tuple[int, ...], rank_bytes: float, row_bytes: float, num_experts: int, top_k: int, ep: int,
+    pool: PoolSpec,
+) -> float:
+    """One flex dispatch (or combine) of an EP group split over domains as `split`: its slowest
+    domain's NVLink fan-out or NIC part (`comm.hierarchical_all_to_all_s`)."""
+    if len(split) == 1:
+        return split_all_to_all_s(rank_bytes, ep, ep, pool)
+    rows = flex_nic_rows(split, num_experts, top_k, ep)
+    return max(
+        hierarchical_all_to_all_s(rank_bytes, row_bytes * r, ep, c, pool)
+        for c, r in zip(split, rows, strict=True)
+    )
+
+
 def dispatch_time_s(
     dispatcher: MoeDispatcher, *, tokens: float, hidden: int, top_k: int, num_experts: int, ep: int, etp: int,
     pool: PoolSpec,
@@ -143,7 +189,6 @@ def dispatch_time_s(
     same bytes again). `tokens` are this GPU's tokens entering the layer."""
     if ep * etp <= 1 or tokens <= 0:
         return 0.0
-    domain = pool.node.domain_size
     pairs_bytes = tokens * top_k * hidden * BF16
     t = 0.0
     if dispatcher is MoeDispatcher.ALLGATHER:
@@ -154,18 +199,16 @@ def dispatch_time_s(
         t += collective_time_s(Collective.REDUCE_SCATTER, gathered, ranks, link)
         return t
     if ep > 1:
-        per_domain = max(1, min(ep, domain // etp))
+        splits = domain_shares(pool, ranks=ep, stride=etp)
         if dispatcher is MoeDispatcher.FLEX:
             # one copy per destination rank over NVLink, one per remote domain over the network
             rank_bytes = tokens * ranks_per_token(num_experts, top_k, ep) * hidden * BF16
-            if ep > per_domain:
-                domains = ep // per_domain
-                remote = tokens * remote_domains_per_token(num_experts, top_k, domains) * hidden * BF16
-                one = hierarchical_all_to_all_s(rank_bytes, remote, ep, per_domain, pool)
-            else:
-                one = split_all_to_all_s(rank_bytes, ep, per_domain, pool)
+            one = max(_flex_group_s(split, rank_bytes, tokens * hidden * BF16, num_experts, top_k, ep, pool)
+                      for split in splits)
         else:
-            one = split_all_to_all_s(pairs_bytes, ep, per_domain, pool)
+            # every rank sends (ep - d)/ep of its pairs off its domain: the rank whose domain holds
+            # the fewest of its group's members is the slowest
+            one = split_all_to_all_s(pairs_bytes, ep, min(min(split) for split in splits), pool)
         t += 2 * one
     if etp > 1:
         # Expert tensor parallelism: the ETP group all-gathers its members' pairs and reduce-scatters

@@ -15,7 +15,9 @@ from dataclasses import replace
 from autoshard.costmodel.comm import (
     Collective,
     Link,
+    bounds_shares,
     collective_time_s,
+    domain_bounds,
     ep_all_to_all_s,
     group_link,
     tp_all_reduce_s,
@@ -130,10 +132,13 @@ FP8_WITH_BLOCK_SCALES = 1.0 + 4.0 / 128
 
 
 def _ep_ranks_per_domain(pool: PoolSpec, cfg: ServeConfig) -> int:
-    """Attention-DP ranks (the EP group, `tp * pp` GPUs apart in vLLM's rank order) in one NVLink domain."""
-    node = pool.node
-    domain = node.domain_used if node.domain_size > node.gpus_per_node else node.domain_size
-    return max(1, min(cfg.dp_attention, domain // (cfg.tp * cfg.pp)))
+    """Attention-DP ranks (the EP group, `tp * pp` GPUs apart in vLLM's rank order: TP innermost, then
+    PP, DP outermost) in the NVLink domain that holds the fewest of them: the engine's GPUs fill
+    domains in order from a domain's start (`comm.domain_bounds`), so an engine of 96 GPUs on racks
+    run with 64 has 64 and 32 there, and its ranks on the 32 send the most over the network."""
+    bounds = domain_bounds(pool, cfg.gpus)
+    splits = bounds_shares(bounds, ranks=cfg.dp_attention, stride=cfg.tp * cfg.pp)
+    return max(1, min(min(split) for split in splits))
 
 
 def pp_send_s(model: ModelSpec, link: Link, *, tokens: float) -> float:

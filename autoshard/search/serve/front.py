@@ -220,7 +220,8 @@ def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[
                 per_gpu, x, y, used = best
                 link = kv_link(
                     pa,
-                    same_domain=same and used <= pa.node.domain_size,
+                    # one rack holds `domain_used` GPUs of the job (GB200 racks run with 64 of 72)
+                    same_domain=same and used <= pa.node.domain_used,
                     other=pb,
                     inter_pool_gbps=cluster.pool_link_gbps,
                 )
