@@ -354,8 +354,9 @@ class ClusterSpec(FrozenSpec):
         else:
             if num_gpus % per_node:
                 raise ValueError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes: {hint}")
-            if domain > per_node and num_gpus < pool.node.domain_used:
-                # part of one rack-scale domain (e.g. some GB200 trays): the domain is what is rented
+            if domain > per_node and num_gpus <= domain:
+                # one rack-scale domain holds the job (some GB200 trays, or a whole rack's 72 GPUs beyond the
+                # GPUs a multi-rack job uses per rack): the domain is what is rented
                 node = pool.node.model_copy(update={"nvlink_domain_gpus": num_gpus, "nvlink_domain_gpus_used": None})
                 return self.model_copy(update={"pools": (pool.model_copy(update={"node": node, "num_nodes": num_gpus // per_node}),)})
             new_pool = pool.model_copy(update={"num_nodes": num_gpus // per_node})

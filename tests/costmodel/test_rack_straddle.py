@@ -23,7 +23,14 @@ from autoshard.costmodel.serve.sharding import _ep_ranks_per_domain
 from autoshard.parallel import MoeDispatcher
 from autoshard.specs import ClusterSpec, PoolSpec, load_cluster
 
-GB200 = load_cluster("gb200-nvl72")
+
+def _full_racks(cluster: ClusterSpec) -> ClusterSpec:
+    """The bundled NVL72 cluster with every rack's 72 GPUs used (the bundled file fills 64 per rack)."""
+    node = cluster.primary.node.model_copy(update={"nvlink_domain_gpus_used": None})
+    return cluster.model_copy(update={"pools": (cluster.primary.model_copy(update={"node": node}),)})
+
+
+GB200 = _full_racks(load_cluster("gb200-nvl72"))
 E, K, H, T = 256, 8, 7168, 4096  # DeepSeek-V3's experts, top-k and hidden; 4096 tokens per GPU
 
 

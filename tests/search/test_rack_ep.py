@@ -9,10 +9,18 @@ import pytest
 
 from autoshard.api import evaluate
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
-from autoshard.specs import TrainJob, load_cluster, load_model
+from autoshard.specs import ClusterSpec, TrainJob, load_cluster, load_model
 
 MODEL = load_model("qwen3-235b-a22b")
-GB200 = load_cluster("gb200-nvl72")
+
+
+def _full_racks(cluster: ClusterSpec) -> ClusterSpec:
+    """The bundled NVL72 cluster with every rack's 72 GPUs used (the bundled file fills 64 per rack)."""
+    node = cluster.primary.node.model_copy(update={"nvlink_domain_gpus_used": None})
+    return cluster.model_copy(update={"pools": (cluster.primary.model_copy(update={"node": node}),)})
+
+
+GB200 = _full_racks(load_cluster("gb200-nvl72"))
 JOB = TrainJob(seq_len=4096, global_batch_size=8192)
 
 

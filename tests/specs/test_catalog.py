@@ -258,11 +258,15 @@ def test_hbm_is_what_the_driver_reports() -> None:
 
 
 def test_gb200_resizes_in_whole_trays_with_the_last_rack_partly_filled() -> None:
+    """A multi-rack job fills 64 GPUs (16 trays) of each 72-GPU rack, the last rack partly; a job of 72 GPUs
+    or fewer takes one rack."""
     gb200 = load_cluster("gb200-nvl72")
+    assert gb200.primary.node.domain_used == 64
     assert gb200.with_gpus(144).num_gpus == 144
     assert gb200.with_gpus(144).primary.node.domain_size == 72
-    assert gb200.with_gpus(144).primary.domain_fill == (72, 72)
-    assert gb200.with_gpus(256).primary.domain_fill == (72, 72, 72, 40)  # 64 trays
+    assert gb200.with_gpus(144).primary.domain_fill == (64, 64, 16)
+    assert gb200.with_gpus(256).primary.domain_fill == (64, 64, 64, 64)  # 64 trays
+    assert gb200.with_gpus(72).primary.domain_fill == (72,)  # one whole rack
     assert gb200.with_gpus(40).primary.domain_fill == (40,)  # 10 trays of one rack
     with pytest.raises(ValueError, match="4-GPU nodes"):
         gb200.with_gpus(102)

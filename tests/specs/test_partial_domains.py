@@ -8,7 +8,14 @@ from pydantic import ValidationError
 from autoshard.costmodel.comm import group_link
 from autoshard.specs import ClusterSpec, load_cluster
 
-GB200 = load_cluster("gb200-nvl72")
+
+def _full_racks(cluster: ClusterSpec) -> ClusterSpec:
+    """The bundled NVL72 cluster with every rack's 72 GPUs used (the bundled file fills 64 per rack)."""
+    node = cluster.primary.node.model_copy(update={"nvlink_domain_gpus_used": None})
+    return cluster.model_copy(update={"pools": (cluster.primary.model_copy(update={"node": node}),)})
+
+
+GB200 = _full_racks(load_cluster("gb200-nvl72"))
 
 
 def _racks_of_64(gpus: int) -> ClusterSpec:

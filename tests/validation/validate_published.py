@@ -23,6 +23,7 @@ from autoshard.costmodel.flops import causal_model_flops_per_step
 from autoshard.costmodel.train.a2a_overlap import a2a_overlap_problems
 from autoshard.costmodel.train.memory import TrainFramework
 from autoshard.costmodel.train.memory_torchtitan import allocator_reported_bytes
+from autoshard.costmodel.train.recompute import RECOMPUTE_MODULES
 from autoshard.costmodel.train.step import predict_train
 from autoshard.costmodel.train.types import TrainConfig, TrainPrediction
 from autoshard.emit.megatron.layout import default_stages, parse_layout
@@ -143,6 +144,12 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
     recompute, modules = Recompute(run["recompute"]), ()
     if run.get("recompute_moe", False):  # Megatron --recompute-modules moe: selective recompute of the MoE block
         recompute, modules = Recompute.SELECTIVE, ("moe",)
+    if "recompute_modules" in run:  # Megatron --recompute-granularity selective --recompute-modules ...
+        unknown = [m for m in run["recompute_modules"] if m not in RECOMPUTE_MODULES]
+        if unknown or recompute is not Recompute.NONE:
+            raise ValueError(f"{run['id']}: recompute_modules {unknown or run['recompute_modules']}: give modules of "
+                             f"{', '.join(RECOMPUTE_MODULES)} with recompute: none and no recompute_moe")
+        recompute, modules = Recompute.SELECTIVE, tuple(run["recompute_modules"])
     cfg = TrainConfig(
         dims=dims, micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
         seq_len=run["seq_len"], precision=Precision(run["precision"]), recompute=recompute,
