@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from autoshard.specs.base import MAX_CONTEXT, MAX_COUNT, MAX_EXPERTS, MAX_FFN, MAX_HIDDEN, MAX_LAYERS, FrozenSpec
 
@@ -77,12 +77,14 @@ class LayerGroup(FrozenSpec):
     Decoder groups only. Prices attention over min(position, window) keys and the KV cache an engine
     keeps for such a layer (`costmodel.serve.kv_window`); no parameter depends on it."""
 
-    @model_validator(mode="after")
-    def _window_on_decoders(self) -> LayerGroup:
-        if self.attention_window is not None and self.kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+    @field_validator("attention_window")
+    @classmethod
+    def _window_on_decoders(cls, value: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("kind")
+        if value is not None and kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
             raise ValueError(f"attention_window applies to decoder layers (dense, moe), not to the "
-                             f"{self.kind.value} layer: remove it there")
-        return self
+                             f"{kind.value} layer: remove it there")
+        return value
 
 
 class MLAConfig(FrozenSpec):
