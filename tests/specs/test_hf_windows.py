@@ -58,6 +58,7 @@ def test_gemma2_alternates_from_the_first_layer() -> None:
 
 
 def test_mistral_v01_every_layer() -> None:
+    assert not _import(_cfg("mistral-7b-v0.1") | {"sliding_window": 0}).has_attention_window  # vLLM: 0 is None
     spec = _import(_cfg("mistral-7b-v0.1"))
     assert [(g.kind, g.count, g.attention_window) for g in spec.layers] == [
         (LayerKind.EMBEDDING, 1, None), (LayerKind.DENSE, 32, 4096), (LayerKind.OUTPUT, 1, None)]
@@ -75,7 +76,7 @@ def test_layer_types_take_precedence() -> None:
 @pytest.mark.parametrize(("update", "words"), [
     ({"layer_types": ["chunked_attention"] * 26}, "layer 0 is 'chunked_attention'"),
     ({"layer_types": ["full_attention"] * 3}, "expected a list of 26 layer types"),
-    ({"sliding_window": 0}, "must be at least 1"),
+    ({"sliding_window": -4}, "must be at least 0"),
     ({"hidden_activation": "silu"}, "unsupported activation 'silu'"),
 ])
 def test_bad_window_keys_are_refused_by_name(update: dict, words: str) -> None:

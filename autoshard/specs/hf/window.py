@@ -15,6 +15,8 @@ Per layer, in this order (transformers' configuration classes):
 * Mistral, Mixtral, Phi-3: ``sliding_window`` applies to every layer (Mistral-7B-v0.1: 4,096 of a
   32,768 context; null in later releases).
 
+``sliding_window`` null or 0 means no window (vLLM 0.33 reads 0 as None, config/model.py:815-821).
+
 A window is stored as the config gives it, also where it reaches the context (it then changes no
 price: attention and the cache are bounded by min(tokens, window))."""
 
@@ -42,8 +44,8 @@ def layer_windows(r: Reader, model_type: str, num_layers: int) -> list[int | Non
     if model_type in _SWITCHED and not r.bool("use_sliding_window", default=False):
         return full
     default = 4096 if model_type in _PATTERN else None  # Gemma 2/3's configuration default
-    window = r.int("sliding_window", default=default)
-    if window is None:
+    window = r.int("sliding_window", default=default, minimum=0)
+    if not window:  # some checkpoints write 0 for "no window"; vLLM reads it as None (ModelConfig.__post_init__)
         return full
     types = r.data.get("layer_types")
     if types is not None:
