@@ -181,7 +181,8 @@ def flash_attention_kernels_s(model: ModelSpec, *, tokens: int, seq_len: int, di
     out = []
     for window, count in sorted(kinds.items(), key=lambda kv: kv[0] or 0):
         length = float(seq_len if window is None else window)
-        work = flops * (count / model.num_layers) * (1.0 if window is None else causal_keys(seq_len, window) / (seq_len / 2))
+        ratio = 1.0 if window is None else causal_keys(seq_len, window) / (seq_len / 2)
+        work = flops * (count / model.num_layers) * ratio
         attn_eff = min(1.0, eff.attention * (length / (length + s0)) / (4096 / (4096 + s0)))
         out.append((work / (gpu.bf16_tflops * 1e12 * attn_eff), length, work))
     return out

@@ -47,9 +47,10 @@ def prefill_attention_s(
     model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float, fp8: bool = False
 ) -> float:
     """Causal attention of one prompt's prefill on one TP rank (the mean over the decoder layers): half the
-    s x s square of score and value products (s w - w^2 / 2 of them in a sliding-window layer) at the forward flash-attention efficiency for that length, of the BF16 peak or,
-    with `fp8` on a GPU with FP8 tensor cores, of the FP8 peak (FlashAttention-3 reaches about the
-    same fraction of either: ~1.2 PFLOP/s FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
+    s x s square of score and value products (s w - w^2 / 2 of them in a sliding-window layer) at the
+    forward flash-attention efficiency for that length, of the BF16 peak or, with `fp8` on a GPU with FP8
+    tensor cores, of the FP8 peak (FlashAttention-3 reaches about the same fraction of either: ~1.2 PFLOP/s
+    FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / tp
     peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops
@@ -71,8 +72,8 @@ def _decode_attention_s(
     model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float, query_len: int = 1
 ) -> float:
     """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
-    tokens (min(context_len, window) in a sliding-window layer, on the model's mean over its layers) (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
-    larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
+    tokens (min(context_len, window) in a sliding-window layer, on the model's mean over its layers;
+    HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
     (`mla_decode_attention_hopper_s`); elsewhere no MLA kernel rate is published, so it keeps the
     GQA pricing. `query_len` query tokens per sequence (speculative verification) read the cache once
     and multiply the math."""

@@ -3,9 +3,9 @@ ones (window.py reads which), a gated GELU MLP (``gelu_pytorch_tanh`` on gate_pr
 down_proj: `MlpKind.GEGLU`), RMSNorm, RoPE, tied embeddings, head_dim 256 by default.
 
 Read as transformers reads them (configuration_gemma2.py / configuration_gemma3.py defaults where a key
-is absent): tie_word_embeddings true, vocab_size 256,000 (Gemma 2) or 262,208 (Gemma 3), head_dim 256, sliding_window 4096, max_position_embeddings 8,192
-(Gemma 2) or 131,072 (Gemma 3). Gemma 3 normalizes queries and keys per head (q_norm / k_norm:
-`qk_norm`). Not priced, and said here: the two extra RMSNorms per layer (post-attention and
+is absent): tie_word_embeddings true, vocab_size 256,000 (Gemma 2) or 262,208 (Gemma 3), head_dim 256,
+sliding_window 4096, max_position_embeddings 8,192 (Gemma 2) or 131,072 (Gemma 3). Gemma 3 normalizes
+queries and keys per head (q_norm / k_norm: `qk_norm`). Not priced, and said here: the two extra RMSNorms per layer (post-attention and
 post-feed-forward, 2 x hidden weights a layer: 0.67M of Gemma-3-27B's 27B), the embedding's
 sqrt(hidden) scaling, Gemma 3's local RoPE base (``rope_local_base_freq``, a launch fact of the
 sliding layers) and Gemma 2's soft-capping of the attention scores and the final logits
