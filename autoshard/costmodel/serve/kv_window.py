@@ -89,11 +89,23 @@ class KVLayout:
         cap = _cdiv(min(window - 1 + self.in_flight, self.max_model_len), self.block) + 1
         return cap if startup else min(need, cap)
 
+    @property
+    def startup_blocks(self) -> int:
+        """Blocks a max_model_len request holds over all groups by vLLM's start check."""
+        return sum(self.group_blocks(w, self.max_model_len, startup=True) for w in self.groups)
+
+    def pool_tokens(self, pool_blocks: float) -> float:
+        """The KV cache size vLLM logs for a pool of `pool_blocks` blocks (`get_kv_cache_capacity`,
+        kv_cache_utils.py:1120-1128): the max_model_len requests it holds times max_model_len."""
+        return pool_blocks * self.max_model_len / self.startup_blocks
+
     def request_tokens(self, tokens: int, *, startup: bool = False) -> int:
-        """A request's blocks over all groups, in tokens of one group's share of the pool: block x (blocks summed over
-        the groups) / groups, rounded up to a token; a full-attention layout gives the whole blocks of `tokens`."""
+        """A request's blocks over all groups, in the tokens of `pool_tokens` (a max_model_len request at start-up
+        is max_model_len of them), rounded up to a token; a full-attention layout: the whole blocks of `tokens`."""
         blocks = sum(self.group_blocks(w, tokens, startup=startup) for w in self.groups)
-        return _cdiv(blocks * self.block, len(self.groups))
+        if not self.windowed:
+            return blocks * self.block
+        return _cdiv(blocks * self.max_model_len, self.startup_blocks)
 
     @property
     def windowed(self) -> bool:

@@ -179,13 +179,14 @@ class ServeMemory:
     a request of L tokens holds ceil(L / block) of them (1: token-granular, SGLang's default page)."""
     kv_layout: KVLayout | None = None
     """The KV-cache groups of a model with sliding-window layers as vLLM's hybrid manager builds them
-    (`serve.kv_window`); `kv_cache_tokens` then counts one group's share of the pool and a request holds
-    its blocks summed over the groups (`request_tokens`). None: every layer holds every token."""
+    (`serve.kv_window`); `kv_cache_tokens` is then the KV cache size vLLM logs (max concurrency x
+    max_model_len) and a request holds its blocks summed over the groups in those tokens
+    (`request_tokens`). None: every layer holds every token."""
 
     def request_tokens(self, tokens: int, *, startup: bool = False) -> int:
         """Cache tokens a request of `tokens` tokens holds: whole blocks; with sliding-window groups, the
-        blocks of every group in one group's share (`KVLayout.request_tokens`; `startup`: vLLM's start check
-        and logged concurrency, which count a sliding group's cap whole)."""
+        blocks of every group in the tokens of `kv_cache_tokens` (`KVLayout.request_tokens`; `startup`: vLLM's
+        start check and logged concurrency, which count a sliding group's cap whole)."""
         if self.kv_layout is not None and self.kv_layout.windowed:
             return self.kv_layout.request_tokens(tokens, startup=startup)
         return self.kv_block_tokens * math.ceil(tokens / self.kv_block_tokens)
@@ -328,6 +329,8 @@ def serve_memory(
             model, tp=cfg.tp, layers=st_layout.paged_layers, dtype=cfg.kv_cache_dtype
         )
         toks = max(kv, 0.0) / per_token if per_token else math.inf
+        if st_layout.windowed:  # pool blocks of one group's layers, counted as vLLM logs them
+            toks = st_layout.pool_tokens(toks * len(st_layout.groups) / block)
         if worst_w is None or w.total > worst_w.total:
             worst_w = w
         worst_kv = min(worst_kv, kv)

@@ -80,22 +80,25 @@ def test_kv_bytes_per_request_at_32k_against_full_attention() -> None:
 def test_mistral_concurrency_at_32k(engine: str, ratio: float) -> None:
     cfg = ServeConfig(tp=1, engine=engine)
     mem, full = (serve_memory(m, H100, cfg, context_len=32768) for m in (MISTRAL, FULL_MISTRAL))
-    assert mem.kv_cache_tokens == full.kv_cache_tokens  # one group of all 32 layers: the same pool
-    assert mem.max_concurrency / full.max_concurrency == pytest.approx(ratio, rel=1e-12)
+    assert mem.kv_cache_bytes == full.kv_cache_bytes  # one group of all 32 layers: the same pool
+    assert mem.max_concurrency / full.max_concurrency == pytest.approx(ratio, rel=1e-4)
+    # the pool's tokens as vLLM logs them: max concurrency x max_model_len, a 32k request 32,768 of them
+    assert mem.kv_cache_tokens == pytest.approx(mem.max_concurrency * 32768, abs=16)
     job = ServeJob(input_len=30720, output_len=2048, max_model_len=32768)
-    assert kv_limited_concurrency(mem, job) == mem.kv_cache_tokens // (16 * (1281 if engine == "vllm" else 2048))
+    assert kv_limited_concurrency(mem, job) == int(mem.max_concurrency)
 
 
 def test_gemma_pool_counts_padding_and_every_group() -> None:
     mem = serve_memory(GEMMA, H100, ServeConfig(tp=2), context_len=32768)
     layout = mem.kv_layout
     assert isinstance(layout, KVLayout) and layout.paged_layers == 70
-    # pool blocks of 10 layers' pages; kv_cache_tokens is one group's share, 1/7 of the pool's block tokens
+    # pool blocks of 10 layers' pages; a 32k request holds 8,582 of them (2,048 + 6 x 1,089)
     page = 16 * 2 * 8 * 128 * 2  # TP2: 8 KV heads per GPU
-    pool_blocks = int(mem.kv_cache_bytes // (10 * page))
-    assert mem.kv_cache_tokens == pytest.approx(pool_blocks * 16 / 7, abs=16)
-    assert mem.request_tokens(32768, startup=True) == -(-8582 * 16 // 7)
-    assert mem.max_concurrency == pytest.approx(pool_blocks / 8582, rel=2e-3)
+    pool_blocks = mem.kv_cache_bytes / (10 * page)
+    assert mem.max_concurrency == pytest.approx(pool_blocks / 8582, rel=1e-3)
+    assert mem.kv_cache_tokens == pytest.approx(pool_blocks / 8582 * 32768, abs=16)  # vLLM's logged size
+    assert mem.request_tokens(32768, startup=True) == mem.request_tokens(32768) == 32768
+    assert mem.request_tokens(4096) == -(-(7 * 256) * 32768 // 8582)  # a 4k request: 256 blocks in every group
     sglang = serve_memory(GEMMA, H100, ServeConfig(tp=2, engine="sglang"), context_len=32768)
     assert sglang.kv_layout is None  # SGLang 0.5.23 runs Gemma 3 with hybrid SWA memory off
     assert sglang.max_concurrency == pytest.approx(sglang.kv_cache_bytes / (62 * 32768 * 16 * 128 * 2), rel=1e-3)
