@@ -25,6 +25,8 @@ Facts modelled:
 
 - The KV cache is whole blocks of the engine's attention backend and a request holds whole blocks; the
   graph pool holds the engine's default capture list (`autoshard.costmodel.serve.engine_defaults`).
+  Sliding-window layers share vLLM's pool in hybrid KV-cache groups, each holding at most its window
+  plus the tokens in flight (`autoshard.costmodel.serve.kv_window`); SGLang stores them whole.
 
 Step times built on these live in `autoshard.costmodel.serve.step`, predictions in
 `autoshard.costmodel.serve.predict`. Pure functions of the specs: no I/O, no solver.
@@ -206,8 +208,9 @@ class ServeMemory:
     @property
     def max_concurrency(self) -> float:
         """Requests of max_model_len tokens the KV cache holds at once, each in whole blocks (vLLM's
-        "Maximum concurrency": num_blocks / cdiv(max_model_len, block_size),
-        `get_max_concurrency_for_kv_cache_config`, vllm/v1/core/kv_cache_utils.py:1061-1087)."""
+        "Maximum concurrency": num_blocks / cdiv(max_model_len, block_size), with sliding-window groups
+        num_blocks / the blocks summed over the groups, `get_max_concurrency_for_kv_cache_config`,
+        vllm/v1/core/kv_cache_utils.py:1061-1093)."""
         return self.kv_cache_tokens / self.request_tokens(self.context_len, startup=True)
 
     @property
