@@ -169,9 +169,13 @@ def test_a_sliding_window_is_imported_not_noted() -> None:
 def test_qwen_sliding_window_counts_only_when_switched_on() -> None:
     qwen = json.loads((HF / "qwen2.5-72b-instruct.json").read_text())  # use_sliding_window false, 80 layers
     assert not model_from_hf_config(qwen, source="c").has_attention_window
-    on = model_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 70},
-                              source="c")
+    with pytest.warns(UserWarning, match="vLLM 0.33 refuses a Qwen2 model that mixes them"):
+        on = model_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096,
+                                          "max_window_layers": 70}, source="c")
     assert on.decoder_windows == (None,) * 70 + (4096,) * 10  # transformers: layers i >= max_window_layers
+    every = model_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
+                                 source="c")
+    assert every.decoder_windows == (4096,) * 80
 
 
 def test_importer_notes_print_as_warning_lines(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ price: attention and the cache are bounded by min(tokens, window))."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from autoshard.specs.hf.reader import Reader
@@ -67,6 +68,11 @@ def layer_windows(r: Reader, model_type: str, num_layers: int) -> list[int | Non
         return [window if (i + 1) % pattern else None for i in range(num_layers)]
     if model_type in _SWITCHED:
         first = r.int("max_window_layers", default=28, minimum=0)
+        if 0 < first < num_layers:
+            warnings.warn(f"{r.source}: {r.where('max_window_layers')}: layers {first}-{num_layers - 1} slide over "
+                          f"{window} tokens, the first {first} attend in full: priced so, but vLLM 0.33 refuses a "
+                          "Qwen2 model that mixes them (model_executor/models/qwen2.py:351-360)", UserWarning,
+                          stacklevel=4)
         return [window if i >= first else None for i in range(num_layers)]
     return [window] * num_layers
 
