@@ -6,8 +6,9 @@ fp8_dot_product_attention) less the time cuDNN's measured FP8 kernels save (`fp8
 from __future__ import annotations
 
 import math
+from collections import Counter
 
-from autoshard.costmodel.flops import attention_dims
+from autoshard.costmodel.flops import attention_dims, causal_keys, window_attention_share
 from autoshard.parallel import ParallelDims
 from autoshard.specs.cluster import EfficiencySpec, GpuSpec
 from autoshard.specs.model import ModelSpec
@@ -158,18 +159,33 @@ def fp8_attention_kernel_s(gpu_name: str, length: float) -> tuple[float, float, 
 def flash_attention_kernels_s(model: ModelSpec, *, tokens: int, seq_len: int, dims: ParallelDims,
                               gpu: GpuSpec) -> list[tuple[float, float, float]]:
     """(BF16 forward seconds, length in keys, forward FLOPs) of each fused attention kernel one rank runs for
-    `tokens` queries: one causal kernel over the sequence, or a context-parallel ring's (ring_attention_blocks)."""
+    `tokens` queries, per decoder layer on the model's mean: one causal kernel over the sequence, or a
+    context-parallel ring's (ring_attention_blocks). Sliding-window layers (`LayerGroup.attention_window` w < s)
+    are their own kernel, weighted by their share of the layers: FLOPs over min(position, w) keys
+    (`flops.causal_keys`), at the causal ramp of length w, their rows' keys (FlashAttention's window kernel was
+    not measured: its rows carry a leading masked edge beside the diagonal one, so it is priced no faster than a
+    causal kernel over w tokens). Under context parallelism the ring's kernels carry the window's share of the
+    FLOPs (`flops.window_attention_share`) at the ring's lengths. The fused kernel's memory (Q, K, V, O and the
+    softmax statistics per row) does not depend on the window."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / dims.tp
     flops = 2.0 * tokens * seq_len * heads * (qk_dim + v_dim) * 0.5
     eff = gpu.efficiency
     if dims.cp > 1:
         peak = gpu.bf16_tflops * 1e12
+        flops *= window_attention_share(model, seq_len)
         return [(flops * share / (peak * flash_attention_efficiency(eff, length, causal=causal)), length, flops * share)
                 for share, length, causal in ring_attention_blocks(seq_len, dims.cp)]
     s0 = eff.attention_half_seq
-    attn_eff = min(1.0, eff.attention * (seq_len / (seq_len + s0)) / (4096 / (4096 + s0)))
-    return [(flops / (gpu.bf16_tflops * 1e12 * attn_eff), float(seq_len), flops)]
+    kinds = Counter(None if w is None or w >= seq_len else w for w in model.decoder_windows)
+    out = []
+    for window, count in sorted(kinds.items(), key=lambda kv: kv[0] or 0):
+        length = float(seq_len if window is None else window)
+        ratio = 1.0 if window is None else causal_keys(seq_len, window) / (seq_len / 2)
+        work = flops * (count / model.num_layers) * ratio
+        attn_eff = min(1.0, eff.attention * (length / (length + s0)) / (4096 / (4096 + s0)))
+        out.append((work / (gpu.bf16_tflops * 1e12 * attn_eff), length, work))
+    return out
 
 
 FP8_ATTENTION_QKV_BYTES = 9.0

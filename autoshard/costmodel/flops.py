@@ -7,6 +7,10 @@ Conventions (the Megatron-LM paper's, so calibration rows compare like with like
 - *Model* FLOPs count attention scores over the full s x s square (no causal halving) and exclude
   recomputation; *executed* work halves the causal attention core, as flash attention skips the
   masked blocks, and includes recomputation.
+- A sliding-window layer (`LayerGroup.attention_window` w) attends over min(position, w) keys: s w - w^2 / 2
+  query-key pairs per sequence for s > w instead of s^2 / 2 (`causal_keys`). Layer FLOPs carry the mean of
+  that ratio over the model's decoder layers (`window_attention_share`), so summing them over the layers
+  gives the model's total whatever the mix; both conventions scale alike (model FLOPs are twice the causal).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from autoshard.specs.model import ModelSpec
 
 __all__ = [
     "Gemm", "LayerFlops", "attention_dims", "attention_gemms", "mlp_gemms", "layer_gemms", "layer_flops",
-    "model_flops_per_step", "causal_model_flops_per_step", "mtp_forward_flops", "expert_rows",
+    "model_flops_per_step", "causal_model_flops_per_step", "mtp_forward_flops", "expert_rows", "causal_keys",
+    "window_attention_share",
 ]
 
 
@@ -134,15 +139,35 @@ def expert_rows(model: ModelSpec, *, tokens: int, dims: ParallelDims) -> tuple[i
     return max(1, routed // experts_local), experts_local
 
 
+def causal_keys(seq_len: float, window: int | None) -> float:
+    """Mean keys a causal query attends to in a sequence of `seq_len` tokens: seq_len / 2 under full attention,
+    and under a window w shorter than the sequence (s w - w^2 / 2) / s, each query seeing min(position, w) keys
+    (the continuous count, as s^2 / 2 is for full attention)."""
+    if window is None or seq_len <= window:
+        return seq_len / 2
+    return window - window * window / (2.0 * seq_len)
+
+
+def window_attention_share(model: ModelSpec, seq_len: float) -> float:
+    """The attention core's work over what full causal attention in every layer would take: the mean over the
+    decoder layers of causal_keys(s, window) / (s / 2); 1 without windows."""
+    windows = model.decoder_windows
+    if not any(w is not None for w in windows) or seq_len <= 0:
+        return 1.0
+    return sum(causal_keys(seq_len, w) for w in windows) / (len(windows) * seq_len / 2)
+
+
 def layer_flops(model: ModelSpec, kind: LayerKind, *, tokens: int, seq_len: int) -> LayerFlops:
     """Forward model FLOPs of a whole layer (all ranks together) for `tokens` tokens of sequences
-    of length `seq_len` (attention is quadratic within a sequence)."""
+    of length `seq_len` (attention is quadratic within a sequence; sliding windows at the mean over the
+    decoder layers, `window_attention_share`)."""
     single = ParallelDims()
     linear = sum(g.flops for g in layer_gemms(model, kind, tokens=tokens, dims=single))
     attention = 0.0
     if kind in (LayerKind.DENSE, LayerKind.MOE):
         qk_dim, v_dim = attention_dims(model)
         attention = 2.0 * tokens * seq_len * model.num_attention_heads * (qk_dim + v_dim)
+        attention *= window_attention_share(model, seq_len)
     return LayerFlops(linear=linear, attention=attention)
 
 

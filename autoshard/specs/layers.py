@@ -7,9 +7,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from autoshard.specs.base import MAX_COUNT, MAX_EXPERTS, MAX_FFN, MAX_HIDDEN, MAX_LAYERS, FrozenSpec
+from autoshard.specs.base import MAX_CONTEXT, MAX_COUNT, MAX_EXPERTS, MAX_FFN, MAX_HIDDEN, MAX_LAYERS, FrozenSpec
 
 __all__ = [
     "LayerKind", "MlpKind", "NormKind", "AttentionKind", "PositionKind", "RouterScore", "LayerGroup",
@@ -38,10 +38,11 @@ class MlpKind(StrEnum):
     RELU = "relu"  # two matrices, as gelu
     SWIGLU = "swiglu"  # three matrices: gate, up (h->f) and down (f->h)
     SQUARED_RELU = "squared_relu"  # two matrices (Nemotron-4)
+    GEGLU = "geglu"  # three matrices as swiglu, gated by tanh-approximated GELU (Gemma 2/3: gelu_pytorch_tanh)
 
     @property
     def num_matrices(self) -> int:
-        return 3 if self is MlpKind.SWIGLU else 2
+        return 3 if self in (MlpKind.SWIGLU, MlpKind.GEGLU) else 2
 
 
 class NormKind(StrEnum):
@@ -69,6 +70,21 @@ class LayerGroup(FrozenSpec):
     kind: LayerKind
     count: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = 1
     """Number of consecutive identical layers in this group."""
+    attention_window: Annotated[int, Field(gt=0, le=MAX_CONTEXT)] | None = None
+    """Sliding-window attention: each query attends to the last `attention_window` positions, itself
+    included (Hugging Face `sliding_window` on the layers `layer_types` marks "sliding_attention";
+    Mistral-7B-v0.1: every layer 4,096; Gemma 3: 5 of 6 layers 1,024). None: full causal attention.
+    Decoder groups only. Prices attention over min(position, window) keys and the KV cache an engine
+    keeps for such a layer (`costmodel.serve.kv_window`); no parameter depends on it."""
+
+    @field_validator("attention_window")
+    @classmethod
+    def _window_on_decoders(cls, value: int | None, info: ValidationInfo) -> int | None:
+        kind = info.data.get("kind")
+        if value is not None and kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
+            raise ValueError(f"attention_window applies to decoder layers (dense, moe), not to the "
+                             f"{kind.value} layer: remove it there")
+        return value
 
 
 class MLAConfig(FrozenSpec):

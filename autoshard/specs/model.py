@@ -196,6 +196,17 @@ class ModelSpec(FrozenSpec):
         """Every layer in order, embedding and output included."""
         return tuple(g.kind for g in self.layers for _ in range(g.count))
 
+    @cached_property
+    def decoder_windows(self) -> tuple[int | None, ...]:
+        """Each decoder layer's attention window in order (None: full attention), `LayerGroup.attention_window`."""
+        return tuple(g.attention_window for g in self.layers if g.kind in (LayerKind.DENSE, LayerKind.MOE)
+                     for _ in range(g.count))
+
+    @property
+    def has_attention_window(self) -> bool:
+        """Some decoder layer attends over a sliding window."""
+        return any(w is not None for w in self.decoder_windows)
+
     def decoders_between(self, start: int, stop: int) -> int:
         """Decoder layers (dense + MoE) among layers [start, stop) of `layer_kinds` (a pipeline chunk's)."""
         return sum(k in (LayerKind.DENSE, LayerKind.MOE) for k in self.layer_kinds[start:stop])

@@ -29,9 +29,9 @@ from autoshard.specs.model import AttentionKind, MlpKind, ModelSpec, NormKind, P
 
 # the DeepSeek-V3 fixture is the hub's config.json: block-scaled FP8 weights but no _name_or_path, so
 # the importer notes that it cannot list the checkpoint (tests/specs/test_hf_quant.py checks the note)
-# Mistral-7B-v0.1's 4096-token sliding window is noted as not modelled (tests/specs/test_hf_current.py)
+# Gemma 3's fixture is its multimodal config.json: the vision tower is left out with a note
 pytestmark = [pytest.mark.filterwarnings("ignore:.*no Hugging Face repo id:UserWarning"),
-              pytest.mark.filterwarnings("ignore:.*sliding window is not modelled:UserWarning")]
+              pytest.mark.filterwarnings("ignore:.*only the language model is imported:UserWarning")]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 B = 1e9
@@ -59,6 +59,14 @@ PUBLISHED: dict[str, tuple[float, float | None, str]] = {
     "llama-3.1-405b": (405.8 * B, None, "huggingface.co/meta-llama/Llama-3.1-405B (405.8B)"),
     # HF safetensors metadata 7,241,732,096 (mistral.ai announcement rounds to 7.3B)
     "mistral-7b-v0.1": (7.24 * B, None, "huggingface.co/mistralai/Mistral-7B-v0.1 (7.24B params)"),
+    # Gemma 3 technical report (arXiv 2503.19786) Table 1, 27B: 1,416M embedding + 25,600M non-embedding
+    # parameters (the 417M vision encoder is not imported); the spec leaves out 2 of Gemma's 4 RMSNorms a layer
+    "gemma-3-27b": ((1416 + 25600) * M, None, "arXiv 2503.19786 Table 1"),
+    # the same table, 1B: 302M embedding + 698M non-embedding parameters
+    "gemma-3-1b": ((302 + 698) * M, None, "arXiv 2503.19786 Table 1"),
+    # Gemma 2 technical report (arXiv 2408.00118) Table 2, 9B: 917,962,752 embedding (256,128 rows; the config's
+    # vocab_size is 256,000) + 8,324,201,984 non-embedding parameters
+    "gemma-2-9b": (917_962_752 + 8_324_201_984, None, "arXiv 2408.00118 Table 2"),
     # mistral.ai/news/mixtral-of-experts: "46.7B total parameters but only uses 12.9B parameters per token"
     "mixtral-8x7b-v0.1": (46.7 * B, 12.9 * B, "mistral.ai/news/mixtral-of-experts"),
     # Qwen2.5-7B model card: "Number of Parameters: 7.61B"

@@ -120,10 +120,9 @@ def test_kv_cache_bytes_per_token(name: str) -> None:
 # ------------------------------------------------------------------- architectures not modelled
 # fixture -> (config key named, words of the reason)
 NOT_MODELLED: dict[str, tuple[str, str]] = {
-    "gpt-oss-120b": ("model_type", "128-token sliding window with learned attention sinks"),
+    "gpt-oss-120b": ("model_type", "learned attention sinks"),
     "llama-4-scout-17b-16e": ("text_config.model_type", "chunked attention"),
     "llama-4-maverick-17b-128e": ("text_config.model_type", "interleave_moe_layer_step"),
-    "gemma-3-27b": ("text_config.model_type", "local sliding window"),
     "qwen3-next-80b-a3b": ("model_type", "Gated DeltaNet linear attention"),
     "deepseek-v3.2-exp": ("model_type", "DeepSeek sparse attention"),
 }
@@ -159,20 +158,24 @@ def _notes(config: dict) -> list[str]:
     return [str(w.message) for w in caught]
 
 
-def test_a_sliding_window_shorter_than_the_context_is_noted() -> None:
+def test_a_sliding_window_is_imported_not_noted() -> None:
     mistral = json.loads((HF / "mistral-7b-v0.1.json").read_text())  # sliding_window 4096, context 32768
-    (note,) = _notes(mistral)
-    assert note.startswith("cfg.json: sliding_window: a 4096-token sliding window is not modelled")
-    assert "upper bound" in note
-    assert _notes(mistral | {"sliding_window": None}) == []
-    assert _notes(mistral | {"sliding_window": 32768}) == []  # as long as the context: full attention
+    assert _notes(mistral) == []
+    spec = model_from_hf_config(mistral, source="cfg.json")
+    assert spec.decoder_windows == (4096,) * 32
+    assert model_from_hf_config(mistral | {"sliding_window": None}, source="c").decoder_windows == (None,) * 32
 
 
 def test_qwen_sliding_window_counts_only_when_switched_on() -> None:
-    qwen = json.loads((HF / "qwen2.5-72b-instruct.json").read_text())  # use_sliding_window false
-    assert _notes(qwen) == []
-    (note,) = _notes(qwen | {"use_sliding_window": True, "sliding_window": 4096})
-    assert "4096-token sliding window" in note
+    qwen = json.loads((HF / "qwen2.5-72b-instruct.json").read_text())  # use_sliding_window false, 80 layers
+    assert not model_from_hf_config(qwen, source="c").has_attention_window
+    with pytest.warns(UserWarning, match="vLLM 0.33 refuses a Qwen2 model that mixes them"):
+        on = model_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096,
+                                          "max_window_layers": 70}, source="c")
+    assert on.decoder_windows == (None,) * 70 + (4096,) * 10  # transformers: layers i >= max_window_layers
+    every = model_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 0},
+                                 source="c")
+    assert every.decoder_windows == (4096,) * 80
 
 
 def test_importer_notes_print_as_warning_lines(tmp_path: Path) -> None:
@@ -187,13 +190,3 @@ def test_importer_notes_print_as_warning_lines(tmp_path: Path) -> None:
     assert any("'bitsandbytes' is not modelled" in w for w in plan["warnings"])
     assert "warning: " in result.stderr and "'bitsandbytes' is not modelled" in result.stderr
     assert "UserWarning" not in result.stderr and "checkpoint_from_quantization_config" not in result.stderr
-
-
-def test_train_json_carries_the_sliding_window_note() -> None:
-    result = CliRunner().invoke(app, ["solve", str(HF / "mistral-7b-v0.1.json"), "dgx-h100", "--gpus", "8",
-                                      "--time-limit", "5", "--workers", "1", "--json"])
-    assert result.exit_code == 0, result.stderr
-    plan = json.loads(result.stdout)
-    assert plan["schema"] == "autoshard.plan/v1" and plan["mode"] == "train"
-    assert [w for w in plan["warnings"] if "sliding window is not modelled" in w] == [
-        line.removeprefix("warning: ") for line in result.stderr.splitlines() if "sliding window" in line][:1]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
-from autoshard.costmodel.flops import attention_dims
+from autoshard.costmodel.flops import attention_dims, causal_keys
 from autoshard.costmodel.serve.compute import HOPPER_NAMES
 from autoshard.costmodel.serve.config import ServeConfig
+from autoshard.costmodel.serve.kv_window import mean_window_keys
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.specs.cluster import GpuSpec
 from autoshard.specs.model import ModelSpec
@@ -45,28 +46,41 @@ def _forward_attention_efficiency(gpu: GpuSpec, seq_len: float) -> float:
 def prefill_attention_s(
     model: ModelSpec, gpu: GpuSpec, *, tp: int, prompt_len: float, fp8: bool = False
 ) -> float:
-    """Causal attention of one prompt's prefill on one TP rank: half the s x s square of score and
-    value products at the forward flash-attention efficiency for that length, of the BF16 peak or,
-    with `fp8` on a GPU with FP8 tensor cores, of the FP8 peak (FlashAttention-3 reaches about the
-    same fraction of either: ~1.2 PFLOP/s FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
+    """Causal attention of one prompt's prefill on one TP rank (the mean over the decoder layers): half the
+    s x s square of score and value products (s w - w^2 / 2 of them in a sliding-window layer) at the
+    forward flash-attention efficiency for that length, of the BF16 peak or, with `fp8` on a GPU with FP8
+    tensor cores, of the FP8 peak (FlashAttention-3 reaches about the same fraction of either: ~1.2 PFLOP/s
+    FP8 against 0.74 BF16 on H100, Shah et al. 2024)."""
     qk_dim, v_dim = attention_dims(model)
     heads = model.num_attention_heads / tp
-    flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
     peak = gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops
-    return flops / (peak * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+    if not model.has_attention_window:
+        flops = 2.0 * prompt_len * prompt_len * heads * (qk_dim + v_dim) * 0.5
+        return flops / (peak * 1e12 * _forward_attention_efficiency(gpu, prompt_len))
+    # sliding-window layers (w < prompt): min(position, w) keys per query (`flops.causal_keys`), at the kernel
+    # efficiency of a w-token prompt (the rows' length); the mean over the decoder layers, as the step prices
+    # one layer and multiplies
+    total = 0.0
+    for window in model.decoder_windows:
+        keys = causal_keys(prompt_len, window)
+        length = prompt_len if window is None else min(prompt_len, window)
+        total += 2.0 * prompt_len * keys * heads * (qk_dim + v_dim) / _forward_attention_efficiency(gpu, length)
+    return total / model.num_layers / (peak * 1e12)
 
 
 def _decode_attention_s(
     model: ModelSpec, gpu: GpuSpec, cfg: ServeConfig, *, seqs: float, context_len: float, query_len: int = 1
 ) -> float:
     """Paged decode attention of one layer: read the KV cache of `seqs` sequences of `context_len`
-    tokens (HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if
-    larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
+    tokens (min(context_len, window) in a sliding-window layer, on the model's mean over its layers;
+    HBM-bound, at the GPU's `serve_attention_hbm` when set), or the score/value math if larger. MLA decodes in the absorbed latent form, on Hopper at FlashMLA's published kernel rates
     (`mla_decode_attention_hopper_s`); elsewhere no MLA kernel rate is published, so it keeps the
     GQA pricing. `query_len` query tokens per sequence (speculative verification) read the cache once
     and multiply the math."""
     if seqs <= 0:
         return 0.0
+    # sliding-window layers read min(context, window) cached tokens: the mean over the decoder layers
+    context_len = mean_window_keys(model, context_len) if model.has_attention_window else context_len
     kv = kv_cache_bytes_per_token_per_gpu(model, tp=cfg.tp, layers=1, dtype=cfg.kv_cache_dtype)
     heads = model.num_attention_heads / cfg.tp
     if model.mla is not None:

@@ -25,6 +25,8 @@ Facts modelled:
 
 - The KV cache is whole blocks of the engine's attention backend and a request holds whole blocks; the
   graph pool holds the engine's default capture list (`autoshard.costmodel.serve.engine_defaults`).
+  Sliding-window layers share vLLM's pool in hybrid KV-cache groups, each holding at most its window
+  plus the tokens in flight (`autoshard.costmodel.serve.kv_window`); SGLang stores them whole.
 
 Step times built on these live in `autoshard.costmodel.serve.step`, predictions in
 `autoshard.costmodel.serve.predict`. Pure functions of the specs: no I/O, no solver.
@@ -45,6 +47,7 @@ from autoshard.costmodel.serve.comm_memory import (
 from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig, StageLayers, stage_layers
 from autoshard.costmodel.serve.engine_defaults import capture_sizes, kv_block_tokens, vllm_capture_sizes
 from autoshard.costmodel.serve.engines import sglang_deepep_seqs
+from autoshard.costmodel.serve.kv_window import KVLayout, engine_kv_layout, stage_windows
 from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, runs_cuda_graphs
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
@@ -176,9 +179,18 @@ class ServeMemory:
     kv_block_tokens: int = 1
     """Tokens per KV-cache block (`serve.engine_defaults.kv_block_tokens`): the pool holds whole blocks and
     a request of L tokens holds ceil(L / block) of them (1: token-granular, SGLang's default page)."""
+    kv_layout: KVLayout | None = None
+    """The KV-cache groups of a model with sliding-window layers as vLLM's hybrid manager builds them
+    (`serve.kv_window`); `kv_cache_tokens` is then the KV cache size vLLM logs (max concurrency x
+    max_model_len) and a request holds its blocks summed over the groups in those tokens
+    (`request_tokens`). None: every layer holds every token."""
 
-    def request_tokens(self, tokens: int) -> int:
-        """Cache tokens a request of `tokens` tokens holds: whole blocks."""
+    def request_tokens(self, tokens: int, *, startup: bool = False) -> int:
+        """Cache tokens a request of `tokens` tokens holds: whole blocks; with sliding-window groups, the
+        blocks of every group in the tokens of `kv_cache_tokens` (`KVLayout.request_tokens`; `startup`: vLLM's
+        start check and logged concurrency, which count a sliding group's cap whole)."""
+        if self.kv_layout is not None and self.kv_layout.windowed:
+            return self.kv_layout.request_tokens(tokens, startup=startup)
         return self.kv_block_tokens * math.ceil(tokens / self.kv_block_tokens)
 
     @property
@@ -196,15 +208,16 @@ class ServeMemory:
     @property
     def max_concurrency(self) -> float:
         """Requests of max_model_len tokens the KV cache holds at once, each in whole blocks (vLLM's
-        "Maximum concurrency": num_blocks / cdiv(max_model_len, block_size),
-        `get_max_concurrency_for_kv_cache_config`, vllm/v1/core/kv_cache_utils.py:1061-1087)."""
-        return self.kv_cache_tokens / self.request_tokens(self.context_len)
+        "Maximum concurrency": num_blocks / cdiv(max_model_len, block_size), with sliding-window groups
+        num_blocks / the blocks summed over the groups, `get_max_concurrency_for_kv_cache_config`,
+        vllm/v1/core/kv_cache_utils.py:1061-1093)."""
+        return self.kv_cache_tokens / self.request_tokens(self.context_len, startup=True)
 
     @property
     def short_of_one_request(self) -> bool:
         """The engine's memory leaves a KV cache, but one too small for a single request of max_model_len
         (vLLM's start check, `check_enough_kv_cache_memory`: a shorter max_model_len starts it)."""
-        return self.kv_cache_bytes > 0 and self.kv_cache_tokens < self.request_tokens(self.context_len)
+        return self.kv_cache_bytes > 0 and self.kv_cache_tokens < self.request_tokens(self.context_len, startup=True)
 
     @property
     def fits(self) -> bool:
@@ -285,10 +298,12 @@ def serve_memory(
     capacity = gpu.hbm_gib * GIB
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
+    block = kv_block_tokens(model, gpu, cfg)
+    windows, layout, held = stage_windows(model, cfg.pp), None, math.inf
     stage_w, graphs_max = [], 0.0
     deepep_bs = sglang_deepep_seqs(model, gpu, cfg)  # the line's --cuda-graph-max-bs-decode
     sizes = capture_sizes(gpu, cfg, max_bs=None if deepep_bs is None else min(cfg.max_num_seqs, deepep_bs))
-    for st in stages:
+    for i, st in enumerate(stages):
         w = stage_weight_bytes(
             model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp,
             expert_tp=cfg.expert_tp,
@@ -309,16 +324,24 @@ def serve_memory(
             if cfg.kv_cache_memory_bytes is not None
             else (budget - w.total - act - non_torch - graphs)
         )
+        # vLLM's hybrid groups for sliding-window layers (`serve.kv_window`), in-flight batches PP + 1 (async)
+        st_layout = engine_kv_layout(windows[i] + (None,) * mtp_layers, engine=cfg.engine, block=block,
+                                     in_flight=(cfg.pp + 1) * cfg.max_num_batched_tokens, max_model_len=context_len,
+                                     pinned_blocks=cfg.kv_block_tokens is not None)
         per_token = kv_cache_bytes_per_token_per_gpu(
-            model, tp=cfg.tp, layers=st.decoders + mtp_layers, dtype=cfg.kv_cache_dtype
+            model, tp=cfg.tp, layers=st_layout.paged_layers, dtype=cfg.kv_cache_dtype
         )
         toks = max(kv, 0.0) / per_token if per_token else math.inf
+        if st_layout.windowed:  # pool blocks of one group's layers, counted as vLLM logs them
+            toks = st_layout.pool_tokens(toks * len(st_layout.groups) / block)
         if worst_w is None or w.total > worst_w.total:
             worst_w = w
         worst_kv = min(worst_kv, kv)
-        kv_tokens = min(kv_tokens, toks)
+        if (fit := toks / st_layout.request_tokens(context_len, startup=True)) < held:
+            # the stage holding the fewest requests decides (without windows: the fewest tokens)
+            held, kv_tokens = fit, toks
+            layout = st_layout if st_layout.windowed else None
     assert worst_w is not None
-    block = kv_block_tokens(model, gpu, cfg)
     blocks = int(kv_tokens // block) if math.isfinite(kv_tokens) else 0
     return ServeMemory(
         capacity_bytes=capacity,
@@ -336,4 +359,5 @@ def serve_memory(
         startup_bytes=startup_comm_bytes(pool, cfg),
         ep_buffer_bytes=ep_buffers,
         kv_block_tokens=block,
+        kv_layout=layout,
     )

@@ -162,6 +162,16 @@ def _collect(args: list[str], warnings: list[str]) -> tuple[dict[str, str | bool
     return values, positionals
 
 
+_WINDOW_FLAGS = (
+    ("--disable-sliding-window", "a model's sliding-window layers then attend in full and vLLM caps "
+                                 "max_model_len at the window (ModelConfig.disable_sliding_window)"),
+    ("--disable-hybrid-kv-cache-manager", "a model's sliding-window layers then keep every token in the KV cache "
+                                          "(vLLM promotes them to full attention, unify_hybrid_kv_cache_specs)"),
+)
+"""Switches that change how a model with sliding-window layers (`LayerGroup.attention_window`) runs, which
+autoshard does not price: read, and said."""
+
+
 def parse_vllm(command: str) -> ParsedServe:
     """Read a `vllm serve` command line. Raises SpecError on input that is not a usable vLLM command."""
     warnings: list[str] = []
@@ -240,6 +250,9 @@ def parse_vllm(command: str) -> ParsedServe:
         warnings.append("--speculative-config: speculative decoding is priced only in the decode instances "
                         "`solve --mode serve --disaggregate` plans (DeepSeek MTP); this engine is predicted "
                         "without it")
+    for flag, what in _WINDOW_FLAGS:
+        if values.get(flag):
+            warnings.append(f"{flag}: {what}; autoshard prices the line without it (vLLM's default)")
     parsed = ParsedServe(
         model=model,
         tp=integer("--tensor-parallel-size", 1),

@@ -4,10 +4,10 @@ One converter per ``model_type``, each reading the field names that transformers
 architecture (and its defaults when a field is absent, as ``from_pretrained`` would). Only the facts that
 decide weight shapes, memory and FLOPs are read, and the RoPE base and rotated fraction the launch
 command carries (``rope_theta``, ``partial_rotary_factor``, ``rope_scaling``: llama3, yarn, linear; another
-scaling type is a warning naming it, rope.py); dropout and token ids are ignored. A sliding window shorter than the context (Mistral-7B-v0.1, Qwen with use_sliding_window) is
-priced as full attention, an upper bound, and a UserWarning says so. Architectures whose attention or layer mix the
-schema cannot describe (gpt-oss, Llama 4, Gemma 2/3, Qwen3-Next, DeepSeek-V3.2, Mamba hybrids, ...) are
-refused with what they lack (importer.py `_NOT_MODELLED`), never imported as the nearest family. A
+scaling type is a warning naming it, rope.py); dropout and token ids are ignored.
+Sliding windows (Mistral-7B-v0.1, Gemma 2/3's local layers, Qwen with use_sliding_window) become each layer
+group's ``attention_window`` (window.py). Architectures whose attention or layer mix the schema cannot
+describe (gpt-oss, Llama 4, Qwen3-Next, DeepSeek-V3.2, Mamba hybrids, ...) are refused with what they lack (importer.py `_NOT_MODELLED`), never imported as the nearest family. A
 ``quantization_config`` becomes the model's one `checkpoints:` entry (quant.py: FP8 with or without
 128 x 128 block scales, int8/int4, NVFP4, MXFP4; anything else a warning, never an error); it is looked
 for where vLLM looks: the top level, ``text_config`` (Kimi-K2.5), ``compression_config``, then ModelOpt's
@@ -23,8 +23,9 @@ Moonlight, Kimi-VL) and ``n_shared_experts`` (no shared expert). ``num_hidden_la
 to the folder's name with a warning.
 
 Which file owns what: importer.py picks the converter by ``model_type`` (`model_from_hf_config`);
-quant.py reads ``quantization_config``; reader.py is the typed field reader and the helpers every family shares; dense.py (Llama-like), gpt.py
-(GPT-2/NeoX, BLOOM, OPT) and moe.py (Mixtral, Qwen-MoE, DeepSeek, Kimi K2, GLM-4.5) hold the converters.
+quant.py reads ``quantization_config``; window.py the sliding windows; reader.py is the typed field reader and
+the helpers every family shares; dense.py (Llama-like), gemma.py (Gemma 2/3), gpt.py (GPT-2/NeoX, BLOOM, OPT)
+and moe.py (Mixtral, Qwen-MoE, DeepSeek, Kimi K2, GLM-4.5) hold the converters.
 A new family is a converter in the file of its kind plus its ``model_type`` in that file's ``CONVERTERS`` table.
 
 Where the schema cannot represent a detail exactly the importer approximates, and says so here:

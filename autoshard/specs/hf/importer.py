@@ -13,32 +13,31 @@ from pydantic import ValidationError
 
 from autoshard.errors import SpecError
 from autoshard.specs.base import MAX_NAME_LEN
-from autoshard.specs.hf import dense, gpt, moe
+from autoshard.specs.hf import dense, gemma, gpt, moe
 from autoshard.specs.hf.quant import checkpoint_from_quantization_config
 from autoshard.specs.hf.reader import Converter, Reader
 from autoshard.specs.hf.rope import rope_base_fields, rope_scaling_fields
-from autoshard.specs.layers import PositionKind
+from autoshard.specs.hf.window import layer_windows, with_windows
+from autoshard.specs.layers import LayerKind, PositionKind
 from autoshard.specs.model import ModelSpec
 from autoshard.specs.validation import format_validation_error
 
 __all__ = ["model_from_hf_config", "SUPPORTED_MODEL_TYPES"]
 
-_CONVERTERS: dict[str, Converter] = {**dense.CONVERTERS, **moe.CONVERTERS, **gpt.CONVERTERS}
+_CONVERTERS: dict[str, Converter] = {**dense.CONVERTERS, **moe.CONVERTERS, **gpt.CONVERTERS, **gemma.CONVERTERS}
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_CONVERTERS))
 
 # Architectures users bring that the schema cannot describe, with what it lacks: importing them as the
 # nearest supported family would give wrong attention FLOPs and KV-cache bytes without a word.
 _NOT_MODELLED: dict[str, str] = {
-    "gpt_oss": "every other layer attends over a 128-token sliding window with learned attention sinks, "
-               "and the experts carry biases; the schema has full attention only",
+    "gpt_oss": "its 128-token sliding-window layers are expressible (attention_window), but not the rest: "
+               "learned attention sinks (one extra logit per head and row, a kernel path of their own), the "
+               "biases of the router and of every expert, and MXFP4 weights on the experts only beside BF16 "
+               "attention (the schema's weight dtype is one for every linear layer)",
     "llama4": "3 of 4 layers use chunked attention (attention_chunk_size) and MoE layers interleave with "
               "dense ones (interleave_moe_layer_step) beside a shared expert; the schema has full attention "
               "only",
-    "gemma2": "local sliding-window layers alternate with global ones and the logits are soft-capped; the "
-              "schema has full attention only",
-    "gemma3": "5 of 6 layers attend over a local sliding window (sliding_window); the schema has full "
-              "attention only",
     "qwen3_next": "3 of 4 layers are Gated DeltaNet linear attention (linear_* keys, no KV cache) and "
                   "attention is gated; the schema has softmax attention only",
     "deepseek_v32": "DeepSeek sparse attention (index_n_heads, index_topk: a lightning indexer picks the "
@@ -102,6 +101,10 @@ def model_from_hf_config(config: dict[str, Any], *, source: str,
                                          "(see models/ for examples)")
 
     fields = _CONVERTERS[model_type](reader, model_type)
+    windows = layer_windows(reader, model_type, sum(
+        g.get("count", 1) for g in fields["layers"] if g["kind"] in (LayerKind.DENSE, LayerKind.MOE)))
+    if any(windows):
+        fields["layers"] = with_windows(fields["layers"], windows)
     if fields.get("position_embedding", PositionKind.ROPE) is PositionKind.ROPE:
         # launch facts the Megatron-LM command carries (--rotary-base, --rotary-percent); no cost depends on them
         fields["rope_theta"], fields["rotary_percent"] = rope_base_fields(reader)
@@ -120,7 +123,6 @@ def model_from_hf_config(config: dict[str, Any], *, source: str,
         field, message = format_validation_error(exc, ModelSpec)
         raise SpecError(f"{message} (model_type {model_type})", source=source,
                         field=_config_key(reader.origin, field, message)) from None
-    _note_sliding_window(reader, model_type, spec.max_position_embeddings)
     _note_towers(config, source)
     return spec
 
@@ -156,24 +158,6 @@ def _note_towers(config: dict[str, Any], source: str) -> None:
                       f"{' and '.join(t.removesuffix('_config').replace('_', ' ') for t in towers)} tower's "
                       "weights are not counted, so serving weight memory is low by their size and training "
                       "leaves their FLOPs out", UserWarning, stacklevel=3)
-
-
-# model types whose sliding window applies only with use_sliding_window: true (transformers' Qwen2/Qwen3)
-_WINDOW_SWITCHED = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
-
-
-def _note_sliding_window(reader: Reader, model_type: str, context: int) -> None:
-    """A sliding window shorter than the context is not modelled (every layer is priced as full
-    attention): say so, naming the key, rather than let the KV cache and attention time be read as exact."""
-    window = reader.data.get("sliding_window")
-    if model_type in _WINDOW_SWITCHED and reader.data.get("use_sliding_window") is not True:
-        return
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < context:
-        return
-    warnings.warn(f"{reader.source}: {reader.where('sliding_window')}: a {window}-token sliding window is not "
-                  f"modelled: attention time and the KV cache are priced as full attention over the {context}-"
-                  f"token context, an upper bound for sequences longer than {window} tokens", UserWarning,
-                  stacklevel=3)
 
 
 def _config_key(origin: dict[str, str], field: str, message: str) -> str:
