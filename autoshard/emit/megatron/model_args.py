@@ -74,11 +74,12 @@ class FlagReader:
         return number
 
 
-def eval_moe_layer_freq(text: str, num_layers: int) -> list[int]:
+def eval_moe_layer_freq(text: str, num_layers: int, *, flag: str = "--moe-layer-freq",
+                        meaning: str = "0 (dense) and 1 (MoE)") -> list[int]:
     """`--moe-layer-freq`: an integer N (every N-th layer is MoE, starting with the first) or a
     Python list expression such as "([0]*3+[1]*58)". Evaluated without eval(): only lists of 0/1,
-    `+` and `*` with integers."""
-    flag = "--moe-layer-freq"
+    `+` and `*` with integers. `--window-attn-skip-freq` takes the same type (`flag`, `meaning`): its
+    integer N means one full-attention layer after each N - 1 sliding ones (1 is sliding)."""
     text = text.strip()
     if "[" not in text:
         try:
@@ -89,6 +90,8 @@ def eval_moe_layer_freq(text: str, num_layers: int) -> list[int]:
             ) from None
         if n < 1:
             raise SpecError(f"{flag} must be >= 1, got {n}")
+        if flag == "--window-attn-skip-freq":
+            return [0 if (i + 1) % n == 0 else 1 for i in range(num_layers)]
         return [1 if i % n == 0 else 0 for i in range(num_layers)]
 
     def value(node: ast.AST) -> list[int] | int:
@@ -125,7 +128,7 @@ def eval_moe_layer_freq(text: str, num_layers: int) -> list[int]:
             f"{flag} '{text}' is not a list expression of 0s and 1s such as \"([0]*3+[1]*58)\""
         ) from None
     if not isinstance(pattern, list) or any(b not in (0, 1) for b in pattern):
-        raise SpecError(f"{flag} '{text}' must give a list of 0 (dense) and 1 (MoE) per layer")
+        raise SpecError(f"{flag} '{text}' must give a list of {meaning} per layer")
     if len(pattern) != num_layers:
         raise SpecError(
             f"{flag} '{text}' gives {len(pattern)} layers but --num-layers is {num_layers}: "
@@ -141,14 +144,14 @@ def moe_pattern(model: ModelSpec) -> tuple[int, ...]:
     )
 
 
-def _groups(bits: list[int]) -> tuple[LayerGroup, ...]:
+def _groups(bits: list[int], windows: list[int | None] | None = None) -> tuple[LayerGroup, ...]:
     groups = [LayerGroup(kind=LayerKind.EMBEDDING)]
-    for b in bits:
+    for b, w in zip(bits, windows or [None] * len(bits), strict=True):
         kind = LayerKind.MOE if b else LayerKind.DENSE
-        if groups[-1].kind is kind:
-            groups[-1] = LayerGroup(kind=kind, count=groups[-1].count + 1)
+        if groups[-1].kind is kind and groups[-1].attention_window == w:
+            groups[-1] = LayerGroup(kind=kind, count=groups[-1].count + 1, attention_window=w)
         else:
-            groups.append(LayerGroup(kind=kind))
+            groups.append(LayerGroup(kind=kind, attention_window=w))
     groups.append(LayerGroup(kind=LayerKind.OUTPUT))
     return tuple(groups)
 
@@ -249,11 +252,40 @@ def _rope_scaling(r: FlagReader, mla: bool) -> RopeScaling | None:
         raise SpecError(f"{flag}: {message} ({got['type']} RoPE scaling)", source=r.source, field=flag) from None
 
 
+def _windows(r: FlagReader, num_layers: int) -> list[int | None] | None:
+    """Each decoder layer's attention window from `--window-size LEFT,RIGHT` (a W-token causal window is
+    LEFT = W - 1) and `--window-attn-skip-freq` (1: sliding; absent: every layer slides); None without
+    a window."""
+    text = r.text("--window-size")
+    if text is None:
+        if r.on("--window-attn-skip-freq"):
+            r.warnings.append("--window-attn-skip-freq without --window-size has no effect")
+        return None
+    parts = text.strip("()[] ").split(",")
+    try:
+        left, right = (int(p) for p in parts)
+    except ValueError:
+        raise SpecError(f"--window-size '{text}' is not two integers LEFT,RIGHT such as 4095,0",
+                        source=r.source, field="--window-size") from None
+    if left < 0:  # Transformer Engine's -1: no limit on that side
+        r.warnings.append(f"--window-size {text}: an unlimited left window is full attention")
+        return None
+    if right != 0:
+        r.warnings.append(f"--window-size {text}: a right window is not causal; read as {left},0")
+    sliding = [1] * num_layers
+    if r.on("--window-attn-skip-freq"):
+        sliding = eval_moe_layer_freq(r.text("--window-attn-skip-freq", "") or "", num_layers,
+                                      flag="--window-attn-skip-freq", meaning="0 (full) and 1 (sliding)")
+    return [left + 1 if b else None for b in sliding]
+
+
 def _mlp(r: FlagReader) -> MlpKind:
     if r.on("--swiglu") and r.on("--squared-relu"):
         r.warnings.append("--swiglu and --squared-relu both given; read --swiglu")
     if r.on("--swiglu"):
         return MlpKind.SWIGLU
+    if r.on("--quick-geglu"):
+        return MlpKind.GEGLU
     return MlpKind.SQUARED_RELU if r.on("--squared-relu") else MlpKind.GELU
 
 
@@ -357,7 +389,7 @@ def build_model(
         qk_norm=r.on("--qk-layernorm"),
         mla=mla,
         moe=moe,
-        layers=_groups(bits),
+        layers=_groups(bits, _windows(r, num_layers)),
         mtp_num_layers=r.int("--mtp-num-layers", 0) or 0,
     )
     return model, vocab_known

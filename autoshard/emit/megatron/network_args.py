@@ -23,13 +23,44 @@ def moe_layer_pattern(model: ModelSpec) -> str | None:
     ]
     if all(bits):
         return None
+    return list_expression(bits)
+
+
+def list_expression(bits: list[int]) -> str:
+    """A 0/1 layer pattern as the run-length Python list expression Megatron-LM's pattern flags take, a
+    repeating pattern once with its count ("([1]*5+[0]*1)*10+[1]*2" for Gemma 3's 62 layers)."""
+    whole = "(" + _runs(bits) + ")"
+    for period in range(2, len(bits) // 2 + 1):
+        if all(bits[i] == bits[i % period] for i in range(len(bits))):
+            times, rest = divmod(len(bits), period)
+            short = f"(({_runs(bits[:period])})*{times}" + (f"+{_runs(bits[times * period:])}" if rest else "") + ")"
+            return short if len(short) < len(whole) else whole
+    return whole
+
+
+def _runs(bits: list[int]) -> str:
     runs: list[tuple[int, int]] = []
     for b in bits:
         if runs and runs[-1][0] == b:
             runs[-1] = (b, runs[-1][1] + 1)
         else:
             runs.append((b, 1))
-    return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
+    return "+".join(f"[{b}]*{n}" for b, n in runs)
+
+
+def window_args(model: ModelSpec) -> list[Arg]:
+    """Sliding-window attention: `--window-size LEFT,0` (Transformer Engine's window, LEFT keys before the
+    query: a W-token window is W - 1, as vLLM passes FlashAttention `sliding_window - 1`) and, where some
+    layers attend fully, `--window-attn-skip-freq` as a list expression (1: sliding, 0: full). Megatron-LM
+    takes one window for every sliding layer: the largest (megatron_notes says so when they differ)."""
+    windows = model.decoder_windows
+    sizes = sorted({w for w in windows if w is not None})
+    if not sizes:
+        return []
+    args: list[Arg] = [("--window-size", f"{sizes[-1] - 1},0")]
+    if any(w is None for w in windows):
+        args.append(("--window-attn-skip-freq", list_expression([0 if w is None else 1 for w in windows])))
+    return args
 
 
 def network_args(model: ModelSpec, seq_len: int) -> list[Arg]:
@@ -69,6 +100,9 @@ def network_args(model: ModelSpec, seq_len: int) -> list[Arg]:
         args.append(("--swiglu", None))
     elif model.mlp is MlpKind.SQUARED_RELU:
         args.append(("--squared-relu", None))
+    elif model.mlp is MlpKind.GEGLU:
+        args.append(("--quick-geglu", None))  # the gated shapes; quick-GELU for tanh-GELU (megatron_notes)
+    args += window_args(model)
     if not model.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     if not model.linear_bias:

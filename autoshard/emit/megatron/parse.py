@@ -321,6 +321,7 @@ def model_shape_differences(expected: ModelSpec, got: ModelSpec) -> list[str]:
             "qkv_bias": m.qkv_bias and not m.linear_bias,
             "qk_norm": m.qk_norm,
             "moe_layers": _runs(moe_pattern(m)),
+            "attention_windows": _window_runs(m.decoder_windows) if m.has_attention_window else None,
             "num_layers": m.num_layers,
             "max_position_embeddings": (
                 m.max_position_embeddings if m.position_embedding is PositionKind.LEARNED else None
@@ -344,6 +345,18 @@ def _block_differences(name: str, a: BaseModel | None, b: BaseModel | None) -> l
         return [] if a is b else [f"{name}: {whole(a)} vs {whole(b)}"]
     return [f"{name}.{f}: {value(getattr(a, f))} vs {value(getattr(b, f))}"
             for f in type(a).model_fields if getattr(a, f) != getattr(b, f)]
+
+
+def _window_runs(windows: tuple[int | None, ...]) -> str:
+    """Each decoder layer's attention window as runs ("window 1024 0-4, full 5, ...")."""
+    runs: list[str] = []
+    start = 0
+    for i in range(1, len(windows) + 1):
+        if i == len(windows) or windows[i] != windows[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            runs.append(f"{'full' if windows[start] is None else f'window {windows[start]}'} {span}")
+            start = i
+    return ", ".join(runs)
 
 
 def _runs(pattern: tuple[int, ...]) -> str:

@@ -53,6 +53,12 @@ def megatron_notes(plan: Plan) -> list[str]:
     notes += rope_notes(model)
     if model.mlp is MlpKind.RELU:
         notes.append("Megatron-LM has no plain-ReLU MLP flag; the launch uses its default GeLU (same shapes)")
+    if model.mlp is MlpKind.GEGLU:
+        notes.append("Megatron-LM has no tanh-GELU gated MLP flag; the launch uses --quick-geglu (the same gated "
+                     "shapes and cost, gated by quick-GELU)")
+    if len({w for w in model.decoder_windows if w is not None}) > 1:
+        notes.append("Megatron-LM takes one --window-size for every sliding-window layer; the launch uses the "
+                     "largest of the model's windows (a little more attention work than planned)")
     if cfg.seq_len > model.max_position_embeddings:
         notes.append(
             f"--max-position-embeddings raised from {model.max_position_embeddings} to the sequence length "
