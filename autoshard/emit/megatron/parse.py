@@ -13,8 +13,10 @@ impossible is a SpecError that names the flag and the fix.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -349,14 +351,7 @@ def _block_differences(name: str, a: BaseModel | None, b: BaseModel | None) -> l
 
 def _window_runs(windows: tuple[int | None, ...]) -> str:
     """Each decoder layer's attention window as runs ("window 1024 0-4, full 5, ...")."""
-    runs: list[str] = []
-    start = 0
-    for i in range(1, len(windows) + 1):
-        if i == len(windows) or windows[i] != windows[start]:
-            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
-            runs.append(f"{'full' if windows[start] is None else f'window {windows[start]}'} {span}")
-            start = i
-    return ", ".join(runs)
+    return _labelled_runs(windows, lambda w: "full" if w is None else f"window {w}")
 
 
 def _runs(pattern: tuple[int, ...]) -> str:
@@ -364,11 +359,16 @@ def _runs(pattern: tuple[int, ...]) -> str:
     model's layer count is num_layers' fact, not a list of 80 zeros)."""
     if not any(pattern):
         return "none"
+    return _labelled_runs(pattern, lambda b: "MoE" if b else "dense")
+
+
+def _labelled_runs(values: Sequence[object], label: Callable[[Any], str]) -> str:
+    """Equal neighbours as runs of layer indices, each named by `label` of its value."""
     runs: list[str] = []
     start = 0
-    for i in range(1, len(pattern) + 1):
-        if i == len(pattern) or pattern[i] != pattern[start]:
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
             span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
-            runs.append(f"{'MoE' if pattern[start] else 'dense'} {span}")
+            runs.append(f"{label(values[start])} {span}")
             start = i
     return ", ".join(runs)
