@@ -143,10 +143,10 @@ def test_efficiency_source_says_fitted_or_borrowed():
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
     # Blackwell: every type on its own runs; B300 (3 held runs, the pooled Blackwell fit, before MLPerf
     # v6.0's 8B NVFP4 runs) since its 13
-    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 26 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 28 runs"
-    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 22 runs"
-    assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == "fitted on 13 runs"
+    assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 28 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 29 runs"
+    assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 23 runs"
+    assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == "fitted on 14 runs"
 
 
 def test_prediction_names_its_mfu_peak_and_borrowed_efficiency():
