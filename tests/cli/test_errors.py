@@ -163,7 +163,7 @@ MODEL_CASES = [
      ["valid integer", "'lots'"]),
     ("wrong-type-bool", "llama-3.1-8b", _set("tied_embeddings", "sometimes"), "tied_embeddings",
      ["boolean", "'sometimes'"]),
-    ("bad-enum", "llama-3.1-8b", _set("mlp", "geglu"), "mlp", ["swiglu", "'geglu'"]),
+    ("bad-enum", "llama-3.1-8b", _set("mlp", "reglu"), "mlp", ["swiglu", "geglu", "'reglu'"]),
     ("negative-size", "llama-3.1-8b", _set("hidden_size", -4096), "hidden_size",
      ["must be positive", "-4096"]),
     ("zero-size", "llama-3.1-8b", _set("ffn_hidden_size", 0), "ffn_hidden_size", ["must be positive"]),

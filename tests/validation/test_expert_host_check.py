@@ -37,9 +37,9 @@ def test_published_host_cost_closes_almost_none_of_the_gap(rows):
     for rid in (TP4, PP32):
         assert rows[rid].floor_s < 0.05 * rows[rid].gap_s
     # ...and it would move no other held BF16 MoE run by more than 0.05 ms per layer and micro-batch but
-    # Qwen3-30B-A3B on 32 H100 (16 local experts of 768 columns): 0.08 of its 0.96 ms
+    # Qwen3-30B-A3B on 32 H100 (16 local experts of 768 columns): 0.08 of its 0.93 ms (0.96 before item AA)
     assert all(r.floor_s < 0.05e-3 for r in rows.values() if r.id != QWEN30)
-    assert rows[QWEN30].floor_s == pytest.approx(0.082e-3, abs=0.005e-3) and rows[QWEN30].gap_s == pytest.approx(0.96e-3, abs=0.02e-3)
+    assert rows[QWEN30].floor_s == pytest.approx(0.082e-3, abs=0.005e-3) and rows[QWEN30].gap_s == pytest.approx(0.93e-3, abs=0.02e-3)
 
 
 def test_closing_the_gap_needs_twice_the_published_cost_and_two_different_ones(rows):
@@ -48,7 +48,7 @@ def test_closing_the_gap_needs_twice_the_published_cost_and_two_different_ones(r
     # the same 16 experts issue the same ops in both runs: one host cost fits neither exactly
     assert tp4 / pp32 > 1.25  # pp32 needed 1.1x tp4's before item Z; now tp4 needs 1.37x pp32's
     # the least cost that closes a row predicted > 10 % fast is Qwen3-30B-A3B's on H100, half of theirs
-    assert closing_op_s(list(rows.values())) == rows[QWEN30].needed_op_s == pytest.approx(15.5e-6, abs=0.1e-6)
+    assert closing_op_s(list(rows.values())) == rows[QWEN30].needed_op_s == pytest.approx(15.3e-6, abs=0.1e-6)
 
 
 def test_the_closing_cost_breaks_the_gb200_row_with_the_same_eager_experts(rows):

@@ -80,9 +80,11 @@ def test_moe_runs():
     median 10.6 %; 8.9 % with item Y's refit on MLPerf v6.0's dense runs (GB200 `train_gemm` 0.65 -> 0.60,
     `train_hbm` 0.60 -> 0.80), 8.7 % over the 21 not from the MoE recipes (7.9 % before it). Item Z: ModelZoo's
     five 4k Qwen3-235B H100 rows ran Megatron-LM's unfused loss (their table is of 8017e11, before the config
-    turned the fusion on): PP 32 -17.5 -> -3.8 %, TP 4 / PP 8 -31.3 -> -28.4 %, the overlap run -12.0 -> -7.2 %."""
+    turned the fusion on): PP 32 -17.5 -> -3.8 %, TP 4 / PP 8 -31.3 -> -28.4 %, the overlap run -12.0 -> -7.2 %.
+    Item AA: five more held from the MoE recipe index (DeepSeek-V3 MXFP8 on 256 B200 and 256 GB300, Qwen3-235B-A22B
+    MXFP8 on 128 B200, B300 and GB200): 30 held runs, median 7.4 % (6.9 % over the 21 not from the recipes)."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 25
+    assert len(errs) == 30
     by_id = {r.id: r.error for r in MOE}
     assert 0.10 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.20
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
@@ -104,8 +106,10 @@ def test_published_runs_fit_in_memory():
     byte; charged on the dynamic allocations only (the contiguous parameter/gradient buffers, the
     optimizer shards and the FP8 weight copies are allocated once), 77.5 GiB."""
     assert [r.id for r in RESULTS if not r.fits and not r.skip_memory] == []
-    # the one exception ran with activation offloading to host memory, which autoshard does not model
-    assert [r.id for r in RESULTS if r.skip_memory] == ["moezoo-qwen3-235b-gb200-mxfp8-ep64-offload"]
+    # the two exceptions ran with activation (and optimizer) offloading to host memory, which autoshard does not
+    # model
+    assert sorted(r.id for r in RESULTS if r.skip_memory) == ["mlmrecipe-dsv3-gb200-mxfp8-ep64-offload",
+                                                               "moezoo-qwen3-235b-gb200-mxfp8-ep64-offload"]
     tight = next(r for r in RESULTS if r.id == "nemo2407-h100-fp8-gpt3-20b")
     assert tight.predicted_memory_gib == pytest.approx(77.5, abs=0.1)
 
@@ -263,7 +267,7 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
     types, pool = generation_pool("B300-SXM-288GB", by_gpu)
     assert types == blackwell
-    assert [len(by_gpu[t]) for t in types] == [26, 13, 28, 22] and len(pool) == 89
+    assert [len(by_gpu[t]) for t in types] == [28, 14, 29, 23] and len(pool) == 94
     assert all(run_gpu(r) in blackwell for r in pool)
     assert min(len(by_gpu[t]) for t in blackwell) >= MIN_RUNS  # each a fit of its own
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's four
@@ -373,8 +377,8 @@ def test_mlperf51_blackwell_runs():
     Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
     (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
     B200 knobs (fitted on these, the B200 NVFP4 runs of MLPerf v5.1 and v6.0 and NeMo 25.02's B200 runs together)
-    the 64-GPU CP 2 runs' steps are predicted 3 % short (7 % before MLPerf v6.0's runs, item Y) and the 16-GPU
-    and 405B runs' 7-17 % long (9-15 %), while NeMo 25.02's B200 Mixtral and
+    the 64-GPU CP 2 runs' steps are predicted 7 % short (3 % before item AA's refit, 7 % before MLPerf v6.0's runs,
+    item Y) and the 16-GPU and 405B runs' 9-18 % long (7-17 % before item AA), while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
@@ -387,8 +391,8 @@ def test_mlperf51_blackwell_runs():
     assert all(abs(r.error) <= 0.22 for r in held)
     b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
     cp2 = {i for i in b200 if i.endswith("-cp2")}
-    assert len(cp2) == 2 and all(-0.05 <= b200[i] <= -0.02 for i in cp2)  # predicted short
-    assert all(0.07 <= b200[i] <= 0.18 for i in b200.keys() - cp2)  # predicted long
+    assert len(cp2) == 2 and all(-0.08 <= b200[i] <= -0.05 for i in cp2)  # predicted short
+    assert all(0.08 <= b200[i] <= 0.18 for i in b200.keys() - cp2)  # predicted long
     assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
 
@@ -456,14 +460,15 @@ def test_mlperf50_gb200_405b_runs():
     shipped GB200 knobs (fitted on 28 GB200 runs, these 7 among them) each step is within 7 % (+2.3 to +6.2 %
     since item Z's refit, GB200 `train_gemm` 0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y;
     -3.5 to +0.2 % before item Y's refit, GB200 `train_gemm_fp8` 0.60 -> 0.55);
-    out of source (residuals_train.json) within 4 %: the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same
-    plan family) now pin the GB200 fit of the fold that leaves v5.0 out, which was 9-13 % long without them
-    (4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
+    out of source (residuals_train.json) 6-12 % long since item AA (within 4 % before): the fold that leaves v5.0
+    out fits GB200's FP8 GEMM level at 0.50 (0.55 with them), pulled down by the MXFP8 Qwen3-235B recipe row on 128
+    GB200 and NeMo 25.04's rows on racks of 64; the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same plan
+    family) had pinned it (9-13 % long without them, 4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
     assert all(0.0 < r.error < 0.07 for r in rows)
     loso = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
-    assert all(abs(loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1) < 0.04 for r in rows)
+    assert all(0.05 < loso[r.id]["predicted_loso"] / loso[r.id]["measured"] - 1 < 0.12 for r in rows)
 
 
 def test_mlperf41_b200_preview_gpt3_is_shown_not_held():
@@ -536,7 +541,8 @@ def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held and every one is predicted fast: BF16 8-12 % (GB200 8 % since item Y's refit), FP8 18-20 %, because the measured FP8
+    recipes are held and every one is predicted fast: BF16 10-11 %, FP8 16-17 % (18-20 % before item AA priced
+    Transformer Engine's per-expert quantize launches and the router GEMM Megatron's TFLOP/s leave out), because the measured FP8
     step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
     while autoshard prices FP8 4-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
@@ -551,7 +557,7 @@ def test_mlmrecipe_qwen3_30b_runs():
     fp8 = {i: r for i, r in held.items() if "-bf16-" not in i}
     assert len(bf16) == len(fp8) == 2
     assert all(-0.14 < r.error < -0.07 for r in bf16.values())  # predicted fast
-    assert all(-0.20 < r.error < -0.17 for r in fp8.values())  # predicted faster still
+    assert all(-0.18 < r.error < -0.15 for r in fp8.values())  # predicted faster still
     for gpu in ("h100", "gb200"):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
@@ -644,13 +650,14 @@ def test_mlperf_nvfp4_runs():
 def test_nvfp4_runs_are_predicted_within_15_percent():
     """The 49 NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
     of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the eight 405B steps within
-    15 % (v5.1: GB200 +13.1 / +4.6 / -2.5 %, GB300 +1.3 %; v6.0: GB300 +11.2 / +6.1 %, Azure's 8,192 GB200 -0.4 %,
-    CoreWeave's 4,096 GB300 +3.7 %), median 4.2 % (8.0 % over the six before item Y's runs); the 8B runs, whose
-    attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), v5.1's -7.7 to +3.6 % (+0.4 to
-    +14.8 % before item Y's runs taught the B200/B300/GB300 fits their NVFP4 level) and v6.0's -12.4 to +9.3 %
-    (the 64-72-GPU GB300 runs at one micro-batch per step 11-12 % short since item Z took them at their logs'
-    pace, 8-11 % before: the fixed per-step cost). With the
-    shipped knobs, which learned from them, every one within 16 % (GB200's 405B at 512 GPUs +15.1 %)."""
+    15 % (v5.1: GB200 +14.8 / +6.1 / -1.2 %, GB300 -1.5 %; v6.0: GB300 +9.4 / +4.5 %, Azure's 8,192 GB200 +3.0 %,
+    CoreWeave's 4,096 GB300 +2.2 %), median 3.7 % (4.2 % before item AA, 8.0 % over the six before item Y's runs);
+    the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), v5.1's -8.0 to +7.5 %
+    (-7.7 to +3.6 % before item AA's refit, +0.4 to +14.8 % before item Y's runs taught the B200/B300/GB300 fits
+    their NVFP4 level) and v6.0's -13.4 to +16.7 % (-12.4 to +9.3 % before item AA: the fold that leaves v6.0 out
+    now sets B200 from its MoE recipe rows, and its 8-GPU B200 runs read 13-17 % long; the 64-72-GPU GB300 runs
+    at one micro-batch per step 11-13 % short since item Z took them at their logs' pace: the fixed per-step cost).
+    With the shipped knobs, which learned from them, every one within 15 % (GB200's 405B at 512 GPUs +14.1 %)."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
     assert len(rows) == 49 and not any(r.skip_throughput for r in rows.values())
@@ -659,10 +666,10 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     assert len(big) == 8 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
     assert 0.035 < statistics.median(abs(loso[i]) for i in big) < 0.05
     v51 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf51-")]
-    assert len(v51) == 10 and all(-0.08 < e < 0.04 for e in v51)
+    assert len(v51) == 10 and all(-0.085 < e < 0.08 for e in v51)
     v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
-    assert len(v60) == 31 and all(-0.13 < e < 0.10 for e in v60)
-    assert all(abs(r.error) < 0.16 for r in rows.values())
+    assert len(v60) == 31 and all(-0.14 < e < 0.17 for e in v60)
+    assert all(abs(r.error) < 0.15 for r in rows.values())
 
 
 def test_megatron_causal_tflops_convert_by_megatrons_own_formula():
