@@ -101,7 +101,7 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
     if domain > node.gpus_per_node:
         # rack-scale domain: ranks fill `domain_used` GPUs of each, the last one possibly partly; an
         # aligned group stays inside one domain when it divides that count (or one domain holds all)
-        used = node.domain_used
+        used = pool.domain_fill_size
         span = ranks * stride
         if ranks <= 1 or pool.num_gpus <= used or (span <= used and used % span == 0):
             return _intra(node, pool)
@@ -123,8 +123,9 @@ def group_link(pool: PoolSpec, *, ranks: int, stride: int = 1) -> Link:
 def domain_bounds(pool: PoolSpec, gpus: int | None = None) -> tuple[int, ...]:
     """First rank of each NVLink domain that `gpus` ranks (default: the pool's) fill from a domain's
     start, in rank order, and the end: a rack-scale domain holds `domain_used` consecutive ranks
-    (`PoolSpec.domain_fill`: the last rack possibly partly filled), a node-sized one `domain_size`."""
-    per = pool.node.domain_used  # the domain's size where no partial fill is set
+    (`PoolSpec.domain_fill_size`: all of one rack for a pool that fits in it; the last rack possibly partly
+    filled), a node-sized one `domain_size`."""
+    per = pool.domain_fill_size  # the domain's size where no partial fill is set
     full, rest = divmod(pool.num_gpus if gpus is None else gpus, per)
     return (0, *itertools.accumulate((per,) * full + ((rest,) if rest else ())))
 

@@ -191,7 +191,9 @@ class NodeSpec(FrozenSpec):
     nvlink_domain_gpus_used: PosInt | None = None
     """GPUs a job uses in each rack-scale NVLink domain (e.g. 64 of an NVL72's 72, leaving spare trays);
     defaults to all of them. Ranks fill one domain up to this count before the next; the last domain of
-    a pool may be partly filled (any whole number of trays)."""
+    a pool may be partly filled (any whole number of trays). The pool's `num_nodes` counts the trays the job
+    uses, so at 64 a 144-GPU pool spans three racks (64 + 64 + 16); a pool no larger than one domain takes
+    that domain whole (`PoolSpec.domain_fill_size`)."""
     socket_gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] | None = None
     """PCIe nodes with two CPU sockets: GPUs under one socket's PCIe root complex. A group of more
     ranks crosses the CPU interconnect (UPI / xGMI), where NCCL runs through host memory at
@@ -265,9 +267,19 @@ class PoolSpec(FrozenSpec):
         return self.num_nodes * self.node.gpus_per_node
 
     @property
+    def domain_fill_size(self) -> int:
+        """GPUs of consecutive ranks one NVLink domain holds in this pool: the node's `domain_used`, except that a
+        rack-scale pool no larger than one domain takes that one domain whole (a 72-GPU GB200 pool is one rack,
+        not 64 + 8 over two)."""
+        node = self.node
+        if node.domain_size > node.gpus_per_node and self.num_gpus <= node.domain_size:
+            return node.domain_size
+        return node.domain_used
+
+    @property
     def domain_fill(self) -> tuple[int, ...]:
         """GPUs in each NVLink domain this pool occupies, in rank order (the last may be partial)."""
-        used = self.node.domain_used
+        used = self.domain_fill_size
         full, rest = divmod(self.num_gpus, used)
         return (used,) * full + ((rest,) if rest else ())
 

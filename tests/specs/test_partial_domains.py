@@ -68,3 +68,17 @@ def test_used_count_needs_a_rack_scale_domain() -> None:
     node = load_cluster("dgx-h100").primary.node
     with pytest.raises(ValidationError, match="rack-scale"):
         type(node).model_validate({**node.model_dump(), "nvlink_domain_gpus_used": 8})
+
+
+@pytest.mark.parametrize(("trays", "fill"), [(18, (72,)), (16, (64,)), (10, (40,)), (36, (64, 64, 16))])
+def test_a_pool_that_fits_one_rack_takes_it_whole(trays: int, fill: tuple[int, ...]) -> None:
+    """The bundled NVL72 file fills 64 GPUs per rack in a multi-rack job; a pool of 72 GPUs or fewer (a YAML
+    with num_nodes 18, or `--gpus 72`) is one rack, and an EP 24 group on it stays inside (NVLink), where
+    the 64-per-rack fill would have put ranks 48-71 over two racks."""
+    bundled = load_cluster("gb200-nvl72")
+    pool = bundled.primary.model_copy(update={"num_nodes": trays})
+    assert pool.node.domain_used == 64
+    assert pool.domain_fill == fill
+    if trays == 18:
+        assert not group_link(pool, ranks=24).crosses_nodes
+        assert bundled.with_gpus(72).primary.domain_fill == (72,)

@@ -50,7 +50,7 @@ def nvls_bytes(pool: PoolSpec, *, ranks: int) -> float:
     holds of consecutive ranks), on NVSwitch nodes of Hopper and later, for more than 2 ranks;
     none elsewhere (PCIe, Ampere, Ada, AMD)."""
     node = pool.node
-    local = min(ranks, node.domain_used)
+    local = min(ranks, pool.domain_fill_size)
     if local <= 2 or pool.node.intra_node_link not in (LinkKind.NVLINK, LinkKind.NVLINK_SWITCH):
         return 0.0
     if gpu_generation(pool.gpu.name) not in NVLS_GENERATIONS:

@@ -221,7 +221,7 @@ def _disagg_points(model, cluster, free, job, space, deadline):  # type: ignore[
                 link = kv_link(
                     pa,
                     # one rack holds `domain_used` GPUs of the job (GB200 racks run with 64 of 72)
-                    same_domain=same and used <= pa.node.domain_used,
+                    same_domain=same and used <= pa.domain_fill_size,
                     other=pb,
                     inter_pool_gbps=cluster.pool_link_gbps,
                 )

@@ -157,7 +157,7 @@ def _build_disagg(
                 + product(cp, y, gdk, q.num_gpus, f"decode_on_{k}")
                 <= q.num_gpus
             )
-    domain = element(cp, pool, [q.node.domain_used for q in pools], "pool_domain")  # GPUs a rack fills
+    domain = element(cp, pool, [q.domain_fill_size for q in pools], "pool_domain")  # GPUs a rack fills
     rp = element(cp, p, [r.rate_milli for r in t.prefill], "prefill_rate")
     rd = element(cp, d, [r.rate_milli for r in t.decode], "decode_rate")
     xrp = product(cp, x, rp, xmax * max(r.rate_milli for r in t.prefill), "prefill_capacity")

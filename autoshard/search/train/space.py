@@ -230,7 +230,7 @@ def enumerate_train(
 ) -> Space:
     space = Space(candidates=[])
     seq, gbs = job.seq_len, job.global_batch_size
-    domain = min(p.node.domain_used for p in cluster.pools)
+    domain = min(p.domain_fill_size for p in cluster.pools)
     heads = model.num_attention_heads
     num_layers = model.num_layers
     hetero = cluster.is_heterogeneous
