@@ -6,6 +6,7 @@ as a 0/1 list expression where some layers attend fully (1: sliding), and Gemma'
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import warnings
 from pathlib import Path
@@ -78,3 +79,19 @@ def test_a_bad_window_size_names_the_flag() -> None:
     text = megatron_command(plan).replace("--window-size 4095,0", "--window-size wide")
     with pytest.raises(SpecError, match="--window-size 'wide' is not two integers"):
         parse_megatron(text, vocab_size=plan.model.vocab_size)
+
+
+def test_several_window_sizes_launch_at_the_largest_and_say_so() -> None:
+    """Megatron-LM has one --window-size: a model with 1,024- and 4,096-token windows launches both at 4,096
+    (4095,0), and the note names the windows the plan priced."""
+    plan = _plan("mistral-7b-v0.1", 8, 8)
+    groups = list(plan.model.layers)
+    decoder = next(i for i, g in enumerate(groups) if g.attention_window)
+    first = groups[decoder].model_copy(update={"count": 16, "attention_window": 1024})
+    rest = groups[decoder].model_copy(update={"count": groups[decoder].count - 16})
+    model = plan.model.model_copy(update={"layers": (*groups[:decoder], first, rest, *groups[decoder + 1:])})
+    mixed = dataclasses.replace(plan, model=model)
+    assert sorted({w for w in model.decoder_windows if w}) == [1024, 4096]
+    assert _flags(megatron_command(mixed))["--window-size"] == "4095,0"
+    assert any("at the largest, 4,096 tokens, where the plan priced each at its own (1,024)" in n
+               for n in megatron_notes(mixed))

@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -38,6 +41,21 @@ def test_derived_max_model_len_is_vllms():
     assert derived_max_model_len(DSV3) == 163840  # YaRN: likewise
     linear = L8.model_copy(update={"rope_scaling": RopeScaling(type="linear", factor=2.0)})
     assert derived_max_model_len(linear) == 262144  # any other type: times its factor
+
+
+def test_gemma3_context_is_not_scaled_again():
+    """vLLM 0.33.0 skips the RoPE factor for Gemma 3 (config/model.py:2601-2603: its 131,072 is already the
+    scaled context): the import marks its linear factor 8 `extends_context: false`, so the line is checked
+    at 131,072, not 1,048,576, and a longer --max-model-len is refused."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the vision tower is left out: said on import
+        gemma = load_model(Path(__file__).parents[1] / "fixtures" / "hf" / "gemma-3-27b.json")
+    scaling = gemma.rope_scaling
+    assert (scaling.type, scaling.factor, scaling.extends_context) == ("linear", 8.0, False)
+    assert derived_max_model_len(gemma) == 131072
+    with pytest.raises(SpecError, match="131,072"):
+        evaluate_vllm(gemma, H100.with_gpus(8), "vllm serve google/gemma-3-27b-it --tensor-parallel-size 8 "
+                      "--max-model-len 262144", job=JOB)
 
 
 def test_no_max_model_len_checks_the_start_at_the_models_context():
@@ -130,7 +148,7 @@ def test_hf_overrides_set_the_context_as_vllm_derives_it():
     plan = _qwen(QLINE + f"--hf-overrides '{YARN}, \"max_position_embeddings\": 131072}}' --max-model-len 131072")
     assert plan.max_model_len == 131072 and plan.prediction.concurrency == 464
     assert plan.throughput_tokens_per_s == pytest.approx(6802.0, rel=2e-3)
-    assert any(w.startswith("--hf-overrides: vLLM's max model length for qwen3-235b-a22b is 131,072 (was 40,960)")
+    assert any(w.startswith("--hf-overrides: vLLM's max model length for qwen3-235b-a22b is 131,072 (max_position_embeddings 40,960")
                for w in plan.warnings)
     allowed = _qwen(f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 {QLINE}--hf-overrides '{YARN}}}' --max-model-len 131072")
     assert allowed.max_model_len == 131072 and any("not the planner's to promise" in w for w in allowed.warnings)

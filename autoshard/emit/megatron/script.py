@@ -56,9 +56,12 @@ def megatron_notes(plan: Plan) -> list[str]:
     if model.mlp is MlpKind.GEGLU:
         notes.append("Megatron-LM has no tanh-GELU gated MLP flag; the launch uses --quick-geglu (the same gated "
                      "shapes and cost, gated by quick-GELU)")
-    if len({w for w in model.decoder_windows if w is not None}) > 1:
-        notes.append("Megatron-LM takes one --window-size for every sliding-window layer; the launch uses the "
-                     "largest of the model's windows (a little more attention work than planned)")
+    windows = sorted({w for w in model.decoder_windows if w is not None})
+    if len(windows) > 1:
+        notes.append(f"Megatron-LM takes one --window-size for every sliding-window layer; the launch runs all of "
+                     f"them at the largest, {windows[-1]:,} tokens, where the plan priced each at its own "
+                     f"({', '.join(f'{w:,}' for w in windows[:-1])}): more attention work than planned, so the "
+                     "launched step is longer than predicted (evaluate --from-megatron on it prices what it runs)")
     if cfg.seq_len > model.max_position_embeddings:
         notes.append(
             f"--max-position-embeddings raised from {model.max_position_embeddings} to the sequence length "

@@ -51,7 +51,7 @@ def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int
     rope = ov.get("rope_scaling") or ov.get("rope_parameters")
     if isinstance(rope, dict):
         kind, factor = rope.get("rope_type") or rope.get("type") or "default", rope.get("factor")
-    elif model.rope_scaling is not None:
+    elif model.rope_scaling is not None and model.rope_scaling.extends_context:
         kind, factor = model.rope_scaling.type, model.rope_scaling.factor
     else:
         kind, factor = "default", None
@@ -92,8 +92,9 @@ def start_context(model: ModelSpec, job: ServeJob, parsed: ParsedServe, *,
                         f"factor (config/model.py:2602-2632) and refuses to start; add \"max_position_embeddings\": "
                         f"{mml} to --hf-overrides, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", field="--max-model-len")
     if limit != model.max_position_embeddings:
-        notes.append(f"--hf-overrides: vLLM's max model length for {model.name} is {limit:,} "
-                     f"(was {model.max_position_embeddings:,}); checked against it")
+        cause = "--hf-overrides: " if parsed.hf_overrides else ""
+        notes.append(f"{cause}vLLM's max model length for {model.name} is {limit:,} (max_position_embeddings "
+                     f"{model.max_position_embeddings:,}, scaled by its RoPE factor); checked against it")
         model = model.model_copy(update={"max_position_embeddings": limit})
     if mml is None and job.input_len + job.output_len <= limit:
         notes.append(f"no --max-model-len: vLLM takes {model.name}'s context, {limit:,} tokens "

@@ -109,6 +109,8 @@ def model_from_hf_config(config: dict[str, Any], *, source: str,
         # launch facts the Megatron-LM command carries (--rotary-base, --rotary-percent); no cost depends on them
         fields["rope_theta"], fields["rotary_percent"] = rope_base_fields(reader)
         fields["rope_scaling"] = rope_scaling_fields(reader, fields["max_position_embeddings"])
+        if fields["rope_scaling"] is not None and model_type.startswith("gemma3"):
+            fields["rope_scaling"]["extends_context"] = False  # its 131,072 is the scaled context already
     fields["name"] = _name(reader, source)
     fields["source"] = source
     checkpoint = checkpoint_from_quantization_config(config, source=source, name=fields["name"],
