@@ -56,9 +56,9 @@ class RopeScaling(FrozenSpec):
     mscale_all_dim: Annotated[float, Field(ge=0, le=100)] | None = None
     truncate: bool | None = None
     """YaRN: round the correction range to integers (None: true, the default of both)."""
-    extends_context: bool = True
-    """Whether the factor stretches `max_position_embeddings` into the context vLLM derives (a linear factor
-    does). False where the config's length is already the scaled one: Gemma 3, whose 131,072 vLLM 0.33.0 takes
+    extends_context: bool | None = None
+    """Whether the factor stretches `max_position_embeddings` into the context vLLM derives (None: yes, as a
+    linear factor does). False where the config's length is already the scaled one: Gemma 3, whose 131,072 vLLM 0.33.0 takes
     as is (`config/model.py:2601-2603`: "Gemma3's max_model_len (128K) is already scaled by RoPE scaling")."""
 
     @model_validator(mode="after")

@@ -51,7 +51,7 @@ def derived_max_model_len(model: ModelSpec, overrides: str | None = None) -> int
     rope = ov.get("rope_scaling") or ov.get("rope_parameters")
     if isinstance(rope, dict):
         kind, factor = rope.get("rope_type") or rope.get("type") or "default", rope.get("factor")
-    elif model.rope_scaling is not None and model.rope_scaling.extends_context:
+    elif model.rope_scaling is not None and model.rope_scaling.extends_context is not False:
         kind, factor = model.rope_scaling.type, model.rope_scaling.factor
     else:
         kind, factor = "default", None
