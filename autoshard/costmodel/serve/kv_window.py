@@ -40,10 +40,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autoshard.errors import SpecError
 from autoshard.specs.model import ModelSpec
 
 __all__ = ["KVLayout", "vllm_kv_groups", "vllm_global_groups", "engine_kv_layout", "engine_stage_layouts",
-           "mean_window_keys", "stage_windows"]
+           "mean_window_keys", "stage_windows", "without_windows"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -183,3 +184,24 @@ def mean_window_keys(model: ModelSpec, length: float) -> float:
     min(length, window) in a sliding layer, `length` in a full one."""
     windows = model.decoder_windows
     return sum(length if w is None else min(length, w) for w in windows) / len(windows)
+
+
+def without_windows(model: ModelSpec, max_model_len: int | None, *, allow_long: bool = False) -> tuple[ModelSpec, int]:
+    """(the model as vLLM 0.33.0 runs it under --disable-sliding-window, the max model length it starts with) for a
+    model with windows: the derived max model length is capped at the config's sliding_window
+    (`_get_and_verify_max_len`, vllm/config/model.py:2560-2569), which the engine takes without --max-model-len
+    and refuses a longer one against (:2657-2683) unless VLLM_ALLOW_LONG_MAX_MODEL_LEN (`allow_long`); the window is
+    then dropped (hf sliding_window = None, :914-917) and every layer attends and caches in full. SpecError: the
+    refusal, naming --max-model-len and the cap. A model without windows is returned as it is."""
+    windows = {w for w in model.decoder_windows if w is not None}
+    if not windows:
+        return model, max_model_len or model.max_position_embeddings
+    cap = min(min(windows), model.max_position_embeddings)
+    if max_model_len is not None and max_model_len > cap and not allow_long:
+        raise SpecError(f"--max-model-len {max_model_len:,} is longer than {cap:,}: with --disable-sliding-window "
+                        f"vLLM 0.33.0 caps {model.name}'s max model length at its sliding window (sliding_window="
+                        f"{min(windows)}, config/model.py:2560-2569) and refuses to start past it; pass --max-model-len "
+                        f"{cap} or less, drop --disable-sliding-window, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                        field="--max-model-len")
+    full = tuple(g.model_copy(update={"attention_window": None}) for g in model.layers)
+    return model.model_copy(update={"layers": full}), max_model_len or cap
