@@ -40,9 +40,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autoshard.errors import SpecError
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["KVLayout", "vllm_kv_groups", "engine_kv_layout", "mean_window_keys", "stage_windows"]
+__all__ = ["KVLayout", "vllm_kv_groups", "vllm_global_groups", "engine_kv_layout", "engine_stage_layouts",
+           "mean_window_keys", "stage_windows", "without_windows"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -62,11 +64,30 @@ def vllm_kv_groups(windows: Sequence[int | None]) -> tuple[tuple[int | None, ...
     return groups, size
 
 
+def vllm_global_groups(windows: Sequence[int | None]) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
+    """vLLM's KV-cache groups over the whole model's layers (all PP stages' specs merged,
+    `get_global_kv_cache_groups`, kv_cache_planning.py:1609-1660): (window, the layer indices it holds) per group.
+    Buckets in the order of their first layer; a bucket of n layers makes k = ceil(n / G) groups and group i takes
+    its layers [i::k] (kv_cache_planning.py:528-555), so each group spans the whole depth of the model."""
+    buckets: dict[int | None, list[int]] = {}
+    for i, w in enumerate(windows):
+        buckets.setdefault(w, []).append(i)
+    _, size = vllm_kv_groups(windows)
+    out: list[tuple[int | None, tuple[int, ...]]] = []
+    for w, layers in buckets.items():
+        k = _cdiv(len(layers), size)
+        out.extend((w, tuple(layers[i::k])) for i in range(k))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """How an engine's KV pool holds one pipeline stage's layers: `groups` KV-cache groups (each one's window, None:
     full) of `group_layers` layers each, blocks of `block` tokens shared by all groups. A model without windows (or an
-    engine that stores them whole) is one full group of all the stage's layers."""
+    engine that stores them whole) is one full group of all the stage's layers. Under pipeline parallelism the groups
+    are the whole model's (`vllm_global_groups`, every one of them in a request's blocks) and `group_layers` the most
+    layers any of them has on this stage: a pool block holds that many layers' pages (`_get_kv_cache_bytes_per_block`,
+    kv_cache_planning.py:574-605, the largest projected group)."""
 
     groups: tuple[int | None, ...] = (None,)
     group_layers: int = 1
@@ -133,8 +154,54 @@ def engine_kv_layout(windows: Sequence[int | None], *, engine: str, block: int, 
     return KVLayout(groups, size, block, in_flight, max_model_len)
 
 
+def engine_stage_layouts(stages: Sequence[Sequence[int | None]], *, engine: str, block: int, in_flight: int,
+                         max_model_len: int, pinned_blocks: bool = False, hybrid: bool = True) -> list[KVLayout]:
+    """The KV layout of each pipeline stage (its layers' windows in `stages`). vLLM 0.33.0 groups the whole model's
+    layers once (`vllm_global_groups`) and projects the groups onto each worker
+    (`_project_kv_cache_groups_to_worker`, kv_cache_planning.py:1413-1458; a group with none of the stage's layers
+    stays, empty): every stage counts a request's blocks over all the global groups, and its block holds the pages
+    of its largest projected group; the pool's block count is then the smallest over the workers (:1580-1595).
+    `hybrid` False (--disable-hybrid-kv-cache-manager): a model mixing sliding and full layers has every sliding
+    layer promoted to full attention for the cache (`unify_hybrid_kv_cache_specs`, kv_cache_planning.py:853-877;
+    its attention still reads the window): one full group; a model of one window alone keeps it (a uniform spec is
+    not promoted, `_promote_local_kv_cache_specs`, :744-757). SGLang and pinned blocks: `engine_kv_layout`."""
+    every = [w for st in stages for w in st]
+    mixed = len(set(every)) > 1
+    if engine != "vllm" or pinned_blocks or all(w is None for w in every) or (mixed and not hybrid):
+        return [KVLayout((None,), len(st), block, 0, max_model_len) for st in stages]
+    groups = vllm_global_groups(every)
+    out, start = [], 0
+    for st in stages:
+        here = range(start, start + len(st))
+        start += len(st)
+        most = max(sum(1 for i in layers if i in here) for _, layers in groups)
+        out.append(KVLayout(tuple(w for w, _ in groups), most, block, in_flight, max_model_len))
+    return out
+
+
 def mean_window_keys(model: ModelSpec, length: float) -> float:
     """Mean over the decoder layers of the keys a decode query at `length` cached tokens reads:
     min(length, window) in a sliding layer, `length` in a full one."""
     windows = model.decoder_windows
     return sum(length if w is None else min(length, w) for w in windows) / len(windows)
+
+
+def without_windows(model: ModelSpec, max_model_len: int | None, *, allow_long: bool = False) -> tuple[ModelSpec, int]:
+    """(the model as vLLM 0.33.0 runs it under --disable-sliding-window, the max model length it starts with) for a
+    model with windows: the derived max model length is capped at the config's sliding_window
+    (`_get_and_verify_max_len`, vllm/config/model.py:2560-2569), which the engine takes without --max-model-len
+    and refuses a longer one against (:2657-2683) unless VLLM_ALLOW_LONG_MAX_MODEL_LEN (`allow_long`); the window is
+    then dropped (hf sliding_window = None, :914-917) and every layer attends and caches in full. SpecError: the
+    refusal, naming --max-model-len and the cap. A model without windows is returned as it is."""
+    windows = {w for w in model.decoder_windows if w is not None}
+    if not windows:
+        return model, max_model_len or model.max_position_embeddings
+    cap = min(min(windows), model.max_position_embeddings)
+    if max_model_len is not None and max_model_len > cap and not allow_long:
+        raise SpecError(f"--max-model-len {max_model_len:,} is longer than {cap:,}: with --disable-sliding-window "
+                        f"vLLM 0.33.0 caps {model.name}'s max model length at its sliding window (sliding_window="
+                        f"{min(windows)}, config/model.py:2560-2569) and refuses to start past it; pass --max-model-len "
+                        f"{cap} or less, drop --disable-sliding-window, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                        field="--max-model-len")
+    full = tuple(g.model_copy(update={"attention_window": None}) for g in model.layers)
+    return model.model_copy(update={"layers": full}), max_model_len or cap

@@ -47,7 +47,7 @@ from autoshard.costmodel.serve.comm_memory import (
 from autoshard.costmodel.serve.config import AGRS_BACKEND, ServeConfig, StageLayers, stage_layers
 from autoshard.costmodel.serve.engine_defaults import capture_sizes, kv_block_tokens, vllm_capture_sizes
 from autoshard.costmodel.serve.engines import sglang_deepep_seqs
-from autoshard.costmodel.serve.kv_window import KVLayout, engine_kv_layout, stage_windows
+from autoshard.costmodel.serve.kv_window import KVLayout, engine_stage_layouts, stage_windows
 from autoshard.costmodel.serve.ep_buffers import NUM_MAX_NVL_PEERS, deepep_ll_engine_bytes, runs_cuda_graphs
 from autoshard.costmodel.serve.weights import (
     WeightBytes,
@@ -271,11 +271,12 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
 
 
 def serve_memory(
-    model: ModelSpec, gpu: GpuSpec | PoolSpec, cfg: ServeConfig, *, context_len: int
+    model: ModelSpec, gpu: GpuSpec | PoolSpec, cfg: ServeConfig, *, context_len: int, hybrid_kv_cache: bool = True
 ) -> ServeMemory:
     """vLLM's accounting on the fullest stage. Given the pool, the start-up check counts NCCL's NVLS
     buffers where the node's NVSwitch enables them (`startup_comm_bytes`); a bare GpuSpec knows no
-    node and counts none."""
+    node and counts none. `hybrid_kv_cache` False: vLLM's --disable-hybrid-kv-cache-manager, sliding-window
+    layers of a hybrid model cached as full attention (`kv_window.engine_stage_layouts`)."""
     pool = gpu if isinstance(gpu, PoolSpec) else None
     if pool is not None:
         gpu = pool.gpu
@@ -299,8 +300,14 @@ def serve_memory(
     budget = cfg.gpu_memory_utilization * capacity
     worst_kv, kv_tokens, worst_w = math.inf, math.inf, None
     block = kv_block_tokens(model, gpu, cfg)
-    windows, layout, held = stage_windows(model, cfg.pp), None, math.inf
-    stage_w, graphs_max = [], 0.0
+    layout, held, stage_w, graphs_max = None, math.inf, [], 0.0
+    # vLLM's hybrid groups over the whole model's layers, projected on each stage (`serve.kv_window`), the MTP
+    # layers on the last; in-flight batches PP + 1 (async)
+    mtp = [model.mtp_num_layers if cfg.speculative_tokens and st.output else 0 for st in stages]
+    layouts = engine_stage_layouts(
+        [ws + (None,) * n for ws, n in zip(stage_windows(model, cfg.pp), mtp)], engine=cfg.engine, block=block,
+        in_flight=(cfg.pp + 1) * cfg.max_num_batched_tokens, max_model_len=context_len,
+        pinned_blocks=cfg.kv_block_tokens is not None, hybrid=hybrid_kv_cache)
     deepep_bs = sglang_deepep_seqs(model, gpu, cfg)  # the line's --cuda-graph-max-bs-decode
     sizes = capture_sizes(gpu, cfg, max_bs=None if deepep_bs is None else min(cfg.max_num_seqs, deepep_bs))
     for i, st in enumerate(stages):
@@ -308,9 +315,8 @@ def serve_memory(
             model, st, tp=cfg.tp, ep=cfg.ep, weight_dtype=cfg.weight_dtype, pp=cfg.pp, moe_tp=cfg.moe_tp,
             expert_tp=cfg.expert_tp,
         )
-        mtp_layers = model.mtp_num_layers if cfg.speculative_tokens and st.output else 0
-        if mtp_layers:
-            w = _with_mtp_modules(model, w, cfg, mtp_layers)
+        if mtp[i]:
+            w = _with_mtp_modules(model, w, cfg, mtp[i])
         stage_w.append(w.total)
         graphs = (
             cuda_graph_bytes(model, tp=cfg.tp, ep=cfg.ep, layers=st.decoders, sizes=sizes,
@@ -324,10 +330,7 @@ def serve_memory(
             if cfg.kv_cache_memory_bytes is not None
             else (budget - w.total - act - non_torch - graphs)
         )
-        # vLLM's hybrid groups for sliding-window layers (`serve.kv_window`), in-flight batches PP + 1 (async)
-        st_layout = engine_kv_layout(windows[i] + (None,) * mtp_layers, engine=cfg.engine, block=block,
-                                     in_flight=(cfg.pp + 1) * cfg.max_num_batched_tokens, max_model_len=context_len,
-                                     pinned_blocks=cfg.kv_block_tokens is not None)
+        st_layout = layouts[i]
         per_token = kv_cache_bytes_per_token_per_gpu(
             model, tp=cfg.tp, layers=st_layout.paged_layers, dtype=cfg.kv_cache_dtype
         )

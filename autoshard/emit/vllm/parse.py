@@ -14,6 +14,7 @@ is vLLM 0.33.0's (`EngineArgs.add_cli_args` and the OpenAI frontend arguments).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from autoshard.emit.serve_args import (
@@ -47,11 +48,12 @@ from autoshard.emit.vllm.flags import (
 )
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS
+from autoshard.costmodel.serve.kv_window import without_windows
 from autoshard.errors import SpecError
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["parse_vllm", "backend_role"]
+__all__ = ["parse_vllm", "backend_role", "ParsedVllm", "window_switches"]
 
 
 def _entry(tokens: list[str]) -> tuple[list[str], bool]:
@@ -73,9 +75,8 @@ LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 (vllm/envs.py:1115-1118), with a warning; without it, it refuses (config/model.py:2652-2683)."""
 
 TYPO_CUTOFF = 0.9
-"""An unknown flag this close (difflib ratio) to a known one is a misspelling of it: refused, not
-ignored (`--tensor-paralel-size 4` was priced as TP 1 with a note); farther ones (a newer vLLM's own
-flags) are ignored with a warning."""
+"""An unknown flag this close (difflib ratio) to a known one is a misspelling of it: refused, not ignored
+(`--tensor-paralel-size 4` was priced as TP 1); farther ones (a newer vLLM's) are ignored with a warning."""
 
 
 def _canonical(name: str, warnings: list[str]) -> tuple[str | None, bool]:
@@ -168,8 +169,36 @@ _WINDOW_FLAGS = (
     ("--disable-hybrid-kv-cache-manager", "a model's sliding-window layers then keep every token in the KV cache "
                                           "(vLLM promotes them to full attention, unify_hybrid_kv_cache_specs)"),
 )
-"""Switches that change how a model with sliding-window layers (`LayerGroup.attention_window`) runs, which
-autoshard does not price: read, and said."""
+"""Switches changing how a model with sliding-window layers runs: `ParsedVllm` reads, `window_switches` prices."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParsedVllm(ParsedServe):
+    """A `vllm serve` line's plan with its sliding-window switches (False: --disable-sliding-window,
+    --disable-hybrid-kv-cache-manager)."""
+
+    sliding_window: bool = True
+    hybrid_kv_cache: bool = True
+
+
+def window_switches(parsed: ParsedServe, model: ModelSpec) -> tuple[ModelSpec, ParsedServe]:
+    """(the model as the line runs it, `parsed` with the length it starts with and notes on how its window switches
+    are priced): --disable-sliding-window by `kv_window.without_windows` (SpecError past the window); without the
+    hybrid manager a hybrid model's layers all cache every token (`kv_window.engine_stage_layouts`)."""
+    if not isinstance(parsed, ParsedVllm) or not model.has_attention_window:
+        return model, parsed
+    notes = [w for w in parsed.warnings if not w.startswith(tuple(f"{f}:" for f, _ in _WINDOW_FLAGS))]
+    if not parsed.sliding_window:
+        model, mml = without_windows(model, parsed.max_model_len, allow_long=parsed.allow_long_context)
+        notes.append(f"--disable-sliding-window: vLLM {VLLM_VERSION} runs every layer as full attention and caps "
+                     f"max_model_len at the window: priced so, at {mml:,} tokens")
+        return model, dataclasses.replace(parsed, max_model_len=mml, warnings=tuple(notes))
+    if not parsed.hybrid_kv_cache:
+        notes.append("--disable-hybrid-kv-cache-manager: " + (
+            f"vLLM {VLLM_VERSION} caches every sliding-window layer as full attention (unify_hybrid_kv_cache_specs; "
+            "its attention still reads the window): priced so" if len(set(model.decoder_windows)) > 1 else
+            f"every layer slides, one KV-cache group, which vLLM {VLLM_VERSION} leaves as it is: priced as without it"))
+    return model, dataclasses.replace(parsed, warnings=tuple(notes))
 
 
 def parse_vllm(command: str) -> ParsedServe:
@@ -253,7 +282,9 @@ def parse_vllm(command: str) -> ParsedServe:
     for flag, what in _WINDOW_FLAGS:
         if values.get(flag):
             warnings.append(f"{flag}: {what}; autoshard prices the line without it (vLLM's default)")
-    parsed = ParsedServe(
+    parsed = ParsedVllm(
+        sliding_window=not values.get("--disable-sliding-window"),
+        hybrid_kv_cache=not values.get("--disable-hybrid-kv-cache-manager"),
         model=model,
         tp=integer("--tensor-parallel-size", 1),
         pp=integer("--pipeline-parallel-size", 1),
@@ -311,6 +342,7 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
     that they are not modelled. First the line's --nnodes against the pool's
     nodes (`_nodes_problem`): refused when given and wrong, a note when absent (the line, as written,
     would not start on one node; priced as the engine it describes)."""
+    window_switches(parsed, model)  # SpecError: --disable-sliding-window past the window, as vLLM refuses it
     if (problem := _nodes_problem(parsed, pool)) is not None and parsed.nnodes > 1:
         raise SpecError(problem, field="--nnodes")
     if problem is not None:  # no --nnodes: the line describes the deployment; as written vLLM would refuse it
@@ -348,7 +380,6 @@ def backend_role(parsed: ParsedServe, model: ModelSpec, pool: PoolSpec) -> tuple
     return "aggregated", (f"--all2all-backend {backend}: {budget} and no DeepEP buffer grows with the budget; its "
                           "all-to-all is not modelled: priced as DeepEP's low-latency kernels in 256-token passes, "
                           "their buffer at 256 tokens charged")
-
 
 
 def _nodes_problem(parsed: ParsedServe, pool: PoolSpec) -> str | None:

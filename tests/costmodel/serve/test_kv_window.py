@@ -13,7 +13,8 @@ import pytest
 
 from autoshard.costmodel.serve.attention import _decode_attention_s
 from autoshard.costmodel.serve.config import ServeConfig
-from autoshard.costmodel.serve.kv_window import KVLayout, engine_kv_layout, vllm_kv_groups
+from autoshard.costmodel.serve.kv_window import (KVLayout, engine_kv_layout, engine_stage_layouts, stage_windows,
+                                                 vllm_global_groups, vllm_kv_groups)
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import kv_limited_concurrency
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
@@ -119,3 +120,49 @@ def test_decode_reads_only_the_window() -> None:
     assert windowed == _decode_attention_s(FULL_MISTRAL, gpu, cfg, seqs=64, context_len=4096)
     assert _decode_attention_s(MISTRAL, gpu, cfg, seqs=64, context_len=2000) == _decode_attention_s(
         FULL_MISTRAL, gpu, cfg, seqs=64, context_len=2000)
+
+
+def test_global_groups_take_every_kth_layer() -> None:
+    # vLLM 0.33.0 splits each bucket of n layers into k = ceil(n / G) groups, group i its layers [i::k]
+    groups = vllm_global_groups(GEMMA.decoder_windows)
+    assert [(w, len(layers)) for w, layers in groups] == [(1024, 9)] * 4 + [(1024, 8)] * 2 + [(None, 10)]
+    assert groups[0][1][:3] == (0, 7, 14) and groups[-1][1] == tuple(range(5, 62, 6))
+
+
+@pytest.mark.parametrize(("model", "pp", "stage_layers", "per_block", "blocks"), [
+    # Gemma-3-27B PP 4: stages of 15/16/16/15 layers hold <= 3 layers of any of the 7 global groups; a 32k request:
+    # 2,048 full blocks + 6 x (cdiv(min(1,023 + 5 x 8,192, 32,768), 16) + 1) = 2,048 + 6 x 2,049
+    (GEMMA, 4, [15, 16, 16, 15], 3, 2048 + 6 * 2049),
+    # PP 2: 31 + 31 layers, <= 5 of a group; cdiv(1,023 + 3 x 8,192, 16) + 1 = 1,601 per sliding group
+    (GEMMA, 2, [31, 31], 5, 2048 + 6 * 1601),
+    # Mistral-7B-v0.1 PP 2: one group of 32 sliding layers, 16 a stage; cdiv(4,095 + 3 x 8,192, 16) + 1
+    (MISTRAL, 2, [16, 16], 16, 1793),
+])
+def test_pp_stages_project_the_global_groups(model, pp, stage_layers, per_block, blocks) -> None:
+    stages = stage_windows(model, pp)
+    assert [len(s) for s in stages] == stage_layers
+    layouts = engine_stage_layouts(stages, engine="vllm", block=16, in_flight=(pp + 1) * 8192, max_model_len=32768)
+    assert {(lay.group_layers, lay.startup_blocks) for lay in layouts} == {(per_block, blocks)}
+    # the pool: bytes per block from the largest projected group, the fewest blocks over the stages
+    mem = serve_memory(model, H100, ServeConfig(tp=2, pp=pp), context_len=32768)
+    page = 16 * 2 * model.kv_heads // 2 * 128 * 2  # TP2: 16-token blocks x K and V x heads per GPU x 128 x BF16
+    assert mem.max_concurrency == pytest.approx(int(mem.kv_cache_bytes // (per_block * page)) / blocks, rel=1e-3)
+
+
+def test_gemma3_pp4_concurrency_as_vllm_logs_it() -> None:
+    # the review's hand count: 340,735 blocks of 3 layers on the smallest stage / 14,342 = 23.76 (was 28.13, each
+    # stage grouped alone: 16,391 blocks of 2 layers)
+    mem = serve_memory(GEMMA, H100, ServeConfig(tp=2, pp=4), context_len=32768)
+    assert mem.max_concurrency == pytest.approx(23.76, abs=0.01)
+    assert mem.kv_layout is not None and mem.kv_layout.startup_blocks == 14342
+
+
+@pytest.mark.parametrize("model", [GEMMA, MISTRAL])
+def test_pp1_layout_unchanged(model) -> None:
+    # one stage: the global groups are the stage's, as before
+    (lay,) = engine_stage_layouts([model.decoder_windows], engine="vllm", block=16, in_flight=IN_FLIGHT,
+                                  max_model_len=32768)
+    old = engine_kv_layout(model.decoder_windows, engine="vllm", block=16, in_flight=IN_FLIGHT, max_model_len=32768)
+    assert sorted(lay.groups, key=str) == sorted(old.groups, key=str) and lay.group_layers == old.group_layers
+    assert serve_memory(GEMMA, H100, ServeConfig(tp=2), context_len=32768).max_concurrency == pytest.approx(
+        8.4326, abs=1e-3)  # as before the global grouping
