@@ -24,8 +24,8 @@ from autoshard.emit.pd import pd_launch, pd_script
 from autoshard.emit.serve_script import serve_script
 from autoshard.emit.sglang import (parse_sglang, sglang_fp8_problem, sglang_memory_utilization, sglang_node_commands,
                                    sglang_nodes)
-from autoshard.emit.vllm import (backend_role, carry_overrides, check_checkpoint, parse_vllm, serve_weight_dtype,
-                                 start_context, vllm_node_commands)
+from autoshard.emit.vllm import (backend_role, carry_overrides, check_checkpoint, parse_vllm,
+                                 serve_weight_dtype, start_context, vllm_node_commands, window_switches)
 from autoshard.errors import InfeasibleError, SolverError, SpecError
 from autoshard.plans.serve import ServePlan
 from autoshard.search.deadline import Deadline
@@ -134,17 +134,16 @@ def evaluate_serve(model: ModelSpec, cluster: ClusterSpec, job: ServeJob, **kwar
 
 def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *, job: ServeJob,
                   concurrency: int | None = None, shape_given: bool = True, sglang: bool = False) -> ServePlan:
-    """`evaluate --from-vllm` (`--from-sglang` with sglang=True): read the plan from the launch line and
-    predict it. The command's max model length, quantization and KV-cache dtype override the job's; when
-    the request shape was not given (`shape_given` False) and does not fit the command's max model
-    length, it is scaled down to fit, with a warning. With no model given, the command's model path must
-    name a bundled model's Hugging Face repository."""
+    """`evaluate --from-vllm` (`--from-sglang` with sglang=True): the plan read from the launch line, predicted.
+    Its max model length, quantization, KV-cache dtype and window switches (`window_switches`) override the job's;
+    a request shape not given (`shape_given` False) past its max model length is scaled to fit, with a warning.
+    No model given: the command's model path must name a bundled model's Hugging Face repository."""
     parsed = parse_sglang(command) if sglang else parse_vllm(command)
+    model, parsed = window_switches(parsed, model or model_for_path(parsed.model, "--from-sglang" if sglang else
+                                                                    "--from-vllm"))
     job, note = parsed.fit_request_shape(job, shape_given=shape_given)
     if note:
         parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note))
-    if model is None:
-        model = model_for_path(parsed.model, "--from-sglang" if sglang else "--from-vllm")
     role, note = (sglang_nodes(parsed, cluster.primary) if sglang  # its --nnodes against the pool's nodes
                   else backend_role(parsed, model, cluster.primary))
     parsed = dataclasses.replace(parsed, warnings=(*parsed.warnings, note)) if note else parsed
@@ -189,7 +188,8 @@ def evaluate_vllm(model: ModelSpec | None, cluster: ClusterSpec, command: str, *
                 max_num_batched_tokens=parsed.max_num_batched_tokens, warnings=parsed.warnings, concurrency=concurrency,
                 nccl_nvls=parsed.nccl_nvls, deep_gemm=parsed.deep_gemm if sglang else None,  # vLLM: its own oracle
                 framework="sglang" if sglang else "vllm", max_len_flag="--context-length" if sglang else "--max-model-len",
-                role=role, all2all_backend=parsed.all2all_backend, allow_long_context=parsed.allow_long_context)
+                role=role, all2all_backend=parsed.all2all_backend, allow_long_context=parsed.allow_long_context,
+                hybrid_kv_cache=getattr(parsed, "hybrid_kv_cache", None))  # `ParsedVllm`
         if not (sglang and parsed.static_fraction):
             plan = with_engine_check(priced(parsed.gpu_memory_utilization))
         else:  # --mem-fraction-static: weights + KV pool of SGLang's baseline (emit.sglang.mem_fraction_static)

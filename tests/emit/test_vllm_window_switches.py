@@ -5,6 +5,7 @@ caps the max model length at the window (a longer --max-model-len is refused, ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -47,7 +48,7 @@ def test_hybrid_manager_off_caches_gemma3_in_full() -> None:
     assert note.startswith("--disable-hybrid-kv-cache-manager: vLLM") and note.endswith("priced so")
     cfg = ServeConfig(tp=2)
     hybrid = serve_memory(GEMMA, POOL, cfg, context_len=32768)
-    full = serve_memory(GEMMA, POOL, cfg, context_len=32768, hybrid_kv_cache=False)
+    full = serve_memory(GEMMA, POOL, dataclasses.replace(cfg, hybrid_kv_cache=False), context_len=32768)
     assert full.kv_layout is None and full.kv_cache_bytes == hybrid.kv_cache_bytes
     # every layer holds every token: 62 layers x 2,048 blocks of 16 tokens x 8 KV heads x 128 x K,V x BF16 (TP2)
     page = 16 * 2 * 8 * 128 * 2
@@ -61,7 +62,7 @@ def test_hybrid_manager_off_beats_it_at_pp4() -> None:
     # 2,048 of 16 in full (32,768): the switch serves more
     cfg = ServeConfig(tp=2, pp=4)
     hybrid = serve_memory(GEMMA, POOL, cfg, context_len=32768)
-    full = serve_memory(GEMMA, POOL, cfg, context_len=32768, hybrid_kv_cache=False)
+    full = serve_memory(GEMMA, POOL, dataclasses.replace(cfg, hybrid_kv_cache=False), context_len=32768)
     assert hybrid.max_concurrency == pytest.approx(23.76, abs=0.01)
     assert full.max_concurrency == pytest.approx(31.66, abs=0.01)
 
@@ -71,7 +72,7 @@ def test_hybrid_manager_off_leaves_an_all_sliding_model() -> None:
                                 MISTRAL)
     assert parsed.warnings[0].endswith("priced as without it")
     cfg = ServeConfig(tp=1)
-    assert serve_memory(MISTRAL, POOL, cfg, context_len=32768, hybrid_kv_cache=False).max_concurrency == (
+    assert serve_memory(MISTRAL, POOL, ServeConfig(tp=1, hybrid_kv_cache=False), context_len=32768).max_concurrency == (
         serve_memory(MISTRAL, POOL, cfg, context_len=32768).max_concurrency)
 
 
@@ -103,3 +104,27 @@ def test_gemma3_line_past_the_window_exits_2() -> None:
         "vllm serve google/gemma-3-27b-it --tensor-parallel-size 2 --max-model-len 32768 --disable-sliding-window"])
     assert result.exit_code == 2
     assert "--max-model-len 32,768 is longer than 1,024" in result.stderr and "--max-model-len 1024" in result.stderr
+
+
+def _evaluate(model: str, line: str) -> dict:
+    result = CliRunner().invoke(app, ["evaluate", str(HF / f"{model}.json"), "dgx-h100", "--gpus", "8", "--json",
+                                      "--from-vllm", line])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_from_vllm_prices_the_hybrid_manager_off() -> None:
+    line = "vllm serve google/gemma-3-27b-it --tensor-parallel-size 2 --max-model-len 32768 --max-num-batched-tokens 8192"
+    on, off = _evaluate("gemma-3-27b", line), _evaluate("gemma-3-27b", line + " --disable-hybrid-kv-cache-manager")
+    # the same pool: blocks of 10 layers, 8,582 a 32k request (hybrid) against 62 layers x 2,048 blocks (off)
+    on_c, off_c = (p["predicted"]["serve"]["max_concurrency"] for p in (on, off))
+    assert off_c / on_c == pytest.approx(10 * 8582 / (62 * 2048), rel=2e-3)
+    assert (on_c, off_c) == pytest.approx((8.31, 5.61), abs=0.01)  # --gpu-memory-utilization 0.92 (vLLM's default)
+    assert any(w.endswith("priced so") for w in off["warnings"])
+
+
+def test_from_vllm_prices_the_sliding_window_off_at_the_window() -> None:
+    plan = _evaluate("mistral-7b-v0.1", "vllm serve mistralai/Mistral-7B-v0.1 --disable-sliding-window "
+                                        "--max-num-batched-tokens 8192")
+    assert any(w.startswith("--disable-sliding-window: ") and w.endswith("at 4,096 tokens") for w in plan["warnings"])
+    assert "--max-model-len 4096" in plan["launch"]["vllm"]

@@ -119,6 +119,10 @@ class ServeConfig:
     vLLM engine runs (`serve.ep_dispatch.deepep_normal_step`), and so its buffers
     (`serve.ep_buffers.deepep_ll_engine_bytes`): autoshard's vLLM prefill instances pass
     `--all2all-backend deepep_high_throughput`, its other vLLM lines `deepep_low_latency`."""
+    hybrid_kv_cache: bool = True
+    """vLLM's hybrid KV-cache manager (its default): sliding-window layers in their own KV-cache groups
+    (`serve.kv_window`). False: --disable-hybrid-kv-cache-manager, a hybrid model's sliding layers cached as
+    full attention (their attention still reads the window)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp_attention", "max_num_seqs", "max_num_batched_tokens"):

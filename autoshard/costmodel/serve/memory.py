@@ -271,12 +271,11 @@ def _with_mtp_modules(model: ModelSpec, w: WeightBytes, cfg: ServeConfig, layers
 
 
 def serve_memory(
-    model: ModelSpec, gpu: GpuSpec | PoolSpec, cfg: ServeConfig, *, context_len: int, hybrid_kv_cache: bool = True
+    model: ModelSpec, gpu: GpuSpec | PoolSpec, cfg: ServeConfig, *, context_len: int
 ) -> ServeMemory:
     """vLLM's accounting on the fullest stage. Given the pool, the start-up check counts NCCL's NVLS
     buffers where the node's NVSwitch enables them (`startup_comm_bytes`); a bare GpuSpec knows no
-    node and counts none. `hybrid_kv_cache` False: vLLM's --disable-hybrid-kv-cache-manager, sliding-window
-    layers of a hybrid model cached as full attention (`kv_window.engine_stage_layouts`)."""
+    node and counts none."""
     pool = gpu if isinstance(gpu, PoolSpec) else None
     if pool is not None:
         gpu = pool.gpu
@@ -307,7 +306,7 @@ def serve_memory(
     layouts = engine_stage_layouts(
         [ws + (None,) * n for ws, n in zip(stage_windows(model, cfg.pp), mtp)], engine=cfg.engine, block=block,
         in_flight=(cfg.pp + 1) * cfg.max_num_batched_tokens, max_model_len=context_len,
-        pinned_blocks=cfg.kv_block_tokens is not None, hybrid=hybrid_kv_cache)
+        pinned_blocks=cfg.kv_block_tokens is not None, hybrid=cfg.hybrid_kv_cache)
     deepep_bs = sglang_deepep_seqs(model, gpu, cfg)  # the line's --cuda-graph-max-bs-decode
     sizes = capture_sizes(gpu, cfg, max_bs=None if deepep_bs is None else min(cfg.max_num_seqs, deepep_bs))
     for i, st in enumerate(stages):

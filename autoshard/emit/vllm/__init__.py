@@ -24,8 +24,8 @@ from autoshard.emit.vllm.command import (
 )
 from autoshard.emit.vllm.flags import VLLM_VERSION
 from autoshard.emit.vllm.context import carry_overrides, start_context
-from autoshard.emit.vllm.parse import backend_role, parse_vllm
+from autoshard.emit.vllm.parse import ParsedVllm, backend_role, parse_vllm, window_switches
 
 __all__ = ["vllm_command", "vllm_node_commands", "vllm_quantization", "no_checkpoint", "check_checkpoint", "VLLM_QUANTIZATION",
            "VLLM_KV_CACHE_DTYPE", "HEAD_ADDRESS", "DP_RPC_PORT", "MASTER_PORT", "parse_vllm", "VLLM_VERSION", "native_checkpoint", "serve_weight_dtype",
-           "backend_role", "start_context", "carry_overrides"]
+           "backend_role", "start_context", "carry_overrides", "ParsedVllm", "window_switches"]

@@ -53,6 +53,7 @@ def evaluated_row(
     role: str = "aggregated",
     carry: bool = False,
     all2all_backend: str | None = None,
+    hybrid_kv_cache: bool | None = None,
 ) -> tuple[Row, SolverStats, tuple[str, ...]]:
     """(the plan's table row, its EVALUATED certificate, the warnings) for `search.serve.solve.
     evaluate_serve`, which documents the arguments. `carry`: a user's line, checked against what its
@@ -116,7 +117,8 @@ def evaluated_row(
             cfg = dataclasses.replace(cfg, moe_dp_chunk=VLLM_MOE_DP_CHUNK_SIZE)
         elif max_num_batched_tokens is None:
             cfg = _vllm_ll_defaults(cfg, seqs_given=max_num_seqs is not None)
-    given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm)) if v is not None}
+    given = {k: v for k, v in (("nccl_nvls", nccl_nvls), ("deep_gemm", deep_gemm), ("hybrid_kv_cache", hybrid_kv_cache))
+             if v is not None}
     if given:  # what the command itself sets, over the engine's launch defaults (`serve.engines`)
         cfg = dataclasses.replace(cfg, **given)
     if (carry and (batched and max_num_batched_tokens is not None or agrs_ep_engine(cfg))

@@ -347,7 +347,7 @@ def evaluate_serve(
     framework: str = DEFAULT_ENGINE,
     max_len_flag: str | None = None,
     role: str = "aggregated",
-    all2all_backend: str | None = None, allow_long_context: bool = False,
+    all2all_backend: str | None = None, allow_long_context: bool = False, hybrid_kv_cache: bool | None = None,
 ) -> ServePlan:
     """Predictions for a plan the user already has (vLLM semantics: --enable-expert-parallel makes
     EP = TP x DP over one engine; `attention_dp`: SGLang's attention DP with the experts TP-sharded over
@@ -368,7 +368,7 @@ def evaluate_serve(
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, pool=pool, warnings=warnings, concurrency=concurrency,
         nccl_nvls=nccl_nvls, deep_gemm=deep_gemm, framework=framework, role=role, carry=True,
-        all2all_backend=all2all_backend,
+        all2all_backend=all2all_backend, hybrid_kv_cache=hybrid_kv_cache,
     )
     return _plan(model, cluster, job, row, stats, warn)
 
