@@ -46,10 +46,9 @@ NVLS_GENERATIONS = ("hopper", "blackwell")
 
 def nvls_bytes(pool: PoolSpec, *, ranks: int) -> float:
     """NCCL's NVLink SHARP buffers on each GPU of a `ranks`-GPU group: NVLS_BYTES_PER_RANK per rank of
-    the group inside one NVLink domain (on a rack-scale domain at most the `domain_used` GPUs a rack
-    holds of consecutive ranks), on NVSwitch nodes of Hopper and later, for more than 2 ranks;
+    the group inside one NVLink domain (on a rack-scale domain at most the GPUs a rack holds of consecutive
+    ranks, `PoolSpec.domain_fill_size`), on NVSwitch nodes of Hopper and later, for more than 2 ranks;
     none elsewhere (PCIe, Ampere, Ada, AMD)."""
-    node = pool.node
     local = min(ranks, pool.domain_fill_size)
     if local <= 2 or pool.node.intra_node_link not in (LinkKind.NVLINK, LinkKind.NVLINK_SWITCH):
         return 0.0
