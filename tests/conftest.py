@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,17 @@ from autoshard.costmodel.serve.fused_moe import expected_padded_rows
 from autoshard.search.train.bounds_pools import pool_rank_limits
 from autoshard.search.train.tables import Layout
 from autoshard.specs import ClusterSpec, ModelSpec
+from autoshard.specs.hf import model_from_hf_config
+
+HF_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
+
+
+def hf_fixture(name: str) -> ModelSpec:
+    """A stored Hugging Face config.json of tests/fixtures/hf, imported (its import warnings, such as Gemma 3's
+    left-out vision tower, silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model_from_hf_config(json.loads((HF_FIXTURES / f"{name}.json").read_text()), source=name)
 
 
 def tiny_model(*, layers: int = 6, hidden: int = 1024, heads: int = 8, kv: int = 8, vocab: int = 32000,

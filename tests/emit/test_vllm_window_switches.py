@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -19,16 +17,14 @@ from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.emit.vllm.parse import ParsedVllm, backend_role, parse_vllm, window_switches
 from autoshard.errors import SpecError
 from autoshard.specs import load_cluster
-from autoshard.specs.hf import model_from_hf_config
+from conftest import HF_FIXTURES as HF
+from conftest import hf_fixture
 
-HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 POOL = load_cluster("dgx-h100").with_gpus(8).primary
 
 
 def _hf(name: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Gemma 3's vision tower note
-        return model_from_hf_config(json.loads((HF / f"{name}.json").read_text()), source=name)
+    return hf_fixture(name)
 
 
 GEMMA, MISTRAL = _hf("gemma-3-27b"), _hf("mistral-7b-v0.1")

@@ -5,9 +5,6 @@ max_num_batched_tokens 8,192, async scheduling: 2 x 8,192 tokens in flight)."""
 
 from __future__ import annotations
 
-import json
-import warnings
-from pathlib import Path
 
 import pytest
 
@@ -19,17 +16,14 @@ from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import kv_limited_concurrency
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
 from autoshard.specs import load_cluster
-from autoshard.specs.hf import model_from_hf_config
+from conftest import hf_fixture
 from autoshard.specs.job import ServeJob, WeightDtype
 
-HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 H100 = load_cluster("dgx-h100").with_gpus(8).primary
 
 
 def _hf(name: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Gemma 3's vision tower note
-        return model_from_hf_config(json.loads((HF / f"{name}.json").read_text()), source=name)
+    return hf_fixture(name)
 
 
 GEMMA = _hf("gemma-3-27b")
