@@ -40,10 +40,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autoshard.costmodel.serve.config import pp_layer_split
 from autoshard.errors import SpecError
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["KVLayout", "vllm_kv_groups", "vllm_global_groups", "engine_kv_layout", "engine_stage_layouts",
+__all__ = ["KVLayout", "vllm_kv_groups", "vllm_global_groups", "engine_stage_layouts",
            "mean_window_keys", "stage_windows", "without_windows"]
 
 
@@ -135,23 +136,11 @@ class KVLayout:
 
 def stage_windows(model: ModelSpec, pp: int) -> list[tuple[int | None, ...]]:
     """The decoder windows of each pipeline stage, split as `serve.config.pp_layer_split` splits the layers."""
-    from autoshard.costmodel.serve.config import pp_layer_split
-
     out, start = [], 0
     for n in pp_layer_split(model.num_layers, pp):
         out.append(model.decoder_windows[start:start + n])
         start += n
     return out
-
-
-def engine_kv_layout(windows: Sequence[int | None], *, engine: str, block: int, in_flight: int,
-                     max_model_len: int, pinned_blocks: bool = False) -> KVLayout:
-    """The KV layout an engine gives layers of these windows: vLLM's hybrid groups (module docstring); SGLang, and a
-    pinned block size (TensorRT-LLM's rows, `ServeConfig.kv_block_tokens`), store every layer whole."""
-    if engine != "vllm" or pinned_blocks or not any(w is not None for w in windows):
-        return KVLayout((None,), len(windows), block, 0, max_model_len)
-    groups, size = vllm_kv_groups(windows)
-    return KVLayout(groups, size, block, in_flight, max_model_len)
 
 
 def engine_stage_layouts(stages: Sequence[Sequence[int | None]], *, engine: str, block: int, in_flight: int,
@@ -164,7 +153,8 @@ def engine_stage_layouts(stages: Sequence[Sequence[int | None]], *, engine: str,
     `hybrid` False (--disable-hybrid-kv-cache-manager): a model mixing sliding and full layers has every sliding
     layer promoted to full attention for the cache (`unify_hybrid_kv_cache_specs`, kv_cache_planning.py:853-877;
     its attention still reads the window): one full group; a model of one window alone keeps it (a uniform spec is
-    not promoted, `_promote_local_kv_cache_specs`, :744-757). SGLang and pinned blocks: `engine_kv_layout`."""
+    not promoted, `_promote_local_kv_cache_specs`, :744-757). SGLang, and a pinned block size (TensorRT-LLM's rows,
+    `ServeConfig.kv_block_tokens`), store every layer whole: one full group of the stage's layers."""
     every = [w for st in stages for w in st]
     mixed = len(set(every)) > 1
     if engine != "vllm" or pinned_blocks or all(w is None for w in every) or (mixed and not hybrid):

@@ -10,8 +10,8 @@ import pytest
 
 from autoshard.costmodel.serve.attention import _decode_attention_s
 from autoshard.costmodel.serve.config import ServeConfig
-from autoshard.costmodel.serve.kv_window import (KVLayout, engine_kv_layout, engine_stage_layouts, stage_windows,
-                                                 vllm_global_groups, vllm_kv_groups)
+from autoshard.costmodel.serve.kv_window import (KVLayout, engine_stage_layouts, stage_windows, vllm_global_groups,
+                                                 vllm_kv_groups)
 from autoshard.costmodel.serve.memory import serve_memory
 from autoshard.costmodel.serve.predict import kv_limited_concurrency
 from autoshard.costmodel.serve.weights import kv_cache_bytes_per_token_per_gpu
@@ -51,16 +51,16 @@ def test_gemma3_groups_as_vllm_builds_them() -> None:
     (MISTRAL, 4096, 257, 256),
 ])
 def test_blocks_per_request(model, tokens, blocks_startup, blocks_admit) -> None:
-    layout = engine_kv_layout(model.decoder_windows, engine="vllm", block=16, in_flight=IN_FLIGHT,
-                              max_model_len=tokens)
+    (layout,) = engine_stage_layouts([model.decoder_windows], engine="vllm", block=16, in_flight=IN_FLIGHT,
+                                     max_model_len=tokens)
     assert sum(layout.group_blocks(w, tokens, startup=True) for w in layout.groups) == blocks_startup
     assert sum(layout.group_blocks(w, tokens) for w in layout.groups) == blocks_admit
 
 
 def test_kv_bytes_per_request_at_32k_against_full_attention() -> None:
     page = 16 * 2 * 16 * 128 * 2  # Gemma-3-27B, TP1: 16 tokens x K and V x 16 heads x 128 x BF16 = 128 KiB
-    layout = engine_kv_layout(GEMMA.decoder_windows, engine="vllm", block=16, in_flight=IN_FLIGHT,
-                              max_model_len=32768)
+    (layout,) = engine_stage_layouts([GEMMA.decoder_windows], engine="vllm", block=16, in_flight=IN_FLIGHT,
+                                     max_model_len=32768)
     held = sum(layout.group_blocks(w, 32768) for w in layout.groups) * layout.group_layers * page
     assert held == 8582 * 10 * 131072 == 11_248_599_040  # 10.5 GiB
     full = 62 * 32768 * kv_cache_bytes_per_token_per_gpu(GEMMA, tp=1, layers=1, dtype=WeightDtype.BF16)
@@ -156,7 +156,7 @@ def test_pp1_layout_unchanged(model) -> None:
     # one stage: the global groups are the stage's, as before
     (lay,) = engine_stage_layouts([model.decoder_windows], engine="vllm", block=16, in_flight=IN_FLIGHT,
                                   max_model_len=32768)
-    old = engine_kv_layout(model.decoder_windows, engine="vllm", block=16, in_flight=IN_FLIGHT, max_model_len=32768)
-    assert sorted(lay.groups, key=str) == sorted(old.groups, key=str) and lay.group_layers == old.group_layers
+    groups, size = vllm_kv_groups(model.decoder_windows)  # the grouping of the model's layers on one worker
+    assert sorted(lay.groups, key=str) == sorted(groups, key=str) and lay.group_layers == size
     assert serve_memory(GEMMA, H100, ServeConfig(tp=2), context_len=32768).max_concurrency == pytest.approx(
         8.4326, abs=1e-3)  # as before the global grouping
