@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from autoshard.costmodel.comm import ep_all_to_all_s
-from autoshard.costmodel.moe import domains_touched_per_token, ranks_per_token, remote_domains_per_token
+from autoshard.costmodel.moe import GroupLimit, domains_touched_per_token, ranks_per_token, remote_domains_per_token
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.ep_dispatch import (
     DEEPEP_NORMAL_NVL_FRACTION,
@@ -34,7 +34,8 @@ forwarding": H800 (~160 GB/s NVLink), one CX7 400 Gb/s NIC per GPU, 4096 tokens 
 top-4 groups, top-8 of 256 experts, FP8 dispatch / BF16 combine; (dispatch, combine) bottleneck GB/s,
 NVLink for EP 8 (intranode), RDMA otherwise. tests/legacy/test_internode.py counts the RDMA bytes as
 every (token, node) pair its experts reach, the sender's own node included, and routes with one group
-per node and min(nodes, 4) groups per token (amax group score: uniform among groups)."""
+per node and min(nodes, 4) groups per token, groups scored by their best expert (amax: GroupLimit
+score_top 1, which vLLM also uses without an expert bias)."""
 
 
 def _pool(gpus: int):
@@ -58,7 +59,8 @@ def _brute_touched(e: int, k: int, ranks: int, per_domain: int, groups: int, tg:
     [(16, 3, 8, 2, 4, 2), (16, 4, 8, 1, 4, 2), (12, 2, 6, 3, 6, 3), (16, 3, 4, 2, 8, 3), (12, 3, 6, 2, 1, 1)],
 )
 def test_domains_touched_matches_brute_force(e, k, ranks, per, groups, tg):
-    assert domains_touched_per_token(e, k, ranks, per, groups, tg) == pytest.approx(
+    """Uniform picks (score_top 0): exact against every group choice and every pick."""
+    assert domains_touched_per_token(e, k, ranks, per, GroupLimit(groups, tg)) == pytest.approx(
         _brute_touched(e, k, ranks, per, groups, tg), rel=1e-12
     )
 
@@ -72,21 +74,35 @@ def test_ungrouped_count_is_the_training_closed_form(ranks):
 
 
 def test_group_limit_bounds_deepseek_nodes():
-    """DeepSeek-V3 (8 groups of 32, top-4 groups, top-8) over 8 nodes of 8 ranks, one group a node: a
-    token reaches 4 x (1 - C(96, 8) / C(128, 8)) = 3.63 nodes (at most 4), not the 5.30 of plain
-    top-8 of 256; over 4 nodes 2.93, not 3.61; over 2 nodes every token reaches both unless all its
-    experts fall in one node's groups."""
-    moe = DSV3.moe
-    grouped = domains_touched_per_token(256, 8, 64, 8, moe.num_groups, moe.topk_groups)
+    """DeepSeek-V3 (8 groups of 32, top-4 groups, top-8) over 8 nodes of 8 ranks, one group a node,
+    picks uniform within the chosen groups: a token reaches 4 x (1 - C(96, 8) / C(128, 8)) = 3.63
+    nodes (at most 4), not the 5.30 of plain top-8 of 256; over 4 nodes 2.93, not 3.61; over 2 nodes
+    every token reaches both unless all its experts fall in one node's groups."""
+    uniform = GroupLimit(8, 4)
+    grouped = domains_touched_per_token(256, 8, 64, 8, uniform)
     assert grouped == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)), rel=1e-12)
     assert grouped == pytest.approx(3.629, abs=1e-3)
     assert domains_touched_per_token(256, 8, 64, 8) == pytest.approx(5.295, abs=1e-3)
-    assert domains_touched_per_token(256, 8, 32, 8, 8, 4) == pytest.approx(2.928, abs=1e-3)
+    assert domains_touched_per_token(256, 8, 32, 8, uniform) == pytest.approx(2.928, abs=1e-3)
     assert domains_touched_per_token(256, 8, 32, 8) == pytest.approx(3.614, abs=1e-3)
     # 2 nodes: miss one node only when the 4 chosen groups split 4-0 (2 / 70) or the 8 experts avoid it
     split = [math.comb(4, j) * math.comb(4, 4 - j) / 70 for j in range(5)]
     miss = sum(p * math.comb(128 - 32 * j, 8) / math.comb(128, 8) for j, p in enumerate(split))
-    assert domains_touched_per_token(256, 8, 16, 8, 8, 4) == pytest.approx(2 * (1 - miss), rel=1e-12)
+    assert domains_touched_per_token(256, 8, 16, 8, uniform) == pytest.approx(2 * (1 - miss), rel=1e-12)
+
+
+def test_scored_groups_nearly_always_supply_an_expert():
+    """As the engines route (groups scored by their top-2, `GroupLimit.of`), a chosen group nearly
+    always supplies one of the 8 experts, so over 8 nodes a token reaches close to all 4 chosen
+    groups' nodes and over 4 nodes (two groups each) close to the 4 x (1 - C(6, 4) / C(8, 4)) = 3.14
+    nodes its chosen groups sit on."""
+    limit = GroupLimit.of(DSV3.moe, engine="vllm")
+    assert limit == GroupLimit(8, 4, 2, True) == GroupLimit.of(DSV3.moe)
+    over8 = domains_touched_per_token(256, 8, 64, 8, limit)
+    assert 3.85 <= over8 <= 4.0, over8
+    over4 = domains_touched_per_token(256, 8, 32, 8, limit)
+    assert over4 == pytest.approx(3.12, abs=0.01)
+    assert over4 < 4 * (1 - math.comb(6, 4) / math.comb(8, 4)) == pytest.approx(3.143, abs=1e-3)
 
 
 @pytest.mark.parametrize("ep", sorted(DEEPEP_NORMAL_GBPS))
@@ -100,10 +116,13 @@ def test_normal_kernels_match_deepeps_table(ep):
     groups, tg = (nodes, min(nodes, 4)) if nodes > 1 else (1, 1)
     model = DSV3.model_copy(
         update={"moe": DSV3.moe.model_copy(update={"num_groups": groups if groups > 1 else None,
-                                                   "topk_groups": tg if groups > 1 else None})}
+                                                   "topk_groups": tg if groups > 1 else None,
+                                                   "expert_bias": False})}  # amax group scores
     )
     cfg = ServeConfig(dp_attention=ep, expert_parallel=True, weight_dtype=WeightDtype.FP8)
-    counted = domains_touched_per_token(256, 8, ep, 8, groups, tg) if nodes > 1 else None
+    limit = GroupLimit(groups, tg, 1, True)
+    assert GroupLimit.of(model.moe, engine="vllm") == (limit if tg < groups else None)
+    counted = domains_touched_per_token(256, 8, ep, 8, limit) if nodes > 1 else None
     nvl, remote = ht_copies_per_token(model, cfg, 8)
     if nodes == 1:
         counted, remote_expected = nvl, 0.0  # intranode: received copies per token

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from autoshard.costmodel.band_table import gpu_generation
 from autoshard.costmodel.comm import deepep_normal_all_to_all_s
-from autoshard.costmodel.moe import domains_touched_per_token
+from autoshard.costmodel.moe import GroupLimit, domains_touched_per_token
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.ep_buffers import DEEPEP_LL_GENERATIONS, scattered_deepep
 from autoshard.specs.cluster import PoolSpec
@@ -95,13 +95,13 @@ def ht_copies_per_token(model: ModelSpec, cfg: ServeConfig, per_domain: int) -> 
     DP ranks other than the sender's holding one (0 when the group fits in one domain)."""
     assert model.moe is not None
     moe = model.moe
-    groups, tg = moe.num_groups or 1, moe.topk_groups or 1
+    limit = GroupLimit.of(moe, engine=cfg.engine)
     ep, tp = cfg.ep, cfg.tp
-    ranks = domains_touched_per_token(moe.num_experts, moe.top_k, ep, tp, groups, tg)
+    ranks = domains_touched_per_token(moe.num_experts, moe.top_k, ep, tp, limit)
     domains = -(-cfg.dp_attention // per_domain)
     if domains <= 1:
         return ranks, 0.0
-    touched = domains_touched_per_token(moe.num_experts, moe.top_k, ep, tp * per_domain, groups, tg)
+    touched = domains_touched_per_token(moe.num_experts, moe.top_k, ep, tp * per_domain, limit)
     return ranks, touched * (domains - 1) / domains
 
 

@@ -14,7 +14,7 @@ from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu, training_pool
 from autoshard.costmodel.fp8 import NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
-from autoshard.costmodel.moe import dispatch_time_s
+from autoshard.costmodel.moe import GroupLimit, dispatch_time_s
 from autoshard.costmodel.train.a2a_overlap import MoeLayerParts, paired_saving_s, routed_expert_s, sm_count
 from autoshard.costmodel.train.memory import (
     BF16,
@@ -193,7 +193,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         local_tokens = tokens / dims.tp if cfg.sp else tokens
         one = dispatch_time_s(
             cfg.moe_dispatcher, tokens=local_tokens, hidden=h, top_k=model.moe.top_k, num_experts=model.moe.num_experts,
-            ep=dims.ep, etp=dims.expert_tp, pool=pool,
+            ep=dims.ep, etp=dims.expert_tp, pool=pool, limit=GroupLimit.of(model.moe),
         )
         ep_s = (fwd_passes + 1) * one
     ep_overlap_s = 0.0

@@ -74,13 +74,14 @@ def _cheapest_dispatcher(model: ModelSpec, cluster: ClusterSpec, tokens: float, 
                          a2a_overlap: bool = False) -> MoeDispatcher:
     """`dispatcher_for` on what it reads of the grid (the candidates of one solve share a few)."""
     from autoshard.costmodel.efficiency import training_pool
-    from autoshard.costmodel.moe import dispatch_time_s
+    from autoshard.costmodel.moe import GroupLimit, dispatch_time_s
 
     assert model.moe is not None
     pool = training_pool(min(cluster.pools, key=lambda p: p.node.domain_size))
     costs = {
         d: dispatch_time_s(d, tokens=tokens, hidden=model.hidden_size, top_k=model.moe.top_k,
-                           num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool)
+                           num_experts=model.moe.num_experts, ep=ep, etp=etp, pool=pool,
+                           limit=GroupLimit.of(model.moe))
         for d in (MoeDispatcher.ALLTOALL, MoeDispatcher.FLEX, MoeDispatcher.ALLGATHER)
         if not (a2a_overlap and d is MoeDispatcher.ALLGATHER)
         and not (d is MoeDispatcher.FLEX and flex_dispatcher_problem(cluster))  # DeepEP/HybridEP: NVLink only
