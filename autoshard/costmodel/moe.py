@@ -218,7 +218,8 @@ def dispatch_time_s(
         if dispatcher is MoeDispatcher.FLEX:
             # one copy per destination rank over NVLink, one per remote domain over the network
             rank_bytes = tokens * ranks_per_token(num_experts, top_k, ep, limit) * hidden * BF16
-            one = max(_flex_group_s(split, rank_bytes, tokens * hidden * BF16, num_experts, top_k, ep, pool, limit)
+            row_bytes = tokens * hidden * BF16
+            one = max(_flex_group_s(split, rank_bytes, row_bytes, num_experts, top_k, ep, pool, limit)
                       for split in splits)
         else:
             # every rank sends (ep - d)/ep of its pairs off its domain: the rank whose domain holds
@@ -254,7 +255,9 @@ class GroupLimit:
     def of(cls, moe: MoEConfig | None, *, engine: str = "megatron") -> GroupLimit | None:
         """The limit a model's router applies (None for plain top-k), scored as `engine` scores groups
         ("megatron" for training; "vllm"/"sglang" for serving)."""
-        if moe is None or moe.num_groups is None or moe.topk_groups is None or moe.topk_groups >= moe.num_groups:
+        if moe is None or moe.num_groups is None or moe.topk_groups is None:
+            return None
+        if moe.topk_groups >= moe.num_groups:
             return None
         top = max(1, moe.top_k // moe.topk_groups) if engine == "megatron" else (2 if moe.expert_bias else 1)
         return cls(moe.num_groups, moe.topk_groups, top, moe.score_function is RouterScore.SIGMOID)
