@@ -31,7 +31,17 @@ __all__ = [
     "Collective", "Link", "collective_time_s", "group_link", "GroupLinks", "group_links", "pool_link",
     "nic_link", "tp_all_reduce_s", "split_all_to_all_s", "hierarchical_all_to_all_s", "ep_all_to_all_s",
     "striped_send_s", "deepep_normal_all_to_all_s", "domain_bounds", "domain_shares", "bounds_shares",
+    "DEEPEP_NIC_FRACTION", "deepep_nic_link",
 ]
+
+DEEPEP_NIC_FRACTION = 0.87
+"""Share of a GPU's NIC line rate that DeepEP-style RDMA kernels (DeepEP's normal kernels, Megatron's
+flex dispatcher on DeepEP or HybridEP) sustain: deepseek-ai/DeepEP docs/legacy.md (commit dd758caf),
+internode normal kernels on H800 with one CX7 400 Gb/s NIC per GPU, EP 32 dispatch / combine 58 / 57
+GB/s and EP 64 51 / 50 GB/s, counted over every node a token reaches, the sender's included
+(tests/legacy/test_internode.py): the remote 3/4 and 7/8 of those bytes are 43.5 / 42.8 and 44.6 /
+43.8 GB/s of 50, 0.855-0.89. A property of the kernels, not of NCCL's rings, so the training fit's
+`inter_node_bw` (NCCL's DP and pipeline traffic) does not set it."""
 
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
 """Largest message the custom all-reduce takes (vLLM `CustomAllreduce(max_size=8192 * 1024)`)."""
@@ -226,6 +236,13 @@ def nic_link(pool: PoolSpec) -> Link:
     return Link(pool.node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
 
 
+def deepep_nic_link(pool: PoolSpec) -> Link:
+    """One GPU's own network interface as DeepEP-style RDMA kernels drive it (`DEEPEP_NIC_FRACTION` of
+    the line rate; the pool's network latency)."""
+    eff = pool.gpu.efficiency
+    return Link(pool.node.inter_node_gbps * 1e9 * DEEPEP_NIC_FRACTION, eff.inter_node_latency_us * 1e-6, True)
+
+
 def split_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) -> float:
     """One all-to-all of `size` bytes per rank over `ranks` ranks, `per_domain` of them in each NVLink
     domain: the intra-domain part over NVLink, the rest over the NIC, both at once."""
@@ -240,9 +257,10 @@ def hierarchical_all_to_all_s(
     pair_bytes: float, remote_bytes: float, ranks: int, per_domain: int, pool: PoolSpec
 ) -> float:
     """One DeepEP/HybridEP-style all-to-all: `remote_bytes` per rank cross the NIC once per remote
-    domain, while the `pair_bytes` fan out over NVLink inside the domain, both at once."""
+    domain (at `DEEPEP_NIC_FRACTION` of its line rate), while the `pair_bytes` fan out over NVLink
+    inside the domain, both at once."""
     nvl_s = (per_domain - 1) / per_domain * pair_bytes / group_link(pool, ranks=1).bytes_per_s
-    nic = nic_link(pool)
+    nic = deepep_nic_link(pool)
     return max(nvl_s, remote_bytes / nic.bytes_per_s) + math.ceil(math.log2(ranks)) * nic.latency_s
 
 
@@ -272,13 +290,14 @@ def deepep_normal_all_to_all_s(
     """One dispatch or combine on DeepEP's normal (high-throughput) kernels over `ranks` ranks,
     `per_domain` of them in each NVLink domain: `rank_bytes` per rank go once to every destination rank
     (the (d-1)/d that leave the GPU over NVLink, at `nvl_fraction` of the node's NVLink figure: the
-    kernels copy through a few dozen SMs), `remote_bytes` cross the GPU's own NIC once per remote
-    domain; both at once, plus one latency (NVLink inside a domain, the NIC across) per log2(ranks)."""
+    kernels copy through a few dozen SMs), `remote_bytes` cross the GPU's own NIC (`deepep_nic_link`)
+    once per remote domain; both at once, plus one latency (NVLink inside a domain, the NIC across)
+    per log2(ranks)."""
     if ranks <= 1 or (rank_bytes <= 0 and remote_bytes <= 0):
         return 0.0
     local = max(1, min(per_domain, ranks))
     nvl_s = (local - 1) / local * rank_bytes / (pool.node.intra_node_gbps * 1e9 * nvl_fraction)
-    nic = nic_link(pool)
+    nic = deepep_nic_link(pool)
     lat = nic.latency_s if remote_bytes > 0 else group_link(pool, ranks=1).latency_s
     return max(nvl_s, remote_bytes / nic.bytes_per_s) + math.ceil(math.log2(ranks)) * lat
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from autoshard.costmodel.comm import ep_all_to_all_s
+from autoshard.costmodel.comm import DEEPEP_NIC_FRACTION, deepep_nic_link, ep_all_to_all_s
 from autoshard.costmodel.moe import GroupLimit, domains_touched_per_token, ranks_per_token, remote_domains_per_token
 from autoshard.costmodel.serve.config import ServeConfig
 from autoshard.costmodel.serve.ep_dispatch import (
@@ -110,7 +110,8 @@ def test_normal_kernels_match_deepeps_table(ep):
     """DeepEP's setting through the pricing: the predicted time against the time its table implies
     (its counted bytes / its bandwidth). Intranode EP 8 is where DEEPEP_NORMAL_NVL_FRACTION comes from
     (+3.6 %: the combine's 158 GB/s and the kernels' latencies); EP 16 is NVLink-bound (the fan-out
-    of 6.5 ranks a token), EP 32 and 64 NIC-bound (actual remote traffic 3/4 and 7/8 of the counted bytes, at 45 GB/s of 50): all within 6 %."""
+    of 6.5 ranks a token), EP 32 and 64 NIC-bound (actual remote traffic 3/4 and 7/8 of the counted
+    bytes, at 43.5 GB/s of 50, DEEPEP_NIC_FRACTION): all within 6 %."""
     pool = _pool(ep)
     nodes = max(1, ep // 8)
     groups, tg = (nodes, min(nodes, 4)) if nodes > 1 else (1, 1)
@@ -224,3 +225,13 @@ def test_a_saturated_prefill_instance_fills_every_ranks_budget():
     one = ServeConfig(tp=8, expert_parallel=True, weight_dtype=WeightDtype.FP8)
     h200 = load_cluster("dgx-h200").with_gpus(8).pools[0]
     assert step_time(DSV3, h200, one, balanced_prefill=True, **kw) == step_time(DSV3, h200, one, **kw)
+
+
+def test_deepep_nic_fraction_is_the_tables_remote_rate():
+    """DEEPEP_NIC_FRACTION from DeepEP's internode rows: the remote (nodes - 1) / nodes of the bytes its
+    test counts, over a 50 GB/s CX7, for EP 32 and 64, dispatch and combine (0.855-0.893)."""
+    rates = [gbps * (ep // 8 - 1) / (ep // 8) / 50 for ep in (32, 64) for gbps in DEEPEP_NORMAL_GBPS[ep]]
+    assert min(rates) <= DEEPEP_NIC_FRACTION <= max(rates)
+    assert DEEPEP_NIC_FRACTION == pytest.approx(sum(rates) / len(rates), abs=0.005)
+    pool = _pool(32)
+    assert deepep_nic_link(pool).bytes_per_s == pytest.approx(pool.node.inter_node_gbps * 1e9 * DEEPEP_NIC_FRACTION)
