@@ -179,7 +179,9 @@ def attention_time_s(
 def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: ParallelDims, sequence_parallel: bool) -> float:
     """HBM bytes that memory-bound forward kernels move per token on one GPU: two norms and two
     residual adds on the hidden stream (split by TP only with sequence parallelism), rotary embedding
-    on Q/K, and the MLP activation function on the intermediate (always split by TP)."""
+    on Q/K, the per-head Q/K RMSNorm where the model has one (Qwen3, OLMo 2: Megatron --qk-layernorm,
+    one read and one write of the local Q and K heads, as rotary), and the MLP activation function on
+    the intermediate (always split by TP)."""
     if kind in (LayerKind.EMBEDDING, LayerKind.OUTPUT):
         # Embedding lookup writes h; output norm reads/writes h (the loss: cross_entropy_bytes_per_token).
         split = dims.tp if sequence_parallel else 1
@@ -189,6 +191,7 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
     stream = (2 * 2 * h + 2 * 3 * h) * BF16_BYTES / split  # norms (r+w), residual adds (2r+w)
     qk_dim, _ = attention_dims(model)
     rope = 2 * (model.num_attention_heads + model.kv_heads) * qk_dim * BF16_BYTES / dims.tp
+    qk_norm = rope if model.qk_norm and model.mla is None else 0.0
     act_in = model.mlp.num_matrices - 1  # swiglu reads gate and up, others read one
     if kind is LayerKind.DENSE:
         ffn_local = model.ffn_hidden_size / dims.tp
@@ -202,7 +205,7 @@ def elementwise_bytes_per_token(model: ModelSpec, kind: LayerKind, *, dims: Para
         # permute/unpermute copies of the routed hidden states, and the activation function
         permute = 2 * 2 * moe.top_k * h * BF16_BYTES * dims.expert_tp / dims.tp
         act = (act_in + 1) * (routed_local + shared_local) * BF16_BYTES + permute
-    return stream + rope + act
+    return stream + rope + qk_norm + act
 
 
 def cross_entropy_bytes_per_token(model: ModelSpec, impl: CrossEntropyImpl, *, tp: int) -> tuple[float, float]:

@@ -227,3 +227,20 @@ def test_expert_activations_follow_the_pairs_a_gpu_runs():
     per_pair = 2 * 4096 + 2 * 3 * 14336  # permuted input + SwiGLU gate, up and down input
     dense_part = layer_activation_bytes(moe_model(top_k=1), LayerKind.MOE, dims=ParallelDims(tp=1, dp=8), **kw)
     assert a - dense_part == pytest.approx(4096 * per_pair)  # one more pair per token (top-2 vs top-1)
+
+
+def test_qk_norm_reads_and_writes_the_local_q_and_k_heads():
+    """Qwen3's per-head Q/K RMSNorm (Megatron --qk-layernorm): one read and one write of the rank's Q and
+    K heads per token, BF16, the same bytes as rotary: Qwen3-30B-A3B (32 query heads, 4 KV heads, head
+    dim 128) at TP 1 adds 2 x 36 x 128 x 2 = 18,432 B a token; at TP 4, a quarter."""
+    from autoshard.costmodel.compute import elementwise_bytes_per_token
+    from autoshard.specs import load_model
+
+    qwen = load_model("qwen3-30b-a3b")
+    assert qwen.qk_norm
+    plain = qwen.model_copy(update={"qk_norm": False})
+    for tp in (1, 4):
+        dims = ParallelDims(tp=tp)
+        got = elementwise_bytes_per_token(qwen, LayerKind.MOE, dims=dims, sequence_parallel=tp > 1)
+        base = elementwise_bytes_per_token(plain, LayerKind.MOE, dims=dims, sequence_parallel=tp > 1)
+        assert got - base == pytest.approx(2 * (32 + 4) * 128 * 2 / tp)
