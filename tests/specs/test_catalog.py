@@ -177,9 +177,9 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 # Blackwell training fits (tests/validation/fit_efficiency.py): B200, GB200, GB300 and (since the MLPerf v6.0
 # 8B NVFP4 runs of eight submitters, now 14 held runs) B300, each on its own runs.
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.55, 0.45, 0.25, "B200-SXM-180GB", 28, half_seq=4096, hbm=0.80, half_dim=64,
-                                 intra=0.90, inter=0.90),
-    "GB200-186GB": _train_fit(0.65, 0.55, 0.20, "GB200-186GB", 29, half_seq=8192, hbm=0.60, half_dim=256, intra=0.90),
+    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.20, "B200-SXM-180GB", 28, half_seq=8192, hbm=0.80, half_dim=256,
+                                 intra=0.90, inter=0.70),
+    "GB200-186GB": _train_fit(0.70, 0.55, 0.20, "GB200-186GB", 29, half_seq=8192, hbm=0.60, half_dim=256, intra=0.90),
     "GB300-288GB": _train_fit(0.55, 0.50, 0.25, "GB300-288GB", 23, half_seq=4096, hbm=0.80, half_dim=0, intra=0.90),
     "B300-SXM-288GB": _train_fit(0.55, 0.50, 0.25, "B300-SXM-288GB", 14, half_seq=4096, hbm=0.80, half_dim=256,
                                  inter=0.70),
