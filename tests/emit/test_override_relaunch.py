@@ -40,7 +40,7 @@ def _words(line: str) -> list[str]:
 def test_vllm_round_trip_keeps_the_context_and_figures():
     plan = _read(QLINE + f"--hf-overrides '{json.dumps(YARN)}' --max-model-len 131072")
     assert plan.max_model_len == 131072 and plan.prediction.concurrency == 464
-    assert plan.throughput_tokens_per_s == pytest.approx(6802.0, rel=2e-3)
+    assert plan.throughput_tokens_per_s == pytest.approx(6787.9, rel=2e-3)
     words = _words(plan.launch["vllm"])
     at = words.index("--hf-overrides")
     assert words[at - 2:at] == ["--max-model-len", "131072"] and json.loads(words[at + 1]) == YARN

@@ -147,7 +147,7 @@ def test_hf_overrides_set_the_context_as_vllm_derives_it():
         _qwen(QLINE + f"--hf-overrides '{YARN}}}' --max-model-len 131072")
     plan = _qwen(QLINE + f"--hf-overrides '{YARN}, \"max_position_embeddings\": 131072}}' --max-model-len 131072")
     assert plan.max_model_len == 131072 and plan.prediction.concurrency == 464
-    assert plan.throughput_tokens_per_s == pytest.approx(6802.0, rel=2e-3)
+    assert plan.throughput_tokens_per_s == pytest.approx(6787.9, rel=2e-3)
     assert any(w.startswith("--hf-overrides: vLLM's max model length for qwen3-235b-a22b is 131,072 (max_position_embeddings 40,960")
                for w in plan.warnings)
     allowed = _qwen(f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 {QLINE}--hf-overrides '{YARN}}}' --max-model-len 131072")

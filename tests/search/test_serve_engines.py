@@ -68,16 +68,16 @@ def test_sglang_tp_sharded_ep_engine_prices_triton_experts():
 
 def test_sglang_target_plans_deepep_engines():
     """--target sglang plans the attention-DP + EP engines on DeepEP (#13): Qwen3-235B-FP8 on 8 H100
-    gets vLLM's interactive deployment (TP 4 x attention DP 2, EP 8, 240 requests per rank: 9,608
-    output tokens/s, TPOT 50.0 ms; before, 5,283 on TP 8), and a throughput-optimal one kept within the
-    256 decode tokens per rank of the DeepEP low-latency buffer its line sizes (TP 2 x DP 4, 197 per
-    rank: 11,815 tokens/s, TPOT 66.7 ms, since SGLang's own capture list sized its graphs; 196 and 11,784
-    before; 10,121 on TP 4 x PP 2 before the DeepEP engines). Nothing is left out. Its mixed
-    steps (decodes with a prompt chunk) run DeepEP's normal kernels (`--deepep-mode auto`), vLLM's the
-    low-latency ones: 1.9 % more than vLLM's 9,427 for the same deployment."""
+    gets vLLM's interactive deployment (TP 4 x attention DP 2, EP 8, 238 requests per rank: 9,520
+    output tokens/s, TPOT 50.0 ms; 240 and 9,608 before the Q/K norm was priced; 5,283 on TP 8 before),
+    and a throughput-optimal one kept within the 256 decode tokens per rank of the DeepEP low-latency
+    buffer its line sizes (TP 2 x DP 4, 197 per rank: 11,727 tokens/s, TPOT 67.2 ms, since SGLang's own
+    capture list sized its graphs; 10,121 on TP 4 x PP 2 before the DeepEP engines). Nothing is left out.
+    Its mixed steps (decodes with a prompt chunk) run DeepEP's normal kernels (`--deepep-mode auto`),
+    vLLM's the low-latency ones: 1.9 % more than vLLM's 9,343 for the same deployment."""
     sol = _solved("sglang")
-    for plan, shape, tokens, tpot in ((sol.plans[0], (4, 1, 2, 8, 240), 9608.3, 0.04996),
-                                      (sol.alternative, (2, 1, 4, 8, 197), 11814.6, 0.0667)):
+    for plan, shape, tokens, tpot in ((sol.plans[0], (4, 1, 2, 8, 238), 9520.3, 0.0500),
+                                      (sol.alternative, (2, 1, 4, 8, 197), 11727.3, 0.06719)):
         cfg = plan.prediction.config
         assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls) == ("sglang", True, False)
         assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == shape
@@ -94,22 +94,23 @@ def test_sglang_target_plans_deepep_engines():
 def test_vllm_target_plan_at_vllm_033_budgets():
     """The vLLM-priced plans of Qwen3-235B-FP8 on 8 H100 (golden). vLLM 0.33.0 sizes the DeepEP
     low-latency buffer at --max-num-batched-tokens per rank and runs a step's MoE in one pass, so the
-    plan chooses the budget (`search.serve.budget`): TP 2 x attention DP 4 with EP 8, 119 requests per
-    DP rank at 512 tokens (9,537 output tokens/s, TPOT 49.9 ms) at the interactive SLA, 203 per rank for
-    the throughput-optimal one (12,178 tokens/s, TPOT 66.7 ms). Before, TP 4 x DP 2 at 192 / 407 per
-    rank on a budget of 8,192 (8,212 / 11,829 tokens/s), whose line would have asked vLLM 0.33.0 for a
-    32.5 GiB buffer per GPU. SGLang's line of the same deployment (its mixed steps on DeepEP's normal
-    kernels, its chunked prefill the same 512 a rank): 9,699 and 12,442 tokens/s."""
+    plan chooses the budget (`search.serve.budget`): TP 2 x attention DP 4 with EP 8, 112 requests per
+    DP rank at 256 tokens (9,402 output tokens/s, TPOT 47.7 ms) at the interactive SLA, 203 per rank at
+    512 for the throughput-optimal one (12,096 tokens/s, TPOT 67.1 ms); 119 at 512 (9,537) and 12,178
+    before the Q/K norm was priced. Before the budgets, TP 4 x DP 2 at 192 / 407 per rank on a budget of
+    8,192 (8,212 / 11,829 tokens/s), whose line would have asked vLLM 0.33.0 for a 32.5 GiB buffer per
+    GPU. SGLang's line of the same deployment (its mixed steps on DeepEP's normal kernels, its chunked
+    prefill the same budget a rank): 9,561 and 12,357 tokens/s."""
     sol = _solved("vllm")
-    cases = ((sol.plans[0], (2, 1, 4, 8, 119), 9536.7, 0.0499, 9699.4),
-             (sol.alternative, (2, 1, 4, 8, 203), 12178.1, 0.0667, 12442.2))
-    for plan, shape, tokens, tpot, sglang in cases:
+    cases = ((sol.plans[0], (2, 1, 4, 8, 112), 9402.4, 0.04765, 9560.8, 256),
+             (sol.alternative, (2, 1, 4, 8, 203), 12096.1, 0.06713, 12356.6, 512))
+    for plan, shape, tokens, tpot, sglang, budget in cases:
         assert (plan.tp, plan.pp, plan.dp_attention, plan.ep, plan.max_num_seqs) == shape
         assert plan.throughput_tokens_per_s == pytest.approx(tokens, abs=0.5)
         assert plan.prediction.tpot_s == pytest.approx(tpot, abs=5e-5)
         cfg = plan.prediction.config
-        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls, cfg.max_num_batched_tokens) == ("vllm", True, True, 512)
-        assert "--max-num-batched-tokens 512 " in plan.launch["vllm"]
+        assert (cfg.engine, cfg.deep_gemm, cfg.nccl_nvls, cfg.max_num_batched_tokens) == ("vllm", True, True, budget)
+        assert f"--max-num-batched-tokens {budget} " in plan.launch["vllm"]
         assert plan.engine_other["differs"] is True and plan.engine_other["tokens_per_s"] == pytest.approx(sglang, abs=0.5)
 
 
@@ -120,11 +121,11 @@ def test_json_states_the_engine():
         assert block["priced_for"] == engine and block["other"]["engine"] == other
         assert set(block) >= {"priced_for", "name", "moe_deep_gemm", "nccl_nvls", "other"}
         assert block["other"]["tokens_per_s"] == pytest.approx(plan.engine_other["tokens_per_s"], rel=1e-12)
-    # SGLang's plan (TP 4 x DP 2, 240 per rank at SGLang's 8,192 a rank) launched with vLLM's line: at
+    # SGLang's plan (TP 4 x DP 2, 238 per rank at SGLang's 8,192 a rank) launched with vLLM's line: at
     # that budget vLLM 0.33.0 would hold a 32.5 GiB DeepEP buffer per GPU; its line runs the budget the
     # vLLM planner keeps for the deployment, 1,024 (tests/emit/test_engine_check_budget.py)
     assert sg.engine_other["differs"] is True and sg.engine_other["max_num_batched_tokens"] == 1024
-    assert sg.engine_other["tokens_per_s"] == pytest.approx(9427.4, abs=0.5)
+    assert sg.engine_other["tokens_per_s"] == pytest.approx(9342.7, abs=0.5)
 
 
 def test_sglang_plan_round_trips_through_its_own_command():

@@ -25,11 +25,11 @@ UNCUT = {
                                    ("TP4 PP2 DP2", 843.5794873687007, "OPTIMAL", 115, 179)],
     ("llama-3.1-70b", 16, "auto"): [("TP4 PP1 DP4", 867.1048284236622, "OPTIMAL", 122, 237),
                                     ("TP4 PP2 DP2", 843.5794873687007, "OPTIMAL", 122, 237)],
-    ("qwen3-235b-a22b", 64, "off"): [("TP2 PP1 DP32 EP64", 603.8744223233737, "OPTIMAL", 1385, 1960),
-                                     ("TP2 PP2 DP16 EP32", 601.3524954953306, "OPTIMAL", 1385, 1960)],
+    ("qwen3-235b-a22b", 64, "off"): [("TP2 PP1 DP32 EP64", 600.4236654666707, "OPTIMAL", 1385, 1960),
+                                     ("TP2 PP2 DP16 EP32", 595.9239993307615, "OPTIMAL", 1385, 1960)],
     ("qwen3-235b-a22b", 64, "auto"): [
-        ("1P3D: 1 x prefill TP1 PP16 + 3 x decode TP1 PP1 EP16 (attention DP16)", 1223.765625, "OPTIMAL", 1395, 2431),
-        ("2P3D: 2 x prefill TP1 PP8 + 3 x decode TP1 PP1 EP16 (attention DP16)", 1223.765625, "OPTIMAL", 1395, 2431)],
+        ("1P3D: 1 x prefill TP1 PP16 + 3 x decode TP1 PP1 EP16 (attention DP16)", 1221.375, "OPTIMAL", 1395, 2431),
+        ("2P3D: 2 x prefill TP1 PP8 + 3 x decode TP1 PP1 EP16 (attention DP16)", 1221.375, "OPTIMAL", 1395, 2431)],
 }
 
 
