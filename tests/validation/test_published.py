@@ -377,8 +377,8 @@ def test_mlperf51_blackwell_runs():
     Florida, Dell), one B300 (Dell), and NVIDIA's GB200/GB300 at 72 GPUs; NVIDIA's 512-GPU TP 2 x CP 4 runs
     (about 1,024 tokens per GPU per step) are shown, not held: predicted about 40 % short. With the shipped
     B200 knobs (fitted on these, the B200 NVFP4 runs of MLPerf v5.1 and v6.0 and NeMo 25.02's B200 runs together)
-    the 64-GPU CP 2 runs' steps are predicted 7 % short (3 % before item AA's refit, 7 % before MLPerf v6.0's runs,
-    item Y) and the 16-GPU and 405B runs' 9-18 % long (7-17 % before item AA), while NeMo 25.02's B200 Mixtral and
+    the 64-GPU CP 2 runs' steps are predicted 2 % short (7 % before item AB's refit, 3 % before item AA's, 7 % before
+    MLPerf v6.0's runs, item Y) and the 16-GPU and 405B runs' 9-18 % long (7-17 % before item AA), while NeMo 25.02's B200 Mixtral and
     Nemotron-4 rows stay fast: two software lines (NeMo 25.09 with full-iteration CUDA graphs against NeMo
     25.02) that one B200 fit splits between (README item P)."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf51-") and r.gpu not in HOPPER and not r.id.endswith("-fp4")}
@@ -391,7 +391,7 @@ def test_mlperf51_blackwell_runs():
     assert all(abs(r.error) <= 0.22 for r in held)
     b200 = {r.id: r.error for r in held if r.gpu == "B200-SXM-180GB"}
     cp2 = {i for i in b200 if i.endswith("-cp2")}
-    assert len(cp2) == 2 and all(-0.08 <= b200[i] <= -0.05 for i in cp2)  # predicted short
+    assert len(cp2) == 2 and all(-0.03 <= b200[i] <= -0.01 for i in cp2)  # predicted short
     assert all(0.08 <= b200[i] <= 0.18 for i in b200.keys() - cp2)  # predicted long
     assert all(-0.55 < r.error < -0.35 for r in rows.values() if r.skip_throughput)
 
@@ -541,10 +541,11 @@ def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held and every one is predicted fast: BF16 10-11 %, FP8 16-17 % (18-20 % before item AA priced
-    Transformer Engine's per-expert quantize launches and the router GEMM Megatron's TFLOP/s leave out), because the measured FP8
+    recipes are held and every one is predicted fast: BF16 10-11 %, FP8 15-16 % (16-17 % before item AB priced the
+    Q/K norm and refit; 18-20 % before item AA priced Transformer Engine's per-expert quantize launches and the router
+    GEMM Megatron's TFLOP/s leave out), because the measured FP8
     step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
-    while autoshard prices FP8 4-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    while autoshard prices FP8 3-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
     MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: autoshard has no knob for it and
     prices it as the partial-graph MXFP8 row, which it runs 26 % faster than."""
@@ -557,16 +558,16 @@ def test_mlmrecipe_qwen3_30b_runs():
     fp8 = {i: r for i, r in held.items() if "-bf16-" not in i}
     assert len(bf16) == len(fp8) == 2
     assert all(-0.14 < r.error < -0.07 for r in bf16.values())  # predicted fast
-    assert all(-0.18 < r.error < -0.15 for r in fp8.values())  # predicted faster still
+    assert all(-0.17 < r.error < -0.14 for r in fp8.values())  # predicted faster still
     for gpu in ("h100", "gb200"):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
         assert f.measured / b.measured > 1.0  # FP8 ran no faster than BF16 ...
-        assert f.predicted / b.predicted < 0.97  # ... where autoshard prices it 4-8 % faster
+        assert f.predicted / b.predicted < 0.98  # ... where autoshard prices it 3-8 % faster
     stash, partial = rows["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-paged-stash"], held["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"]
     assert stash.predicted == pytest.approx(partial.predicted, rel=1e-9)  # no knob tells them apart
     assert partial.measured / stash.measured == pytest.approx(646.8 / 514, rel=1e-6)
-    assert abs(stash.error) < 0.05  # within 5 % (3 % slow since item T's GB200 refit, 5 % fast before item Q)
+    assert abs(stash.error) < 0.06  # within 6 % (6 % slow since item AB, 3 % since item T's GB200 refit, 5 % fast before item Q)
 
 
 def test_mlperf_nvfp4_runs():
@@ -650,25 +651,26 @@ def test_mlperf_nvfp4_runs():
 def test_nvfp4_runs_are_predicted_within_15_percent():
     """The 49 NVFP4 runs, all held, priced at the FP8 kernels' fraction of the FP4 peak with no FP4 knob
     of their own (costmodel.fp8.gemm_peak). Out of source (residuals_train.json) the eight 405B steps within
-    15 % (v5.1: GB200 +14.8 / +6.1 / -1.2 %, GB300 -1.5 %; v6.0: GB300 +9.4 / +4.5 %, Azure's 8,192 GB200 +3.0 %,
-    CoreWeave's 4,096 GB300 +2.2 %), median 3.7 % (4.2 % before item AA, 8.0 % over the six before item Y's runs);
-    the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel savings), v5.1's -8.0 to +7.5 %
-    (-7.7 to +3.6 % before item AA's refit, +0.4 to +14.8 % before item Y's runs taught the B200/B300/GB300 fits
-    their NVFP4 level) and v6.0's -13.4 to +16.7 % (-12.4 to +9.3 % before item AA: the fold that leaves v6.0 out
-    now sets B200 from its MoE recipe rows, and its 8-GPU B200 runs read 13-17 % long; the 64-72-GPU GB300 runs
-    at one micro-batch per step 11-13 % short since item Z took them at their logs' pace: the fixed per-step cost).
-    With the shipped knobs, which learned from them, every one within 15 % (GB200's 405B at 512 GPUs +14.1 %)."""
+    15 % (v5.1: GB200 +14.1 / +5.5 / -1.7 %, GB300 -3.9 %; v6.0: GB300 +6.4 / +1.8 %, Azure's 8,192 GB200 +3.0 %,
+    CoreWeave's 4,096 GB300 -0.3 %), median 3.5 % (3.7 % before item AB, 4.2 % before item AA, 8.0 % over the six
+    before item Y's runs); the 8B runs, whose attention ran in FP8 (fp8_attention: cuDNN's measured kernel
+    savings), v5.1's -6.5 to +9.5 % (-8.0 to +7.5 % before item AB's refit, +0.4 to +14.8 % before item Y's runs
+    taught the B200/B300/GB300 fits their NVFP4 level) and v6.0's -10.9 to +8.8 % (-13.4 to +16.7 % before item
+    AB: the fold that leaves v6.0 out set B200 from its MoE recipe rows, whose DeepSeek-V3 dispatch item AB fixed;
+    the 64-72-GPU GB300 runs at one micro-batch per step about 10 % short since item Z took them at their logs'
+    pace: the fixed per-step cost). With the shipped knobs, which learned from them, every one within 15 %
+    (GB200's 405B at 512 GPUs +13.6 %)."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
     assert len(rows) == 49 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     big = {i for i in rows if "-405b-" in i}
     assert len(big) == 8 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
-    assert 0.035 < statistics.median(abs(loso[i]) for i in big) < 0.05
+    assert 0.03 < statistics.median(abs(loso[i]) for i in big) < 0.04
     v51 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf51-")]
-    assert len(v51) == 10 and all(-0.085 < e < 0.08 for e in v51)
+    assert len(v51) == 10 and all(-0.07 < e < 0.10 for e in v51)
     v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
-    assert len(v60) == 31 and all(-0.14 < e < 0.17 for e in v60)
+    assert len(v60) == 31 and all(-0.12 < e < 0.10 for e in v60)
     assert all(abs(r.error) < 0.15 for r in rows.values())
 
 
