@@ -154,6 +154,7 @@ def domain_reach(num_experts: int, top_k: int, ep: int, members: int) -> float:
     return 1.0 - math.comb(num_experts - held, k) / math.comb(num_experts, k)
 
 
+@functools.lru_cache(maxsize=4096)
 def flex_nic_rows(
     split: tuple[int, ...], num_experts: int, top_k: int, ep: int, limit: GroupLimit | None = None
 ) -> tuple[float, ...]:
@@ -171,10 +172,10 @@ def flex_nic_rows(
         reach = [domain_reach(num_experts, top_k, ep, c) for c in split]
     else:
         reach = list(domain_reaches(num_experts, top_k, ep, tuple(split), limit))
-    total = sum(split)
+    total, reached = sum(split), sum(reach)
     out = []
     for i, c in enumerate(split):
-        send = sum(r for j, r in enumerate(reach) if j != i)
+        send = reached - reach[i]
         recv = (total - c) * reach[i] / c
         out.append(max(send, recv))
     return tuple(out)
@@ -296,7 +297,12 @@ def group_pick_counts(group_size: int, limit: GroupLimit, top_k: int) -> tuple[n
     rows = np.arange(n)[:, None] * tg
     counts = np.bincount((rows + picked).ravel(), minlength=n * tg).reshape(n, tg)
     vecs, hits = np.unique(counts, axis=0, return_counts=True)
-    return vecs.astype(np.int64), hits / n
+    # the law is exchangeable over the chosen groups: average the draw over their orders, so that every
+    # group (and every block of ranks, `domain_reaches`) sees the same law, not the draw's noise
+    perms = list(itertools.permutations(range(tg)))
+    sym, sym_hits = np.unique(np.concatenate([vecs[:, list(q)] for q in perms]), axis=0, return_inverse=True)
+    probs = np.bincount(sym_hits.ravel(), weights=np.tile(hits / n, len(perms)), minlength=len(sym)) / len(perms)
+    return sym.astype(np.int64), probs
 
 
 @functools.lru_cache(maxsize=1024)
@@ -324,14 +330,19 @@ def domain_reaches(
         subsets, counts, probs = np.zeros((1, 1), np.int64), np.array([[k]], np.int64), np.ones(1)
     held = np.array([[max(0, min(hi, (g + 1) * size) - max(lo, g * size)) for g in range(groups)]
                      for lo, hi in itertools.pairwise(edges)], dtype=np.int64)
+    # the law is the same under any relabelling of the groups (choices uniform, counts exchangeable): a
+    # block's reach depends only on its sorted overlaps, so blocks alike (every rank, every node) share one
+    kinds, which = np.unique(-np.sort(-held, axis=1), axis=0, return_inverse=True)
     top = int(counts.max())
     miss_table = np.array([[math.comb(size - m, n) / math.comb(size, n) for n in range(top + 1)]
                            for m in range(size + 1)])
-    overlap = held[:, subsets]  # blocks x choices x chosen groups
+    overlap = kinds[:, subsets]  # kinds of block x choices x chosen groups
     miss = miss_table[overlap[:, :, None, :], counts[None, None, :, :]].prod(axis=-1) @ probs
-    return tuple(float(x) for x in 1.0 - miss.mean(axis=1))
+    reach = 1.0 - miss.mean(axis=1)
+    return tuple(float(reach[k]) for k in which.ravel())
 
 
+@functools.lru_cache(maxsize=1024)
 def domains_touched_per_token(
     num_experts: int, top_k: int, ranks: int, ranks_per_domain: int = 1, limit: GroupLimit | None = None
 ) -> float:
