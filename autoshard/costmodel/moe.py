@@ -301,7 +301,8 @@ def group_pick_counts(group_size: int, limit: GroupLimit, top_k: int) -> tuple[n
     # group (and every block of ranks, `domain_reaches`) sees the same law, not the draw's noise
     perms = list(itertools.permutations(range(tg)))
     sym, sym_hits = np.unique(np.concatenate([vecs[:, list(q)] for q in perms]), axis=0, return_inverse=True)
-    probs = np.bincount(sym_hits.ravel(), weights=np.tile(hits / n, len(perms)), minlength=len(sym)) / len(perms)
+    weights = np.tile(hits / n, len(perms))
+    probs = np.bincount(sym_hits.ravel(), weights=weights, minlength=len(sym)) / len(perms)
     return sym.astype(np.int64), probs
 
 
