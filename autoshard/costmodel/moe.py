@@ -297,13 +297,7 @@ def group_pick_counts(group_size: int, limit: GroupLimit, top_k: int) -> tuple[n
     rows = np.arange(n)[:, None] * tg
     counts = np.bincount((rows + picked).ravel(), minlength=n * tg).reshape(n, tg)
     vecs, hits = np.unique(counts, axis=0, return_counts=True)
-    # the law is exchangeable over the chosen groups: average the draw over their orders, so that every
-    # group (and every block of ranks, `domain_reaches`) sees the same law, not the draw's noise
-    perms = list(itertools.permutations(range(tg)))
-    sym, sym_hits = np.unique(np.concatenate([vecs[:, list(q)] for q in perms]), axis=0, return_inverse=True)
-    weights = np.tile(hits / n, len(perms))
-    probs = np.bincount(sym_hits.ravel(), weights=weights, minlength=len(sym)) / len(perms)
-    return sym.astype(np.int64), probs
+    return vecs.astype(np.int64), hits / n
 
 
 @functools.lru_cache(maxsize=1024)
@@ -331,16 +325,12 @@ def domain_reaches(
         subsets, counts, probs = np.zeros((1, 1), np.int64), np.array([[k]], np.int64), np.ones(1)
     held = np.array([[max(0, min(hi, (g + 1) * size) - max(lo, g * size)) for g in range(groups)]
                      for lo, hi in itertools.pairwise(edges)], dtype=np.int64)
-    # the law is the same under any relabelling of the groups (choices uniform, counts exchangeable): a
-    # block's reach depends only on its sorted overlaps, so blocks alike (every rank, every node) share one
-    kinds, which = np.unique(-np.sort(-held, axis=1), axis=0, return_inverse=True)
     top = int(counts.max())
     miss_table = np.array([[math.comb(size - m, n) / math.comb(size, n) for n in range(top + 1)]
                            for m in range(size + 1)])
-    overlap = kinds[:, subsets]  # kinds of block x choices x chosen groups
+    overlap = held[:, subsets]  # blocks x choices x chosen groups
     miss = miss_table[overlap[:, :, None, :], counts[None, None, :, :]].prod(axis=-1) @ probs
-    reach = 1.0 - miss.mean(axis=1)
-    return tuple(float(reach[k]) for k in which.ravel())
+    return tuple(float(x) for x in 1.0 - miss.mean(axis=1))
 
 
 @functools.lru_cache(maxsize=1024)
