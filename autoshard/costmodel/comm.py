@@ -230,17 +230,18 @@ def tp_all_reduce_s(
     return min(nccl, custom_s)
 
 
-def nic_link(pool: PoolSpec) -> Link:
-    """One GPU's own network interface (what its traffic out of the NVLink domain runs on)."""
+def nic_link(pool: PoolSpec, share: float | None = None) -> Link:
+    """One GPU's own network interface (what its traffic out of the NVLink domain runs on), at `share` of
+    its line rate (default: the GPU's `inter_node_bw`, NCCL's)."""
     eff = pool.gpu.efficiency
-    return Link(pool.node.inter_node_gbps * 1e9 * eff.inter_node_bw, eff.inter_node_latency_us * 1e-6, True)
+    share = eff.inter_node_bw if share is None else share
+    return Link(pool.node.inter_node_gbps * 1e9 * share, eff.inter_node_latency_us * 1e-6, True)
 
 
 def deepep_nic_link(pool: PoolSpec) -> Link:
     """One GPU's own network interface as DeepEP-style RDMA kernels drive it (`DEEPEP_NIC_FRACTION` of
     the line rate; the pool's network latency)."""
-    eff = pool.gpu.efficiency
-    return Link(pool.node.inter_node_gbps * 1e9 * DEEPEP_NIC_FRACTION, eff.inter_node_latency_us * 1e-6, True)
+    return nic_link(pool, DEEPEP_NIC_FRACTION)
 
 
 def split_all_to_all_s(size: float, ranks: int, per_domain: int, pool: PoolSpec) -> float:
