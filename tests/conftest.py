@@ -45,16 +45,25 @@ def tiny_model(*, layers: int = 6, hidden: int = 1024, heads: int = 8, kv: int =
     })
 
 
-def gpu(name: str = "H100", *, hbm: float = 80.0, tflops: float = 989.0) -> dict:
-    return {"name": name, "hbm_gib": hbm, "bf16_tflops": tflops, "fp8_tflops": 2 * tflops, "hbm_tbps": 3.35}
+SYNTHETIC_EFFICIENCY = {"train_intra_node_bw": 0.7, "train_expert_host_us": 0.0}
+"""The synthetic GPUs' training knobs that README item AC moved in the H100 defaults (EP traffic 0.7 of the
+link, no host floor under MoE layers): the solver tests' situations (which bound is tight, which plan wins)
+were built on them. tests/search/test_host_floor_bounds.py checks the bounds with the floor on."""
+
+
+def gpu(name: str = "H100", *, hbm: float = 80.0, tflops: float = 989.0, efficiency: dict | None = None) -> dict:
+    return {"name": name, "hbm_gib": hbm, "bf16_tflops": tflops, "fp8_tflops": 2 * tflops, "hbm_tbps": 3.35,
+            "efficiency": SYNTHETIC_EFFICIENCY if efficiency is None else efficiency}
 
 
 def node(gpus: int = 8) -> dict:
     return {"gpus_per_node": gpus, "intra_node_link": "nvlink", "intra_node_gbps": 450, "inter_node_gbps": 50}
 
 
-def tiny_cluster(*, gpus_per_node: int = 4, nodes: int = 2, hbm: float = 80.0) -> ClusterSpec:
-    return ClusterSpec.model_validate({"name": "tiny", "gpu": gpu(hbm=hbm), "node": node(gpus_per_node), "num_nodes": nodes})
+def tiny_cluster(*, gpus_per_node: int = 4, nodes: int = 2, hbm: float = 80.0,
+                 efficiency: dict | None = None) -> ClusterSpec:
+    return ClusterSpec.model_validate({"name": "tiny", "gpu": gpu(hbm=hbm, efficiency=efficiency),
+                                       "node": node(gpus_per_node), "num_nodes": nodes})
 
 
 def hetero_cluster(*, hbm_a: float = 80.0, hbm_b: float = 40.0) -> ClusterSpec:

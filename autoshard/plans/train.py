@@ -102,6 +102,7 @@ class Plan(PlanBase):
             "fp8_attention": cfg.fp8_attention,
             "moe_a2a_overlap": cfg.moe_a2a_overlap,
             "moe_a2a_delay_wgrad": cfg.moe_a2a_overlap and cfg.moe_a2a_delay_wgrad,
+            "full_cuda_graph": cfg.full_cuda_graph,
             "stages": [
                 {
                     "index": i,

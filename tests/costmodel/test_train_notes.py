@@ -63,9 +63,10 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 
 
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
-    """Every held MoE run below the threshold took longer than predicted (39 % at 512 rows, 3 % at 1,024; both
-    >= 20 % until item Z priced the unfused loss they ran); every one at or above it is within 20 % either way,
-    except the runs the docstring names: Qwen3-30B-A3B's MXFP8 run on GB200 (27 % fast), Qwen3-235B MXFP8 on 64
+    """Every held MoE run below the threshold took longer than predicted (11 % at 512 rows, 5 % at 1,024 since
+    item AC's host floor under MoE layers; 39 and 3 % before it; both >= 20 % until item Z priced the unfused loss
+    they ran); every one at or above it is within 20 % either way,
+    except the runs the docstring names: Qwen3-30B-A3B's MXFP8 run on GB200 (28 % fast), Qwen3-235B MXFP8 on 64
     GB300 with the A2A overlap (21 % fast) and Qwen3-235B BF16 on GB200 (20 % slow in speed, its step 25 % long),
     errors that do not follow the expert rows. DeepSeek-V3 on 256 B200 with DeepEP (8 % slow since item AB, 23 %
     before), the long-context Mixtral 8x22B run on B200 (20 % fast) and the GB200 Mixtral 8x22B and Qwen3 131K
@@ -92,12 +93,12 @@ def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
         else:
             (below if rows < SMALL_EXPERT_ROWS else above).append(speed)
     assert len(below) == 2 and all(s > 1.0 for s in below)
-    assert sorted(round(s, 2) for s in below) == [1.03, 1.39]  # the note's "39 % and 3 %"
+    assert sorted(round(s, 2) for s in below) == [1.05, 1.11]  # the note's "11 % and 5 %" (39 and 3 % before item AC)
     assert len(above) >= 10 and all(1 / 1.2 <= s <= 1.2 for s in above)
     assert round(max(above), 2) == 1.20  # the note's farthest fast: Mixtral 8x22B at 65,536 tokens on B200
     # the docstring's exceptions: Qwen3-235B BF16 on GB200 20 % slow, Qwen3-235B MXFP8 on 64 GB300 with the A2A
-    # overlap 21 % fast, Qwen3-30B-A3B MXFP8 27 % fast
-    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 1.21, 1.27]
+    # overlap 21 % fast, Qwen3-30B-A3B MXFP8 28 % fast
+    assert sorted(round(s, 2) for s in exceptions.values()) == [0.80, 1.21, 1.28]
 
 
 def test_the_terminal_prints_the_prediction_notes() -> None:
@@ -110,10 +111,13 @@ def test_the_terminal_prints_the_prediction_notes() -> None:
     cluster = load_cluster("dgx-h100").with_gpus(256)
     plan = evaluate(QWEN3, cluster, train_job(QWEN3, seq_len=4096, global_batch_size=256), tp=4, pp=8, ep=8, etp=1)
     notes = plan.to_json()["predicted"]["notes"]
-    assert len(notes) == 1 and "512 rows per local expert" in notes[0]
+    # ModelZoo's TP 4 / PP 8 plan: small expert GEMMs, and 16 local experts that the host issues slower than
+    # the GPU runs them (README item AC)
+    assert len(notes) == 2 and "512 rows per local expert" in notes[0] and notes[1].startswith("host-bound MoE layers")
     console = Console(record=True, width=400)
     render_plan(plan, console)
-    assert f"note: {notes[0]}" in console.export_text()
+    text = console.export_text()
+    assert all(f"note: {n}" in text for n in notes)
 
 
 def test_an_odd_gpu_count_that_forces_pp_says_so():

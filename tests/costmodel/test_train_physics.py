@@ -94,7 +94,10 @@ def test_recompute_modules_moe_is_the_moe_recompute(precision):
     forward once more, its saved activations gone, the dispatch and combine once more."""
     from autoshard.costmodel.train.layer import layer_cost
 
-    pool = H100.primary
+    # the recompute's own price: the layer on a host that keeps up (at EP 8 its 16 local experts wait on H100's
+    # fitted host floor, README item AC, which hides the GPU time the recompute adds)
+    pool = H100.primary.model_copy(update={"gpu": H100.primary.gpu.model_copy(update={
+        "efficiency": H100.primary.gpu.efficiency.model_copy(update={"train_expert_host_us": 0.0})})})
     dims = ParallelDims(tp=4, dp=2, ep=8, etp=1)
     none = TrainConfig(dims=dims, micro_batch_size=1, global_batch_size=8, seq_len=4096, precision=precision)
     moe = dataclasses.replace(none, recompute=Recompute.SELECTIVE, recompute_modules=("moe",))
@@ -418,21 +421,22 @@ def test_fp8_weight_cast_is_paid_once_per_step_and_p_times_through_the_fill():
 
 
 def test_training_collectives_read_the_fitted_bandwidth_fractions():
-    """Item U: the H100 fit's NVLink fraction (0.70) ships as train_intra_node_bw; the training step's
-    TP all-gather/reduce-scatter runs at it, serving's shared knob stays 0.90. A TP 8 Llama-3.1-70B layer's
-    TP traffic then takes 0.90 / 0.70 of what it took at the shared fraction (bandwidth-bound sizes)."""
+    """Item U: a GPU's fitted NVLink fraction ships as train_intra_node_bw (B300: 0.70; H100's fit was 0.70
+    until item AC, 0.90 since); the training step's TP all-gather/reduce-scatter runs at it, serving's
+    shared knob stays 0.90. A TP 8 Llama-3.1-70B layer's TP traffic then takes 0.90 / 0.70 of what it took
+    at the shared fraction (bandwidth-bound sizes)."""
     from autoshard.costmodel.comm import group_links
     from autoshard.costmodel.efficiency import training_pool
     from autoshard.costmodel.train.layer import layer_cost
 
-    h100 = load_cluster("dgx-h100").with_gpus(8)
-    pool = h100.primary
+    b300 = load_cluster("dgx-b300").with_gpus(8)
+    pool = b300.primary
     assert pool.gpu.efficiency.intra_node_bw == 0.90 and training_pool(pool).gpu.efficiency.intra_node_bw == 0.70
     dims = ParallelDims(tp=8)
     assert training_pool(pool) is training_pool(pool) and training_pool(training_pool(pool)) == training_pool(pool)
     ratio = group_links(pool, dims).tp.bytes_per_s / group_links(training_pool(pool), dims).tp.bytes_per_s
     assert ratio == pytest.approx(0.90 / 0.70)
-    cfg = TrainConfig(dims=dims, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision=Precision.BF16)
+    cfg = TrainConfig(dims=dims, micro_batch_size=4, global_batch_size=32, seq_len=8192, precision=Precision.BF16)
     shared = pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"efficiency": pool.gpu.efficiency.model_copy(
         update={"train_intra_node_bw": None})})})
     fitted = layer_cost(LLAMA70, LayerKind.DENSE, pool, cfg, Recompute.NONE).tp_comm_s

@@ -1,6 +1,11 @@
-"""Would a host-launch floor on the routed experts explain the Qwen3 intra-node EP 8 rows? It prints why not.
+"""Would a per-expert host-launch floor at published per-op costs explain the Qwen3 intra-node EP 8 rows?
+It prints why not.
 
     python tests/validation/expert_host_check.py
+
+Since README item AC autoshard prices a host floor per MoE layer (costmodel.train.layer.expert_host_s: the
+layer lasts at least local experts x a host time per expert fitted on the H100 runs, 500 us), and the gaps
+below are what is left after it. This script tests the finer hypothesis from the code's op count.
 
 The hypothesis (issue #10): Megatron's `--moe-grouped-gemm` runs Transformer Engine's GroupedLinear,
 which takes the tokens per expert as a host list (`TEGroupedMLP.forward` calls

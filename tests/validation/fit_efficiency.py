@@ -45,6 +45,7 @@ GRID = {
     "tp_overlap": [0.0, 0.4, 0.8],
     "intra_node_bw": [0.7, 0.9],
     "inter_node_bw": [0.7, 0.9],
+    "expert_host_us": [0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0],
 }
 # Knob pairs that set one curve together: the attention speed at 4,096 tokens and its rise with
 # length (s/(s+s0)); a GEMM knob's asymptote and its fall-off with the smallest dimension. Moving one
@@ -100,13 +101,27 @@ def unexercised_knobs(runs: list[dict], reference: EfficiencySpec | None) -> dic
             if not any(_gemm_precision(r) == precision for r in held(runs))}
 
 
+LENT_KNOBS = ("expert_host_us",)
+"""Knobs fitted on the reference GPU's runs only and lent to every other fit: the host's time per local
+routed expert (EfficiencySpec.expert_host_us) is the software's (Megatron-Core's dropless MoE and Transformer
+Engine's eager expert path on a server CPU), not the GPU's, and only the H100 runs hold layers light enough
+for it to bind in both of two sources (Megatron-LM's Qwen3-30B-A3B recipes, ModelZoo's Qwen3-235B at TP 4):
+fitted per GPU type, one source's runs set it against another's (GB200: Qwen3-30B-A3B's MXFP8 and BF16 rows
+asked for 1.5 ms per expert, which took ModelZoo's Qwen3-235B BF16 row 290 % slow out of source)."""
+
+
+def lent_knobs(reference: EfficiencySpec | None) -> dict[str, float]:
+    """The LENT_KNOBS at the reference fit's values (none for the reference fit itself)."""
+    return {} if reference is None else {k: getattr(reference, k) for k in LENT_KNOBS}
+
+
 def fit(gpu: str | tuple[str, ...], runs: list[dict], start: EfficiencySpec = START, rounds: int = 2,
         reference: EfficiencySpec | None = None) -> EfficiencySpec:
     """Coordinate descent over GRID on `runs` (held runs of `gpu`, or of a pool of GPU types), with
     the COUPLED pairs also searched jointly; the generation's kernel-measured knobs (kernel_knobs)
-    stay fixed, and so do the knobs the runs do not exercise, at the `reference` fit's values
-    (unexercised_knobs)."""
-    pinned = {**unexercised_knobs(runs, reference), **kernel_knobs(gpu)}
+    stay fixed, and so do the knobs the runs do not exercise and the LENT_KNOBS, at the `reference`
+    fit's values (unexercised_knobs, lent_knobs)."""
+    pinned = {**unexercised_knobs(runs, reference), **kernel_knobs(gpu), **lent_knobs(reference)}
     return _descend(gpu, runs, start.model_copy(update=pinned), set(pinned), rounds)
 
 
@@ -147,7 +162,7 @@ _FITS: dict[tuple, EfficiencySpec] = {}
 def _fit_cached(gpu: str | tuple[str, ...], key: tuple[str, ...], runs: list[dict],
                 reference: EfficiencySpec | None = None) -> EfficiencySpec:
     """A fold that leaves out a source without runs of `gpu` reuses that GPU's fit on the same runs."""
-    cache = (gpu, key, tuple(sorted(unexercised_knobs(runs, reference).items())))
+    cache = (gpu, key, tuple(sorted({**unexercised_knobs(runs, reference), **lent_knobs(reference)}.items())))
     if cache not in _FITS:
         _FITS[cache] = fit(gpu, runs, reference=reference)
     return _FITS[cache]

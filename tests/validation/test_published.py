@@ -82,7 +82,10 @@ def test_moe_runs():
     five 4k Qwen3-235B H100 rows ran Megatron-LM's unfused loss (their table is of 8017e11, before the config
     turned the fusion on): PP 32 -17.5 -> -3.8 %, TP 4 / PP 8 -31.3 -> -28.4 %, the overlap run -12.0 -> -7.2 %.
     Item AA: five more held from the MoE recipe index (DeepSeek-V3 MXFP8 on 256 B200 and 256 GB300, Qwen3-235B-A22B
-    MXFP8 on 128 B200, B300 and GB200): 30 held runs, median 7.4 % (6.9 % over the 21 not from the recipes)."""
+    MXFP8 on 128 B200, B300 and GB200): 30 held runs, median 7.4 % (6.9 % over the 21 not from the recipes).
+    Item AC: the host floor under MoE layers (16 local experts x H100's fitted 500 us = 8 ms a layer and
+    micro-batch) takes the TP 4 / PP 8 row -27.9 -> -10.1 % and Qwen3-30B-A3B on H100 -10 / -14.5 -> +2.0 / +1.1 %:
+    median 6.7 % (6.6 % over the 21 not from the recipes)."""
     errs = sorted(abs(r.error) for r in MOE)
     assert len(errs) == 30
     by_id = {r.id: r.error for r in MOE}
@@ -93,10 +96,11 @@ def test_moe_runs():
     assert -0.15 < by_id["moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"] < -0.08
     # item Z: the five 4k H100 rows ran the unfused loss (ModelZoo 8017e11); on the last of 32 stages it sets the pace
     assert -0.06 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"] < -0.02
-    assert -0.31 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"] < -0.26
-    assert statistics.median(errs) <= 0.11
-    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.09
-    assert sum(e <= 0.15 for e in errs) >= 12
+    # its layers wait on the host since item AC (-28.4 % from item Z, -27.9 % at item AB)
+    assert -0.12 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"] < -0.08
+    assert statistics.median(errs) <= 0.07
+    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.07
+    assert sum(e <= 0.15 for e in errs) >= 27
 
 
 def test_published_runs_fit_in_memory():
@@ -541,14 +545,16 @@ def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
     EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held and every one is predicted fast: BF16 10-11 %, FP8 15-16 % (16-17 % before item AB priced the
-    Q/K norm and refit; 18-20 % before item AA priced Transformer Engine's per-expert quantize launches and the router
-    GEMM Megatron's TFLOP/s leave out), because the measured FP8
-    step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528)
-    while autoshard prices FP8 3-8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    recipes are held. The measured FP8 step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s,
+    MXFP8 on GB200 514 against 528). On H100 the host floor under MoE layers explains it since item AC: 16 local experts x
+    the fitted 500 us = 8 ms a layer and micro-batch, above the GPU's 6.7-6.9 ms in either precision, so both steps are
+    the host's and predicted within 2.0 % (slow; 10 and 14.5 % fast before). On GB200 (8 local experts, 4 ms, under the
+    GPU's 12-13 ms at 16,384 tokens a micro-batch) nothing binds and both stay fast, BF16 11 %, MXFP8 16 % (autoshard
+    prices MXFP8 3 % faster). The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
-    MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: autoshard has no knob for it and
-    prices it as the partial-graph MXFP8 row, which it runs 26 % faster than."""
+    MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: its graph takes the host floor
+    away, which does not bind on GB200 either, so it is priced as the partial-graph MXFP8 row, which it runs 26 % faster
+    than."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlmrecipe-qwen3-30b-")}
     assert len(rows) == 5 and all(r.metric == "step_time_s" for r in rows.values())
     held = {i: r for i, r in rows.items() if not r.skip_throughput}
@@ -557,13 +563,16 @@ def test_mlmrecipe_qwen3_30b_runs():
     bf16 = {i: r for i, r in held.items() if "-bf16-" in i}
     fp8 = {i: r for i, r in held.items() if "-bf16-" not in i}
     assert len(bf16) == len(fp8) == 2
-    assert all(-0.14 < r.error < -0.07 for r in bf16.values())  # predicted fast
-    assert all(-0.17 < r.error < -0.14 for r in fp8.values())  # predicted faster still
-    for gpu in ("h100", "gb200"):
+    h100 = [r for i, r in held.items() if "-h100-" in i]
+    gb200 = {i: r for i, r in held.items() if "-gb200-" in i}
+    assert all(0.0 < r.error < 0.03 for r in h100)  # host-bound in both precisions
+    assert -0.14 < gb200["mlmrecipe-qwen3-30b-gb200-bf16-ep16"].error < -0.09  # predicted fast
+    assert -0.18 < gb200["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"].error < -0.14  # predicted faster still
+    for gpu, priced in (("h100", (0.99, 1.01)), ("gb200", (0.95, 0.98))):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
         assert f.measured / b.measured > 1.0  # FP8 ran no faster than BF16 ...
-        assert f.predicted / b.predicted < 0.98  # ... where autoshard prices it 3-8 % faster
+        assert priced[0] < f.predicted / b.predicted < priced[1]  # ... as the host floor prices it on H100
     stash, partial = rows["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-paged-stash"], held["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"]
     assert stash.predicted == pytest.approx(partial.predicted, rel=1e-9)  # no knob tells them apart
     assert partial.measured / stash.measured == pytest.approx(646.8 / 514, rel=1e-6)

@@ -163,6 +163,7 @@ def predict_run(run: dict, efficiency: dict[str, EfficiencySpec] | None = None) 
         compiled_loss=run.get("compiled_loss", False), cross_entropy=CrossEntropyImpl(run["cross_entropy"]),
         defer_embedding_wgrad=run.get("defer_embedding_wgrad", False), wgrad_deferral_limit=run.get("wgrad_deferral_limit", 0),
         moe_a2a_overlap=run.get("moe_a2a_overlap", False),
+        full_cuda_graph=run.get("cuda_graph") == "full_iteration",
     )
     if "pipeline_layout" in run:  # Megatron --pipeline-model-parallel-layout (uneven or embedding/loss-aware splits)
         stages = tuple(parse_layout(run["pipeline_layout"], num_layers=model.num_layers, pp=dims.pp)[0])

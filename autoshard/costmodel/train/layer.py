@@ -48,11 +48,36 @@ def layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConf
 
 def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
                        recompute: Recompute) -> LayerCost:
-    """One layer (without the MTP modules) with Megatron's --recompute-modules applied."""
+    """One layer (without the MTP modules) with Megatron's --recompute-modules applied, no faster than
+    the host issues its routed experts (_with_host_floor)."""
     cost = _layer_cost(model, kind, pool, cfg, recompute)
     if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
         cost = _with_modules(cost, model, kind, pool, cfg)
+    if kind is LayerKind.MOE:
+        cost = _with_host_floor(cost, model, kind, pool, cfg, recompute)
     return cost
+
+
+@lru_cache(maxsize=4096)
+def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
+                     recompute: Recompute) -> LayerCost:
+    """`cost` waiting on the host where issuing the routed experts takes longer than the GPU's work on
+    the layer (expert_host_s; any recompute of its forward adds a third of the host time): the layer
+    lasts max(GPU, host), what the GPU lacks booked as idle compute. With the EP all-to-all overlap
+    (ep_overlap_s, which the step takes off a paired micro-batch) the paired layer lasts max(GPU - hidden,
+    host): a host-bound layer has no traffic left to hide."""
+    host = expert_host_s(model, kind, pool, cfg)
+    if host == 0.0:
+        return cost
+    forwards = (2 if recompute is Recompute.FULL else 1) + (  # Megatron's MoE module recompute: a forward again
+        recompute is Recompute.SELECTIVE and "moe" in cfg.recompute_modules)
+    cpu = host * (forwards + 2) / 3
+    wait = max(0.0, cpu - cost.time_s)
+    if wait == 0.0 and cost.ep_overlap_s == 0.0:
+        return cost
+    paired = max(cost.time_s - cost.ep_overlap_s, cpu)
+    return dataclasses.replace(cost, compute_s=cost.compute_s + wait, fwd_bwd_compute_s=cost.fwd_bwd_compute_s + wait,
+                               ep_overlap_s=cost.time_s + wait - paired)
 
 
 @lru_cache(maxsize=4096)
@@ -121,6 +146,40 @@ def fp8_weight_cast_s(kind: LayerKind, params: float, pool: PoolSpec, cfg: Train
         cached = fp8_weight_cache_bytes(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather)
         per = fp8_weight_cast_bytes_per_param(gpu, cfg.fp8_recipe, fp8_params=cfg.fp8_param_gather, cached=cached)
     return params * per / (gpu.hbm_tbps * 1e12 * training_gpu(gpu).efficiency.hbm)
+
+
+def host_wait(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> tuple[float, float]:
+    """(host seconds, GPU seconds) of one MoE layer's forward and backward for one micro-batch under
+    `cfg`'s recompute, before _with_host_floor: the layer waits on the host when the first is larger.
+    (0, 0) for a model without MoE layers."""
+    if model.moe is None or LayerKind.MOE not in model.layer_kinds:
+        return 0.0, 0.0
+    key, recompute = _layer_key(cfg), cfg.recompute
+    cost = _layer_cost(model, LayerKind.MOE, pool, key, recompute)
+    if recompute is Recompute.SELECTIVE and key.recompute_modules:
+        cost = _with_modules(cost, model, LayerKind.MOE, pool, key)
+    forwards = (2 if recompute is Recompute.FULL else 1) + (
+        recompute is Recompute.SELECTIVE and "moe" in key.recompute_modules)
+    return expert_host_s(model, LayerKind.MOE, pool, key) * (forwards + 2) / 3, cost.time_s
+
+
+def expert_host_s(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> float:
+    """Host seconds to issue one MoE layer's forward and backward for one micro-batch: the local routed
+    experts (num_experts / EP) times EfficiencySpec.expert_host_us of the training knobs. Transformer
+    Engine's GroupedLinear quantizes, splits and launches per expert (forward: fc1 and fc2; backward:
+    their dgrad and wgrad, the gradient hooks), and Megatron-Core's dropless MoE syncs each layer's
+    per-expert token counts to the host before its routed experts run (tokens_per_expert .cpu(), or the
+    count DeepEP/HybridEP return on the host), so the host cannot run ahead across layers: a layer whose
+    GPU work is shorter than this waits for the host (_with_host_floor). "The biggest performance issue"
+    of the MXFP8 DeepSeek-V3 baseline on GB200, which partial CUDA graphs (attention, router, preprocess)
+    cut down to the routed experts (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization, eb0783b6d3,
+    sections 1 and 2.3). Megatron-Core and NeMo; 0 for dense layers, torchtitan and full-iteration CUDA
+    graphs (TrainConfig.full_cuda_graph). A third forward, two thirds backward."""
+    if kind is not LayerKind.MOE or model.moe is None or cfg.full_cuda_graph or cfg.framework not in (
+            TrainFramework.MEGATRON, TrainFramework.NEMO):
+        return 0.0
+    us = training_gpu(pool.gpu).efficiency.expert_host_us
+    return us * 1e-6 * model.moe.num_experts / cfg.dims.ep
 
 
 @lru_cache(maxsize=65536)

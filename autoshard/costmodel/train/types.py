@@ -85,6 +85,11 @@ class TrainConfig:
     """With moe_a2a_overlap: Megatron's --delay-wgrad-compute, the expert weight gradient run after the
     dispatch backward has left (what fills the middle phase); False prices the overlap a command runs without
     it (the expert wgrad inside its backward, before the dispatch backward can start)."""
+    full_cuda_graph: bool = False
+    """The whole step runs in CUDA graphs, routed experts included (Megatron's full-iteration graphs
+    with paged activation stashing, no device-to-host sync per MoE layer): no host time per local
+    expert (EfficiencySpec.expert_host_us). Plans and Megatron's partial graphs (--cuda-graph-scope
+    attn moe_router moe_preprocess, which leave the routed experts out) keep it False."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy (--training.compile since torchtitan 2025-04): fused
     kernels, no FP32 logits (see costmodel.train.memory_torchtitan.torchtitan_loss_bytes). torchtitan only."""

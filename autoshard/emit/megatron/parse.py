@@ -96,6 +96,8 @@ class ParsedMegatron:
     """--overlap-moe-expert-parallel-comm (TrainConfig.moe_a2a_overlap)."""
     moe_a2a_delay_wgrad: bool = True
     """--delay-wgrad-compute beside it (TrainConfig.moe_a2a_delay_wgrad)."""
+    full_cuda_graph: bool = False
+    """--cuda-graph-impl full_iteration (TrainConfig.full_cuda_graph; plan_facts.full_cuda_graph)."""
     launcher_world_size: int | None = None
     """The processes the launcher starts (torchrun --nproc-per-node x --nnodes, ...), None if it does not say."""
     launcher_problem: str | None = None
@@ -147,6 +149,7 @@ class ParsedMegatron:
                 cross_entropy=self.cross_entropy,
                 moe_a2a_overlap=self.moe_a2a_overlap,
                 moe_a2a_delay_wgrad=self.moe_a2a_delay_wgrad,
+                full_cuda_graph=self.full_cuda_graph,
             )
         except ValueError as exc:
             raise SpecError(
@@ -278,6 +281,7 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         moe_a2a_overlap=r.on("--overlap-moe-expert-parallel-comm"),
         # meaningful with the overlap only (Megatron refuses it alone, below): otherwise TrainConfig's default
         moe_a2a_delay_wgrad=r.on("--delay-wgrad-compute") or not r.on("--overlap-moe-expert-parallel-comm"),
+        full_cuda_graph=facts.full_cuda_graph(r),
     )
     if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
         raise SpecError("it needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): add that flag or drop "

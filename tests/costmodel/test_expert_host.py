@@ -1,0 +1,163 @@
+"""The host time of a dropless MoE layer's routed experts (EfficiencySpec.expert_host_us): per local
+expert, per MoE layer and micro-batch, a floor under the layer's time in Megatron-Core and NeMo steps
+whose routed experts run outside CUDA graphs; none for dense layers, torchtitan, or full-iteration CUDA
+graphs. Read from a Megatron launch by the parser (--cuda-graph-impl full_iteration)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoshard.costmodel.train.layer import expert_host_s, layer_cost
+from autoshard.costmodel.train.memory import TrainFramework
+from autoshard.costmodel.train.types import TrainConfig
+from autoshard.emit.megatron.parse import parse_megatron
+from autoshard.parallel import MoeDispatcher, ParallelDims, Recompute
+from autoshard.specs import load_cluster, load_model
+from autoshard.specs.layers import LayerKind
+
+QWEN = load_model("qwen3-30b-a3b")  # 128 experts, top-8
+
+
+def _pool(us: float):
+    pool = load_cluster("dgx-h100").pools[0]
+    eff = pool.gpu.efficiency.model_copy(update={"train_expert_host_us": us})
+    return pool.model_copy(update={"gpu": pool.gpu.model_copy(update={"efficiency": eff})})
+
+
+def _cfg(ep: int = 8, **kw) -> TrainConfig:
+    return TrainConfig(dims=ParallelDims(tp=1, pp=1, dp=16, ep=ep), micro_batch_size=1, global_batch_size=16,
+                       seq_len=4096, **kw)
+
+
+@pytest.mark.parametrize(("ep", "us", "expected_ms"), [(8, 100.0, 1.6), (16, 100.0, 0.8), (8, 0.0, 0.0), (4, 250.0, 8.0)])
+def test_host_time_is_local_experts_times_the_knob(ep, us, expected_ms):
+    # 128 experts over EP ranks: 16, 8, 16, 32 local experts
+    assert expert_host_s(QWEN, LayerKind.MOE, _pool(us), _cfg(ep)) == pytest.approx(expected_ms * 1e-3)
+
+
+def test_no_host_time_for_dense_layers_torchtitan_or_full_graphs():
+    pool = _pool(100.0)
+    assert expert_host_s(QWEN, LayerKind.DENSE, pool, _cfg()) == 0.0
+    assert expert_host_s(QWEN, LayerKind.MOE, pool, _cfg(full_cuda_graph=True)) == 0.0
+    assert expert_host_s(QWEN, LayerKind.MOE, pool, _cfg(framework=TrainFramework.TORCHTITAN)) == 0.0
+    assert expert_host_s(QWEN, LayerKind.MOE, pool, _cfg(framework=TrainFramework.NEMO)) == pytest.approx(1.6e-3)
+
+
+def _gpu_s(cost):
+    return cost.compute_s + cost.recompute_s + cost.tp_comm_s + cost.cp_comm_s + cost.ep_comm_s - cost.ep_overlap_s
+
+
+@pytest.mark.parametrize(("recompute", "modules", "forwards"), [
+    (Recompute.NONE, (), 1), (Recompute.FULL, (), 2), (Recompute.SELECTIVE, ("moe",), 2),
+    (Recompute.SELECTIVE, ("core_attn",), 1)])
+def test_a_layer_lasts_at_least_the_host_time(recompute, modules, forwards):
+    """The layer's time is max(GPU, host), the host issuing a third of the work per forward run."""
+    cfg = _cfg(recompute=recompute, recompute_modules=modules)
+    gpu = _gpu_s(layer_cost(QWEN, LayerKind.MOE, _pool(0.0), cfg, recompute))
+    for us in (0.5 * gpu / 16 * 1e6, 2.0 * gpu / 16 * 1e6):  # host below, then above the GPU's time
+        host = us * 1e-6 * 16 * (forwards + 2) / 3
+        cost = layer_cost(QWEN, LayerKind.MOE, _pool(us), cfg, recompute)
+        assert _gpu_s(cost) == pytest.approx(max(gpu, host), rel=1e-12)
+
+
+def test_the_host_wait_is_idle_compute_not_traffic():
+    cfg = _cfg()
+    base = layer_cost(QWEN, LayerKind.MOE, _pool(0.0), cfg, Recompute.NONE)
+    slow = layer_cost(QWEN, LayerKind.MOE, _pool(5000.0), cfg, Recompute.NONE)  # 80 ms of host per layer
+    wait = 0.080 - _gpu_s(base)
+    assert slow.compute_s - base.compute_s == pytest.approx(wait)
+    assert slow.fwd_bwd_compute_s - base.fwd_bwd_compute_s == pytest.approx(wait)
+    assert (slow.ep_comm_s, slow.tp_comm_s, slow.recompute_s) == (base.ep_comm_s, base.tp_comm_s, base.recompute_s)
+    dense = layer_cost(load_model("llama-3.1-8b"), LayerKind.DENSE, _pool(5000.0), cfg, Recompute.NONE)
+    assert dense == layer_cost(load_model("llama-3.1-8b"), LayerKind.DENSE, _pool(0.0), cfg, Recompute.NONE)
+
+
+BASE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 1024 --num-attention-heads 16 "
+        "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+        "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8")
+
+
+@pytest.mark.parametrize(("flags", "full"), [
+    ("", False),
+    (" --cuda-graph-impl full_iteration", True),  # Megatron-LM d98e8a64
+    (" --cuda-graph-impl local --cuda-graph-scope full_iteration", True),  # the MoE recipes' spelling (7b9593be8e)
+    (" --cuda-graph-impl local --cuda-graph-modules full_iteration", True),
+    (" --cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router moe_preprocess", False),
+    (" --cuda-graph-impl local", False),
+    (" --cuda-graph-impl none --cuda-graph-scope full_iteration", False),
+])
+def test_parser_reads_full_iteration_graphs(flags, full):
+    parsed = parse_megatron(BASE + flags)
+    assert parsed.full_cuda_graph is full
+    assert parsed.train_config().full_cuda_graph is full
+
+
+def _cluster(us: float):
+    cluster = load_cluster("dgx-h100")
+    return cluster.model_copy(update={"pools": [_pool(us), *cluster.pools[1:]]})
+
+
+def test_a_host_bound_plan_says_so_with_its_numbers():
+    from autoshard.costmodel.train.step import predict_train
+    from autoshard.emit.megatron.layout import default_stages
+
+    cfg, stages = _cfg(), default_stages(QWEN, pp=1, vpp=1)
+    quiet = predict_train(QWEN, _cluster(0.0), cfg, stages)
+    assert not any(n.startswith("host-bound") for n in quiet.notes)
+    gpu = _gpu_s(layer_cost(QWEN, LayerKind.MOE, _pool(0.0), cfg, Recompute.NONE))
+    us = 2.0 * gpu / 16 * 1e6  # host twice the GPU's work
+    loud = predict_train(QWEN, _cluster(us), cfg, stages)
+    [note] = [n for n in loud.notes if n.startswith("host-bound")]
+    assert f"{16} local experts takes {2 * gpu * 1e3:.1f} ms" in note and f"wait {gpu * 1e3:.1f} ms" in note
+    # every MoE layer waits the GPU's time again: 48 layers x 1 micro-batch
+    assert loud.time.compute - quiet.time.compute == pytest.approx(48 * gpu, rel=1e-9)
+
+
+def test_evaluate_reads_a_full_graph_launch_prices_it_and_launches_it_again():
+    """A Megatron launch with a full-iteration CUDA graph is priced without the host floor, says so in its plan
+    JSON, and the launch autoshard writes back keeps the graph (and the NaN check off, which Megatron asserts)."""
+    import json
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from autoshard.cli import app
+
+    cmd = ("torchrun --nproc-per-node 8 --nnodes 4 pretrain_gpt.py --num-layers 48 --hidden-size 2048 "
+           "--ffn-hidden-size 6144 --num-attention-heads 32 --group-query-attention --num-query-groups 4 "
+           "--kv-channels 128 --qk-layernorm --normalization RMSNorm --swiglu --position-embedding-type rope "
+           "--untie-embeddings-and-output-weights --disable-bias-linear --seq-length 4096 "
+           "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 256 --bf16 --num-experts 128 "
+           "--moe-router-topk 8 --moe-ffn-hidden-size 768 --moe-grouped-gemm --expert-model-parallel-size 8 "
+           "--moe-token-dispatcher-type alltoall --use-distributed-optimizer --vocab-size 151936")
+
+    def evaluate(text):
+        res = CliRunner().invoke(app, ["evaluate", "dgx-h100", "--from-megatron", text, "--json"])
+        assert res.exit_code == 0, res.stderr
+        return json.loads(res.stdout)
+
+    eager, graphed = evaluate(cmd), evaluate(cmd + " --cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad")
+    assert eager["plan"]["full_cuda_graph"] is False and graphed["plan"]["full_cuda_graph"] is True
+    # Qwen3-30B-A3B at EP 8 (16 local experts, 1 sequence per micro-batch) on H100 is host-bound: the graph saves
+    assert graphed["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
+    assert any(n.startswith("host-bound") for n in eager["predicted"]["notes"]) and not any(
+        n.startswith("host-bound") for n in graphed["predicted"]["notes"])
+    words = shlex.split(graphed["launch"]["megatron"])
+    assert words[words.index("--cuda-graph-impl") + 1] == "full_iteration" and "--no-check-for-nan-in-loss-and-grad" in words
+    assert "--cuda-graph-impl" not in shlex.split(eager["launch"]["megatron"])
+    assert parse_megatron(graphed["launch"]["megatron"]).full_cuda_graph
+
+
+def test_a_host_bound_layer_has_no_traffic_left_to_hide():
+    """With the EP all-to-all overlap the step takes ep_overlap_s off a paired micro-batch's layer: the floor
+    keeps that layer at max(GPU - hidden, host) and the unpaired one at max(GPU, host)."""
+    cfg = _cfg(moe_dispatcher=MoeDispatcher.FLEX, moe_a2a_overlap=True)
+    free = layer_cost(QWEN, LayerKind.MOE, _pool(0.0), cfg, Recompute.NONE)
+    t, hidden = free.time_s, free.ep_overlap_s
+    assert 0 < hidden < t
+    for host in (0.5 * (t - hidden), t - hidden / 2, 2 * t):  # below both, between, above both
+        cost = layer_cost(QWEN, LayerKind.MOE, _pool(host / 16 * 1e6), cfg, Recompute.NONE)
+        assert cost.time_s == pytest.approx(max(t, host), rel=1e-12)
+        assert cost.time_s - cost.ep_overlap_s == pytest.approx(max(t - hidden, host), rel=1e-12)
