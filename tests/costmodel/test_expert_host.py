@@ -5,8 +5,6 @@ graphs. Read from a Megatron launch by the parser (--cuda-graph-impl full_iterat
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from autoshard.costmodel.train.layer import expert_host_s, layer_cost

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import SYNTHETIC_EFFICIENCY, tiny_cluster
 from test_order_bound import CASES, _best
 
 from autoshard.search.train.bounds import bounds
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
 from autoshard.search.train.tables import build_tables
-from conftest import SYNTHETIC_EFFICIENCY, tiny_cluster
 
 HOST_BOUND = {**SYNTHETIC_EFFICIENCY, "train_expert_host_us": 3000.0}  # 3 ms per local expert: every MoE layer waits
 

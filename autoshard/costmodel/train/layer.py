@@ -69,14 +69,16 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     host = expert_host_s(model, kind, pool, cfg)
     if host == 0.0:
         return cost
-    forwards = (2 if recompute is Recompute.FULL else 1) + (  # Megatron's MoE module recompute: a forward again
+    # Megatron's MoE module recompute runs the forward again
+    forwards = (2 if recompute is Recompute.FULL else 1) + (
         recompute is Recompute.SELECTIVE and "moe" in cfg.recompute_modules)
     cpu = host * (forwards + 2) / 3
     wait = max(0.0, cpu - cost.time_s)
     if wait == 0.0 and cost.ep_overlap_s == 0.0:
         return cost
     paired = max(cost.time_s - cost.ep_overlap_s, cpu)
-    return dataclasses.replace(cost, compute_s=cost.compute_s + wait, fwd_bwd_compute_s=cost.fwd_bwd_compute_s + wait,
+    return dataclasses.replace(cost, compute_s=cost.compute_s + wait,
+                               fwd_bwd_compute_s=cost.fwd_bwd_compute_s + wait,
                                ep_overlap_s=cost.time_s + wait - paired)
 
 

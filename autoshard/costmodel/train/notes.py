@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import math
 
-from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.efficiency import training_gpu
+from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.train.layer import host_wait
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.model import ModelSpec
 
-__all__ = ["SMALL_EXPERT_ROWS", "a2a_overlap_note", "host_bound_note", "odd_pipeline_note", "small_expert_note"]
+__all__ = [
+    "SMALL_EXPERT_ROWS", "a2a_overlap_note", "host_bound_note", "odd_pipeline_note", "small_expert_note",
+]
 
 SMALL_EXPERT_ROWS = 2048
 """Rows per local expert per micro-batch below which no published run was predicted within 20 %."""
@@ -49,8 +51,8 @@ def small_expert_note(model: ModelSpec, cfg: TrainConfig) -> str | None:
         return None
     return (f"expert GEMMs run {rows:,} rows per local expert per micro-batch ({local} local experts): the "
             f"published runs below {SMALL_EXPERT_ROWS:,} rows (Qwen3-235B-A22B on H100, 512 and 1,024 rows) "
-            "took 11 % and 5 % longer per step than predicted, so this prediction may be optimistic; a larger "
-            "micro-batch, less TP or more EP raises the rows")
+            "took 11 % and 5 % longer per step than predicted, so this prediction may be optimistic; "
+            "a larger micro-batch, less TP or more EP raises the rows")
 
 
 def host_bound_note(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> str | None:

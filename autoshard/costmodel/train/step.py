@@ -26,7 +26,8 @@ from autoshard.costmodel.train.memory import (
     static_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
-from autoshard.costmodel.train.notes import a2a_overlap_note, host_bound_note, odd_pipeline_note, small_expert_note
+from autoshard.costmodel.train.notes import a2a_overlap_note, host_bound_note, odd_pipeline_note
+from autoshard.costmodel.train.notes import small_expert_note
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import lopsided, schedule_time, simulated_schedule
 from autoshard.costmodel.train.types import (

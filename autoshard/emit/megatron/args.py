@@ -221,7 +221,8 @@ def _distributed_args(plan: Plan) -> list[Arg]:
             args.append(("--delay-wgrad-compute", None))
     if not cfg.grad_reduce_fp32:
         args.append(("--grad-reduce-in-bf16", None))
-    if cfg.full_cuda_graph:  # a launch read back with one (plans never choose it); Megatron asserts the NaN check off
+    # a launch read back with a full-iteration graph (plans never choose one); Megatron asserts the NaN check off
+    if cfg.full_cuda_graph:
         args += [("--cuda-graph-impl", "full_iteration"), ("--no-check-for-nan-in-loss-and-grad", None)]
     return args
 

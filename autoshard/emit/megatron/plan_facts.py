@@ -147,7 +147,8 @@ def grad_reduce_fp32(r: FlagReader) -> bool:
 def full_cuda_graph(r: FlagReader) -> bool:
     """The whole training step in CUDA graphs (TrainConfig.full_cuda_graph): --cuda-graph-impl full_iteration
     (Megatron-LM at d98e8a64), or the earlier spelling --cuda-graph-impl local with --cuda-graph-scope (or
-    --cuda-graph-modules) full_iteration. Partial graphs (attn, moe_router, ...) leave the routed experts out."""
+    --cuda-graph-modules) full_iteration. Partial graphs (attn, moe_router, ...) leave the routed experts
+    out."""
     impl = r.text("--cuda-graph-impl")
     scopes = [*r.flags.get("--cuda-graph-scope", []), *r.flags.get("--cuda-graph-modules", [])]
     return impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes)
