@@ -103,6 +103,7 @@ def gpu_name_key(name: str) -> str:
     return name.upper().replace("NVIDIA ", "").replace("AMD ", "").replace("INSTINCT ", "").strip()
 
 
+@lru_cache(maxsize=256)
 def gpu_generation(name: str) -> str:
     """The GPU generation of a GPU name ("H100-SXM5-80GB" -> "hopper"); an unknown GPU is its own
     generation (its name, lower case), which no measured run backs."""

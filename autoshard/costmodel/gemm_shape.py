@@ -45,6 +45,7 @@ class ShapeTable:
         self._t = [math.log2(v) for v in data["tokens_per_expert"]]
         self._dense = {False: data["bf16"], True: data["fp8"]}
         self._grouped = {False: data["grouped_bf16"], True: data["grouped_fp8"]}
+        self._memo: dict[tuple[int, int, int, bool], float] = {}
         self.reference_tflops = {False: data["bf16_reference_tflops"], True: data["fp8_reference_tflops"]}
         # block-scaled (1 x 128 / 128 x 128) over per-tensor FP8 GEMM speed, median over shapes
         self.fp8_blockwise: float | None = data.get("fp8_blockwise_over_tensorwise")
@@ -53,7 +54,15 @@ class ShapeTable:
         self.fp8_over_bf16 = (self.reference_tflops[True] / peaks["fp8"]) / (self.reference_tflops[False] / peaks["bf16"])
 
     def dense(self, m: int, n: int, k: int, fp8: bool) -> float:
-        """Speed of an (m x k) @ (k x n) GEMM relative to large shapes."""
+        """Speed of an (m x k) @ (k x n) GEMM relative to large shapes (memoized: a solve asks for the
+        same few hundred shapes some 10^5 times)."""
+        key = (m, n, k, fp8)
+        if (hit := self._memo.get(key)) is not None:
+            return hit
+        self._memo[key] = out = self._dense_speed(m, n, k, fp8)
+        return out
+
+    def _dense_speed(self, m: int, n: int, k: int, fp8: bool) -> float:
         grid = self._dense[fp8]  # [k][n][m]
         (k0, k1, wk), (n0, n1, wn), (m0, m1, wm) = (
             _bracket(self._k, k), _bracket(self._n, n), _bracket(self._m, m))
