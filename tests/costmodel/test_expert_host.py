@@ -11,6 +11,7 @@ from autoshard.costmodel.train.layer import expert_host_s, layer_cost
 from autoshard.costmodel.train.memory import TrainFramework
 from autoshard.costmodel.train.types import TrainConfig
 from autoshard.emit.megatron.parse import parse_megatron
+from autoshard.errors import SpecError
 from autoshard.parallel import MoeDispatcher, ParallelDims, Recompute
 from autoshard.specs import load_cluster, load_model
 from autoshard.specs.layers import LayerKind
@@ -84,7 +85,9 @@ BASE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-siz
     (" --cuda-graph-impl local --cuda-graph-modules full_iteration", True),
     (" --cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router moe_preprocess", False),
     (" --cuda-graph-impl local", False),
-    (" --cuda-graph-impl none --cuda-graph-scope full_iteration", False),
+    # the deprecated scope spelling, which Megatron-Core migrates to --cuda-graph-impl full_iteration
+    (" --cuda-graph-impl none --cuda-graph-scope full_iteration", True),
+    (" --cuda-graph-scope full_iteration", True),
 ])
 def test_parser_reads_full_iteration_graphs(flags, full):
     parsed = parse_megatron(BASE + flags)
@@ -159,3 +162,22 @@ def test_a_host_bound_layer_has_no_traffic_left_to_hide():
         cost = layer_cost(QWEN, LayerKind.MOE, _pool(host / 16 * 1e6), cfg, Recompute.NONE)
         assert cost.time_s == pytest.approx(max(t, host), rel=1e-12)
         assert cost.time_s - cost.ep_overlap_s == pytest.approx(max(t - hidden, host), rel=1e-12)
+
+
+def test_a_full_graph_scope_beside_transformer_engine_is_refused():
+    """Megatron-Core asserts full_iteration is not combined with the transformer_engine implementation."""
+    with pytest.raises(SpecError, match="--cuda-graph-impl full_iteration"):
+        parse_megatron(BASE + " --cuda-graph-impl transformer_engine --cuda-graph-scope full_iteration")
+
+
+@pytest.mark.parametrize(("recompute", "modules"), [
+    (Recompute.FULL, ()), (Recompute.SELECTIVE, ("moe",)), (Recompute.SELECTIVE, ("core_attn",))])
+def test_the_dp_window_does_not_move_with_recompute(recompute, modules):
+    """fwd_bwd_compute_s (the window that hides DP traffic) holds the wait of the layer without recompute in
+    every recompute mode, as the solver's tables read it (one window per layer kind): only the step time
+    takes the recompute's extra host time."""
+    for us in (0.0, 1000.0, 5000.0):
+        plain = layer_cost(QWEN, LayerKind.MOE, _pool(us), _cfg(), Recompute.NONE)
+        other = layer_cost(QWEN, LayerKind.MOE, _pool(us), _cfg(recompute=recompute, recompute_modules=modules),
+                           recompute)
+        assert other.fwd_bwd_compute_s == pytest.approx(plain.fwd_bwd_compute_s, rel=1e-12)

@@ -65,7 +65,10 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     the layer (expert_host_s; any recompute of its forward adds a third of the host time): the layer
     lasts max(GPU, host), what the GPU lacks booked as idle compute. With the EP all-to-all overlap
     (ep_overlap_s, which the step takes off a paired micro-batch) the paired layer lasts max(GPU - hidden,
-    host): a host-bound layer has no traffic left to hide."""
+    host): a host-bound layer has no traffic left to hide. The window that hides DP traffic
+    (fwd_bwd_compute_s) takes the wait of the layer without recompute, whatever this layer's recompute:
+    the forward and backward it stands for are the same, and the solver's tables read one window per
+    layer kind (search.train.tables)."""
     host = expert_host_s(model, kind, pool, cfg)
     if host == 0.0:
         return cost
@@ -77,8 +80,9 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     if wait == 0.0 and cost.ep_overlap_s == 0.0:
         return cost
     paired = max(cost.time_s - cost.ep_overlap_s, cpu)
+    plain = cost if recompute is Recompute.NONE else _layer_cost(model, kind, pool, cfg, Recompute.NONE)
     return dataclasses.replace(cost, compute_s=cost.compute_s + wait,
-                               fwd_bwd_compute_s=cost.fwd_bwd_compute_s + wait,
+                               fwd_bwd_compute_s=cost.fwd_bwd_compute_s + max(0.0, host - plain.time_s),
                                ep_overlap_s=cost.time_s + wait - paired)
 
 

@@ -64,7 +64,7 @@ def host_bound_note(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> str |
     local = model.moe.num_experts // cfg.dims.ep
     us = training_gpu(pool.gpu).efficiency.expert_host_us
     return (f"host-bound MoE layers: issuing a layer's {local} local experts takes {host * 1e3:.1f} ms per "
-            f"micro-batch ({us:.0f} us each, fitted on published Megatron runs of {pool.gpu.name}), "
+            f"micro-batch ({us:.0f} us each, fitted on published Megatron runs on H100 and lent to every GPU), "
             f"the GPU's work {gpu * 1e3:.1f} ms, so the GPUs wait {(host - gpu) * 1e3:.1f} ms a layer; "
             "more EP (fewer local experts), a larger micro-batch or a full-iteration CUDA graph shortens it")
 

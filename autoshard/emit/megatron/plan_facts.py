@@ -146,12 +146,16 @@ def grad_reduce_fp32(r: FlagReader) -> bool:
 
 def full_cuda_graph(r: FlagReader) -> bool:
     """The whole training step in CUDA graphs (TrainConfig.full_cuda_graph): --cuda-graph-impl full_iteration
-    (Megatron-LM at d98e8a64), or the earlier spelling --cuda-graph-impl local with --cuda-graph-scope (or
-    --cuda-graph-modules) full_iteration. Partial graphs (attn, moe_router, ...) leave the routed experts
-    out."""
-    impl = r.text("--cuda-graph-impl")
+    (Megatron-LM at d98e8a64), or the deprecated --cuda-graph-scope (or --cuda-graph-modules) full_iteration with
+    --cuda-graph-impl none, local or none given, which Megatron-Core migrates to it (cuda_graph_config.py
+    validate_deprecated_cuda_graph_modules_migration_inputs; the MoE recipes' spelling at 7b9593be8e) and refuses
+    beside transformer_engine. Partial graphs (attn, moe_router, ...) leave the routed experts out."""
+    impl = r.text("--cuda-graph-impl", "none")
     scopes = [*r.flags.get("--cuda-graph-scope", []), *r.flags.get("--cuda-graph-modules", [])]
-    return impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes)
+    if "full_iteration" in scopes and impl not in ("none", "local", "full_iteration"):
+        raise SpecError(f"--cuda-graph-scope full_iteration cannot be combined with --cuda-graph-impl {impl} "
+                        "(Megatron-Core asserts it): use --cuda-graph-impl full_iteration", source=r.source)
+    return impl == "full_iteration" or "full_iteration" in scopes
 
 
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
