@@ -6,15 +6,20 @@ on the candidates where it binds."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
-from conftest import SYNTHETIC_EFFICIENCY, tiny_cluster
+from conftest import SYNTHETIC_EFFICIENCY, gpu, tiny_cluster, tiny_model
 from test_order_bound import CASES, _best
 
+from autoshard.costmodel.train.step import predict_train
 from autoshard.search.train.bounds import bounds
+from autoshard.search.train.result import layout_stages
 from autoshard.search.train.space import Pins, SpaceOptions, enumerate_train
-from autoshard.search.train.tables import build_tables
+from autoshard.search.train.tables import Layout, build_tables, int_objective
+from autoshard.specs import ClusterSpec, TrainJob
+from autoshard.units import US_PER_S
 
 HOST_BOUND = {**SYNTHETIC_EFFICIENCY, "train_expert_host_us": 3000.0}  # 3 ms per local expert: every MoE layer waits
 
@@ -46,15 +51,6 @@ def test_the_tables_price_a_host_bound_step_as_the_cost_model_does():
     (the exposed DP tail reads the window) and with block recompute: the window keeps the wait of the layer
     without recompute in every mode, so the two agree (7 % apart when a fully recomputed layer's window took
     its larger wait; a helper's review)."""
-    import itertools
-
-    from autoshard.costmodel.train.step import predict_train
-    from autoshard.search.train.result import layout_stages
-    from autoshard.search.train.tables import Layout, int_objective
-    from autoshard.specs import ClusterSpec, TrainJob
-    from autoshard.units import US_PER_S
-    from conftest import gpu, tiny_model
-
     slow = ClusterSpec.model_validate({
         "name": "slow-dp", "gpu": gpu(efficiency=HOST_BOUND),
         "node": {"gpus_per_node": 4, "intra_node_link": "nvlink", "intra_node_gbps": 450, "inter_node_gbps": 5},
