@@ -72,10 +72,7 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     host = expert_host_s(model, kind, pool, cfg)
     if host == 0.0:
         return cost
-    # Megatron's MoE module recompute runs the forward again
-    forwards = (2 if recompute is Recompute.FULL else 1) + (
-        recompute is Recompute.SELECTIVE and "moe" in cfg.recompute_modules)
-    cpu = host * (forwards + 2) / 3
+    cpu = _host_runs(host, cfg, recompute)
     wait = max(0.0, cpu - cost.time_s)
     if wait == 0.0 and cost.ep_overlap_s == 0.0:
         return cost
@@ -164,9 +161,15 @@ def host_wait(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> tuple[float
     cost = _layer_cost(model, LayerKind.MOE, pool, key, recompute)
     if recompute is Recompute.SELECTIVE and key.recompute_modules:
         cost = _with_modules(cost, model, LayerKind.MOE, pool, key)
+    return _host_runs(expert_host_s(model, LayerKind.MOE, pool, key), key, recompute), cost.time_s
+
+
+def _host_runs(host: float, cfg: TrainConfig, recompute: Recompute) -> float:
+    """`host` (one forward and backward) with a third more for each forward run again: a full recompute,
+    or Megatron's MoE module recompute."""
     forwards = (2 if recompute is Recompute.FULL else 1) + (
-        recompute is Recompute.SELECTIVE and "moe" in key.recompute_modules)
-    return expert_host_s(model, LayerKind.MOE, pool, key) * (forwards + 2) / 3, cost.time_s
+        recompute is Recompute.SELECTIVE and "moe" in cfg.recompute_modules)
+    return host * (forwards + 2) / 3
 
 
 def expert_host_s(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig) -> float:
