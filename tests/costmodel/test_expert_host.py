@@ -93,6 +93,8 @@ def test_parser_reads_full_iteration_graphs(flags, full):
     parsed = parse_megatron(BASE + flags)
     assert parsed.full_cuda_graph is full
     assert parsed.train_config().full_cuda_graph is full
+    # a MoE launch is told what the launch written back leaves out
+    assert any("static expert buffers" in w for w in parsed.warnings) is full
 
 
 def _cluster(us: float):

@@ -283,6 +283,10 @@ def parse_megatron(command_or_path: str, *, vocab_size: int | None = None) -> Pa
         moe_a2a_delay_wgrad=r.on("--delay-wgrad-compute") or not r.on("--overlap-moe-expert-parallel-comm"),
         full_cuda_graph=facts.full_cuda_graph(r),
     )
+    if parsed.full_cuda_graph and model.moe is not None:
+        warnings.append("--cuda-graph-impl full_iteration under MoE: priced without the host floor of its MoE layers; "
+                        "the launch written back keeps the graph but not the static expert buffers Megatron needs "
+                        "for it (--moe-paged-stash, --moe-expert-rank-capacity-factor): add those back")
     if r.on("--delay-wgrad-compute") and not parsed.moe_a2a_overlap:
         raise SpecError("it needs --overlap-moe-expert-parallel-comm (Megatron-Core asserts it): add that flag or drop "
                         "this one", source="--delay-wgrad-compute")
