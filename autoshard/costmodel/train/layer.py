@@ -50,11 +50,18 @@ def _module_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: T
                        recompute: Recompute) -> LayerCost:
     """One layer (without the MTP modules) with Megatron's --recompute-modules applied, no faster than
     the host issues its routed experts (_with_host_floor)."""
+    cost = _gpu_layer_cost(model, kind, pool, cfg, recompute)
+    if kind is LayerKind.MOE:
+        cost = _with_host_floor(cost, model, kind, pool, cfg, recompute)
+    return cost
+
+
+def _gpu_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
+                    recompute: Recompute) -> LayerCost:
+    """One layer with Megatron's --recompute-modules applied, as the GPU runs it (no host floor)."""
     cost = _layer_cost(model, kind, pool, cfg, recompute)
     if recompute is Recompute.SELECTIVE and cfg.recompute_modules and kind in (LayerKind.DENSE, LayerKind.MOE):
         cost = _with_modules(cost, model, kind, pool, cfg)
-    if kind is LayerKind.MOE:
-        cost = _with_host_floor(cost, model, kind, pool, cfg, recompute)
     return cost
 
 
@@ -158,9 +165,7 @@ def host_wait(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> tuple[float
     if model.moe is None or LayerKind.MOE not in model.layer_kinds:
         return 0.0, 0.0
     key, recompute = _layer_key(cfg), cfg.recompute
-    cost = _layer_cost(model, LayerKind.MOE, pool, key, recompute)
-    if recompute is Recompute.SELECTIVE and key.recompute_modules:
-        cost = _with_modules(cost, model, LayerKind.MOE, pool, key)
+    cost = _gpu_layer_cost(model, LayerKind.MOE, pool, key, recompute)
     return _host_runs(expert_host_s(model, LayerKind.MOE, pool, key), key, recompute), cost.time_s
 
 
