@@ -126,7 +126,8 @@ def _item_ac_knobs(cluster):
 
 
 def test_gpt3_on_mixed_3pool_at_the_shipped_knobs_ends_within_a_hair_of_its_bound():
-    plan = solve_train(load_model("gpt3-175b"), load_cluster("mixed-3pool"), TrainJob(seq_len=2048, global_batch_size=1536),
+    job = TrainJob(seq_len=2048, global_batch_size=1536)
+    plan = solve_train(load_model("gpt3-175b"), load_cluster("mixed-3pool"), job,
                        options=SolverOptions(num_workers=1, time_limit_s=20))[0]
     assert plan.config.dims.describe() == "TP4 PP24 DP1"
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")

@@ -14,7 +14,11 @@ from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu, training_pool
 from autoshard.costmodel.fp8 import (
-    NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param, quantized_peak_tflops,
+    NVFP4_CAST_BYTES,
+    NVFP4_WEIGHT_CACHE_BYTES,
+    fp8_recipe_gpu,
+    fp8_weight_cast_bytes_per_param,
+    quantized_peak_tflops,
 )
 from autoshard.costmodel.moe import GroupLimit, dispatch_time_s
 from autoshard.costmodel.train.a2a_overlap import MoeLayerParts, paired_saving_s, routed_expert_s, sm_count
@@ -198,11 +202,12 @@ def expert_host_s(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainC
     return us * 1e-6 * model.moe.num_experts / cfg.dims.ep
 
 
-def sp_block_comm_s(act: float, gpu: GpuSpec, precision: Precision, tp: int, link: Link, fwd_passes: int) -> float:
+def sp_block_comm_s(act: float, gpu: GpuSpec, precision: Precision, tp: int, link: Link,
+                    fwd_passes: int) -> float:
     """Exposed seconds of one block's sequence-parallel traffic (attention or MLP: a LayerNormLinear in, a Linear
     out) under Transformer Engine without userbuffers overlap (--tp-comm-overlap off), `act` the block's BF16
-    activation bytes. Forward: the all-gather of the normed input, quantized first where the GEMM runs in FP8 or
-    NVFP4 (TE gathers the quantized tensor: `gather_along_first_dim(..., quantizer=input_quantizer)` in
+    activation bytes. Forward: the all-gather of the normed input, quantized first where the GEMM runs in FP8
+    or NVFP4 (TE gathers the quantized tensor: `gather_along_first_dim(..., quantizer=input_quantizer)` in
     `_LayerNormLinear.forward`), and the reduce-scatter of the output (BF16). Backward: the all-gather of the
     output gradient before the Linear's data gradient (quantized likewise: `grad_output_preprocess` in
     module/base.py), exposed; the input's re-gather for the weight gradient runs async under the data-gradient

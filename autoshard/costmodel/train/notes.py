@@ -3,24 +3,24 @@
 Small expert GEMMs. The held MoE runs of the validation set (tests/validation/residuals_train.json,
 leave-one-source-out) split by the rows each local expert's grouped GEMM runs per micro-batch
 (`flops.expert_rows`): the two with fewer than 2,048 (Megatron-MoE-ModelZoo Qwen3-235B-A22B on H100,
-intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 11 % and 6 %
-longer per step than predicted (11 % and 5 % at README item AC; 39 % and 3 % until item AC priced the host floor
-under their MoE layers, costmodel.train.layer.expert_host_s, which closed most of the TP 4 row's gap; 46 % and 21 %
-until the validation rows priced the unfused loss they ran, README item Z; not the grouped GEMM's tile padding:
-measured on an H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's
-speed at 4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x22B at 65,536
-tokens, CP 8, on B200 the farthest fast, 20 % faster predicted than measured), except four whose errors
-do not follow the expert rows: Qwen3-235B-A22B MXFP8 on 64 GB300 with the EP all-to-all overlap (10 %
-faster since README item AD, 21 % before: the overlap priced optimistic, item W), Qwen3-30B-A3B's MXFP8 run from
-Megatron-LM's MoE recipes on GB200 (24 % faster, 28 % before item AD: it measured no faster than BF16; its H100 FP8
-twin is inside since item AC's host floor binds on both H100 twins), Qwen3-235B-A22B MXFP8 on 128 B200 at TP 2 (24 %
-faster since item AD, 18 % before: the Blackwell refit that priced Transformer Engine's quantized sequence-parallel
-gathers) and Qwen3-235B-A22B BF16 on GB200 (15 % slower, 20 % before item AD: GB200's BF16 GEMM level rests on few
-BF16 runs, and the fold that leaves ModelZoo out sets it from Qwen3-30B-A3B's and the FP8/FP4 runs' BF16 layers).
-DeepSeek-V3 on 256 B200 with DeepEP across four nodes is inside (4 % slower; 8 % until item AD, 23 % until item AB
-priced its group-limited routing), as are the same Mixtral 8x22B run on GB200 (7 % faster) and the Qwen3-235B
-131K-token MXFP8 run on GB200 (9 % faster). A
-plan in the small-expert regime is told so rather than silently priced as if the gap were not there.
+intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 11 % and 6 % longer per
+step than predicted (11 % and 5 % at README item AC; 39 % and 3 % until item AC priced the host floor under
+their MoE layers, costmodel.train.layer.expert_host_s, which closed most of the TP 4 row's gap; 46 % and 21 %
+until the validation rows priced the unfused loss they ran, README item Z; not the grouped GEMM's tile
+padding: measured on an H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the
+kernel's speed at 4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x22B at
+65,536 tokens, CP 8, on B200 the farthest fast, 20 % faster predicted than measured), except four whose errors
+do not follow the expert rows: Qwen3-235B-A22B MXFP8 on 64 GB300 with the EP all-to-all overlap (10 % faster
+since README item AD, 21 % before: the overlap priced optimistic, item W), Qwen3-30B-A3B's MXFP8 run from
+Megatron-LM's MoE recipes on GB200 (24 % faster, 28 % before item AD: it measured no faster than BF16; its
+H100 FP8 twin is inside since item AC's host floor binds on both H100 twins), Qwen3-235B-A22B MXFP8 on 128
+B200 at TP 2 (24 % faster since item AD, 18 % before: the Blackwell refit that priced Transformer Engine's
+quantized sequence-parallel gathers) and Qwen3-235B-A22B BF16 on GB200 (15 % slower, 20 % before item AD:
+GB200's BF16 GEMM level rests on few BF16 runs, and the fold that leaves ModelZoo out sets it from
+Qwen3-30B-A3B's and the FP8/FP4 runs' BF16 layers). DeepSeek-V3 on 256 B200 with DeepEP across four nodes is
+inside (4 % slower; 8 % until item AD, 23 % until item AB priced its group-limited routing), as are the same
+Mixtral 8x22B run on GB200 (7 % faster) and the Qwen3-235B 131K-token MXFP8 run on GB200 (9 % faster). A plan
+in the small-expert regime is told so rather than silently priced as if the gap were not there.
 """
 
 from __future__ import annotations
