@@ -183,3 +183,23 @@ def test_the_dp_window_does_not_move_with_recompute(recompute, modules):
         other = layer_cost(QWEN, LayerKind.MOE, _pool(us), _cfg(recompute=recompute, recompute_modules=modules),
                            recompute)
         assert other.fwd_bwd_compute_s == pytest.approx(plain.fwd_bwd_compute_s, rel=1e-12)
+
+
+def test_an_mtp_module_waits_as_long_as_a_moe_layer_for_the_host():
+    """DeepSeek-V3's MTP module runs one MoE decoder layer (plus its 2h -> h projection, so its GPU work is the
+    layer's x its active-parameter ratio) with the same local experts: the host takes as long to issue it as any
+    MoE layer, so its wait is the host time less the scaled GPU work (it was the layer's wait x the ratio)."""
+    from autoshard.costmodel.train.layer import _gpu_layer_cost
+
+    dsv3 = load_model("deepseek-v3")  # 256 experts: 32 local at EP 8, one MTP module
+    cfg = _cfg(ep=8)
+    active = (dsv3.mtp_module_params(active_only=True)
+              / dsv3.layer_params(dsv3.mtp_layer_kind, active_only=True))
+    assert 1.05 < active < 1.3
+    gpu = _gpu_layer_cost(dsv3, LayerKind.MOE, _pool(0.0), cfg, Recompute.NONE)
+    scaled = gpu.time_s + (active - 1) * gpu.compute_s
+    us = 1.5 * scaled / 32 * 1e6  # the host 1.5x the MTP layer's GPU work
+    base = layer_cost(dsv3, LayerKind.OUTPUT, _pool(0.0), cfg, Recompute.NONE)
+    floored = layer_cost(dsv3, LayerKind.OUTPUT, _pool(us), cfg, Recompute.NONE)
+    assert floored.compute_s - base.compute_s == pytest.approx(us * 1e-6 * 32 - scaled, rel=1e-9)
+    assert floored.tp_comm_s == base.tp_comm_s and floored.ep_comm_s == base.ep_comm_s

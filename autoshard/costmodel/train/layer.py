@@ -120,20 +120,26 @@ def _with_modules(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: Pool
 def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig, recompute: Recompute) -> LayerCost:
     """The output layer plus `model.mtp_num_layers` MTP modules (DeepSeek-V3 Section 2.2): each runs one
     decoder layer like the model's last (plus a 2h -> h projection, scaled in by parameter count) and
-    the shared output head again (logits and loss: compute and activations, no extra weights)."""
+    the shared output head again (logits and loss: compute and activations, no extra weights). The GPU's work
+    scales with the active parameters; the host's time to issue the routed experts does not (the same local
+    experts): the floor (_with_host_floor) applies to the scaled layer."""
     n = model.mtp_num_layers
     kind = model.mtp_layer_kind
-    dec = _module_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
     scale = model.mtp_module_params() / model.layer_params(kind)
     active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
+    gpu = _gpu_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
+    dec = dataclasses.replace(gpu, compute_s=active * gpu.compute_s, recompute_s=active * gpu.recompute_s,
+                              fwd_bwd_compute_s=active * gpu.fwd_bwd_compute_s)
+    if kind is LayerKind.MOE:
+        dec = _with_host_floor(dec, model, kind, pool, cfg, recompute)
     return dataclasses.replace(
         out,
-        compute_s=out.compute_s + n * (active * dec.compute_s + out.compute_s),
-        recompute_s=out.recompute_s + n * (active * dec.recompute_s + out.recompute_s),
+        compute_s=out.compute_s + n * (dec.compute_s + out.compute_s),
+        recompute_s=out.recompute_s + n * (dec.recompute_s + out.recompute_s),
         tp_comm_s=out.tp_comm_s + n * (dec.tp_comm_s + out.tp_comm_s),
         cp_comm_s=out.cp_comm_s + n * dec.cp_comm_s,
         ep_comm_s=out.ep_comm_s + n * dec.ep_comm_s,
-        fwd_bwd_compute_s=out.fwd_bwd_compute_s + n * (active * dec.fwd_bwd_compute_s + out.fwd_bwd_compute_s),
+        fwd_bwd_compute_s=out.fwd_bwd_compute_s + n * (dec.fwd_bwd_compute_s + out.fwd_bwd_compute_s),
         weights_bytes=out.weights_bytes + n * scale * dec.weights_bytes,
         grads_bytes=out.grads_bytes + n * scale * dec.grads_bytes,
         optimizer_bytes=out.optimizer_bytes + n * scale * dec.optimizer_bytes,
