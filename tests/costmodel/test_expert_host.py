@@ -203,3 +203,20 @@ def test_an_mtp_module_waits_as_long_as_a_moe_layer_for_the_host():
     floored = layer_cost(dsv3, LayerKind.OUTPUT, _pool(us), cfg, Recompute.NONE)
     assert floored.compute_s - base.compute_s == pytest.approx(us * 1e-6 * 32 - scaled, rel=1e-9)
     assert floored.tp_comm_s == base.tp_comm_s and floored.ep_comm_s == base.ep_comm_s
+
+
+def test_the_host_bound_note_reads_every_pool_the_stages_run_on():
+    """On a cluster of two GPU types the note gives the pool whose MoE layers wait longest, named; a plan on
+    one pool keeps the unnamed note (its stage 0's pool was the only one read before)."""
+    from autoshard.costmodel.train.notes import host_bound_note
+
+    a100 = load_cluster("dgx-a100-80gb").pools[0]
+    eff = a100.gpu.efficiency.model_copy(update={"train_expert_host_us": 2000.0})
+    a100 = a100.model_copy(update={"gpu": a100.gpu.model_copy(update={"efficiency": eff})})
+    cfg = _cfg(ep=8)
+    assert host_bound_note(QWEN, [_pool(0.0)], cfg) is None
+    note = host_bound_note(QWEN, [_pool(0.0), a100], cfg)
+    assert note is not None and note.startswith("host-bound MoE layers on A100-SXM4-80GB: issuing a layer's 16 local")
+    assert "(2000 us each" in note
+    single = host_bound_note(QWEN, [_pool(2000.0)], cfg)
+    assert single is not None and single.startswith("host-bound MoE layers: issuing")

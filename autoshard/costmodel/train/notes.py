@@ -26,6 +26,7 @@ in the small-expert regime is told so rather than silently priced as if the gap 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import expert_rows
@@ -57,15 +58,19 @@ def small_expert_note(model: ModelSpec, cfg: TrainConfig) -> str | None:
             "a larger micro-batch, less TP or more EP raises the rows")
 
 
-def host_bound_note(model: ModelSpec, pool: PoolSpec, cfg: TrainConfig) -> str | None:
+def host_bound_note(model: ModelSpec, pools: Sequence[PoolSpec], cfg: TrainConfig) -> str | None:
     """The note for a plan whose MoE layers wait on the host (costmodel.train.layer.host_wait: issuing the
-    routed experts takes longer than the GPU's work on the layer); None where they do not."""
-    host, gpu = host_wait(model, pool, cfg)
+    routed experts takes longer than the GPU's work on the layer) on any of the `pools` its stages run on, with
+    the figures of the pool whose layers wait longest (named where the stages run on more than one GPU type);
+    None where none waits."""
+    waits = {pool.gpu.name: (pool, *host_wait(model, pool, cfg)) for pool in pools}
+    pool, host, gpu = max(waits.values(), key=lambda w: w[1] - w[2])
     if host <= gpu:
         return None
     local = model.moe.num_experts // cfg.dims.ep
     us = training_gpu(pool.gpu).efficiency.expert_host_us
-    return (f"host-bound MoE layers: issuing a layer's {local} local experts takes {host * 1e3:.1f} ms per "
+    where = f" on {pool.gpu.name}" if len(waits) > 1 else ""
+    return (f"host-bound MoE layers{where}: issuing a layer's {local} local experts takes {host * 1e3:.1f} ms per "
             f"micro-batch ({us:.0f} us each, fitted on published Megatron runs on H100 and lent to every GPU), "
             f"the GPU's work {gpu * 1e3:.1f} ms, so the GPUs wait {(host - gpu) * 1e3:.1f} ms a layer; "
             "more EP (fewer local experts), a larger micro-batch or a full-iteration CUDA graph shortens it")

@@ -365,7 +365,7 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     )
     if (regime := small_expert_note(model, cfg)) is not None:
         notes += (regime,)
-    if (host := host_bound_note(model, pools[stages[0].pool], cfg)) is not None:
+    if (host := host_bound_note(model, [pools[st.pool] for st in stages], cfg)) is not None:
         notes += (host,)
     if cfg.moe_a2a_overlap:
         notes += (a2a_overlap_note(),)
