@@ -95,7 +95,7 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
-    train_gemm: Fraction | None = 0.60
+    train_gemm: Fraction | None = 0.55
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
@@ -114,17 +114,15 @@ class EfficiencySpec(FrozenSpec):
     from kernel benchmarks like train_attention."""
     train_gemm_half_dim: Annotated[float, Field(ge=0, le=1e6)] | None = 64.0
     """Training-only override of `gemm_half_dim` (None: use `gemm_half_dim`): the smooth fall-off of a
-    training GEMM with its smallest dimension where no measured shape table applies. Default 64: the H100
-    fit's (A100 clusters state their own 0). H100 and H200 are nearly indifferent to it: every Hopper GEMM
-    takes the measured table, so their fit ties across the grid (it printed 0 at items Z-AC, 64 before and
-    since item AD)."""
+    training GEMM with its smallest dimension where no measured shape table applies. Default 64: the A100
+    fit's value (A100 clusters take it from here). H100 and H200 are indifferent to it: every Hopper GEMM
+    takes the measured table, so their fit ties across the grid (it printed 0 at item Z, 64 before)."""
     train_tp_overlap: Annotated[float, Field(ge=0, le=1)] | None = 0.8
     """Training-only override of `tp_overlap` (None: use `tp_overlap`)."""
-    train_intra_node_bw: Fraction | None = 0.7
+    train_intra_node_bw: Fraction | None = 0.9
     """Training-only override of `intra_node_bw` (None: use `intra_node_bw`): the training step's
     collectives inside the NVLink domain (TP, CP, EP, DP, pipeline sends). H100 default: the H100 fit
-    (0.7; 0.9 from README item AC, which priced the host-bound MoE layers, to item AD, which priced
-    Transformer Engine's quantized and backward-hidden sequence-parallel collectives)."""
+    (0.7 until README item AC priced the host-bound MoE layers, which had held the EP traffic slow)."""
     train_inter_node_bw: Fraction | None = 0.9
     """Training-only override of `inter_node_bw` (None: use `inter_node_bw`). With the three above, every
     knob `fit_efficiency.py` fits ships with the GPU: the shipped training prediction is the validated one

@@ -14,13 +14,7 @@ from autoshard.parallel import ParallelDims
 from autoshard.specs import load_cluster, load_model
 
 LLAMA70 = load_model("llama-3.1-70b")
-_DGX = load_cluster("dgx-h100")
-# Held at the H100 training knobs of README item AC (GEMMs at 0.55, NVLink at 0.9): the figures below are the
-# situation the test was designed on (a middle rank's traffic exceeding one micro-batch of its compute by more
-# than the interleaved floor), which the shipped fit's faster GEMMs would move
-_GPU = _DGX.primary.gpu.model_copy(update={"efficiency": _DGX.primary.gpu.efficiency.model_copy(
-    update={"train_gemm": 0.55, "train_intra_node_bw": 0.9})})
-H100 = _DGX.model_copy(update={"pools": (_DGX.primary.model_copy(update={"gpu": _GPU}),)}).with_gpus(64)
+H100 = load_cluster("dgx-h100").with_gpus(64)
 
 
 def _cfg(vpp: int, **kw) -> TrainConfig:

@@ -10,16 +10,10 @@ import dataclasses
 from functools import lru_cache
 
 from autoshard.costmodel.attention import FLASH_BACKWARD_FACTOR
-from autoshard.costmodel.comm import Collective, Link, collective_time_s, group_links
+from autoshard.costmodel.comm import Collective, collective_time_s, group_links
 from autoshard.costmodel.compute import layer_compute_time
 from autoshard.costmodel.efficiency import training_gpu, training_pool
-from autoshard.costmodel.fp8 import (
-    NVFP4_CAST_BYTES,
-    NVFP4_WEIGHT_CACHE_BYTES,
-    fp8_recipe_gpu,
-    fp8_weight_cast_bytes_per_param,
-    quantized_peak_tflops,
-)
+from autoshard.costmodel.fp8 import NVFP4_CAST_BYTES, NVFP4_WEIGHT_CACHE_BYTES, fp8_recipe_gpu, fp8_weight_cast_bytes_per_param
 from autoshard.costmodel.moe import GroupLimit, dispatch_time_s
 from autoshard.costmodel.train.a2a_overlap import MoeLayerParts, paired_saving_s, routed_expert_s, sm_count
 from autoshard.costmodel.train.memory import (
@@ -33,7 +27,7 @@ from autoshard.costmodel.train.memory import (
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_layer_activation_bytes
 from autoshard.costmodel.train.types import LayerCost, TrainConfig
 from autoshard.parallel import Recompute
-from autoshard.specs.cluster import GpuSpec, PoolSpec
+from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.job import Precision
 from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
@@ -73,7 +67,7 @@ def _gpu_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: Trai
 
 @lru_cache(maxsize=4096)
 def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
-                     recompute: Recompute) -> LayerCost:
+                     recompute: Recompute, gpu_scale: float = 1.0) -> LayerCost:
     """`cost` waiting on the host where issuing the routed experts takes longer than the GPU's work on
     the layer (expert_host_s; any recompute of its forward adds a third of the host time): the layer
     lasts max(GPU, host), what the GPU lacks booked as idle compute. With the EP all-to-all overlap
@@ -81,7 +75,8 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     host): a host-bound layer has no traffic left to hide. The window that hides DP traffic
     (fwd_bwd_compute_s) takes the wait of the layer without recompute, whatever this layer's recompute:
     the forward and backward it stands for are the same, and the solver's tables read one window per
-    layer kind (search.train.tables)."""
+    layer kind (search.train.tables). `gpu_scale`: the layer's compute is the decoder's times it (an MTP
+    module, _with_mtp), and so is that of the layer without recompute the window reads."""
     host = expert_host_s(model, kind, pool, cfg)
     if host == 0.0:
         return cost
@@ -90,9 +85,13 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     if wait == 0.0 and cost.ep_overlap_s == 0.0:
         return cost
     paired = max(cost.time_s - cost.ep_overlap_s, cpu)
-    plain = cost if recompute is Recompute.NONE else _layer_cost(model, kind, pool, cfg, Recompute.NONE)
+    if recompute is Recompute.NONE:
+        plain_s = cost.time_s
+    else:
+        plain = _layer_cost(model, kind, pool, cfg, Recompute.NONE)
+        plain_s = plain.time_s + (gpu_scale - 1) * (plain.compute_s + plain.recompute_s)
     return dataclasses.replace(cost, compute_s=cost.compute_s + wait,
-                               fwd_bwd_compute_s=cost.fwd_bwd_compute_s + max(0.0, host - plain.time_s),
+                               fwd_bwd_compute_s=cost.fwd_bwd_compute_s + max(0.0, host - plain_s),
                                ep_overlap_s=cost.time_s + wait - paired)
 
 
@@ -131,7 +130,7 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
     dec = dataclasses.replace(gpu, compute_s=active * gpu.compute_s, recompute_s=active * gpu.recompute_s,
                               fwd_bwd_compute_s=active * gpu.fwd_bwd_compute_s)
     if kind is LayerKind.MOE:
-        dec = _with_host_floor(dec, model, kind, pool, cfg, recompute)
+        dec = _with_host_floor(dec, model, kind, pool, cfg, recompute, active)
     return dataclasses.replace(
         out,
         compute_s=out.compute_s + n * (dec.compute_s + out.compute_s),
@@ -208,24 +207,6 @@ def expert_host_s(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainC
     return us * 1e-6 * model.moe.num_experts / cfg.dims.ep
 
 
-def sp_block_comm_s(act: float, gpu: GpuSpec, precision: Precision, tp: int, link: Link,
-                    fwd_passes: int) -> float:
-    """Exposed seconds of one block's sequence-parallel traffic (attention or MLP: a LayerNormLinear in, a Linear
-    out) under Transformer Engine without userbuffers overlap (--tp-comm-overlap off), `act` the block's BF16
-    activation bytes. Forward: the all-gather of the normed input, quantized first where the GEMM runs in FP8
-    or NVFP4 (TE gathers the quantized tensor: `gather_along_first_dim(..., quantizer=input_quantizer)` in
-    `_LayerNormLinear.forward`), and the reduce-scatter of the output (BF16). Backward: the all-gather of the
-    output gradient before the Linear's data gradient (quantized likewise: `grad_output_preprocess` in
-    module/base.py), exposed; the input's re-gather for the weight gradient runs async under the data-gradient
-    GEMM and the data gradient's reduce-scatter under the weight-gradient GEMM (`async_op=True` in
-    `_LayerNormLinear.backward`; TransformerEngine d0067d0da module/layernorm_linear.py), hidden. A recomputed
-    forward repeats the forward's two."""
-    q = precision.gemm_operand_bytes / BF16 if quantized_peak_tflops(gpu, precision) else 1.0
-    ag = collective_time_s(Collective.ALL_GATHER, act * q, tp, link)
-    rs = collective_time_s(Collective.REDUCE_SCATTER, act, tp, link)
-    return (ag + rs) * fwd_passes + ag
-
-
 @lru_cache(maxsize=65536)
 def _layer_key(cfg: TrainConfig) -> TrainConfig:
     dims = cfg.dims
@@ -262,9 +243,7 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
     fwd_passes = 2 if recompute is Recompute.FULL and is_decoder else 1
 
     # Tensor parallel: per block (attention, MLP) one all-reduce forward and one backward of the
-    # b*s*h activations; with SP an all-gather + reduce-scatter pair of the same total volume, less the
-    # overlapped share under userbuffers (--tp-comm-overlap); without them Transformer Engine gathers
-    # quantized inputs and hides two of the backward's three collectives (sp_block_comm_s).
+    # b*s*h activations; with SP an all-gather + reduce-scatter pair of the same total volume.
     tp_s = 0.0
     if dims.tp > 1:
         act = tokens * h * BF16
@@ -279,8 +258,6 @@ def _layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainCon
         tp_s = blocks * one * (fwd_passes + 1)
         if cfg.tp_comm_overlap and cfg.sp:
             tp_s *= 1 - gpu.efficiency.tp_overlap
-        elif cfg.sp and is_decoder and cfg.framework in (TrainFramework.MEGATRON, TrainFramework.NEMO):
-            tp_s = blocks * sp_block_comm_s(act, gpu, cfg.precision, dims.tp, links.tp, fwd_passes)
 
     # Context parallel: ring exchange of the K/V chunks (forward) and their gradients (backward, 2x),
     # overlapped with the attention computation of the other chunks.

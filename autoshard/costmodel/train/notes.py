@@ -3,24 +3,22 @@
 Small expert GEMMs. The held MoE runs of the validation set (tests/validation/residuals_train.json,
 leave-one-source-out) split by the rows each local expert's grouped GEMM runs per micro-batch
 (`flops.expert_rows`): the two with fewer than 2,048 (Megatron-MoE-ModelZoo Qwen3-235B-A22B on H100,
-intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 11 % and 6 % longer per
-step than predicted (11 % and 5 % at README item AC; 39 % and 3 % until item AC priced the host floor under
-their MoE layers, costmodel.train.layer.expert_host_s, which closed most of the TP 4 row's gap; 46 % and 21 %
-until the validation rows priced the unfused loss they ran, README item Z; not the grouped GEMM's tile
-padding: measured on an H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the
-kernel's speed at 4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x22B at
-65,536 tokens, CP 8, on B200 the farthest fast, 20 % faster predicted than measured), except four whose errors
-do not follow the expert rows: Qwen3-235B-A22B MXFP8 on 64 GB300 with the EP all-to-all overlap (10 % faster
-since README item AD, 21 % before: the overlap priced optimistic, item W), Qwen3-30B-A3B's MXFP8 run from
-Megatron-LM's MoE recipes on GB200 (24 % faster, 28 % before item AD: it measured no faster than BF16; its
-H100 FP8 twin is inside since item AC's host floor binds on both H100 twins), Qwen3-235B-A22B MXFP8 on 128
-B200 at TP 2 (24 % faster since item AD, 18 % before: the Blackwell refit that priced Transformer Engine's
-quantized sequence-parallel gathers) and Qwen3-235B-A22B BF16 on GB200 (15 % slower, 20 % before item AD:
-GB200's BF16 GEMM level rests on few BF16 runs, and the fold that leaves ModelZoo out sets it from
-Qwen3-30B-A3B's and the FP8/FP4 runs' BF16 layers). DeepSeek-V3 on 256 B200 with DeepEP across four nodes is
-inside (4 % slower; 8 % until item AD, 23 % until item AB priced its group-limited routing), as are the same
-Mixtral 8x22B run on GB200 (7 % faster) and the Qwen3-235B 131K-token MXFP8 run on GB200 (9 % faster). A plan
-in the small-expert regime is told so rather than silently priced as if the gap were not there.
+intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 11 % and 5 %
+longer per step than predicted (39 % and 3 % until README item AC priced the host floor under their MoE
+layers, costmodel.train.layer.expert_host_s, which closed most of the TP 4 row's gap; 46 % and 21 % until
+the validation rows priced the unfused loss they ran, README item Z; not the grouped GEMM's tile padding:
+measured on an H100, autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's
+speed at 4,096); every held MoE run at 2,048 rows or more is within 20 % either way (Mixtral 8x22B at 65,536
+tokens, CP 8, on B200 the farthest fast, 20 % faster predicted than measured), except three whose errors
+do not follow the expert rows: Qwen3-235B-A22B MXFP8 on 64 GB300 with the EP all-to-all overlap (21 %
+faster: the overlap priced optimistic, README item W), Qwen3-30B-A3B's MXFP8 run from Megatron-LM's MoE
+recipes on GB200 (28 % faster: it measured no faster than BF16; its H100 FP8 twin is inside since README
+item AC's host floor binds on both H100 twins) and Qwen3-235B-A22B BF16 on GB200 (20 % slower: GB200's
+BF16 GEMM level rests on few BF16 runs, and the fold that leaves ModelZoo out sets it from Qwen3-30B-A3B's
+and the FP8/FP4 runs' BF16 layers). DeepSeek-V3 on 256 B200 with DeepEP across four nodes is inside (8 %
+slower; 23 % until README item AB priced its group-limited routing), as are the same Mixtral 8x22B run on
+GB200 (9 % faster) and the Qwen3-235B 131K-token MXFP8 run on GB200 (8 % faster). A
+plan in the small-expert regime is told so rather than silently priced as if the gap were not there.
 """
 
 from __future__ import annotations
@@ -31,12 +29,14 @@ from collections.abc import Sequence
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import expert_rows
 from autoshard.costmodel.train.layer import host_wait
-from autoshard.costmodel.train.types import TrainConfig
+from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.specs.cluster import PoolSpec
+from autoshard.specs.layers import LayerKind
 from autoshard.specs.model import ModelSpec
 
 __all__ = [
-    "SMALL_EXPERT_ROWS", "a2a_overlap_note", "host_bound_note", "odd_pipeline_note", "small_expert_note",
+    "SMALL_EXPERT_ROWS", "a2a_overlap_note", "host_bound_note", "moe_stage", "odd_pipeline_note",
+    "small_expert_note",
 ]
 
 SMALL_EXPERT_ROWS = 2048
@@ -54,22 +54,31 @@ def small_expert_note(model: ModelSpec, cfg: TrainConfig) -> str | None:
         return None
     return (f"expert GEMMs run {rows:,} rows per local expert per micro-batch ({local} local experts): the "
             f"published runs below {SMALL_EXPERT_ROWS:,} rows (Qwen3-235B-A22B on H100, 512 and 1,024 rows) "
-            "took 11 % and 6 % longer per step than predicted, so this prediction may be optimistic; "
+            "took 11 % and 5 % longer per step than predicted, so this prediction may be optimistic; "
             "a larger micro-batch, less TP or more EP raises the rows")
+
+
+def moe_stage(model: ModelSpec, stage: Stage) -> bool:
+    """The stage runs routed experts: a MoE decoder layer, or the output layer with MoE MTP modules."""
+    kinds = model.layer_kinds[stage.start:stage.stop]
+    return LayerKind.MOE in kinds or (LayerKind.OUTPUT in kinds and model.mtp_num_layers > 0
+                                      and model.mtp_layer_kind is LayerKind.MOE)
 
 
 def host_bound_note(model: ModelSpec, pools: Sequence[PoolSpec], cfg: TrainConfig) -> str | None:
     """The note for a plan whose MoE layers wait on the host (costmodel.train.layer.host_wait: issuing the
-    routed experts takes longer than the GPU's work on the layer) on any of the `pools` its stages run on, with
-    the figures of the pool whose layers wait longest (named where the stages run on more than one GPU type);
-    None where none waits."""
-    waits = {pool.gpu.name: (pool, *host_wait(model, pool, cfg)) for pool in pools}
-    pool, host, gpu = max(waits.values(), key=lambda w: w[1] - w[2])
+    routed experts takes longer than the GPU's work on the layer) on any of the `pools` its MoE stages run on
+    (moe_stage), with the figures of the pool whose layers wait longest (its GPU named where those pools hold
+    more than one GPU type); None where none waits."""
+    if not pools:
+        return None
+    waits = [(pool, *host_wait(model, pool, cfg)) for pool in dict.fromkeys(pools)]
+    pool, host, gpu = max(waits, key=lambda w: w[1] - w[2])
     if host <= gpu:
         return None
     local = model.moe.num_experts // cfg.dims.ep
     us = training_gpu(pool.gpu).efficiency.expert_host_us
-    where = f" on {pool.gpu.name}" if len(waits) > 1 else ""
+    where = f" on {pool.gpu.name}" if len({p.gpu.name for p in pools}) > 1 else ""
     return (f"host-bound MoE layers{where}: issuing a layer's {local} local experts takes {host * 1e3:.1f} ms per "
             f"micro-batch ({us:.0f} us each, fitted on published Megatron runs on H100 and lent to every GPU), "
             f"the GPU's work {gpu * 1e3:.1f} ms, so the GPUs wait {(host - gpu) * 1e3:.1f} ms a layer; "

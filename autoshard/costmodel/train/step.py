@@ -26,7 +26,7 @@ from autoshard.costmodel.train.memory import (
     static_bytes,
 )
 from autoshard.costmodel.train.memory import in_flight_microbatches as _in_flight
-from autoshard.costmodel.train.notes import a2a_overlap_note, host_bound_note, odd_pipeline_note
+from autoshard.costmodel.train.notes import a2a_overlap_note, host_bound_note, moe_stage, odd_pipeline_note
 from autoshard.costmodel.train.notes import small_expert_note
 from autoshard.costmodel.train.memory_torchtitan import torchtitan_loss_bytes, torchtitan_loss_hole_bytes
 from autoshard.costmodel.train.pipeline import lopsided, schedule_time, simulated_schedule
@@ -365,7 +365,8 @@ def predict_train(model: ModelSpec, cluster: ClusterSpec, cfg: TrainConfig, stag
     )
     if (regime := small_expert_note(model, cfg)) is not None:
         notes += (regime,)
-    if (host := host_bound_note(model, [pools[st.pool] for st in stages], cfg)) is not None:
+    moe_pools = [pools[st.pool] for st in stages if moe_stage(model, st)]
+    if (host := host_bound_note(model, moe_pools, cfg)) is not None:
         notes += (host,)
     if cfg.moe_a2a_overlap:
         notes += (a2a_overlap_note(),)
