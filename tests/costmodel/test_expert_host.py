@@ -242,7 +242,7 @@ def test_only_stages_that_run_routed_experts_count_for_the_note():
 @pytest.mark.parametrize("recompute", [Recompute.FULL, Recompute.SELECTIVE])
 def test_an_mtp_modules_dp_window_does_not_move_with_recompute(recompute):
     """The window that hides DP traffic takes the wait of the layer without recompute, an MTP module's at its
-    scaled GPU work too (a review found 25.0 ms with no recompute, 31.7 with full, before)."""
+    scaled GPU work too (a review found them a quarter apart under full recompute before)."""
     dsv3 = load_model("deepseek-v3")
     cfg, plain_cfg = _cfg(ep=8, recompute=recompute), _cfg(ep=8)
     us = 3000.0  # 96 ms of host time a layer (the MTP module's GPU work ~50 ms): binds with and without recompute
