@@ -65,6 +65,15 @@ def _gpu_layer_cost(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: Trai
     return cost
 
 
+def _gpu_scaled(cost: LayerCost, factor: float) -> LayerCost:
+    """`cost` with the GPU's work (compute, recompute, the DP window) `factor` times as long: an MTP module's
+    decoder layer at its active-parameter ratio (_with_mtp); the traffic stays."""
+    if factor == 1.0:
+        return cost
+    return dataclasses.replace(cost, compute_s=factor * cost.compute_s, recompute_s=factor * cost.recompute_s,
+                               fwd_bwd_compute_s=factor * cost.fwd_bwd_compute_s)
+
+
 @lru_cache(maxsize=4096)
 def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainConfig,
                      recompute: Recompute, gpu_scale: float = 1.0) -> LayerCost:
@@ -88,8 +97,7 @@ def _with_host_floor(cost: LayerCost, model: ModelSpec, kind: LayerKind, pool: P
     if recompute is Recompute.NONE:
         plain_s = cost.time_s
     else:
-        plain = _layer_cost(model, kind, pool, cfg, Recompute.NONE)
-        plain_s = plain.time_s + (gpu_scale - 1) * (plain.compute_s + plain.recompute_s)
+        plain_s = _gpu_scaled(_layer_cost(model, kind, pool, cfg, Recompute.NONE), gpu_scale).time_s
     return dataclasses.replace(cost, compute_s=cost.compute_s + wait,
                                fwd_bwd_compute_s=cost.fwd_bwd_compute_s + max(0.0, host - plain_s),
                                ep_overlap_s=cost.time_s + wait - paired)
@@ -126,9 +134,8 @@ def _with_mtp(out: LayerCost, model: ModelSpec, pool: PoolSpec, cfg: TrainConfig
     kind = model.mtp_layer_kind
     scale = model.mtp_module_params() / model.layer_params(kind)
     active = model.mtp_module_params(active_only=True) / model.layer_params(kind, active_only=True)
-    gpu = _gpu_layer_cost(model, kind, pool, cfg, recompute)  # recomputed as the decoder (_recompute_flops)
-    dec = dataclasses.replace(gpu, compute_s=active * gpu.compute_s, recompute_s=active * gpu.recompute_s,
-                              fwd_bwd_compute_s=active * gpu.fwd_bwd_compute_s)
+    # recomputed as the decoder (_recompute_flops)
+    dec = _gpu_scaled(_gpu_layer_cost(model, kind, pool, cfg, recompute), active)
     if kind is LayerKind.MOE:
         dec = _with_host_floor(dec, model, kind, pool, cfg, recompute, active)
     return dataclasses.replace(
