@@ -210,8 +210,13 @@ def expert_host_s(model: ModelSpec, kind: LayerKind, pool: PoolSpec, cfg: TrainC
     if kind is not LayerKind.MOE or model.moe is None or cfg.full_cuda_graph or cfg.framework not in (
             TrainFramework.MEGATRON, TrainFramework.NEMO):
         return 0.0
-    us = training_gpu(pool.gpu).efficiency.expert_host_us
-    return us * 1e-6 * model.moe.num_experts / cfg.dims.ep
+    return training_gpu(pool.gpu).efficiency.expert_host_us * 1e-6 * local_experts(model, cfg)
+
+
+def local_experts(model: ModelSpec, cfg: TrainConfig) -> int:
+    """Routed experts each rank holds: num_experts / EP (parallel.check_dims refuses an EP that does not
+    divide them)."""
+    return model.moe.num_experts // cfg.dims.ep
 
 
 @lru_cache(maxsize=65536)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from autoshard.costmodel.efficiency import training_gpu
 from autoshard.costmodel.flops import expert_rows
-from autoshard.costmodel.train.layer import host_wait
+from autoshard.costmodel.train.layer import host_wait, local_experts
 from autoshard.costmodel.train.types import Stage, TrainConfig
 from autoshard.specs.cluster import PoolSpec
 from autoshard.specs.layers import LayerKind
@@ -76,7 +76,7 @@ def host_bound_note(model: ModelSpec, pools: Sequence[PoolSpec], cfg: TrainConfi
     pool, host, gpu = max(waits, key=lambda w: w[1] - w[2])
     if host <= gpu:
         return None
-    local = model.moe.num_experts // cfg.dims.ep
+    local = local_experts(model, cfg)
     us = training_gpu(pool.gpu).efficiency.expert_host_us
     where = f" on {pool.gpu.name}" if len({p.gpu.name for p in pools}) > 1 else ""
     return (f"host-bound MoE layers{where}: issuing a layer's {local} local experts takes {host * 1e3:.1f} ms per "
