@@ -38,3 +38,9 @@ def test_jobs_argument(argv, jobs):
 def test_jobs_argument_refused(argv):
     with pytest.raises(SystemExit, match="--jobs"):
         vp._jobs(argv)
+
+
+def test_a_bad_jobs_value_is_refused_before_any_prediction(monkeypatch):
+    monkeypatch.setattr(vp, "load_runs", lambda: pytest.fail("runs loaded before --jobs was checked"))
+    with pytest.raises(SystemExit, match="--jobs"):
+        vp.main(["--jobs", "0"])

@@ -252,9 +252,10 @@ def leave_one_source_out(runs: list[dict] | None = None, jobs: int = 1) -> dict[
     fitted = [s for s in sources if not all(r.get("skip_throughput") for r in runs if source_key(r) == s)]
     # a source none of whose runs is fitted on needs no fold: the all-in fit already leaves it out
     folds = {s: all_in for s in sources if s not in fitted}
+    # the largest sources first, so that no process is left with a long fold at the end
     tasks = [(s, runs, gpus) for s in sorted(fitted, key=lambda s: -sum(source_key(r) == s for r in runs))]
     if jobs > 1 and len(tasks) > 1:
-        with multiprocessing.Pool(min(jobs, len(tasks))) as pool:  # the largest sources first
+        with multiprocessing.Pool(min(jobs, len(tasks))) as pool:
             folds.update(pool.imap_unordered(_fold_fit, tasks))
     else:
         folds.update(map(_fold_fit, tasks))
@@ -316,6 +317,7 @@ def _jobs(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    jobs = _jobs(argv)  # refused before the minutes of in-sample work
     runs = load_runs()
     results = evaluate_runs(runs=runs)
     print("In-sample (the efficiencies the bundled clusters ship):")
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if not r.fits and r.skip_memory:
             print(f"  predicted not to fit, not held ({r.id}): {r.skip_memory}")
 
-    loso = leave_one_source_out(runs, jobs=_jobs(argv))
+    loso = leave_one_source_out(runs, jobs=jobs)
     held = [r for r in runs if not r.get("skip_throughput")]
     print("\nLeave-one-source-out (fit the efficiencies on every other source, predict this one; held runs):")
     print(f"{'source':42} {'runs':>4} {'median':>8} {'max':>8}")
