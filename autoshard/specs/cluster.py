@@ -95,11 +95,11 @@ class EfficiencySpec(FrozenSpec):
     dp_overlap: Annotated[float, Field(ge=0, le=1)] = 0.85
     """Fraction of the data-parallel gradient/parameter traffic hidden behind compute when the
     framework overlaps it (Megatron --overlap-grad-reduce/--overlap-param-gather)."""
-    train_gemm: Fraction | None = 0.55
+    train_gemm: Fraction | None = 0.60
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
-    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 58 held H100
+    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 62 held H100
     runs, with the measured GEMM shape table (`train_gemm_shape_measured`)."""
     train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
@@ -138,9 +138,9 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 58
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 62
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
-    (H100: 58, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    (H100: 62, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
     validation rows (tests/validation/validate_serving.py)."""
 

@@ -580,16 +580,18 @@ def test_shipped_moe_training_bands_are_as_wide_as_their_runs_scatter() -> None:
     dense ones (with one pool per mode, +-14.5 % held 11 of 25 MoE runs and 106 of 120 dense; MoE bands were
     1.5x the dense ones and more until item AB). Since README item AC's host floor under MoE layers they scatter
     no more: 80 % of the 30 held MoE runs fall inside +-13.3 % (P 0.80), of the 154 dense inside +-13.5 %
-    (P 0.825), and the MoE families of Hopper and Blackwell share the MoE pool's width."""
+    (P 0.825), and the MoE families of Hopper and Blackwell share the MoE pool's width. Item AF (NeMo 25.04's runs
+    from DGX Cloud Benchmarking): 82 % of the 38 held MoE runs inside +-16.0 % at P 0.725 (the scan's smallest
+    P reaching 80 %), 82 % of the 174 dense inside +-15.2 % (P 0.825): both spreads wider, the MoE one no more."""
     t = load_table()["throughput"]["kinds"]
 
     def half(key: str) -> float:
         return (t[key]["high"] / t[key]["low"]) ** 0.5 - 1
 
-    assert COVERAGE["train/moe"] == 0.8 and COVERAGE["train/dense"] == 0.825
-    assert half("hopper/moe/bf16/train") == pytest.approx(0.133, abs=0.001)
+    assert COVERAGE["train/moe"] == 0.725 and COVERAGE["train/dense"] == 0.825
+    assert half("hopper/moe/bf16/train") == pytest.approx(0.160, abs=0.001)
     assert half("blackwell/moe/fp8/train") == pytest.approx(half("hopper/moe/bf16/train"), rel=1e-3)
-    assert half("hopper/dense/bf16/train") == pytest.approx(0.135, abs=0.001)
+    assert half("hopper/dense/bf16/train") == pytest.approx(0.152, abs=0.001)
 
 
 def test_a_family_with_few_sources_takes_the_modes_spread() -> None:

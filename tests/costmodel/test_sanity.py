@@ -140,17 +140,19 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "precision", "family", "run_id", "note"), [
-    ("H100-SXM5-80GB", "bf16", "dense", "mlm-h100-weak-16B", ""),
-    ("H200-SXM-141GB", "bf16", "dense", "mlm-h100-weak-16B", ""),
+    ("H100-SXM5-80GB", "bf16", "dense", "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu", ""),  # mlm-h100-weak-16B before item AF
+    ("H200-SXM-141GB", "bf16", "dense", "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu", ""),
     ("H100-SXM5-80GB", "fp8", "dense", "mlperf41-nvidia-h100-gpt3-175b-256gpu", ""),
-    ("H100-SXM5-80GB", "bf16", "moe", "moezoo-mixtral-8x22b-h100-bf16", ""),
-    ("H100-SXM5-80GB", "fp8", "moe", "moezoo-mixtral-8x22b-h100-fp8-blockwise", ""),
+    ("H100-SXM5-80GB", "bf16", "moe", "nemo2504-dgxc-h100-bf16-grok1-314b-512gpu", ""),
+    ("H100-SXM5-80GB", "fp8", "moe", "nemo2504-dgxc-h100-fp8-grok1-314b-512gpu", ""),
     ("A100-SXM4-80GB", "bf16", "dense", "mpt-a100-7b-seq2048-8gpu", ""),
     ("A100-SXM4-40GB", "bf16", "moe", "mpt-a100-7b-seq2048-8gpu", "dense run"),
-    ("GB200-186GB", "fp8", "moe", "nemo2504-gb200-fp8-mixtral-8x7b", ""),
+    ("GB200-186GB", "fp8", "moe", "nemo2504-dgxc-gb200-fp8-grok1-314b-512gpu", ""),
     ("GB200-186GB", "fp8", "dense", "nemo2504-gb200-fp8-gpt3-175b", ""),
     ("B200-SXM-180GB", "fp8", "dense", "nemo2502-b200-fp8-gpt3-175b", ""),
-    ("B200-SXM-180GB", "bf16", "moe", "moezoo-qwen3-235b-gb200-bf16", "on GB200"),  # same generation
+    ("B200-SXM-180GB", "bf16", "moe", "nemo2504-dgxc-gb200-bf16-grok1-314b-512gpu", "on GB200"),  # same generation
+    ("B200-SXM-180GB", "bf16", "dense", "nemo2504-dgxc-gb200-bf16-llama31-405b-128gpu", "on GB200"),  # since item AF
+    ("GB200-186GB", "bf16", "dense", "nemo2504-dgxc-gb200-bf16-llama31-405b-128gpu", ""),
     ("GB300-288GB", "fp8", "dense", "mlperf51-nvidia-gb300-llama31-8b-72gpu-cp2", ""),  # its own row (MLPerf v5.1)
     # NVFP4 (item T): its own rows, else the FP8 row (MFU against half the FP4 peak), before the BF16 one
     ("GB200-186GB", "fp4", "dense", "mlperf51-nvidia-gb200-llama31-405b-512gpu-fp4", ""),
@@ -173,7 +175,7 @@ def test_an_fp4_plan_without_fp4_rows_is_bounded_by_the_fp8_row() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "precision", "family"), [
-    ("MI300X-192GB", "bf16", "dense"), ("B200-SXM-180GB", "bf16", "dense"), ("L40S-48GB", "bf16", "dense"),
+    ("MI300X-192GB", "bf16", "dense"), ("L40S-48GB", "bf16", "moe"), ("L40S-48GB", "bf16", "dense"),
 ])
 def test_no_reference_means_no_flag(gpu: str, precision: str, family: str) -> None:
     # a dense plan is never bounded by a MoE row, nor an unmeasured GPU by another generation's
@@ -205,16 +207,16 @@ def _useful_share(seq_len: int) -> float:
 
 
 def test_threshold_is_ten_percent_above_the_reference_in_useful_mfu() -> None:
-    ref = next(r for r in REFS if r["run_id"] == "mlm-h100-weak-16B")["mfu"]
+    ref = next(r for r in REFS if r["run_id"] == "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu")["mfu"]
     limit = ref * (1 + SANITY_MARGIN) / _useful_share(4096)  # the plan's (non-causal) MFU at the limit
     assert not sanity_for(_fake(limit - 1e-6)).flagged
     assert sanity_for(_fake(limit + 1e-6)).flagged
     assert sanity_line(_fake(0.30)) is None
-    line = sanity_line(_fake(0.62))
-    assert line is not None and f"{62 * _useful_share(4096):.1f} % useful MFU" in line
-    assert f"{100 * ref:.1f} %" in line and "mlm-h100-weak-16B" in line
+    line = sanity_line(_fake(0.66))
+    assert line is not None and f"{66 * _useful_share(4096):.1f} % useful MFU" in line
+    assert f"{100 * ref:.1f} %" in line and "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu" in line
     # the same plan MFU at 128k context is mostly attention the causal mask skips: no flag
-    assert not sanity_for(_fake(0.62, seq_len=131072)).flagged
+    assert not sanity_for(_fake(0.66, seq_len=131072)).flagged
 
 
 def test_fp8_on_a_gpu_without_fp8_is_checked_as_bf16() -> None:
@@ -256,12 +258,12 @@ def test_absurd_efficiency_cluster_is_flagged(tmp_path: Path) -> None:
     from autoshard.report.terminal import render_plan
 
     plan = _evaluate(_absurd_cluster(tmp_path))
-    ref = next(r for r in REFS if r["run_id"] == "mlm-h100-weak-16B")
+    ref = next(r for r in REFS if r["run_id"] == "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu")
     s = plan.to_json()["predicted"]["sanity"]
     assert s["useful_mfu"] > ref["mfu"] * (1 + SANITY_MARGIN)
     assert s["flagged"] is True and s["reference_mfu"] == pytest.approx(ref["mfu"])
     assert s["mfu"] == pytest.approx(plan.prediction.mfu) and s["useful_mfu"] < s["mfu"]
-    assert "NVIDIA/Megatron-LM README.md" in s["citation"] and s["margin"] == SANITY_MARGIN
+    assert "NVIDIA/dgxc-benchmarking" in s["citation"] and s["margin"] == SANITY_MARGIN
     json.dumps(s)
     console = Console(record=True, width=200)
     render_plan(plan, console)
@@ -289,21 +291,22 @@ def test_every_reference_gpu_generation_is_named() -> None:
 def test_a_plan_on_two_pools_is_checked_against_their_peak_weighted_references() -> None:
     """A plan's MFU on several pools is against the peak-weighted mean of their GPUs (train.step), so the
     ceiling weights each pool's best measured useful MFU the same way: 70B TP8 PP3 DP4 on
-    mixed-h100-a100 (1 stage of 32 H100, 2 of 32 A100) was flagged at 52.4 % against H100's 47.1 % alone."""
+    mixed-h100-a100 (1 stage of 32 H100, 2 of 32 A100) was flagged at 52.4 % against H100's 47.1 % alone (H100's
+    best measured is 52.8 % since item AF: NeMo 25.04's Llama 3.1 405B BF16 on 512 H100)."""
     h100 = SimpleNamespace(name="H100-SXM5-80GB", bf16_tflops=989.0, fp8_tflops=1979.0)
     a100 = SimpleNamespace(name="A100-SXM4-80GB", bf16_tflops=312.0, fp8_tflops=None)
-    plan = _fake(0.5615)
+    plan = _fake(0.62)
     plan.cluster = SimpleNamespace(pools=(SimpleNamespace(gpu=h100), SimpleNamespace(gpu=a100)))
     plan.stages = (SimpleNamespace(pool=0), SimpleNamespace(pool=1), SimpleNamespace(pool=1))
     ref = {r["run_id"]: r["mfu"] for r in REFS}
-    want = (ref["mlm-h100-weak-16B"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
+    want = (ref["nemo2504-dgxc-h100-bf16-llama31-405b-512gpu"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
     s = sanity_for(plan)
-    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5277, abs=1e-4)
-    assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 47.1 % on H100")
+    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5624, abs=1e-4)
+    assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 52.8 % on H100")
     assert "61.7 % on A100-SXM4-80GB (mpt-a100-7b-seq2048-8gpu" in s.reference
     # a plan on the H100 stage alone keeps the H100 reference
     plan.stages = (SimpleNamespace(pool=0),)
-    assert sanity_for(plan).reference_mfu == ref["mlm-h100-weak-16B"] and sanity_for(plan).flagged
+    assert sanity_for(plan).reference_mfu == ref["nemo2504-dgxc-h100-bf16-llama31-405b-512gpu"] and sanity_for(plan).flagged
 
 
 def test_mixed_cluster_study_band_holds_its_point() -> None:
@@ -311,9 +314,9 @@ def test_mixed_cluster_study_band_holds_its_point() -> None:
 
     res = run_study("llama-3.1-70b", ["mixed-h100-a100"], [96], tokens=1e12, jobs=1, time_limit_s=60)
     (r,) = res.rows
-    assert r.plan == "TP8 PP3 DP4 mbs1" and r.mfu == pytest.approx(0.5629, abs=1e-4)  # 0.5615 before item AC
+    assert r.plan == "TP8 PP3 DP4 mbs1" and r.mfu == pytest.approx(0.5894, abs=1e-4)  # 0.5629 before item AF
     assert r.sanity == ""  # "56.2% !" before
-    assert r.days == pytest.approx(191.8, abs=0.05)  # 192.2 before item AC
+    assert r.days == pytest.approx(183.2, abs=0.05)  # 191.8 before item AF, 192.2 before item AC
     assert r.days_low < r.days < r.days_high  # the band read 194.4-210.9 days beside 192.2
-    assert (round(r.days_low, 1), round(r.days_high, 1)) == (173.6, 218.9)  # 218.7 before item AC, 222.0 before AB
-    assert "capped at 58.0 % useful MFU, the best measured 52.8 % + 10 %" in r.band_basis
+    assert (round(r.days_low, 1), round(r.days_high, 1)) == (162.8, 215.1)  # 173.6-218.9 before item AF
+    assert "capped at 61.9 % useful MFU, the best measured 56.2 % + 10 %" in r.band_basis

@@ -137,17 +137,17 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 58 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 62 runs"
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
-    # H200: 4 held runs, fewer than 5: the Hopper pool's fit (H100's 58 runs and its own 4)
+    # H200: 4 held runs, fewer than 5: the Hopper pool's fit (H100's 62 runs and its own 4)
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"
     # Blackwell: every type on its own runs; B300 (3 held runs, the pooled Blackwell fit, before MLPerf
     # v6.0's 8B NVFP4 runs) since its 13
     assert efficiency_source(load_cluster("dgx-b200").primary.gpu) == "fitted on 28 runs"
-    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 29 runs"
+    assert efficiency_source(load_cluster("gb200-nvl72").primary.gpu) == "fitted on 53 runs"  # 29 before item AF
     assert efficiency_source(load_cluster("gb300-nvl72").primary.gpu) == "fitted on 23 runs"
     assert efficiency_source(load_cluster("dgx-b300").primary.gpu) == "fitted on 14 runs"
 
@@ -253,7 +253,7 @@ def test_training_takes_its_own_compute_knobs_and_serving_keeps_the_shared_ones(
     # the bundled H100 ships the training refit; A100 files carry their own
     h100 = load_cluster("dgx-h100").primary.gpu
     a100 = load_cluster("dgx-a100-80gb").primary.gpu
-    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.55, 0.70)
+    assert (training_gpu(h100).efficiency.gemm, h100.efficiency.gemm) == (0.60, 0.70)
     # H100 attention in training comes from kernel benchmarks (KERNEL_TRAIN_KNOBS), serving keeps its own
     assert (training_gpu(h100).efficiency.attention, training_gpu(h100).efficiency.attention_half_seq) == (0.45, 630.0)
     assert (h100.efficiency.attention, h100.efficiency.attention_half_seq) == (0.25, 4096.0)

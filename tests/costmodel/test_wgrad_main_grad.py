@@ -66,9 +66,10 @@ def test_the_layer_backward_takes_each_wgrad_in_place_of_a_forward():
     excess = extra(gemms)
     assert fused.forward_s == plain.forward_s
     assert fused.backward_s == pytest.approx(plain.backward_s + excess, rel=1e-12)
-    # the 16 local experts' 512-row wgrads carry nearly all of it (0.67 ms a layer and micro-batch)
+    # the 16 local experts' 512-row wgrads carry nearly all of it (0.73 ms a layer and micro-batch; 0.67 before
+    # README item AF's refit priced H100's BF16 GEMMs at 0.60 of peak, which leaves the main gradient's traffic)
     experts = extra(gemms[-2:])
-    assert experts == pytest.approx(0.67e-3, rel=0.02) and experts > 0.95 * excess
+    assert experts == pytest.approx(0.73e-3, rel=0.02) and experts > 0.95 * excess
 
 
 @pytest.mark.parametrize(("framework", "fp32", "expected"), [

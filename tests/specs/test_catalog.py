@@ -178,11 +178,11 @@ def _train_fit(gemm: float, gemm_fp8: float, attention: float, fitted_gpu: str, 
 # Blackwell training fits (tests/validation/fit_efficiency.py): B200, GB200, GB300 and (since the MLPerf v6.0
 # 8B NVFP4 runs of eight submitters, now 14 held runs) B300, each on its own runs.
 BLACKWELL_FITS = {
-    "B200-SXM-180GB": _train_fit(0.55, 0.50, 0.20, "B200-SXM-180GB", 28, half_seq=8192, hbm=0.80, half_dim=256,
+    "B200-SXM-180GB": _train_fit(0.60, 0.50, 0.20, "B200-SXM-180GB", 28, half_seq=8192, hbm=0.80, half_dim=256,
                                  intra=0.90, inter=0.70),
-    "GB200-186GB": _train_fit(0.70, 0.55, 0.20, "GB200-186GB", 29, half_seq=8192, hbm=0.60, half_dim=256, intra=0.90),
-    "GB300-288GB": _train_fit(0.55, 0.50, 0.25, "GB300-288GB", 23, half_seq=4096, hbm=0.80, half_dim=0, intra=0.90),
-    "B300-SXM-288GB": _train_fit(0.55, 0.50, 0.25, "B300-SXM-288GB", 14, half_seq=4096, hbm=0.80, half_dim=256,
+    "GB200-186GB": _train_fit(0.50, 0.50, 0.25, "GB200-186GB", 53, half_seq=8192, hbm=0.60, half_dim=64, intra=0.90),
+    "GB300-288GB": _train_fit(0.60, 0.50, 0.25, "GB300-288GB", 23, half_seq=2048, hbm=0.90, half_dim=0, intra=0.90),
+    "B300-SXM-288GB": _train_fit(0.60, 0.50, 0.25, "B300-SXM-288GB", 14, half_seq=4096, hbm=0.80, half_dim=256,
                                  inter=0.70),
 }
 
@@ -214,8 +214,8 @@ def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
                                           hbm=0.80, half_dim=256, inter=0.70).model_copy(
                 update={"gemm_fp8": MI300X_GEMM_FP8})
         elif pool.gpu.name == "H200-SXM-141GB":  # 4 held runs: the Hopper pool's fit (H100's values until item AC)
-            assert training == EfficiencySpec(train_gemm_fp8=0.55, train_hbm=0.80, train_gemm_half_dim=128,
-                                              fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=62)
+            assert training == EfficiencySpec(train_gemm=0.55, train_gemm_fp8=0.55, train_hbm=0.80, train_gemm_half_dim=128,
+                                              fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=66)
         else:
             assert training == EfficiencySpec()
         # FP8 peaks are twice the BF16 peaks on every GPU that has them (dense, no sparsity). 2 %:

@@ -50,14 +50,17 @@ def test_fsdp_runs():
     to hide behind) and the 30B on 32 H100 (-11.3 %, step time predicted long); the 13B with a single
     micro-batch per step is +9.5 % (+18.4 % while its eager optimizer step was priced at serving's HBM knob).
     Before the training-only refit (EfficiencySpec.train_*) every one was predicted fast (median
-    +10.8 %): the serving-era H100 GEMM knob was too high for training."""
+    +10.8 %): the serving-era H100 GEMM knob was too high for training. Item AF: NeMo 25.04's H100 BF16 runs
+    (DGX Cloud Benchmarking's Llama 3.1 405B and Grok-1, 50-56 % of peak) raise H100's BF16 level 0.55 -> 0.60,
+    and llm-foundry's 2023-24 runs on 8 H100 are predicted fast again: the 7B at 8,192 tokens +18.7 %, the 13B
+    +17.8 % (median 2.9 %)."""
     errs = [abs(r.error) for r in FSDP]
     assert len(errs) == 15
     assert statistics.median(errs) <= 0.06
-    assert max(errs) <= 0.12
+    assert max(errs) <= 0.20
     worst = sorted(FSDP, key=lambda r: abs(r.error))[-2:]
-    assert {r.id for r in worst} == {"mpt-h100-7b-seq8192-8gpu", "mpt-h100-30b-seq2048-32gpu"}
-    assert sorted(round(r.error, 3) for r in worst) == [-0.113, 0.113]
+    assert {r.id for r in worst} == {"mpt-h100-7b-seq8192-8gpu", "mpt-h100-13b-seq2048-8gpu"}
+    assert sorted(round(r.error, 3) for r in worst) == [0.178, 0.187]
 
 
 def test_moe_runs():
@@ -85,22 +88,25 @@ def test_moe_runs():
     MXFP8 on 128 B200, B300 and GB200): 30 held runs, median 7.4 % (6.9 % over the 21 not from the recipes).
     Item AC: the host floor under MoE layers (16 local experts x H100's fitted 500 us = 8 ms a layer and
     micro-batch) takes the TP 4 / PP 8 row -27.9 -> -10.1 % and Qwen3-30B-A3B on H100 -10 / -14.5 -> +2.0 / +1.1 %:
-    median 6.7 % (6.6 % over the 21 not from the recipes)."""
+    median 6.7 % (6.6 % over the 21 not from the recipes). Item AF: DGX Cloud Benchmarking's eight Grok-1 314B
+    runs (NeMo 25.04's performance script; GB200 and H100, BF16 and FP8), and the refit they feed with 20 dense runs
+    of the same release (GB200 `train_gemm` 0.70 -> 0.50, `train_gemm_fp8` 0.55 -> 0.50; H100 `train_gemm` 0.55 ->
+    0.60): 38 held runs, median 8.8 % (the Grok BF16 runs +16-18 %, FP8 -8 to +4 %)."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 30
+    assert len(errs) == 38
     by_id = {r.id: r.error for r in MOE}
-    assert 0.10 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.20
+    assert 0.03 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.10  # +14 % until item AF raised H100's BF16 level
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
     # steps predicted short: the overlap priced optimistic (the H100 run -12 % until item Z's unfused loss, -7 % since)
-    assert -0.10 < by_id["moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap"] < -0.05
+    assert -0.12 < by_id["moezoo-qwen3-235b-h100-crossnode-ep32-1f1b-overlap"] < -0.05
     assert -0.15 < by_id["moezoo-qwen3-235b-gb300-mxfp8-ep64-pp1"] < -0.08
     # item Z: the five 4k H100 rows ran the unfused loss (ModelZoo 8017e11); on the last of 32 stages it sets the pace
-    assert -0.06 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"] < -0.02
+    assert -0.10 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"] < -0.06  # -3.8 % until item AF
     # its layers wait on the host since item AC (-28.4 % from item Z, -27.9 % at item AB)
     assert -0.12 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"] < -0.08
-    assert statistics.median(errs) <= 0.07
-    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.07
-    assert sum(e <= 0.15 for e in errs) >= 27
+    assert statistics.median(errs) <= 0.09
+    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.09
+    assert sum(e <= 0.15 for e in errs) >= 31
 
 
 def test_published_runs_fit_in_memory():
@@ -259,7 +265,7 @@ def test_nvfp4_rows_with_bf16_edge_layers_are_refused():
 
 def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     """fit_efficiency.generation_pool: a Blackwell GPU pools the held runs of every Blackwell type (B200 26,
-    B300 13, GB200 28, GB300 22), never H100's or A100's; every Blackwell type now has MIN_RUNS or more and a
+    B300 14, GB200 53 since item AF's DGX Cloud Benchmarking runs, GB300 23), never H100's or A100's; every Blackwell type now has MIN_RUNS or more and a
     fit of its own (B300 since MLPerf v6.0's 8B NVFP4 runs: 3 held before, pooled); H200 (4 held runs)
     still borrows the Hopper pool; a GPU of no fitted generation has no pool (it borrows H100's)."""
     from fit_efficiency import MIN_RUNS, generation_pool, held
@@ -271,7 +277,7 @@ def test_a_gpu_with_too_few_runs_borrows_its_generations_pool():
     blackwell = ("B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB")
     types, pool = generation_pool("B300-SXM-288GB", by_gpu)
     assert types == blackwell
-    assert [len(by_gpu[t]) for t in types] == [28, 14, 29, 23] and len(pool) == 94
+    assert [len(by_gpu[t]) for t in types] == [28, 14, 53, 23] and len(pool) == 118
     assert all(run_gpu(r) in blackwell for r in pool)
     assert min(len(by_gpu[t]) for t in blackwell) >= MIN_RUNS  # each a fit of its own
     # the torchtitan H100 96GB runs are not held: the Hopper pool is the H100 SXM runs and MLPerf's four
@@ -324,7 +330,8 @@ def test_cdna3_leave_one_source_out_fits_its_own_fp8_level():
     out of source (residuals_train.json, written by validate_published.py --write-residuals; 6 % until item Z
     moved the H100 fit the folds lend through the ModelZoo rows' loss). The
     BF16 Mixtral keeps H100's BF16 level (no other source has a CDNA 3 BF16 run) and stays 34 % fast:
-    the kernel path of its software, recorded with the run."""
+    the kernel path of its software, recorded with the run; 45 % since item AF raised H100's BF16 level
+    (0.55 -> 0.60, NeMo 25.04's H100 BF16 runs), which this fold borrows."""
     rows = {row["id"]: row for row in json.loads(RESIDUALS.read_text())}
     held = [r for r in CDNA3 if not r.skip_throughput]
     assert len(held) == 6
@@ -336,7 +343,7 @@ def test_cdna3_leave_one_source_out_fits_its_own_fp8_level():
         if row["precision"] == "fp8":
             assert 0.94 <= faster <= 1.07, (r.id, faster)
         else:
-            assert r.id == "aac-mi325x-mixtral-8x7b-64gpu-ep8-bf16" and 1.30 <= faster <= 1.38, (r.id, faster)
+            assert r.id == "aac-mi325x-mixtral-8x7b-64gpu-ep8-bf16" and 1.40 <= faster <= 1.50, (r.id, faster)
 
 
 def test_mi300x_efficiency_note_follows_the_data():
@@ -439,7 +446,7 @@ def test_mlperf60_runs():
     assert measured == {"gb300-dsv3-671b-256": 39.28, "gb300-dsv3-671b-512": 20.03, "gb200-dsv3-671b-512": 32.91,
                         "gb200-dsv3-671b-2048": 8.653, "gb200-dsv3-671b-4096": 5.366, "gb200-dsv3-671b-8192": 3.477}
     err = {i.removeprefix("mlperf60-nvidia-").removesuffix("gpu"): r.error for i, r in rows.items()}
-    assert all(0.35 < err[k] < 0.42 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long
+    assert all(0.30 < err[k] < 0.36 for k in ("gb300-dsv3-671b-256", "gb300-dsv3-671b-512"))  # predicted long (0.35-0.42 until item AF's GB300 refit)
     assert 0.0 < err["gb200-dsv3-671b-512"] < 0.03
     assert -0.04 < err["gb200-dsv3-671b-2048"] < 0.0
     assert -0.16 < err["gb200-dsv3-671b-4096"] < -0.12
@@ -455,7 +462,7 @@ def test_mlperf60_runs():
     assert {r.gpu for r in held.values()} == {"B200-SXM-180GB", "B300-SXM-288GB", "GB200-186GB", "GB300-288GB",
                                                "H200-SXM-141GB"}
     shown = sorted(r.error for r in llama.values() if r.skip_throughput)
-    assert len(shown) == 2 and -0.60 < shown[0] < -0.50 and -0.42 < shown[1] < -0.35
+    assert len(shown) == 2 and -0.63 < shown[0] < -0.50 and -0.44 < shown[1] < -0.35
 
 
 def test_mlperf50_gb200_405b_runs():
@@ -550,7 +557,8 @@ def test_mlmrecipe_qwen3_30b_runs():
     the fitted 500 us = 8 ms a layer and micro-batch, above the GPU's 6.7-6.9 ms in either precision, so both steps are
     the host's and predicted within 2.0 % (slow; 10 and 14.5 % fast before). On GB200 (8 local experts, 4 ms, under the
     GPU's 12-13 ms at 16,384 tokens a micro-batch) nothing binds and both stay fast, BF16 11 %, MXFP8 16 % (autoshard
-    prices MXFP8 3 % faster). The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    prices MXFP8 3 % faster); since item AF's GB200 refit (BF16 and FP8 GEMMs both at 0.50 of their peaks, from NeMo
+    25.04's dense runs) BF16 10 %, MXFP8 21 %, MXFP8 priced 10 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
     MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: its graph takes the host floor
     away, which does not bind on GB200 either, so it is priced as the partial-graph MXFP8 row, which it runs 26 % faster
@@ -566,9 +574,9 @@ def test_mlmrecipe_qwen3_30b_runs():
     h100 = [r for i, r in held.items() if "-h100-" in i]
     gb200 = {i: r for i, r in held.items() if "-gb200-" in i}
     assert all(0.0 < r.error < 0.03 for r in h100)  # host-bound in both precisions
-    assert -0.14 < gb200["mlmrecipe-qwen3-30b-gb200-bf16-ep16"].error < -0.09  # predicted fast
-    assert -0.18 < gb200["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"].error < -0.14  # predicted faster still
-    for gpu, priced in (("h100", (0.99, 1.01)), ("gb200", (0.95, 0.98))):
+    assert -0.12 < gb200["mlmrecipe-qwen3-30b-gb200-bf16-ep16"].error < -0.07  # predicted fast
+    assert -0.23 < gb200["mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg"].error < -0.18  # predicted faster still
+    for gpu, priced in (("h100", (0.99, 1.01)), ("gb200", (0.88, 0.92))):
         b = next(r for i, r in bf16.items() if f"-{gpu}-" in i)
         f = next(r for i, r in fp8.items() if f"-{gpu}-" in i)
         assert f.measured / b.measured > 1.0  # FP8 ran no faster than BF16 ...
@@ -668,18 +676,20 @@ def test_nvfp4_runs_are_predicted_within_15_percent():
     AB: the fold that leaves v6.0 out set B200 from its MoE recipe rows, whose DeepSeek-V3 dispatch item AB fixed;
     the 64-72-GPU GB300 runs at one micro-batch per step about 10 % short since item Z took them at their logs'
     pace: the fixed per-step cost). With the shipped knobs, which learned from them, every one within 15 %
-    (GB200's 405B at 512 GPUs +13.6 %)."""
+    (GB200's 405B at 512 GPUs +13.6 %). Item AF's refit (GB200's GEMM levels from NeMo 25.04's dense runs, 0.50 of
+    both peaks) widens the out-of-source figures: GB200's 405B at 512 GPUs +19.5 % (at 2,560 +10.3 %), v5.1's 8B
+    -8.5 to +6.5 %, v6.0's -12.8 to +12.3 %; in sample every one still within 14 %."""
     loso = {row["id"]: row["predicted_loso"] / row["measured"] - 1 for row in json.loads(RESIDUALS.read_text())}
     rows = {r.id: r for r in RESULTS if r.id.endswith("-fp4")}
     assert len(rows) == 49 and not any(r.skip_throughput for r in rows.values())
     assert all(r.metric == "step_time_s" for r in rows.values())
     big = {i for i in rows if "-405b-" in i}
-    assert len(big) == 8 and all(abs(loso[i]) < 0.15 for i in big) and max(loso[i] for i in big) > 0.13
+    assert len(big) == 8 and all(abs(loso[i]) < 0.20 for i in big) and max(loso[i] for i in big) > 0.18
     assert 0.03 < statistics.median(abs(loso[i]) for i in big) < 0.04
     v51 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf51-")]
-    assert len(v51) == 10 and all(-0.07 < e < 0.10 for e in v51)
+    assert len(v51) == 10 and all(-0.09 < e < 0.10 for e in v51)
     v60 = [loso[i] for i in rows.keys() - big if i.startswith("mlperf60-")]
-    assert len(v60) == 31 and all(-0.12 < e < 0.10 for e in v60)
+    assert len(v60) == 31 and all(-0.13 < e < 0.13 for e in v60)
     assert all(abs(r.error) < 0.15 for r in rows.values())
 
 
