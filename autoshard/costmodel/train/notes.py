@@ -11,9 +11,8 @@ they ran, README item Z; not the grouped GEMM's tile padding: measured on an H10
 autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's speed at 4,096); every
 held MoE run at 2,048 rows or more is within 20 % either way, except five whose errors do not follow the
 expert rows: Qwen3-30B-A3B from Megatron-LM's MoE recipes on GB200, MXFP8 41 % and BF16 23 % faster
-predicted than measured (the MXFP8 run measured no faster than BF16; since README item AF GB200's GEMM
-levels come from NeMo 25.04's dense runs, 0.50 of both peaks, which these recipes outrun in BF16 and
-not in MXFP8), NeMo 25.02's two Mixtral runs on B200 (22 % and 21 % faster: 8x22B at 65,536 tokens, CP 8,
+predicted than measured (the MXFP8 run measured 3 % slower than BF16; since README item AF GB200's GEMM
+levels come from NeMo 25.04's dense runs, 0.50 of both peaks, which prices MXFP8 10 % faster), NeMo 25.02's two Mixtral runs on B200 (22 % and 21 % faster: 8x22B at 65,536 tokens, CP 8,
 and 8x7B) and Grok-1 BF16 on 512 H100 from DGX Cloud Benchmarking (21 % slower: it measured 1.19x its FP8
 twin's step, where H100 runs FP8 GEMMs at twice the BF16 rate). Inside: Qwen3-235B-A22B BF16 on GB200 (10 %
 slower; 20 % before README item AF gave GB200's BF16 level dense runs to learn from), Qwen3-235B-A22B MXFP8
