@@ -2,7 +2,8 @@
 at every slowest-rank time t, never above the smallest sum of any layout (every rank -> pool
 assignment, contiguous split and recompute count per chunk) whose slowest rank is within t and
 which fits in memory; infeasible (None) only where no such layout exists; tighter than the
-each-term-at-its-own-best sum (`pipeline_sums`) somewhere; and GPT-3 175B on mixed-3pool proven."""
+each-term-at-its-own-best sum (`pipeline_sums`) somewhere; and GPT-3 175B on mixed-3pool: proven optimal until
+README item AF's refit, its bound 0.004 % under the plan since."""
 
 from __future__ import annotations
 
