@@ -99,10 +99,11 @@ class EfficiencySpec(FrozenSpec):
     """Training-only override of `gemm` (None: use `gemm`). Training and serving share the physics
     but not the kernels' operating point (long back-to-back GEMM streams, sustained power), so the
     training step's compute knobs are fitted on the published training runs on their own, and
-    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 62 held H100
+    serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 154 held H100
     runs, with the measured GEMM shape table (`train_gemm_shape_measured`)."""
-    train_gemm_fp8: Fraction | None = 0.60
-    """Training-only override of `gemm_fp8` (None: use `gemm_fp8`)."""
+    train_gemm_fp8: Fraction | None = 0.55
+    """Training-only override of `gemm_fp8` (None: use `gemm_fp8`). H100 default: the same fit (0.60 at
+    README items AC-AF; DGX Cloud Benchmarking v24.11's NeMo 24.09 FP8 runs, item AG, bring it to 0.55)."""
     train_hbm: Fraction | None = 0.60
     """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts, recompute and
     the optimizer step (None: use `hbm`); the solver prices the optimizer step with the same value."""
@@ -138,9 +139,9 @@ class EfficiencySpec(FrozenSpec):
     fitted_gpu: str | None = "H100-SXM5-80GB"
     """The GPU whose published runs these values were fitted on (None: not fitted). A GPU of another
     name using them borrows that GPU's efficiencies (see autoshard.costmodel.efficiency.efficiency_source)."""
-    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 62
+    fitted_runs: Annotated[int, Field(ge=0, le=100_000)] = 154
     """How many held published training runs of `fitted_gpu` the shipped training values were fitted on
-    (H100: 62, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
+    (H100: 154, by tests/validation/fit_efficiency.py; its train_attention and train_attention_half_seq
     come from kernel benchmarks, efficiency.KERNEL_TRAIN_KNOBS). Serving knobs are fitted on the serving
     validation rows (tests/validation/validate_serving.py)."""
 

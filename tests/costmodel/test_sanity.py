@@ -140,8 +140,8 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "precision", "family", "run_id", "note"), [
-    ("H100-SXM5-80GB", "bf16", "dense", "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu", ""),  # mlm-h100-weak-16B before item AF
-    ("H200-SXM-141GB", "bf16", "dense", "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu", ""),
+    ("H100-SXM5-80GB", "bf16", "dense", "dgxc2411-h100-bf16-llama31-405b-192gpu", ""),  # mlm-h100-weak-16B before item AF, nemo2504-dgxc-h100-bf16-llama31-405b-512gpu at item AF
+    ("H200-SXM-141GB", "bf16", "dense", "dgxc2411-h100-bf16-llama31-405b-192gpu", ""),
     ("H100-SXM5-80GB", "fp8", "dense", "mlperf41-nvidia-h100-gpt3-175b-256gpu", ""),
     ("H100-SXM5-80GB", "bf16", "moe", "nemo2504-dgxc-h100-bf16-grok1-314b-512gpu", ""),
     ("H100-SXM5-80GB", "fp8", "moe", "nemo2504-dgxc-h100-fp8-grok1-314b-512gpu", ""),
@@ -207,14 +207,14 @@ def _useful_share(seq_len: int) -> float:
 
 
 def test_threshold_is_ten_percent_above_the_reference_in_useful_mfu() -> None:
-    ref = next(r for r in REFS if r["run_id"] == "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu")["mfu"]
+    ref = next(r for r in REFS if r["run_id"] == "dgxc2411-h100-bf16-llama31-405b-192gpu")["mfu"]
     limit = ref * (1 + SANITY_MARGIN) / _useful_share(4096)  # the plan's (non-causal) MFU at the limit
     assert not sanity_for(_fake(limit - 1e-6)).flagged
     assert sanity_for(_fake(limit + 1e-6)).flagged
     assert sanity_line(_fake(0.30)) is None
     line = sanity_line(_fake(0.66))
     assert line is not None and f"{66 * _useful_share(4096):.1f} % useful MFU" in line
-    assert f"{100 * ref:.1f} %" in line and "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu" in line
+    assert f"{100 * ref:.1f} %" in line and "dgxc2411-h100-bf16-llama31-405b-192gpu" in line
     # the same plan MFU at 128k context is mostly attention the causal mask skips: no flag
     assert not sanity_for(_fake(0.66, seq_len=131072)).flagged
 
@@ -258,7 +258,7 @@ def test_absurd_efficiency_cluster_is_flagged(tmp_path: Path) -> None:
     from autoshard.report.terminal import render_plan
 
     plan = _evaluate(_absurd_cluster(tmp_path))
-    ref = next(r for r in REFS if r["run_id"] == "nemo2504-dgxc-h100-bf16-llama31-405b-512gpu")
+    ref = next(r for r in REFS if r["run_id"] == "dgxc2411-h100-bf16-llama31-405b-192gpu")
     s = plan.to_json()["predicted"]["sanity"]
     assert s["useful_mfu"] > ref["mfu"] * (1 + SANITY_MARGIN)
     assert s["flagged"] is True and s["reference_mfu"] == pytest.approx(ref["mfu"])
@@ -292,21 +292,22 @@ def test_a_plan_on_two_pools_is_checked_against_their_peak_weighted_references()
     """A plan's MFU on several pools is against the peak-weighted mean of their GPUs (train.step), so the
     ceiling weights each pool's best measured useful MFU the same way: 70B TP8 PP3 DP4 on
     mixed-h100-a100 (1 stage of 32 H100, 2 of 32 A100) was flagged at 52.4 % against H100's 47.1 % alone (H100's
-    best measured is 52.8 % since item AF: NeMo 25.04's Llama 3.1 405B BF16 on 512 H100)."""
+    best measured is 52.8 % since item AF: NeMo 25.04's Llama 3.1 405B BF16 on 512 H100; 54.6 % since item AG: NeMo
+    24.09's 42-layer Llama 3.1 405B proxy on 192 H100 from DGX Cloud Benchmarking v24.11)."""
     h100 = SimpleNamespace(name="H100-SXM5-80GB", bf16_tflops=989.0, fp8_tflops=1979.0)
     a100 = SimpleNamespace(name="A100-SXM4-80GB", bf16_tflops=312.0, fp8_tflops=None)
-    plan = _fake(0.62)
+    plan = _fake(0.66)  # 0.62 until item AG: H100's reference alone now passes it
     plan.cluster = SimpleNamespace(pools=(SimpleNamespace(gpu=h100), SimpleNamespace(gpu=a100)))
     plan.stages = (SimpleNamespace(pool=0), SimpleNamespace(pool=1), SimpleNamespace(pool=1))
     ref = {r["run_id"]: r["mfu"] for r in REFS}
-    want = (ref["nemo2504-dgxc-h100-bf16-llama31-405b-512gpu"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
+    want = (ref["dgxc2411-h100-bf16-llama31-405b-192gpu"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
     s = sanity_for(plan)
-    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5624, abs=1e-4)
-    assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 52.8 % on H100")
+    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5737, abs=1e-4)  # 0.5624 at item AF
+    assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 54.6 % on H100")
     assert "61.7 % on A100-SXM4-80GB (mpt-a100-7b-seq2048-8gpu" in s.reference
     # a plan on the H100 stage alone keeps the H100 reference
     plan.stages = (SimpleNamespace(pool=0),)
-    assert sanity_for(plan).reference_mfu == ref["nemo2504-dgxc-h100-bf16-llama31-405b-512gpu"] and sanity_for(plan).flagged
+    assert sanity_for(plan).reference_mfu == ref["dgxc2411-h100-bf16-llama31-405b-192gpu"] and sanity_for(plan).flagged
 
 
 def test_mixed_cluster_study_band_holds_its_point() -> None:
@@ -318,5 +319,7 @@ def test_mixed_cluster_study_band_holds_its_point() -> None:
     assert r.sanity == ""  # "56.2% !" before
     assert r.days == pytest.approx(183.2, abs=0.05)  # 191.8 before item AF, 192.2 before item AC
     assert r.days_low < r.days < r.days_high  # the band read 194.4-210.9 days beside 192.2
-    assert (round(r.days_low, 1), round(r.days_high, 1)) == (162.8, 215.1)  # 173.6-218.9 before item AF
-    assert "capped at 61.9 % useful MFU, the best measured 56.2 % + 10 %" in r.band_basis
+    assert (round(r.days_low, 1), round(r.days_high, 1)) == (163.0, 212.2)  # 162.8-215.1 at item AF (band narrower since item AG), 173.6-218.9 before item AF
+    # at item AF the band's fast edge was capped at 61.9 % useful MFU (the peak-weighted best measured 56.2 % + 10 %);
+    # since item AG that reference is 57.4 % (H100's 54.6 %) and the band stays under its cap
+    assert "capped" not in r.band_basis and r.band_basis.startswith("no measured mixed dense bf16 training run")

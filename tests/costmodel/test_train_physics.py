@@ -137,10 +137,10 @@ def test_attention_efficiency_grows_with_sequence_length():
 def test_efficiency_source_says_fitted_or_borrowed():
     from autoshard.costmodel.efficiency import efficiency_source
 
-    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 62 runs"
+    assert efficiency_source(load_cluster("dgx-h100").primary.gpu) == "fitted on 154 runs"  # 62 before item AG
     assert efficiency_source(load_cluster("dgx-a100-80gb").primary.gpu) == "fitted on 22 runs"
     assert efficiency_source(load_cluster("dgx-a100-40gb").primary.gpu) == "borrowed from A100-SXM4-80GB"
-    # H200: 4 held runs, fewer than 5: the Hopper pool's fit (H100's 62 runs and its own 4)
+    # H200: 4 held runs, fewer than 5: the Hopper pool's fit (H100's 154 runs and its own 4)
     assert efficiency_source(load_cluster("dgx-h200").primary.gpu) == "borrowed from Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)"
     # MI300X: no run of its own; its generation's pool is MI325X's runs (tests/validation/clusters/mi325x.yaml)
     assert efficiency_source(load_cluster("mi300x").primary.gpu) == "borrowed from CDNA 3 pool (MI325X-256GB)"

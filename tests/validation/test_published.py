@@ -91,9 +91,12 @@ def test_moe_runs():
     median 6.7 % (6.6 % over the 21 not from the recipes). Item AF: DGX Cloud Benchmarking's eight Grok-1 314B
     runs (NeMo 25.04's performance script; GB200 and H100, BF16 and FP8), and the refit they feed with 20 dense runs
     of the same release (GB200 `train_gemm` 0.70 -> 0.50, `train_gemm_fp8` 0.55 -> 0.50; H100 `train_gemm` 0.55 ->
-    0.60): 38 held runs, median 8.8 % (the Grok BF16 runs +16-18 %, FP8 -8 to +4 %)."""
+    0.60): 38 held runs, median 8.8 % (the Grok BF16 runs +16-18 %, FP8 -8 to +4 %). Item AG: DGX Cloud
+    Benchmarking v24.11's 18 Grok-1 314B runs on 8-2,048 H100 (NeMo 24.09; reduced-layer proxies below 512 GPUs),
+    BF16 -1 to +4 %, FP8 -11 to -1 %, and the H100 refit (`train_gemm_fp8` 0.60 -> 0.55): 56 held runs, median
+    4.8 % (4.1 % over the 47 not from the recipes), 49 within 15 %."""
     errs = sorted(abs(r.error) for r in MOE)
-    assert len(errs) == 38
+    assert len(errs) == 56
     by_id = {r.id: r.error for r in MOE}
     assert 0.03 < by_id["moezoo-mixtral-8x22b-h100-bf16"] < 0.10  # +14 % until item AF raised H100's BF16 level
     assert -0.10 < by_id["moezoo-mixtral-8x22b-h100-fp8-blockwise"] < 0.0
@@ -104,9 +107,9 @@ def test_moe_runs():
     assert -0.10 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-pp32-a2a"] < -0.06  # -3.8 % until item AF
     # its layers wait on the host since item AC (-28.4 % from item Z, -27.9 % at item AB)
     assert -0.12 < by_id["moezoo-qwen3-235b-h100-intranode-ep8-tp4-pp8"] < -0.08
-    assert statistics.median(errs) <= 0.09
-    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.09
-    assert sum(e <= 0.15 for e in errs) >= 31
+    assert statistics.median(errs) <= 0.06  # 0.09 at item AF (38 runs)
+    assert statistics.median(e for r in MOE if not r.id.startswith("mlmrecipe-") for e in [abs(r.error)]) <= 0.06
+    assert sum(e <= 0.15 for e in errs) >= 47
 
 
 def test_published_runs_fit_in_memory():
@@ -422,13 +425,14 @@ def test_mlperf60_runs():
     (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630 TFLOP/s per GPU against GB200's 974 at the same
     512 GPUs, while autoshard prices GB300 at about GB200's MXFP8 rate.
     Cisco's Llama 3.1 8B FP8 (tensorwise) on 16 H200 (plan from the log's config dump, 2 micro-batches per
-    step, full-iteration CUDA graph) is predicted 3 % short."""
+    step, full-iteration CUDA graph) is predicted 1 % long (3 % short until item AG's Hopper refit, element-wise
+    `train_hbm` 0.80 -> 0.60)."""
     by_id = {r["id"]: r for r in RUNS}
     assert {source_key(r) for r in RUNS if r["id"].startswith("mlperf60-")} == {"mlperf60"}
     cisco = next(r for r in RESULTS if r.id == "mlperf60-cisco-h200-llama31-8b-16gpu")
     assert cisco.gpu == "H200-SXM-141GB" and not cisco.skip_throughput and cisco.measured == 1.181
     assert (by_id[cisco.id]["fp8_recipe"], by_id[cisco.id]["global_batch_size"], by_id[cisco.id]["parallel"]["dp"]) == ("tensorwise", 32, 16)
-    assert -0.08 < cisco.error < 0.0
+    assert -0.03 < cisco.error < 0.03
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlperf60-nvidia-") and "-dsv3-" in r.id}
     assert len(rows) == 6
     assert all(r.skip_throughput and "stash" in r.skip_throughput.lower() for r in rows.values())
@@ -515,9 +519,12 @@ def test_mlperf_hopper_runs():
     (v3.1 NVIDIA Eos at 768 / 4,096 / 10,752 H100, NeMo r1.20; v4.1 Eos at 256 / 512 and Oracle at 1,536 / 3,072,
     NeMo 24.09 code), Llama 3.1 405B (v5.0 Eos at 512 / 2,048 / 8,192 H100, Nebius at 512 / 1,024 H200, NeMo
     25.01) and Llama 3.1 8B (v5.1 Cisco at 64 / 128 H100, HPE at 64 H200; v6.0 Cisco at 16 H200). 15 held; with the shipped knobs the
-    405B steps are within 8 % and the worst held run is 17 % short. The v3.1 GPT-3 rows (one code, GA 128 -> 16
-    -> 8) go from +1.0 % to -3.7 % to -7.5 %: each GA step's cost is predicted within 2 % (84.5 ms measured,
-    86.0 ms predicted) and the measured steps carry a fixed ~0.25 s per step, predicted 0.17 s (bubble, exposed
+    405B steps are within 9 % (8 % until item AG) and the worst held run is v4.1's GPT-3 on 256 H100, predicted 19 % long
+    (12 % before item AG: the H100 FP8 level, `train_gemm_fp8` 0.60 -> 0.55, now follows NeMo's own FP8 recipes of
+    DGX Cloud Benchmarking, which run the same GPT-3 29 % slower per sequence than MLPerf's tuned code). The v3.1
+    GPT-3 rows (one code, GA 128 -> 16 -> 8) go from +7.0 % to +1.6 % to -2.7 % (+1.0 / -3.7 / -7.5 % before item
+    AG): each GA step's cost is predicted 8 % long (84.5 ms measured, 91.2 ms predicted; 86.0 ms before item AG) and
+    the measured steps carry a fixed ~0.25 s per step, predicted 0.17 s (bubble, exposed
     DP traffic, optimizer, and since item R the FP8 weight cast, P = 8 times through the fill: 0.09 s before it,
     when the 10,752-GPU step was 17 % short). Cisco's 128-GPU TP 2 step is shown, not held: predicted 33 %
     short, the missing fixed cost at one micro-batch per step."""
@@ -536,18 +543,22 @@ def test_mlperf_hopper_runs():
     assert set(res) - set(held) == {"mlperf51-cisco-h100-llama31-8b-128gpu-tp2"}
     assert sum(res[i].gpu == "H200-SXM-141GB" for i in held) == 4
     assert all(abs(e) <= 0.20 for e in held.values())
-    assert all(abs(e) <= 0.08 for i, e in held.items() if "405b" in i)
+    assert all(abs(e) <= 0.09 for i, e in held.items() if "405b" in i)
     assert -0.40 < res["mlperf51-cisco-h100-llama31-8b-128gpu-tp2"].error < -0.28
     # v3.1 GPT-3, one code at GA 128, 16, 8: step = fixed + GA x per-GA cost; the two ends give both
     ga = (128, 16, 8)
     ids = [f"mlperf31-nvidia-h100-gpt3-175b-{n}gpu" for n in (768, 4096, 10752)]
     e = [held[i] for i in ids]
-    assert abs(e[0]) < 0.02 and e[0] > e[1] > e[2] and -0.10 < e[2] < -0.05
-    for values, fixed in (([res[i].measured for i in ids], (0.22, 0.28)), ([res[i].predicted for i in ids], (0.15, 0.19))):
+    assert 0.05 < e[0] < 0.09 and e[0] > e[1] > e[2] and -0.05 < e[2] < 0.0
+    # (fixed seconds, per-GA seconds): measured, and predicted (the per-GA cost 0.083-0.088 s until item AG)
+    for values, fixed, per in (([res[i].measured for i in ids], (0.22, 0.28), (0.083, 0.088)),
+                               ([res[i].predicted for i in ids], (0.15, 0.19), (0.089, 0.093))):
         per_ga = (values[0] - values[2]) / (ga[0] - ga[2])
         assert fixed[0] < values[2] - ga[2] * per_ga < fixed[1]
         assert values[1] == pytest.approx(values[2] + (ga[1] - ga[2]) * per_ga, rel=0.01)  # the middle run on the line
-        assert 0.083 < per_ga < 0.088
+        assert per[0] < per_ga < per[1]
+
+
 def test_mlmrecipe_qwen3_30b_runs():
     """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
     index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
