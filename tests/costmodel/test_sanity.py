@@ -140,7 +140,8 @@ def test_no_measured_validation_run_would_be_flagged() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "precision", "family", "run_id", "note"), [
-    ("H100-SXM5-80GB", "bf16", "dense", "dgxc2411-h100-bf16-llama31-405b-192gpu", ""),  # mlm-h100-weak-16B before item AF, nemo2504-dgxc-h100-bf16-llama31-405b-512gpu at item AF
+    # H100 BF16 dense: mlm-h100-weak-16B before item AF, nemo2504-dgxc-h100-bf16-llama31-405b-512gpu at item AF
+    ("H100-SXM5-80GB", "bf16", "dense", "dgxc2411-h100-bf16-llama31-405b-192gpu", ""),
     ("H200-SXM-141GB", "bf16", "dense", "dgxc2411-h100-bf16-llama31-405b-192gpu", ""),
     ("H100-SXM5-80GB", "fp8", "dense", "mlperf41-nvidia-h100-gpt3-175b-256gpu", ""),
     ("H100-SXM5-80GB", "bf16", "moe", "nemo2504-dgxc-h100-bf16-grok1-314b-512gpu", ""),
@@ -300,9 +301,11 @@ def test_a_plan_on_two_pools_is_checked_against_their_peak_weighted_references()
     plan.cluster = SimpleNamespace(pools=(SimpleNamespace(gpu=h100), SimpleNamespace(gpu=a100)))
     plan.stages = (SimpleNamespace(pool=0), SimpleNamespace(pool=1), SimpleNamespace(pool=1))
     ref = {r["run_id"]: r["mfu"] for r in REFS}
-    want = (ref["dgxc2411-h100-bf16-llama31-405b-192gpu"] * 989 + 2 * ref["mpt-a100-7b-seq2048-8gpu"] * 312) / (989 + 2 * 312)
+    h100, a100 = ref["dgxc2411-h100-bf16-llama31-405b-192gpu"], ref["mpt-a100-7b-seq2048-8gpu"]
+    want = (h100 * 989 + 2 * a100 * 312) / (989 + 2 * 312)
     s = sanity_for(plan)
-    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5737, abs=1e-4)  # 0.5624 at item AF
+    # 0.5624 at item AF
+    assert s.reference_mfu == pytest.approx(want, rel=1e-12) and want == pytest.approx(0.5737, abs=1e-4)
     assert not s.flagged and s.reference.startswith("peak-weighted over the pools' GPUs: 54.6 % on H100")
     assert "61.7 % on A100-SXM4-80GB (mpt-a100-7b-seq2048-8gpu" in s.reference
     # a plan on the H100 stage alone keeps the H100 reference
@@ -319,7 +322,8 @@ def test_mixed_cluster_study_band_holds_its_point() -> None:
     assert r.sanity == ""  # "56.2% !" before
     assert r.days == pytest.approx(183.2, abs=0.05)  # 191.8 before item AF, 192.2 before item AC
     assert r.days_low < r.days < r.days_high  # the band read 194.4-210.9 days beside 192.2
-    assert (round(r.days_low, 1), round(r.days_high, 1)) == (163.0, 212.2)  # 162.8-215.1 at item AF (band narrower since item AG), 173.6-218.9 before item AF
+    # 162.8-215.1 at item AF (the band narrower since item AG), 173.6-218.9 before item AF
+    assert (round(r.days_low, 1), round(r.days_high, 1)) == (163.0, 212.2)
     # at item AF the band's fast edge was capped at 61.9 % useful MFU (the peak-weighted best measured 56.2 % + 10 %);
     # since item AG that reference is 57.4 % (H100's 54.6 %) and the band stays under its cap
     assert "capped" not in r.band_basis and r.band_basis.startswith("no measured mixed dense bf16 training run")

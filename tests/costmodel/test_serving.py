@@ -493,8 +493,8 @@ def test_serving_efficiencies_replace_the_training_ones_in_serving_only():
     seen = serving_gpu(gpu).efficiency
     assert seen.gemm == eff.serve_gemm
     # H100: serving's knobs were fitted with FP8 and BF16 GEMMs at the same fraction of their peaks
-    # (serve_fp8_ratio 1.0), whatever the training knobs say (0.55 / 0.60 since the measured shape table, 0.60 / 0.60 since item AF,
-    # 0.60 / 0.55 since item AG)
+    # (serve_fp8_ratio 1.0), whatever the training knobs say (0.55 / 0.60 since the measured shape table,
+    # 0.60 / 0.60 since item AF, 0.60 / 0.55 since item AG)
     assert (eff.train_gemm, eff.train_gemm_fp8, eff.gemm, eff.gemm_fp8) == (0.60, 0.55, 0.70, 0.55)
     assert eff.serve_fp8_ratio == 1.0 and fp8_gemm_ratio(gpu) == 1.0
     assert seen.gemm_fp8 == pytest.approx(eff.serve_gemm)

@@ -63,12 +63,13 @@ def test_small_expert_gemms_carry_the_note_and_large_ones_do_not():
 
 def test_the_threshold_splits_the_held_runs_as_the_docstring_says():
     """Every held MoE run below the threshold took longer than predicted (12 % at 512 rows, 10 % at 1,024 since
-    item AG's Hopper refit, 8 % at item AF; 11 and 5 % since item AC's host floor under MoE layers, 39 and 3 % before it;
-    both >= 20 % until item Z priced the unfused loss they ran); every one at or above it is within 20 % either way,
-    except the runs the docstring names: Qwen3-30B-A3B on GB200 (MXFP8 41 %, BF16 23 % fast) and NeMo 25.02's B200
-    Mixtral runs (22 and 21 % fast), errors that do not follow the expert rows. Grok-1 BF16 on 512 H100 (15 % slow in
-    speed since item AG, 21 % at item AF), Qwen3-235B BF16 on GB200 (10 % slow; 20 % before item AF), Qwen3-235B MXFP8 on 64 GB300 with the A2A overlap
-    (19 % fast), DeepSeek-V3 on 256 B200 with DeepEP (8 % slow) and the Grok-1 GB200 runs (within 5 %) are inside."""
+    item AG's Hopper refit, 8 % at item AF; 11 and 5 % since item AC's host floor under MoE layers, 39 and 3 %
+    before it; both >= 20 % until item Z priced the unfused loss they ran); every one at or above it is within 20 %
+    either way, except the runs the docstring names: Qwen3-30B-A3B on GB200 (MXFP8 41 %, BF16 23 % fast) and NeMo
+    25.02's B200 Mixtral runs (22 and 21 % fast), errors that do not follow the expert rows. Grok-1 BF16 on 512 H100
+    (15 % slow in speed since item AG, 21 % at item AF), Qwen3-235B BF16 on GB200 (10 % slow; 20 % before item AF),
+    Qwen3-235B MXFP8 on 64 GB300 with the A2A overlap (19 % fast), DeepSeek-V3 on 256 B200 with DeepEP (8 % slow)
+    and the Grok-1 GB200 runs (within 5 %) are inside."""
     sys.path.insert(0, str(VALIDATION))
     import validate_published
 

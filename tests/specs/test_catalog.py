@@ -216,8 +216,9 @@ def test_bundled_cluster_loads_and_cites_its_source(name: str) -> None:
         elif pool.gpu.name == "H200-SXM-141GB":  # 4 held runs: the Hopper pool's fit (H100's values but for the
             # half-dimension H100's fit is indifferent to, every Hopper GEMM taking the measured shape table;
             # at items AC-AF the pool's own values, FP8 0.55 and element-wise 0.80 against H100's 0.60 and 0.60)
-            assert training == EfficiencySpec(train_gemm=0.60, train_gemm_fp8=0.55, train_hbm=0.60, train_gemm_half_dim=128,
-                                              fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=158)
+            assert training == EfficiencySpec(
+                train_gemm=0.60, train_gemm_fp8=0.55, train_hbm=0.60, train_gemm_half_dim=128,
+                fitted_gpu="Hopper pool (H100-SXM5-80GB, H200-SXM-141GB)", fitted_runs=158)
         else:
             assert training == EfficiencySpec()
         # FP8 peaks are twice the BF16 peaks on every GPU that has them (dense, no sparsity). 2 %:

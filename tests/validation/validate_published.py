@@ -6,7 +6,8 @@ prints one row per run (measured, predicted, error) and the median and max absol
 throughput and for per-GPU memory where the source reports it, then the leave-one-source-out table
 (per source and per family). `--write-residuals` writes residuals_train.json; `--jobs N` fits the
 leave-one-source-out folds in N processes (the same figures; over the 351 rows of README item AG 2 cores take
-about 21 minutes where one takes 37; 8 and 17 over the 259 before). The pytest suite imports `evaluate_runs` and holds the errors to the targets.
+about 21 minutes where one takes 37; 8 and 17 over the 259 before). The pytest suite imports `evaluate_runs`
+and holds the errors to the targets.
 """
 
 from __future__ import annotations
