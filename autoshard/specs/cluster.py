@@ -101,9 +101,10 @@ class EfficiencySpec(FrozenSpec):
     training step's compute knobs are fitted on the published training runs on their own, and
     serving keeps `gemm`/`gemm_fp8`/`hbm`. H100 default: `fit_efficiency.py` on the 154 held H100
     runs, with the measured GEMM shape table (`train_gemm_shape_measured`)."""
-    train_gemm_fp8: Fraction | None = 0.55
+    train_gemm_fp8: Fraction | None = 0.60
     """Training-only override of `gemm_fp8` (None: use `gemm_fp8`). H100 default: the same fit (0.60 at
-    README items AC-AF; DGX Cloud Benchmarking v24.11's NeMo 24.09 FP8 runs, item AG, bring it to 0.55)."""
+    README items AC-AF; DGX Cloud Benchmarking v24.11's 44 NeMo 24.09 FP8 runs took it to 0.55 at item AG,
+    the source-weighted fit of item AH back to 0.60)."""
     train_hbm: Fraction | None = 0.60
     """Training-only override of `hbm` for a layer's element-wise kernels, FP8 casts, recompute and
     the optimizer step (None: use `hbm`); the solver prices the optimizer step with the same value."""
@@ -120,10 +121,11 @@ class EfficiencySpec(FrozenSpec):
     takes the measured table, so their fit ties across the grid (it printed 0 at item Z, 64 before)."""
     train_tp_overlap: Annotated[float, Field(ge=0, le=1)] | None = 0.8
     """Training-only override of `tp_overlap` (None: use `tp_overlap`)."""
-    train_intra_node_bw: Fraction | None = 0.9
+    train_intra_node_bw: Fraction | None = 0.7
     """Training-only override of `intra_node_bw` (None: use `intra_node_bw`): the training step's
     collectives inside the NVLink domain (TP, CP, EP, DP, pipeline sends). H100 default: the H100 fit
-    (0.7 until README item AC priced the host-bound MoE layers, which had held the EP traffic slow)."""
+    (0.7 until README item AC priced the host-bound MoE layers, 0.9 from there to item AG, 0.7 again
+    with the source-weighted fit of item AH)."""
     train_inter_node_bw: Fraction | None = 0.9
     """Training-only override of `inter_node_bw` (None: use `inter_node_bw`). With the three above, every
     knob `fit_efficiency.py` fits ships with the GPU: the shipped training prediction is the validated one

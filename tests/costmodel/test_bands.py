@@ -585,16 +585,18 @@ def test_shipped_moe_training_bands_are_as_wide_as_their_runs_scatter() -> None:
     P reaching 80 %), 82 % of the 174 dense inside +-15.2 % (P 0.825): both spreads wider, the MoE one no more.
     Item AG (DGX Cloud Benchmarking v24.11's 88 H100 runs and four more of NeMo 25.04): 84 % of the 56 held MoE runs
     inside +-12.8 % at P 0.80 (0.725 and 0.775 held 73 and 79 %), 82 % of the 248 dense inside +-13.8 % (P 0.825):
-    both narrower, the new rows lying close to their out-of-source predictions."""
+    both narrower, the new rows lying close to their out-of-source predictions. Item AH (the source-weighted fit):
+    80 % of the 56 MoE runs inside +-12.0 % (P 0.80), 81 % of the 248 dense inside +-12.9 % (P 0.825): narrower
+    again, the fit no longer leaning towards the largest source."""
     t = load_table()["throughput"]["kinds"]
 
     def half(key: str) -> float:
         return (t[key]["high"] / t[key]["low"]) ** 0.5 - 1
 
     assert COVERAGE["train/moe"] == 0.80 and COVERAGE["train/dense"] == 0.825
-    assert half("hopper/moe/bf16/train") == pytest.approx(0.128, abs=0.001)
+    assert half("hopper/moe/bf16/train") == pytest.approx(0.120, abs=0.001)
     assert half("blackwell/moe/fp8/train") == pytest.approx(half("hopper/moe/bf16/train"), rel=1e-3)
-    assert half("hopper/dense/bf16/train") == pytest.approx(0.138, abs=0.001)
+    assert half("hopper/dense/bf16/train") == pytest.approx(0.1285, abs=0.001)
 
 
 def test_a_family_with_few_sources_takes_the_modes_spread() -> None:

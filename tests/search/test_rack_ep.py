@@ -38,7 +38,9 @@ def test_search_enumerates_ep_that_straddles_racks() -> None:
     assert {8, 32, 64} <= eps  # 32 and 64 do not divide the 72 ranks a full rack holds
 
 
-@pytest.mark.parametrize(("cluster", "ep_comm_s"), [(GB200.with_gpus(256), 27.03), (_racks_of_64(), 3.95)])
+# inside a rack 4.94 s since README item AH's fit put GB200's training NVLink at 0.70 of its rate (3.95 s at 0.90);
+# the straddling groups are priced on the network, which that knob does not touch
+@pytest.mark.parametrize(("cluster", "ep_comm_s"), [(GB200.with_gpus(256), 27.03), (_racks_of_64(), 4.94)])
 def test_straddling_ep_pays_the_network(cluster, ep_comm_s) -> None:
     plan = evaluate(MODEL, cluster, JOB, tp=1, pp=4, dp=64, ep=32, etp=1)
     assert plan.prediction.time.ep_comm == pytest.approx(ep_comm_s, rel=0.01)

@@ -5,7 +5,8 @@
 prints the fitted EfficiencySpec fields for each GPU type, to be copied into the `efficiency:`
 block of every bundled cluster with that GPU (with `fitted_runs:` set to the number of runs). One
 fit per GPU type, shared by all its runs: no per-run factors. Objective: mean squared log error
-plus a penalty on errors beyond 15 %. Every fit starts from the same neutral point (the
+plus a penalty on errors beyond 15 %, each run weighted by its source's run count ^ -1/2
+(source_weights). Every fit starts from the same neutral point (the
 EfficiencySpec defaults) so that a leave-one-source-out fit (validate_published.py) sees nothing of
 the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted on its own: it
 borrows one fit made on the pooled runs of every GPU type of its generation (Blackwell B200/GB200/
@@ -24,11 +25,12 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_published import evaluate_runs, load_runs, run_gpu  # noqa: E402
+from validate_published import evaluate_runs, load_runs, run_gpu, source_key  # noqa: E402
 
 from autoshard.costmodel.band_table import gpu_generation  # noqa: E402
 from autoshard.costmodel.efficiency import KERNEL_TRAIN_KNOBS  # noqa: E402
@@ -66,15 +68,29 @@ fitted on its own runs (level_fit)."""
 REFERENCE_GPU = "H100-SXM5-80GB"
 
 
+def source_weights(runs: list[dict]) -> list[float]:
+    """Each run's weight in the fit: its source's run count among `runs` to the power -1/2. A release
+    that publishes one plan at 14 scales is one measurement of its software 14 times over, not 14
+    independent ones: counted run by run, the 88 runs of one benchmark release outvote 20 runs of four
+    others on the same GPU and the fit follows that release's recipes (NeMo 24.09's generic FP8 set H100's
+    FP8 level against MLPerf's tuned GPT-3, 29 % apart a sequence). Weighted by 1/n, each source counts
+    once however much it measured; by n^-1/2 a source's weight still grows with its runs, as the
+    variance of its mean shrinks, but a large one no longer drowns the rest."""
+    counts = Counter(source_key(r) for r in runs)
+    return [counts[source_key(r)] ** -0.5 for r in runs]
+
+
 def loss(gpu: str | tuple[str, ...], eff: EfficiencySpec, runs: list[dict]) -> float:
-    """Fit objective of `eff` used by `gpu` (one GPU type, or a generation's pool of types)."""
+    """Fit objective of `eff` used by `gpu` (one GPU type, or a generation's pool of types): the
+    source-weighted mean (source_weights) of each run's squared log error plus a penalty beyond 15 %."""
     gpus = (gpu,) if isinstance(gpu, str) else gpu
     results = evaluate_runs(dict.fromkeys(gpus, eff), runs)
+    weights = source_weights(runs)
     total = 0.0
-    for r in results:
+    for r, w in zip(results, weights, strict=True):
         e = math.log(r.predicted / r.measured)
-        total += e * e + 4 * max(0.0, abs(e) - 0.15) ** 2
-    return total / max(len(results), 1)
+        total += w * (e * e + 4 * max(0.0, abs(e) - 0.15) ** 2)
+    return total / max(sum(weights), 1e-12)
 
 
 def kernel_knobs(gpu: str | tuple[str, ...]) -> dict[str, float]:
