@@ -98,8 +98,8 @@ def test_gpt3_on_mixed_3pool_plan_and_its_bound():
     plan's slowest-rank time; at one assignment the bound met the plan (was 1,153 us below it,
     FEASIBLE at 10 s), proven optimal from then to README item AC. Since item AF's refit (H100's BF16
     level 0.55 -> 0.60) the plan crosses pools three times (A100 40GB, A100 80GB, A100 40GB, H100) and
-    the bound stops 4.5 ms (0.004 %) short of it (4.5 ms too since item AH's H100 NVLink 0.90 -> 0.70): FEASIBLE at 60 s and at 180 s alike (README item AF,
-    noticed and left)."""
+    the bound stops 4.5 ms (0.004 %) short of it (4.5 ms too since item AH's H100 NVLink 0.90 -> 0.70): FEASIBLE at
+    60 s and at 180 s alike (README item AF, noticed and left)."""
     model = load_model("gpt3-175b")
     job = TrainJob(seq_len=2048, global_batch_size=1536)
     plan = solve_train(model, load_cluster("mixed-3pool"), job,

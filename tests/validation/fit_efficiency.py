@@ -71,8 +71,8 @@ REFERENCE_GPU = "H100-SXM5-80GB"
 def source_weights(runs: list[dict]) -> list[float]:
     """Each run's weight in the fit: its source's run count among `runs` to the power -1/2. A release
     that publishes one plan at 14 scales is one measurement of its software 14 times over, not 14
-    independent ones: counted run by run, the 88 runs of one benchmark release outvote 20 runs of four
-    others on the same GPU and the fit follows that release's recipes (NeMo 24.09's generic FP8 set H100's
+    independent ones: counted run by run, the 88 H100 runs of one benchmark release outvoted the 66 of
+    twelve other sources and the fit follows that release's recipes (NeMo 24.09's generic FP8 set H100's
     FP8 level against MLPerf's tuned GPT-3, 29 % apart a sequence). Weighted by 1/n, each source counts
     once however much it measured; by n^-1/2 a source's weight still grows with its runs, as the
     variance of its mean shrinks, but a large one no longer drowns the rest."""

@@ -427,8 +427,8 @@ def test_mlperf60_runs():
     -4, -16 % before): the four GB200
     runs (same per-GPU plan, 240/60/32/16 micro-batches) fit m x 0.132 s + 1.09 s, autoshard m x 0.135 s
     + 0.20 s; at 8,192 GPUs that unseen fixed cost is about a third of the step (28 % short). The GB300
-    runs are predicted 31-32 % long (38-40 % until item AH, 44-46 % at item V, before the overlap was priced and GB300 refitted with
-    its overlap run; 57-60 % before GB300's own fit, item T): NVIDIA's own count
+    runs are predicted 31-32 % long (38-40 % until item AH, 44-46 % at item V, before the overlap was priced and
+    GB300 refitted with its overlap run; 57-60 % before GB300's own fit, item T): NVIDIA's own count
     (MODEL_TFLOP_PER_SAMPLE 1,068) puts them at 1,600-1,630 TFLOP/s per GPU against GB200's 974 at the same
     512 GPUs, while autoshard prices GB300 at about GB200's MXFP8 rate.
     Cisco's Llama 3.1 8B FP8 (tensorwise) on 16 H200 (plan from the log's config dump, 2 micro-batches per
@@ -480,8 +480,9 @@ def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
     shipped GB200 knobs (fitted on 53 GB200 runs, these 7 among them) each step is 5-11 % long since item AH's
-    source-weighted fit (GB200 BF16 0.50 -> 0.55, fall-off 64 -> 256, NVLink 0.9 -> 0.7: these 7 weigh as one source
-    among 12; +0.4 to +6.4 % at item AG; +2.3 to +6.2 % from item Z's refit, GB200 `train_gemm` 0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y;
+    source-weighted fit (GB200 BF16 0.50 -> 0.55, fall-off 64 -> 256, NVLink 0.9 -> 0.7: these 7 weigh 2.6,
+    NeMo 25.04's 32 GB200 runs 5.7; +0.4 to +6.4 % at item AG; +2.3 to +6.2 % from item Z's refit, GB200
+    `train_gemm` 0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y;
     -3.5 to +0.2 % before item Y's refit, GB200 `train_gemm_fp8` 0.60 -> 0.55);
     out of source (residuals_train.json) 6-12 % long since item AA (within 4 % before): the fold that leaves v5.0
     out fits GB200's FP8 GEMM level at 0.50 (0.55 with them), pulled down by the MXFP8 Qwen3-235B recipe row on 128
@@ -528,7 +529,8 @@ def test_dgxc2411_weak_scaling_runs():
     128-2,304, the 405B and Grok-1 tables with reduced-layer proxies at their smaller sizes. With the shipped knobs
     (item AH's source-weighted fit, where these 88 runs weigh as about 9) BF16 is within 6.5 % (Nemotron-4 15B and
     Llama 3.1 8B predicted 3-6 % long), FP8 within 16.5 % (GPT-3 FP8 on 1,024 H100 16 % short; at item AG's refit, where
-    they weighed 88, BF16 within 5.5 %, FP8 within 12 %, the GPT-3 row 11 % short: H100 FP8 0.55 -> 0.60 since). Scaling: from the smallest full-model size of a table to its largest, every
+    they weighed 88, BF16 within 5.5 %, FP8 within 12 %, the GPT-3 row 11 % short: H100 FP8 0.55 -> 0.60 since).
+    Scaling: from the smallest full-model size of a table to its largest, every
     measured step grows (1.2-5.0 % in BF16, 1.6-10.4 % in FP8: Nemotron-4 340B FP8 3.16 -> 3.49 s from 128 to 2,048
     GPUs) where autoshard predicts every table flat within 0.5 %: its DP traffic hides behind the micro-batches at every size and nothing else grows
     with the GPU count. What costs the large sizes (the slowest of thousands of ranks, FP8's per-micro-batch amax
@@ -619,7 +621,8 @@ def test_mlmrecipe_qwen3_30b_runs():
     GPU's 12-13 ms at 16,384 tokens a micro-batch) nothing binds and both stay fast, BF16 11 %, MXFP8 16 % (autoshard
     prices MXFP8 3 % faster); since item AF's GB200 refit (BF16 and FP8 GEMMs both at 0.50 of their peaks, from NeMo
     25.04's dense runs) BF16 10 %, MXFP8 21 %, MXFP8 priced 10 % faster; since item AH's source-weighted fit (GB200
-    BF16 0.55, GEMM fall-off 256, NVLink 0.7) BF16 5 %, MXFP8 15 %, MXFP8 priced 8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the H100's),
+    BF16 0.55, GEMM fall-off 256, NVLink 0.7) BF16 5 %, MXFP8 15 %, MXFP8 priced 8 % faster. The miss does not
+    follow the expert rows (the GB200 rows run 8x the H100's),
     so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
     MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: its graph takes the host floor
     away, which does not bind on GB200 either, so it is priced as the partial-graph MXFP8 row, which it runs 26 % faster

@@ -15,7 +15,8 @@ held MoE run at 2,048 rows or more is within 20 % either way, except three whose
 expert rows: Qwen3-30B-A3B from Megatron-LM's MoE recipes on GB200, MXFP8 37 % and BF16 21 % faster
 predicted than measured (41 and 23 % at README item AG; the MXFP8 run measured 3 % slower than BF16; GB200's GEMM
 levels, from NeMo 25.04's dense runs since item AF, price MXFP8 8 % faster) and NeMo 25.02's Mixtral 8x22B on B200
-(26 % faster, at 65,536 tokens, CP 8; its 8x7B twin, 21 % fast at item AG, is 7 % fast since item AH). Inside: Grok-1 BF16 on 512 H100
+(26 % faster, at 65,536 tokens, CP 8; its 8x7B twin, 21 % fast at item AG, is 7 % fast since item AH). Inside:
+Grok-1 BF16 on 512 H100
 from NeMo 25.04's DGX Cloud Benchmarking runs (15 % slower; 21 % at README item AF, before the same benchmark's 18
 NeMo 24.09 Grok-1 runs on H100, within 4 % in BF16, joined the fit: it measured 1.19x its FP8 twin's step, where
 H100 runs FP8 GEMMs at 1.8x the BF16 rate), Qwen3-235B-A22B BF16 on GB200 (11 %
