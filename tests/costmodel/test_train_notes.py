@@ -22,9 +22,8 @@ QWEN3 = load_model("qwen3-235b-a22b")  # 128 experts, top-8
 VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 QWEN3_30B_GB200 = ("mlmrecipe-qwen3-30b-gb200-mxfp8-ep16-partial-cg", "mlmrecipe-qwen3-30b-gb200-bf16-ep16")
 """Qwen3-30B-A3B's recipes on GB200, priced faster than they ran (37 % MXFP8, 21 % BF16; 41 and 23 % at item AG)
-since README item AF set
-GB200's GEMM levels from NeMo 25.04's dense runs; the MXFP8 run measured no faster than BF16 (the H100 FP8 run is
-inside 20 % since README item AA priced its per-expert quantize launches)."""
+since README item AF set GB200's GEMM levels from NeMo 25.04's dense runs; the MXFP8 run measured no faster than
+BF16 (the H100 FP8 run is inside 20 % since README item AA priced its per-expert quantize launches)."""
 B200_MIXTRAL = ("nemo2502-b200-fp8-mixtral-8x22b",)
 """NeMo 25.02's Mixtral 8x22B on B200, 26 % fast out of source (token dropping at capacity 1.0, unpriced); its 8x7B
 twin, 21 % fast until README item AH's source-weighted fit, is 7 % fast and inside."""

@@ -2,22 +2,21 @@
 
     python tests/validation/fit_efficiency.py
 
-prints the fitted EfficiencySpec fields for each GPU type, to be copied into the `efficiency:`
-block of every bundled cluster with that GPU (with `fitted_runs:` set to the number of runs). One
-fit per GPU type, shared by all its runs: no per-run factors. Objective: mean squared log error
-plus a penalty on errors beyond 15 %, each run weighted by its source's run count ^ -1/2
-(source_weights). Every fit starts from the same neutral point (the
-EfficiencySpec defaults) so that a leave-one-source-out fit (validate_published.py) sees nothing of
-the source it leaves out. A GPU type with fewer than MIN_RUNS held runs is not fitted on its own: it
-borrows one fit made on the pooled runs of every GPU type of its generation (Blackwell B200/GB200/
-GB300, Hopper, Ampere: autoshard.costmodel.bands.gpu_generation), each run at its own datasheet
-peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of the same fold, with
-the knobs its own generation measures at kernel level (KERNEL_TRAIN_KNOBS) in place of H100's, and,
-where its generation has MIN_LEVEL_RUNS runs or more in a precision, the level of its GEMM speed in
-that precision refitted on them (level_fit: one number per precision, the shapes of the curves lent). A GPU
-shares its kernels' operating point (tensor-core generation, SM count per clock, HBM technology,
-NVLink generation) with its siblings, not with the generation before it: Blackwell runs reach a
-smaller fraction of their FP8 peak than Hopper runs do (NeMo 25.02/25.04 against 24.07).
+prints the fitted EfficiencySpec fields for each GPU type, to be copied into the `efficiency:` block of
+every bundled cluster with that GPU (with `fitted_runs:` set to the number of runs). One fit per GPU
+type, shared by all its runs: no per-run factors. Objective: mean squared log error plus a penalty on
+errors beyond 15 %, each run weighted by its source's run count ^ -1/2 (source_weights). Every fit
+starts from the same neutral point (the EfficiencySpec defaults) so that a leave-one-source-out fit
+(validate_published.py) sees nothing of the source it leaves out. A GPU type with fewer than MIN_RUNS
+held runs is not fitted on its own: it borrows one fit made on the pooled runs of every GPU type of its
+generation (Blackwell B200/GB200/GB300, Hopper, Ampere: autoshard.costmodel.bands.gpu_generation), each
+run at its own datasheet peaks, when that pool holds at least MIN_RUNS runs; otherwise the H100 fit of
+the same fold, with the knobs its own generation measures at kernel level (KERNEL_TRAIN_KNOBS) in place
+of H100's, and, where its generation has MIN_LEVEL_RUNS runs or more in a precision, the level of its
+GEMM speed in that precision refitted on them (level_fit: one number per precision, the shapes of the
+curves lent). A GPU shares its kernels' operating point (tensor-core generation, SM count per clock, HBM
+technology, NVLink generation) with its siblings, not with the generation before it: Blackwell runs
+reach a smaller fraction of their FP8 peak than Hopper runs do (NeMo 25.02/25.04 against 24.07).
 """
 
 from __future__ import annotations

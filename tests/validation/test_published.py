@@ -480,14 +480,14 @@ def test_mlperf50_gb200_405b_runs():
     """MLPerf Training v5.0 Llama 3.1 405B FP8 on GB200 NVL72 (NeMo 25.04 container, the NeMo 25.04 summary's
     software): NVIDIA at 256/512 GPUs and CoreWeave at 512-2,496 GPUs, TP 4 PP 8 VPP 8 CP 2, all held; with the
     shipped GB200 knobs (fitted on 53 GB200 runs, these 7 among them) each step is 5-11 % long since item AH's
-    source-weighted fit (GB200 BF16 0.50 -> 0.55, fall-off 64 -> 256, NVLink 0.9 -> 0.7: these 7 weigh 2.6,
-    NeMo 25.04's 32 GB200 runs 5.7; +0.4 to +6.4 % at item AG; +2.3 to +6.2 % from item Z's refit, GB200
-    `train_gemm` 0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y;
-    -3.5 to +0.2 % before item Y's refit, GB200 `train_gemm_fp8` 0.60 -> 0.55);
-    out of source (residuals_train.json) 6-12 % long since item AA (within 4 % before): the fold that leaves v5.0
-    out fits GB200's FP8 GEMM level at 0.50 (0.55 with them), pulled down by the MXFP8 Qwen3-235B recipe row on 128
-    GB200 and NeMo 25.04's rows on racks of 64; the three NVFP4 405B runs of MLPerf v5.1 on GB200 (same plan
-    family) had pinned it (9-13 % long without them, 4-9 % before the GB200 fit took Qwen3-30B-A3B's rows in)."""
+    source-weighted fit (GB200 BF16 0.50 -> 0.55, fall-off 64 -> 256, NVLink 0.9 -> 0.7: these 7 weigh 2.6, NeMo
+    25.04's 32 GB200 runs 5.7; +0.4 to +6.4 % at item AG; +2.3 to +6.2 % from item Z's refit, GB200 `train_gemm`
+    0.60 -> 0.65 with `train_hbm` 0.80 -> 0.60; +1.2 to +5.1 % at item Y; -3.5 to +0.2 % before item Y's refit,
+    GB200 `train_gemm_fp8` 0.60 -> 0.55); out of source (residuals_train.json) 6-12 % long since item AA (within 4 %
+    before): the fold that leaves v5.0 out fits GB200's FP8 GEMM level at 0.50 (0.55 with them), pulled down by the
+    MXFP8 Qwen3-235B recipe row on 128 GB200 and NeMo 25.04's rows on racks of 64; the three NVFP4 405B runs of
+    MLPerf v5.1 on GB200 (same plan family) had pinned it (9-13 % long without them, 4-9 % before the GB200 fit took
+    Qwen3-30B-A3B's rows in)."""
     rows = [r for r in RESULTS if r.id.startswith("mlperf50-") and r.gpu not in HOPPER]
     assert len(rows) == 7 and all(r.gpu == "GB200-186GB" and not r.skip_throughput for r in rows)
     assert all(0.05 < r.error < 0.115 for r in rows)
@@ -525,16 +525,16 @@ MLPERF_HOPPER = {  # id: (TP, PP, DP, CP, VPP, micro-batch, global batch, measur
 
 def test_dgxc2411_weak_scaling_runs():
     """DGX Cloud Benchmarking v24.11 (README item AG): 88 H100 runs of NeMo 24.09's launcher recipes (GPT-3 175B in
-    NeMo 24.05), 14 tables of one plan each, BF16 and FP8, weak-scaled at a fixed per-GPU batch from 8-128 GPUs up to
-    128-2,304, the 405B and Grok-1 tables with reduced-layer proxies at their smaller sizes. With the shipped knobs
-    (item AH's source-weighted fit, where these 88 runs weigh as about 9) BF16 is within 6.5 % (Nemotron-4 15B and
-    Llama 3.1 8B predicted 3-6 % long), FP8 within 16.5 % (GPT-3 FP8 on 1,024 H100 16 % short; at item AG's refit, where
-    they weighed 88, BF16 within 5.5 %, FP8 within 12 %, the GPT-3 row 11 % short: H100 FP8 0.55 -> 0.60 since).
-    Scaling: from the smallest full-model size of a table to its largest, every
-    measured step grows (1.2-5.0 % in BF16, 1.6-10.4 % in FP8: Nemotron-4 340B FP8 3.16 -> 3.49 s from 128 to 2,048
-    GPUs) where autoshard predicts every table flat within 0.5 %: its DP traffic hides behind the micro-batches at every size and nothing else grows
-    with the GPU count. What costs the large sizes (the slowest of thousands of ranks, FP8's per-micro-batch amax
-    reductions over the whole DP x TP group, the network's upper tiers) is not priced."""
+    NeMo 24.05), 14 tables of one plan each, BF16 and FP8, weak-scaled at a fixed per-GPU batch from 8-128 GPUs up
+    to 128-2,304, the 405B and Grok-1 tables with reduced-layer proxies at their smaller sizes. With the shipped
+    knobs (item AH's source-weighted fit, where these 88 runs weigh as about 9) BF16 is within 6.5 % (Nemotron-4 15B
+    and Llama 3.1 8B predicted 3-6 % long), FP8 within 16.5 % (GPT-3 FP8 on 1,024 H100 16 % short; at item AG's
+    refit, where they weighed 88, BF16 within 5.5 %, FP8 within 12 %, the GPT-3 row 11 % short: H100 FP8 0.55 ->
+    0.60 since). Scaling: from the smallest full-model size of a table to its largest, every measured step grows
+    (1.2-5.0 % in BF16, 1.6-10.4 % in FP8: Nemotron-4 340B FP8 3.16 -> 3.49 s from 128 to 2,048 GPUs) where
+    autoshard predicts every table flat within 0.5 %: its DP traffic hides behind the micro-batches at every size
+    and nothing else grows with the GPU count. What costs the large sizes (the slowest of thousands of ranks, FP8's
+    per-micro-batch amax reductions over the whole DP x TP group, the network's upper tiers) is not priced."""
     runs = {r["id"]: r for r in RUNS if source_key(r) == "dgxc2411"}
     res = {r.id: r for r in RESULTS if r.id in runs}
     assert len(runs) == 88 and all(not r.get("skip_throughput") and r["cluster"] == "dgx-h100" for r in runs.values())
@@ -611,22 +611,22 @@ def test_mlperf_hopper_runs():
 
 
 def test_mlmrecipe_qwen3_30b_runs():
-    """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE recipe
-    index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1, forced-balance HybridEP,
-    EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200 (16,384 rows). The four standard
-    recipes are held. The measured FP8 step is no shorter than BF16 (blockwise FP8 on H100 232.4 against 234.1 TFLOP/s,
-    MXFP8 on GB200 514 against 528). On H100 the host floor under MoE layers explains it since item AC: 16 local experts x
-    the fitted 500 us = 8 ms a layer and micro-batch, above the GPU's 6.7-6.9 ms in either precision, so both steps are
-    the host's and predicted within 2.0 % (slow; 10 and 14.5 % fast before). On GB200 (8 local experts, 4 ms, under the
-    GPU's 12-13 ms at 16,384 tokens a micro-batch) nothing binds and both stay fast, BF16 11 %, MXFP8 16 % (autoshard
-    prices MXFP8 3 % faster); since item AF's GB200 refit (BF16 and FP8 GEMMs both at 0.50 of their peaks, from NeMo
-    25.04's dense runs) BF16 10 %, MXFP8 21 %, MXFP8 priced 10 % faster; since item AH's source-weighted fit (GB200
-    BF16 0.55, GEMM fall-off 256, NVLink 0.7) BF16 5 %, MXFP8 15 %, MXFP8 priced 8 % faster. The miss does not
-    follow the expert rows (the GB200 rows run 8x the H100's),
-    so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused CuTe-DSL grouped
-    MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: its graph takes the host floor
-    away, which does not bind on GB200 either, so it is priced as the partial-graph MXFP8 row, which it runs 26 % faster
-    than."""
+    """Qwen3-30B-A3B (128 experts, top-8, expert intermediate 768, hidden 2,048) from Megatron-LM's dev-branch MoE
+    recipe index (examples/moe_recipes, median logged TFLOP/s/GPU of each linked recipe): TP 1 / PP 1,
+    forced-balance HybridEP, EP 8 on 32 H100 (2,048 rows per local expert per micro-batch) and EP 16 on 16 GB200
+    (16,384 rows). The four standard recipes are held. The measured FP8 step is no shorter than BF16 (blockwise FP8
+    on H100 232.4 against 234.1 TFLOP/s, MXFP8 on GB200 514 against 528). On H100 the host floor under MoE layers
+    explains it since item AC: 16 local experts x the fitted 500 us = 8 ms a layer and micro-batch, above the GPU's
+    6.7-6.9 ms in either precision, so both steps are the host's and predicted within 2.0 % (slow; 10 and 14.5 %
+    fast before). On GB200 (8 local experts, 4 ms, under the GPU's 12-13 ms at 16,384 tokens a micro-batch) nothing
+    binds and both stay fast, BF16 11 %, MXFP8 16 % (autoshard prices MXFP8 3 % faster); since item AF's GB200 refit
+    (BF16 and FP8 GEMMs both at 0.50 of their peaks, from NeMo 25.04's dense runs) BF16 10 %, MXFP8 21 %, MXFP8
+    priced 10 % faster; since item AH's source-weighted fit (GB200 BF16 0.55, GEMM fall-off 256, NVLink 0.7) BF16
+    5 %, MXFP8 15 %, MXFP8 priced 8 % faster. The miss does not follow the expert rows (the GB200 rows run 8x the
+    H100's), so the small-expert note (notes.SMALL_EXPERT_ROWS) does not cover it. The paged-stash recipe (fused
+    CuTe-DSL grouped MLP, padded static expert buffers, full-iteration CUDA graph) is shown, not held: its graph
+    takes the host floor away, which does not bind on GB200 either, so it is priced as the partial-graph MXFP8 row,
+    which it runs 26 % faster than."""
     rows = {r.id: r for r in RESULTS if r.id.startswith("mlmrecipe-qwen3-30b-")}
     assert len(rows) == 5 and all(r.metric == "step_time_s" for r in rows.values())
     held = {i: r for i, r in rows.items() if not r.skip_throughput}

@@ -1,29 +1,26 @@
 """Notes a training prediction carries where it stands outside the measured regimes.
 
 Small expert GEMMs. The held MoE runs of the validation set (tests/validation/residuals_train.json,
-leave-one-source-out) split by the rows each local expert's grouped GEMM runs per micro-batch
-(`flops.expert_rows`): the two with fewer than 2,048 (Megatron-MoE-ModelZoo Qwen3-235B-A22B on H100,
-intra-node EP 8 with 16 local experts: 512 rows at TP 4, 1,024 at TP 2 / PP 32) took 12 % and 8 %
-longer per step than predicted (12 % and 8 % at README item AF, whose refit raised H100's BF16 level, and 10 % at
-item AG, whose 88 H100 runs of one release set its element-wise and FP8 levels until item AH weighed each source by
-the root of its run count; 11 % and 5 % before item AF; 39 % and
-3 % until README item AC priced the host floor under their MoE layers, costmodel.train.layer.expert_host_s,
-which closed most of the TP 4 row's gap; 46 % and 21 % until the validation rows priced the unfused loss
-they ran, README item Z; not the grouped GEMM's tile padding: measured on an H100,
-autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's speed at 4,096); every
-held MoE run at 2,048 rows or more is within 20 % either way, except three whose errors do not follow the
-expert rows: Qwen3-30B-A3B from Megatron-LM's MoE recipes on GB200, MXFP8 37 % and BF16 21 % faster
-predicted than measured (41 and 23 % at README item AG; the MXFP8 run measured 3 % slower than BF16; GB200's GEMM
-levels, from NeMo 25.04's dense runs since item AF, price MXFP8 8 % faster) and NeMo 25.02's Mixtral 8x22B on B200
-(26 % faster, at 65,536 tokens, CP 8; its 8x7B twin, 21 % fast at item AG, is 7 % fast since item AH). Inside:
-Grok-1 BF16 on 512 H100
-from NeMo 25.04's DGX Cloud Benchmarking runs (15 % slower; 21 % at README item AF, before the same benchmark's 18
-NeMo 24.09 Grok-1 runs on H100, within 4 % in BF16, joined the fit: it measured 1.19x its FP8 twin's step, where
-H100 runs FP8 GEMMs at 1.8x the BF16 rate), Qwen3-235B-A22B BF16 on GB200 (11 %
-slower; 20 % before README item AF gave GB200's BF16 level dense runs to learn from), Qwen3-235B-A22B MXFP8
-on 64 GB300 with the EP all-to-all overlap (19 % faster, the overlap priced optimistic, README item W),
-DeepSeek-V3 on 256 B200 with DeepEP across four nodes (8 % slower; 23 % until README item AB priced its
-group-limited routing) and the Grok-1 runs on GB200 (within 5.2 %). A
+leave-one-source-out) split by the rows each local expert's grouped GEMM runs per micro-batch (`flops.expert_rows`):
+the two with fewer than 2,048 (Megatron-MoE-ModelZoo Qwen3-235B-A22B on H100, intra-node EP 8 with 16 local experts:
+512 rows at TP 4, 1,024 at TP 2 / PP 32) took 12 % and 8 % longer per step than predicted (12 % and 8 % at README
+item AF, whose refit raised H100's BF16 level, and 10 % at item AG, whose 88 H100 runs of one release set its
+element-wise and FP8 levels until item AH weighed each source by the root of its run count; 11 % and 5 % before item
+AF; 39 % and 3 % until README item AC priced the host floor under their MoE layers,
+costmodel.train.layer.expert_host_s, which closed most of the TP 4 row's gap; 46 % and 21 % until the validation
+rows priced the unfused loss they ran, README item Z; not the grouped GEMM's tile padding: measured on an H100,
+autoshard/costmodel/gemm_shape.py, 512 rows per expert run at 0.92 of the kernel's speed at 4,096); every held MoE
+run at 2,048 rows or more is within 20 % either way, except three whose errors do not follow the expert rows:
+Qwen3-30B-A3B from Megatron-LM's MoE recipes on GB200, MXFP8 37 % and BF16 21 % faster predicted than measured (41
+and 23 % at README item AG; the MXFP8 run measured 3 % slower than BF16; GB200's GEMM levels, from NeMo 25.04's
+dense runs since item AF, price MXFP8 8 % faster) and NeMo 25.02's Mixtral 8x22B on B200 (26 % faster, at 65,536
+tokens, CP 8; its 8x7B twin, 21 % fast at item AG, is 7 % fast since item AH). Inside: Grok-1 BF16 on 512 H100 from
+NeMo 25.04's DGX Cloud Benchmarking runs (15 % slower; 21 % at README item AF, before the same benchmark's 18 NeMo
+24.09 Grok-1 runs on H100, within 4 % in BF16, joined the fit: it measured 1.19x its FP8 twin's step, where H100
+runs FP8 GEMMs at 1.8x the BF16 rate), Qwen3-235B-A22B BF16 on GB200 (11 % slower; 20 % before README item AF gave
+GB200's BF16 level dense runs to learn from), Qwen3-235B-A22B MXFP8 on 64 GB300 with the EP all-to-all overlap (19 %
+faster, the overlap priced optimistic, README item W), DeepSeek-V3 on 256 B200 with DeepEP across four nodes (8 %
+slower; 23 % until README item AB priced its group-limited routing) and the Grok-1 runs on GB200 (within 5.2 %). A
 plan in the small-expert regime is told so rather than silently priced as if the gap were not there.
 """
 
